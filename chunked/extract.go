@@ -1,0 +1,75 @@
+package chunked
+
+import (
+	"archive/tar"
+	"bytes"
+	"io"
+
+	"github.com/klauspost/compress/gzip"
+	"github.com/klauspost/compress/zstd"
+)
+
+// tocTarName is the tar entry holding an eStargz TOC.
+const tocTarName = "stargz.index.json"
+
+// ExtractTOC decompresses the TOC bytes found at [Layout].TOC and returns the TOC JSON: for
+// eStargz, the content of the stargz.index.json tar entry in the gzip member; otherwise the
+// zstd frame's content. Decompression stops past the limit.
+func ExtractTOC(l *Layout, raw []byte, limits Limits) ([]byte, error) {
+	lim := limits.WithDefaults()
+	if int64(len(raw)) > lim.MaxTOCSize {
+		return nil, limitf("compressed TOC of %d bytes exceeds %d", len(raw), lim.MaxTOCSize)
+	}
+	if l.Format == EStargz {
+		return extractStargzTOC(raw, lim.MaxTOCSize)
+	}
+	dec, err := zstd.NewReader(bytes.NewReader(raw), zstd.WithDecoderConcurrency(1),
+		zstd.WithDecoderMaxMemory(uint64(lim.MaxTOCSize)), zstd.WithDecoderMaxWindow(uint64(min(lim.MaxTOCSize, 1<<30))))
+	if err != nil {
+		return nil, invalidf("TOC: %v", err)
+	}
+	defer dec.Close()
+	out, err := readCapped(dec, lim.MaxTOCSize)
+	if err != nil {
+		return nil, err
+	}
+	if l.TOCUncompressed != 0 && int64(len(out)) != l.TOCUncompressed {
+		return nil, invalidf("TOC decompressed to %d bytes, the layout says %d", len(out), l.TOCUncompressed)
+	}
+	return out, nil
+}
+
+func extractStargzTOC(raw []byte, limit int64) ([]byte, error) {
+	zr, err := gzip.NewReader(bytes.NewReader(raw))
+	if err != nil {
+		return nil, invalidf("TOC: %v", err)
+	}
+	tr := tar.NewReader(zr)
+	h, err := tr.Next()
+	if err != nil {
+		return nil, invalidf("TOC: %v", err)
+	}
+	if h.Name != tocTarName || h.Typeflag != tar.TypeReg {
+		return nil, invalidf("TOC: %w (first entry is %q)", ErrTOCNotFound, h.Name)
+	}
+	if h.Size > limit {
+		return nil, limitf("TOC of %d bytes exceeds %d", h.Size, limit)
+	}
+	out := make([]byte, h.Size)
+	if _, err := io.ReadFull(tr, out); err != nil {
+		return nil, invalidf("TOC: %v", err)
+	}
+	return out, nil
+}
+
+func readCapped(r io.Reader, limit int64) ([]byte, error) {
+	var buf bytes.Buffer
+	n, err := io.Copy(&buf, io.LimitReader(r, limit+1))
+	if err != nil {
+		return nil, invalidf("TOC: %v", err)
+	}
+	if n > limit {
+		return nil, limitf("TOC decompresses to more than %d bytes", limit)
+	}
+	return buf.Bytes(), nil
+}

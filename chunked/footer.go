@@ -1,0 +1,234 @@
+package chunked
+
+import (
+	"bytes"
+	"encoding/binary"
+	"fmt"
+	"io"
+	"strconv"
+
+	"github.com/klauspost/compress/gzip"
+)
+
+// Footer sizes of the formats. The zstd footers are the payload of a skippable frame whose
+// 8-byte header precedes them.
+const (
+	EStargzFooterSize       = 51
+	LegacyStargzFooterSize  = 47
+	ZstdFooterSize          = 40
+	ZstdChunkedFooterSize   = 64
+	skippableHeaderSize     = 8
+	maxFooterSize           = ZstdChunkedFooterSize + skippableHeaderSize
+	stargzFooterSubfieldLen = 22
+)
+
+var (
+	skippableMagic      = []byte{0x50, 0x2a, 0x4d, 0x18}
+	legacyZstdMagic     = []byte("GnUlInUx")
+	zstdChunkedMagic    = []byte("GNUlInUx")
+	stargzFooterTrailer = "STARGZ"
+)
+
+// Footer is what a blob's footer says.
+type Footer struct {
+	Size                 int64 // bytes at the end of the blob taken by the footer (incl. frame header)
+	TOC                  Range
+	TOCUncompressed      int64 // 0 for eStargz, whose footer does not say
+	TarSplit             Range // zero Length when the footer has none
+	TarSplitUncompressed int64
+}
+
+// TailSize is how many bytes from the end of a blob [ParseFooter] needs: enough for every footer
+// variant of the format.
+func TailSize(f Format) int64 {
+	if f == EStargz {
+		return EStargzFooterSize
+	}
+	return maxFooterSize
+}
+
+// ParseFooter parses the footer of a blob of blobSize bytes in format f from tail, the last
+// bytes of the blob (at least [TailSize] bytes, or the whole blob if it is smaller).
+func ParseFooter(f Format, tail []byte, blobSize int64) (Footer, error) {
+	if int64(len(tail)) > blobSize {
+		return Footer{}, invalidf("footer: %d tail bytes for a %d-byte blob", len(tail), blobSize)
+	}
+	var (
+		ft  Footer
+		err error
+	)
+	switch f {
+	case EStargz:
+		ft, err = parseStargzFooter(tail, blobSize)
+	case StargzZstd, ZstdChunkedLegacy:
+		ft, err = parseZstdFooter(tail, blobSize, false)
+	case ZstdChunked:
+		// c/storage 1.44-1.46 wrote the 40-byte footer with the io.github keys.
+		if ft, err = parseZstdFooter(tail, blobSize, true); err != nil {
+			if ft2, err2 := parseZstdFooter(tail, blobSize, false); err2 == nil {
+				ft, err = ft2, nil
+			}
+		}
+	default:
+		err = invalidf("footer: unknown format")
+	}
+	if err != nil {
+		return Footer{}, err
+	}
+	return ft, nil
+}
+
+func parseStargzFooter(tail []byte, blobSize int64) (Footer, error) {
+	var firstErr error
+	for _, size := range []int{EStargzFooterSize, LegacyStargzFooterSize} {
+		if len(tail) < size {
+			continue
+		}
+		off, err := stargzTOCOffset(tail[len(tail)-size:], size == EStargzFooterSize)
+		if err == nil {
+			end := blobSize - int64(size)
+			if off >= end {
+				return Footer{}, invalidf("eStargz footer: TOC offset %d is past the data end %d", off, end)
+			}
+			return Footer{Size: int64(size), TOC: Range{Offset: off, Length: end - off}}, nil
+		}
+		if firstErr == nil {
+			firstErr = err
+		}
+	}
+	if firstErr == nil {
+		firstErr = invalidf("eStargz footer: blob too small")
+	}
+	return Footer{}, firstErr
+}
+
+// stargzTOCOffset reads the TOC offset from an empty gzip member whose extra field holds
+// "%016xSTARGZ", inside an "SG" subfield (current) or raw (legacy stargz).
+func stargzTOCOffset(b []byte, subfield bool) (int64, error) {
+	zr, err := gzip.NewReader(bytes.NewReader(b))
+	if err != nil {
+		return 0, invalidf("eStargz footer: %v", err)
+	}
+	zr.Multistream(false)
+	if n, err := io.Copy(io.Discard, io.LimitReader(zr, 1)); err != nil || n != 0 {
+		return 0, invalidf("eStargz footer: not an empty gzip member (%d bytes, %v)", n, err)
+	}
+	extra := zr.Header.Extra
+	if subfield {
+		if len(extra) != 4+stargzFooterSubfieldLen || extra[0] != 'S' || extra[1] != 'G' ||
+			binary.LittleEndian.Uint16(extra[2:4]) != stargzFooterSubfieldLen {
+			return 0, invalidf("eStargz footer: extra field is not an SG subfield")
+		}
+		extra = extra[4:]
+	}
+	if len(extra) != stargzFooterSubfieldLen || string(extra[16:]) != stargzFooterTrailer {
+		return 0, invalidf("eStargz footer: no STARGZ marker")
+	}
+	off, err := strconv.ParseUint(string(extra[:16]), 16, 63)
+	if err != nil {
+		return 0, invalidf("eStargz footer: TOC offset %q: %v", extra[:16], err)
+	}
+	return int64(off), nil
+}
+
+func parseZstdFooter(tail []byte, blobSize int64, modern bool) (Footer, error) {
+	size, magic := ZstdFooterSize, legacyZstdMagic
+	if modern {
+		size, magic = ZstdChunkedFooterSize, zstdChunkedMagic
+	}
+	total := size + skippableHeaderSize
+	if len(tail) < total {
+		return Footer{}, invalidf("zstd footer: blob too small")
+	}
+	frame := tail[len(tail)-total:]
+	b := frame[skippableHeaderSize:]
+	if !bytes.Equal(frame[:4], skippableMagic) || binary.LittleEndian.Uint32(frame[4:8]) != uint32(size) {
+		return Footer{}, invalidf("zstd footer: not in a %d-byte skippable frame", size)
+	}
+	if !bytes.Equal(b[size-8:], magic) {
+		return Footer{}, invalidf("zstd footer: bad magic %q", b[size-8:])
+	}
+	u := func(i int) (int64, error) {
+		v := binary.LittleEndian.Uint64(b[8*i:])
+		if v > uint64(blobSize) {
+			return 0, invalidf("zstd footer: field %d (%d) exceeds the blob size %d", i, v, blobSize)
+		}
+		return int64(v), nil
+	}
+	var v [7]int64
+	n := 4
+	if modern {
+		n = 7
+	}
+	for i := range n {
+		var err error
+		if v[i], err = u(i); err != nil {
+			return Footer{}, err
+		}
+	}
+	if v[3] != 1 {
+		return Footer{}, invalidf("zstd footer: manifest type %d is not a TOC", v[3])
+	}
+	end := blobSize - int64(total)
+	ft := Footer{Size: int64(total), TOC: Range{Offset: v[0], Length: v[1]}, TOCUncompressed: v[2]}
+	if ft.TOC.Length <= 0 || ft.TOC.End() > end {
+		return Footer{}, invalidf("zstd footer: TOC range %d+%d outside the data end %d", v[0], v[1], end)
+	}
+	if modern && v[5] > 0 {
+		ft.TarSplit, ft.TarSplitUncompressed = Range{Offset: v[4], Length: v[5]}, v[6]
+		if ft.TarSplit.End() > end {
+			return Footer{}, invalidf("zstd footer: tar-split range %d+%d outside the data end %d", v[4], v[5], end)
+		}
+	}
+	return ft, nil
+}
+
+// ApplyFooter completes the layout from the blob's footer and cross-checks it: positions known
+// from annotations must equal the footer's. tail is the last [TailSize] bytes of the blob.
+func (l *Layout) ApplyFooter(tail []byte) error {
+	ft, err := ParseFooter(l.Format, tail, l.BlobSize)
+	if err != nil {
+		return err
+	}
+	if err := crossCheck("TOC", l.TOC, l.TOCUncompressed, ft.TOC, ft.TOCUncompressed); err != nil {
+		return err
+	}
+	l.TOC = ft.TOC
+	if ft.TOCUncompressed != 0 {
+		l.TOCUncompressed = ft.TOCUncompressed
+	}
+	if l.Format == ZstdChunked {
+		if err := crossCheck("tar-split", l.TarSplit, l.TarSplitUncompressed, ft.TarSplit, ft.TarSplitUncompressed); err != nil {
+			return err
+		}
+		l.TarSplit, l.TarSplitUncompressed = ft.TarSplit, ft.TarSplitUncompressed
+	}
+	if end := l.BlobSize - ft.Size; l.TOC.End() > end || l.TarSplit.End() > end {
+		return invalidf("TOC or tar-split overlaps the footer")
+	}
+	return nil
+}
+
+func crossCheck(what string, ann Range, annU int64, ft Range, ftU int64) error {
+	if ann.Length == 0 {
+		return nil
+	}
+	if ann != ft || (annU != 0 && ftU != 0 && annU != ftU) {
+		return invalidf("%s position in the annotations (%d+%d, %d) differs from the footer (%d+%d, %d)",
+			what, ann.Offset, ann.Length, annU, ft.Offset, ft.Length, ftU)
+	}
+	return nil
+}
+
+// PayloadEnd is the offset where file data ends: the start of the TOC (eStargz) or of the
+// skippable frame holding it.
+func (l *Layout) PayloadEnd() int64 {
+	if l.Format == EStargz {
+		return l.TOC.Offset
+	}
+	return l.TOC.Offset - skippableHeaderSize
+}
+
+func (l *Layout) String() string {
+	return fmt.Sprintf("%s layer %s", l.Format, l.BlobDigest)
+}

@@ -1,0 +1,657 @@
+package chunked
+
+import (
+	"bytes"
+	"encoding/base64"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"path"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/go-json-experiment/json"
+	"github.com/go-json-experiment/json/jsontext"
+)
+
+const (
+	whiteoutPrefix = ".wh."
+	opaqueMarker   = ".wh..wh..opq"
+	// reservedPrefix starts names overlay reserves (".wh..wh.plnk" and the like).
+	reservedPrefix   = ".wh..wh."
+	prefetchLandmark = ".prefetch.landmark"
+	noPrefetchMark   = ".no.prefetch.landmark"
+)
+
+// artefacts are root-level entries that formats add and the tree hides.
+var artefacts = map[string]bool{"stargz.index.json": true, prefetchLandmark: true, noPrefetchMark: true}
+
+// rawEntry is one element of a TOC's "entries" array: the union of the eStargz and
+// zstd:chunked entry fields. Keys match exactly; unknown keys are ignored.
+type rawEntry struct {
+	Name        string            `json:"name"`
+	Type        string            `json:"type"`
+	Size        int64             `json:"size"`
+	ModTime     string            `json:"modtime"`
+	AccessTime  string            `json:"accesstime"`
+	ChangeTime  string            `json:"changetime"`
+	LinkName    string            `json:"linkName"`
+	Mode        int64             `json:"mode"`
+	UID         int64             `json:"uid"`
+	GID         int64             `json:"gid"`
+	DevMajor    int64             `json:"devMajor"`
+	DevMinor    int64             `json:"devMinor"`
+	Xattrs      map[string]string `json:"xattrs"`
+	Digest      string            `json:"digest"`
+	Offset      int64             `json:"offset"`
+	EndOffset   int64             `json:"endOffset"`
+	InnerOffset int64             `json:"innerOffset"`
+	ChunkOffset int64             `json:"chunkOffset"`
+	ChunkSize   int64             `json:"chunkSize"`
+	ChunkDigest string            `json:"chunkDigest"`
+	ChunkType   string            `json:"chunkType"`
+}
+
+// Parse builds the index of a layer from its TOC JSON (as returned by [ExtractTOC]). layout
+// gives the format and where file data ends; limits bound what is accepted.
+func Parse(layout *Layout, tocJSON []byte, limits Limits) (*Index, error) {
+	lim := limits.WithDefaults()
+	if int64(len(tocJSON)) > lim.MaxTOCSize {
+		return nil, limitf("TOC of %d bytes exceeds %d", len(tocJSON), lim.MaxTOCSize)
+	}
+	b := &builder{
+		lim: lim,
+		x: &Index{
+			format:      layout.Format,
+			payloadEnd:  layout.PayloadEnd(),
+			prefetchEnd: -1,
+			entries:     make([]Entry, 0, min(len(tocJSON)/200+16, lim.MaxEntries)),
+		},
+		cur: -1,
+	}
+	if b.x.payloadEnd < 0 {
+		return nil, invalidf("TOC offset %d leaves no room for data", layout.TOC.Offset)
+	}
+	if err := b.decode(tocJSON); err != nil {
+		return nil, err
+	}
+	if err := b.finish(); err != nil {
+		return nil, err
+	}
+	return b.x, nil
+}
+
+type builder struct {
+	lim       Limits
+	x         *Index
+	raw       int   // TOC entries read so far (chunks included)
+	cur       int   // index of the last non-chunk entry, -1 before the first
+	curEnd    int64 // its endOffset (zstd:chunked), 0 when absent
+	version   int
+	hasTimes  bool
+	opaqueDir []string
+}
+
+func (b *builder) decode(data []byte) error {
+	dec := jsontext.NewDecoder(bytes.NewReader(data))
+	if err := expect(dec, '{'); err != nil {
+		return err
+	}
+	for dec.PeekKind() == '"' {
+		key, err := dec.ReadToken()
+		if err != nil {
+			return invalidf("TOC: %v", err)
+		}
+		switch key.String() {
+		case "version":
+			if err := json.UnmarshalDecode(dec, &b.version); err != nil {
+				return invalidf("TOC version: %v", err)
+			}
+		case "tarSplitDigest":
+			var s string
+			if err := json.UnmarshalDecode(dec, &s); err != nil {
+				return invalidf("TOC tarSplitDigest: %v", err)
+			}
+			if s != "" {
+				if b.x.tarSplitDigest, err = parseSum(s); err != nil {
+					return fmt.Errorf("TOC tarSplitDigest: %w", err)
+				}
+			}
+		case "entries":
+			if err := b.decodeEntries(dec); err != nil {
+				return err
+			}
+		default:
+			if err := dec.SkipValue(); err != nil {
+				return invalidf("TOC: %v", err)
+			}
+		}
+	}
+	if err := expect(dec, '}'); err != nil {
+		return err
+	}
+	if _, err := dec.ReadToken(); err != io.EOF {
+		return invalidf("TOC: trailing data after the JSON object")
+	}
+	if b.version != 1 {
+		return invalidf("TOC version %d is not 1", b.version)
+	}
+	return nil
+}
+
+func expect(dec *jsontext.Decoder, kind jsontext.Kind) error {
+	tok, err := dec.ReadToken()
+	if err != nil {
+		return invalidf("TOC: %v", err)
+	}
+	if tok.Kind() != kind {
+		return invalidf("TOC: got %v, want %v", tok.Kind(), kind)
+	}
+	return nil
+}
+
+func (b *builder) decodeEntries(dec *jsontext.Decoder) error {
+	if err := expect(dec, '['); err != nil {
+		return err
+	}
+	var r rawEntry
+	for dec.PeekKind() == '{' {
+		if b.raw >= b.lim.MaxEntries {
+			return limitf("TOC has more than %d entries", b.lim.MaxEntries)
+		}
+		r = rawEntry{}
+		if err := json.UnmarshalDecode(dec, &r); err != nil {
+			return &EntryError{Index: b.raw, Err: invalidf("%v", err)}
+		}
+		var err error
+		if r.Type == "chunk" {
+			err = b.addChunk(&r)
+		} else {
+			err = b.addEntry(&r)
+		}
+		if err != nil {
+			return &EntryError{Index: b.raw, Name: r.Name, Err: err}
+		}
+		b.raw++
+	}
+	return expect(dec, ']')
+}
+
+func (b *builder) addEntry(r *rawEntry) error {
+	if err := b.closeFile(); err != nil {
+		return err
+	}
+	typ, ok := typeNames[r.Type]
+	if !ok {
+		return invalidf("unknown type %q", r.Type)
+	}
+	name, err := cleanName(r.Name)
+	if err != nil {
+		return err
+	}
+	e := Entry{Name: name, Type: typ, Inode: EntryID(len(b.x.entries))}
+	if r.Mode < 0 || r.Size < 0 {
+		return invalidf("negative mode or size")
+	}
+	e.Mode = uint32(r.Mode & 0o7777)
+	e.Size = r.Size
+	if e.UID, err = u32("uid", r.UID); err != nil {
+		return err
+	}
+	if e.GID, err = u32("gid", r.GID); err != nil {
+		return err
+	}
+	if e.DevMajor, err = u32("devMajor", r.DevMajor); err != nil {
+		return err
+	}
+	if e.DevMinor, err = u32("devMinor", r.DevMinor); err != nil {
+		return err
+	}
+	if r.ModTime != "" {
+		t, err := parseTime(r.ModTime)
+		if err != nil {
+			return err
+		}
+		e.ModTimeSec, e.ModTimeNsec = t.Unix(), uint32(t.Nanosecond())
+	}
+	if err := b.addTimes(r); err != nil {
+		return err
+	}
+	switch typ {
+	case TypeSymlink:
+		if r.LinkName == "" || len(r.LinkName) > maxNameLen || strings.IndexByte(r.LinkName, 0) >= 0 {
+			return invalidf("bad symlink target %q", r.LinkName)
+		}
+		e.LinkName = r.LinkName
+	case TypeHardlink:
+		if e.LinkName, err = cleanName(r.LinkName); err != nil {
+			return fmt.Errorf("hardlink target: %w", err)
+		}
+		if e.LinkName == "" {
+			return invalidf("hardlink to the root")
+		}
+	}
+	if r.Digest != "" {
+		if e.Digest, err = parseSum(r.Digest); err != nil {
+			return err
+		}
+	}
+	if err := b.addXattrs(&e, r.Xattrs); err != nil {
+		return err
+	}
+	b.cur = len(b.x.entries)
+	b.curEnd = 0
+	e.chunk0 = uint32(len(b.x.chunks))
+	b.x.entries = append(b.x.entries, e)
+
+	if name == prefetchLandmark {
+		b.x.prefetchEnd = r.Offset
+	}
+	if typ != TypeReg || r.Size == 0 {
+		return nil
+	}
+	if r.ChunkOffset != 0 {
+		return invalidf("first chunk at file offset %d", r.ChunkOffset)
+	}
+	if b.x.format.Zstd() && !b.x.format.StargzTOC() {
+		if r.EndOffset < 0 {
+			return invalidf("negative endOffset")
+		}
+		b.curEnd = r.EndOffset
+		if r.ChunkDigest == "" {
+			// A single-chunk zstd:chunked file: its digest is the chunk's.
+			if e.Digest.IsZero() {
+				return invalidf("regular file without a digest")
+			}
+			return b.appendChunk(Chunk{Offset: r.Offset, Size: r.Size, Digest: e.Digest})
+		}
+	}
+	return b.chunkFrom(r)
+}
+
+// addChunk attaches a "chunk" entry to the regular file before it.
+func (b *builder) addChunk(r *rawEntry) error {
+	if b.cur < 0 || b.x.entries[b.cur].Type != TypeReg {
+		return invalidf("chunk entry does not follow a regular file")
+	}
+	name, err := cleanName(r.Name)
+	if err != nil {
+		return err
+	}
+	if cur := &b.x.entries[b.cur]; name != cur.Name {
+		return invalidf("chunk entry follows a different file %q", cur.Name)
+	}
+	if r.ChunkOffset <= 0 {
+		return invalidf("chunk at file offset %d", r.ChunkOffset)
+	}
+	return b.chunkFrom(r)
+}
+
+func (b *builder) chunkFrom(r *rawEntry) error {
+	file := &b.x.entries[b.cur]
+	size := r.ChunkSize
+	if size == 0 {
+		size = file.Size - r.ChunkOffset
+	}
+	c := Chunk{Offset: r.Offset, InnerOffset: r.InnerOffset, FileOffset: r.ChunkOffset, Size: size}
+	switch r.ChunkType {
+	case "":
+	case "zeros":
+		c.Zeros = true
+	default:
+		return invalidf("unknown chunkType %q", r.ChunkType)
+	}
+	if r.ChunkDigest == "" {
+		return invalidf("chunk without a chunkDigest")
+	}
+	var err error
+	if c.Digest, err = parseSum(r.ChunkDigest); err != nil {
+		return err
+	}
+	return b.appendChunk(c)
+}
+
+func (b *builder) appendChunk(c Chunk) error {
+	if c.Offset < 0 || c.Offset >= b.x.payloadEnd {
+		return invalidf("chunk offset %d outside the data (0-%d)", c.Offset, b.x.payloadEnd)
+	}
+	if c.InnerOffset < 0 || c.Size <= 0 || c.FileOffset < 0 {
+		return invalidf("chunk with negative or empty range")
+	}
+	if c.Size > b.lim.MaxChunkSize || c.InnerOffset > b.lim.MaxChunkSize-c.Size {
+		return limitf("chunk of %d bytes (inner offset %d) exceeds %d", c.Size, c.InnerOffset, b.lim.MaxChunkSize)
+	}
+	if uint64(len(b.x.chunks)) >= math.MaxUint32 {
+		return limitf("too many chunks")
+	}
+	b.x.chunks = append(b.x.chunks, c)
+	b.x.entries[b.cur].nchunks++
+	return nil
+}
+
+// closeFile checks that the chunks of the current file cover it exactly, and sets their
+// compressed ends where the format records them.
+func (b *builder) closeFile() error {
+	if b.cur < 0 {
+		return nil
+	}
+	e := &b.x.entries[b.cur]
+	cs := b.x.chunks[e.chunk0 : e.chunk0+e.nchunks]
+	var off int64
+	for _, c := range cs {
+		if c.FileOffset != off {
+			return &EntryError{Index: -1, Name: e.Name, Err: invalidf("chunk at file offset %d, want %d", c.FileOffset, off)}
+		}
+		off += c.Size
+	}
+	if off != e.Size {
+		return &EntryError{Index: -1, Name: e.Name, Err: invalidf("chunks cover %d of %d bytes", off, e.Size)}
+	}
+	if b.curEnd > 0 {
+		for i := range cs {
+			end := b.curEnd
+			if i+1 < len(cs) {
+				end = cs[i+1].Offset
+			}
+			cs[i].End = end
+		}
+	}
+	b.cur = -1
+	return nil
+}
+
+func (b *builder) addTimes(r *rawEntry) error {
+	if r.AccessTime == "" && r.ChangeTime == "" && !b.hasTimes {
+		return nil
+	}
+	if !b.hasTimes {
+		b.hasTimes = true
+		b.x.times = make([]extTimes, len(b.x.entries), cap(b.x.entries))
+	}
+	var t extTimes
+	for _, f := range []struct {
+		s   string
+		dst *int64
+	}{{r.AccessTime, &t.atime}, {r.ChangeTime, &t.ctime}} {
+		if f.s == "" {
+			continue
+		}
+		tm, err := parseTime(f.s)
+		if err != nil {
+			return err
+		}
+		// c/storage wrote zero times for a while; they mean "none".
+		if !tm.IsZero() && tm.Unix() != 0 {
+			*f.dst = tm.UnixNano()
+		}
+	}
+	b.x.times = append(b.x.times, t)
+	return nil
+}
+
+func (b *builder) addXattrs(e *Entry, xs map[string]string) error {
+	if len(xs) == 0 {
+		return nil
+	}
+	if len(xs) > math.MaxUint16 {
+		return limitf("too many xattrs")
+	}
+	e.xattr0 = uint32(len(b.x.xattrs))
+	total := 0
+	for k, v := range xs {
+		val, err := base64.StdEncoding.Strict().DecodeString(v)
+		if err != nil {
+			return invalidf("xattr %q: %v", k, err)
+		}
+		if k == "" || strings.IndexByte(k, 0) >= 0 {
+			return invalidf("bad xattr name %q", k)
+		}
+		total += len(k) + len(val)
+		if total > b.lim.MaxXattrBytes {
+			return limitf("xattrs exceed %d bytes", b.lim.MaxXattrBytes)
+		}
+		b.x.xattrs = append(b.x.xattrs, Xattr{Name: k, Value: string(val)})
+	}
+	own := b.x.xattrs[e.xattr0:]
+	slices.SortFunc(own, func(a, b Xattr) int { return strings.Compare(a.Name, b.Name) })
+	e.nxattrs = uint16(len(own))
+	return nil
+}
+
+// cleanName validates a TOC name and returns it cleaned and relative ("" for the root).
+func cleanName(name string) (string, error) {
+	switch {
+	case name == "":
+		return "", invalidf("empty name")
+	case len(name) > maxNameLen:
+		return "", limitf("name of %d bytes", len(name))
+	case strings.IndexByte(name, 0) >= 0:
+		return "", invalidf("name contains NUL")
+	case name[0] == '/':
+		return "", invalidf("absolute name")
+	}
+	for part := range strings.SplitSeq(name, "/") {
+		if part == ".." {
+			return "", invalidf("name escapes the layer root")
+		}
+	}
+	return path.Clean("/" + name)[1:], nil
+}
+
+func u32(what string, v int64) (uint32, error) {
+	if v < 0 || v > math.MaxUint32 {
+		return 0, invalidf("%s %d out of range", what, v)
+	}
+	return uint32(v), nil
+}
+
+func parseTime(s string) (time.Time, error) {
+	t, err := time.Parse(time.RFC3339Nano, s)
+	if err != nil {
+		return time.Time{}, invalidf("time %q: %v", s, err)
+	}
+	return t, nil
+}
+
+func parseSum(s string) (Sum, error) {
+	var sum Sum
+	hexPart, ok := strings.CutPrefix(s, "sha256:")
+	if !ok || len(hexPart) != 64 || strings.ToLower(hexPart) != hexPart {
+		return sum, invalidf("digest %q is not a sha256 digest", s)
+	}
+	if _, err := hex.Decode(sum[:], []byte(hexPart)); err != nil {
+		return sum, invalidf("digest %q: %v", s, err)
+	}
+	return sum, nil
+}
+
+// finish links the entries into a tree: last entry wins per path, implicit directories,
+// whiteouts and opaque markers, hardlinks, link counts, compressed ends, sorted children.
+func (b *builder) finish() error {
+	if err := b.closeFile(); err != nil {
+		return err
+	}
+	x := b.x
+	x.tocCount = len(x.entries)
+	if x.times != nil {
+		x.times = x.times[:len(x.entries)]
+	}
+	if err := b.fillEnds(); err != nil {
+		return err
+	}
+	paths := make(map[string]EntryID, len(x.entries))
+	for id := range x.entries {
+		e := &x.entries[id]
+		key, err := b.classifyName(e)
+		if err != nil {
+			return &EntryError{Index: -1, Name: e.Name, Err: err}
+		}
+		if e.Flags&FlagHidden != 0 {
+			continue
+		}
+		if old, ok := paths[key]; ok {
+			x.entries[old].Flags |= FlagShadowed
+		}
+		paths[key] = EntryID(id)
+	}
+	dirOf := func(p string) string {
+		if i := strings.LastIndexByte(p, '/'); i >= 0 {
+			return p[:i]
+		}
+		return ""
+	}
+	ensureDir := func(p string) EntryID {
+		for {
+			if _, ok := paths[p]; ok {
+				break
+			}
+			id := EntryID(len(x.entries))
+			x.entries = append(x.entries, Entry{Name: p, Type: TypeDir, Mode: 0o755, Inode: id, Flags: FlagImplicit})
+			paths[p] = id
+			if p == "" {
+				break
+			}
+			p = dirOf(p)
+		}
+		return paths[p]
+	}
+	ensureDir("")
+	for id := range x.tocCount {
+		if e := &x.entries[id]; e.Visible() && e.Name != "" {
+			ensureDir(dirOf(e.Name))
+		}
+	}
+	for _, d := range b.opaqueDir {
+		ensureDir(d)
+		x.entries[paths[d]].Flags |= FlagOpaque
+	}
+	x.root = paths[""]
+	if x.entries[x.root].Type != TypeDir {
+		return &EntryError{Index: -1, Name: "/", Err: invalidf("root is not a directory")}
+	}
+	x.children = make([]EntryID, 0, len(paths)-1)
+	for id := range x.entries {
+		e := &x.entries[id]
+		if !e.Visible() {
+			continue
+		}
+		e.Nlink = 1
+		if e.Type == TypeDir {
+			e.Nlink = 2
+		}
+		if EntryID(id) == x.root {
+			e.Parent = x.root
+			continue
+		}
+		e.Parent = paths[dirOf(e.Name)]
+		if x.entries[e.Parent].Type != TypeDir {
+			return &EntryError{Index: -1, Name: e.Name, Err: invalidf("parent is not a directory")}
+		}
+		x.children = append(x.children, EntryID(id))
+	}
+	for _, id := range x.children {
+		e := &x.entries[id]
+		switch e.Type {
+		case TypeDir:
+			x.entries[e.Parent].Nlink++
+		case TypeHardlink:
+			target, err := b.resolveLink(paths, e.LinkName)
+			if err != nil {
+				return &EntryError{Index: -1, Name: e.Name, Err: err}
+			}
+			e.Inode = target
+		}
+	}
+	for _, id := range x.children {
+		if e := &x.entries[id]; e.Type == TypeHardlink {
+			x.entries[e.Inode].Nlink++
+		}
+	}
+	x.sortChildren()
+	return nil
+}
+
+// classifyName sets the whiteout and hidden flags of an entry and returns its path in the tree.
+func (b *builder) classifyName(e *Entry) (string, error) {
+	dir, base := path.Split(e.Name)
+	switch {
+	case e.Name == "":
+		return "", nil
+	case dir == "" && artefacts[base]:
+		e.Flags |= FlagHidden
+	case base == opaqueMarker:
+		e.Flags |= FlagHidden
+		b.opaqueDir = append(b.opaqueDir, strings.TrimSuffix(dir, "/"))
+	case strings.HasPrefix(base, reservedPrefix):
+		e.Flags |= FlagHidden
+	case strings.HasPrefix(base, whiteoutPrefix):
+		vis := base[len(whiteoutPrefix):]
+		if vis == "" || vis == "." {
+			return "", invalidf("bad whiteout name")
+		}
+		e.Flags |= FlagWhiteout
+		return dir + vis, nil
+	}
+	return e.Name, nil
+}
+
+// resolveLink follows a hardlink to the entry that owns the inode.
+func (b *builder) resolveLink(paths map[string]EntryID, target string) (EntryID, error) {
+	const maxHops = 64
+	for range maxHops {
+		id, ok := paths[target]
+		if !ok {
+			return 0, invalidf("hardlink target %q does not exist", target)
+		}
+		t := &b.x.entries[id]
+		switch {
+		case t.Flags&FlagWhiteout != 0:
+			return 0, invalidf("hardlink to the whiteout %q", target)
+		case t.Type == TypeDir:
+			return 0, invalidf("hardlink to the directory %q", target)
+		case t.Type != TypeHardlink:
+			return id, nil
+		}
+		target = t.LinkName
+	}
+	return 0, invalidf("hardlink chain longer than %d or cyclic", maxHops)
+}
+
+// fillEnds sets the compressed end of chunks whose format does not record it: the next
+// larger chunk offset in the blob, or the end of the data.
+func (b *builder) fillEnds() error {
+	x := b.x
+	var offs []int64
+	for _, c := range x.chunks {
+		if c.End == 0 {
+			offs = nil
+			for _, c := range x.chunks {
+				offs = append(offs, c.Offset)
+			}
+			slices.Sort(offs)
+			offs = slices.Compact(offs)
+			break
+		}
+	}
+	for i := range x.chunks {
+		c := &x.chunks[i]
+		if c.End == 0 {
+			j, found := slices.BinarySearch(offs, c.Offset+1)
+			_ = found
+			c.End = x.payloadEnd
+			if j < len(offs) {
+				c.End = offs[j]
+			}
+		}
+		if c.End <= c.Offset || c.End > x.payloadEnd {
+			return invalidf("chunk at blob offset %d ends at %d (data ends at %d)", c.Offset, c.End, x.payloadEnd)
+		}
+	}
+	return nil
+}
+
+// ErrTOCNotFound reports an eStargz TOC member that does not hold stargz.index.json.
+var ErrTOCNotFound = errors.New("stargz.index.json not found")
