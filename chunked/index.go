@@ -226,10 +226,19 @@ func (x *Index) Xattrs(id EntryID) []Xattr {
 	return xs
 }
 
-// tocXattrs returns the xattrs exactly as the TOC lists them.
-func (x *Index) tocXattrs(id EntryID) []Xattr {
+// TOCXattrs returns an entry's xattrs exactly as the TOC lists them, sorted by name.
+func (x *Index) TOCXattrs(id EntryID) []Xattr {
 	e := &x.entries[id]
-	return x.xattrs[e.xattr0 : e.xattr0+uint32(e.nxattrs)]
+	return x.xattrs[e.xattr0 : e.xattr0+uint32(e.nxattrs) : e.xattr0+uint32(e.nxattrs)]
+}
+
+// TOCTimes returns the access and change times the TOC gives an entry, in Unix nanoseconds,
+// 0 when absent.
+func (x *Index) TOCTimes(id EntryID) (atime, ctime int64) {
+	if int(id) >= len(x.times) {
+		return 0, 0
+	}
+	return x.times[id].atime, x.times[id].ctime
 }
 
 // Children returns the visible entries of a directory, sorted by name.

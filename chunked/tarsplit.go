@@ -1,0 +1,194 @@
+package chunked
+
+import (
+	"archive/tar"
+	"errors"
+	"io"
+
+	"github.com/go-json-experiment/json"
+	"github.com/go-json-experiment/json/jsontext"
+)
+
+// Tar-split record types (github.com/vbatts/tar-split/tar/storage).
+const (
+	TarSplitFile    = 1 // a file payload, known by name and size
+	TarSplitSegment = 2 // raw tar bytes: headers, padding, end blocks
+)
+
+// maxSegment bounds one raw tar-split segment (headers with their PAX records and padding).
+const maxSegment = 16 << 20
+
+// TarSplitRecord is one line of a tar-split stream.
+type TarSplitRecord struct {
+	Type    int    `json:"type"`
+	Name    string `json:"name"`
+	NameRaw []byte `json:"name_raw"`
+	Size    int64  `json:"size"`
+	// Payload is the raw tar bytes of a segment (for a file, a CRC64 of its content).
+	Payload  []byte `json:"payload"`
+	Position int64  `json:"position"`
+}
+
+// FileName returns the name of a file record.
+func (r *TarSplitRecord) FileName() string {
+	if len(r.NameRaw) > 0 {
+		return string(r.NameRaw)
+	}
+	return r.Name
+}
+
+// TarSplitReader reads the records of an uncompressed tar-split stream, strictly: records must
+// be well-formed JSON objects with sequential positions, segments are bounded, and the stream is
+// capped at [Limits].MaxTarSplitSize bytes.
+type TarSplitReader struct {
+	dec  *jsontext.Decoder
+	lr   *io.LimitedReader
+	lim  Limits
+	next int64
+	rec  TarSplitRecord
+}
+
+// NewTarSplitReader reads records from r.
+func NewTarSplitReader(r io.Reader, limits Limits) *TarSplitReader {
+	lim := limits.WithDefaults()
+	lr := &io.LimitedReader{R: r, N: lim.MaxTarSplitSize + 1}
+	return &TarSplitReader{dec: jsontext.NewDecoder(lr), lr: lr, lim: lim}
+}
+
+// Next returns the next record, valid until the following call, or io.EOF at the end.
+func (t *TarSplitReader) Next() (*TarSplitRecord, error) {
+	if t.dec.PeekKind() == 0 {
+		if _, err := t.dec.ReadToken(); err == io.EOF {
+			if t.lr.N <= 0 {
+				return nil, limitf("tar-split exceeds %d bytes", t.lim.MaxTarSplitSize)
+			}
+			return nil, io.EOF
+		}
+	}
+	t.rec = TarSplitRecord{}
+	if err := json.UnmarshalDecode(t.dec, &t.rec); err != nil {
+		if t.lr.N <= 0 {
+			return nil, limitf("tar-split exceeds %d bytes", t.lim.MaxTarSplitSize)
+		}
+		return nil, invalidf("tar-split record %d: %v", t.next, err)
+	}
+	r := &t.rec
+	switch {
+	case r.Position != t.next:
+		return nil, invalidf("tar-split record %d has position %d", t.next, r.Position)
+	case r.Type == TarSplitSegment && len(r.Payload) > maxSegment:
+		return nil, limitf("tar-split segment %d of %d bytes", t.next, len(r.Payload))
+	case r.Type == TarSplitFile && (r.Size < 0 || r.FileName() == ""):
+		return nil, invalidf("tar-split file record %d: bad name or size", t.next)
+	case r.Type != TarSplitFile && r.Type != TarSplitSegment:
+		return nil, invalidf("tar-split record %d has type %d", t.next, r.Type)
+	}
+	t.next++
+	return r, nil
+}
+
+// IterateTarSplit walks a tar-split stream as the tar it describes, with every file payload
+// read as zeros (and skipped without reading when possible). It calls onHeader for each tar
+// header, numbered from 0, and onFile for each file record, numbered from 0. In a well-formed
+// tar-split, header k and file record k describe the same entry.
+func IterateTarSplit(ts *TarSplitReader, onHeader func(k int, h *tar.Header) error, onFile func(k int, r *TarSplitRecord) error) error {
+	v := &virtualTar{ts: ts, onFile: onFile}
+	tr := tar.NewReader(v)
+	for k := 0; ; k++ {
+		h, err := tr.Next()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			if v.err != nil {
+				return v.err
+			}
+			return invalidf("tar-split: tar header %d: %v", k, err)
+		}
+		if err := onHeader(k, h); err != nil {
+			return err
+		}
+	}
+	// Consume what follows the end blocks, so every file record is seen.
+	if _, err := io.Copy(io.Discard, v); err != nil {
+		return err
+	}
+	return v.err
+}
+
+// virtualTar is the tar stream a tar-split describes, with zero payloads.
+type virtualTar struct {
+	ts     *TarSplitReader
+	onFile func(int, *TarSplitRecord) error
+	files  int
+	seg    []byte
+	zeros  int64
+	pos    int64
+	err    error
+}
+
+func (v *virtualTar) fill() error {
+	for len(v.seg) == 0 && v.zeros == 0 {
+		if v.err != nil {
+			return v.err
+		}
+		r, err := v.ts.Next()
+		if err != nil {
+			if err != io.EOF {
+				v.err = err
+			}
+			return err
+		}
+		if r.Type == TarSplitSegment {
+			v.seg = r.Payload
+			continue
+		}
+		if err := v.onFile(v.files, r); err != nil {
+			v.err = err
+			return err
+		}
+		v.files++
+		v.zeros = r.Size
+	}
+	return nil
+}
+
+func (v *virtualTar) Read(p []byte) (int, error) {
+	if err := v.fill(); err != nil {
+		return 0, err
+	}
+	var n int
+	if len(v.seg) > 0 {
+		n = copy(p, v.seg)
+		v.seg = v.seg[n:]
+	} else {
+		n = int(min(int64(len(p)), v.zeros))
+		clear(p[:n])
+		v.zeros -= int64(n)
+	}
+	v.pos += int64(n)
+	return n, nil
+}
+
+// Seek supports what archive/tar uses to skip payloads: relative forward seeks.
+func (v *virtualTar) Seek(off int64, whence int) (int64, error) {
+	if whence != io.SeekCurrent || off < 0 {
+		return 0, errors.New("virtual tar: unsupported seek")
+	}
+	for off > 0 {
+		if err := v.fill(); err != nil {
+			return v.pos, err
+		}
+		var k int64
+		if len(v.seg) > 0 {
+			k = min(off, int64(len(v.seg)))
+			v.seg = v.seg[k:]
+		} else {
+			k = min(off, v.zeros)
+			v.zeros -= k
+		}
+		off -= k
+		v.pos += k
+	}
+	return v.pos, nil
+}

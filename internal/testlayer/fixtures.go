@@ -1,0 +1,182 @@
+package testlayer
+
+import (
+	"bytes"
+	"compress/gzip"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+
+	"github.com/containerd/stargz-snapshotter/estargz"
+	"github.com/containerd/stargz-snapshotter/estargz/zstdchunked"
+	"github.com/klauspost/compress/zstd"
+	"github.com/layerstore/layerstore/chunked"
+	digest "github.com/opencontainers/go-digest"
+)
+
+// Fixture is a layer blob made by a real producer from the reference layer.
+type Fixture struct {
+	Name   string
+	Blob   []byte
+	Desc   chunked.Descriptor
+	DiffID digest.Digest
+	Format chunked.Format
+}
+
+// committed lists the fixtures generated once by producers that are not dependencies of the
+// module (see chunked/testdata/gen).
+var committed = map[string]chunked.Format{
+	"zstdchunked-modern":     chunked.ZstdChunked,
+	"zstdchunked-notarsplit": chunked.ZstdChunked,
+	"zstdchunked-legacy":     chunked.ZstdChunkedLegacy,
+}
+
+// FixtureDir returns the directory of the committed fixtures.
+func FixtureDir() string {
+	_, file, _, _ := runtime.Caller(0)
+	return filepath.Join(filepath.Dir(file), "..", "..", "chunked", "testdata", "fixtures")
+}
+
+// Fixtures returns every fixture: the committed zstd:chunked ones and eStargz variants built
+// now with estargz.Build.
+func Fixtures() ([]Fixture, error) {
+	var fs []Fixture
+	for _, name := range []string{"zstdchunked-modern", "zstdchunked-notarsplit", "zstdchunked-legacy"} {
+		f, err := LoadFixture(filepath.Join(FixtureDir(), name))
+		if err != nil {
+			return nil, err
+		}
+		f.Format = committed[name]
+		fs = append(fs, f)
+	}
+	tarBlob := Tar()
+	for _, v := range []struct {
+		name   string
+		format chunked.Format
+		opts   []estargz.Option
+	}{
+		{"estargz", chunked.EStargz, nil},
+		{"estargz-prioritized", chunked.EStargz, []estargz.Option{estargz.WithPrioritizedFiles([]string{"usr/bin/tool", "etc/hostname"})}},
+		{"estargz-minchunk", chunked.EStargz, []estargz.Option{estargz.WithMinChunkSize(16 << 10)}},
+		{"estargz-zstd", chunked.StargzZstd, []estargz.Option{estargz.WithCompression(zstdCompression{&zstdchunked.Compressor{CompressionLevel: zstd.SpeedDefault}, &zstdchunked.Decompressor{}})}},
+	} {
+		f, err := BuildEStargz(v.name, tarBlob, v.opts...)
+		if err != nil {
+			return nil, err
+		}
+		f.Format = v.format
+		fs = append(fs, f)
+	}
+	// stargz-flavoured zstd with the legacy checksum annotations, as ctr-remote writes it.
+	meta := map[string]string{}
+	f, err := BuildEStargz("estargz-zstd-annotated", tarBlob, estargz.WithCompression(zstdCompression{&zstdchunked.Compressor{CompressionLevel: zstd.SpeedDefault, Metadata: meta}, &zstdchunked.Decompressor{}}))
+	if err != nil {
+		return nil, err
+	}
+	for k, v := range meta {
+		f.Desc.Annotations[k] = v
+	}
+	f.Format = chunked.StargzZstd
+	return append(fs, f), nil
+}
+
+// BuildEStargz converts a tar stream with estargz.Build (64 KiB chunks, so that large files
+// have several, and one worker, so that blobs are reproducible).
+func BuildEStargz(name string, tarBlob []byte, opts ...estargz.Option) (Fixture, error) {
+	opts = append([]estargz.Option{estargz.WithChunkSize(64 << 10), estargz.WithParallelism(1)}, opts...)
+	b, err := estargz.Build(io.NewSectionReader(bytes.NewReader(tarBlob), 0, int64(len(tarBlob))), opts...)
+	if err != nil {
+		return Fixture{}, fmt.Errorf("%s: %w", name, err)
+	}
+	defer b.Close()
+	blob, err := io.ReadAll(b)
+	if err != nil {
+		return Fixture{}, err
+	}
+	usize, err := b.UncompressedSize()
+	if err != nil {
+		return Fixture{}, err
+	}
+	mediaType := "application/vnd.oci.image.layer.v1.tar+gzip"
+	if strings.Contains(name, "zstd") {
+		mediaType = "application/vnd.oci.image.layer.v1.tar+zstd"
+	}
+	return Fixture{
+		Name: name,
+		Blob: blob,
+		Desc: chunked.Descriptor{
+			MediaType: mediaType,
+			Digest:    digest.FromBytes(blob),
+			Size:      int64(len(blob)),
+			Annotations: map[string]string{
+				chunked.AnnotationStargzTOCDigest:  b.TOCDigest().String(),
+				chunked.AnnotationUncompressedSize: strconv.FormatInt(usize, 10),
+			},
+		},
+		DiffID: b.DiffID(),
+	}, nil
+}
+
+// LoadFixture reads a committed fixture directory (blob, descriptor.json, diffid).
+func LoadFixture(dir string) (Fixture, error) {
+	blob, err := os.ReadFile(filepath.Join(dir, "blob"))
+	if err != nil {
+		return Fixture{}, err
+	}
+	var d struct {
+		MediaType   string            `json:"mediaType"`
+		Digest      digest.Digest     `json:"digest"`
+		Size        int64             `json:"size"`
+		Annotations map[string]string `json:"annotations"`
+	}
+	js, err := os.ReadFile(filepath.Join(dir, "descriptor.json"))
+	if err != nil {
+		return Fixture{}, err
+	}
+	if err := json.Unmarshal(js, &d); err != nil {
+		return Fixture{}, fmt.Errorf("%s: %w", dir, err)
+	}
+	diffID, err := os.ReadFile(filepath.Join(dir, "diffid"))
+	if err != nil {
+		return Fixture{}, err
+	}
+	return Fixture{
+		Name:   filepath.Base(dir),
+		Blob:   blob,
+		Desc:   chunked.Descriptor{MediaType: d.MediaType, Digest: d.Digest, Size: d.Size, Annotations: d.Annotations},
+		DiffID: digest.Digest(strings.TrimSpace(string(diffID))),
+	}, nil
+}
+
+// Decompress returns the tar stream a fixture's blob decompresses to.
+func (f Fixture) Decompress() ([]byte, error) {
+	if f.Format == chunked.EStargz {
+		return gunzipAll(f.Blob)
+	}
+	d, err := zstd.NewReader(bytes.NewReader(f.Blob))
+	if err != nil {
+		return nil, err
+	}
+	defer d.Close()
+	return io.ReadAll(d)
+}
+
+func gunzipAll(b []byte) ([]byte, error) {
+	zr, err := gzip.NewReader(bytes.NewReader(b))
+	if err != nil {
+		return nil, err
+	}
+	return io.ReadAll(zr)
+}
+
+// zstdCompression pairs the stargz zstd compressor with its decompressor, as estargz.Build
+// wants them.
+type zstdCompression struct {
+	*zstdchunked.Compressor
+	*zstdchunked.Decompressor
+}

@@ -1,0 +1,156 @@
+package verify_test
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"io"
+	"testing"
+
+	"github.com/layerstore/layerstore/chunked"
+	"github.com/layerstore/layerstore/internal/testlayer"
+	"github.com/layerstore/layerstore/verify"
+)
+
+func fixtures(t testing.TB) []testlayer.Fixture {
+	t.Helper()
+	fs, err := testlayer.Fixtures()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return fs
+}
+
+func source(blob []byte) verify.Source { return verify.ReaderAtSource(bytes.NewReader(blob)) }
+
+// viewTree renders what a verified layer shows, reading every file through verified chunks.
+func viewTree(t *testing.T, l *verify.Layer, src verify.Source) testlayer.Tree {
+	t.Helper()
+	x := l.Index()
+	tree := testlayer.Tree{}
+	var walk func(id chunked.EntryID)
+	walk = func(id chunked.EntryID) {
+		e := x.Entry(id)
+		ino := x.Entry(e.Inode)
+		n := testlayer.Node{Type: ino.Type.String(), Mode: ino.Mode, UID: ino.UID, GID: ino.GID,
+			MTime: ino.ModTimeSec, Nlink: ino.Nlink}
+		xs := map[string]string{}
+		for _, xa := range x.Xattrs(id) {
+			xs[xa.Name] = xa.Value
+		}
+		n.Xattrs = testlayer.XattrString(xs)
+		switch ino.Type {
+		case chunked.TypeSymlink:
+			n.Link = ino.LinkName
+		case chunked.TypeChar, chunked.TypeBlock:
+			n.Dev = [2]uint32{ino.DevMajor, ino.DevMinor}
+		case chunked.TypeReg:
+			if ino.Flags&chunked.FlagWhiteout != 0 {
+				n.Type = "char"
+				break
+			}
+			h := sha256.New()
+			for i := range x.Chunks(id) {
+				c, err := l.ReadChunk(t.Context(), src, id, i)
+				if err != nil {
+					t.Fatalf("%s: %v", x.Path(id), err)
+				}
+				h.Write(c.Bytes())
+			}
+			n.Size, n.Content = ino.Size, fmt.Sprintf("%x", h.Sum(nil))
+		}
+		if ino.Type != chunked.TypeDir && ino.Nlink > 1 {
+			n.HardTo = x.Path(e.Inode)
+		}
+		tree[x.Path(id)] = n
+		for _, c := range x.Children(id) {
+			walk(c)
+		}
+	}
+	walk(x.Root())
+	return tree
+}
+
+func TestConformance(t *testing.T) {
+	for _, f := range fixtures(t) {
+		t.Run(f.Name, func(t *testing.T) {
+			src := source(f.Blob)
+			l, err := verify.Open(t.Context(), f.Desc, f.DiffID, src)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := l.Layout().Format; got != f.Format {
+				t.Errorf("format = %v, want %v", got, f.Format)
+			}
+			stream, err := f.Decompress()
+			if err != nil {
+				t.Fatal(err)
+			}
+			want, err := testlayer.ReferenceTree(stream)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := viewTree(t, l, src)
+			for p, w := range want {
+				if g, ok := got[p]; !ok {
+					t.Errorf("%q missing from the index view", p)
+				} else if g != w {
+					t.Errorf("%q:\n got %+v\nwant %+v", p, g, w)
+				}
+			}
+			for p := range got {
+				if _, ok := want[p]; !ok {
+					t.Errorf("%q in the index view but not in the tar", p)
+				}
+			}
+			if len(want) < 35 {
+				t.Errorf("reference tree has only %d entries", len(want))
+			}
+		})
+	}
+}
+
+// payloads serves file contents through verified chunks.
+func payloads(l *verify.Layer, src verify.Source) verify.PayloadFunc {
+	return func(ctx context.Context, id chunked.EntryID) (io.ReadCloser, error) {
+		var buf bytes.Buffer
+		for i := range l.Index().Chunks(id) {
+			c, err := l.ReadChunk(ctx, src, id, i)
+			if err != nil {
+				return nil, err
+			}
+			buf.Write(c.Bytes())
+		}
+		return io.NopCloser(&buf), nil
+	}
+}
+
+func TestCheckDiffID(t *testing.T) {
+	for _, f := range fixtures(t) {
+		t.Run(f.Name, func(t *testing.T) {
+			src := source(f.Blob)
+			l, err := verify.Open(t.Context(), f.Desc, f.DiffID, src)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if g := l.Guarantee(); g != verify.ChunksVerified {
+				t.Fatalf("guarantee after Open = %v", g)
+			}
+			err = l.CheckDiffID(t.Context(), payloads(l, src))
+			if f.Name != "zstdchunked-modern" {
+				if !errors.Is(err, verify.ErrNoDiffIDProof) || l.CanProveDiffID() {
+					t.Fatalf("CheckDiffID = %v, want ErrNoDiffIDProof", err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if g := l.Guarantee(); g != verify.DiffIDVerified {
+				t.Fatalf("guarantee = %v, want diffid-verified", g)
+			}
+		})
+	}
+}

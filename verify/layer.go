@@ -1,0 +1,232 @@
+package verify
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"sync/atomic"
+
+	"github.com/layerstore/layerstore/chunked"
+	digest "github.com/opencontainers/go-digest"
+)
+
+// Source is random access to a layer blob. Implementations fill p completely or return an
+// error; package fetcher provides one over HTTP range requests.
+type Source interface {
+	ReadAt(ctx context.Context, p []byte, off int64) (int, error)
+}
+
+// ReaderAtSource adapts an io.ReaderAt (a local file, a byte slice) to a [Source].
+func ReaderAtSource(r io.ReaderAt) Source { return readerAtSource{r} }
+
+type readerAtSource struct{ r io.ReaderAt }
+
+func (s readerAtSource) ReadAt(ctx context.Context, p []byte, off int64) (int, error) {
+	if err := ctx.Err(); err != nil {
+		return 0, err
+	}
+	n, err := s.r.ReadAt(p, off)
+	if n == len(p) {
+		err = nil
+	}
+	return n, err
+}
+
+// Option configures [Open].
+type Option func(*options) error
+
+type options struct {
+	limits chunked.Limits
+}
+
+// WithLimits sets the bounds on untrusted input. Zero fields keep their defaults
+// (see [chunked.Limits]).
+func WithLimits(l chunked.Limits) Option {
+	return func(o *options) error {
+		o.limits = l.WithDefaults()
+		return nil
+	}
+}
+
+// Guarantee is what has been proven about a layer's content.
+type Guarantee int32
+
+// Guarantees, weakest first.
+const (
+	// ChunksVerified: the TOC is the one the manifest names, and every byte served is checked
+	// against the TOC's digests. The TOC's metadata is not proven to equal the DiffID's tar.
+	ChunksVerified Guarantee = iota + 1
+	// DiffIDVerified: in addition, the tar rebuilt from the tar-split and every payload hashes
+	// to the DiffID, so the tree is exactly the image config's layer.
+	DiffIDVerified
+)
+
+func (g Guarantee) String() string {
+	switch g {
+	case ChunksVerified:
+		return "chunks-verified"
+	case DiffIDVerified:
+		return "diffid-verified"
+	}
+	return "none"
+}
+
+// Layer is a layer whose TOC has been verified. Its methods are safe for concurrent use.
+type Layer struct {
+	layout    *chunked.Layout
+	index     *chunked.Index
+	diffID    digest.Digest
+	tarSplit  []byte // compressed, verified against the TOC; nil when the layer has none
+	limits    chunked.Limits
+	guarantee atomic.Int32
+}
+
+// Open verifies and indexes a layer: classification from the descriptor, the footer cross-check,
+// the TOC digest before parsing, and for zstd:chunked with a tar-split, the tar-split digest and
+// its agreement with the TOC. Errors are [*LayerError]s wrapping [chunked.ErrNotLazy],
+// [chunked.ErrInvalid], [chunked.ErrLimit], [ErrDigestMismatch] or the source's error.
+func Open(ctx context.Context, desc chunked.Descriptor, diffID digest.Digest, src Source, opts ...Option) (*Layer, error) {
+	o := options{limits: chunked.Limits{}.WithDefaults()}
+	for _, opt := range opts {
+		if err := opt(&o); err != nil {
+			return nil, err
+		}
+	}
+	l, err := open(ctx, desc, diffID, src, o)
+	if err != nil {
+		le := &LayerError{Layer: desc.Digest, Err: err}
+		if l != nil {
+			le.Format = l.layout.Format
+		}
+		return nil, le
+	}
+	return l, nil
+}
+
+func open(ctx context.Context, desc chunked.Descriptor, diffID digest.Digest, src Source, o options) (*Layer, error) {
+	layout, err := chunked.Classify(desc)
+	if err != nil {
+		return nil, err
+	}
+	l := &Layer{layout: layout, diffID: diffID, limits: o.limits}
+	if err := diffID.Validate(); err != nil {
+		return l, fmt.Errorf("%w: DiffID %q: %v", chunked.ErrInvalid, diffID, err)
+	}
+	tail, err := readRange(ctx, src, layout.BlobSize-min(chunked.TailSize(layout.Format), layout.BlobSize), min(chunked.TailSize(layout.Format), layout.BlobSize))
+	if err != nil {
+		return l, fmt.Errorf("reading the footer: %w", err)
+	}
+	if err := layout.ApplyFooter(tail); err != nil {
+		return l, err
+	}
+	if layout.TOC.Length > o.limits.MaxTOCSize {
+		return l, fmt.Errorf("%w: compressed TOC of %d bytes exceeds %d", chunked.ErrLimit, layout.TOC.Length, o.limits.MaxTOCSize)
+	}
+	raw, err := readRange(ctx, src, layout.TOC.Offset, layout.TOC.Length)
+	if err != nil {
+		return l, fmt.Errorf("reading the TOC: %w", err)
+	}
+	l.index, err = parseTOC(layout, raw, o.limits)
+	if err != nil {
+		return l, err
+	}
+	if err := l.openTarSplit(ctx, src); err != nil {
+		return l, err
+	}
+	l.guarantee.Store(int32(ChunksVerified))
+	return l, nil
+}
+
+// parseTOC checks the TOC digest the way the format defines it, then parses.
+func parseTOC(layout *chunked.Layout, raw []byte, lim chunked.Limits) (*chunked.Index, error) {
+	if !layout.Format.StargzTOC() {
+		if err := checkDigest("TOC", layout.TOCDigest, raw); err != nil {
+			return nil, err
+		}
+	} else if layout.LegacyChecksum != "" {
+		if err := checkDigest("compressed TOC", layout.LegacyChecksum, raw); err != nil {
+			return nil, err
+		}
+	}
+	js, err := chunked.ExtractTOC(layout, raw, lim)
+	if err != nil {
+		return nil, err
+	}
+	if layout.Format.StargzTOC() {
+		if err := checkDigest("TOC", layout.TOCDigest, js); err != nil {
+			return nil, err
+		}
+	}
+	return chunked.Parse(layout, js, lim)
+}
+
+func readRange(ctx context.Context, src Source, off, n int64) ([]byte, error) {
+	if off < 0 || n < 0 {
+		return nil, fmt.Errorf("%w: range %d+%d", chunked.ErrInvalid, off, n)
+	}
+	p := make([]byte, n)
+	got, err := src.ReadAt(ctx, p, off)
+	if err == nil && int64(got) != n {
+		err = io.ErrUnexpectedEOF
+	}
+	if err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+// Index returns the layer's verified index.
+func (l *Layer) Index() *chunked.Index { return l.index }
+
+// Layout returns where the parts of the blob are.
+func (l *Layer) Layout() chunked.Layout { return *l.layout }
+
+// DiffID returns the DiffID the layer was opened with.
+func (l *Layer) DiffID() digest.Digest { return l.diffID }
+
+// Guarantee returns what has been proven so far.
+func (l *Layer) Guarantee() Guarantee { return Guarantee(l.guarantee.Load()) }
+
+// CanProveDiffID reports whether [Layer.CheckDiffID] can raise the guarantee to
+// [DiffIDVerified]: the layer must be zstd:chunked with a tar-split.
+func (l *Layer) CanProveDiffID() bool { return l.tarSplit != nil }
+
+// ReadChunk fetches chunk i of a file from src and verifies it.
+func (l *Layer) ReadChunk(ctx context.Context, src Source, file chunked.EntryID, i int) (Chunk, error) {
+	cs := l.index.Chunks(file)
+	if i < 0 || i >= len(cs) {
+		return Chunk{}, fmt.Errorf("chunk %d of %q: %w", i, l.index.Entry(file).Name, errors.ErrUnsupported)
+	}
+	raw, err := readRange(ctx, src, cs[i].Offset, cs[i].End-cs[i].Offset)
+	if err != nil {
+		return Chunk{}, &LayerError{Layer: l.layout.BlobDigest, Format: l.layout.Format, Err: err}
+	}
+	return l.VerifyChunk(file, i, raw)
+}
+
+// openTarSplit fetches the tar-split of a modern zstd:chunked layer, checks it against the
+// digest in the TOC and checks that it describes the TOC's entries.
+func (l *Layer) openTarSplit(ctx context.Context, src Source) error {
+	want := l.index.TarSplitDigest()
+	switch {
+	case want.IsZero():
+		return nil
+	case l.layout.TarSplit.Length == 0:
+		return fmt.Errorf("%w: the TOC names a tar-split but the layer has none", chunked.ErrInvalid)
+	case l.layout.TarSplit.Length > l.limits.MaxTOCSize:
+		return fmt.Errorf("%w: compressed tar-split of %d bytes exceeds %d", chunked.ErrLimit, l.layout.TarSplit.Length, l.limits.MaxTOCSize)
+	}
+	raw, err := readRange(ctx, src, l.layout.TarSplit.Offset, l.layout.TarSplit.Length)
+	if err != nil {
+		return fmt.Errorf("reading the tar-split: %w", err)
+	}
+	if err := checkDigest("tar-split", digest.Digest(want.String()), raw); err != nil {
+		return err
+	}
+	if err := compareTarSplit(l.index, raw, l.limits); err != nil {
+		return err
+	}
+	l.tarSplit = raw
+	return nil
+}

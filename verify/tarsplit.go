@@ -1,0 +1,212 @@
+package verify
+
+import (
+	"archive/tar"
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"fmt"
+	"io"
+	"maps"
+	"path"
+	"strings"
+	"time"
+
+	"github.com/klauspost/compress/zstd"
+	"github.com/layerstore/layerstore/chunked"
+	digest "github.com/opencontainers/go-digest"
+)
+
+// tarTypes maps tar type flags to TOC entry types.
+var tarTypes = map[byte]chunked.Type{
+	tar.TypeReg: chunked.TypeReg, tar.TypeDir: chunked.TypeDir, tar.TypeSymlink: chunked.TypeSymlink,
+	tar.TypeLink: chunked.TypeHardlink, tar.TypeChar: chunked.TypeChar, tar.TypeBlock: chunked.TypeBlock,
+	tar.TypeFifo: chunked.TypeFifo,
+}
+
+func openTarSplit(compressed []byte, lim chunked.Limits) (*chunked.TarSplitReader, func(), error) {
+	d, err := zstd.NewReader(bytes.NewReader(compressed), zstd.WithDecoderConcurrency(1),
+		zstd.WithDecoderMaxWindow(1<<27))
+	if err != nil {
+		return nil, nil, fmt.Errorf("%w: tar-split: %v", chunked.ErrInvalid, err)
+	}
+	return chunked.NewTarSplitReader(d, lim), d.Close, nil
+}
+
+// compareTarSplit checks that the tar-split describes exactly the TOC's entries, in order, with
+// the same metadata (type, name, link target, mode, size, owner, times, device, xattrs).
+func compareTarSplit(x *chunked.Index, raw []byte, lim chunked.Limits) error {
+	ts, done, err := openTarSplit(raw, lim)
+	if err != nil {
+		return err
+	}
+	defer done()
+	n := x.TOCLen()
+	headers := 0
+	err = chunked.IterateTarSplit(ts,
+		func(k int, h *tar.Header) error {
+			headers++
+			if k >= n {
+				return fmt.Errorf("%w: tar-split has entry %q beyond the TOC's %d", chunked.ErrInvalid, h.Name, n)
+			}
+			if err := headerMatches(x, chunked.EntryID(k), h); err != nil {
+				return &chunked.EntryError{Index: -1, Name: h.Name,
+					Err: fmt.Errorf("%w: TOC and tar-split disagree: %v", chunked.ErrInvalid, err)}
+			}
+			return nil
+		},
+		func(k int, r *chunked.TarSplitRecord) error {
+			return fileRecordMatches(x, k, r)
+		})
+	if err != nil {
+		return err
+	}
+	if headers != n {
+		return fmt.Errorf("%w: tar-split has %d entries, the TOC %d", chunked.ErrInvalid, headers, n)
+	}
+	return nil
+}
+
+func fileRecordMatches(x *chunked.Index, k int, r *chunked.TarSplitRecord) error {
+	if k >= x.TOCLen() {
+		return fmt.Errorf("%w: tar-split file record %d beyond the TOC's %d entries", chunked.ErrInvalid, k, x.TOCLen())
+	}
+	e := x.Entry(chunked.EntryID(k))
+	if clean(r.FileName()) != e.Name || (e.Type == chunked.TypeReg && r.Size != e.Size) {
+		return &chunked.EntryError{Index: -1, Name: e.Name, Err: fmt.Errorf(
+			"%w: tar-split file record %d is %q (%d bytes)", chunked.ErrInvalid, k, r.FileName(), r.Size)}
+	}
+	return nil
+}
+
+func clean(name string) string { return path.Clean("/" + name)[1:] }
+
+func headerMatches(x *chunked.Index, id chunked.EntryID, h *tar.Header) error {
+	e := x.Entry(id)
+	typ, ok := tarTypes[h.Typeflag]
+	var diffs []string
+	check := func(what string, equal bool, toc, tarv any) {
+		if !equal {
+			diffs = append(diffs, fmt.Sprintf("%s %v != %v", what, toc, tarv))
+		}
+	}
+	check("type", ok && typ == e.Type, e.Type, string(rune(h.Typeflag)))
+	check("name", clean(h.Name) == e.Name, e.Name, h.Name)
+	link := h.Linkname
+	if typ == chunked.TypeHardlink {
+		link = clean(link)
+	}
+	check("link", link == e.LinkName, e.LinkName, h.Linkname)
+	check("mode", uint32(h.Mode&0o7777) == e.Mode, e.Mode, h.Mode)
+	check("size", h.Size == e.Size, e.Size, h.Size)
+	check("uid", int64(h.Uid) == int64(e.UID), e.UID, h.Uid)
+	check("gid", int64(h.Gid) == int64(e.GID), e.GID, h.Gid)
+	check("devmajor", h.Devmajor == int64(e.DevMajor), e.DevMajor, h.Devmajor)
+	check("devminor", h.Devminor == int64(e.DevMinor), e.DevMinor, h.Devminor)
+	mt := e.ModTime()
+	if e.ModTimeSec == 0 && e.ModTimeNsec == 0 {
+		mt = time.Time{}
+	}
+	check("mtime", timeNanos(mt) == timeNanos(h.ModTime), mt, h.ModTime)
+	at, ct := x.TOCTimes(id)
+	check("atime", at == timeNanos(h.AccessTime), at, h.AccessTime)
+	check("ctime", ct == timeNanos(h.ChangeTime), ct, h.ChangeTime)
+	toc := map[string]string{}
+	for _, xa := range x.TOCXattrs(id) {
+		toc[xa.Name] = xa.Value
+	}
+	tarX := map[string]string{}
+	for k, v := range h.PAXRecords {
+		if name, ok := strings.CutPrefix(k, "SCHILY.xattr."); ok {
+			tarX[name] = v
+		}
+	}
+	check("xattrs", maps.Equal(toc, tarX), toc, tarX)
+	if len(diffs) > 0 {
+		return fmt.Errorf("%s", strings.Join(diffs, ", "))
+	}
+	return nil
+}
+
+// timeNanos maps zero and Unix-epoch times to 0, as c/storage does when it compares them.
+func timeNanos(t time.Time) int64 {
+	if t.IsZero() || t.Unix() == 0 && t.Nanosecond() == 0 {
+		return 0
+	}
+	return t.UnixNano()
+}
+
+// PayloadFunc returns the content of a regular file of the layer (size bytes). CheckDiffID
+// calls it once per non-empty file, in TOC order.
+type PayloadFunc func(ctx context.Context, file chunked.EntryID) (io.ReadCloser, error)
+
+// CheckDiffID rebuilds the layer's tar stream from its tar-split and the payloads, and checks
+// that it hashes to the DiffID. On success the layer's guarantee becomes [DiffIDVerified].
+// Layers without a tar-split return [ErrNoDiffIDProof].
+func (l *Layer) CheckDiffID(ctx context.Context, payload PayloadFunc) error {
+	if err := l.checkDiffID(ctx, payload); err != nil {
+		return &LayerError{Layer: l.layout.BlobDigest, Format: l.layout.Format, Err: err}
+	}
+	l.guarantee.Store(int32(DiffIDVerified))
+	return nil
+}
+
+func (l *Layer) checkDiffID(ctx context.Context, payload PayloadFunc) error {
+	if l.tarSplit == nil {
+		return ErrNoDiffIDProof
+	}
+	ts, done, err := openTarSplit(l.tarSplit, l.limits)
+	if err != nil {
+		return err
+	}
+	defer done()
+	h := sha256.New()
+	for files := 0; ; {
+		r, err := ts.Next()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return err
+		}
+		if r.Type == chunked.TarSplitSegment {
+			h.Write(r.Payload)
+			continue
+		}
+		if err := fileRecordMatches(l.index, files, r); err != nil {
+			return err
+		}
+		id := chunked.EntryID(files)
+		files++
+		if r.Size == 0 {
+			continue
+		}
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		if err := copyPayload(ctx, h, payload, id, r.Size); err != nil {
+			return fmt.Errorf("payload of %q: %w", l.index.Entry(id).Name, err)
+		}
+	}
+	got := digest.NewDigest(digest.SHA256, h)
+	if got != l.diffID {
+		return &MismatchError{What: "DiffID", Want: l.diffID, Got: got}
+	}
+	return nil
+}
+
+func copyPayload(ctx context.Context, w io.Writer, payload PayloadFunc, id chunked.EntryID, size int64) error {
+	rc, err := payload(ctx, id)
+	if err != nil {
+		return err
+	}
+	defer rc.Close()
+	n, err := io.Copy(w, io.LimitReader(rc, size))
+	if err != nil {
+		return err
+	}
+	if n != size {
+		return fmt.Errorf("%w: got %d of %d bytes", io.ErrUnexpectedEOF, n, size)
+	}
+	return nil
+}
