@@ -102,11 +102,11 @@ type Layout struct {
 
 // mediaTypes maps the layer media types a lazy format can use to whether they are zstd.
 var mediaTypes = map[string]bool{
-	"application/vnd.oci.image.layer.v1.tar+gzip":                 false,
+	"application/vnd.oci.image.layer.v1.tar+gzip":                  false,
 	"application/vnd.oci.image.layer.nondistributable.v1.tar+gzip": false,
-	"application/vnd.docker.image.rootfs.diff.tar.gzip":           false,
-	"application/vnd.docker.image.rootfs.foreign.diff.tar.gzip":   false,
-	"application/vnd.oci.image.layer.v1.tar+zstd":                 true,
+	"application/vnd.docker.image.rootfs.diff.tar.gzip":            false,
+	"application/vnd.docker.image.rootfs.foreign.diff.tar.gzip":    false,
+	"application/vnd.oci.image.layer.v1.tar+zstd":                  true,
 	"application/vnd.oci.image.layer.nondistributable.v1.tar+zstd": true,
 }
 
