@@ -39,11 +39,15 @@ func ExtractTOC(l *Layout, raw []byte, limits Limits) ([]byte, error) {
 	return out, nil
 }
 
+// extractStargzTOC reads the TOC member to its end, so that the gzip CRC covers every byte
+// of it: the tar header, the JSON, the padding and the end blocks.
 func extractStargzTOC(raw []byte, limit int64) ([]byte, error) {
-	zr, err := gzip.NewReader(bytes.NewReader(raw))
+	br := bytes.NewReader(raw)
+	zr, err := gzip.NewReader(br)
 	if err != nil {
 		return nil, invalidf("TOC: %v", err)
 	}
+	zr.Multistream(false)
 	tr := tar.NewReader(zr)
 	h, err := tr.Next()
 	if err != nil {
@@ -58,6 +62,16 @@ func extractStargzTOC(raw []byte, limit int64) ([]byte, error) {
 	out := make([]byte, h.Size)
 	if _, err := io.ReadFull(tr, out); err != nil {
 		return nil, invalidf("TOC: %v", err)
+	}
+	if _, err := tr.Next(); err != io.EOF {
+		return nil, invalidf("TOC: the TOC member holds more than stargz.index.json (%v)", err)
+	}
+	// The end blocks, then the member's CRC and size.
+	if n, err := io.Copy(io.Discard, io.LimitReader(zr, 1<<20)); err != nil || n >= 1<<20 {
+		return nil, invalidf("TOC: bad end of the TOC member (%d bytes, %v)", n, err)
+	}
+	if br.Len() != 0 {
+		return nil, invalidf("TOC: %d bytes after the TOC member", br.Len())
 	}
 	return out, nil
 }

@@ -2,6 +2,7 @@ package chunked
 
 import (
 	"bytes"
+	stdgzip "compress/gzip"
 	"encoding/binary"
 	"fmt"
 	"io"
@@ -103,8 +104,34 @@ func parseStargzFooter(tail []byte, blobSize int64) (Footer, error) {
 }
 
 // stargzTOCOffset reads the TOC offset from an empty gzip member whose extra field holds
-// "%016xSTARGZ", inside an "SG" subfield (current) or raw (legacy stargz).
+// "%016xSTARGZ", inside an "SG" subfield (current) or raw (legacy stargz). Every producer
+// writes it with Go's gzip; anything but those exact bytes is refused, so that no byte of the
+// footer can change unnoticed.
 func stargzTOCOffset(b []byte, subfield bool) (int64, error) {
+	off, err := parseStargzFooterMember(b, subfield)
+	if err != nil {
+		return 0, err
+	}
+	if !bytes.Equal(b, stargzFooterBytes(off, subfield)) {
+		return 0, invalidf("eStargz footer: not in the canonical form")
+	}
+	return off, nil
+}
+
+// stargzFooterBytes returns the footer the producers write for a TOC offset.
+func stargzFooterBytes(off int64, subfield bool) []byte {
+	var buf bytes.Buffer
+	zw, _ := stdgzip.NewWriterLevel(&buf, stdgzip.NoCompression)
+	extra := []byte(fmt.Sprintf("%016x%s", off, stargzFooterTrailer))
+	if subfield {
+		extra = append([]byte{'S', 'G', stargzFooterSubfieldLen, 0}, extra...)
+	}
+	zw.Header.Extra = extra
+	zw.Close()
+	return buf.Bytes()
+}
+
+func parseStargzFooterMember(b []byte, subfield bool) (int64, error) {
 	zr, err := gzip.NewReader(bytes.NewReader(b))
 	if err != nil {
 		return 0, invalidf("eStargz footer: %v", err)

@@ -224,9 +224,10 @@ func (l *Layer) openTarSplit(ctx context.Context, src Source) error {
 	if err := checkDigest("tar-split", digest.Digest(want.String()), raw); err != nil {
 		return err
 	}
-	if err := compareTarSplit(l.index, raw, l.limits); err != nil {
+	l.tarSplit = raw
+	if err := l.compareTarSplit(raw); err != nil {
+		l.tarSplit = nil
 		return err
 	}
-	l.tarSplit = raw
 	return nil
 }

@@ -24,23 +24,47 @@ var tarTypes = map[byte]chunked.Type{
 	tar.TypeFifo: chunked.TypeFifo,
 }
 
-func openTarSplit(compressed []byte, lim chunked.Limits) (*chunked.TarSplitReader, func(), error) {
+// tarSplitRecords returns a reader of the records of a compressed tar-split, and a function that
+// releases it after checking that the stream decompressed to the size the layout states.
+func (l *Layer) tarSplitRecords(compressed []byte) (*chunked.TarSplitReader, func() error, error) {
 	d, err := zstd.NewReader(bytes.NewReader(compressed), zstd.WithDecoderConcurrency(1),
 		zstd.WithDecoderMaxWindow(1<<27))
 	if err != nil {
 		return nil, nil, fmt.Errorf("%w: tar-split: %v", chunked.ErrInvalid, err)
 	}
-	return chunked.NewTarSplitReader(d, lim), d.Close, nil
+	cr := &countingReader{r: d}
+	done := func() error {
+		defer d.Close()
+		if _, err := io.Copy(io.Discard, cr); err != nil {
+			return fmt.Errorf("%w: tar-split: %v", chunked.ErrInvalid, err)
+		}
+		if want := l.layout.TarSplitUncompressed; want != 0 && cr.n != want {
+			return fmt.Errorf("%w: tar-split decompressed to %d bytes, the layout says %d", chunked.ErrInvalid, cr.n, want)
+		}
+		return nil
+	}
+	return chunked.NewTarSplitReader(cr, l.limits), done, nil
+}
+
+type countingReader struct {
+	r io.Reader
+	n int64
+}
+
+func (c *countingReader) Read(p []byte) (int, error) {
+	n, err := c.r.Read(p)
+	c.n += int64(n)
+	return n, err
 }
 
 // compareTarSplit checks that the tar-split describes exactly the TOC's entries, in order, with
 // the same metadata (type, name, link target, mode, size, owner, times, device, xattrs).
-func compareTarSplit(x *chunked.Index, raw []byte, lim chunked.Limits) error {
-	ts, done, err := openTarSplit(raw, lim)
+func (l *Layer) compareTarSplit(raw []byte) error {
+	x := l.index
+	ts, done, err := l.tarSplitRecords(raw)
 	if err != nil {
 		return err
 	}
-	defer done()
 	n := x.TOCLen()
 	headers := 0
 	err = chunked.IterateTarSplit(ts,
@@ -59,12 +83,13 @@ func compareTarSplit(x *chunked.Index, raw []byte, lim chunked.Limits) error {
 			return fileRecordMatches(x, k, r)
 		})
 	if err != nil {
+		done() //nolint:errcheck // the first error wins
 		return err
 	}
 	if headers != n {
 		return fmt.Errorf("%w: tar-split has %d entries, the TOC %d", chunked.ErrInvalid, headers, n)
 	}
-	return nil
+	return done()
 }
 
 func fileRecordMatches(x *chunked.Index, k int, r *chunked.TarSplitRecord) error {
@@ -155,11 +180,11 @@ func (l *Layer) checkDiffID(ctx context.Context, payload PayloadFunc) error {
 	if l.tarSplit == nil {
 		return ErrNoDiffIDProof
 	}
-	ts, done, err := openTarSplit(l.tarSplit, l.limits)
+	ts, done, err := l.tarSplitRecords(l.tarSplit)
 	if err != nil {
 		return err
 	}
-	defer done()
+	defer done() //nolint:errcheck // checked at Open
 	h := sha256.New()
 	for files := 0; ; {
 		r, err := ts.Next()

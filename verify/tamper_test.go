@@ -1,0 +1,285 @@
+package verify_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"maps"
+	"strings"
+	"testing"
+
+	"github.com/klauspost/compress/zstd"
+	"github.com/layerstore/layerstore/chunked"
+	"github.com/layerstore/layerstore/internal/testlayer"
+	"github.com/layerstore/layerstore/verify"
+	digest "github.com/opencontainers/go-digest"
+)
+
+// positions returns up to n positions spread over [0, size), always including both ends.
+func positions(size, n int) []int {
+	if size <= n {
+		ps := make([]int, size)
+		for i := range ps {
+			ps[i] = i
+		}
+		return ps
+	}
+	ps := make([]int, 0, n)
+	for i := range n {
+		ps = append(ps, i*(size-1)/(n-1))
+	}
+	return ps
+}
+
+func flip(b []byte, at int) []byte {
+	c := bytes.Clone(b)
+	c[at] ^= 0x5a
+	return c
+}
+
+// isTyped reports whether err is one of the typed failures of the chain of trust.
+func isTyped(err error) bool {
+	var le *verify.LayerError
+	if !errors.As(err, &le) {
+		return false
+	}
+	for _, target := range []error{verify.ErrDigestMismatch, verify.ErrCorrupt, chunked.ErrInvalid, chunked.ErrLimit, chunked.ErrNotLazy} {
+		if errors.Is(err, target) {
+			return true
+		}
+	}
+	return false
+}
+
+// Any flipped byte of a chunk's compressed range is detected, or leaves the served bytes
+// identical (bytes no decoder reads: gzip member headers and trailers, the next tar header).
+func TestTamperChunks(t *testing.T) {
+	for _, f := range fixtures(t) {
+		t.Run(f.Name, func(t *testing.T) {
+			l, err := verify.Open(t.Context(), f.Desc, f.DiffID, source(f.Blob))
+			if err != nil {
+				t.Fatal(err)
+			}
+			x := l.Index()
+			var detected, harmless int
+			for id := range chunked.EntryID(x.Len()) {
+				if x.Entry(id).Inode != id {
+					continue
+				}
+				for i, c := range x.Chunks(id) {
+					orig := f.Blob[c.Offset:c.End]
+					good, err := l.VerifyChunk(id, i, orig)
+					if err != nil {
+						t.Fatalf("untampered chunk %d of %s: %v", i, x.Entry(id).Name, err)
+					}
+					for _, p := range positions(len(orig), 24) {
+						got, err := l.VerifyChunk(id, i, flip(orig, p))
+						switch {
+						case err != nil:
+							if !isTyped(err) || got.Bytes() != nil {
+								t.Fatalf("chunk %d of %s, byte %d: untyped error or data with error: %v", i, x.Entry(id).Name, p, err)
+							}
+							detected++
+						case !bytes.Equal(got.Bytes(), good.Bytes()):
+							t.Fatalf("chunk %d of %s, byte %d flipped: served different bytes without an error", i, x.Entry(id).Name, p)
+						default:
+							harmless++
+						}
+					}
+				}
+			}
+			t.Logf("%d flips detected, %d in bytes that change nothing served", detected, harmless)
+			if detected == 0 || detected < harmless {
+				t.Errorf("only %d of %d flips detected", detected, detected+harmless)
+			}
+		})
+	}
+}
+
+// dump renders an index completely, to compare two of them.
+func dump(x *chunked.Index) string {
+	var b strings.Builder
+	for id := range chunked.EntryID(x.Len()) {
+		fmt.Fprintf(&b, "%+v %v %v\n", *x.Entry(id), x.Chunks(id), x.TOCXattrs(id))
+	}
+	return b.String()
+}
+
+// Any flipped byte of the footer, the TOC or the tar-split makes Open fail with a typed error.
+// The only exception: the gzip header fields of the eStargz TOC member (mtime, flags, OS),
+// which no reader uses and which change nothing parsed.
+func TestTamperMetadata(t *testing.T) {
+	for _, f := range fixtures(t) {
+		t.Run(f.Name, func(t *testing.T) {
+			l, err := verify.Open(t.Context(), f.Desc, f.DiffID, source(f.Blob))
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := dump(l.Index())
+			lay := l.Layout()
+			tail := chunked.TailSize(lay.Format)
+			regions := map[string]chunked.Range{
+				"footer": {Offset: lay.BlobSize - tail, Length: tail},
+				"TOC":    lay.TOC,
+			}
+			if lay.TarSplit.Length > 0 {
+				regions["tar-split"] = lay.TarSplit
+			}
+			for name, r := range regions {
+				detected := 0
+				for _, p := range positions(int(r.Length), 160) {
+					at := int(r.Offset) + p
+					lt, err := verify.Open(t.Context(), f.Desc, f.DiffID, source(flip(f.Blob, at)))
+					if err != nil {
+						if !isTyped(err) {
+							t.Fatalf("%s byte %d: untyped error %v", name, p, err)
+						}
+						detected++
+						continue
+					}
+					gzipHeader := lay.Format == chunked.EStargz && name == "TOC" && p >= 4 && p < 10
+					if !gzipHeader || dump(lt.Index()) != want {
+						t.Errorf("%s byte %d flipped: not detected", name, p)
+					}
+				}
+				t.Logf("%s: %d of %d flips detected", name, detected, len(positions(int(r.Length), 160)))
+			}
+		})
+	}
+}
+
+// A TOC whose digest does not match the annotation is rejected before it is parsed.
+func TestTOCAnnotationMismatch(t *testing.T) {
+	for _, f := range fixtures(t) {
+		t.Run(f.Name, func(t *testing.T) {
+			d := f.Desc
+			d.Annotations = maps.Clone(d.Annotations)
+			for _, k := range []string{chunked.AnnotationChecksum, chunked.AnnotationStargzTOCDigest, chunked.AnnotationLegacyChecksum} {
+				if _, ok := d.Annotations[k]; ok {
+					d.Annotations[k] = digest.FromString("another TOC").String()
+				}
+			}
+			_, err := verify.Open(t.Context(), d, f.DiffID, source(f.Blob))
+			var me *verify.MismatchError
+			if !errors.Is(err, verify.ErrDigestMismatch) || !errors.As(err, &me) || !strings.Contains(me.What, "TOC") {
+				t.Fatalf("Open = %v, want a TOC digest mismatch", err)
+			}
+			if !strings.Contains(err.Error(), f.Desc.Digest.String()) {
+				t.Errorf("error %q does not name the layer", err)
+			}
+		})
+	}
+}
+
+// repackModern rebuilds the modern zstd:chunked fixture with an edited TOC, re-anchored in new
+// annotations: what a producer lying about metadata would publish.
+func repackModern(t *testing.T, edit func(string) string) (testlayer.Fixture, error) {
+	t.Helper()
+	var f testlayer.Fixture
+	for _, g := range fixtures(t) {
+		if g.Name == "zstdchunked-modern" {
+			f = g
+		}
+	}
+	lay, err := chunked.Classify(f.Desc)
+	if err != nil {
+		return f, err
+	}
+	if err := lay.ApplyFooter(f.Blob[f.Desc.Size-chunked.TailSize(lay.Format):]); err != nil {
+		return f, err
+	}
+	js, err := chunked.ExtractTOC(lay, f.Blob[lay.TOC.Offset:lay.TOC.End()], chunked.Limits{})
+	if err != nil {
+		return f, err
+	}
+	newJS := edit(string(js))
+	enc, _ := zstd.NewWriter(nil)
+	toc := enc.EncodeAll([]byte(newJS), nil)
+	tarSplit := f.Blob[lay.TarSplit.Offset:lay.TarSplit.End()]
+	skippable := func(b []byte) []byte {
+		h := []byte{0x50, 0x2a, 0x4d, 0x18, 0, 0, 0, 0}
+		binary.LittleEndian.PutUint32(h[4:], uint32(len(b)))
+		return append(h, b...)
+	}
+	blob := bytes.Clone(f.Blob[:lay.PayloadEnd()])
+	tocOff := int64(len(blob)) + 8
+	blob = append(blob, skippable(toc)...)
+	tsOff := int64(len(blob)) + 8
+	blob = append(blob, skippable(tarSplit)...)
+	footer := make([]byte, 64)
+	for i, v := range []int64{tocOff, int64(len(toc)), int64(len(newJS)), 1, tsOff, int64(len(tarSplit)), lay.TarSplitUncompressed} {
+		binary.LittleEndian.PutUint64(footer[8*i:], uint64(v))
+	}
+	copy(footer[56:], "GNUlInUx")
+	blob = append(blob, skippable(footer)...)
+	f.Blob = blob
+	f.Desc = chunked.Descriptor{MediaType: f.Desc.MediaType, Digest: digest.FromBytes(blob), Size: int64(len(blob)),
+		Annotations: map[string]string{
+			chunked.AnnotationChecksum:         digest.FromBytes(toc).String(),
+			chunked.AnnotationPosition:         fmt.Sprintf("%d:%d:%d:1", tocOff, len(toc), len(newJS)),
+			chunked.AnnotationTarSplitPosition: fmt.Sprintf("%d:%d:%d", tsOff, len(tarSplit), lay.TarSplitUncompressed),
+		}}
+	return f, nil
+}
+
+// A zstd:chunked TOC that is correctly anchored but disagrees with the tar-split (and so with
+// the DiffID) is rejected at load.
+func TestTarSplitDisagreement(t *testing.T) {
+	same, err := repackModern(t, func(s string) string { return s })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := verify.Open(t.Context(), same.Desc, same.DiffID, source(same.Blob)); err != nil {
+		t.Fatalf("repacked without changes: %v", err)
+	}
+	for name, edit := range map[string]func(string) string{
+		"setuid added": func(s string) string { return strings.Replace(s, `"mode":420`, `"mode":2468`, 1) },
+		"owner":        func(s string) string { return strings.Replace(s, `"uid":1000`, `"uid":0`, 1) },
+		"symlink":      func(s string) string { return strings.Replace(s, `"linkName":"tool"`, `"linkName":"/etc/shadow"`, 1) },
+	} {
+		t.Run(name, func(t *testing.T) {
+			f, err := repackModern(t, edit)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if bytes.Equal(f.Blob, same.Blob) {
+				t.Fatal("the edit changed nothing")
+			}
+			_, err = verify.Open(t.Context(), f.Desc, f.DiffID, source(f.Blob))
+			if !errors.Is(err, chunked.ErrInvalid) || !strings.Contains(err.Error(), "tar-split disagree") {
+				t.Fatalf("Open = %v, want TOC and tar-split disagreement", err)
+			}
+		})
+	}
+}
+
+func TestCheckDiffIDMismatch(t *testing.T) {
+	f, err := repackModern(t, func(s string) string { return s })
+	if err != nil {
+		t.Fatal(err)
+	}
+	src := source(f.Blob)
+	wrong, err := verify.Open(t.Context(), f.Desc, digest.FromString("other"), src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := wrong.CheckDiffID(t.Context(), payloads(wrong, src)); !errors.Is(err, verify.ErrDigestMismatch) {
+		t.Fatalf("CheckDiffID with a wrong DiffID = %v", err)
+	}
+	if g := wrong.Guarantee(); g != verify.ChunksVerified {
+		t.Fatalf("guarantee after a failed check = %v", g)
+	}
+	l, err := verify.Open(t.Context(), f.Desc, f.DiffID, src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bad := func(ctx context.Context, id chunked.EntryID) (io.ReadCloser, error) {
+		return io.NopCloser(bytes.NewReader(make([]byte, l.Index().Entry(id).Size))), nil
+	}
+	if err := l.CheckDiffID(t.Context(), bad); !errors.Is(err, verify.ErrDigestMismatch) {
+		t.Fatalf("CheckDiffID with wrong payloads = %v", err)
+	}
+}
