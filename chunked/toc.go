@@ -96,7 +96,8 @@ type builder struct {
 }
 
 func (b *builder) decode(data []byte) error {
-	dec := jsontext.NewDecoder(bytes.NewReader(data))
+	// A bytes.Buffer is parsed in place, without copying into the decoder's own buffer.
+	dec := jsontext.NewDecoder(bytes.NewBuffer(data))
 	if err := expect(dec, '{'); err != nil {
 		return err
 	}
@@ -459,8 +460,8 @@ func parseTime(s string) (time.Time, error) {
 func parseSum(s string) (Sum, error) {
 	var sum Sum
 	hexPart, ok := strings.CutPrefix(s, "sha256:")
-	if !ok || len(hexPart) != 64 || strings.ToLower(hexPart) != hexPart {
-		return sum, invalidf("digest %q is not a sha256 digest", s)
+	if !ok || len(hexPart) != 64 || strings.ContainsAny(hexPart, "ABCDEF") {
+		return sum, invalidf("digest %q is not a lowercase sha256 digest", s)
 	}
 	if _, err := hex.Decode(sum[:], []byte(hexPart)); err != nil {
 		return sum, invalidf("digest %q: %v", s, err)

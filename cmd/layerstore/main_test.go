@@ -1,0 +1,27 @@
+package main
+
+import (
+	"bytes"
+	"strings"
+	"testing"
+)
+
+func TestDemo(t *testing.T) {
+	var out, errb bytes.Buffer
+	if code := run(t.Context(), []string{"demo"}, &out, &errb); code != 0 {
+		t.Fatalf("demo exited %d: %s", code, errb.String())
+	}
+	s := out.String()
+	for _, want := range []string{"estargz-prioritized", "chunks-verified", "refused", "digest mismatch"} {
+		if !strings.Contains(s, want) {
+			t.Errorf("demo output lacks %q:\n%s", want, s)
+		}
+	}
+}
+
+func TestUnknownCommand(t *testing.T) {
+	var out, errb bytes.Buffer
+	if code := run(t.Context(), []string{"bogus"}, &out, &errb); code != 2 || !strings.Contains(errb.String(), "unknown command") {
+		t.Fatalf("code %d, stderr %q", code, errb.String())
+	}
+}
