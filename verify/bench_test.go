@@ -4,7 +4,6 @@ import (
 	"testing"
 
 	"github.com/layerstore/layerstore/chunked"
-	"github.com/layerstore/layerstore/verify"
 )
 
 // BenchmarkVerifyChunk measures decompressing and verifying chunks on one core, per format,
@@ -17,10 +16,7 @@ func BenchmarkVerifyChunk(b *testing.B) {
 			continue
 		}
 		b.Run(f.Name, func(b *testing.B) {
-			l, err := verify.Open(b.Context(), f.Desc, f.DiffID, source(f.Blob))
-			if err != nil {
-				b.Fatal(err)
-			}
+			l, _ := open(b, f)
 			x := l.Index()
 			type ref struct {
 				id chunked.EntryID

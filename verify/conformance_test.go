@@ -25,6 +25,17 @@ func fixtures(t testing.TB) []testlayer.Fixture {
 
 func source(blob []byte) verify.Source { return verify.ReaderAtSource(bytes.NewReader(blob)) }
 
+// open opens a fixture that must verify.
+func open(t testing.TB, f testlayer.Fixture) (*verify.Layer, verify.Source) {
+	t.Helper()
+	src := source(f.Blob)
+	l, err := verify.Open(t.Context(), f.Desc, f.DiffID, src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l, src
+}
+
 // viewTree renders what a verified layer shows, reading every file through verified chunks.
 func viewTree(t *testing.T, l *verify.Layer, src verify.Source) testlayer.Tree {
 	t.Helper()
@@ -76,11 +87,7 @@ func viewTree(t *testing.T, l *verify.Layer, src verify.Source) testlayer.Tree {
 func TestConformance(t *testing.T) {
 	for _, f := range fixtures(t) {
 		t.Run(f.Name, func(t *testing.T) {
-			src := source(f.Blob)
-			l, err := verify.Open(t.Context(), f.Desc, f.DiffID, src)
-			if err != nil {
-				t.Fatal(err)
-			}
+			l, src := open(t, f)
 			if got := l.Layout().Format; got != f.Format {
 				t.Errorf("format = %v, want %v", got, f.Format)
 			}
@@ -130,15 +137,11 @@ func payloads(l *verify.Layer, src verify.Source) verify.PayloadFunc {
 func TestCheckDiffID(t *testing.T) {
 	for _, f := range fixtures(t) {
 		t.Run(f.Name, func(t *testing.T) {
-			src := source(f.Blob)
-			l, err := verify.Open(t.Context(), f.Desc, f.DiffID, src)
-			if err != nil {
-				t.Fatal(err)
-			}
+			l, src := open(t, f)
 			if g := l.Guarantee(); g != verify.ChunksVerified {
 				t.Fatalf("guarantee after Open = %v", g)
 			}
-			err = l.CheckDiffID(t.Context(), payloads(l, src))
+			err := l.CheckDiffID(t.Context(), payloads(l, src))
 			if f.Name != "zstdchunked-modern" {
 				if !errors.Is(err, verify.ErrNoDiffIDProof) || l.CanProveDiffID() {
 					t.Fatalf("CheckDiffID = %v, want ErrNoDiffIDProof", err)

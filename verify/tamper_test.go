@@ -59,10 +59,7 @@ func isTyped(err error) bool {
 func TestTamperChunks(t *testing.T) {
 	for _, f := range fixtures(t) {
 		t.Run(f.Name, func(t *testing.T) {
-			l, err := verify.Open(t.Context(), f.Desc, f.DiffID, source(f.Blob))
-			if err != nil {
-				t.Fatal(err)
-			}
+			l, _ := open(t, f)
 			x := l.Index()
 			var detected, harmless int
 			for id := range chunked.EntryID(x.Len()) {
@@ -114,10 +111,7 @@ func dump(x *chunked.Index) string {
 func TestTamperMetadata(t *testing.T) {
 	for _, f := range fixtures(t) {
 		t.Run(f.Name, func(t *testing.T) {
-			l, err := verify.Open(t.Context(), f.Desc, f.DiffID, source(f.Blob))
-			if err != nil {
-				t.Fatal(err)
-			}
+			l, _ := open(t, f)
 			want := dump(l.Index())
 			lay := l.Layout()
 			tail := chunked.TailSize(lay.Format)
