@@ -527,7 +527,11 @@ func (b *builder) finish() error {
 	}
 	for _, d := range b.opaqueDir {
 		ensureDir(d)
-		x.entries[paths[d]].Flags |= FlagOpaque
+		dir := &x.entries[paths[d]]
+		if dir.Type != TypeDir {
+			return &EntryError{Index: -1, Name: d + "/" + opaqueMarker, Err: invalidf("opaque marker in a non-directory")}
+		}
+		dir.Flags |= FlagOpaque
 	}
 	x.root = paths[""]
 	if x.entries[x.root].Type != TypeDir {
