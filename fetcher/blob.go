@@ -1,0 +1,267 @@
+package fetcher
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"sort"
+	"sync"
+	"sync/atomic"
+)
+
+// Blob reads byte ranges of one registry blob. It is safe for concurrent use.
+type Blob struct {
+	rt   http.RoundTripper // authenticated to the registry; used for the registry's host only
+	url  *url.URL          // the registry's blob URL
+	size int64
+	o    options
+
+	// Set once and read without a lock.
+	noMulti atomic.Bool // the registry does not answer multi-range requests properly
+
+	// Counters.
+	requests atomic.Int64
+	bytesIn  atomic.Int64
+	retries  atomic.Int64
+	waiting  atomic.Int64 // callers waiting on another caller's request (tests look at it)
+
+	mu       sync.Mutex
+	inflight map[Range]*call // guarded by mu: spans being fetched, for sharing
+	location *url.URL        // guarded by mu: cached redirect target, nil when none
+}
+
+// call is one span being fetched; done is closed once buf or err is set.
+type call struct {
+	done chan struct{}
+	buf  []byte
+	err  error
+}
+
+// Stats are a Blob's counters since it was created.
+type Stats struct {
+	Requests      int64 // HTTP requests sent, redirect hops included
+	BytesReceived int64 // response body bytes read
+	Retries       int64 // attempts after a transient failure
+}
+
+// New returns a Blob reading the blob at blobURL (https://host/v2/<repo>/blobs/<digest>),
+// whose size is size bytes, through rt, a transport already authenticated to the registry.
+func New(rt http.RoundTripper, blobURL string, size int64, opts ...Option) (*Blob, error) {
+	if rt == nil {
+		return nil, errors.New("fetcher: nil transport")
+	}
+	if size < 0 {
+		return nil, fmt.Errorf("fetcher: negative blob size %d", size)
+	}
+	u, err := url.Parse(blobURL)
+	if err != nil {
+		return nil, errors.New("fetcher: malformed blob URL") // err quotes the URL and its secrets
+	}
+	if (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return nil, fmt.Errorf("fetcher: blob URL %s is not an http(s) URL", redact(u))
+	}
+	o := defaultOptions()
+	for _, opt := range opts {
+		if err := opt(&o); err != nil {
+			return nil, fmt.Errorf("fetcher: %w", err)
+		}
+	}
+	return &Blob{rt: rt, url: u, size: size, o: o, inflight: make(map[Range]*call)}, nil
+}
+
+// Size is the blob's size in bytes.
+func (b *Blob) Size() int64 { return b.size }
+
+// Stats returns the Blob's counters.
+func (b *Blob) Stats() Stats {
+	return Stats{Requests: b.requests.Load(), BytesReceived: b.bytesIn.Load(), Retries: b.retries.Load()}
+}
+
+// ReadAt reads len(p) bytes at off. It fills p completely or returns an error; reading past the
+// end of the blob returns the bytes up to the end and io.EOF.
+func (b *Blob) ReadAt(ctx context.Context, p []byte, off int64) (int, error) {
+	if off < 0 {
+		return 0, fmt.Errorf("fetcher: %w: negative offset %d", ErrInvalidRange, off)
+	}
+	if len(p) == 0 {
+		return 0, nil
+	}
+	if off >= b.size {
+		return 0, io.EOF
+	}
+	n := min(int64(len(p)), b.size-off)
+	res, err := b.Fetch(ctx, []Range{{Offset: off, Length: n}})
+	if err != nil {
+		return 0, err
+	}
+	copy(p, res[0])
+	if n < int64(len(p)) {
+		return int(n), io.EOF
+	}
+	return int(n), nil
+}
+
+// Fetch returns the bytes of each range, in the order asked. Ranges must lie within the blob.
+// See the package documentation for how ranges are coalesced and requested.
+func (b *Blob) Fetch(ctx context.Context, ranges []Range) ([][]byte, error) {
+	for _, r := range ranges {
+		if r.Offset < 0 || r.Length < 0 || r.Offset > b.size || r.Length > b.size-r.Offset {
+			return nil, fmt.Errorf("fetcher: %w: %d bytes at %d in a blob of %d",
+				ErrInvalidRange, r.Length, r.Offset, b.size)
+		}
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("fetcher: %w", err)
+	}
+	spans := coalesce(ranges, b.o.maxGap, b.o.maxSpan)
+	bufs, err := b.fetchShared(ctx, spans)
+	if err != nil {
+		return nil, err
+	}
+	out := make([][]byte, len(ranges))
+	for k, r := range ranges {
+		buf := make([]byte, r.Length)
+		j := sort.Search(len(spans), func(j int) bool { return spans[j].end() > r.Offset })
+		for pos := r.Offset; pos < r.end(); j++ {
+			pos += int64(copy(buf[pos-r.Offset:], bufs[j][pos-spans[j].Offset:]))
+		}
+		out[k] = buf
+	}
+	return out, nil
+}
+
+// fetchShared returns the bytes of spans, joining requests other callers already have in
+// flight for identical spans and fetching the rest itself.
+func (b *Blob) fetchShared(ctx context.Context, spans []Range) ([][]byte, error) {
+	out := make([][]byte, len(spans))
+	pending := make([]int, len(spans))
+	for i := range pending {
+		pending[i] = i
+	}
+	for len(pending) > 0 {
+		own := make(map[int]*call)
+		joined := make(map[int]*call)
+		var ownIdx []int
+		b.mu.Lock()
+		for _, i := range pending {
+			if c, ok := b.inflight[spans[i]]; ok {
+				joined[i] = c
+				continue
+			}
+			c := &call{done: make(chan struct{})}
+			b.inflight[spans[i]] = c
+			own[i] = c
+			ownIdx = append(ownIdx, i)
+		}
+		b.mu.Unlock()
+
+		if len(ownIdx) > 0 {
+			b.runOwned(ctx, spans, ownIdx, own)
+			var firstErr error
+			for _, i := range ownIdx {
+				err := own[i].err
+				// Prefer the failure that made runOwned cancel its other requests.
+				if err != nil && (firstErr == nil || isContextErr(firstErr) && !isContextErr(err)) {
+					firstErr = err
+				}
+				out[i] = own[i].buf
+			}
+			if firstErr != nil {
+				return nil, firstErr
+			}
+		}
+
+		pending = pending[:0]
+		for i, c := range joined {
+			b.waiting.Add(1)
+			select {
+			case <-c.done:
+				b.waiting.Add(-1)
+			case <-ctx.Done():
+				b.waiting.Add(-1)
+				return nil, fmt.Errorf("fetcher: %w", ctx.Err())
+			}
+			if c.err != nil {
+				if isContextErr(c.err) && ctx.Err() == nil {
+					// The caller that owned the request gave up; ask again ourselves.
+					pending = append(pending, i)
+					continue
+				}
+				return nil, c.err
+			}
+			out[i] = c.buf
+		}
+	}
+	return out, nil
+}
+
+func isContextErr(err error) bool {
+	return errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)
+}
+
+// runOwned fetches the spans idx (sorted), grouped into requests, and completes their calls.
+// Every call in calls is completed before it returns.
+func (b *Blob) runOwned(ctx context.Context, spans []Range, idx []int, calls map[int]*call) {
+	per := b.o.maxRanges
+	if b.noMulti.Load() {
+		per = 1
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var wg sync.WaitGroup
+	for start := 0; start < len(idx); start += per {
+		batch := idx[start:min(start+per, len(idx))]
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			batchSpans := make([]Range, len(batch))
+			for k, i := range batch {
+				batchSpans[k] = spans[i]
+			}
+			bufs, err := b.fetchBatch(ctx, batchSpans)
+			if err != nil {
+				cancel() // the caller fails anyway; spare the other requests
+			}
+			b.mu.Lock()
+			for k, i := range batch {
+				c := calls[i]
+				if err != nil {
+					c.err = err
+				} else {
+					c.buf = bufs[k]
+				}
+				if b.inflight[spans[i]] == c {
+					delete(b.inflight, spans[i])
+				}
+				close(c.done)
+			}
+			b.mu.Unlock()
+		}()
+	}
+	wg.Wait()
+}
+
+// cachedLocation returns the cached redirect target, or nil.
+func (b *Blob) cachedLocation() *url.URL {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.location
+}
+
+func (b *Blob) setLocation(u *url.URL) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.location = u
+}
+
+// dropLocation forgets u if it is still the cached redirect target.
+func (b *Blob) dropLocation(u *url.URL) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.location == u {
+		b.location = nil
+	}
+}

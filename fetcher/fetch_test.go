@@ -1,0 +1,431 @@
+package fetcher
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"testing/iotest"
+	"time"
+
+	"github.com/layerstore/layerstore/verify"
+)
+
+var _ verify.Source = (*Blob)(nil)
+
+// Ranges more than the default gap apart.
+var (
+	near1 = Range{Offset: 1000, Length: 100}
+	far1  = Range{Offset: 500_000, Length: 200}
+	far2  = Range{Offset: 700_000, Length: 50}
+	far3  = Range{Offset: 900_000, Length: 4096}
+)
+
+func hasComma(hs []string) []bool {
+	out := make([]bool, len(hs))
+	for i, h := range hs {
+		out[i] = strings.Contains(h, ",")
+	}
+	return out
+}
+
+// TestReadAtRegistry reads from go-containerregistry's registry, which serves single ranges.
+func TestReadAtRegistry(t *testing.T) {
+	data := testBlob(300_000)
+	reg := newTestRegistry(t, data)
+	b, _ := newTestBlob(t, reg)
+	ctx := t.Context()
+	for _, r := range []Range{{0, 1}, {0, 300_000}, {123_456, 7}, {299_999, 1}} {
+		p := make([]byte, r.Length)
+		n, err := b.ReadAt(ctx, p, r.Offset)
+		if err != nil || n != len(p) {
+			t.Fatalf("ReadAt(%d bytes at %d) = %d, %v", r.Length, r.Offset, n, err)
+		}
+		if !bytes.Equal(p, data[r.Offset:r.end()]) {
+			t.Errorf("ReadAt(%d bytes at %d): bytes differ", r.Length, r.Offset)
+		}
+	}
+	if got := reg.count(); got != 4 {
+		t.Errorf("registry saw %d requests, want 4", got)
+	}
+	if st := b.Stats(); st.Requests != 4 || st.BytesReceived != 1+300_000+7+1 {
+		t.Errorf("Stats = %+v, want 4 requests and %d bytes", st, 1+300_000+7+1)
+	}
+
+	// Past the end: the bytes up to the end and io.EOF, without asking for more.
+	p := make([]byte, 10)
+	n, err := b.ReadAt(ctx, p, 299_995)
+	if n != 5 || !errors.Is(err, io.EOF) || !bytes.Equal(p[:5], data[299_995:]) {
+		t.Errorf("ReadAt across the end = %d, %v; want 5, io.EOF and the last bytes", n, err)
+	}
+	if n, err := b.ReadAt(ctx, p, 300_000); n != 0 || !errors.Is(err, io.EOF) {
+		t.Errorf("ReadAt at the end = %d, %v; want 0, io.EOF", n, err)
+	}
+}
+
+type readerAt struct{ b *Blob }
+
+func (r readerAt) ReadAt(p []byte, off int64) (int, error) {
+	return r.b.ReadAt(context.Background(), p, off)
+}
+
+func TestIOTestReader(t *testing.T) {
+	data := testBlob(300)
+	reg := newTestRegistry(t, data)
+	reg.serveRanges = true
+	b, _ := newTestBlob(t, reg)
+	if err := iotest.TestReader(io.NewSectionReader(readerAt{b}, 0, b.Size()), data); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestFetchAdjacentRangesOneRequest(t *testing.T) {
+	data := testBlob(1 << 20)
+	reg := newTestRegistry(t, data)
+	b, _ := newTestBlob(t, reg)
+	checkFetch(t, b, data, Range{2000, 100}, Range{0, 1000}, Range{1000, 1000})
+	if got, want := reg.rangeHeaders(), []string{"bytes=0-2099"}; !equalStrings(got, want) {
+		t.Errorf("Range headers = %q, want %q", got, want)
+	}
+}
+
+func TestFetchNearRangesOneRequest(t *testing.T) {
+	data := testBlob(1 << 20)
+	reg := newTestRegistry(t, data)
+	b, _ := newTestBlob(t, reg)
+	checkFetch(t, b, data, Range{0, 10}, Range{60_000, 10}, Range{30_000, 10})
+	if got, want := reg.rangeHeaders(), []string{"bytes=0-60009"}; !equalStrings(got, want) {
+		t.Errorf("Range headers = %q, want %q", got, want)
+	}
+}
+
+// TestFetchMultiRange: a Distribution-style server answers distant ranges with one
+// 206 multipart/byteranges response.
+func TestFetchMultiRange(t *testing.T) {
+	data := testBlob(1 << 20)
+	reg := newTestRegistry(t, data)
+	reg.serveRanges = true
+	b, _ := newTestBlob(t, reg)
+	checkFetch(t, b, data, far1, near1)
+	want := []string{"bytes=1000-1099,500000-500199"}
+	if got := reg.rangeHeaders(); !equalStrings(got, want) {
+		t.Errorf("Range headers = %q, want %q", got, want)
+	}
+	// Later calls keep using multi-range requests.
+	checkFetch(t, b, data, far2, far3)
+	if got := reg.count(); got != 2 {
+		t.Errorf("registry saw %d requests, want 2", got)
+	}
+}
+
+func TestFetchMaxRangesPerRequest(t *testing.T) {
+	data := testBlob(2 << 20)
+	reg := newTestRegistry(t, data)
+	reg.serveRanges = true
+	b, _ := newTestBlob(t, reg)
+	var ranges []Range
+	for i := range 20 {
+		ranges = append(ranges, Range{Offset: int64(i) * 100_000, Length: 10})
+	}
+	checkFetch(t, b, data, ranges...)
+	if got := reg.count(); got != 2 {
+		t.Errorf("20 distant ranges took %d requests, want 2 (16 ranges each at most)", got)
+	}
+	for _, h := range reg.rangeHeaders() {
+		if n := strings.Count(h, ",") + 1; n > 16 {
+			t.Errorf("request asked for %d ranges, want at most 16", n)
+		}
+	}
+}
+
+// TestFetchRegistryMultiRangeFallback: go-containerregistry's registry answers a multi-range
+// request with the first range only; the rest is asked for alone, and later calls send single
+// ranges from the start.
+func TestFetchRegistryMultiRangeFallback(t *testing.T) {
+	data := testBlob(1 << 20)
+	reg := newTestRegistry(t, data)
+	b, _ := newTestBlob(t, reg)
+	checkFetch(t, b, data, near1, far1)
+	checkFetch(t, b, data, far2, far3)
+	got := hasComma(reg.rangeHeaders())
+	if want := []bool{true, false, false, false}; !equalBools(got, want) {
+		t.Errorf("multi-range requests: %v, want %v (%q)", got, want, reg.rangeHeaders())
+	}
+}
+
+func TestFetchMultiRangeRefused(t *testing.T) {
+	for _, code := range []int{http.StatusBadRequest, http.StatusRequestedRangeNotSatisfiable} {
+		t.Run(http.StatusText(code), func(t *testing.T) {
+			data := testBlob(1 << 20)
+			reg := newTestRegistry(t, data)
+			reg.serveRanges = true
+			reg.fault = func(w http.ResponseWriter, r *http.Request, _ int) bool {
+				if strings.Contains(r.Header.Get("Range"), ",") {
+					w.WriteHeader(code)
+					return true
+				}
+				return false
+			}
+			b, _ := newTestBlob(t, reg)
+			checkFetch(t, b, data, near1, far1)
+			if got := reg.count(); got != 3 {
+				t.Errorf("first Fetch: %d requests, want 3 (refused multi-range, then 2 single)", got)
+			}
+			checkFetch(t, b, data, far2, far3)
+			got := hasComma(reg.rangeHeaders())
+			if want := []bool{true, false, false, false, false}; !equalBools(got, want) {
+				t.Errorf("multi-range requests: %v, want %v", got, want)
+			}
+			if st := b.Stats(); st.Retries != 0 {
+				t.Errorf("Retries = %d, want 0", st.Retries)
+			}
+		})
+	}
+}
+
+// TestFetchMultiRangeAnsweredWithFullBody: a 200 answer to a multi-range request is used
+// (read only up to the last needed byte) and not asked again; later calls use single ranges.
+func TestFetchMultiRangeAnsweredWithFullBody(t *testing.T) {
+	data := testBlob(1 << 20)
+	reg := newTestRegistry(t, data)
+	reg.serveRanges = true
+	reg.fault = fullBodyForMulti(data)
+	b, _ := newTestBlob(t, reg)
+	checkFetch(t, b, data, near1, far1)
+	if got := reg.count(); got != 1 {
+		t.Errorf("first Fetch: %d requests, want 1", got)
+	}
+	if got, limit := b.Stats().BytesReceived, far1.end()+drainLimit; got > limit {
+		t.Errorf("read %d bytes of the full body, want at most %d", got, limit)
+	}
+	checkFetch(t, b, data, far2, far3)
+	got := hasComma(reg.rangeHeaders())
+	if want := []bool{true, false, false}; !equalBools(got, want) {
+		t.Errorf("multi-range requests: %v, want %v", got, want)
+	}
+}
+
+// TestReadAtRangeIgnored: a server without range support answers 200; one request, right bytes.
+func TestReadAtRangeIgnored(t *testing.T) {
+	data := testBlob(1 << 20)
+	reg := newTestRegistry(t, data)
+	reg.fault = func(w http.ResponseWriter, r *http.Request, _ int) bool {
+		_, _ = w.Write(data)
+		return true
+	}
+	b, _ := newTestBlob(t, reg)
+	checkFetch(t, b, data, far1)
+	if got := reg.count(); got != 1 {
+		t.Errorf("%d requests, want 1", got)
+	}
+}
+
+func TestWrongContentRange(t *testing.T) {
+	data := testBlob(1 << 20)
+	for _, tt := range []struct {
+		name  string
+		fault func(w http.ResponseWriter, r *http.Request, n int) bool
+		get   []Range
+	}{
+		{"single range shifted", func(w http.ResponseWriter, r *http.Request, _ int) bool {
+			w.Header().Set("Content-Range", "bytes 1001-1100/1048576")
+			w.WriteHeader(http.StatusPartialContent)
+			_, _ = w.Write(data[1001:1101])
+			return true
+		}, []Range{near1}},
+		{"single range elsewhere", func(w http.ResponseWriter, r *http.Request, _ int) bool {
+			w.Header().Set("Content-Range", "bytes 5000-5099/1048576")
+			w.WriteHeader(http.StatusPartialContent)
+			_, _ = w.Write(data[5000:5100])
+			return true
+		}, []Range{near1}},
+		{"multi-range answered with an unasked single range", func(w http.ResponseWriter, r *http.Request, _ int) bool {
+			w.Header().Set("Content-Range", "bytes 5000-5099/1048576")
+			w.WriteHeader(http.StatusPartialContent)
+			_, _ = w.Write(data[5000:5100])
+			return true
+		}, []Range{near1, far1}},
+		{"wrong blob size", func(w http.ResponseWriter, r *http.Request, _ int) bool {
+			w.Header().Set("Content-Range", "bytes 1000-1099/5000000")
+			w.WriteHeader(http.StatusPartialContent)
+			_, _ = w.Write(data[1000:1100])
+			return true
+		}, []Range{near1}},
+		{"multipart part not asked for", func(w http.ResponseWriter, r *http.Request, _ int) bool {
+			r.Header.Set("Range", "bytes=1001-1100,500000-500199")
+			http.ServeContent(w, r, "", zeroTime, bytes.NewReader(data))
+			return true
+		}, []Range{near1, far1}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			reg := newTestRegistry(t, data)
+			reg.fault = tt.fault
+			b, _ := newTestBlob(t, reg)
+			_, err := b.Fetch(t.Context(), tt.get)
+			var fe *Error
+			if !errors.Is(err, ErrBadResponse) || !errors.As(err, &fe) {
+				t.Fatalf("Fetch error = %v, want an *Error wrapping ErrBadResponse", err)
+			}
+			if got := reg.count(); got != 1 {
+				t.Errorf("%d requests, want 1", got)
+			}
+		})
+	}
+}
+
+func TestTypedErrors(t *testing.T) {
+	data := testBlob(1000)
+	tests := []struct {
+		name   string
+		fault  func(w http.ResponseWriter, r *http.Request, n int) bool
+		url    func(string) string
+		want   error
+		status int
+	}{
+		{"unknown blob", nil, func(u string) string { return u[:len(u)-4] + "0000" }, ErrNotFound, 404},
+		{"401", failStatus(99, 401), nil, ErrUnauthorized, 401},
+		{"403", failStatus(99, 403), nil, ErrUnauthorized, 403},
+		{"single range refused", failStatus(99, 416), nil, ErrRangeUnsupported, 416},
+		{"unexpected status", failStatus(99, 204), nil, ErrBadResponse, 204},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			reg := newTestRegistry(t, data)
+			reg.fault = tt.fault
+			if tt.url != nil {
+				reg.blobURL = tt.url(reg.blobURL)
+			}
+			b, _ := newTestBlob(t, reg)
+			_, err := b.ReadAt(t.Context(), make([]byte, 10), 0)
+			var fe *Error
+			if !errors.Is(err, tt.want) || !errors.As(err, &fe) || fe.StatusCode != tt.status {
+				t.Fatalf("ReadAt error = %v, want an *Error with status %d wrapping %v", err, tt.status, tt.want)
+			}
+			if got := reg.count(); got != 1 {
+				t.Errorf("%d requests, want 1 (no retry)", got)
+			}
+		})
+	}
+}
+
+func TestInvalidRange(t *testing.T) {
+	data := testBlob(1000)
+	reg := newTestRegistry(t, data)
+	b, _ := newTestBlob(t, reg)
+	for _, r := range []Range{{-1, 5}, {0, -1}, {999, 2}, {1001, 0}} {
+		if _, err := b.Fetch(t.Context(), []Range{r}); !errors.Is(err, ErrInvalidRange) {
+			t.Errorf("Fetch(%v) error = %v, want ErrInvalidRange", r, err)
+		}
+	}
+	if _, err := b.ReadAt(t.Context(), make([]byte, 1), -1); !errors.Is(err, ErrInvalidRange) {
+		t.Errorf("ReadAt at -1: error = %v, want ErrInvalidRange", err)
+	}
+	got, err := b.Fetch(t.Context(), []Range{{1000, 0}, {5, 0}})
+	if err != nil || len(got) != 2 || len(got[0]) != 0 || len(got[1]) != 0 {
+		t.Errorf("Fetch of empty ranges = %v, %v; want two empty slices", got, err)
+	}
+	if n := reg.count(); n != 0 {
+		t.Errorf("%d requests, want 0", n)
+	}
+}
+
+func TestCanceledContext(t *testing.T) {
+	data := testBlob(1000)
+	reg := newTestRegistry(t, data)
+	b, _ := newTestBlob(t, reg)
+	ctx, cancel := context.WithCancel(t.Context())
+	cancel()
+	if _, err := b.ReadAt(ctx, make([]byte, 10), 0); !errors.Is(err, context.Canceled) {
+		t.Errorf("ReadAt error = %v, want context.Canceled", err)
+	}
+	if n := reg.count(); n != 0 {
+		t.Errorf("%d requests, want 0", n)
+	}
+}
+
+// TestSingleflight: concurrent reads of the same range share one request.
+func TestSingleflight(t *testing.T) {
+	data := testBlob(1 << 20)
+	reg := newTestRegistry(t, data)
+	reg.gate = make(chan struct{})
+	b, _ := newTestBlob(t, reg)
+	const readers = 5
+	var wg sync.WaitGroup
+	for range readers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			p := make([]byte, far1.Length)
+			if _, err := b.ReadAt(t.Context(), p, far1.Offset); err != nil {
+				t.Error(err)
+				return
+			}
+			if !bytes.Equal(p, data[far1.Offset:far1.end()]) {
+				t.Error("bytes differ")
+			}
+		}()
+	}
+	waitFor(t, "one request and the other readers waiting on it", func() bool {
+		return reg.count() == 1 && b.waiting.Load() == readers-1
+	})
+	close(reg.gate)
+	wg.Wait()
+	if got := reg.count(); got != 1 {
+		t.Errorf("%d requests for %d concurrent reads of one range, want 1", got, readers)
+	}
+}
+
+// TestSingleflightOwnerCanceled: when the caller that sent the shared request gives up, a
+// waiting caller asks again itself and gets the bytes.
+func TestSingleflightOwnerCanceled(t *testing.T) {
+	data := testBlob(1 << 20)
+	reg := newTestRegistry(t, data)
+	reg.gate = make(chan struct{})
+	b, _ := newTestBlob(t, reg)
+	ownerCtx, cancelOwner := context.WithCancel(t.Context())
+	ownerDone := make(chan error, 1)
+	go func() {
+		_, err := b.ReadAt(ownerCtx, make([]byte, 10), 0)
+		ownerDone <- err
+	}()
+	waitFor(t, "the first request", func() bool { return reg.count() == 1 })
+	waiterDone := make(chan error, 1)
+	p := make([]byte, 10)
+	go func() {
+		_, err := b.ReadAt(t.Context(), p, 0)
+		waiterDone <- err
+	}()
+	waitFor(t, "the second reader to wait", func() bool { return b.waiting.Load() == 1 })
+	cancelOwner()
+	if err := <-ownerDone; !errors.Is(err, context.Canceled) {
+		t.Errorf("owner error = %v, want context.Canceled", err)
+	}
+	waitFor(t, "the second request", func() bool { return reg.count() == 2 })
+	close(reg.gate)
+	if err := <-waiterDone; err != nil {
+		t.Fatalf("waiter: %v", err)
+	}
+	if !bytes.Equal(p, data[:10]) {
+		t.Error("waiter's bytes differ")
+	}
+}
+
+func equalStrings(a, b []string) bool { return strings.Join(a, "|") == strings.Join(b, "|") }
+
+func equalBools(a, b []bool) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}
+
+var zeroTime time.Time

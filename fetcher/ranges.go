@@ -1,0 +1,174 @@
+package fetcher
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"slices"
+	"strconv"
+	"strings"
+)
+
+// Range is a byte range of a blob: Length bytes from Offset.
+type Range struct{ Offset, Length int64 }
+
+func (r Range) end() int64 { return r.Offset + r.Length }
+
+// coalesce returns the sorted, disjoint spans to fetch for ranges: overlapping and adjacent
+// ranges merge, ranges less than gap bytes apart merge while the result stays within maxSpan,
+// and spans longer than maxSpan are cut into pieces of at most maxSpan.
+func coalesce(ranges []Range, gap, maxSpan int64) []Range {
+	rs := make([]Range, 0, len(ranges))
+	for _, r := range ranges {
+		if r.Length > 0 {
+			rs = append(rs, r)
+		}
+	}
+	slices.SortFunc(rs, func(a, b Range) int {
+		if a.Offset != b.Offset {
+			return cmpInt64(a.Offset, b.Offset)
+		}
+		return cmpInt64(a.Length, b.Length)
+	})
+	var merged []Range
+	for _, r := range rs {
+		if n := len(merged); n > 0 {
+			last := &merged[n-1]
+			end := last.end()
+			if r.Offset <= end {
+				last.Length = max(end, r.end()) - last.Offset
+				continue
+			}
+			if r.Offset-end < gap && r.end()-last.Offset <= maxSpan {
+				last.Length = r.end() - last.Offset
+				continue
+			}
+		}
+		merged = append(merged, r)
+	}
+	spans := make([]Range, 0, len(merged))
+	for _, m := range merged {
+		for off := m.Offset; off < m.end(); off += maxSpan {
+			spans = append(spans, Range{Offset: off, Length: min(maxSpan, m.end()-off)})
+		}
+	}
+	return spans
+}
+
+func cmpInt64(a, b int64) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+// rangeHeader is the value of a Range header asking for spans.
+func rangeHeader(spans []Range) string {
+	var b strings.Builder
+	b.WriteString("bytes=")
+	for i, s := range spans {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		fmt.Fprintf(&b, "%d-%d", s.Offset, s.end()-1)
+	}
+	return b.String()
+}
+
+// parseContentRange parses "bytes first-last/size" (size may be "*", returned as -1).
+func parseContentRange(v string) (first, last, size int64, err error) {
+	rest, ok := strings.CutPrefix(v, "bytes ")
+	if !ok {
+		return 0, 0, 0, fmt.Errorf("%w: Content-Range %q is not a byte range", ErrBadResponse, v)
+	}
+	rng, total, ok := strings.Cut(rest, "/")
+	if !ok {
+		return 0, 0, 0, fmt.Errorf("%w: Content-Range %q has no size", ErrBadResponse, v)
+	}
+	a, b, ok := strings.Cut(rng, "-")
+	if !ok {
+		return 0, 0, 0, fmt.Errorf("%w: Content-Range %q has no range", ErrBadResponse, v)
+	}
+	first, err1 := strconv.ParseInt(a, 10, 64)
+	last, err2 := strconv.ParseInt(b, 10, 64)
+	size = -1
+	var err3 error
+	if total != "*" {
+		size, err3 = strconv.ParseInt(total, 10, 64)
+	}
+	if err := errors.Join(err1, err2, err3); err != nil || first < 0 || last < first {
+		return 0, 0, 0, fmt.Errorf("%w: malformed Content-Range %q", ErrBadResponse, v)
+	}
+	return first, last, size, nil
+}
+
+// spanSet receives the bytes of the spans of one request.
+type spanSet struct {
+	spans  []Range // sorted, disjoint
+	bufs   [][]byte
+	filled []bool
+}
+
+func newSpanSet(spans []Range) *spanSet {
+	s := &spanSet{spans: spans, bufs: make([][]byte, len(spans)), filled: make([]bool, len(spans))}
+	for i, sp := range spans {
+		s.bufs[i] = make([]byte, sp.Length)
+	}
+	return s
+}
+
+// copyPart reads from r the bytes first..last (inclusive) of the blob, as far as needed, and
+// stores those of the spans they contain. It returns how many spans it filled. A span cut by
+// the part is a protocol error (ErrBadResponse); a read error means a truncated body.
+func (s *spanSet) copyPart(r io.Reader, first, last int64) (int, error) {
+	pos, n := first, 0
+	for i, sp := range s.spans {
+		if sp.end() <= first || sp.Offset > last {
+			continue
+		}
+		if sp.Offset < first || sp.end()-1 > last {
+			return n, fmt.Errorf("%w: part bytes %d-%d cuts requested range %d-%d",
+				ErrBadResponse, first, last, sp.Offset, sp.end()-1)
+		}
+		if s.filled[i] {
+			continue
+		}
+		if _, err := io.CopyN(io.Discard, r, sp.Offset-pos); err != nil {
+			return n, truncated(err)
+		}
+		if _, err := io.ReadFull(r, s.bufs[i]); err != nil {
+			return n, truncated(err)
+		}
+		pos = sp.end()
+		s.filled[i] = true
+		n++
+	}
+	return n, nil
+}
+
+// missing returns the spans not yet filled.
+func (s *spanSet) missing() []Range {
+	var out []Range
+	for i, sp := range s.spans {
+		if !s.filled[i] {
+			out = append(out, sp)
+		}
+	}
+	return out
+}
+
+// errTruncated marks read errors of a body; they are retried.
+type errTruncated struct{ err error }
+
+func (e *errTruncated) Error() string { return "truncated body: " + e.err.Error() }
+func (e *errTruncated) Unwrap() error { return e.err }
+
+func truncated(err error) error {
+	if errors.Is(err, io.EOF) {
+		err = io.ErrUnexpectedEOF
+	}
+	return &errTruncated{err: err}
+}
