@@ -1,0 +1,352 @@
+package cache
+
+import (
+	"container/list"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/layerstore/layerstore/chunked"
+)
+
+// Cache is the store under one root directory. It is safe for concurrent use.
+//
+// Lock order: File.hmu, then Cache.mu, then entry.mu, then entry.rmu. Cache.mu is never
+// taken while an entry lock is held, so an entry's I/O never waits on the cache's
+// bookkeeping, and usage is kept in atomics that entries update without Cache.mu.
+type Cache struct {
+	root string
+	opts options
+	lock *os.File
+
+	// hook, when set (by tests only, before any use), is called at the named crash points
+	// ("put:data-synced", "finish:verified"); an error stops the operation there, as a
+	// crash would.
+	hook func(point string) error
+
+	// usage is the number of content bytes present in all entries (sum of entry.bytes).
+	usage atomic.Int64
+
+	mu      sync.Mutex // guards the fields below
+	closed  bool
+	entries map[chunked.Sum]*entry
+	lru     list.List // of *entry; front = most recently used
+}
+
+// New opens (creating if needed) the cache under root and takes an exclusive lock on it:
+// a second Cache on the same root fails with [ErrLocked] until the first is closed. Complete
+// files and recorded ranges of partial files left by a previous Cache are kept; unrecorded
+// bytes, damaged journals and temporary files are discarded.
+func New(root string, opts ...Option) (*Cache, error) {
+	o := defaultOptions()
+	for _, opt := range opts {
+		if err := opt(&o); err != nil {
+			return nil, err
+		}
+	}
+	for _, d := range []string{root, filepath.Join(root, filesDir), filepath.Join(root, partialDir)} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			return nil, fmt.Errorf("cache: %w", err)
+		}
+	}
+	lock, err := lockRoot(filepath.Join(root, lockName))
+	if err != nil {
+		return nil, fmt.Errorf("cache: %w", err)
+	}
+	c := &Cache{root: root, opts: o, lock: lock, entries: map[chunked.Sum]*entry{}}
+	if err := c.scan(); err != nil {
+		_ = lock.Close()
+		return nil, fmt.Errorf("cache: scanning %s: %w", root, err)
+	}
+	c.mu.Lock()
+	c.evictLocked()
+	c.mu.Unlock()
+	return c, nil
+}
+
+// Close releases the root directory. Open [File] handles fail with [ErrClosed] from then on
+// (their Close still succeeds). Close writes nothing: what is on disk after Close is what a
+// crash would leave.
+func (c *Cache) Close() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return nil
+	}
+	c.closed = true
+	for _, e := range c.entries {
+		e.mu.Lock()
+		e.unloadLocked()
+		e.mu.Unlock()
+	}
+	return c.lock.Close()
+}
+
+// Usage returns the number of content bytes the cache holds: the size of complete files
+// plus the recorded ranges of partial ones (metadata and filesystem block rounding are not
+// counted).
+func (c *Cache) Usage() int64 { return c.usage.Load() }
+
+// Has reports whether the file with digest sum is stored complete.
+func (c *Cache) Has(sum chunked.Sum) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	e := c.entries[sum]
+	if e == nil {
+		return false
+	}
+	e.mu.RLock()
+	defer e.mu.RUnlock()
+	return e.complete
+}
+
+// Open returns a handle on the file whose content has sha256 digest sum and size bytes,
+// creating an empty partial file if the cache has none. The handle pins the file: it is not
+// evicted until every handle on it is closed. Opening marks the file most recently used.
+//
+// A stored complete file, or one held open, with a different size fails with
+// [ErrSizeMismatch]; an unpinned partial one is discarded and started again. An empty file
+// (size 0) is complete at once if sum is the digest of no bytes, and fails with [ErrCorrupt]
+// otherwise; so does a partial file that a crash left fully recorded but unverified and that
+// turns out not to match (its content is dropped first).
+func (c *Cache) Open(sum chunked.Sum, size int64) (*File, error) {
+	if sum.IsZero() {
+		return nil, errors.New("cache: zero digest")
+	}
+	if size < 0 || size > 1<<62 {
+		return nil, fmt.Errorf("cache: invalid size %d", size)
+	}
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return nil, ErrClosed
+	}
+	e := c.entries[sum]
+	if e != nil && e.size != size {
+		e.mu.RLock()
+		complete := e.complete
+		e.mu.RUnlock()
+		if complete || e.refs > 0 {
+			c.mu.Unlock()
+			return nil, fmt.Errorf("%v: opened with size %d, stored with %d: %w", sum, size, e.size, ErrSizeMismatch)
+		}
+		c.opts.logger.Warn("cache: discarding partial file opened with another size",
+			"file", sum, "size", size, "stored", e.size)
+		c.dropLocked(e)
+		e = nil
+	}
+	if e == nil {
+		e = &entry{c: c, sum: sum, size: size}
+		e.elem = c.lru.PushFront(e)
+		c.entries[sum] = e
+	}
+	e.refs++
+	c.lru.MoveToFront(e.elem)
+	c.mu.Unlock()
+
+	if err := e.load(); err != nil {
+		c.release(e)
+		return nil, err
+	}
+	if err := e.finish(); err != nil {
+		c.release(e)
+		return nil, err
+	}
+	return &File{e: e}, nil
+}
+
+// release drops one pin. The last one closes the entry's descriptors, records the time of
+// use in the file's mtime (for the LRU order after a restart) and may evict.
+func (c *Cache) release(e *entry) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	e.refs--
+	if e.refs > 0 || c.closed {
+		return
+	}
+	c.lru.MoveToFront(e.elem)
+	e.mu.Lock()
+	p := e.dataPathLocked()
+	e.unloadLocked()
+	e.mu.Unlock()
+	now := time.Now()
+	if err := os.Chtimes(p, now, now); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		c.opts.logger.Warn("cache: recording use", "file", e.sum, "err", err)
+	}
+	c.evictLocked()
+}
+
+// maybeEvict evicts if usage is above the bound.
+func (c *Cache) maybeEvict() {
+	if c.usage.Load() <= c.opts.maxSize {
+		return
+	}
+	c.mu.Lock()
+	c.evictLocked()
+	c.mu.Unlock()
+}
+
+// evictLocked removes least-recently-used unpinned entries until usage is within the bound
+// or nothing more can go.
+func (c *Cache) evictLocked() {
+	if c.closed {
+		return
+	}
+	for el := c.lru.Back(); el != nil && c.usage.Load() > c.opts.maxSize; {
+		e := el.Value.(*entry)
+		el = el.Prev()
+		if e.refs == 0 {
+			c.dropLocked(e)
+		}
+	}
+}
+
+// dropLocked forgets an unpinned entry and removes its files (journal first, so that a crash
+// in between leaves a data file without journal, which the next scan removes).
+func (c *Cache) dropLocked(e *entry) {
+	p := partialPath(c.root, e.sum)
+	for _, f := range []string{p + journalExt, p, completePath(c.root, e.sum)} {
+		if err := removeIfExists(f); err != nil {
+			c.opts.logger.Warn("cache: removing file", "path", f, "err", err)
+		}
+	}
+	c.usage.Add(-e.bytes.Swap(0))
+	c.lru.Remove(e.elem)
+	delete(c.entries, e.sum)
+}
+
+// scan registers what a previous Cache left: complete files as they are, partial files whose
+// journal is sound, and removes the rest (temporary files, data files without a journal,
+// journals without data, leftovers of a completion interrupted after its rename).
+func (c *Cache) scan() error {
+	type found struct {
+		e     *entry
+		mtime time.Time
+	}
+	var all []found
+	complete := map[chunked.Sum]bool{}
+	err := walkShards(filepath.Join(c.root, filesDir), func(p string, info fs.FileInfo) {
+		sum, ok := parseName(info.Name())
+		if !ok || !info.Mode().IsRegular() {
+			if strings.HasSuffix(info.Name(), tmpExt) {
+				c.removeStray(p)
+			}
+			return
+		}
+		e := &entry{c: c, sum: sum, size: info.Size(), complete: true}
+		e.bytes.Store(info.Size())
+		complete[sum] = true
+		all = append(all, found{e, info.ModTime()})
+	})
+	if err != nil {
+		return err
+	}
+	err = walkShards(filepath.Join(c.root, partialDir), func(p string, info fs.FileInfo) {
+		name := info.Name()
+		sum, isJournal := parseName(strings.TrimSuffix(name, journalExt))
+		isJournal = isJournal && strings.HasSuffix(name, journalExt)
+		if !isJournal {
+			// Data files are handled with their journal; anything else is a leftover.
+			if s, ok := parseName(name); ok && fileExists(p+journalExt) && !complete[s] {
+				return
+			}
+			c.removeStray(p)
+			return
+		}
+		data := strings.TrimSuffix(p, journalExt)
+		if complete[sum] {
+			c.removeStray(p)
+			c.removeStray(data)
+			return
+		}
+		size, set, mtime, err := readJournal(p, data)
+		if err != nil {
+			c.opts.logger.Warn("cache: discarding partial file", "file", sum, "err", err)
+			c.removeStray(p)
+			c.removeStray(data)
+			return
+		}
+		e := &entry{c: c, sum: sum, size: size}
+		e.bytes.Store(set.bytes())
+		all = append(all, found{e, mtime})
+	})
+	if err != nil {
+		return err
+	}
+	// Oldest first, each pushed to the front: the most recent ends at the front.
+	slices.SortStableFunc(all, func(a, b found) int { return a.mtime.Compare(b.mtime) })
+	for _, f := range all {
+		f.e.elem = c.lru.PushFront(f.e)
+		c.entries[f.e.sum] = f.e
+		c.usage.Add(f.e.bytes.Load())
+	}
+	return nil
+}
+
+func (c *Cache) removeStray(p string) {
+	if err := removeIfExists(p); err != nil {
+		c.opts.logger.Warn("cache: removing leftover", "path", p, "err", err)
+	}
+}
+
+// walkShards calls fn for each entry of each two-hex-digit subdirectory of dir.
+func walkShards(dir string, fn func(p string, info fs.FileInfo)) error {
+	shards, err := os.ReadDir(dir)
+	if err != nil {
+		return err
+	}
+	for _, sh := range shards {
+		if !sh.IsDir() || len(sh.Name()) != 2 {
+			continue
+		}
+		sd := filepath.Join(dir, sh.Name())
+		des, err := os.ReadDir(sd)
+		if err != nil {
+			return err
+		}
+		for _, de := range des {
+			info, err := de.Info()
+			if errors.Is(err, fs.ErrNotExist) {
+				continue
+			}
+			if err != nil {
+				return err
+			}
+			fn(filepath.Join(sd, de.Name()), info)
+		}
+	}
+	return nil
+}
+
+func fileExists(p string) bool {
+	_, err := os.Stat(p)
+	return err == nil
+}
+
+// readJournal reads and checks a partial file's journal against its data file, and returns
+// the data file's mtime.
+func readJournal(journal, data string) (int64, rangeSet, time.Time, error) {
+	b, err := os.ReadFile(journal)
+	if err != nil {
+		return 0, nil, time.Time{}, err
+	}
+	size, set, _, err := parseJournal(b)
+	if err != nil {
+		return 0, nil, time.Time{}, err
+	}
+	di, err := os.Stat(data)
+	if err != nil {
+		return 0, nil, time.Time{}, fmt.Errorf("data file: %w", err)
+	}
+	if di.Size() != size {
+		return 0, nil, time.Time{}, fmt.Errorf("data file has %d bytes, journal says %d", di.Size(), size)
+	}
+	return size, set, di.ModTime(), nil
+}

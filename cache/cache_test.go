@@ -1,0 +1,389 @@
+package cache
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"errors"
+	"io"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"slices"
+	"sync"
+	"testing"
+
+	"github.com/layerstore/layerstore/chunked"
+	"github.com/layerstore/layerstore/verify"
+)
+
+// TestFillConcurrent fills big.bin from the chunks of two layers with different chunk
+// boundaries, in random order, from many goroutines, while others read; every byte a read
+// returns must be right, and the file must end complete with the right content.
+func TestFillConcurrent(t *testing.T) {
+	for _, name := range []string{"usr/share/big.bin", "usr/share/sparse.img"} {
+		t.Run(filepath.Base(name), func(t *testing.T) {
+			tf := realFiles(t)[name]
+			c := newCache(t, t.TempDir())
+			h := open(t, c, tf)
+			cs := append(slices.Clone(tf.chunks["zstd"]), tf.chunks["estargz"]...)
+			rand.New(rand.NewPCG(5, 6)).Shuffle(len(cs), func(i, j int) { cs[i], cs[j] = cs[j], cs[i] })
+
+			var wg sync.WaitGroup
+			errs := make(chan error, len(cs)+4)
+			for _, ch := range cs {
+				wg.Go(func() {
+					if err := h.Put(ch); err != nil {
+						errs <- err
+					}
+				})
+			}
+			done := make(chan struct{})
+			var readers sync.WaitGroup
+			for r := range 4 {
+				readers.Go(func() {
+					rng := rand.New(rand.NewPCG(uint64(r), 7))
+					buf := make([]byte, 100<<10)
+					for {
+						select {
+						case <-done:
+							return
+						default:
+						}
+						off := rng.Int64N(tf.size())
+						n, err := h.ReadAt(buf, off)
+						if err != nil && !errors.Is(err, ErrMissing) && err != io.EOF {
+							errs <- err
+							return
+						}
+						if !bytes.Equal(buf[:n], tf.content[off:off+int64(n)]) {
+							errs <- errors.New("read returned wrong bytes")
+							return
+						}
+					}
+				})
+			}
+			wg.Wait()
+			close(done)
+			readers.Wait()
+			close(errs)
+			for err := range errs {
+				t.Error(err)
+			}
+			if !h.Complete() {
+				t.Fatalf("not complete; missing %v", h.Missing(0, tf.size()))
+			}
+			p, err := h.Path()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if p != filepath.Join(c.root, "files", tf.sum.String()[7:9], tf.sum.String()[7:]) {
+				t.Errorf("path = %s", p)
+			}
+			got, err := os.ReadFile(p)
+			if err != nil || !bytes.Equal(got, tf.content) {
+				t.Fatalf("complete file differs from the content (err %v)", err)
+			}
+			buf := make([]byte, tf.size()+10)
+			if n, err := h.ReadAt(buf, 0); n != int(tf.size()) || err != io.EOF || !bytes.Equal(buf[:n], tf.content) {
+				t.Errorf("ReadAt(whole+10) = %d, %v", n, err)
+			}
+			if u := c.Usage(); u != tf.size() {
+				t.Errorf("usage = %d, want %d", u, tf.size())
+			}
+			if _, err := os.Stat(partialPath(c.root, tf.sum) + journalExt); !errors.Is(err, os.ErrNotExist) {
+				t.Errorf("journal left after completion: %v", err)
+			}
+			if !c.Has(tf.sum) {
+				t.Error("Has = false")
+			}
+		})
+	}
+}
+
+func TestPartialRead(t *testing.T) {
+	tf := realFiles(t)["usr/share/big.bin"]
+	cs := tf.chunks["estargz"] // 64 KiB chunks
+	const k = 64 << 10
+	c := newCache(t, t.TempDir())
+	h := open(t, c, tf)
+	putAll(t, h, []verify.Chunk{cs[0], cs[2], cs[len(cs)-1]})
+	if u, want := c.Usage(), 2*k+cs[len(cs)-1].Ref().Size; u != want {
+		t.Errorf("usage = %d, want %d", u, want)
+	}
+
+	buf := make([]byte, 3*k)
+	n, err := h.ReadAt(buf, 100)
+	var me *MissingError
+	if !errors.As(err, &me) || !errors.Is(err, ErrMissing) {
+		t.Fatalf("ReadAt over a hole: err = %v, want a MissingError", err)
+	}
+	if n != k-100 || !bytes.Equal(buf[:n], tf.content[100:k]) {
+		t.Errorf("ReadAt over a hole read %d bytes, want the %d present ones", n, k-100)
+	}
+	if want := []Range{{k, k}, {3 * k, 100}}; !slices.Equal(me.Ranges, want) || me.File != tf.sum {
+		t.Errorf("missing = %v, want %v", me.Ranges, want)
+	}
+
+	n, err = h.ReadAt(buf, k+5)
+	if n != 0 || !errors.As(err, &me) || !slices.Equal(me.Ranges, []Range{{k + 5, k - 5}, {3 * k, k + 5}}) {
+		t.Errorf("ReadAt at a hole = %d, %v", n, err)
+	}
+	if n, err := h.ReadAt(buf[:k], 2*k); n != k || err != nil || !bytes.Equal(buf[:k], tf.content[2*k:3*k]) {
+		t.Errorf("ReadAt of a present chunk = %d, %v", n, err)
+	}
+	if n, err := h.ReadAt(buf, tf.size()); n != 0 || err != io.EOF {
+		t.Errorf("ReadAt at the end = %d, %v", n, err)
+	}
+	last := cs[len(cs)-1].Ref()
+	if n, err := h.ReadAt(buf, last.FileOffset); n != int(last.Size) || err != io.EOF {
+		t.Errorf("ReadAt across the end = %d, %v", n, err)
+	}
+	wantMissing := []Range{{k, k}, {3 * k, last.FileOffset - 3*k}}
+	if got := h.Missing(0, tf.size()); !slices.Equal(got, wantMissing) {
+		t.Errorf("Missing = %v, want %v", got, wantMissing)
+	}
+	if got := h.Missing(-10, 20); got != nil {
+		t.Errorf("Missing(-10, 20) = %v, want none", got)
+	}
+	if h.Complete() {
+		t.Error("Complete = true")
+	}
+	if _, err := h.Path(); !errors.Is(err, ErrMissing) {
+		t.Errorf("Path of a partial file: err = %v", err)
+	}
+	if c.Has(tf.sum) {
+		t.Error("Has = true for a partial file")
+	}
+}
+
+func TestRestart(t *testing.T) {
+	fs := realFiles(t)
+	big, tool := fs["usr/share/big.bin"], fs["usr/bin/tool"]
+	root := t.TempDir()
+	c := newCache(t, root)
+	fill(t, c, tool)
+	h := open(t, c, big)
+	putAll(t, h, big.chunks["zstd"][:3])
+	putAll(t, h, big.chunks["estargz"][10:12])
+	missing := h.Missing(0, big.size())
+	usage := c.Usage()
+	h.Close()
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	c = newCache(t, root)
+	if c.Usage() != usage {
+		t.Errorf("usage after restart = %d, want %d", c.Usage(), usage)
+	}
+	if !c.Has(tool.sum) {
+		t.Fatal("complete file lost on restart")
+	}
+	th := open(t, c, tool)
+	if p, err := th.Path(); err != nil {
+		t.Error(err)
+	} else if got, _ := os.ReadFile(p); !bytes.Equal(got, tool.content) {
+		t.Error("complete file content differs after restart")
+	}
+	h = open(t, c, big)
+	if got := h.Missing(0, big.size()); !slices.Equal(got, missing) {
+		t.Errorf("missing after restart = %v, want %v", got, missing)
+	}
+	buf := make([]byte, 100)
+	if n, err := h.ReadAt(buf, 1000); n != 100 || err != nil || !bytes.Equal(buf, big.content[1000:1100]) {
+		t.Errorf("ReadAt after restart = %d, %v", n, err)
+	}
+	putAll(t, h, big.chunks["estargz"])
+	if !h.Complete() {
+		t.Fatal("not complete after filling the rest")
+	}
+}
+
+func TestLocked(t *testing.T) {
+	root := t.TempDir()
+	c := newCache(t, root)
+	if _, err := New(root); !errors.Is(err, ErrLocked) {
+		t.Fatalf("second New = %v, want ErrLocked", err)
+	}
+	c.Close()
+	c2, err := New(root)
+	if err != nil {
+		t.Fatalf("New after Close: %v", err)
+	}
+	c2.Close()
+}
+
+func TestOptions(t *testing.T) {
+	for _, opt := range []Option{WithMaxSize(0), WithMaxSize(-1), WithLogger(nil)} {
+		if _, err := New(t.TempDir(), opt); err == nil {
+			t.Error("invalid option accepted")
+		}
+	}
+	c := newCache(t, t.TempDir())
+	if c.opts.maxSize != DefaultMaxSize || DefaultMaxSize != 10<<30 {
+		t.Errorf("default max size = %d", c.opts.maxSize)
+	}
+}
+
+// TestCorruptWholeFile stores verified chunks under the digest of another file: every chunk
+// passes, the whole file does not, and nothing of it is kept.
+func TestCorruptWholeFile(t *testing.T) {
+	fs := realFiles(t)
+	tool, other := fs["usr/bin/tool"], fs["usr/share/big.bin"]
+	c := newCache(t, t.TempDir())
+	h, err := c.Open(other.sum, tool.size())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	err = h.Put(tool.chunks["zstd"][0])
+	if !errors.Is(err, ErrCorrupt) {
+		t.Fatalf("Put completing a wrong file = %v, want ErrCorrupt", err)
+	}
+	if h.Complete() || c.Has(other.sum) {
+		t.Error("corrupt file marked complete")
+	}
+	if c.Usage() != 0 {
+		t.Errorf("usage = %d after dropping", c.Usage())
+	}
+	if got := h.Missing(0, tool.size()); !slices.Equal(got, []Range{{0, tool.size()}}) {
+		t.Errorf("missing = %v, want everything", got)
+	}
+	if _, err := os.Stat(completePath(c.root, other.sum)); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("corrupt file present under files/: %v", err)
+	}
+	if n, err := h.ReadAt(make([]byte, 10), 0); n != 0 || !errors.Is(err, ErrMissing) {
+		t.Errorf("ReadAt after drop = %d, %v", n, err)
+	}
+}
+
+func TestBadChunk(t *testing.T) {
+	fs := realFiles(t)
+	tool, big := fs["usr/bin/tool"], fs["usr/share/big.bin"]
+	c := newCache(t, t.TempDir())
+	h := open(t, c, tool)
+	for _, ch := range []verify.Chunk{{}, big.chunks["estargz"][3], big.chunks["zstd"][0]} {
+		if err := h.Put(ch); !errors.Is(err, ErrBadChunk) {
+			t.Errorf("Put(%v) = %v, want ErrBadChunk", chunkRange(ch), err)
+		}
+	}
+	if c.Usage() != 0 {
+		t.Errorf("usage = %d", c.Usage())
+	}
+}
+
+func TestEmptyFile(t *testing.T) {
+	c := newCache(t, t.TempDir())
+	h, err := c.Open(sha256.Sum256(nil), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	p, err := h.Path()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info, err := os.Stat(p); err != nil || info.Size() != 0 {
+		t.Errorf("empty file: %v, %v", info, err)
+	}
+	if n, err := h.ReadAt(make([]byte, 1), 0); n != 0 || err != io.EOF {
+		t.Errorf("ReadAt = %d, %v", n, err)
+	}
+	if _, err := c.Open(chunked.Sum{1}, 0); !errors.Is(err, ErrCorrupt) {
+		t.Errorf("empty file with a wrong digest: %v", err)
+	}
+	if _, err := c.Open(chunked.Sum{}, 1); err == nil {
+		t.Error("zero digest accepted")
+	}
+}
+
+func TestSizeMismatch(t *testing.T) {
+	fs := realFiles(t)
+	tool, big := fs["usr/bin/tool"], fs["usr/share/big.bin"]
+	c := newCache(t, t.TempDir())
+	fill(t, c, tool)
+	if _, err := c.Open(tool.sum, tool.size()+1); !errors.Is(err, ErrSizeMismatch) {
+		t.Errorf("complete file with another size: %v", err)
+	}
+	h := open(t, c, big)
+	putAll(t, h, big.chunks["zstd"][:1])
+	if _, err := c.Open(big.sum, 5); !errors.Is(err, ErrSizeMismatch) {
+		t.Errorf("pinned partial file with another size: %v", err)
+	}
+	h.Close()
+	// Unpinned partial content of unproven size is discarded.
+	h2, err := c.Open(big.sum, 5)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if h2.Size() != 5 || c.Usage() != tool.size() {
+		t.Errorf("size %d usage %d", h2.Size(), c.Usage())
+	}
+	h2.Close()
+}
+
+func TestClosedCache(t *testing.T) {
+	fs := realFiles(t)
+	big := fs["usr/share/big.bin"]
+	c, err := New(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, err := c.Open(big.sum, big.size())
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Close()
+	if err := h.Put(big.chunks["zstd"][0]); !errors.Is(err, ErrClosed) {
+		t.Errorf("Put after Cache.Close = %v", err)
+	}
+	if _, err := h.ReadAt(make([]byte, 1), 0); !errors.Is(err, ErrClosed) {
+		t.Errorf("ReadAt after Cache.Close = %v", err)
+	}
+	if err := h.Close(); err != nil {
+		t.Errorf("File.Close after Cache.Close = %v", err)
+	}
+	if _, err := c.Open(big.sum, big.size()); !errors.Is(err, ErrClosed) {
+		t.Errorf("Open after Close = %v", err)
+	}
+	if _, err := h.ReadAt(make([]byte, 1), 0); !errors.Is(err, ErrClosed) {
+		t.Errorf("ReadAt on a closed File = %v", err)
+	}
+}
+
+// TestReadChunkPoisoned: a verified chunk of another file put at a range of this one (as a
+// lying TOC would) is not served to a reader that checks its own chunk digests.
+func TestReadChunkPoisoned(t *testing.T) {
+	fs := realFiles(t)
+	big, sparse := fs["usr/share/big.bin"], fs["usr/share/sparse.img"]
+	c := newCache(t, t.TempDir())
+	h := open(t, c, big)
+	honest, liar := big.chunks["estargz"], sparse.chunks["estargz"]
+	putAll(t, h, []verify.Chunk{honest[0], liar[1]}) // same offsets and sizes, other bytes
+	if b, err := h.ReadChunk(honest[0].Ref()); err != nil || !bytes.Equal(b, honest[0].Bytes()) {
+		t.Errorf("ReadChunk of an honest chunk = %v", err)
+	}
+	if _, err := h.ReadChunk(honest[1].Ref()); !errors.Is(err, ErrCorrupt) {
+		t.Errorf("ReadChunk of a poisoned range = %v, want ErrCorrupt", err)
+	}
+	if _, err := h.ReadChunk(honest[2].Ref()); !errors.Is(err, ErrMissing) {
+		t.Errorf("ReadChunk of a missing chunk = %v, want ErrMissing", err)
+	}
+	// Completion catches the poison and drops the file; honest chunks then complete it.
+	err := error(nil)
+	for _, ch := range honest[2:] {
+		if err = h.Put(ch); err != nil {
+			break
+		}
+	}
+	if !errors.Is(err, ErrCorrupt) || h.Complete() {
+		t.Fatalf("completing a poisoned file: %v", err)
+	}
+	putAll(t, h, honest)
+	if !h.Complete() {
+		t.Fatal("not complete after honest refill")
+	}
+	if b, err := h.ReadChunk(honest[1].Ref()); err != nil || !bytes.Equal(b, honest[1].Bytes()) {
+		t.Errorf("ReadChunk after completion = %v", err)
+	}
+}

@@ -1,0 +1,87 @@
+// Package cache owns the daemon's durable local store of verified, uncompressed file
+// content. Content is addressed by the sha256 digest of the whole file ([chunked.Sum]), so a
+// file that appears in many layers and images (base images, shared libraries) is stored and
+// fetched once, whatever chunking each layer used. The store is bounded in size, survives
+// crashes and restarts, and a complete file is a plain local file that can back FUSE
+// passthrough.
+//
+// # Use
+//
+//	c, err := cache.New(root, cache.WithMaxSize(20<<30))
+//	f, err := c.Open(entry.Digest, entry.Size) // pins the file until f.Close
+//	n, err := f.ReadAt(p, off)                 // errors.Is(err, cache.ErrMissing): fetch f.Missing(off, len(p))
+//	err = f.Put(chunk)                         // chunk is a verify.Chunk of this file
+//	if f.Complete() { path, _ := f.Path() }    // read-only file for passthrough
+//
+// Data enters only as [verify.Chunk] values, which package verify makes only after checking
+// the chunk's digest, and a file becomes complete only after its whole content hashed to
+// its digest.
+//
+// Trust in partial files: a recorded range was verified against the TOC of the layer that
+// supplied it, but only completion proves it belongs to the file's digest, and any image's
+// TOC can name any digest. A reader whose trust comes from its own layer's TOC reads partial
+// content with [File.ReadChunk], which checks the bytes against that TOC's chunk digest;
+// [File.ReadAt] serves recorded bytes unchecked. A lying TOC can therefore delay caching of a
+// file (completion drops it) but not make an honest reader see its bytes through ReadChunk.
+//
+// # On-disk layout
+//
+//	<root>/lock                          flock'd by the one Cache using the root
+//	<root>/files/<2 hex>/<64 hex>        complete, verified files (mode 0400)
+//	<root>/partial/<2 hex>/<64 hex>      sparse data file of a file being filled, full size
+//	<root>/partial/<2 hex>/<64 hex>.ranges  its journal: header (magic, size, CRC) then one
+//	                                     20-byte record (offset, length, CRC-32C) per range
+//	                                     written; see journal.go
+//
+// The 2-hex-digit shard is the digest's first byte; the 64-hex name is the whole digest.
+//
+// # Crash safety
+//
+// Invariant: a range recorded in a journal was durably written to the data file, and a file
+// under files/ was durably written and hashed to its name. It holds because of the order of
+// operations:
+//
+//   - a partial file is created as: data file truncated to the size and fsynced, then the
+//     journal written to a temporary name, fsynced, renamed into place and the directory
+//     fsynced. A data file without a journal is a leftover and is removed;
+//   - [File.Put] writes the chunk's missing bytes with pwrite, fsyncs the data file, then
+//     writes the records and fsyncs the journal. A crash before the records leaves bytes
+//     that nothing records: they read as missing and are overwritten by the next Put. A torn
+//     record fails its CRC and ends the journal, so it and any later bytes are ignored;
+//   - completion hashes the whole data file and compares with the digest; only then is the
+//     data file renamed from partial/ to files/ and the directory fsynced. The rename is the
+//     commit point. The journal is removed afterwards; a journal left beside a complete file
+//     is removed by the next scan. Content that does not hash to its digest is dropped and
+//     reported with [ErrCorrupt];
+//   - removal (eviction, reset) deletes the journal before the data file.
+//
+// On start, [New] scans the root: complete files are kept as they are, partial files whose
+// journal header is sound and whose data file has the recorded size keep their recorded
+// ranges, and everything else (damaged journals, data files without journal, temporary
+// files) is deleted. Nothing is written on [Cache.Close], so a crash and a clean shutdown
+// leave the same state.
+//
+// # Size bound and eviction
+//
+// [Cache.Usage] counts content bytes: the size of complete files plus the recorded bytes of
+// partial ones (not metadata, not filesystem block rounding). When it exceeds the bound set
+// with [WithMaxSize] (default [DefaultMaxSize], 10 GiB) after a Put, a handle's Close or at
+// start, the least recently used files that no handle holds open are removed, complete or
+// partial, until usage is within the bound. A file is used when a handle on it is opened or
+// closed; the last close stores the time in the data file's mtime, which orders the files
+// after a restart. Open files are never evicted, so usage can exceed the bound while they
+// are open.
+//
+// # Concurrency
+//
+// A Cache and its Files are safe for concurrent use; many goroutines may Put and ReadAt on
+// the same file. Per file, a read-write mutex is held shared for data I/O (so reads and
+// writes of different chunks run in parallel, including their fsyncs) and exclusively to
+// open, close, complete or drop the files; an inner mutex serialises the range record and
+// the journal appends. Bytes already present are never rewritten, so readers see stable
+// content. Completion hashes under the shared lock and takes the exclusive lock only for the
+// rename. The lock order is File, Cache, file, range record; see [Cache].
+//
+// The cache directory should be on a plain filesystem (ext4, xfs, tmpfs), not overlayfs, so
+// that passthrough keeps the kernel's stacking depth within its limit.
+package cache

@@ -1,0 +1,358 @@
+package cache
+
+import (
+	"container/list"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+
+	"github.com/layerstore/layerstore/chunked"
+	"github.com/layerstore/layerstore/verify"
+)
+
+// entry is the cache's state for one digest, shared by all handles on it.
+type entry struct {
+	c    *Cache
+	sum  chunked.Sum
+	size int64 // immutable
+
+	// Guarded by Cache.mu.
+	refs int
+	elem *list.Element
+
+	// bytes is this entry's share of Cache.usage. It changes under rmu (recording ranges),
+	// under mu held exclusively (load, reset) or under Cache.mu with refs == 0 (drop).
+	bytes atomic.Int64
+
+	// mu guards the files: held shared for reads and writes of the data, exclusively to
+	// open, close, complete or drop them.
+	mu       sync.RWMutex
+	loaded   bool // data (and journal, if partial) are open
+	complete bool // the data file is files/<hex>, verified
+	data     *os.File
+	journal  *os.File
+
+	// rmu guards the range record; taken with mu held shared.
+	rmu       sync.Mutex
+	ranges    rangeSet
+	jlen      int64 // valid length of the journal; the next record goes there
+	verifying bool  // a finish is hashing the content
+}
+
+func (e *entry) dataPathLocked() string {
+	if e.complete {
+		return completePath(e.c.root, e.sum)
+	}
+	return partialPath(e.c.root, e.sum)
+}
+
+// load opens the entry's files, creating a fresh partial file if there is no usable one.
+func (e *entry) load() error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.loaded {
+		return nil
+	}
+	if e.complete {
+		f, err := os.Open(completePath(e.c.root, e.sum))
+		if err != nil {
+			return fmt.Errorf("cache: %w", err)
+		}
+		e.data, e.loaded = f, true
+		return nil
+	}
+	err := e.openPartialLocked()
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		e.c.opts.logger.Warn("cache: discarding partial file", "file", e.sum, "err", err)
+	}
+	if err != nil {
+		if err := e.createPartialLocked(); err != nil {
+			return fmt.Errorf("cache: creating partial file for %v: %w", e.sum, err)
+		}
+	}
+	e.loaded = true
+	return nil
+}
+
+// openPartialLocked opens an existing partial file and its journal, cutting a torn tail off
+// the journal.
+func (e *entry) openPartialLocked() error {
+	p := partialPath(e.c.root, e.sum)
+	j, err := os.OpenFile(p+journalExt, os.O_RDWR, 0)
+	if err != nil {
+		return err
+	}
+	b, err := io.ReadAll(j)
+	if err == nil {
+		var size int64
+		var good int
+		size, e.ranges, good, err = parseJournal(b)
+		if err == nil && size != e.size {
+			err = fmt.Errorf("journal says %d bytes, want %d", size, e.size)
+		}
+		if err == nil && good < len(b) {
+			if err = j.Truncate(int64(good)); err == nil {
+				err = j.Sync()
+			}
+		}
+		e.jlen = int64(good)
+	}
+	var d *os.File
+	if err == nil {
+		d, err = os.OpenFile(p, os.O_RDWR, 0)
+	}
+	if err == nil {
+		var info fs.FileInfo
+		if info, err = d.Stat(); err == nil && info.Size() != e.size {
+			err = fmt.Errorf("data file has %d bytes, want %d", info.Size(), e.size)
+		}
+	}
+	if err != nil {
+		_ = j.Close()
+		if d != nil {
+			_ = d.Close()
+		}
+		e.ranges = nil
+		return err
+	}
+	e.data, e.journal = d, j
+	e.setBytesLocked(e.ranges.bytes())
+	return nil
+}
+
+// createPartialLocked replaces any partial file with an empty one: a sparse data file of the
+// right size, then a journal holding only the header, renamed into place and made durable.
+func (e *entry) createPartialLocked() error {
+	p := partialPath(e.c.root, e.sum)
+	if err := removeIfExists(p + journalExt); err != nil {
+		return err
+	}
+	e.ranges, e.jlen = nil, journalRec
+	e.setBytesLocked(0)
+	if err := ensureDir(filepath.Dir(p)); err != nil {
+		return err
+	}
+	d, err := os.OpenFile(p, os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o600)
+	if err != nil {
+		return err
+	}
+	err = d.Truncate(e.size)
+	if err == nil {
+		err = d.Sync()
+	}
+	var j *os.File
+	if err == nil {
+		j, err = createJournal(p+journalExt, e.size)
+	}
+	if err == nil {
+		err = syncDir(filepath.Dir(p))
+	}
+	if err != nil {
+		_ = d.Close()
+		if j != nil {
+			_ = j.Close()
+		}
+		return err
+	}
+	e.data, e.journal = d, j
+	return nil
+}
+
+func createJournal(path string, size int64) (*os.File, error) {
+	tmp := path + tmpExt
+	j, err := os.OpenFile(tmp, os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	_, err = j.Write(journalHeader(size))
+	if err == nil {
+		err = j.Sync()
+	}
+	if err == nil {
+		err = os.Rename(tmp, path)
+	}
+	if err != nil {
+		_ = j.Close()
+		_ = removeIfExists(tmp) // best effort; the next scan removes leftovers
+		return nil, err
+	}
+	return j, nil
+}
+
+// setBytesLocked sets the entry's accounted bytes (mu held exclusively).
+func (e *entry) setBytesLocked(n int64) {
+	e.c.usage.Add(n - e.bytes.Swap(n))
+}
+
+// unloadLocked closes the entry's files (mu held exclusively).
+func (e *entry) unloadLocked() {
+	if !e.loaded {
+		return
+	}
+	_ = e.data.Close() // read-only use or already synced: nothing to lose
+	if e.journal != nil {
+		_ = e.journal.Close()
+	}
+	e.data, e.journal, e.loaded, e.ranges = nil, nil, false, nil
+}
+
+// put writes the parts of a verified chunk not yet present, makes them durable, records
+// them, and completes the file when that fills it.
+func (e *entry) put(c verify.Chunk) error {
+	ref, b := c.Ref(), c.Bytes()
+	if ref.Size <= 0 || int64(len(b)) != ref.Size || ref.FileOffset < 0 || ref.FileOffset > e.size-ref.Size {
+		return fmt.Errorf("%v: chunk at %d of %d bytes (%d given) in a %d-byte file: %w",
+			e.sum, ref.FileOffset, ref.Size, len(b), e.size, ErrBadChunk)
+	}
+	off := ref.FileOffset
+	full, err := e.write(off, b)
+	if err != nil {
+		return err
+	}
+	if full {
+		err = e.finish()
+	}
+	e.c.maybeEvict()
+	return err
+}
+
+// write stores the missing parts of b at off; it reports whether the file is then full.
+func (e *entry) write(off int64, b []byte) (full bool, err error) {
+	e.mu.RLock()
+	defer e.mu.RUnlock()
+	if !e.loaded {
+		return false, ErrClosed
+	}
+	if e.complete {
+		return false, nil
+	}
+	e.rmu.Lock()
+	gaps := e.ranges.missing(off, off+int64(len(b)))
+	full = len(e.ranges.missing(0, e.size)) == 0
+	e.rmu.Unlock()
+	if len(gaps) == 0 {
+		return full, nil
+	}
+	// Present bytes are never rewritten, so concurrent readers see stable content.
+	for _, g := range gaps {
+		if _, err := e.data.WriteAt(b[g.Off-off:g.End()-off], g.Off); err != nil {
+			return false, fmt.Errorf("cache: writing %v: %w", e.sum, err)
+		}
+	}
+	if err := e.data.Sync(); err != nil {
+		return false, fmt.Errorf("cache: syncing %v: %w", e.sum, err)
+	}
+	if err := e.c.crashPoint("put:data-synced"); err != nil {
+		return false, err
+	}
+	var rec []byte
+	for _, g := range gaps {
+		rec = appendRecord(rec, g)
+	}
+	e.rmu.Lock()
+	defer e.rmu.Unlock()
+	// Written at jlen rather than appended: a failed write leaves jlen alone and the next
+	// record overwrites the torn one.
+	if _, err := e.journal.WriteAt(rec, e.jlen); err != nil {
+		return false, fmt.Errorf("cache: recording ranges of %v: %w", e.sum, err)
+	}
+	if err := e.journal.Sync(); err != nil {
+		return false, fmt.Errorf("cache: syncing journal of %v: %w", e.sum, err)
+	}
+	e.jlen += int64(len(rec))
+	before := e.ranges.bytes()
+	for _, g := range gaps {
+		e.ranges = e.ranges.add(g)
+	}
+	delta := e.ranges.bytes() - before
+	e.bytes.Add(delta)
+	e.c.usage.Add(delta)
+	return len(e.ranges.missing(0, e.size)) == 0, nil
+}
+
+func (c *Cache) crashPoint(name string) error {
+	if c.hook == nil {
+		return nil
+	}
+	return c.hook(name)
+}
+
+// finish completes a full partial file: it hashes the content (readers continue meanwhile;
+// no writer can change a full file), then, if it matches, renames the data file into files/
+// and removes the journal; if not, it drops the content and returns [ErrCorrupt]. It does
+// nothing for a file that is not full, is complete, or is being finished by another caller.
+func (e *entry) finish() error {
+	e.mu.RLock()
+	if !e.loaded || e.complete {
+		e.mu.RUnlock()
+		return nil
+	}
+	e.rmu.Lock()
+	if e.verifying || len(e.ranges.missing(0, e.size)) > 0 {
+		e.rmu.Unlock()
+		e.mu.RUnlock()
+		return nil
+	}
+	e.verifying = true
+	e.rmu.Unlock()
+	h := sha256.New()
+	_, err := io.Copy(h, io.NewSectionReader(e.data, 0, e.size))
+	e.mu.RUnlock()
+
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.rmu.Lock()
+	e.verifying = false
+	e.rmu.Unlock()
+	if !e.loaded {
+		return ErrClosed
+	}
+	if err != nil {
+		return fmt.Errorf("cache: hashing %v: %w", e.sum, err)
+	}
+	if got := chunked.Sum(h.Sum(nil)); got != e.sum {
+		e.unloadLocked()
+		if err := e.createPartialLocked(); err != nil {
+			return fmt.Errorf("cache: %v: content hashes to %v: %w (and resetting failed: %v)", e.sum, got, ErrCorrupt, err)
+		}
+		e.loaded = true
+		return fmt.Errorf("cache: %v: content hashes to %v: %w", e.sum, got, ErrCorrupt)
+	}
+	if err := e.c.crashPoint("finish:verified"); err != nil {
+		return err
+	}
+	return e.commitLocked()
+}
+
+// commitLocked moves a verified partial file into files/. The rename is the commit point:
+// before it the file is partial, after it complete; the journal left behind by a crash
+// right after it is removed by the next scan.
+func (e *entry) commitLocked() error {
+	src, dst := partialPath(e.c.root, e.sum), completePath(e.c.root, e.sum)
+	if err := e.data.Chmod(0o400); err != nil {
+		return fmt.Errorf("cache: %w", err)
+	}
+	if err := ensureDir(filepath.Dir(dst)); err != nil {
+		return fmt.Errorf("cache: %w", err)
+	}
+	if err := os.Rename(src, dst); err != nil {
+		return fmt.Errorf("cache: completing %v: %w", e.sum, err)
+	}
+	if err := syncDir(filepath.Dir(dst)); err != nil {
+		return fmt.Errorf("cache: completing %v: %w", e.sum, err)
+	}
+	e.complete = true
+	_ = e.journal.Close() // every record was synced
+	e.journal = nil
+	e.ranges = nil
+	if err := removeIfExists(src + journalExt); err != nil {
+		e.c.opts.logger.Warn("cache: removing journal", "file", e.sum, "err", err)
+	}
+	return nil
+}

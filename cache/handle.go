@@ -1,0 +1,177 @@
+package cache
+
+import (
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"io"
+	"sync"
+
+	"github.com/layerstore/layerstore/chunked"
+	"github.com/layerstore/layerstore/verify"
+)
+
+// File is a handle on one cached file, returned by [Cache.Open]. While it is open the file
+// is pinned: never evicted. All methods are safe for concurrent use; Close waits for calls
+// in progress on the same handle.
+type File struct {
+	e *entry
+
+	hmu    sync.RWMutex // held shared by every method, exclusively by Close
+	closed bool
+}
+
+var _ io.ReaderAt = (*File)(nil)
+
+// Sum returns the file's digest.
+func (f *File) Sum() chunked.Sum { return f.e.sum }
+
+// Size returns the file's size.
+func (f *File) Size() int64 { return f.e.size }
+
+// Put stores a verified chunk of the file at its Ref().FileOffset. The chunk may come from
+// any layer that holds this file, whatever its chunking: presence is recorded by byte range,
+// and bytes already present are not rewritten. Put returns once the bytes are durable (data
+// fsynced, then the range recorded and fsynced).
+//
+// The Put that makes the file full hashes it: if the content matches the digest the file
+// becomes complete; if not, all of its content is dropped and Put returns an error wrapping
+// [ErrCorrupt]. A chunk that is empty or does not fit the file fails with [ErrBadChunk].
+// Putting into a complete file does nothing.
+func (f *File) Put(c verify.Chunk) error {
+	f.hmu.RLock()
+	defer f.hmu.RUnlock()
+	if f.closed {
+		return ErrClosed
+	}
+	return f.e.put(c)
+}
+
+// ReadAt reads len(p) bytes at off, following [io.ReaderAt]. It reads only present bytes:
+// if some of the requested range is missing, it reads the present bytes from off up to the
+// first missing one, returns their count and a [*MissingError] (wrapping [ErrMissing]) that
+// lists every missing range in the request. Reading past the end returns [io.EOF].
+func (f *File) ReadAt(p []byte, off int64) (int, error) {
+	f.hmu.RLock()
+	defer f.hmu.RUnlock()
+	if f.closed {
+		return 0, ErrClosed
+	}
+	e := f.e
+	if off < 0 {
+		return 0, fmt.Errorf("cache: negative offset %d", off)
+	}
+	if off >= e.size {
+		return 0, io.EOF
+	}
+	end := min(off+int64(len(p)), e.size)
+	e.mu.RLock()
+	defer e.mu.RUnlock()
+	if !e.loaded {
+		return 0, ErrClosed
+	}
+	var missing []Range
+	readEnd := end
+	if !e.complete {
+		e.rmu.Lock()
+		missing = e.ranges.missing(off, end)
+		readEnd = min(end, e.ranges.presentEnd(off))
+		e.rmu.Unlock()
+	}
+	n, err := e.data.ReadAt(p[:readEnd-off], off)
+	if err != nil && !(errors.Is(err, io.EOF) && int64(n) == readEnd-off) {
+		return n, fmt.Errorf("cache: reading %v: %w", e.sum, err)
+	}
+	switch {
+	case len(missing) > 0:
+		return n, &MissingError{File: e.sum, Ranges: missing}
+	case end-off < int64(len(p)):
+		return n, io.EOF
+	}
+	return n, nil
+}
+
+// Missing returns the ranges of [off, off+n) (clipped to the file) that are not present,
+// sorted; none for a complete file.
+func (f *File) Missing(off, n int64) []Range {
+	e := f.e
+	off, end := max(off, 0), min(off+n, e.size)
+	if n <= 0 || off >= end {
+		return nil
+	}
+	e.mu.RLock()
+	defer e.mu.RUnlock()
+	if e.complete {
+		return nil
+	}
+	e.rmu.Lock()
+	defer e.rmu.Unlock()
+	return e.ranges.missing(off, end)
+}
+
+// Complete reports whether the whole file is present and verified against its digest.
+func (f *File) Complete() bool {
+	f.e.mu.RLock()
+	defer f.e.mu.RUnlock()
+	return f.e.complete
+}
+
+// Path returns the path of the complete file, a read-only regular file that stays in place
+// while the handle is open: the daemon can open it to back FUSE passthrough. For a file
+// that is not complete it returns a [*MissingError].
+func (f *File) Path() (string, error) {
+	e := f.e
+	e.mu.RLock()
+	defer e.mu.RUnlock()
+	if e.complete {
+		return completePath(e.c.root, e.sum), nil
+	}
+	var missing []Range
+	if e.loaded {
+		e.rmu.Lock()
+		missing = e.ranges.missing(0, e.size)
+		e.rmu.Unlock()
+	}
+	if len(missing) == 0 {
+		missing = []Range{{Off: 0, Len: e.size}} // full but not verified yet
+	}
+	return "", &MissingError{File: e.sum, Ranges: missing}
+}
+
+// Close unpins the file. Closing twice is harmless.
+func (f *File) Close() error {
+	f.hmu.Lock()
+	defer f.hmu.Unlock()
+	if f.closed {
+		return nil
+	}
+	f.closed = true
+	f.e.c.release(f.e)
+	return nil
+}
+
+// ReadChunk returns the bytes of the chunk ref describes (ref.FileOffset, ref.Size) if they
+// are present and hash to ref.Digest. Use it rather than ReadAt when the caller's trust comes
+// from its own layer's TOC: a partial file's ranges were verified against the TOC of
+// whichever layer supplied them, and only completion proves they belong to the file's digest
+// (another image's TOC could name this digest for other content). A complete file is served
+// without hashing. Missing bytes give a [*MissingError]; present bytes that do not match
+// give an error wrapping [ErrCorrupt] (the stored bytes are left for completion to judge).
+func (f *File) ReadChunk(ref chunked.Chunk) ([]byte, error) {
+	if ref.Size <= 0 || ref.FileOffset < 0 || ref.FileOffset > f.e.size-ref.Size {
+		return nil, fmt.Errorf("%v: chunk at %d of %d bytes: %w", f.e.sum, ref.FileOffset, ref.Size, ErrBadChunk)
+	}
+	b := make([]byte, ref.Size)
+	n, err := f.ReadAt(b, ref.FileOffset)
+	if err != nil && !(errors.Is(err, io.EOF) && int64(n) == ref.Size) {
+		return nil, err
+	}
+	if f.Complete() {
+		return b, nil
+	}
+	if got := chunked.Sum(sha256.Sum256(b)); got != ref.Digest {
+		return nil, fmt.Errorf("%v: bytes at %d+%d hash to %v, want %v: %w",
+			f.e.sum, ref.FileOffset, ref.Size, got, ref.Digest, ErrCorrupt)
+	}
+	return b, nil
+}
