@@ -3,6 +3,7 @@ package chunked
 import (
 	"archive/tar"
 	"bytes"
+	"errors"
 	"io"
 
 	"github.com/klauspost/compress/gzip"
@@ -30,6 +31,9 @@ func ExtractTOC(l *Layout, raw []byte, limits Limits) ([]byte, error) {
 	}
 	defer dec.Close()
 	out, err := readCapped(dec, lim.MaxTOCSize)
+	if errors.Is(err, zstd.ErrDecoderSizeExceeded) || errors.Is(err, zstd.ErrWindowSizeExceeded) {
+		return nil, limitf("TOC: %v", err)
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -59,8 +63,9 @@ func extractStargzTOC(raw []byte, limit int64) ([]byte, error) {
 	if h.Size > limit {
 		return nil, limitf("TOC of %d bytes exceeds %d", h.Size, limit)
 	}
-	out := make([]byte, h.Size)
-	if _, err := io.ReadFull(tr, out); err != nil {
+	// Grow with the data actually read, never by the size the header claims.
+	out, err := io.ReadAll(tr)
+	if err != nil {
 		return nil, invalidf("TOC: %v", err)
 	}
 	if _, err := tr.Next(); err != io.EOF {
@@ -80,7 +85,7 @@ func readCapped(r io.Reader, limit int64) ([]byte, error) {
 	var buf bytes.Buffer
 	n, err := io.Copy(&buf, io.LimitReader(r, limit+1))
 	if err != nil {
-		return nil, invalidf("TOC: %v", err)
+		return nil, invalidf("TOC: %w", err)
 	}
 	if n > limit {
 		return nil, limitf("TOC decompresses to more than %d bytes", limit)

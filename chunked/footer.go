@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"io"
+	"math"
 	"strconv"
 
 	"github.com/klauspost/compress/gzip"
@@ -177,7 +178,11 @@ func parseZstdFooter(tail []byte, blobSize int64, modern bool) (Footer, error) {
 	}
 	u := func(i int) (int64, error) {
 		v := binary.LittleEndian.Uint64(b[8*i:])
-		if v > uint64(blobSize) {
+		bound := uint64(blobSize)
+		if i == 2 || i == 6 { // uncompressed sizes: bounded by the limits when decompressing
+			bound = math.MaxInt64
+		}
+		if v > bound {
 			return 0, invalidf("zstd footer: field %d (%d) exceeds the blob size %d", i, v, blobSize)
 		}
 		return int64(v), nil
@@ -198,12 +203,12 @@ func parseZstdFooter(tail []byte, blobSize int64, modern bool) (Footer, error) {
 	}
 	end := blobSize - int64(total)
 	ft := Footer{Size: int64(total), TOC: Range{Offset: v[0], Length: v[1]}, TOCUncompressed: v[2]}
-	if ft.TOC.Length <= 0 || ft.TOC.End() > end {
+	if ft.TOC.Length <= 0 || !ft.TOC.within(end) {
 		return Footer{}, invalidf("zstd footer: TOC range %d+%d outside the data end %d", v[0], v[1], end)
 	}
 	if modern && v[5] > 0 {
 		ft.TarSplit, ft.TarSplitUncompressed = Range{Offset: v[4], Length: v[5]}, v[6]
-		if ft.TarSplit.End() > end {
+		if !ft.TarSplit.within(end) {
 			return Footer{}, invalidf("zstd footer: tar-split range %d+%d outside the data end %d", v[4], v[5], end)
 		}
 	}
@@ -230,7 +235,7 @@ func (l *Layout) ApplyFooter(tail []byte) error {
 		}
 		l.TarSplit, l.TarSplitUncompressed = ft.TarSplit, ft.TarSplitUncompressed
 	}
-	if end := l.BlobSize - ft.Size; l.TOC.End() > end || l.TarSplit.End() > end {
+	if end := l.BlobSize - ft.Size; !l.TOC.within(end) || !l.TarSplit.within(end) {
 		return invalidf("TOC or tar-split overlaps the footer")
 	}
 	return nil

@@ -78,6 +78,11 @@ type Range struct {
 // End returns the offset just past the range.
 func (r Range) End() int64 { return r.Offset + r.Length }
 
+// within reports whether the range lies in [0, end), without overflowing.
+func (r Range) within(end int64) bool {
+	return r.Offset >= 0 && r.Length >= 0 && r.Offset <= end && r.Length <= end-r.Offset
+}
+
 // Layout says where the parts of a lazy-pullable blob are. It starts from the descriptor
 // ([Classify]) and is completed and cross-checked by the footer ([Layout.ApplyFooter]).
 type Layout struct {

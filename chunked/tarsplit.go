@@ -109,11 +109,17 @@ func IterateTarSplit(ts *TarSplitReader, onHeader func(k int, h *tar.Header) err
 			return err
 		}
 	}
-	// Consume what follows the end blocks, so every file record is seen.
-	if _, err := io.Copy(io.Discard, v); err != nil {
-		return err
+	// Consume what follows the end blocks, so every file record is seen, skipping payloads
+	// without producing their zeros.
+	for {
+		v.seg, v.zeros = nil, 0
+		if err := v.fill(); err != nil {
+			if err == io.EOF {
+				return nil
+			}
+			return err
+		}
 	}
-	return v.err
 }
 
 // virtualTar is the tar stream a tar-split describes, with zero payloads.

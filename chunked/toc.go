@@ -9,6 +9,7 @@ import (
 	"io"
 	"math"
 	"path"
+	"reflect"
 	"slices"
 	"strings"
 	"time"
@@ -53,6 +54,39 @@ type rawEntry struct {
 	ChunkSize   int64             `json:"chunkSize"`
 	ChunkDigest string            `json:"chunkDigest"`
 	ChunkType   string            `json:"chunkType"`
+	// Unknown holds members no field matched; see checkKeys.
+	Unknown jsontext.Value `json:",unknown"`
+}
+
+// knownKeys are the entry keys the formats define, in lower case.
+var knownKeys = func() map[string]bool {
+	m := map[string]bool{"username": true, "groupname": true}
+	t := reflect.TypeFor[rawEntry]()
+	for i := range t.NumField() {
+		if name, _, _ := strings.Cut(t.Field(i).Tag.Get("json"), ","); name != "" {
+			m[strings.ToLower(name)] = true
+		}
+	}
+	return m
+}()
+
+// checkKeys refuses members that differ from a defined key only by case ("Digest", "MODE"):
+// c/storage matches keys case-insensitively, so such a TOC could read differently there.
+// Other unknown members are ignored, for forward compatibility.
+func checkKeys(r *rawEntry) error {
+	if len(r.Unknown) == 0 {
+		return nil
+	}
+	var members map[string]jsontext.Value
+	if err := json.Unmarshal(r.Unknown, &members); err != nil {
+		return invalidf("%v", err)
+	}
+	for k := range members {
+		if knownKeys[strings.ToLower(k)] && k != "userName" && k != "groupName" {
+			return invalidf("key %q differs from a defined key only by case", k)
+		}
+	}
+	return nil
 }
 
 // Parse builds the index of a layer from its TOC JSON (as returned by [ExtractTOC]). layout
@@ -89,6 +123,7 @@ type builder struct {
 	x         *Index
 	raw       int   // TOC entries read so far (chunks included)
 	cur       int   // index of the last non-chunk entry, -1 before the first
+	curRaw    int   // its position in the TOC's entries array
 	curEnd    int64 // its endOffset (zstd:chunked), 0 when absent
 	version   int
 	hasTimes  bool
@@ -167,11 +202,15 @@ func (b *builder) decodeEntries(dec *jsontext.Decoder) error {
 		if err := json.UnmarshalDecode(dec, &r); err != nil {
 			return &EntryError{Index: b.raw, Err: invalidf("%v", err)}
 		}
-		var err error
-		if r.Type == "chunk" {
+		err := checkKeys(&r)
+		if err == nil && r.Type == "chunk" {
 			err = b.addChunk(&r)
-		} else {
+		} else if err == nil {
 			err = b.addEntry(&r)
+		}
+		var ee *EntryError
+		if errors.As(err, &ee) {
+			return err // names an earlier entry already
 		}
 		if err != nil {
 			return &EntryError{Index: b.raw, Name: r.Name, Err: err}
@@ -243,12 +282,15 @@ func (b *builder) addEntry(r *rawEntry) error {
 	if err := b.addXattrs(&e, r.Xattrs); err != nil {
 		return err
 	}
-	b.cur = len(b.x.entries)
+	b.cur, b.curRaw = len(b.x.entries), b.raw
 	b.curEnd = 0
 	e.chunk0 = uint32(len(b.x.chunks))
 	b.x.entries = append(b.x.entries, e)
 
 	if name == prefetchLandmark {
+		if r.Offset < 0 || r.Offset > b.x.payloadEnd {
+			return invalidf("prefetch landmark at offset %d outside the data (0-%d)", r.Offset, b.x.payloadEnd)
+		}
 		b.x.prefetchEnd = r.Offset
 	}
 	if typ != TypeReg || r.Size == 0 {
@@ -344,12 +386,12 @@ func (b *builder) closeFile() error {
 	var off int64
 	for _, c := range cs {
 		if c.FileOffset != off {
-			return &EntryError{Index: -1, Name: e.Name, Err: invalidf("chunk at file offset %d, want %d", c.FileOffset, off)}
+			return &EntryError{Index: b.curRaw, Name: e.Name, Err: invalidf("chunk at file offset %d, want %d", c.FileOffset, off)}
 		}
 		off += c.Size
 	}
 	if off != e.Size {
-		return &EntryError{Index: -1, Name: e.Name, Err: invalidf("chunks cover %d of %d bytes", off, e.Size)}
+		return &EntryError{Index: b.curRaw, Name: e.Name, Err: invalidf("chunks cover %d of %d bytes", off, e.Size)}
 	}
 	if b.curEnd > 0 {
 		for i := range cs {
@@ -594,8 +636,11 @@ func (b *builder) classifyName(e *Entry) (string, error) {
 		e.Flags |= FlagHidden
 	case strings.HasPrefix(base, whiteoutPrefix):
 		vis := base[len(whiteoutPrefix):]
-		if vis == "" || vis == "." {
+		if vis == "" || vis == "." || vis == ".." {
 			return "", invalidf("bad whiteout name")
+		}
+		if e.Type == TypeDir {
+			return "", invalidf("whiteout is a directory")
 		}
 		e.Flags |= FlagWhiteout
 		return dir + vis, nil

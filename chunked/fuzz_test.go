@@ -1,0 +1,630 @@
+package chunked_test
+
+import (
+	"archive/tar"
+	"bytes"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/klauspost/compress/zstd"
+	"github.com/layerstore/layerstore/chunked"
+	"github.com/layerstore/layerstore/internal/testlayer"
+)
+
+// Limits small enough to keep every fuzz execution fast.
+var fuzzLimits = chunked.Limits{MaxTOCSize: 1 << 20, MaxEntries: 10000, MaxChunkSize: 1 << 30, MaxTarSplitSize: 1 << 22}
+
+// fuzzFormat maps a fuzzed byte to a format, FormatUnknown included.
+func fuzzFormat(b byte) chunked.Format { return chunked.Format(b % 5) }
+
+// fuzzFixtures returns the fixtures, built once per test binary (see fixtures).
+func fuzzFixtures(f *testing.F) []testlayer.Fixture { return fixtures(f) }
+
+// checkIndex checks the invariants every index that Parse returns must keep. Known bugs are
+// reported with t.Skip once everything else has been checked.
+func checkIndex(t testing.TB, x *chunked.Index) {
+	t.Helper()
+	var bugs []string
+	n := x.Len()
+	root := x.Root()
+	if int(root) >= n {
+		t.Fatalf("root %d of %d entries", root, n)
+	}
+	if x.TOCLen() > n {
+		t.Errorf("TOCLen %d > Len %d", x.TOCLen(), n)
+	}
+	if re := x.Entry(root); re.Type != chunked.TypeDir || !re.Visible() || re.Parent != root || re.Inode != root {
+		t.Errorf("root %d: type %v flags %b parent %d inode %d", root, re.Type, re.Flags, re.Parent, re.Inode)
+	}
+	end := x.PayloadEnd()
+	if pe := x.PrefetchEnd(); pe != -1 && (pe < 0 || pe > end) {
+		bugs = append(bugs, fmt.Sprintf("PrefetchEnd %d outside [0, %d]", pe, end))
+	}
+	subdirs := map[chunked.EntryID]uint32{}
+	links := map[chunked.EntryID]uint32{}
+	visible := 0
+	for i := range n {
+		id := chunked.EntryID(i)
+		e := x.Entry(id)
+		if i >= x.TOCLen() && (e.Flags&chunked.FlagImplicit == 0 || e.Type != chunked.TypeDir) {
+			t.Errorf("entry %d past the TOC's %d is not an implicit directory: %+v", i, x.TOCLen(), e)
+		}
+		switch {
+		case e.Type == chunked.TypeReg:
+			checkChunks(t, x, id, end)
+		case e.Type != chunked.TypeHardlink && len(x.Chunks(id)) != 0:
+			t.Errorf("%q (%v) has chunks %+v", e.Name, e.Type, x.Chunks(id))
+		}
+		if !e.Visible() || id == root {
+			continue
+		}
+		visible++
+		if p := x.Entry(e.Parent); p.Type != chunked.TypeDir || !p.Visible() {
+			t.Errorf("%q: parent %q is a %v with flags %b", e.Name, p.Name, p.Type, p.Flags)
+		}
+		base := x.BaseName(id)
+		if base == ".." {
+			bugs = append(bugs, fmt.Sprintf("entry %q is shown as %q", e.Name, base))
+			continue
+		}
+		if base == "" || base == "." || strings.Contains(base, "/") {
+			t.Errorf("%q: BaseName %q", e.Name, base)
+		}
+		if got, ok := x.Lookup(e.Parent, base); !ok || got != id {
+			t.Errorf("Lookup(parent of %q, %q) = %d, %v; want %d", e.Name, base, got, ok, id)
+		}
+		if got, ok := x.LookupPath(x.Path(id)); !ok || got != id {
+			t.Errorf("LookupPath(Path(%q) = %q) = %d, %v; want %d", e.Name, x.Path(id), got, ok, id)
+		}
+		if e.Flags&chunked.FlagWhiteout != 0 && !strings.HasPrefix(e.Name[strings.LastIndexByte(e.Name, '/')+1:], ".wh.") {
+			t.Errorf("whiteout %q does not start with .wh.", e.Name)
+		}
+		if e.Flags&chunked.FlagOpaque != 0 && e.Type != chunked.TypeDir {
+			t.Errorf("%v %q is opaque", e.Type, e.Name)
+		}
+		switch e.Type {
+		case chunked.TypeDir:
+			subdirs[e.Parent]++
+			if e.Inode != id {
+				t.Errorf("directory %q has inode %d", e.Name, e.Inode)
+			}
+		case chunked.TypeHardlink:
+			ino := x.Entry(e.Inode)
+			if e.Inode == id || ino.Type == chunked.TypeHardlink || ino.Type == chunked.TypeDir || !ino.Visible() ||
+				ino.Flags&chunked.FlagWhiteout != 0 {
+				t.Errorf("hardlink %q has inode %d: %v %q flags %b", e.Name, e.Inode, ino.Type, ino.Name, ino.Flags)
+			}
+			links[e.Inode]++
+		default:
+			if e.Inode != id {
+				t.Errorf("%v %q has inode %d", e.Type, e.Name, e.Inode)
+			}
+		}
+	}
+	children := 0
+	for i := range n {
+		id := chunked.EntryID(i)
+		e := x.Entry(id)
+		cs := x.Children(id)
+		if !e.Visible() || e.Type != chunked.TypeDir {
+			if len(cs) != 0 {
+				t.Errorf("%v %q (flags %b) has children", e.Type, e.Name, e.Flags)
+			}
+		} else if want := 2 + subdirs[id]; e.Nlink != want {
+			t.Errorf("directory %q: Nlink %d, want %d", e.Name, e.Nlink, want)
+		}
+		if e.Visible() && e.Type != chunked.TypeDir && e.Type != chunked.TypeHardlink {
+			if want := 1 + links[id]; e.Nlink != want {
+				t.Errorf("%v %q: Nlink %d, want %d", e.Type, e.Name, e.Nlink, want)
+			}
+		}
+		children += len(cs)
+		for j, c := range cs {
+			if ce := x.Entry(c); ce.Parent != id || !ce.Visible() {
+				t.Errorf("child %q of %q: parent %d flags %b", ce.Name, e.Name, ce.Parent, ce.Flags)
+			}
+			if j > 0 && x.BaseName(cs[j-1]) >= x.BaseName(c) {
+				t.Errorf("children of %q out of order: %q then %q", e.Name, x.BaseName(cs[j-1]), x.BaseName(c))
+			}
+		}
+	}
+	if children != visible {
+		t.Errorf("directories list %d children, %d entries are visible", children, visible)
+	}
+	if len(bugs) > 0 {
+		t.Errorf("%s", strings.Join(bugs, "; "))
+	}
+}
+
+// checkChunks checks that a regular file's chunks cover it exactly and lie in the data.
+func checkChunks(t testing.TB, x *chunked.Index, id chunked.EntryID, end int64) {
+	t.Helper()
+	e := x.Entry(id)
+	var off int64
+	for i, c := range x.Chunks(id) {
+		if c.FileOffset != off || c.Size <= 0 || c.InnerOffset < 0 || c.Offset < 0 || c.End <= c.Offset || c.End > end {
+			t.Errorf("%q chunk %d at file offset %d: %+v (data ends at %d)", e.Name, i, off, c, end)
+			return
+		}
+		if a, b := x.ChunkAt(id, c.FileOffset), x.ChunkAt(id, c.FileOffset+c.Size-1); a != i || b != i {
+			t.Errorf("%q: ChunkAt of chunk %d's first and last bytes = %d, %d", e.Name, i, a, b)
+		}
+		off += c.Size
+	}
+	if off != e.Size {
+		t.Errorf("%q: chunks cover %d of %d bytes", e.Name, off, e.Size)
+	}
+	if a, b := x.ChunkAt(id, -1), x.ChunkAt(id, e.Size); a != -1 || b != -1 {
+		t.Errorf("%q: ChunkAt(-1), ChunkAt(size) = %d, %d; want -1, -1", e.Name, a, b)
+	}
+}
+
+func FuzzParseFooter(f *testing.F) {
+	for _, fx := range fuzzFixtures(f) {
+		f.Add(byte(fx.Format), bytes.Clone(fx.Blob[len(fx.Blob)-72:]), int64(len(fx.Blob)))
+		f.Add(byte(fx.Format), bytes.Clone(fx.Blob[len(fx.Blob)-int(chunked.TailSize(fx.Format)):]), int64(len(fx.Blob)))
+	}
+	f.Add(byte(chunked.EStargz), stargzFooter(f, 1000, true), int64(5000))
+	f.Add(byte(chunked.ZstdChunked), zstdFooter(true, 100, 50, 200, 1, 200, 20, 400), int64(1000))
+	// Known bug (skips until fixed): Offset+Length overflows.
+	f.Add(byte(chunked.ZstdChunkedLegacy), zstdFooter(false, math.MaxInt64-100, 1000, 0, 1), int64(math.MaxInt64))
+	f.Fuzz(func(t *testing.T, format byte, tail []byte, blobSize int64) {
+		fm := fuzzFormat(format)
+		ft, err := chunked.ParseFooter(fm, tail, blobSize)
+		if err != nil {
+			if !errors.Is(err, chunked.ErrInvalid) {
+				t.Fatalf("ParseFooter error %v does not wrap ErrInvalid", err)
+			}
+			return
+		}
+		sizes := map[chunked.Format][]int64{
+			chunked.EStargz:           {chunked.EStargzFooterSize, chunked.LegacyStargzFooterSize},
+			chunked.StargzZstd:        {chunked.ZstdFooterSize + 8},
+			chunked.ZstdChunkedLegacy: {chunked.ZstdFooterSize + 8},
+			chunked.ZstdChunked:       {chunked.ZstdFooterSize + 8, chunked.ZstdChunkedFooterSize + 8},
+		}[fm]
+		if !contains(sizes, ft.Size) || ft.Size > int64(len(tail)) {
+			t.Fatalf("%v footer of %d bytes from a %d-byte tail", fm, ft.Size, len(tail))
+		}
+		dataEnd := blobSize - ft.Size
+		inData := func(r chunked.Range) bool {
+			return r.Offset >= 0 && r.Length > 0 && r.Offset <= dataEnd && r.Length <= dataEnd-r.Offset
+		}
+		var bugs []string
+		if !inData(ft.TOC) {
+			if ft.TOC.End() < ft.TOC.Offset {
+				bugs = append(bugs, fmt.Sprintf("TOC %+v accepted because Offset+Length overflows (data ends at %d)", ft.TOC, dataEnd))
+			} else {
+				t.Errorf("TOC %+v outside the data [0, %d)", ft.TOC, dataEnd)
+			}
+		}
+		if fm == chunked.EStargz && ft.TOC.End() != dataEnd {
+			t.Errorf("eStargz TOC %+v does not end at the footer (%d)", ft.TOC, dataEnd)
+		}
+		if ft.TarSplit.Length == 0 {
+			if ft.TarSplit.Offset != 0 || ft.TarSplitUncompressed != 0 {
+				t.Errorf("empty tar-split %+v, %d", ft.TarSplit, ft.TarSplitUncompressed)
+			}
+		} else if fm != chunked.ZstdChunked || ft.Size != chunked.ZstdChunkedFooterSize+8 {
+			t.Errorf("%v footer of %d bytes has a tar-split", fm, ft.Size)
+		} else if !inData(ft.TarSplit) {
+			if ft.TarSplit.End() < ft.TarSplit.Offset {
+				bugs = append(bugs, fmt.Sprintf("tar-split %+v accepted because Offset+Length overflows", ft.TarSplit))
+			} else {
+				t.Errorf("tar-split %+v outside the data [0, %d)", ft.TarSplit, dataEnd)
+			}
+		}
+		if ft.TOCUncompressed < 0 || ft.TarSplitUncompressed < 0 {
+			t.Errorf("negative uncompressed sizes %d, %d", ft.TOCUncompressed, ft.TarSplitUncompressed)
+		}
+		// Without annotations, ApplyFooter takes the footer as it is.
+		l := &chunked.Layout{Format: fm, BlobSize: blobSize}
+		if err := l.ApplyFooter(tail); err != nil {
+			if len(bugs) == 0 {
+				t.Errorf("ApplyFooter: %v after ParseFooter accepted %+v", err, ft)
+			}
+		} else if l.TOC != ft.TOC || l.TOCUncompressed != ft.TOCUncompressed || l.TarSplit != ft.TarSplit {
+			t.Errorf("ApplyFooter made %+v from %+v", l, ft)
+		}
+		if len(bugs) > 0 {
+			t.Errorf("%s", strings.Join(bugs, "; "))
+		}
+	})
+}
+
+func contains(s []int64, v int64) bool {
+	for _, x := range s {
+		if x == v {
+			return true
+		}
+	}
+	return false
+}
+
+// refPosition is an independent model of ParsePosition.
+func refPosition(s string, manifest bool, blobSize int64) (chunked.Range, int64, bool) {
+	fields := strings.Split(s, ":")
+	if want := map[bool]int{true: 4, false: 3}[manifest]; len(fields) != want {
+		return chunked.Range{}, 0, false
+	}
+	var v []int64
+	for _, f := range fields {
+		if len(f) == 0 || len(f) > 19 {
+			return chunked.Range{}, 0, false
+		}
+		for _, c := range []byte(f) {
+			if c < '0' || c > '9' {
+				return chunked.Range{}, 0, false
+			}
+		}
+		n, err := strconv.ParseUint(f, 10, 63)
+		if err != nil {
+			return chunked.Range{}, 0, false
+		}
+		v = append(v, int64(n))
+	}
+	if manifest && v[3] != 1 {
+		return chunked.Range{}, 0, false
+	}
+	if v[1] == 0 || v[0] > blobSize || v[1] > blobSize-v[0] {
+		return chunked.Range{}, 0, false
+	}
+	return chunked.Range{Offset: v[0], Length: v[1]}, v[2], true
+}
+
+func FuzzParsePosition(f *testing.F) {
+	for _, fx := range fuzzFixtures(f) {
+		for _, k := range []string{chunked.AnnotationPosition, chunked.AnnotationLegacyPosition, chunked.AnnotationTarSplitPosition} {
+			if p, ok := fx.Desc.Annotations[k]; ok {
+				f.Add(p, k != chunked.AnnotationTarSplitPosition)
+			}
+		}
+	}
+	for _, tc := range positionCases {
+		f.Add(tc.s, tc.manifest)
+	}
+	f.Fuzz(func(t *testing.T, s string, manifest bool) {
+		for _, blobSize := range []int64{0, 1 << 20, 745552, math.MaxInt64} {
+			r, u, err := chunked.ParsePosition(s, manifest, blobSize)
+			wr, wu, ok := refPosition(s, manifest, blobSize)
+			if err != nil {
+				if !errors.Is(err, chunked.ErrInvalid) {
+					t.Errorf("ParsePosition(%q) error %v does not wrap ErrInvalid", s, err)
+				}
+				if ok {
+					t.Errorf("ParsePosition(%q, %v, %d) = %v, want %+v, %d", s, manifest, blobSize, err, wr, wu)
+				}
+				continue
+			}
+			if !ok || r != wr || u != wu {
+				t.Errorf("ParsePosition(%q, %v, %d) = %+v, %d; the model says %+v, %d, %v", s, manifest, blobSize, r, u, wr, wu, ok)
+			}
+			if r.Offset < 0 || r.Length <= 0 || r.Offset > blobSize || r.Length > blobSize-r.Offset || u < 0 {
+				t.Errorf("ParsePosition(%q, %v, %d) = %+v, %d", s, manifest, blobSize, r, u)
+			}
+			// Formatting the result back gives a position that parses to the same values.
+			again := fmt.Sprintf("%d:%d:%d", r.Offset, r.Length, u)
+			if manifest {
+				again += ":1"
+			}
+			if r2, u2, err := chunked.ParsePosition(again, manifest, blobSize); err != nil || r2 != r || u2 != u {
+				t.Errorf("ParsePosition(%q) = %+v, %d, %v; from %q: %+v, %d", again, r2, u2, err, s, r, u)
+			}
+		}
+	})
+}
+
+func FuzzParseTOC(f *testing.F) {
+	for _, fx := range fuzzFixtures(f) {
+		l, _, js := fixtureTOC(f, fx)
+		f.Add(byte(l.Format), js)
+	}
+	for _, tc := range tocErrCases {
+		if len(tc.toc) < 8<<10 {
+			f.Add(byte(tc.format), []byte(tc.toc))
+		}
+	}
+	f.Add(byte(chunked.EStargz), []byte(tocOf(ent(".wh.x", "reg"), ent("d/.wh..wh..opq", "reg"), ent("l", "hardlink", "linkName", "d/f"), file("d/f", 3, 0))))
+	// Known bugs (they skip until fixed): a ".." whiteout, a landmark outside the data.
+	f.Add(byte(chunked.EStargz), []byte(tocOf(ent("d/.wh...", "reg"))))
+	f.Add(byte(chunked.EStargz), []byte(tocOf(ent(".prefetch.landmark", "reg", "offset", -5))))
+	f.Fuzz(func(t *testing.T, format byte, js []byte) {
+		fm := fuzzFormat(format)
+		x, err := chunked.Parse(testLayout(fm), js, fuzzLimits)
+		if err != nil {
+			if x != nil {
+				t.Errorf("Parse returned an index with the error %v", err)
+			}
+			if !errors.Is(err, chunked.ErrInvalid) && !errors.Is(err, chunked.ErrLimit) {
+				t.Errorf("Parse error %v wraps neither ErrInvalid nor ErrLimit", err)
+			}
+			return
+		}
+		if x.Format() != fm || x.PayloadEnd() != testLayout(fm).PayloadEnd() {
+			t.Errorf("index of format %v ending at %d, want %v ending at %d", x.Format(), x.PayloadEnd(), fm, testLayout(fm).PayloadEnd())
+		}
+		checkIndex(t, x)
+	})
+}
+
+// tarSplit returns the decompressed tar-split of the zstdchunked-modern fixture.
+func tarSplit(t testing.TB, fs []testlayer.Fixture) []byte {
+	t.Helper()
+	for _, fx := range fs {
+		if fx.Name != "zstdchunked-modern" {
+			continue
+		}
+		l, err := chunked.Classify(fx.Desc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		d, err := zstd.NewReader(nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer d.Close()
+		out, err := d.DecodeAll(fx.Blob[l.TarSplit.Offset:l.TarSplit.End()], nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if int64(len(out)) != l.TarSplitUncompressed {
+			t.Fatalf("tar-split of %d bytes, the annotation says %d", len(out), l.TarSplitUncompressed)
+		}
+		return out
+	}
+	t.Fatal("no zstdchunked-modern fixture")
+	return nil
+}
+
+// tsLine renders one tar-split record.
+func tsLine(typ int, name string, size int64, payload []byte, pos int64) string {
+	return obj("type", typ, "name", name, "size", size, "payload", base64.StdEncoding.EncodeToString(payload), "position", pos) + "\n"
+}
+
+// readAllRecords reads records until an error, which it returns (io.EOF at a clean end).
+func readAllRecords(data []byte, lim chunked.Limits) (files int, size int64, err error) {
+	ts := chunked.NewTarSplitReader(bytes.NewReader(data), lim)
+	for {
+		r, err := ts.Next()
+		if err != nil {
+			return files, size, err
+		}
+		if r.Type == chunked.TarSplitFile {
+			files++
+			size = min(size+r.Size, math.MaxInt64/2)
+		}
+	}
+}
+
+func FuzzTarSplit(f *testing.F) {
+	f.Add(tarSplit(f, fuzzFixtures(f)))
+	for _, tc := range tarSplitCases {
+		if len(tc.data) < 64<<10 {
+			f.Add([]byte(tc.data))
+		}
+	}
+	// Known bug (skips until fixed): a file record that no header consumes.
+	f.Add([]byte(tsLine(1, "a", 1<<40, nil, 0)))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		nfiles, _, rerr := readAllRecords(data, fuzzLimits)
+		if rerr != io.EOF && !errors.Is(rerr, chunked.ErrInvalid) && !errors.Is(rerr, chunked.ErrLimit) {
+			t.Errorf("Next error %v wraps neither ErrInvalid nor ErrLimit", rerr)
+		}
+		headers, files := 0, 0
+		err := chunked.IterateTarSplit(chunked.NewTarSplitReader(bytes.NewReader(data), fuzzLimits),
+			func(k int, h *tar.Header) error {
+				if k != headers || h == nil {
+					t.Errorf("header %d (%v), want %d", k, h, headers)
+				}
+				headers++
+				return nil
+			},
+			func(k int, r *chunked.TarSplitRecord) error {
+				if k != files || r.Type != chunked.TarSplitFile || r.Size < 0 || r.FileName() == "" {
+					t.Errorf("file record %d: %+v, want number %d", k, r, files)
+				}
+				files++
+				return nil
+			})
+		if err != nil {
+			if !errors.Is(err, chunked.ErrInvalid) && !errors.Is(err, chunked.ErrLimit) {
+				t.Errorf("IterateTarSplit error %v wraps neither ErrInvalid nor ErrLimit", err)
+			}
+			return
+		}
+		if rerr != io.EOF {
+			t.Errorf("IterateTarSplit succeeded on a stream whose records end with %v", rerr)
+		}
+		if files != nfiles {
+			t.Errorf("IterateTarSplit saw %d file records of %d", files, nfiles)
+		}
+	})
+}
+
+func FuzzExtractTOC(f *testing.F) {
+	for _, fx := range fuzzFixtures(f) {
+		l, raw, _ := fixtureTOC(f, fx)
+		f.Add(byte(l.Format), raw)
+	}
+	f.Add(byte(chunked.EStargz), []byte{0x1f, 0x8b})
+	f.Add(byte(chunked.ZstdChunked), []byte{0x28, 0xb5, 0x2f, 0xfd})
+	f.Fuzz(func(t *testing.T, format byte, raw []byte) {
+		l := &chunked.Layout{Format: fuzzFormat(format)}
+		js, err := chunked.ExtractTOC(l, raw, fuzzLimits)
+		if err != nil {
+			if !errors.Is(err, chunked.ErrInvalid) && !errors.Is(err, chunked.ErrLimit) {
+				t.Errorf("ExtractTOC error %v wraps neither ErrInvalid nor ErrLimit", err)
+			}
+			return
+		}
+		if int64(len(js)) > fuzzLimits.MaxTOCSize {
+			t.Errorf("ExtractTOC returned %d bytes, over MaxTOCSize %d", len(js), fuzzLimits.MaxTOCSize)
+		}
+		if l.Format.Zstd() {
+			l.TOCUncompressed = int64(len(js)) + 1
+			if _, err := chunked.ExtractTOC(l, raw, fuzzLimits); !errors.Is(err, chunked.ErrInvalid) {
+				t.Errorf("ExtractTOC with the wrong uncompressed size = %v, want ErrInvalid", err)
+			}
+		}
+	})
+}
+
+// TestIterateTarSplitFixture checks that the tar-split of the modern fixture describes, header for
+// header, the tar its blob decompresses to.
+func TestIterateTarSplitFixture(t *testing.T) {
+	fs := fixtures(t)
+	data := tarSplit(t, fs)
+	var stream []byte
+	for _, fx := range fs {
+		if fx.Name == "zstdchunked-modern" {
+			var err error
+			if stream, err = fx.Decompress(); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	var want []*tar.Header
+	tr := tar.NewReader(bytes.NewReader(stream))
+	for {
+		h, err := tr.Next()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		want = append(want, h)
+	}
+	var got []*tar.Header
+	var names []string
+	err := chunked.IterateTarSplit(chunked.NewTarSplitReader(bytes.NewReader(data), chunked.Limits{}),
+		func(k int, h *tar.Header) error { got = append(got, h); return nil },
+		func(k int, r *chunked.TarSplitRecord) error { names = append(names, r.FileName()); return nil })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != len(want) || len(names) != len(want) {
+		t.Fatalf("%d headers and %d file records, want %d of each", len(got), len(names), len(want))
+	}
+	for i, w := range want {
+		g := got[i]
+		if g.Name != w.Name || g.Typeflag != w.Typeflag || g.Size != w.Size || g.Mode != w.Mode || g.Linkname != w.Linkname ||
+			!g.ModTime.Equal(w.ModTime) || len(g.PAXRecords) != len(w.PAXRecords) {
+			t.Errorf("header %d = %q %c %d %#o, want %q %c %d %#o", i, g.Name, g.Typeflag, g.Size, g.Mode, w.Name, w.Typeflag, w.Size, w.Mode)
+		}
+		if names[i] != w.Name {
+			t.Errorf("file record %d names %q, header %q", i, names[i], w.Name)
+		}
+	}
+	// A smaller cap is enforced.
+	_, _, err = readAllRecords(data, chunked.Limits{MaxTarSplitSize: int64(len(data)) - 1})
+	if !errors.Is(err, chunked.ErrLimit) {
+		t.Errorf("tar-split over MaxTarSplitSize: %v, want ErrLimit", err)
+	}
+	if _, _, err = readAllRecords(data, chunked.Limits{MaxTarSplitSize: int64(len(data))}); err != io.EOF {
+		t.Errorf("tar-split of exactly MaxTarSplitSize: %v, want io.EOF", err)
+	}
+}
+
+var tarSplitCases = []struct {
+	name string
+	data string
+	want error // io.EOF when every record is valid
+}{
+	{"empty", "", io.EOF},
+	{"whitespace", " \n\n", io.EOF},
+	{"one file", tsLine(1, "a", 3, nil, 0), io.EOF},
+	{"segment then file", tsLine(2, "", 0, []byte("raw"), 0) + tsLine(1, "a", 0, nil, 1), io.EOF},
+	{"name_raw", `{"type":1,"name_raw":"YQ==","size":1,"position":0}`, io.EOF},
+	{"position skipped", tsLine(1, "a", 0, nil, 0) + tsLine(1, "b", 0, nil, 2), chunked.ErrInvalid},
+	{"position repeated", tsLine(1, "a", 0, nil, 0) + tsLine(1, "b", 0, nil, 0), chunked.ErrInvalid},
+	{"first position 1", tsLine(1, "a", 0, nil, 1), chunked.ErrInvalid},
+	{"unknown type", tsLine(3, "a", 0, nil, 0), chunked.ErrInvalid},
+	{"type 0", `{"position":0}`, chunked.ErrInvalid},
+	{"negative size", tsLine(1, "a", -1, nil, 0), chunked.ErrInvalid},
+	{"file without a name", tsLine(1, "", 1, nil, 0), chunked.ErrInvalid},
+	{"segment over 16 MiB", tsLine(2, "", 0, make([]byte, 16<<20+1), 0), chunked.ErrLimit},
+	{"not an object", "[]", chunked.ErrInvalid},
+	{"trailing garbage", tsLine(1, "a", 0, nil, 0) + "x", chunked.ErrInvalid},
+	{"bad base64", `{"type":2,"payload":"!!","position":0}`, chunked.ErrInvalid},
+	{"invalid UTF-8", "{\"type\":1,\"name\":\"\xff\",\"position\":0}", chunked.ErrInvalid},
+	{"duplicate key", `{"type":1,"type":2,"name":"a","position":0}`, chunked.ErrInvalid},
+	{"truncated", `{"type":1,"name":"a"`, chunked.ErrInvalid},
+}
+
+func TestTarSplitReader(t *testing.T) {
+	for _, tc := range tarSplitCases {
+		t.Run(tc.name, func(t *testing.T) {
+			lim := chunked.Limits{}
+			_, _, err := readAllRecords([]byte(tc.data), lim)
+			if tc.want == io.EOF && err != io.EOF || !errors.Is(err, tc.want) {
+				t.Errorf("records end with %v, want %v", err, tc.want)
+			}
+		})
+	}
+}
+
+func TestIterateTarSplitErrors(t *testing.T) {
+	hdr := func(name string, size int64) []byte {
+		var buf bytes.Buffer
+		tw := tar.NewWriter(&buf)
+		if err := tw.WriteHeader(&tar.Header{Name: name, Typeflag: tar.TypeReg, Size: size, Mode: 0o644}); err != nil {
+			t.Fatal(err)
+		}
+		return buf.Bytes()[:512]
+	}
+	stop := errors.New("stop")
+	good := tsLine(2, "", 0, hdr("a", 3), 0) + tsLine(1, "a", 3, nil, 1) + tsLine(2, "", 0, make([]byte, 509+1024), 2)
+	for _, tc := range []struct {
+		name           string
+		data           string
+		onHeader       error
+		onFile         error
+		want           error
+		headers, files int
+	}{
+		{name: "one file", data: good, headers: 1, files: 1},
+		{name: "onHeader error is returned", data: good, onHeader: stop, want: stop, headers: 1},
+		{name: "onFile error is returned", data: good, onFile: stop, want: stop, headers: 1, files: 1},
+		{name: "bad record", data: tsLine(2, "", 0, hdr("a", 3), 0) + tsLine(1, "a", 3, nil, 5), want: chunked.ErrInvalid, headers: 1},
+		{name: "bad header checksum", data: tsLine(2, "", 0, append(make([]byte, 100), hdr("a", 0)[100:]...), 0), want: chunked.ErrInvalid},
+		{name: "half a header", data: tsLine(2, "", 0, hdr("a", 0)[:300], 0), want: chunked.ErrInvalid},
+		{name: "records after the end blocks are read", data: good + tsLine(1, "late", 0, nil, 3), headers: 1, files: 2},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			headers, files := 0, 0
+			err := chunked.IterateTarSplit(chunked.NewTarSplitReader(strings.NewReader(tc.data), chunked.Limits{}),
+				func(k int, h *tar.Header) error { headers++; return tc.onHeader },
+				func(k int, r *chunked.TarSplitRecord) error { files++; return tc.onFile })
+			if tc.want == nil && err != nil || !errors.Is(err, tc.want) {
+				t.Errorf("IterateTarSplit = %v, want %v", err, tc.want)
+			}
+			if headers != tc.headers || files != tc.files {
+				t.Errorf("%d headers and %d file records, want %d and %d", headers, files, tc.headers, tc.files)
+			}
+		})
+	}
+}
+
+// TestIterateTarSplitTerminates: a one-line tar-split must not keep IterateTarSplit busy for
+// hours.
+func TestIterateTarSplitTerminates(t *testing.T) {
+	data := tsLine(1, "a", 1<<50, nil, 0)
+	done := make(chan error, 1)
+	go func() {
+		done <- chunked.IterateTarSplit(chunked.NewTarSplitReader(strings.NewReader(data), chunked.Limits{}),
+			func(int, *tar.Header) error { return nil }, func(int, *chunked.TarSplitRecord) error { return nil })
+	}()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("IterateTarSplit still running after 5s")
+	}
+}
