@@ -38,6 +38,8 @@ type Footer struct {
 	TOCUncompressed      int64 // 0 for eStargz, whose footer does not say
 	TarSplit             Range // zero Length when the footer has none
 	TarSplitUncompressed int64
+	// TarSplitFields reports a footer that has tar-split fields (the 64-byte one), even zero.
+	TarSplitFields bool
 }
 
 // TailSize is how many bytes from the end of a blob [ParseFooter] needs: enough for every footer
@@ -65,9 +67,12 @@ func ParseFooter(f Format, tail []byte, blobSize int64) (Footer, error) {
 	case StargzZstd, ZstdChunkedLegacy:
 		ft, err = parseZstdFooter(tail, blobSize, false)
 	case ZstdChunked:
-		// c/storage 1.44-1.46 wrote the 40-byte footer with the io.github keys.
+		// c/storage 1.44-1.46 wrote the 40-byte footer with the io.github keys, 1.47-1.49 a
+		// 56-byte one: the 40-byte layout followed by 16 zero bytes.
 		if ft, err = parseZstdFooter(tail, blobSize, true); err != nil {
-			if ft2, err2 := parseZstdFooter(tail, blobSize, false); err2 == nil {
+			if ft2, err2 := parseZstd56Footer(tail, blobSize); err2 == nil {
+				ft, err = ft2, nil
+			} else if ft2, err2 := parseZstdFooter(tail, blobSize, false); err2 == nil {
 				ft, err = ft2, nil
 			}
 		}
@@ -206,12 +211,36 @@ func parseZstdFooter(tail []byte, blobSize int64, modern bool) (Footer, error) {
 	if ft.TOC.Length <= 0 || !ft.TOC.within(end) {
 		return Footer{}, invalidf("zstd footer: TOC range %d+%d outside the data end %d", v[0], v[1], end)
 	}
+	ft.TarSplitFields = modern
 	if modern && v[5] > 0 {
 		ft.TarSplit, ft.TarSplitUncompressed = Range{Offset: v[4], Length: v[5]}, v[6]
 		if !ft.TarSplit.within(end) {
 			return Footer{}, invalidf("zstd footer: tar-split range %d+%d outside the data end %d", v[4], v[5], end)
 		}
 	}
+	return ft, nil
+}
+
+// parseZstd56Footer reads the footer of c/storage 1.47-1.49: a 56-byte skippable frame whose
+// first 40 bytes are the legacy footer and whose last 16 are zero.
+func parseZstd56Footer(tail []byte, blobSize int64) (Footer, error) {
+	const size = 56
+	if len(tail) < size+skippableHeaderSize {
+		return Footer{}, invalidf("zstd footer: blob too small")
+	}
+	frame := tail[len(tail)-size-skippableHeaderSize:]
+	if !bytes.Equal(frame[:4], skippableMagic) || binary.LittleEndian.Uint32(frame[4:8]) != size ||
+		!bytes.Equal(frame[skippableHeaderSize+ZstdFooterSize:], make([]byte, size-ZstdFooterSize)) {
+		return Footer{}, invalidf("zstd footer: not a 56-byte footer")
+	}
+	// Parse the first 40 bytes as a legacy footer ending where the zero padding starts.
+	ft, err := parseZstdFooter(append(bytes.Clone(frame[:4]), append(
+		binary.LittleEndian.AppendUint32(nil, ZstdFooterSize), frame[skippableHeaderSize:skippableHeaderSize+ZstdFooterSize]...)...),
+		blobSize-(size-ZstdFooterSize), false)
+	if err != nil {
+		return Footer{}, err
+	}
+	ft.Size = size + skippableHeaderSize
 	return ft, nil
 }
 
@@ -229,7 +258,7 @@ func (l *Layout) ApplyFooter(tail []byte) error {
 	if ft.TOCUncompressed != 0 {
 		l.TOCUncompressed = ft.TOCUncompressed
 	}
-	if l.Format == ZstdChunked {
+	if l.Format == ZstdChunked && ft.TarSplitFields {
 		if err := crossCheck("tar-split", l.TarSplit, l.TarSplitUncompressed, ft.TarSplit, ft.TarSplitUncompressed); err != nil {
 			return err
 		}

@@ -26,6 +26,9 @@ const (
 	AnnotationPosition = "io.github.containers.zstd-chunked.manifest-position"
 	// AnnotationTarSplitPosition locates the tar-split of zstd:chunked layers.
 	AnnotationTarSplitPosition = "io.github.containers.zstd-chunked.tarsplit-position"
+	// AnnotationTarSplitChecksum is the digest of the compressed tar-split, written by
+	// c/storage 1.47 to 1.53 (later versions name it in the TOC instead).
+	AnnotationTarSplitChecksum = "io.github.containers.zstd-chunked.tarsplit-checksum"
 )
 
 // Format is a lazy-pullable layer format.
@@ -103,6 +106,8 @@ type Layout struct {
 	// TarSplit is where the tar-split is (zstd:chunked >= 1.50); zero Length when absent.
 	TarSplit             Range
 	TarSplitUncompressed int64
+	// TarSplitChecksum is the tar-split digest from the annotation; empty when absent.
+	TarSplitChecksum digest.Digest
 }
 
 // mediaTypes maps the layer media types a lazy format can use to whether they are zstd.
@@ -181,6 +186,13 @@ func Classify(d Descriptor) (*Layout, error) {
 			return nil, fmt.Errorf("%w: %s: %w", ErrNotLazy, posKey, err)
 		}
 		l.TOC, l.TOCUncompressed = r, u
+	}
+	if c, ok := a[AnnotationTarSplitChecksum]; ok && l.Format == ZstdChunked {
+		dg, err := parseDigest(c)
+		if err != nil {
+			return nil, fmt.Errorf("%w: %s: %w", ErrNotLazy, AnnotationTarSplitChecksum, err)
+		}
+		l.TarSplitChecksum = dg
 	}
 	if p, ok := a[AnnotationTarSplitPosition]; ok && l.Format == ZstdChunked {
 		r, u, err := ParsePosition(p, false, d.Size)

@@ -208,12 +208,18 @@ func (l *Layer) ReadChunk(ctx context.Context, src Source, file chunked.EntryID,
 // openTarSplit fetches the tar-split of a modern zstd:chunked layer, checks it against the
 // digest in the TOC and checks that it describes the TOC's entries.
 func (l *Layer) openTarSplit(ctx context.Context, src Source) error {
-	want := l.index.TarSplitDigest()
+	want := digest.Digest(l.index.TarSplitDigest().String())
+	if ann := l.layout.TarSplitChecksum; ann != "" {
+		if want != "" && want != ann {
+			return fmt.Errorf("%w: the TOC and the annotation name different tar-splits", chunked.ErrInvalid)
+		}
+		want = ann
+	}
 	switch {
-	case want.IsZero():
+	case want == "":
 		return nil
 	case l.layout.TarSplit.Length == 0:
-		return fmt.Errorf("%w: the TOC names a tar-split but the layer has none", chunked.ErrInvalid)
+		return fmt.Errorf("%w: a tar-split digest is given but the layer has no tar-split", chunked.ErrInvalid)
 	case l.layout.TarSplit.Length > l.limits.MaxTOCSize:
 		return fmt.Errorf("%w: compressed tar-split of %d bytes exceeds %d", chunked.ErrLimit, l.layout.TarSplit.Length, l.limits.MaxTOCSize)
 	}
@@ -221,7 +227,7 @@ func (l *Layer) openTarSplit(ctx context.Context, src Source) error {
 	if err != nil {
 		return fmt.Errorf("reading the tar-split: %w", err)
 	}
-	if err := checkDigest("tar-split", digest.Digest(want.String()), raw); err != nil {
+	if err := checkDigest("tar-split", want, raw); err != nil {
 		return err
 	}
 	l.tarSplit = raw

@@ -277,3 +277,55 @@ func TestCheckDiffIDMismatch(t *testing.T) {
 		t.Fatalf("CheckDiffID with wrong payloads = %v", err)
 	}
 }
+
+// c/storage 1.47-1.49 wrote a 56-byte footer and anchored the tar-split with an annotation
+// instead of the TOC: such layers open, and the tar-split still binds them to the DiffID.
+func TestTarSplitChecksumAnnotation(t *testing.T) {
+	base, err := repackModern(t, func(s string) string {
+		i := strings.Index(s, `,"tarSplitDigest"`)
+		return s[:i] + "}"
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lay, err := chunked.Classify(base.Desc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tsDigest := digest.FromBytes(base.Blob[lay.TarSplit.Offset:lay.TarSplit.End()])
+	// Swap the 64-byte footer for the 56-byte one: the legacy 40 bytes, then 16 zeros.
+	old := base.Blob[len(base.Blob)-64:]
+	footer := append(append(bytes.Clone(old[:32]), "GnUlInUx"...), make([]byte, 16)...)
+	blob := append(bytes.Clone(base.Blob[:len(base.Blob)-72]), 0x50, 0x2a, 0x4d, 0x18, 56, 0, 0, 0)
+	blob = append(blob, footer...)
+	for name, tc := range map[string]struct {
+		checksum digest.Digest
+		ok       bool
+	}{
+		"right annotation": {tsDigest, true},
+		"wrong annotation": {digest.FromString("other"), false},
+	} {
+		t.Run(name, func(t *testing.T) {
+			d := chunked.Descriptor{MediaType: base.Desc.MediaType, Digest: digest.FromBytes(blob), Size: int64(len(blob)),
+				Annotations: maps.Clone(base.Desc.Annotations)}
+			d.Annotations[chunked.AnnotationTarSplitChecksum] = tc.checksum.String()
+			src := source(blob)
+			l, err := verify.Open(t.Context(), d, base.DiffID, src)
+			if !tc.ok {
+				if !errors.Is(err, verify.ErrDigestMismatch) {
+					t.Fatalf("Open = %v, want a tar-split digest mismatch", err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !l.CanProveDiffID() {
+				t.Fatal("the annotated tar-split was not used")
+			}
+			if err := l.CheckDiffID(t.Context(), payloads(l, src)); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}
