@@ -1,10 +1,20 @@
-// Package fetcher owns talking to registries. This part of it reads byte ranges of one registry
-// blob over HTTP: a [Blob] turns random reads ([Blob.ReadAt], which satisfies verify.Source) and
-// batches of ranges ([Blob.Fetch]) into as few range requests as it can, and survives what
-// registries and their storage back ends do to such requests.
+// Package fetcher owns talking to registries.
 //
-// Authentication, registries.conf mirrors and manifest resolution are not done here: a Blob is
-// given an http.RoundTripper that already authenticates to the registry, the blob's URL
+// A [Resolver] turns a reference (tag, digest, or repo:tag@digest, where the digest wins) into
+// an [Image]: the manifest for the host platform (picked from an image index by OS,
+// architecture and variant; [Resolver.Platforms] fetches the index's other manifests), its
+// layer descriptors with their annotations, and the config's DiffIDs. Resolutions by tag are
+// reused for the tag TTL ([WithTagTTL], default 5 minutes), resolutions by digest for the
+// resolver's life; failures are never remembered; concurrent resolutions of one reference
+// share their requests. OCI and Docker schema2 media types are both read.
+//
+// A [Blob] reads byte ranges of one registry blob over HTTP: it turns random reads
+// ([Blob.ReadAt], which satisfies verify.Source) and batches of ranges ([Blob.Fetch]) into as
+// few range requests as it can, and survives what registries and their storage back ends do
+// to such requests.
+//
+// Authentication and registries.conf mirrors are not done yet: a Resolver and a Blob are
+// given an http.RoundTripper that already authenticates to the registry, a Blob the blob's URL
 // (https://host/v2/<repo>/blobs/<digest>) and its size from the manifest. Bytes are not verified
 // here either; package verify does that.
 //

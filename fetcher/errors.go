@@ -9,10 +9,12 @@ import (
 	"time"
 )
 
-// Sentinel errors. Errors returned by a [Blob] wrap one of them (test with errors.Is).
+// Sentinel errors. Errors returned by a [Blob] or a [Resolver] wrap one of them (test with
+// errors.Is).
 var (
-	// ErrNotFound: the registry does not have the blob (404).
-	ErrNotFound = errors.New("blob not found")
+	// ErrNotFound: the registry does not have the blob or manifest (404), or an index has
+	// no manifest for the platform.
+	ErrNotFound = errors.New("not found")
 	// ErrUnauthorized: the registry or storage refused the credentials (401, 403).
 	ErrUnauthorized = errors.New("unauthorized")
 	// ErrTransient: a failure worth retrying (connection trouble, timeout, truncated body, 408,

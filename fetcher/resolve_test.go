@@ -1,0 +1,239 @@
+package fetcher
+
+import (
+	"errors"
+	"io"
+	"log"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/google/go-containerregistry/pkg/name"
+	"github.com/google/go-containerregistry/pkg/registry"
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/empty"
+	"github.com/google/go-containerregistry/pkg/v1/mutate"
+	"github.com/google/go-containerregistry/pkg/v1/random"
+	"github.com/google/go-containerregistry/pkg/v1/remote"
+	"github.com/google/go-containerregistry/pkg/v1/types"
+)
+
+// manifestRegistry is go-containerregistry's registry counting manifest GETs, refusing requests to
+// repositories under "private/".
+type manifestRegistry struct {
+	srv       *httptest.Server
+	host      string
+	manifests atomic.Int64
+}
+
+func newManifestRegistry(t *testing.T) *manifestRegistry {
+	t.Helper()
+	r := &manifestRegistry{}
+	reg := registry.New(registry.Logger(log.New(io.Discard, "", 0)))
+	r.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		if strings.HasPrefix(req.URL.Path, "/v2/private/") {
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusUnauthorized)
+			w.Write([]byte(`{"errors":[{"code":"UNAUTHORIZED","message":"no"}]}`))
+			return
+		}
+		if strings.Contains(req.URL.Path, "/manifests/") && req.Method == http.MethodGet {
+			r.manifests.Add(1)
+		}
+		reg.ServeHTTP(w, req)
+	}))
+	t.Cleanup(r.srv.Close)
+	r.host = strings.TrimPrefix(r.srv.URL, "http://")
+	return r
+}
+
+// image returns an OCI image of n random layers, each annotated with its index.
+func testImage(t *testing.T, n int) v1.Image {
+	t.Helper()
+	img := mutate.MediaType(empty.Image, types.OCIManifestSchema1)
+	img = mutate.ConfigMediaType(img, types.OCIConfigJSON)
+	for i := range n {
+		l, err := random.Layer(256, types.OCILayer)
+		if err != nil {
+			t.Fatal(err)
+		}
+		img, err = mutate.Append(img, mutate.Addendum{Layer: l, MediaType: types.OCILayer,
+			Annotations: map[string]string{"test.layer": string(rune('a' + i))}})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	return img
+}
+
+func (r *manifestRegistry) push(t *testing.T, ref string, img v1.Image) {
+	t.Helper()
+	parsed, err := name.ParseReference(r.host + "/" + ref)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := remote.Write(parsed, img); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestResolveImage(t *testing.T) {
+	reg := newManifestRegistry(t)
+	img := testImage(t, 3)
+	reg.push(t, "app:v1", img)
+	res, err := NewResolver(http.DefaultTransport)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := res.Resolve(t.Context(), reg.host+"/app:v1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, _ := img.Digest()
+	if got.Digest.String() != d.String() || got.Manifest.Digest.String() != d.String() {
+		t.Errorf("digest = %s / %s, want %s", got.Digest, got.Manifest.Digest, d)
+	}
+	layers, _ := img.Layers()
+	if len(got.Layers) != 3 {
+		t.Fatalf("%d layers, want 3", len(got.Layers))
+	}
+	for i, l := range layers {
+		dg, _ := l.Digest()
+		diffID, _ := l.DiffID()
+		size, _ := l.Size()
+		g := got.Layers[i]
+		if g.Digest.String() != dg.String() || g.DiffID.String() != diffID.String() || g.Size != size ||
+			g.MediaType != string(types.OCILayer) || g.Annotations["test.layer"] != string(rune('a'+i)) {
+			t.Errorf("layer %d = %+v, want digest %s diffID %s size %d", i, g, dg, diffID, size)
+		}
+	}
+}
+
+func TestResolveIndexPlatforms(t *testing.T) {
+	reg := newManifestRegistry(t)
+	amd, arm := testImage(t, 1), testImage(t, 2)
+	idx := mutate.AppendManifests(mutate.IndexMediaType(empty.Index, types.OCIImageIndex),
+		mutate.IndexAddendum{Add: amd, Descriptor: v1.Descriptor{Platform: &v1.Platform{OS: "linux", Architecture: "amd64"}}},
+		mutate.IndexAddendum{Add: arm, Descriptor: v1.Descriptor{Platform: &v1.Platform{OS: "linux", Architecture: "arm64", Variant: "v8"}}},
+	)
+	multi, err := name.ParseReference(reg.host + "/multi:latest")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := remote.WriteIndex(multi, idx); err != nil {
+		t.Fatal(err)
+	}
+	idxDigest, _ := idx.Digest()
+	armDigest, _ := arm.Digest()
+	amdDigest, _ := amd.Digest()
+	res, _ := NewResolver(http.DefaultTransport, WithPlatform(v1.Platform{OS: "linux", Architecture: "arm64"}))
+	got, err := res.Resolve(t.Context(), reg.host+"/multi:latest")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Digest.String() != idxDigest.String() || got.Manifest.Digest.String() != armDigest.String() || len(got.Layers) != 2 {
+		t.Fatalf("resolved %s / %s with %d layers, want index %s, arm64 manifest %s with 2 layers",
+			got.Digest, got.Manifest.Digest, len(got.Layers), idxDigest, armDigest)
+	}
+	if got.Platform == nil || got.Platform.Architecture != "arm64" {
+		t.Errorf("platform = %v", got.Platform)
+	}
+	others, err := res.Platforms(t.Context(), got)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(others) != 1 || others[0].Digest.String() != amdDigest.String() || len(others[0].Layers) != 1 {
+		t.Fatalf("other platforms = %+v, want the amd64 manifest", others)
+	}
+
+	s390, _ := NewResolver(http.DefaultTransport, WithPlatform(v1.Platform{OS: "linux", Architecture: "s390x"}))
+	if _, err := s390.Resolve(t.Context(), reg.host+"/multi:latest"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("resolve for a missing platform = %v, want ErrNotFound", err)
+	}
+}
+
+func TestResolveTagTTL(t *testing.T) {
+	reg := newManifestRegistry(t)
+	v1img, v2img := testImage(t, 1), testImage(t, 1)
+	reg.push(t, "app:latest", v1img)
+	now := time.Unix(1000, 0)
+	res, _ := NewResolver(http.DefaultTransport, WithTagTTL(time.Minute), WithResolverClock(func() time.Time { return now }))
+	ref := reg.host + "/app:latest"
+	first, err := res.Resolve(t.Context(), ref)
+	if err != nil {
+		t.Fatal(err)
+	}
+	base := reg.manifests.Load()
+	reg.push(t, "app:latest", v2img)
+	again, _ := res.Resolve(t.Context(), ref)
+	if again != first || reg.manifests.Load() != base {
+		t.Fatalf("within the TTL: %d more manifest GETs, same image %v", reg.manifests.Load()-base, again == first)
+	}
+	now = now.Add(2 * time.Minute)
+	later, err := res.Resolve(t.Context(), ref)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, _ := v2img.Digest()
+	if later.Digest.String() != want.String() || reg.manifests.Load() == base {
+		t.Fatalf("after the TTL: digest %s, want %s (re-resolved: %v)", later.Digest, want, reg.manifests.Load() != base)
+	}
+
+	byDigest := reg.host + "/app@" + want.String()
+	if _, err := res.Resolve(t.Context(), byDigest); err != nil {
+		t.Fatal(err)
+	}
+	base = reg.manifests.Load()
+	now = now.Add(24 * time.Hour)
+	if _, err := res.Resolve(t.Context(), byDigest); err != nil || reg.manifests.Load() != base {
+		t.Fatalf("pull by digest re-fetched (%d GETs, %v)", reg.manifests.Load()-base, err)
+	}
+}
+
+func TestResolveTagAndDigest(t *testing.T) {
+	reg := newManifestRegistry(t)
+	tagged, pinned := testImage(t, 1), testImage(t, 2)
+	reg.push(t, "app:v1", tagged)
+	reg.push(t, "app:pinned", pinned)
+	d, _ := pinned.Digest()
+	res, _ := NewResolver(http.DefaultTransport)
+	got, err := res.Resolve(t.Context(), reg.host+"/app:v1@"+d.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Digest.String() != d.String() || len(got.Layers) != 2 {
+		t.Fatalf("repo:tag@digest resolved to %s, want the digest %s", got.Digest, d)
+	}
+}
+
+func TestResolveErrors(t *testing.T) {
+	reg := newManifestRegistry(t)
+	res, _ := NewResolver(http.DefaultTransport)
+	ref := reg.host + "/app:later"
+	if _, err := res.Resolve(t.Context(), ref); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("unknown tag: %v, want ErrNotFound", err)
+	}
+	// Failures are not remembered: once pushed, the same reference resolves.
+	reg.push(t, "app:later", testImage(t, 1))
+	if _, err := res.Resolve(t.Context(), ref); err != nil {
+		t.Fatalf("after the push: %v", err)
+	}
+	if _, err := res.Resolve(t.Context(), reg.host+"/private/app:v1"); !errors.Is(err, ErrUnauthorized) {
+		t.Fatalf("private repository: %v, want ErrUnauthorized", err)
+	}
+	if _, err := res.Resolve(t.Context(), "not a reference"); err == nil {
+		t.Fatal("an invalid reference resolved")
+	}
+	closed := httptest.NewServer(http.NotFoundHandler())
+	host := strings.TrimPrefix(closed.URL, "http://")
+	closed.Close()
+	if _, err := res.Resolve(t.Context(), host+"/app:v1"); !errors.Is(err, ErrTransient) {
+		t.Fatalf("registry down: %v, want ErrTransient", err)
+	}
+	if _, err := NewResolver(http.DefaultTransport, WithTagTTL(-1)); err == nil {
+		t.Fatal("negative TTL accepted")
+	}
+}
