@@ -65,15 +65,16 @@ func ParseFooter(f Format, tail []byte, blobSize int64) (Footer, error) {
 	case EStargz:
 		ft, err = parseStargzFooter(tail, blobSize)
 	case StargzZstd, ZstdChunkedLegacy:
-		ft, err = parseZstdFooter(tail, blobSize, false)
+		ft, err = legacyFooter.parse(tail, blobSize)
 	case ZstdChunked:
-		// c/storage 1.44-1.46 wrote the 40-byte footer with the io.github keys, 1.47-1.49 a
-		// 56-byte one: the 40-byte layout followed by 16 zero bytes.
-		if ft, err = parseZstdFooter(tail, blobSize, true); err != nil {
-			if ft2, err2 := parseZstd56Footer(tail, blobSize); err2 == nil {
-				ft, err = ft2, nil
-			} else if ft2, err2 := parseZstdFooter(tail, blobSize, false); err2 == nil {
-				ft, err = ft2, nil
+		// c/storage 1.44-1.46 wrote the 40-byte footer with the io.github keys, 1.47-1.49 the
+		// 56-byte one; the first error, the modern footer's, is the one reported.
+		if ft, err = modernFooter.parse(tail, blobSize); err != nil {
+			for _, f := range []zstdFooter{footer56, legacyFooter} {
+				if ft2, err2 := f.parse(tail, blobSize); err2 == nil {
+					ft, err = ft2, nil
+					break
+				}
 			}
 		}
 	default:
@@ -164,44 +165,52 @@ func parseStargzFooterMember(b []byte, subfield bool) (int64, error) {
 	return int64(off), nil
 }
 
-func parseZstdFooter(tail []byte, blobSize int64, modern bool) (Footer, error) {
-	size, magic := ZstdFooterSize, legacyZstdMagic
-	if modern {
-		size, magic = ZstdChunkedFooterSize, zstdChunkedMagic
-	}
-	total := size + skippableHeaderSize
+// zstdFooter is one generation's footer: the payload of a skippable frame.
+type zstdFooter struct {
+	size   int    // payload bytes
+	fields int    // little-endian uint64 fields at the start
+	magic  []byte // follows the fields; zero bytes pad the rest
+}
+
+var (
+	// legacyFooter: c/storage <= 1.46 and stargz-zstd.
+	legacyFooter = zstdFooter{size: ZstdFooterSize, fields: 4, magic: legacyZstdMagic}
+	// footer56: c/storage 1.47-1.49, the legacy layout padded with 16 zero bytes.
+	footer56 = zstdFooter{size: 56, fields: 4, magic: legacyZstdMagic}
+	// modernFooter: c/storage >= 1.50, with the tar-split position.
+	modernFooter = zstdFooter{size: ZstdChunkedFooterSize, fields: 7, magic: zstdChunkedMagic}
+)
+
+// parse reads the footer at the end of tail: offset, compressed and uncompressed length and
+// type of the TOC, then (7 fields) the tar-split's offset and lengths.
+func (f zstdFooter) parse(tail []byte, blobSize int64) (Footer, error) {
+	total := f.size + skippableHeaderSize
 	if len(tail) < total {
 		return Footer{}, invalidf("zstd footer: blob too small")
 	}
 	frame := tail[len(tail)-total:]
 	b := frame[skippableHeaderSize:]
-	if !bytes.Equal(frame[:4], skippableMagic) || binary.LittleEndian.Uint32(frame[4:8]) != uint32(size) {
-		return Footer{}, invalidf("zstd footer: not in a %d-byte skippable frame", size)
+	if !bytes.Equal(frame[:4], skippableMagic) || binary.LittleEndian.Uint32(frame[4:8]) != uint32(f.size) {
+		return Footer{}, invalidf("zstd footer: not in a %d-byte skippable frame", f.size)
 	}
-	if !bytes.Equal(b[size-8:], magic) {
-		return Footer{}, invalidf("zstd footer: bad magic %q", b[size-8:])
+	magicEnd := 8*f.fields + len(f.magic)
+	if !bytes.Equal(b[8*f.fields:magicEnd], f.magic) {
+		return Footer{}, invalidf("zstd footer: bad magic %q", b[8*f.fields:magicEnd])
 	}
-	u := func(i int) (int64, error) {
-		v := binary.LittleEndian.Uint64(b[8*i:])
+	if !bytes.Equal(b[magicEnd:], make([]byte, f.size-magicEnd)) {
+		return Footer{}, invalidf("zstd footer: non-zero padding")
+	}
+	var v [7]int64
+	for i := range f.fields {
+		u := binary.LittleEndian.Uint64(b[8*i:])
 		bound := uint64(blobSize)
 		if i == 2 || i == 6 { // uncompressed sizes: bounded by the limits when decompressing
 			bound = math.MaxInt64
 		}
-		if v > bound {
-			return 0, invalidf("zstd footer: field %d (%d) exceeds the blob size %d", i, v, blobSize)
+		if u > bound {
+			return Footer{}, invalidf("zstd footer: field %d (%d) exceeds the blob size %d", i, u, blobSize)
 		}
-		return int64(v), nil
-	}
-	var v [7]int64
-	n := 4
-	if modern {
-		n = 7
-	}
-	for i := range n {
-		var err error
-		if v[i], err = u(i); err != nil {
-			return Footer{}, err
-		}
+		v[i] = int64(u)
 	}
 	if v[3] != 1 {
 		return Footer{}, invalidf("zstd footer: manifest type %d is not a TOC", v[3])
@@ -211,36 +220,13 @@ func parseZstdFooter(tail []byte, blobSize int64, modern bool) (Footer, error) {
 	if ft.TOC.Length <= 0 || !ft.TOC.within(end) {
 		return Footer{}, invalidf("zstd footer: TOC range %d+%d outside the data end %d", v[0], v[1], end)
 	}
-	ft.TarSplitFields = modern
-	if modern && v[5] > 0 {
+	ft.TarSplitFields = f.fields == 7
+	if ft.TarSplitFields && v[5] > 0 {
 		ft.TarSplit, ft.TarSplitUncompressed = Range{Offset: v[4], Length: v[5]}, v[6]
 		if !ft.TarSplit.within(end) {
 			return Footer{}, invalidf("zstd footer: tar-split range %d+%d outside the data end %d", v[4], v[5], end)
 		}
 	}
-	return ft, nil
-}
-
-// parseZstd56Footer reads the footer of c/storage 1.47-1.49: a 56-byte skippable frame whose
-// first 40 bytes are the legacy footer and whose last 16 are zero.
-func parseZstd56Footer(tail []byte, blobSize int64) (Footer, error) {
-	const size = 56
-	if len(tail) < size+skippableHeaderSize {
-		return Footer{}, invalidf("zstd footer: blob too small")
-	}
-	frame := tail[len(tail)-size-skippableHeaderSize:]
-	if !bytes.Equal(frame[:4], skippableMagic) || binary.LittleEndian.Uint32(frame[4:8]) != size ||
-		!bytes.Equal(frame[skippableHeaderSize+ZstdFooterSize:], make([]byte, size-ZstdFooterSize)) {
-		return Footer{}, invalidf("zstd footer: not a 56-byte footer")
-	}
-	// Parse the first 40 bytes as a legacy footer ending where the zero padding starts.
-	ft, err := parseZstdFooter(append(bytes.Clone(frame[:4]), append(
-		binary.LittleEndian.AppendUint32(nil, ZstdFooterSize), frame[skippableHeaderSize:skippableHeaderSize+ZstdFooterSize]...)...),
-		blobSize-(size-ZstdFooterSize), false)
-	if err != nil {
-		return Footer{}, err
-	}
-	ft.Size = size + skippableHeaderSize
 	return ft, nil
 }
 

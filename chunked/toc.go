@@ -674,25 +674,20 @@ func (b *builder) resolveLink(paths map[string]EntryID, target string) (EntryID,
 // larger chunk offset in the blob, or the end of the data.
 func (b *builder) fillEnds() error {
 	x := b.x
-	var offs []int64
-	for _, c := range x.chunks {
-		if c.End == 0 {
-			offs = nil
-			for _, c := range x.chunks {
-				offs = append(offs, c.Offset)
-			}
-			slices.Sort(offs)
-			offs = slices.Compact(offs)
-			break
+	var offs []int64 // sorted distinct chunk offsets, when some chunk needs them
+	if slices.ContainsFunc(x.chunks, func(c Chunk) bool { return c.End == 0 }) {
+		offs = make([]int64, len(x.chunks))
+		for i, c := range x.chunks {
+			offs[i] = c.Offset
 		}
+		slices.Sort(offs)
+		offs = slices.Compact(offs)
 	}
 	for i := range x.chunks {
 		c := &x.chunks[i]
 		if c.End == 0 {
-			j, found := slices.BinarySearch(offs, c.Offset+1)
-			_ = found
 			c.End = x.payloadEnd
-			if j < len(offs) {
+			if j, _ := slices.BinarySearch(offs, c.Offset+1); j < len(offs) {
 				c.End = offs[j]
 			}
 		}

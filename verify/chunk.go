@@ -44,17 +44,16 @@ func (l *Layer) verifyChunk(file chunked.EntryID, i int, compressed []byte) (Chu
 		return Chunk{}, fmt.Errorf("%q has no chunk %d", name, i)
 	}
 	ref := cs[i]
-	what := fmt.Sprintf("chunk %d of %q", i, name)
 	if want := ref.End - ref.Offset; int64(len(compressed)) > want {
 		compressed = compressed[:want]
 	}
 	data := make([]byte, ref.Size)
 	if err := decompress(l.layout.Format, ref, compressed, data); err != nil {
-		return Chunk{}, fmt.Errorf("%s: %w: %v", what, ErrCorrupt, err)
+		return Chunk{}, fmt.Errorf("chunk %d of %q: %w: %v", i, name, ErrCorrupt, err)
 	}
 	if got := sha256.Sum256(data); got != ref.Digest {
-		return Chunk{}, &MismatchError{What: what, Want: digest.Digest(ref.Digest.String()),
-			Got: digest.NewDigestFromBytes(digest.SHA256, got[:])}
+		return Chunk{}, &MismatchError{What: fmt.Sprintf("chunk %d of %q", i, name),
+			Want: digest.Digest(ref.Digest.String()), Got: digest.NewDigestFromBytes(digest.SHA256, got[:])}
 	}
 	return Chunk{ref: ref, data: data}, nil
 }

@@ -157,3 +157,32 @@ func TestCheckDiffID(t *testing.T) {
 		})
 	}
 }
+
+type countingSource struct {
+	verify.Source
+	reads int
+}
+
+func (c *countingSource) ReadAt(ctx context.Context, p []byte, off int64) (int, error) {
+	c.reads++
+	return c.Source.ReadAt(ctx, p, off)
+}
+
+// Open reads the footer, TOC and tar-split in one request when the annotations place the TOC;
+// eStargz needs its footer first.
+func TestOpenReads(t *testing.T) {
+	want := map[string]int{"zstdchunked-modern": 1, "zstdchunked-legacy": 1, "estargz-zstd-annotated": 1, "estargz": 2, "estargz-zstd": 2}
+	for _, f := range fixtures(t) {
+		n, ok := want[f.Name]
+		if !ok {
+			continue
+		}
+		src := &countingSource{Source: source(f.Blob)}
+		if _, err := verify.Open(t.Context(), f.Desc, f.DiffID, src); err != nil {
+			t.Fatal(err)
+		}
+		if src.reads != n {
+			t.Errorf("%s: Open made %d reads, want %d", f.Name, src.reads, n)
+		}
+	}
+}

@@ -1,6 +1,7 @@
 package verify
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -113,29 +114,69 @@ func open(ctx context.Context, desc chunked.Descriptor, diffID digest.Digest, sr
 	if err := diffID.Validate(); err != nil {
 		return l, fmt.Errorf("%w: DiffID %q: %v", chunked.ErrInvalid, diffID, err)
 	}
-	tail, err := readRange(ctx, src, layout.BlobSize-min(chunked.TailSize(layout.Format), layout.BlobSize), min(chunked.TailSize(layout.Format), layout.BlobSize))
-	if err != nil {
-		return l, fmt.Errorf("reading the footer: %w", err)
-	}
-	if err := layout.ApplyFooter(tail); err != nil {
-		return l, err
-	}
-	if layout.TOC.Length > o.limits.MaxTOCSize {
-		return l, fmt.Errorf("%w: compressed TOC of %d bytes exceeds %d", chunked.ErrLimit, layout.TOC.Length, o.limits.MaxTOCSize)
-	}
-	raw, err := readRange(ctx, src, layout.TOC.Offset, layout.TOC.Length)
-	if err != nil {
-		return l, fmt.Errorf("reading the TOC: %w", err)
-	}
-	l.index, err = parseTOC(layout, raw, o.limits)
+	m, err := readMetadata(ctx, src, layout, o.limits)
 	if err != nil {
 		return l, err
 	}
-	if err := l.openTarSplit(ctx, src); err != nil {
+	if l.index, err = parseTOC(layout, m.toc, o.limits); err != nil {
+		return l, err
+	}
+	if err := l.openTarSplit(ctx, src, m.tarSplit); err != nil {
 		return l, err
 	}
 	l.guarantee.Store(int32(ChunksVerified))
 	return l, nil
+}
+
+// metadata is the raw footer-side parts of a blob.
+type metadata struct {
+	toc      []byte
+	tarSplit []byte // nil when not read yet
+}
+
+// readMetadata reads the footer (completing and cross-checking the layout) and the TOC. When
+// the annotations place the TOC, the TOC, the tar-split and the footer are adjacent at the end
+// of the blob (every zstd:chunked producer writes them so): one read covers them all.
+// Otherwise (eStargz, whose footer is the only locator) the footer is read first.
+func readMetadata(ctx context.Context, src Source, layout *chunked.Layout, lim chunked.Limits) (metadata, error) {
+	tailN := min(chunked.TailSize(layout.Format), layout.BlobSize)
+	start := layout.TOC.Offset
+	if layout.TarSplit.Length > 0 {
+		start = min(start, layout.TarSplit.Offset)
+	}
+	// The frames' headers and the footer lie between and after the parts; allow a little slack.
+	const slack = 4096
+	adjacent := layout.TOC.Length > 0 && layout.TOC.Length <= lim.MaxTOCSize && layout.TarSplit.Length <= lim.MaxTOCSize &&
+		layout.BlobSize-start <= layout.TOC.Length+layout.TarSplit.Length+tailN+slack && layout.BlobSize-start >= tailN
+	if adjacent {
+		region, err := readRange(ctx, src, start, layout.BlobSize-start)
+		if err != nil {
+			return metadata{}, fmt.Errorf("reading the TOC and footer: %w", err)
+		}
+		if err := layout.ApplyFooter(region[len(region)-int(tailN):]); err != nil {
+			return metadata{}, err
+		}
+		m := metadata{toc: region[layout.TOC.Offset-start : layout.TOC.End()-start]}
+		if ts := layout.TarSplit; ts.Length > 0 && ts.Offset >= start {
+			m.tarSplit = region[ts.Offset-start : ts.End()-start]
+		}
+		return m, nil
+	}
+	tail, err := readRange(ctx, src, layout.BlobSize-tailN, tailN)
+	if err != nil {
+		return metadata{}, fmt.Errorf("reading the footer: %w", err)
+	}
+	if err := layout.ApplyFooter(tail); err != nil {
+		return metadata{}, err
+	}
+	if layout.TOC.Length > lim.MaxTOCSize {
+		return metadata{}, fmt.Errorf("%w: compressed TOC of %d bytes exceeds %d", chunked.ErrLimit, layout.TOC.Length, lim.MaxTOCSize)
+	}
+	toc, err := readRange(ctx, src, layout.TOC.Offset, layout.TOC.Length)
+	if err != nil {
+		return metadata{}, fmt.Errorf("reading the TOC: %w", err)
+	}
+	return metadata{toc: toc}, nil
 }
 
 // parseTOC checks the TOC digest the way the format defines it, then parses.
@@ -205,9 +246,9 @@ func (l *Layer) ReadChunk(ctx context.Context, src Source, file chunked.EntryID,
 	return l.VerifyChunk(file, i, raw)
 }
 
-// openTarSplit fetches the tar-split of a modern zstd:chunked layer, checks it against the
-// digest in the TOC and checks that it describes the TOC's entries.
-func (l *Layer) openTarSplit(ctx context.Context, src Source) error {
+// openTarSplit checks the tar-split of a modern zstd:chunked layer (raw, or read from src when
+// nil) against its digest, and that it describes the TOC's entries.
+func (l *Layer) openTarSplit(ctx context.Context, src Source, raw []byte) error {
 	want := digest.Digest(l.index.TarSplitDigest().String())
 	if ann := l.layout.TarSplitChecksum; ann != "" {
 		if want != "" && want != ann {
@@ -223,14 +264,16 @@ func (l *Layer) openTarSplit(ctx context.Context, src Source) error {
 	case l.layout.TarSplit.Length > l.limits.MaxTOCSize:
 		return fmt.Errorf("%w: compressed tar-split of %d bytes exceeds %d", chunked.ErrLimit, l.layout.TarSplit.Length, l.limits.MaxTOCSize)
 	}
-	raw, err := readRange(ctx, src, l.layout.TarSplit.Offset, l.layout.TarSplit.Length)
-	if err != nil {
-		return fmt.Errorf("reading the tar-split: %w", err)
+	if raw == nil {
+		var err error
+		if raw, err = readRange(ctx, src, l.layout.TarSplit.Offset, l.layout.TarSplit.Length); err != nil {
+			return fmt.Errorf("reading the tar-split: %w", err)
+		}
 	}
 	if err := checkDigest("tar-split", want, raw); err != nil {
 		return err
 	}
-	l.tarSplit = raw
+	l.tarSplit = bytes.Clone(raw) // kept for CheckDiffID, without the TOC bytes beside it
 	if err := l.compareTarSplit(raw); err != nil {
 		l.tarSplit = nil
 		return err

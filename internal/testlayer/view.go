@@ -156,12 +156,7 @@ func ReferenceTree(tarStream []byte) (Tree, error) {
 	for name, target := range links {
 		n := t[target]
 		n.HardTo = target
-		t[name] = n
-	}
-	for _, target := range links {
-		n := t[target]
-		n.HardTo = target
-		t[target] = n
+		t[name], t[target] = n, n
 	}
 	return t, nil
 }
