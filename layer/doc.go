@@ -1,0 +1,26 @@
+// Package layer owns resolved layers: it ties a registry, the verified index of a layer, the
+// local cache and background prefetch together behind the store the FUSE namespace serves
+// (package fs).
+//
+// A [Manager] answers the runtime's lookups of (image reference, layer key). The key is the
+// layer's TOC digest (modern runtimes) or its compressed blob digest (older ones). Resolution
+// fetches the image's manifest once per reference (the registry client remembers it), finds
+// the layer in the host platform's manifest or, failing that, in the other manifests of an
+// image index, classifies its format, and opens it with package verify: the TOC is checked
+// against the manifest before it is parsed. Resolutions are shared by concurrent lookups,
+// bounded in time (WithResolveTimeout), kept while the runtime uses the layer and for a while
+// after (WithKeepTTL); failures are remembered only briefly (WithNegativeTTL). Layers that are
+// not lazily pullable, and keys that name no layer of the image, are reported as
+// io/fs.ErrNotExist so that the runtime pulls them normally.
+//
+// A [Layer] serves reads of its files from the cache when the verified bytes are there, and
+// otherwise fetches the chunks a read needs (coalesced into as few range requests as the
+// fetcher can make), verifies them, serves them and writes them to the cache. Concurrent
+// reads of one chunk share one fetch. In the background every resolved layer is fetched
+// completely, prioritized files first, in large coalesced requests verified on every core;
+// background work yields to reads a runtime is waiting for, can be bounded in concurrency and
+// bandwidth, and stops for layers whose users all went away.
+//
+// The package never reads configuration files or global state: everything is an option with
+// a documented default.
+package layer

@@ -1,0 +1,182 @@
+package layer
+
+import (
+	"context"
+	"runtime"
+	"sync"
+
+	"github.com/layerstore/layerstore/chunked"
+	"github.com/layerstore/layerstore/fetcher"
+	"github.com/layerstore/layerstore/verify"
+)
+
+// fetchCall is one chunk being fetched; every reader of the chunk waits for the same call.
+type fetchCall struct {
+	done chan struct{}
+	c    verify.Chunk
+	err  error
+}
+
+// fetch returns the verified chunks of one file, fetching those nobody is fetching yet in one
+// batch of range requests. Reads a runtime waits for (demand) make background work yield and
+// return before their chunks are written to the cache; background batches write first.
+func (l *Layer) fetch(ctx context.Context, file chunked.EntryID, idx []int, demand bool) ([]verify.Chunk, error) {
+	keys := make([]chunkKey, len(idx))
+	for i, c := range idx {
+		keys[i] = chunkKey{file, c}
+	}
+	return l.fetchKeys(ctx, keys, demand)
+}
+
+func (l *Layer) fetchKeys(ctx context.Context, keys []chunkKey, demand bool) ([]verify.Chunk, error) {
+	calls := make([]*fetchCall, len(keys))
+	var mine []chunkKey
+	var mineCalls []*fetchCall
+	l.mu.Lock()
+	for i, k := range keys {
+		if c := l.inflight[k]; c != nil {
+			calls[i] = c
+			continue
+		}
+		c := &fetchCall{done: make(chan struct{})}
+		l.inflight[k] = c
+		calls[i] = c
+		mine = append(mine, k)
+		mineCalls = append(mineCalls, c)
+	}
+	l.mu.Unlock()
+
+	if len(mine) > 0 {
+		if demand {
+			l.m.sched.demandStart()
+		}
+		l.run(ctx, mine, mineCalls, demand)
+		if demand {
+			l.m.sched.demandEnd()
+		}
+		l.forgetFailed(mine, mineCalls)
+		if demand {
+			go l.store(mine, mineCalls)
+		} else {
+			l.store(mine, mineCalls)
+		}
+	}
+	out := make([]verify.Chunk, len(keys))
+	for i, c := range calls {
+		select {
+		case <-c.done:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+		if c.err != nil {
+			return nil, c.err
+		}
+		out[i] = c.c
+	}
+	return out, nil
+}
+
+// run fetches and verifies the chunks of calls, and completes the calls. It does not depend on
+// the caller's context: other readers may be waiting for the same chunks.
+func (l *Layer) run(ctx context.Context, keys []chunkKey, calls []*fetchCall, demand bool) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.m.opts.readTimeout)
+	defer cancel()
+	refs := make([]chunked.Chunk, len(keys))
+	var ranges []fetcher.Range
+	for i, k := range keys {
+		refs[i] = l.idx.Chunks(k.file)[k.i]
+		if n := refs[i].End - refs[i].Offset; n > 0 {
+			ranges = append(ranges, fetcher.Range{Offset: refs[i].Offset, Length: n})
+		}
+	}
+	bufs, err := l.blob.Fetch(ctx, ranges)
+	if err != nil {
+		for _, c := range calls {
+			c.err = err
+			close(c.done)
+		}
+		return
+	}
+	var fetched int64
+	for _, r := range ranges {
+		fetched += r.Length
+	}
+	if demand {
+		l.onDemand.Add(fetched)
+		l.m.counters.onDemandBytes.Add(fetched)
+	} else {
+		l.prefetched.Add(fetched)
+		l.m.counters.prefetchBytes.Add(fetched)
+	}
+	// Hand each chunk its bytes in order, then verify them in parallel.
+	raws := make([][]byte, len(keys))
+	j := 0
+	for i := range keys {
+		if refs[i].End > refs[i].Offset {
+			raws[i] = bufs[j]
+			j++
+		}
+	}
+	parallel(len(keys), func(i int) {
+		c, err := l.v.VerifyChunk(keys[i].file, keys[i].i, raws[i])
+		if err != nil {
+			l.m.counters.verifyFailures.Add(1)
+			l.m.opts.log.Warn("chunk refused", "layer", l.desc.Digest, "err", err)
+		}
+		calls[i].c, calls[i].err = c, err
+		close(calls[i].done)
+	})
+}
+
+// parallel calls fn for 0..n-1 on up to GOMAXPROCS goroutines.
+func parallel(n int, fn func(int)) {
+	workers := min(n, runtime.GOMAXPROCS(0))
+	if workers <= 1 {
+		for i := range n {
+			fn(i)
+		}
+		return
+	}
+	var wg sync.WaitGroup
+	next := make(chan int)
+	for range workers {
+		wg.Go(func() {
+			for i := range next {
+				fn(i)
+			}
+		})
+	}
+	for i := range n {
+		next <- i
+	}
+	close(next)
+	wg.Wait()
+}
+
+// forgetFailed removes failed calls at once, so that the next read tries again.
+func (l *Layer) forgetFailed(keys []chunkKey, calls []*fetchCall) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for i, k := range keys {
+		if calls[i].err != nil && l.inflight[k] == calls[i] {
+			delete(l.inflight, k)
+		}
+	}
+}
+
+// store writes the verified chunks of finished calls to the cache, then forgets the calls:
+// from then on readers find the chunks in the cache.
+func (l *Layer) store(keys []chunkKey, calls []*fetchCall) {
+	for i, c := range calls {
+		if c.err == nil {
+			l.keep(keys[i].file, c.c)
+		}
+	}
+	l.mu.Lock()
+	for i, k := range keys {
+		if l.inflight[k] == calls[i] {
+			delete(l.inflight, k)
+		}
+	}
+	l.mu.Unlock()
+}

@@ -1,0 +1,243 @@
+package layer
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"sync"
+	"sync/atomic"
+
+	"github.com/opencontainers/go-digest"
+
+	"github.com/layerstore/layerstore/cache"
+	"github.com/layerstore/layerstore/chunked"
+	"github.com/layerstore/layerstore/fetcher"
+	"github.com/layerstore/layerstore/verify"
+)
+
+// Layer is a resolved, verified layer. It implements fs.Layer; its methods are safe for
+// concurrent use and keep working after the manager forgot the layer.
+type Layer struct {
+	m      *Manager
+	desc   fetcher.Layer
+	tocKey digest.Digest
+	v      *verify.Layer
+	idx    *chunked.Index
+	blob   *fetcher.Blob
+
+	users atomic.Int64 // runtime references over every key and reference
+
+	mu       sync.Mutex
+	refs     []string // the image references the layer was resolved through
+	inflight map[chunkKey]*fetchCall
+
+	onDemand, prefetched atomic.Int64 // compressed bytes fetched for reads and in the background
+	prefetch             prefetchState
+}
+
+type chunkKey struct {
+	file chunked.EntryID
+	i    int
+}
+
+func newLayer(m *Manager, ref string, desc fetcher.Layer, v *verify.Layer, blob *fetcher.Blob) *Layer {
+	return &Layer{
+		m:        m,
+		desc:     desc,
+		tocKey:   v.Layout().TOCDigest,
+		v:        v,
+		idx:      v.Index(),
+		blob:     blob,
+		refs:     []string{ref},
+		inflight: map[chunkKey]*fetchCall{},
+	}
+}
+
+func (l *Layer) addRef(ref string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, r := range l.refs {
+		if r == ref {
+			return
+		}
+	}
+	l.refs = append(l.refs, ref)
+}
+
+// Index implements fs.Layer.
+func (l *Layer) Index() *chunked.Index { return l.idx }
+
+// BlobSize implements fs.Layer.
+func (l *Layer) BlobSize() int64 { return l.desc.Size }
+
+// Digest returns the layer's compressed blob digest.
+func (l *Layer) Digest() digest.Digest { return l.desc.Digest }
+
+// info is the part of c/storage's Layer record that an additional layer store provides.
+type info struct {
+	TOCDigest            digest.Digest     `json:"toc-digest,omitempty"`
+	Flags                map[string]string `json:"flags,omitempty"`
+	CompressedDiffDigest digest.Digest     `json:"compressed-diff-digest,omitempty"`
+	CompressedSize       int64             `json:"compressed-size"`
+	DiffDigest           digest.Digest     `json:"diff-digest,omitempty"`
+	DiffSize             int64             `json:"diff-size"`
+	Compression          int               `json:"compression"`
+}
+
+// c/storage's archive.Compression values.
+const (
+	compressionGzip = 2
+	compressionZstd = 4
+)
+
+// Info implements fs.Layer. Seen through its TOC digest (a modern runtime), the layer says
+// which DiffID the runtime must expect and claims only what is proven; seen through its blob
+// digest (an older runtime, which needs both digests), it names the blob and the DiffID.
+func (l *Layer) Info(key digest.Digest) []byte {
+	in := info{CompressedSize: l.desc.Size, DiffSize: -1, Compression: compressionGzip}
+	if l.v.Layout().Format.Zstd() {
+		in.Compression = compressionZstd
+	}
+	if l.desc.DiffID != "" {
+		in.Flags = map[string]string{"expected-layer-diffid": l.desc.DiffID.String()}
+	}
+	if key == l.desc.Digest {
+		in.CompressedDiffDigest = l.desc.Digest
+		in.DiffDigest = l.desc.DiffID
+	} else {
+		in.TOCDigest = key
+		if l.v.Guarantee() >= verify.DiffIDVerified {
+			in.DiffDigest = l.desc.DiffID
+		}
+	}
+	b, err := json.Marshal(in)
+	if err != nil {
+		panic(err) // a struct of strings and integers always marshals
+	}
+	return b
+}
+
+// ReadBlob implements fs.Layer: the raw blob, read from the registry (export is rare).
+func (l *Layer) ReadBlob(ctx context.Context, p []byte, off int64) (int, error) {
+	if off >= l.desc.Size {
+		return 0, nil
+	}
+	if rest := l.desc.Size - off; int64(len(p)) > rest {
+		p = p[:rest]
+	}
+	n, err := l.blob.ReadAt(ctx, p, off)
+	if errors.Is(err, io.EOF) {
+		err = nil
+	}
+	l.onDemand.Add(int64(n))
+	l.m.counters.onDemandBytes.Add(int64(n))
+	return n, err
+}
+
+// Backing implements fs.Layer: the cache's file, when its content is complete.
+func (l *Layer) Backing(id chunked.EntryID) *os.File {
+	e := l.idx.Entry(id)
+	if e.Type != chunked.TypeReg || e.Size == 0 || e.Digest.IsZero() || !l.m.cache.Has(e.Digest) {
+		return nil
+	}
+	h, err := l.m.files.acquire(e.Digest, e.Size)
+	if err != nil {
+		return nil
+	}
+	defer l.m.files.release(h)
+	p, err := h.f.Path()
+	if err != nil {
+		return nil
+	}
+	// The file stays in place while it is open: eviction removes the name, not the inode.
+	f, err := os.Open(p)
+	if err != nil {
+		return nil
+	}
+	return f
+}
+
+// ReadFile implements fs.Layer: it reads verified content of regular file id, from the cache
+// where present and from the registry otherwise.
+func (l *Layer) ReadFile(ctx context.Context, id chunked.EntryID, p []byte, off int64) (int, error) {
+	e := l.idx.Entry(id)
+	if off < 0 {
+		return 0, fmt.Errorf("negative offset %d", off)
+	}
+	if off >= e.Size || len(p) == 0 {
+		return 0, nil
+	}
+	if rest := e.Size - off; int64(len(p)) > rest {
+		p = p[:rest]
+	}
+	var h *handle
+	if !e.Digest.IsZero() {
+		var err error
+		if h, err = l.m.files.acquire(e.Digest, e.Size); err != nil {
+			l.m.opts.log.Warn("cache unavailable, reading from the registry", "err", err)
+			h = nil
+		} else {
+			defer l.m.files.release(h)
+			if h.f.Complete() {
+				return h.f.ReadAt(p, off)
+			}
+		}
+	}
+	chunks := l.idx.Chunks(id)
+	first, last := l.idx.ChunkAt(id, off), l.idx.ChunkAt(id, off+int64(len(p))-1)
+	if first < 0 || last < 0 {
+		return 0, fmt.Errorf("%s: offset %d has no chunk", e.Name, off)
+	}
+	var missing []int
+	for i := first; i <= last; i++ {
+		if h != nil {
+			if b, err := h.f.ReadChunk(chunks[i]); err == nil {
+				copyChunk(p, off, chunks[i].FileOffset, b)
+				continue
+			}
+		}
+		missing = append(missing, i)
+	}
+	if len(missing) == 0 {
+		return len(p), nil
+	}
+	got, err := l.fetch(ctx, id, missing, true)
+	if err != nil {
+		return 0, err
+	}
+	for _, c := range got {
+		copyChunk(p, off, c.Ref().FileOffset, c.Bytes())
+	}
+	return len(p), nil
+}
+
+// copyChunk copies the part of a chunk at fileOff that overlaps p, which holds the file from off.
+func copyChunk(p []byte, off, fileOff int64, b []byte) {
+	if fileOff >= off {
+		copy(p[fileOff-off:], b)
+		return
+	}
+	if skip := off - fileOff; skip < int64(len(b)) {
+		copy(p, b[skip:])
+	}
+}
+
+// keep ensures a verified chunk lands in the cache; failures only cost a refetch later.
+func (l *Layer) keep(file chunked.EntryID, c verify.Chunk) {
+	e := l.idx.Entry(file)
+	if e.Digest.IsZero() {
+		return
+	}
+	h, err := l.m.files.acquire(e.Digest, e.Size)
+	if err != nil {
+		l.m.opts.log.Warn("cache unavailable", "err", err)
+		return
+	}
+	defer l.m.files.release(h)
+	if err := h.f.Put(c); err != nil && !errors.Is(err, cache.ErrClosed) {
+		l.m.opts.log.Warn("caching a chunk failed", "file", e.Name, "err", err)
+	}
+}

@@ -1,0 +1,381 @@
+package layer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	iofs "io/fs"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/opencontainers/go-digest"
+	"golang.org/x/sync/singleflight"
+
+	"github.com/layerstore/layerstore/cache"
+	"github.com/layerstore/layerstore/chunked"
+	"github.com/layerstore/layerstore/fetcher"
+	fusefs "github.com/layerstore/layerstore/fs"
+	"github.com/layerstore/layerstore/verify"
+)
+
+// Registry is what the manager needs from the registries: package fetcher's Client.
+type Registry interface {
+	Resolve(ctx context.Context, ref string) (*fetcher.Image, error)
+	Platforms(ctx context.Context, img *fetcher.Image) ([]*fetcher.Manifest, error)
+	Blob(ctx context.Context, img *fetcher.Image, l *fetcher.Layer) (*fetcher.Blob, error)
+}
+
+// Manager resolves and serves layers. It implements fs.Store. It is safe for concurrent use.
+type Manager struct {
+	reg   Registry
+	cache *cache.Cache
+	opts  options
+	files *handles
+	sched *scheduler
+
+	group singleflight.Group
+
+	mu       sync.Mutex
+	resolved map[layerKey]*resolution
+	byBlob   map[digest.Digest]*Layer // live layers, shared by every reference naming them
+	closed   bool
+
+	counters counters
+	stop     chan struct{}
+	done     sync.WaitGroup
+}
+
+type layerKey struct {
+	ref string
+	key digest.Digest
+}
+
+// resolution is the outcome of resolving one (reference, key).
+type resolution struct {
+	layer   *Layer // nil on failure
+	err     error
+	users   int       // runtime references taken through this key (use) and not released
+	expires time.Time // when an unused success or a failure is forgotten
+}
+
+type counters struct {
+	lookups, resolutions, notLazy, failures atomic.Int64
+	verifyFailures                          atomic.Int64
+	onDemandBytes, prefetchBytes            atomic.Int64
+}
+
+var _ fusefs.Store = (*Manager)(nil)
+
+// New returns a manager resolving layers through reg and keeping their content in c.
+func New(reg Registry, c *cache.Cache, opts ...Option) (*Manager, error) {
+	o := defaultOptions()
+	for _, opt := range opts {
+		if err := opt(&o); err != nil {
+			return nil, fmt.Errorf("layer: %w", err)
+		}
+	}
+	m := &Manager{
+		reg:      reg,
+		cache:    c,
+		opts:     o,
+		files:    newHandles(c, o.openFiles),
+		resolved: map[layerKey]*resolution{},
+		byBlob:   map[digest.Digest]*Layer{},
+		stop:     make(chan struct{}),
+	}
+	m.sched = newScheduler(o.prefetchConcurrency, o.prefetchBandwidth)
+	m.done.Add(1)
+	go m.janitor()
+	return m, nil
+}
+
+// Close stops background work and releases the cache files the manager holds. Layers already
+// handed out keep answering reads.
+func (m *Manager) Close() error {
+	m.mu.Lock()
+	if m.closed {
+		m.mu.Unlock()
+		return nil
+	}
+	m.closed = true
+	layers := make([]*Layer, 0, len(m.byBlob))
+	for _, l := range m.byBlob {
+		layers = append(layers, l)
+	}
+	m.mu.Unlock()
+	close(m.stop)
+	for _, l := range layers {
+		l.stopPrefetch()
+	}
+	m.done.Wait()
+	for _, l := range layers {
+		l.wait()
+	}
+	m.files.closeAll()
+	return nil
+}
+
+// Lookup implements fs.Store: it returns the layer key names in the image ref, resolving it
+// if needed. Layers that are not served lazily give an error wrapping io/fs.ErrNotExist.
+func (m *Manager) Lookup(ctx context.Context, ref string, key digest.Digest) (fusefs.Layer, error) {
+	l, err := m.lookup(ctx, ref, key)
+	if err != nil {
+		return nil, err
+	}
+	return l, nil
+}
+
+func (m *Manager) lookup(ctx context.Context, ref string, key digest.Digest) (*Layer, error) {
+	m.counters.lookups.Add(1)
+	k := layerKey{ref, key}
+	if l, err, ok := m.remembered(k); ok {
+		return l, err
+	}
+	ch := m.group.DoChan(ref+"\x00"+key.String(), func() (any, error) {
+		if l, err, ok := m.remembered(k); ok {
+			return l, err
+		}
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), m.opts.resolveTimeout)
+		defer cancel()
+		l, err := m.resolve(ctx, ref, key)
+		m.remember(k, l, err)
+		return l, err
+	})
+	select {
+	case r := <-ch:
+		if r.Err != nil {
+			return nil, r.Err
+		}
+		return r.Val.(*Layer), nil
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+// remembered returns a resolution that is still valid.
+func (m *Manager) remembered(k layerKey) (*Layer, error, bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	r := m.resolved[k]
+	if r == nil {
+		return nil, nil, false
+	}
+	now := m.opts.now()
+	if r.layer == nil {
+		if now.Before(r.expires) {
+			return nil, r.err, true
+		}
+		delete(m.resolved, k)
+		return nil, nil, false
+	}
+	r.expires = now.Add(m.opts.keepTTL)
+	return r.layer, nil, true
+}
+
+func (m *Manager) remember(k layerKey, l *Layer, err error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if err != nil {
+		if m.opts.negativeTTL > 0 {
+			m.resolved[k] = &resolution{err: err, expires: m.opts.now().Add(m.opts.negativeTTL)}
+		}
+		return
+	}
+	m.resolved[k] = &resolution{layer: l, expires: m.opts.now().Add(m.opts.keepTTL)}
+}
+
+// resolve finds key in the image ref and opens the layer.
+func (m *Manager) resolve(ctx context.Context, ref string, key digest.Digest) (*Layer, error) {
+	start := m.opts.now()
+	m.counters.resolutions.Add(1)
+	if err := key.Validate(); err != nil {
+		return nil, fmt.Errorf("layer key %q: %w", key, iofs.ErrNotExist)
+	}
+	img, err := m.reg.Resolve(ctx, ref)
+	if err != nil {
+		m.counters.failures.Add(1)
+		m.opts.log.Warn("resolving image failed", "ref", ref, "err", err)
+		if errors.Is(err, fetcher.ErrNotFound) {
+			return nil, fmt.Errorf("%s: %w", err, iofs.ErrNotExist)
+		}
+		return nil, err
+	}
+	desc, modern, err := m.find(ctx, img, key)
+	if err != nil {
+		return nil, err
+	}
+	log := m.opts.log.With("ref", ref, "layer", desc.Digest)
+	layout, err := chunked.Classify(chunked.Descriptor{
+		MediaType: desc.MediaType, Digest: desc.Digest, Size: desc.Size, Annotations: desc.Annotations,
+	})
+	if err == nil && m.opts.requireDiffID && layout.Format != chunked.ZstdChunked {
+		err = fmt.Errorf("%w: the DiffID policy requires zstd:chunked with a tar-split", chunked.ErrNotLazy)
+	}
+	if err != nil {
+		m.counters.notLazy.Add(1)
+		log.Info("layer not served lazily", "reason", err)
+		return nil, fmt.Errorf("layer %s of %s: %w (%w)", desc.Digest, ref, iofs.ErrNotExist, err)
+	}
+	if !modern && desc.DiffID == "" {
+		return nil, fmt.Errorf("layer %s of %s has no DiffID: %w", desc.Digest, ref, iofs.ErrNotExist)
+	}
+
+	m.mu.Lock()
+	l := m.byBlob[desc.Digest]
+	m.mu.Unlock()
+	if l != nil {
+		l.addRef(ref)
+		return l, nil
+	}
+	blob, err := m.reg.Blob(ctx, img, desc)
+	if err != nil {
+		m.counters.failures.Add(1)
+		return nil, err
+	}
+	v, err := verify.Open(ctx, chunked.Descriptor{
+		MediaType: desc.MediaType, Digest: desc.Digest, Size: desc.Size, Annotations: desc.Annotations,
+	}, desc.DiffID, blob)
+	if err != nil {
+		m.counters.failures.Add(1)
+		if errors.Is(err, verify.ErrDigestMismatch) || errors.Is(err, chunked.ErrInvalid) {
+			m.counters.verifyFailures.Add(1)
+		}
+		log.Warn("layer refused", "format", layout.Format, "err", err)
+		return nil, err
+	}
+	m.mu.Lock()
+	if existing := m.byBlob[desc.Digest]; existing != nil {
+		m.mu.Unlock()
+		existing.addRef(ref)
+		return existing, nil
+	}
+	l = newLayer(m, ref, *desc, v, blob)
+	m.byBlob[desc.Digest] = l
+	m.mu.Unlock()
+	log.Info("layer served lazily", "format", v.Layout().Format, "toc", l.tocKey,
+		"entries", v.Index().Len(), "size", desc.Size, "guarantee", v.Guarantee(),
+		"resolve", m.opts.now().Sub(start).Round(time.Millisecond))
+	if m.opts.prefetch {
+		l.startPrefetch()
+	}
+	return l, nil
+}
+
+// find returns the descriptor of the layer key names in img, looking through the other
+// platforms of an index when the host's manifest does not have it, and whether key is the
+// TOC digest (a modern runtime's lookup) rather than the blob digest.
+func (m *Manager) find(ctx context.Context, img *fetcher.Image, key digest.Digest) (*fetcher.Layer, bool, error) {
+	if d, modern := findIn(&img.Manifest, key); d != nil {
+		return d, modern, nil
+	}
+	others, err := m.reg.Platforms(ctx, img)
+	if err != nil {
+		return nil, false, err
+	}
+	for _, mf := range others {
+		if d, modern := findIn(mf, key); d != nil {
+			return d, modern, nil
+		}
+	}
+	return nil, false, fmt.Errorf("no layer %s in %s: %w", key, img.Ref, iofs.ErrNotExist)
+}
+
+func findIn(mf *fetcher.Manifest, key digest.Digest) (*fetcher.Layer, bool) {
+	for i := range mf.Layers {
+		l := &mf.Layers[i]
+		if tocKey(l.Annotations) == key {
+			return l, true
+		}
+		if l.Digest == key {
+			return l, false
+		}
+	}
+	return nil, false
+}
+
+// tocKey returns the TOC digest a modern runtime looks a layer up by: c/image consults the
+// eStargz annotation and the zstd:chunked one (both at once is an error there).
+func tocKey(a map[string]string) digest.Digest {
+	s, ok := a[chunked.AnnotationStargzTOCDigest]
+	z, zok := a[chunked.AnnotationChecksum]
+	switch {
+	case ok && zok:
+		return ""
+	case ok:
+		return digest.Digest(s)
+	default:
+		return digest.Digest(z)
+	}
+}
+
+// Use implements fs.Store: the runtime took a reference to the layer.
+func (m *Manager) Use(ref string, key digest.Digest) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	r := m.resolved[layerKey{ref, key}]
+	if r == nil || r.layer == nil {
+		return
+	}
+	r.users++
+	r.layer.users.Add(1)
+}
+
+// Release implements fs.Store: the runtime dropped a reference. When the last user of a layer
+// goes away its background fetch stops.
+func (m *Manager) Release(ref string, key digest.Digest) {
+	m.mu.Lock()
+	r := m.resolved[layerKey{ref, key}]
+	if r == nil || r.layer == nil || r.users == 0 {
+		m.mu.Unlock()
+		return
+	}
+	r.users--
+	r.expires = m.opts.now().Add(m.opts.keepTTL)
+	l := r.layer
+	m.mu.Unlock()
+	if l.users.Add(-1) == 0 {
+		l.stopPrefetch()
+	}
+}
+
+// janitor forgets expired resolutions and the layers no resolution names any more.
+func (m *Manager) janitor() {
+	defer m.done.Done()
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-m.stop:
+			return
+		case <-t.C:
+			m.expire()
+		}
+	}
+}
+
+func (m *Manager) expire() {
+	now := m.opts.now()
+	var gone []*Layer
+	m.mu.Lock()
+	live := map[*Layer]bool{}
+	for k, r := range m.resolved {
+		if r.users == 0 && !now.Before(r.expires) {
+			delete(m.resolved, k)
+			continue
+		}
+		if r.layer != nil {
+			live[r.layer] = true
+		}
+	}
+	for d, l := range m.byBlob {
+		if !live[l] {
+			delete(m.byBlob, d)
+			gone = append(gone, l)
+		}
+	}
+	m.mu.Unlock()
+	for _, l := range gone {
+		l.stopPrefetch()
+	}
+}

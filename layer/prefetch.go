@@ -1,0 +1,228 @@
+package layer
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/layerstore/layerstore/chunked"
+	"github.com/layerstore/layerstore/verify"
+)
+
+// State is where a layer's background fetch is.
+type State string
+
+// States of a layer.
+const (
+	StateIdle     State = "idle"     // no background fetch (turned off, or not started)
+	StateFetching State = "fetching" // background fetch running
+	StateComplete State = "complete" // every file is local
+	StateStopped  State = "stopped"  // stopped: the layer's users went away, or shutdown
+	StateFailed   State = "failed"   // background fetch gave up; reads still fetch on demand
+)
+
+type prefetchState struct {
+	mu      sync.Mutex
+	state   State
+	err     error
+	cancel  context.CancelFunc
+	done    chan struct{}
+	planned int64 // compressed bytes the background fetch set out to fetch
+	elapsed time.Duration
+}
+
+func (l *Layer) startPrefetch() {
+	p := &l.prefetch
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.done != nil {
+		return
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	p.cancel, p.done, p.state = cancel, make(chan struct{}), StateFetching
+	go func() {
+		defer close(p.done)
+		start := time.Now()
+		err := l.runPrefetch(ctx)
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		p.elapsed = time.Since(start)
+		switch {
+		case err == nil:
+			p.state = StateComplete
+		case ctx.Err() != nil:
+			p.state = StateStopped
+		default:
+			p.state, p.err = StateFailed, err
+		}
+		l.logPrefetch(p.state, err, p.elapsed)
+	}()
+}
+
+func (l *Layer) logPrefetch(s State, err error, elapsed time.Duration) {
+	log := l.m.opts.log.With("layer", l.desc.Digest, "elapsed", elapsed.Round(time.Millisecond),
+		"prefetched", l.prefetched.Load(), "on_demand", l.onDemand.Load())
+	switch s {
+	case StateComplete:
+		log.Info("layer fully local", "guarantee", l.v.Guarantee())
+	case StateFailed:
+		log.Warn("background fetch failed", "err", err)
+	default:
+		log.Debug("background fetch stopped")
+	}
+}
+
+func (l *Layer) stopPrefetch() {
+	p := &l.prefetch
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.cancel != nil {
+		p.cancel()
+	}
+}
+
+// wait returns when the background fetch, if any, has ended.
+func (l *Layer) wait() {
+	p := &l.prefetch
+	p.mu.Lock()
+	done := p.done
+	p.mu.Unlock()
+	if done != nil {
+		<-done
+	}
+}
+
+// runPrefetch fetches every chunk the cache does not hold, in blob order (so eStargz's
+// prioritized files come first), in batches of about the configured size spread over the
+// scheduler's slots; then it proves the DiffID where the format allows.
+func (l *Layer) runPrefetch(ctx context.Context) error {
+	keys, planned := l.plan()
+	l.prefetch.mu.Lock()
+	l.prefetch.planned = planned
+	l.prefetch.mu.Unlock()
+
+	batches := make(chan []chunkKey)
+	errs := make(chan error, 1)
+	var wg sync.WaitGroup
+	for range cap(l.m.sched.slots) {
+		wg.Go(func() {
+			for b := range batches {
+				if err := l.prefetchBatch(ctx, b); err != nil {
+					select {
+					case errs <- err:
+					default:
+					}
+					return
+				}
+			}
+		})
+	}
+	go func() {
+		defer close(batches)
+		for len(keys) > 0 {
+			n := l.batchLen(keys)
+			select {
+			case batches <- keys[:n]:
+				keys = keys[n:]
+			case <-ctx.Done():
+				return
+			case err := <-errs:
+				errs <- err
+				return
+			}
+		}
+	}()
+	wg.Wait()
+	select {
+	case err := <-errs:
+		return err
+	default:
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if l.v.CanProveDiffID() {
+		if err := l.v.CheckDiffID(ctx, l.payload); err != nil {
+			if errors.Is(err, verify.ErrDigestMismatch) {
+				l.m.counters.verifyFailures.Add(1)
+			}
+			return fmt.Errorf("proving the DiffID: %w", err)
+		}
+	}
+	return nil
+}
+
+func (l *Layer) prefetchBatch(ctx context.Context, keys []chunkKey) error {
+	first, last := l.ref(keys[0]), l.ref(keys[len(keys)-1])
+	release, err := l.m.sched.acquire(ctx, last.End-first.Offset)
+	if err != nil {
+		return err
+	}
+	defer release()
+	_, err = l.fetchKeys(ctx, keys, false)
+	return err
+}
+
+func (l *Layer) ref(k chunkKey) chunked.Chunk { return l.idx.Chunks(k.file)[k.i] }
+
+// batchLen returns how many of keys (in blob order) make one background request.
+func (l *Layer) batchLen(keys []chunkKey) int {
+	start := l.ref(keys[0]).Offset
+	n := 1
+	for n < len(keys) && l.ref(keys[n]).End-start <= l.m.opts.prefetchBatch {
+		n++
+	}
+	return n
+}
+
+// plan lists the chunks of every file whose content is not complete in the cache, once per
+// distinct content, in blob order, with their compressed size in all.
+func (l *Layer) plan() ([]chunkKey, int64) {
+	var keys []chunkKey
+	var total int64
+	seen := map[chunked.Sum]bool{}
+	for id := range chunked.EntryID(l.idx.Len()) {
+		e := l.idx.Entry(id)
+		if e.Type != chunked.TypeReg || e.Inode != id || e.Size == 0 || e.Digest.IsZero() ||
+			seen[e.Digest] || l.m.cache.Has(e.Digest) {
+			continue
+		}
+		seen[e.Digest] = true
+		for i, c := range l.idx.Chunks(id) {
+			keys = append(keys, chunkKey{id, i})
+			total += c.End - c.Offset
+		}
+	}
+	slices.SortFunc(keys, func(a, b chunkKey) int { return cmp.Compare(l.ref(a).Offset, l.ref(b).Offset) })
+	return keys, total
+}
+
+// payload serves CheckDiffID the complete files from the cache.
+func (l *Layer) payload(_ context.Context, id chunked.EntryID) (io.ReadCloser, error) {
+	e := l.idx.Entry(id)
+	h, err := l.m.files.acquire(e.Digest, e.Size)
+	if err != nil {
+		return nil, err
+	}
+	if !h.f.Complete() {
+		l.m.files.release(h)
+		return nil, fmt.Errorf("%s is no longer complete in the cache", e.Name)
+	}
+	return &payloadReader{SectionReader: io.NewSectionReader(h.f, 0, e.Size), release: func() { l.m.files.release(h) }}, nil
+}
+
+type payloadReader struct {
+	*io.SectionReader
+	release func()
+	once    sync.Once
+}
+
+func (r *payloadReader) Close() error {
+	r.once.Do(r.release)
+	return nil
+}

@@ -1,0 +1,103 @@
+package layer
+
+import (
+	"slices"
+	"strings"
+
+	"github.com/opencontainers/go-digest"
+)
+
+// Status is a snapshot of the manager for the control socket.
+type Status struct {
+	Layers   []LayerStatus `json:"layers"`
+	Cache    CacheStatus   `json:"cache"`
+	Counters Counters      `json:"counters"`
+}
+
+// LayerStatus describes one resolved layer.
+type LayerStatus struct {
+	Refs      []string      `json:"refs"`
+	Digest    digest.Digest `json:"digest"`
+	TOCDigest digest.Digest `json:"tocDigest"`
+	Format    string        `json:"format"`
+	Guarantee string        `json:"guarantee"`
+	// Size is the compressed blob size; ToFetch what the background fetch set out to fetch.
+	Size       int64   `json:"size"`
+	ToFetch    int64   `json:"toFetch"`
+	OnDemand   int64   `json:"fetchedOnDemand"`
+	Prefetched int64   `json:"prefetched"`
+	Users      int64   `json:"users"`
+	State      State   `json:"state"`
+	Error      string  `json:"error,omitempty"`
+	Seconds    float64 `json:"prefetchSeconds,omitempty"`
+}
+
+// CacheStatus is the cache's use.
+type CacheStatus struct {
+	Bytes int64 `json:"bytes"`
+}
+
+// Counters are totals since the manager started.
+type Counters struct {
+	Lookups        int64 `json:"lookups"`
+	Resolutions    int64 `json:"resolutions"`
+	NotLazy        int64 `json:"notLazy"`
+	Failures       int64 `json:"failures"`
+	VerifyFailures int64 `json:"verifyFailures"`
+	OnDemandBytes  int64 `json:"fetchedOnDemandBytes"`
+	PrefetchBytes  int64 `json:"prefetchedBytes"`
+}
+
+// Status returns a snapshot of every live layer, the cache and the counters.
+func (m *Manager) Status() Status {
+	m.mu.Lock()
+	layers := make([]*Layer, 0, len(m.byBlob))
+	for _, l := range m.byBlob {
+		layers = append(layers, l)
+	}
+	m.mu.Unlock()
+	st := Status{
+		Cache: CacheStatus{Bytes: m.cache.Usage()},
+		Counters: Counters{
+			Lookups:        m.counters.lookups.Load(),
+			Resolutions:    m.counters.resolutions.Load(),
+			NotLazy:        m.counters.notLazy.Load(),
+			Failures:       m.counters.failures.Load(),
+			VerifyFailures: m.counters.verifyFailures.Load(),
+			OnDemandBytes:  m.counters.onDemandBytes.Load(),
+			PrefetchBytes:  m.counters.prefetchBytes.Load(),
+		},
+	}
+	for _, l := range layers {
+		st.Layers = append(st.Layers, l.Status())
+	}
+	slices.SortFunc(st.Layers, func(a, b LayerStatus) int {
+		return strings.Compare(string(a.Digest), string(b.Digest))
+	})
+	return st
+}
+
+// Status describes the layer.
+func (l *Layer) Status() LayerStatus {
+	l.mu.Lock()
+	refs := slices.Clone(l.refs)
+	l.mu.Unlock()
+	p := &l.prefetch
+	p.mu.Lock()
+	state, err, planned, elapsed := p.state, p.err, p.planned, p.elapsed
+	p.mu.Unlock()
+	if state == "" {
+		state = StateIdle
+	}
+	s := LayerStatus{
+		Refs: refs, Digest: l.desc.Digest, TOCDigest: l.tocKey,
+		Format: l.v.Layout().Format.String(), Guarantee: l.v.Guarantee().String(),
+		Size: l.desc.Size, ToFetch: planned,
+		OnDemand: l.onDemand.Load(), Prefetched: l.prefetched.Load(),
+		Users: l.users.Load(), State: state, Seconds: elapsed.Seconds(),
+	}
+	if err != nil {
+		s.Error = err.Error()
+	}
+	return s
+}
