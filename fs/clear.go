@@ -1,0 +1,146 @@
+package fs
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// probeTimeout bounds how long ClearDeadMount waits for a mount to answer. Tests shorten it.
+var probeTimeout = 5 * time.Second
+
+// ClearDeadMount makes mountpoint usable for Mount after a crash. A FUSE mount there whose
+// server is gone (it answers ENOTCONN), or a mount of ours that does not answer in time or
+// answers with an error, is lazily unmounted (MNT_DETACH), as many times as such mounts are
+// stacked there. A directory that is not a mountpoint, or a path that does not exist, is
+// left alone. A mount that answers and
+// is not ours, or one of ours that is alive (another daemon serves it), is an error.
+//
+// A probe that does not answer leaves one goroutine blocked in the kernel until the mount
+// goes away.
+func ClearDeadMount(mountpoint string) error {
+	mp, err := resolveMountpoint(mountpoint)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil // nothing can be mounted under a directory that does not exist
+	}
+	if err != nil {
+		return err
+	}
+	for range 64 {
+		fstype, mounted, err := topMount(mp)
+		if err != nil || !mounted {
+			return err
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), probeTimeout)
+		perr := probe(ctx, mp)
+		cancel()
+		ours := fstype == "fuse."+fsName
+		isFUSE := fstype == "fuse" || strings.HasPrefix(fstype, "fuse.")
+		dead := isFUSE && (errors.Is(perr, syscall.ENOTCONN) || errors.Is(perr, syscall.ECONNABORTED))
+		switch {
+		case dead, ours && perr != nil:
+			if err := syscall.Unmount(mp, syscall.MNT_DETACH); err != nil {
+				return fmt.Errorf("fs: detach stale %s mount at %s: %w", fstype, mp, err)
+			}
+		case ours:
+			return fmt.Errorf("fs: %s is served by a running layerstore", mp)
+		case perr != nil:
+			return fmt.Errorf("fs: %s holds a %s mount that fails (%w); not ours to remove", mp, fstype, perr)
+		default:
+			return fmt.Errorf("fs: %s holds a live %s mount", mp, fstype)
+		}
+	}
+	return fmt.Errorf("fs: too many stale mounts stacked at %s", mp)
+}
+
+// resolveMountpoint returns the absolute path of mountpoint with the symlinks of its parent
+// resolved, as /proc/self/mountinfo shows it. The mountpoint itself is not touched: a dead
+// mount there fails every access.
+func resolveMountpoint(mountpoint string) (string, error) {
+	abs, err := filepath.Abs(mountpoint)
+	if err != nil {
+		return "", fmt.Errorf("fs: %w", err)
+	}
+	if abs == "/" {
+		return abs, nil
+	}
+	dir, err := filepath.EvalSymlinks(filepath.Dir(abs))
+	if err != nil {
+		return "", fmt.Errorf("fs: %w", err)
+	}
+	return filepath.Join(dir, filepath.Base(abs)), nil
+}
+
+// probe statfs's path, giving up when ctx is done.
+func probe(ctx context.Context, path string) error {
+	done := make(chan error, 1)
+	go func() {
+		var sfs syscall.Statfs_t
+		done <- syscall.Statfs(path, &sfs)
+	}()
+	select {
+	case err := <-done:
+		return err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// topMount returns the filesystem type of the last (topmost) mount at mountpoint in
+// /proc/self/mountinfo.
+func topMount(mountpoint string) (fstype string, mounted bool, err error) {
+	data, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return "", false, fmt.Errorf("fs: %w", err)
+	}
+	sc := bufio.NewScanner(bytes.NewReader(data))
+	sc.Buffer(nil, 1<<20)
+	for sc.Scan() {
+		// 36 35 98:0 /mnt1 /mnt2 rw,noatime master:1 - ext3 /dev/root rw,errors=continue
+		f := strings.Fields(sc.Text())
+		sep := -1
+		for i := 6; i < len(f); i++ {
+			if f[i] == "-" {
+				sep = i
+				break
+			}
+		}
+		if sep < 0 || sep+1 >= len(f) {
+			continue
+		}
+		if unescapeMountinfo(f[4]) == mountpoint {
+			fstype, mounted = f[sep+1], true
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return "", false, fmt.Errorf("fs: reading mountinfo: %w", err)
+	}
+	return fstype, mounted, nil
+}
+
+// unescapeMountinfo undoes the octal escapes (\040 for a space, ...) of mountinfo fields.
+func unescapeMountinfo(s string) string {
+	if !strings.Contains(s, `\`) {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+4 <= len(s) {
+			if v, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
+				b.WriteByte(byte(v))
+				i += 3
+				continue
+			}
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
+}

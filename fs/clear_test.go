@@ -1,0 +1,198 @@
+package fs
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	fusefs "github.com/hanwen/go-fuse/v2/fs"
+	"github.com/hanwen/go-fuse/v2/fuse"
+)
+
+// deadMount mounts a FUSE filesystem of type fstype at dir and closes its device at once,
+// as a crashed daemon leaves it: every access answers ENOTCONN.
+func deadMount(t *testing.T, dir, fstype string) {
+	t.Helper()
+	fd, err := syscall.Open("/dev/fuse", syscall.O_RDWR|syscall.O_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	data := fmt.Sprintf("fd=%d,rootmode=40000,user_id=0,group_id=0,allow_other", fd)
+	if err := syscall.Mount("dead", dir, fstype, syscall.MS_NOSUID|syscall.MS_NODEV, data); err != nil {
+		_ = syscall.Close(fd)
+		t.Fatalf("mount %s: %v", fstype, err)
+	}
+	_ = syscall.Close(fd)
+	t.Cleanup(func() {
+		for syscall.Unmount(dir, syscall.MNT_DETACH) == nil {
+		}
+	})
+	var st syscall.Statfs_t
+	if err := syscall.Statfs(dir, &st); err != syscall.ENOTCONN {
+		t.Fatalf("statfs of the dead mount = %v, want ENOTCONN", err)
+	}
+}
+
+func mounted(t *testing.T, dir string) bool {
+	t.Helper()
+	_, ok, err := topMount(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ok
+}
+
+func TestClearDeadMount(t *testing.T) {
+	requireFUSE(t)
+	t.Run("healthy directory", func(t *testing.T) {
+		dir := t.TempDir()
+		if err := os.WriteFile(filepath.Join(dir, "keep"), nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if err := ClearDeadMount(dir); err != nil {
+			t.Fatalf("ClearDeadMount: %v", err)
+		}
+		if _, err := os.Stat(filepath.Join(dir, "keep")); err != nil {
+			t.Errorf("directory content gone: %v", err)
+		}
+	})
+	t.Run("missing path", func(t *testing.T) {
+		for _, p := range []string{"missing", "missing/parent/store"} {
+			if err := ClearDeadMount(filepath.Join(t.TempDir(), p)); err != nil {
+				t.Errorf("ClearDeadMount(%s): %v", p, err)
+			}
+		}
+	})
+	t.Run("dead mount of ours, then mount again", func(t *testing.T) {
+		dir := filepath.Join(t.TempDir(), "store with space")
+		if err := os.Mkdir(dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		deadMount(t, dir, "fuse."+fsName)
+		deadMount(t, dir, "fuse."+fsName) // two crashes in a row
+		if _, err := Mount(dir, newTestStore(), DefaultOptions()); err == nil {
+			t.Fatal("Mount over a dead mount succeeded")
+		}
+		if err := ClearDeadMount(dir); err != nil {
+			t.Fatalf("ClearDeadMount: %v", err)
+		}
+		if mounted(t, dir) {
+			t.Fatal("still mounted")
+		}
+		store := newTestStore()
+		l := newTestLayer(t, fixture(t, "estargz"))
+		store.add(testRef, l)
+		srv, err := Mount(dir, store, DefaultOptions())
+		if err != nil {
+			t.Fatalf("Mount after clearing: %v", err)
+		}
+		defer func() {
+			if err := srv.Unmount(); err != nil {
+				t.Error(err)
+				abortMount(dir)
+			}
+		}()
+		if _, err := os.Stat(layerPath(dir, testRef, l.tocKey, "diff")); err != nil {
+			t.Errorf("stat through the new mount: %v", err)
+		}
+		// A live mount of ours is another daemon's: left alone.
+		if err := ClearDeadMount(dir); err == nil {
+			t.Error("ClearDeadMount of a live layerstore mount succeeded")
+		}
+		if _, err := os.Stat(layerPath(dir, testRef, l.tocKey, "diff")); err != nil {
+			t.Errorf("the live mount was disturbed: %v", err)
+		}
+	})
+	t.Run("hung mount of ours", func(t *testing.T) {
+		dir := t.TempDir()
+		root := &hungRoot{release: make(chan struct{})}
+		srv, err := fusefs.Mount(dir, root, &fusefs.Options{MountOptions: fuse.MountOptions{DirectMountStrict: true, Name: fsName}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		root.hang.Store(true)
+		defer func() {
+			close(root.release) // lets the abandoned probe return, and the server end
+			srv.Wait()
+		}()
+		defer func(d time.Duration) { probeTimeout = d }(probeTimeout)
+		probeTimeout = 200 * time.Millisecond
+		if err := ClearDeadMount(dir); err != nil {
+			t.Fatalf("ClearDeadMount: %v", err)
+		}
+		if mounted(t, dir) {
+			t.Fatal("still mounted")
+		}
+	})
+	t.Run("dead foreign FUSE mount", func(t *testing.T) {
+		dir := t.TempDir()
+		deadMount(t, dir, "fuse.other")
+		if err := ClearDeadMount(dir); err != nil {
+			t.Fatalf("ClearDeadMount: %v", err)
+		}
+		if mounted(t, dir) {
+			t.Fatal("still mounted")
+		}
+	})
+	t.Run("live foreign FUSE mount", func(t *testing.T) {
+		dir := t.TempDir()
+		root := &fusefs.Inode{}
+		srv, err := fusefs.Mount(dir, root, &fusefs.Options{MountOptions: fuse.MountOptions{DirectMountStrict: true, Name: "other"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer func() { _ = srv.Unmount() }()
+		if err := ClearDeadMount(dir); err == nil {
+			t.Error("ClearDeadMount of a live foreign mount succeeded")
+		}
+		if !mounted(t, dir) {
+			t.Error("the live mount was removed")
+		}
+	})
+	t.Run("live tmpfs", func(t *testing.T) {
+		dir := t.TempDir()
+		if err := syscall.Mount("tmpfs", dir, "tmpfs", 0, "size=1m"); err != nil {
+			t.Fatal(err)
+		}
+		defer func() { _ = syscall.Unmount(dir, 0) }()
+		if err := ClearDeadMount(dir); err == nil {
+			t.Error("ClearDeadMount of a tmpfs succeeded")
+		}
+		if !mounted(t, dir) {
+			t.Error("the tmpfs was removed")
+		}
+	})
+}
+
+func TestUnescapeMountinfo(t *testing.T) {
+	for in, want := range map[string]string{
+		`/plain`:                `/plain`,
+		`/a\040b`:               `/a b`,
+		`/tab\011nl\012bs\134x`: "/tab\tnl\nbs\\x",
+		`/trailing\04`:          `/trailing\04`,
+		`/bad\09x`:              `/bad\09x`,
+	} {
+		if got := unescapeMountinfo(in); got != want {
+			t.Errorf("unescapeMountinfo(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
+
+// hungRoot is the root of a server that stops answering statfs once hang is set.
+type hungRoot struct {
+	fusefs.Inode
+	hang    atomic.Bool
+	release chan struct{}
+}
+
+func (r *hungRoot) Statfs(ctx context.Context, out *fuse.StatfsOut) syscall.Errno {
+	if r.hang.Load() {
+		<-r.release
+	}
+	return 0
+}

@@ -1,0 +1,45 @@
+// Package fs serves a containers/storage additional layer store over FUSE, as the
+// contract in the design notes (ALS-CONTRACT.md) describes it. It owns three things:
+//
+//   - the namespace <mnt>/<base64(ref)>/<key>/{diff,info,blob,use}: decoding the
+//     reference and the layer key, the info and blob files, and the use/rmdir protocol by
+//     which the runtime counts its users of a layer;
+//   - the diff tree: a read-only, overlay-ready view of a layer's chunked.Index, with every
+//     piece of metadata (modes with setuid/setgid/sticky, owners, times, xattrs, symlink
+//     targets verbatim, hardlinks sharing one inode, devices, FIFOs, whiteouts) and file
+//     content read through Layer.ReadFile or, when the layer has the file locally, served by
+//     the kernel itself through FUSE passthrough;
+//   - the one place where Go errors become errnos (errno.go): errors wrapping
+//     io/fs.ErrNotExist answer ENOENT, context.Canceled answers EINTR, everything else EIO.
+//
+// It does not own the network, the layer formats, verification or any caching policy: it
+// translates FUSE calls into calls on a [Store] and its [Layer]s, passing the request's
+// context along, and nothing more.
+//
+// # Mounting
+//
+// [Mount] mounts with allow_other and default_permissions (the kernel checks permissions
+// against the modes and owners of the tree), as subtype "layerstore", and returns once the
+// mountpoint answers from the new server. The mount itself is read-write at the VFS level:
+// the runtime's create(<key>/use) and rmdir(<ref>/<key>) must reach the daemon, and a
+// read-only mount would fail them with EROFS in the kernel. Every other modification answers
+// EROFS from the daemon. [ClearDeadMount] removes the dead mount a crashed daemon leaves
+// behind, so that a restarted daemon can mount again.
+//
+// # Inode numbers and kernel caching
+//
+// Each (ref, key, layer) that resolves gets its own block of 2^32 inode numbers: the layer
+// directory, info and blob at the start of the block, the diff tree's entries at a fixed
+// offset plus the chunked.EntryID of the entry owning the inode (so hardlinks share an inode
+// number). Numbers are stable for as long as the Store keeps handing out the same layer
+// (the same *chunked.Index) for (ref, key). Two references to the same
+// layer get different blocks on purpose: the kernel allows a directory inode only one path.
+//
+// The diff tree and blob never change for a given layer directory inode, so entries,
+// attributes, failed lookups and file pages there are cached by the kernel for a long time
+// (Options.EntryTimeout, Options.AttrTimeout, FOPEN_KEEP_CACHE). The layer directories and
+// their lookups are never cached: every lookup reaches Store.Lookup (a layer that failed
+// resolves again on the next access), every create of use reaches Store.Use and every rmdir
+// reaches Store.Release. The content of info may change during a layer's life (a DiffID
+// proven after the pull), so its attributes and pages are not cached either.
+package fs

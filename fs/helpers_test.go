@@ -1,0 +1,369 @@
+package fs
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"io"
+	iofs "io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/opencontainers/go-digest"
+
+	"github.com/layerstore/layerstore/chunked"
+	"github.com/layerstore/layerstore/internal/testlayer"
+	"github.com/layerstore/layerstore/verify"
+)
+
+// testStore is a Store over in-memory layers that counts every call.
+type testStore struct {
+	mu       sync.Mutex
+	layers   map[string]map[digest.Digest]Layer // ref -> key -> layer
+	errs     map[digest.Digest]error            // injected Lookup errors
+	lookups  map[string]int                     // "ref key" -> calls
+	uses     map[string]int
+	releases map[string]int
+}
+
+func newTestStore() *testStore {
+	return &testStore{
+		layers:   map[string]map[digest.Digest]Layer{},
+		errs:     map[digest.Digest]error{},
+		lookups:  map[string]int{},
+		uses:     map[string]int{},
+		releases: map[string]int{},
+	}
+}
+
+// add serves l under ref by both of its keys.
+func (s *testStore) add(ref string, l *testLayer) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.layers[ref] == nil {
+		s.layers[ref] = map[digest.Digest]Layer{}
+	}
+	s.layers[ref][l.tocKey] = l
+	s.layers[ref][l.blobKey] = l
+}
+
+func (s *testStore) setErr(key digest.Digest, err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err == nil {
+		delete(s.errs, key)
+	} else {
+		s.errs[key] = err
+	}
+}
+
+func (s *testStore) Lookup(ctx context.Context, ref string, key digest.Digest) (Layer, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.lookups[ref+" "+key.String()]++
+	if err := s.errs[key]; err != nil {
+		return nil, err
+	}
+	if l, ok := s.layers[ref][key]; ok {
+		return l, nil
+	}
+	return nil, fmt.Errorf("layer %s of %s: %w", key, ref, iofs.ErrNotExist)
+}
+
+func (s *testStore) Use(ref string, key digest.Digest) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.uses[ref+" "+key.String()]++
+}
+
+func (s *testStore) Release(ref string, key digest.Digest) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.releases[ref+" "+key.String()]++
+}
+
+// count returns a counter of m for (ref, key) under the lock.
+func (s *testStore) count(m map[string]int, ref string, key digest.Digest) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return m[ref+" "+key.String()]
+}
+
+func (s *testStore) totalLookups() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := 0
+	for _, c := range s.lookups {
+		n += c
+	}
+	return n
+}
+
+// testLayer is a Layer over a fixture blob in memory, reading content chunk by chunk
+// through verify.Layer.ReadChunk like the real layer package does.
+type testLayer struct {
+	fixture testlayer.Fixture
+	v       *verify.Layer
+	src     verify.Source
+	tocKey  digest.Digest
+	blobKey digest.Digest
+	readErr error                      // returned by ReadFile and ReadBlob when set
+	backing map[chunked.EntryID]string // files Backing opens
+
+	mu        sync.Mutex
+	infoExtra string                  // JSON members added to Info, to make it change
+	reads     map[chunked.EntryID]int // ReadFile calls
+	backings  map[chunked.EntryID]int // Backing calls
+	opened    []*os.File              // files Backing returned
+}
+
+var _ Layer = (*testLayer)(nil)
+
+func newTestLayer(t *testing.T, f testlayer.Fixture) *testLayer {
+	t.Helper()
+	src := verify.ReaderAtSource(bytes.NewReader(f.Blob))
+	v, err := verify.Open(t.Context(), f.Desc, f.DiffID, src)
+	if err != nil {
+		t.Fatalf("verify.Open(%s): %v", f.Name, err)
+	}
+	layout, err := chunked.Classify(f.Desc)
+	if err != nil {
+		t.Fatalf("Classify(%s): %v", f.Name, err)
+	}
+	return &testLayer{
+		fixture:  f,
+		v:        v,
+		src:      src,
+		tocKey:   layout.TOCDigest,
+		blobKey:  f.Desc.Digest,
+		backing:  map[chunked.EntryID]string{},
+		reads:    map[chunked.EntryID]int{},
+		backings: map[chunked.EntryID]int{},
+	}
+}
+
+func (l *testLayer) Index() *chunked.Index { return l.v.Index() }
+
+func (l *testLayer) Info(key digest.Digest) []byte {
+	info := l.baseInfo(key)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return append(info[:len(info)-1], l.infoExtra+"}"...)
+}
+
+func (l *testLayer) baseInfo(key digest.Digest) []byte {
+	compression := 4
+	if !l.fixture.Format.Zstd() {
+		compression = 2
+	}
+	if key == l.tocKey {
+		return fmt.Appendf(nil, `{"toc-digest":%q,"flags":{"expected-layer-diffid":%q},"compressed-size":%d,"diff-size":-1,"compression":%d}`,
+			l.tocKey, l.fixture.DiffID, len(l.fixture.Blob), compression)
+	}
+	return fmt.Appendf(nil, `{"compressed-diff-digest":%q,"compressed-size":%d,"diff-digest":%q,"diff-size":-1,"compression":%d}`,
+		l.blobKey, len(l.fixture.Blob), l.fixture.DiffID, compression)
+}
+
+func (l *testLayer) ReadFile(ctx context.Context, id chunked.EntryID, p []byte, off int64) (int, error) {
+	l.mu.Lock()
+	l.reads[id]++
+	l.mu.Unlock()
+	if l.readErr != nil {
+		return 0, l.readErr
+	}
+	x := l.v.Index()
+	size := x.Entry(id).Size
+	n := 0
+	for n < len(p) && off < size {
+		i := x.ChunkAt(id, off)
+		if i < 0 {
+			return n, fmt.Errorf("no chunk at %d of %s", off, x.Path(id))
+		}
+		c, err := l.v.ReadChunk(ctx, l.src, id, i)
+		if err != nil {
+			return n, err
+		}
+		b := c.Bytes()[off-c.Ref().FileOffset:]
+		k := copy(p[n:], b)
+		n += k
+		off += int64(k)
+	}
+	return n, nil
+}
+
+func (l *testLayer) Backing(id chunked.EntryID) *os.File {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.backings[id]++
+	name, ok := l.backing[id]
+	if !ok {
+		return nil
+	}
+	f, err := os.Open(name)
+	if err != nil {
+		return nil
+	}
+	l.opened = append(l.opened, f)
+	return f
+}
+
+func (l *testLayer) BlobSize() int64 { return int64(len(l.fixture.Blob)) }
+
+func (l *testLayer) ReadBlob(_ context.Context, p []byte, off int64) (int, error) {
+	if l.readErr != nil {
+		return 0, l.readErr
+	}
+	if off >= int64(len(l.fixture.Blob)) {
+		return 0, io.EOF
+	}
+	return copy(p, l.fixture.Blob[off:]), nil
+}
+
+func (l *testLayer) calls(m map[chunked.EntryID]int, id chunked.EntryID) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return m[id]
+}
+
+// fixtures are built once per test binary.
+var fixtures = sync.OnceValues(testlayer.Fixtures)
+
+func loadFixtures(t *testing.T) []testlayer.Fixture {
+	t.Helper()
+	all, err := fixtures()
+	if err != nil {
+		t.Fatalf("fixtures: %v", err)
+	}
+	return all
+}
+
+// fixture returns the fixture called name.
+func fixture(t *testing.T, name string) testlayer.Fixture {
+	t.Helper()
+	for _, f := range loadFixtures(t) {
+		if f.Name == name {
+			return f
+		}
+	}
+	t.Fatalf("no fixture %q", name)
+	return testlayer.Fixture{}
+}
+
+// refDirName returns the directory name of ref in the store root.
+func refDirName(ref string) string { return base64.StdEncoding.EncodeToString([]byte(ref)) }
+
+// layerPath returns <mnt>/<b64 ref>/<key>/elem...
+func layerPath(mnt, ref string, key digest.Digest, elem ...string) string {
+	return filepath.Join(append([]string{mnt, refDirName(ref), key.String()}, elem...)...)
+}
+
+// requireFUSE skips the test when this process cannot mount FUSE filesystems.
+func requireFUSE(t *testing.T) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("skipping: FUSE mount tests run as root (mount(2) of /dev/fuse, allow_other)")
+	}
+	f, err := os.OpenFile("/dev/fuse", os.O_RDWR, 0)
+	if err != nil {
+		t.Skipf("skipping: /dev/fuse is unusable: %v", err)
+	}
+	_ = f.Close()
+}
+
+// mountTest mounts store on a fresh directory and unmounts it when the test ends. A
+// watchdog aborts the FUSE connection if the test outlives its budget, so that a hung
+// server fails the test instead of blocking it forever.
+func mountTest(t *testing.T, store Store, opts Options) (string, *Server) {
+	t.Helper()
+	requireFUSE(t)
+	mnt := t.TempDir()
+	// Let other users reach the mount (t.TempDir makes 0700 directories).
+	for _, d := range []string{filepath.Dir(mnt), mnt} {
+		if err := os.Chmod(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	srv, err := Mount(mnt, store, opts)
+	if err != nil {
+		t.Fatalf("Mount: %v", err)
+	}
+	budget := 2 * time.Minute
+	if d, ok := t.Deadline(); ok && time.Until(d)-10*time.Second < budget {
+		budget = max(time.Until(d)-10*time.Second, time.Second)
+	}
+	watchdog := time.AfterFunc(budget, func() {
+		t.Errorf("watchdog: aborting the FUSE connection at %s after %v", mnt, budget)
+		abortMount(mnt)
+	})
+	t.Cleanup(func() {
+		watchdog.Stop()
+		if err := srv.Unmount(); err != nil {
+			t.Errorf("Unmount: %v", err)
+			abortMount(mnt)
+		}
+		srv.Wait()
+	})
+	return mnt, srv
+}
+
+// abortMount aborts the FUSE connection of the mount at mnt (failing every pending and
+// future request) and detaches it.
+func abortMount(mnt string) {
+	if minor, ok := fuseConnection(mnt); ok {
+		ctl := "/sys/fs/fuse/connections"
+		if _, err := os.Stat(filepath.Join(ctl, minor)); err != nil {
+			// fusectl is not mounted there: mount a private instance.
+			if dir, err := os.MkdirTemp("", "fusectl-"); err == nil {
+				if syscall.Mount("fusectl", dir, "fusectl", 0, "") == nil {
+					defer func() { _ = syscall.Unmount(dir, syscall.MNT_DETACH) }()
+					ctl = dir
+				}
+				defer func() { _ = os.Remove(dir) }()
+			}
+		}
+		_ = os.WriteFile(filepath.Join(ctl, minor, "abort"), []byte("1"), 0)
+	}
+	_ = syscall.Unmount(mnt, syscall.MNT_DETACH)
+}
+
+// fuseConnection returns the fusectl connection name (the device minor) of the mount at mnt.
+func fuseConnection(mnt string) (string, bool) {
+	data, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return "", false
+	}
+	var minor string
+	sc := bufio.NewScanner(bytes.NewReader(data))
+	for sc.Scan() {
+		f := strings.Fields(sc.Text())
+		if len(f) > 4 && unescapeMountinfo(f[4]) == mnt {
+			_, minor, _ = strings.Cut(f[2], ":")
+		}
+	}
+	return minor, minor != ""
+}
+
+// errnoOf extracts the errno of an error from the os package.
+func errnoOf(err error) syscall.Errno {
+	var e syscall.Errno
+	if errors.As(err, &e) {
+		return e
+	}
+	return 0
+}
+
+// wantErrno fails the test unless err carries want.
+func wantErrno(t *testing.T, what string, err error, want syscall.Errno) {
+	t.Helper()
+	if got := errnoOf(err); got != want {
+		t.Errorf("%s: got error %v (%d), want %v", what, err, got, want)
+	}
+}

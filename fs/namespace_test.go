@@ -1,0 +1,297 @@
+package fs
+
+import (
+	"bytes"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	iofs "io/fs"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+	"testing"
+
+	"github.com/opencontainers/go-digest"
+)
+
+const testRef = "127.0.0.1:5000/test:modern-zstdchunked"
+
+// TestLookupByBothKeys checks that a layer resolves by its TOC digest (c/image >= 5.31)
+// and by its blob digest (older runtimes), each with its own info, and that diff, info and
+// blob exist with exact sizes.
+func TestLookupByBothKeys(t *testing.T) {
+	store := newTestStore()
+	l := newTestLayer(t, fixture(t, "zstdchunked-modern"))
+	store.add(testRef, l)
+	mnt, _ := mountTest(t, store, DefaultOptions())
+	for _, key := range []digest.Digest{l.tocKey, l.blobKey} {
+		for _, elem := range []string{"diff", "info", "blob"} {
+			if _, err := os.Stat(layerPath(mnt, testRef, key, elem)); err != nil {
+				t.Errorf("stat %s of %s: %v", elem, key, err)
+			}
+		}
+		info, err := os.ReadFile(layerPath(mnt, testRef, key, "info"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := l.Info(key); !bytes.Equal(info, want) {
+			t.Errorf("info of %s = %s, want %s", key, info, want)
+		}
+		fi, err := os.Stat(layerPath(mnt, testRef, key, "info"))
+		if err != nil || fi.Size() != int64(len(info)) || fi.Mode() != 0o444 {
+			t.Errorf("stat info of %s = %v, %v; want a 0444 file of %d bytes", key, fi, err, len(info))
+		}
+		blob, err := os.ReadFile(layerPath(mnt, testRef, key, "blob"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(blob, l.fixture.Blob) {
+			t.Errorf("blob of %s differs from the layer blob (%d bytes, want %d)", key, len(blob), len(l.fixture.Blob))
+		}
+		fi, err = os.Stat(layerPath(mnt, testRef, key, "blob"))
+		if err != nil || fi.Size() != int64(len(l.fixture.Blob)) {
+			t.Errorf("stat blob of %s = %v, %v; want %d bytes", key, fi, err, len(l.fixture.Blob))
+		}
+	}
+	if !strings.Contains(string(l.Info(l.tocKey)), "toc-digest") || strings.Contains(string(l.Info(l.blobKey)), "toc-digest") {
+		t.Fatal("test layer serves the same info for both keys; the test would prove nothing")
+	}
+}
+
+// TestInvalidNamesDoNotReachTheStore checks that names which cannot be a reference or a
+// layer key answer ENOENT without asking the store.
+func TestInvalidNamesDoNotReachTheStore(t *testing.T) {
+	store := newTestStore()
+	mnt, _ := mountTest(t, store, DefaultOptions())
+	hex := strings.Repeat("ab", 32)
+	refDir := refDirName(testRef)
+	for _, p := range []string{
+		"not base64!",
+		base64.StdEncoding.EncodeToString([]byte(testRef))[:10],     // truncated
+		base64.RawStdEncoding.EncodeToString([]byte("docker.io/x")), // no padding
+		base64.StdEncoding.EncodeToString([]byte("Not A Reference!")),
+		base64.StdEncoding.EncodeToString([]byte("UPPER/case:tag")),
+		base64.URLEncoding.EncodeToString([]byte("quay.io/x/y?z>")),
+		refDir + "/sha256:" + hex[:63],
+		refDir + "/sha256:" + hex + "0",
+		refDir + "/sha256:" + strings.ToUpper(hex),
+		refDir + "/sha512:" + hex + hex,
+		refDir + "/md5:" + hex[:32],
+		refDir + "/" + hex,
+		refDir + "/use",
+	} {
+		_, err := os.Stat(filepath.Join(mnt, p, "diff"))
+		wantErrno(t, "stat "+p, err, syscall.ENOENT)
+	}
+	if n := store.totalLookups(); n != 0 {
+		t.Errorf("the store saw %d lookups, want 0: %v", n, store.lookups)
+	}
+	// A valid reference directory exists, and its layers are asked for.
+	if fi, err := os.Stat(filepath.Join(mnt, refDir)); err != nil || !fi.IsDir() {
+		t.Errorf("stat ref dir: %v, %v", fi, err)
+	}
+	key := digest.Digest("sha256:" + hex)
+	for i := 1; i <= 3; i++ {
+		_, err := os.Stat(layerPath(mnt, testRef, key, "diff"))
+		wantErrno(t, "stat unknown layer", err, syscall.ENOENT)
+		// Failed lookups are not cached: each access asks the store again.
+		if got := store.count(store.lookups, testRef, key); got != i {
+			t.Errorf("after %d stats of an unknown layer the store saw %d lookups", i, got)
+		}
+	}
+}
+
+// TestStoreErrors checks the errno mapping of Store.Lookup errors and that no failure is
+// remembered by the kernel.
+func TestStoreErrors(t *testing.T) {
+	store := newTestStore()
+	l := newTestLayer(t, fixture(t, "estargz"))
+	store.add(testRef, l)
+	mnt, _ := mountTest(t, store, DefaultOptions())
+	diff := layerPath(mnt, testRef, l.tocKey, "diff")
+
+	store.setErr(l.tocKey, fmt.Errorf("resolving: %w", iofs.ErrNotExist))
+	_, err := os.Stat(diff)
+	wantErrno(t, "stat with ErrNotExist", err, syscall.ENOENT)
+
+	store.setErr(l.tocKey, errors.New("registry said 500"))
+	_, err = os.Stat(diff)
+	wantErrno(t, "stat with a registry error", err, syscall.EIO)
+
+	store.setErr(l.tocKey, nil)
+	if _, err := os.Stat(diff); err != nil {
+		t.Errorf("stat after the error cleared: %v (a failure was cached)", err)
+	}
+	if got := store.count(store.lookups, testRef, l.tocKey); got != 3 {
+		t.Errorf("store saw %d lookups, want 3", got)
+	}
+	// Layer directories are never cached either, even once resolved.
+	for range 2 {
+		if _, err := os.Stat(layerPath(mnt, testRef, l.tocKey)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := store.count(store.lookups, testRef, l.tocKey); got != 5 {
+		t.Errorf("store saw %d lookups after two more stats of the layer dir, want 5", got)
+	}
+}
+
+// TestReadErrors checks that content and blob read failures answer EIO.
+func TestReadErrors(t *testing.T) {
+	store := newTestStore()
+	l := newTestLayer(t, fixture(t, "estargz"))
+	l.readErr = errors.New("chunk fetch failed")
+	store.add(testRef, l)
+	mnt, _ := mountTest(t, store, Options{})
+	_, err := os.ReadFile(layerPath(mnt, testRef, l.tocKey, "diff", "etc", "hostname"))
+	wantErrno(t, "read a file", err, syscall.EIO)
+	_, err = os.ReadFile(layerPath(mnt, testRef, l.tocKey, "blob"))
+	wantErrno(t, "read the blob", err, syscall.EIO)
+	// Metadata does not need content: it still works.
+	if _, err := os.Stat(layerPath(mnt, testRef, l.tocKey, "diff", "etc", "hostname")); err != nil {
+		t.Errorf("stat: %v", err)
+	}
+}
+
+// TestUseAndRelease checks the reference-counting protocol: every create of use reaches
+// Store.Use and answers ENOENT without creating anything; every rmdir of the layer
+// directory reaches Store.Release and answers ENOENT.
+func TestUseAndRelease(t *testing.T) {
+	store := newTestStore()
+	l := newTestLayer(t, fixture(t, "zstdchunked-modern"))
+	store.add(testRef, l)
+	mnt, _ := mountTest(t, store, DefaultOptions())
+	for _, key := range []digest.Digest{l.tocKey, l.blobKey} {
+		use := layerPath(mnt, testRef, key, "use")
+		_, err := os.Stat(use)
+		wantErrno(t, "stat use", err, syscall.ENOENT)
+		for i := 1; i <= 3; i++ {
+			f, err := os.OpenFile(use, os.O_CREATE|os.O_WRONLY, 0o644)
+			if err == nil {
+				_ = f.Close()
+			}
+			wantErrno(t, "create use", err, syscall.ENOENT)
+			if got := store.count(store.uses, testRef, key); got != i {
+				t.Errorf("after %d creates of use, Store.Use was called %d times", i, got)
+			}
+		}
+		// os.Create is what c/storage calls.
+		_, err = os.Create(use)
+		wantErrno(t, "os.Create use", err, syscall.ENOENT)
+		if got := store.count(store.uses, testRef, key); got != 4 {
+			t.Errorf("Store.Use called %d times, want 4", got)
+		}
+		_, err = os.Stat(use)
+		wantErrno(t, "stat use after creates", err, syscall.ENOENT)
+
+		for i := 1; i <= 3; i++ {
+			err := syscall.Rmdir(layerPath(mnt, testRef, key))
+			wantErrno(t, "rmdir layer dir", err, syscall.ENOENT)
+			if got := store.count(store.releases, testRef, key); got != i {
+				t.Errorf("after %d rmdirs, Store.Release was called %d times", i, got)
+			}
+		}
+		// os.RemoveAll is what c/storage calls on layer removal; it must not loop or fail.
+		err = os.Remove(layerPath(mnt, testRef, key))
+		wantErrno(t, "os.Remove layer dir", err, syscall.ENOENT)
+		if got := store.count(store.releases, testRef, key); got != 4 {
+			t.Errorf("Store.Release called %d times, want 4", got)
+		}
+		// The layer is still served: counts are the store's business.
+		if _, err := os.Stat(layerPath(mnt, testRef, key, "diff")); err != nil {
+			t.Errorf("stat diff after release: %v", err)
+		}
+	}
+	// Creating anything else in a layer directory is refused.
+	_, err := os.Create(layerPath(mnt, testRef, l.tocKey, "other"))
+	wantErrno(t, "create other", err, syscall.EROFS)
+}
+
+// TestReaddir checks the listings of the namespace directories.
+func TestReaddir(t *testing.T) {
+	store := newTestStore()
+	l := newTestLayer(t, fixture(t, "estargz"))
+	store.add(testRef, l)
+	mnt, _ := mountTest(t, store, DefaultOptions())
+	for _, c := range []struct {
+		dir  string
+		want []string
+	}{
+		{mnt, nil},
+		{filepath.Join(mnt, refDirName(testRef)), nil},
+		{layerPath(mnt, testRef, l.tocKey), []string{"blob", "diff", "info"}},
+		{layerPath(mnt, testRef, l.tocKey, "diff", "etc"), []string{"empty", "empty-link", "hostname", "hostname-link", "loop0", "null", "removed"}},
+	} {
+		des, err := os.ReadDir(c.dir)
+		if err != nil {
+			t.Errorf("readdir %s: %v", c.dir, err)
+			continue
+		}
+		var got []string
+		for _, de := range des {
+			got = append(got, de.Name())
+		}
+		if !slices.Equal(got, c.want) {
+			t.Errorf("readdir %s = %q, want %q", c.dir, got, c.want)
+		}
+	}
+}
+
+// TestInodeNumbers checks that inode numbers survive the kernel forgetting every inode,
+// and that two paths to one layer get different numbers (the kernel allows a directory
+// inode a single path).
+func TestInodeNumbers(t *testing.T) {
+	store := newTestStore()
+	l := newTestLayer(t, fixture(t, "estargz"))
+	store.add(testRef, l)
+	store.add("docker.io/library/other:latest", l)
+	mnt, _ := mountTest(t, store, DefaultOptions())
+	before := scanTree(t, layerPath(mnt, testRef, l.tocKey, "diff")).inos
+	// Drop dentries and inodes (not page cache): the kernel sends FORGET for all of them.
+	if err := os.WriteFile("/proc/sys/vm/drop_caches", []byte("2"), 0); err != nil {
+		t.Logf("cannot drop caches (%v): checking stability without forgetting", err)
+	}
+	after := scanTree(t, layerPath(mnt, testRef, l.tocKey, "diff")).inos
+	for p, ino := range before {
+		if after[p] != ino {
+			t.Errorf("%q: inode %d, was %d", p, after[p], ino)
+		}
+	}
+	other := scanTree(t, layerPath(mnt, "docker.io/library/other:latest", l.tocKey, "diff")).inos
+	blobKey := scanTree(t, layerPath(mnt, testRef, l.blobKey, "diff")).inos
+	for p, ino := range before {
+		if other[p] == ino || blobKey[p] == ino {
+			t.Errorf("%q: inode %d shared between two paths to the layer", p, ino)
+		}
+	}
+}
+
+// TestInfoFollowsTheLayer checks that info is not cached: when the layer's info changes
+// (a DiffID proven after the pull, say), stat and read show the new content at once.
+func TestInfoFollowsTheLayer(t *testing.T) {
+	store := newTestStore()
+	l := newTestLayer(t, fixture(t, "zstdchunked-modern"))
+	store.add(testRef, l)
+	mnt, _ := mountTest(t, store, DefaultOptions())
+	info := layerPath(mnt, testRef, l.tocKey, "info")
+	// Changes of the same size too: the kernel's own invalidation on a size change would
+	// hide cached pages otherwise.
+	digestA := `,"diff-digest":"` + l.fixture.DiffID.String() + `"`
+	digestB := `,"diff-digest":"` + digest.FromString("other").String() + `"`
+	for i, extra := range []string{"", digestA, digestB, ""} {
+		l.mu.Lock()
+		l.infoExtra = extra
+		l.mu.Unlock()
+		want := l.Info(l.tocKey)
+		fi, err := os.Stat(info)
+		if err != nil || fi.Size() != int64(len(want)) {
+			t.Errorf("step %d: stat info = %v, %v; want %d bytes", i, fi, err, len(want))
+		}
+		got, err := os.ReadFile(info)
+		if err != nil || !bytes.Equal(got, want) {
+			t.Errorf("step %d: info = %s, %v; want %s", i, got, err, want)
+		}
+	}
+}

@@ -1,0 +1,123 @@
+package fs
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/layerstore/layerstore/chunked"
+	"github.com/layerstore/layerstore/internal/testlayer"
+)
+
+const backedFile = "usr/share/big.bin"
+
+// backedLayer returns a layer whose Backing serves backedFile from a local copy, with the
+// file's id and content.
+func backedLayer(t *testing.T) (*testLayer, chunked.EntryID, []byte) {
+	t.Helper()
+	l := newTestLayer(t, fixture(t, "zstdchunked-modern"))
+	id, ok := l.Index().LookupPath(backedFile)
+	if !ok {
+		t.Fatalf("no %s in the layer", backedFile)
+	}
+	var content []byte
+	for _, e := range testlayer.Entries() {
+		if e.Header.Name == backedFile {
+			content = e.Data
+		}
+	}
+	// t.TempDir is on the root filesystem here, not a stacked one, as passthrough needs.
+	name := filepath.Join(t.TempDir(), "big.bin")
+	if err := os.WriteFile(name, content, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	l.backing[id] = name
+	return l, id, content
+}
+
+func readBacked(t *testing.T, mnt string, l *testLayer, want []byte) {
+	t.Helper()
+	got, err := os.ReadFile(layerPath(mnt, testRef, l.tocKey, "diff", backedFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, want) {
+		t.Fatalf("read %d bytes through the mount, want the %d bytes of %s", len(got), len(want), backedFile)
+	}
+}
+
+// TestPassthrough checks that a file the layer holds locally is read by the kernel from
+// the backing file, never through Layer.ReadFile.
+func TestPassthrough(t *testing.T) {
+	l, id, content := backedLayer(t)
+	store := newTestStore()
+	store.add(testRef, l)
+	mnt, srv := mountTest(t, store, DefaultOptions())
+	if !srv.passthroughOn() {
+		t.Skip("skipping: the kernel did not grant FUSE passthrough (needs Linux >= 6.9 with CONFIG_FUSE_PASSTHROUGH)")
+	}
+	readBacked(t, mnt, l, content)
+	if n := l.calls(l.backings, id); n == 0 {
+		t.Errorf("Backing was never asked for %s", backedFile)
+	}
+	if n := l.calls(l.reads, id); n != 0 {
+		t.Errorf("ReadFile was called %d times for a passthrough file", n)
+	}
+	// Files without a backing file still read through the daemon.
+	if _, err := os.ReadFile(layerPath(mnt, testRef, l.tocKey, "diff", "usr", "share", "sparse.img")); err != nil {
+		t.Fatal(err)
+	}
+	other, _ := l.Index().LookupPath("usr/share/sparse.img")
+	if l.calls(l.reads, other) == 0 {
+		t.Error("a file without a backing file was not read through ReadFile")
+	}
+}
+
+// TestPassthroughDisabled checks that with Options.Passthrough off, the layer is not even
+// asked for backing files and reads go through ReadFile.
+func TestPassthroughDisabled(t *testing.T) {
+	l, id, content := backedLayer(t)
+	store := newTestStore()
+	store.add(testRef, l)
+	opts := DefaultOptions()
+	opts.Passthrough = false
+	mnt, srv := mountTest(t, store, opts)
+	if srv.passthroughOn() {
+		t.Fatal("passthrough on although Options disabled it")
+	}
+	readBacked(t, mnt, l, content)
+	if n := l.calls(l.backings, id); n != 0 {
+		t.Errorf("Backing was asked %d times with passthrough disabled", n)
+	}
+	if n := l.calls(l.reads, id); n == 0 {
+		t.Error("ReadFile was never called")
+	}
+}
+
+// TestPassthroughRefusedByKernel offers backing files to a kernel connection without
+// passthrough (the capability withheld at mount), as on kernels that lack it: go-fuse's
+// registration fails, and the handle must serve reads itself and close the backing file.
+func TestPassthroughRefusedByKernel(t *testing.T) {
+	l, id, content := backedLayer(t)
+	store := newTestStore()
+	store.add(testRef, l)
+	opts := DefaultOptions()
+	opts.Passthrough = false
+	opts.forceBackingFiles = true
+	mnt, _ := mountTest(t, store, opts)
+	readBacked(t, mnt, l, content)
+	if n := l.calls(l.backings, id); n == 0 {
+		t.Fatal("Backing was never asked: the test does not exercise the fallback")
+	}
+	if n := l.calls(l.reads, id); n == 0 {
+		t.Error("ReadFile was never called")
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, f := range l.opened {
+		if _, err := f.Stat(); err == nil {
+			t.Errorf("backing file %s still open after the kernel refused it and the file was read", f.Name())
+		}
+	}
+}

@@ -1,0 +1,128 @@
+package fs
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// TestReadOnly checks that every modification answers EROFS, in the diff tree and in the
+// namespace around it.
+func TestReadOnly(t *testing.T) {
+	store := newTestStore()
+	l := newTestLayer(t, fixture(t, "estargz"))
+	store.add(testRef, l)
+	mnt, _ := mountTest(t, store, DefaultOptions())
+	diff := layerPath(mnt, testRef, l.tocKey, "diff")
+	file := filepath.Join(diff, "etc", "hostname")
+	open := func(p string, flags int) error {
+		f, err := os.OpenFile(p, flags, 0o644)
+		if err == nil {
+			_ = f.Close()
+		}
+		return err
+	}
+	for _, c := range []struct {
+		what string
+		op   func() error
+	}{
+		{"write existing file", func() error { return os.WriteFile(file, []byte("x"), 0o644) }},
+		{"open O_RDWR", func() error { return open(file, os.O_RDWR) }},
+		{"open O_WRONLY|O_APPEND", func() error { return open(file, os.O_WRONLY|os.O_APPEND) }},
+		{"open O_RDONLY|O_TRUNC", func() error { return open(file, os.O_RDONLY|os.O_TRUNC) }},
+		{"create file", func() error { return open(filepath.Join(diff, "etc", "new"), os.O_CREATE|os.O_WRONLY) }},
+		{"O_TMPFILE", func() error {
+			fd, err := unix.Open(filepath.Join(diff, "tmp"), unix.O_TMPFILE|unix.O_RDWR, 0o600)
+			if err == nil {
+				_ = unix.Close(fd)
+			}
+			return err
+		}},
+		{"mkdir", func() error { return os.Mkdir(filepath.Join(diff, "newdir"), 0o755) }},
+		{"unlink", func() error { return os.Remove(file) }},
+		{"rmdir empty dir", func() error { return syscall.Rmdir(filepath.Join(diff, "xdir")) }},
+		{"rmdir full dir", func() error { return syscall.Rmdir(filepath.Join(diff, "etc")) }},
+		{"rename", func() error { return os.Rename(file, filepath.Join(diff, "etc", "renamed")) }},
+		{"symlink", func() error { return os.Symlink("target", filepath.Join(diff, "etc", "sl")) }},
+		{"link", func() error { return os.Link(file, filepath.Join(diff, "etc", "hl")) }},
+		{"mknod", func() error { return syscall.Mknod(filepath.Join(diff, "etc", "fifo"), syscall.S_IFIFO|0o644, 0) }},
+		{"chmod", func() error { return os.Chmod(file, 0o600) }},
+		{"chown", func() error { return os.Chown(file, 1, 1) }},
+		{"utimes", func() error { return os.Chtimes(file, time.Now(), time.Now()) }},
+		{"truncate", func() error { return os.Truncate(file, 0) }},
+		{"setxattr", func() error { return unix.Setxattr(file, "user.new", []byte("v"), 0) }},
+		{"removexattr", func() error { return unix.Removexattr(filepath.Join(diff, "usr", "bin", "ping"), "user.comment") }},
+		{"mkdir in root", func() error { return os.Mkdir(filepath.Join(mnt, "x"), 0o755) }},
+		{"create in root", func() error { return open(filepath.Join(mnt, "x"), os.O_CREATE|os.O_WRONLY) }},
+		{"mkdir in ref dir", func() error {
+			return os.Mkdir(filepath.Join(mnt, refDirName(testRef), "sha256:"+strings.Repeat("0", 64)), 0o755)
+		}},
+		{"create in ref dir", func() error { return open(filepath.Join(mnt, refDirName(testRef), "x"), os.O_CREATE|os.O_WRONLY) }},
+		{"write info", func() error { return os.WriteFile(layerPath(mnt, testRef, l.tocKey, "info"), []byte("{}"), 0o644) }},
+		{"unlink info", func() error { return os.Remove(layerPath(mnt, testRef, l.tocKey, "info")) }},
+		{"rmdir diff", func() error { return syscall.Rmdir(diff) }},
+		{"chmod layer dir", func() error { return os.Chmod(layerPath(mnt, testRef, l.tocKey), 0o700) }},
+	} {
+		wantErrno(t, c.what, c.op(), syscall.EROFS)
+	}
+	// fsync of what was opened for reading succeeds: there is nothing to flush.
+	for _, p := range []string{file, diff} {
+		f, err := os.Open(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := f.Sync(); err != nil {
+			t.Errorf("fsync %s: %v", p, err)
+		}
+		_ = f.Close()
+	}
+	if data, err := os.ReadFile(file); err != nil || string(data) != "layerstore\n" {
+		t.Errorf("etc/hostname after the attempts = %q, %v", data, err)
+	}
+}
+
+// TestKernelPermissions checks that the kernel enforces the tree's modes and owners
+// (default_permissions): processes of other users run commands on the mount.
+// home/user is 0750 1000:2000 and home/user/notes.txt 0640 1000:2000 in the reference layer.
+func TestKernelPermissions(t *testing.T) {
+	for _, bin := range []string{"/bin/ls", "/bin/cat"} {
+		if _, err := os.Stat(bin); err != nil {
+			t.Skipf("skipping: %s is needed to run as another user: %v", bin, err)
+		}
+	}
+	store := newTestStore()
+	l := newTestLayer(t, fixture(t, "zstdchunked-modern"))
+	store.add(testRef, l)
+	mnt, _ := mountTest(t, store, DefaultOptions())
+	dir := layerPath(mnt, testRef, l.tocKey, "diff", "home", "user")
+	notes := filepath.Join(dir, "notes.txt")
+	for _, c := range []struct {
+		uid, gid uint32
+		argv     []string
+		allowed  bool
+	}{
+		{1000, 1000, []string{"/bin/ls", dir}, true},     // owner
+		{3000, 2000, []string{"/bin/ls", dir}, true},     // group r-x
+		{3000, 3000, []string{"/bin/ls", dir}, false},    // other ---
+		{1000, 1000, []string{"/bin/cat", notes}, true},  // owner rw-
+		{3000, 2000, []string{"/bin/cat", notes}, true},  // group r--
+		{3000, 3000, []string{"/bin/cat", notes}, false}, // other: cannot even traverse
+		{3000, 3000, []string{"/bin/cat", filepath.Join(mnt, refDirName(testRef), l.tocKey.String(), "info")}, true},
+	} {
+		cmd := exec.CommandContext(t.Context(), c.argv[0], c.argv[1:]...)
+		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: c.uid, Gid: c.gid}}
+		out, err := cmd.CombinedOutput()
+		if c.allowed && err != nil {
+			t.Errorf("uid %d gid %d: %q failed: %v: %s", c.uid, c.gid, c.argv, err, out)
+		}
+		if !c.allowed && (err == nil || !strings.Contains(string(out), "Permission denied")) {
+			t.Errorf("uid %d gid %d: %q = %v: %s; want permission denied", c.uid, c.gid, c.argv, err, out)
+		}
+	}
+}

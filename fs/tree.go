@@ -1,0 +1,268 @@
+package fs
+
+import (
+	"context"
+	"errors"
+	"io"
+	"os"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	fusefs "github.com/hanwen/go-fuse/v2/fs"
+	"github.com/hanwen/go-fuse/v2/fuse"
+
+	"github.com/layerstore/layerstore/chunked"
+)
+
+// layerView is one layer directory's diff tree: the layer and its inode block.
+type layerView struct {
+	fsys  *filesystem
+	layer Layer
+	index *chunked.Index
+	block uint64
+}
+
+// node returns the node of entry id. Every node stands for the entry that owns its inode,
+// so the paths of a hardlink share one node.
+func (v *layerView) node(id chunked.EntryID) *entryNode {
+	return &entryNode{view: v, id: v.index.Entry(id).Inode}
+}
+
+// entryNode is a file, directory, link or special file of a diff tree. The tree is
+// immutable: everything about it is cached by the kernel for the configured timeouts.
+type entryNode struct {
+	fusefs.Inode
+	readOnly
+	view *layerView
+	id   chunked.EntryID // the inode owner
+}
+
+var (
+	_ fusefs.NodeLookuper    = (*entryNode)(nil)
+	_ fusefs.NodeReaddirer   = (*entryNode)(nil)
+	_ fusefs.NodeGetattrer   = (*entryNode)(nil)
+	_ fusefs.NodeReadlinker  = (*entryNode)(nil)
+	_ fusefs.NodeGetxattrer  = (*entryNode)(nil)
+	_ fusefs.NodeListxattrer = (*entryNode)(nil)
+	_ fusefs.NodeOpener      = (*entryNode)(nil)
+)
+
+func (n *entryNode) ino() uint64 { return n.view.block + inoEntries + uint64(n.id) }
+
+// typeBits returns the file type of an inode owner in the S_IFMT bits.
+func typeBits(e *chunked.Entry) uint32 {
+	if e.Flags&chunked.FlagWhiteout != 0 {
+		return syscall.S_IFCHR // an overlay whiteout: a 0/0 character device
+	}
+	switch e.Type {
+	case chunked.TypeDir:
+		return syscall.S_IFDIR
+	case chunked.TypeSymlink:
+		return syscall.S_IFLNK
+	case chunked.TypeChar:
+		return syscall.S_IFCHR
+	case chunked.TypeBlock:
+		return syscall.S_IFBLK
+	case chunked.TypeFifo:
+		return syscall.S_IFIFO
+	default: // TypeReg; hardlinks are resolved to their owner by the index
+		return syscall.S_IFREG
+	}
+}
+
+// fill sets the attributes of the node's inode from the index.
+func (n *entryNode) fill(out *fuse.Attr) {
+	x := n.view.index
+	e := x.Entry(n.id)
+	*out = fuse.Attr{
+		Ino:   n.ino(),
+		Mode:  typeBits(e) | e.Mode&0o7777,
+		Nlink: max(e.Nlink, 1),
+		Owner: fuse.Owner{Uid: e.UID, Gid: e.GID},
+	}
+	switch out.Mode & syscall.S_IFMT {
+	case syscall.S_IFREG:
+		out.Size = uint64(max(e.Size, 0))
+	case syscall.S_IFLNK:
+		out.Size = uint64(len(e.LinkName))
+	case syscall.S_IFCHR, syscall.S_IFBLK:
+		if e.Flags&chunked.FlagWhiteout == 0 {
+			out.Rdev = mkdev(e.DevMajor, e.DevMinor)
+		}
+	}
+	mtime := time.Unix(e.ModTimeSec, int64(e.ModTimeNsec))
+	atime, ctime := mtime, mtime
+	if a, c := x.TOCTimes(n.id); a != 0 || c != 0 {
+		if a != 0 {
+			atime = time.Unix(0, a)
+		}
+		if c != 0 {
+			ctime = time.Unix(0, c)
+		}
+	}
+	out.SetTimes(&atime, &mtime, &ctime)
+}
+
+// mkdev encodes a device number the way the FUSE protocol carries it (the kernel's
+// new_encode_dev).
+func mkdev(major, minor uint32) uint32 {
+	return minor&0xff | (major&0xfff)<<8 | (minor&^0xff)<<12
+}
+
+func (n *entryNode) Getattr(_ context.Context, _ fusefs.FileHandle, out *fuse.AttrOut) syscall.Errno {
+	n.fill(&out.Attr)
+	out.SetTimeout(n.view.fsys.attrTO)
+	return 0
+}
+
+// Lookup finds a child in a directory. A missing name is a negative entry the kernel keeps
+// for Options.EntryTimeout (go-fuse's NegativeTimeout, set at mount).
+func (n *entryNode) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fusefs.Inode, syscall.Errno) {
+	id, ok := n.view.index.Lookup(n.id, name)
+	if !ok {
+		return nil, syscall.ENOENT
+	}
+	child := n.view.node(id)
+	child.fill(&out.Attr)
+	out.SetEntryTimeout(n.view.fsys.entryTO)
+	out.SetAttrTimeout(n.view.fsys.attrTO)
+	return n.NewInode(ctx, child, fusefs.StableAttr{Mode: out.Mode & syscall.S_IFMT, Ino: out.Ino}), 0
+}
+
+func (n *entryNode) Readdir(context.Context) (fusefs.DirStream, syscall.Errno) {
+	x := n.view.index
+	ids := x.Children(n.id)
+	list := make([]fuse.DirEntry, 0, len(ids))
+	for _, id := range ids {
+		owner := x.Entry(id).Inode
+		list = append(list, fuse.DirEntry{
+			Name: x.BaseName(id),
+			Mode: typeBits(x.Entry(owner)),
+			Ino:  n.view.block + inoEntries + uint64(owner),
+		})
+	}
+	return fusefs.NewListDirStream(list), 0
+}
+
+// Readlink returns a symlink's target verbatim.
+func (n *entryNode) Readlink(context.Context) ([]byte, syscall.Errno) {
+	e := n.view.index.Entry(n.id)
+	if e.Type != chunked.TypeSymlink {
+		return nil, syscall.EINVAL
+	}
+	return []byte(e.LinkName), 0
+}
+
+// Getxattr follows go-fuse's convention: the size and ERANGE when dest is too small (the
+// size query of an empty dest included), ENODATA for a missing attribute.
+func (n *entryNode) Getxattr(_ context.Context, attr string, dest []byte) (uint32, syscall.Errno) {
+	for _, xa := range n.view.index.Xattrs(n.id) {
+		if xa.Name == attr {
+			if len(dest) < len(xa.Value) {
+				return uint32(len(xa.Value)), syscall.ERANGE
+			}
+			return uint32(copy(dest, xa.Value)), 0
+		}
+	}
+	return 0, syscall.ENODATA
+}
+
+// Listxattr writes the NUL-terminated names, or returns the size and ERANGE when dest is
+// too small.
+func (n *entryNode) Listxattr(_ context.Context, dest []byte) (uint32, syscall.Errno) {
+	var names []byte
+	for _, xa := range n.view.index.Xattrs(n.id) {
+		names = append(append(names, xa.Name...), 0)
+	}
+	if len(dest) < len(names) {
+		return uint32(len(names)), syscall.ERANGE
+	}
+	return uint32(copy(dest, names)), 0
+}
+
+// Open opens a regular file for reading. When passthrough is on and the layer holds the
+// whole file locally, the handle offers it to the kernel, which then reads it without
+// calling the daemon; otherwise reads go to Layer.ReadFile and their pages stay cached.
+func (n *entryNode) Open(_ context.Context, flags uint32) (fusefs.FileHandle, uint32, syscall.Errno) {
+	if writeAccess(flags) {
+		return nil, 0, syscall.EROFS
+	}
+	e := n.view.index.Entry(n.id)
+	if e.Type != chunked.TypeReg || e.Flags&chunked.FlagWhiteout != 0 {
+		return nil, 0, syscall.EINVAL // the kernel opens only regular files through FUSE
+	}
+	h := &fileHandle{view: n.view, id: n.id, size: e.Size}
+	if n.view.fsys.passthrough.Load() {
+		h.backing.Store(n.backing(e.Size))
+	}
+	return h, fuse.FOPEN_KEEP_CACHE, 0
+}
+
+// backing returns the layer's local copy of the file, or nil.
+func (n *entryNode) backing(size int64) *os.File {
+	f := n.view.layer.Backing(n.id)
+	if f == nil {
+		return nil
+	}
+	if fi, err := f.Stat(); err != nil || !fi.Mode().IsRegular() || fi.Size() != size {
+		n.view.fsys.log.Warn("not using a backing file for passthrough: wrong size or type",
+			"file", n.view.index.Path(n.id), "want_size", size, "stat_err", err)
+		_ = f.Close()
+		return nil
+	}
+	return f
+}
+
+// fileHandle is an open regular file of a diff tree.
+type fileHandle struct {
+	view *layerView
+	id   chunked.EntryID
+	size int64
+	// backing is the file offered for passthrough, if any; closed on Release, or on the
+	// first Read, which proves the kernel is not using it.
+	backing atomic.Pointer[os.File]
+}
+
+var (
+	_ fusefs.FileReader          = (*fileHandle)(nil)
+	_ fusefs.FileReleaser        = (*fileHandle)(nil)
+	_ fusefs.FilePassthroughFder = (*fileHandle)(nil)
+)
+
+// PassthroughFd hands the backing file to go-fuse, which registers it with the kernel once
+// per inode. When the kernel refuses (no passthrough support, or a backing file on a
+// stacked filesystem), go-fuse stops asking for the rest of the mount and the handle
+// serves reads itself.
+func (h *fileHandle) PassthroughFd() (int, bool) {
+	f := h.backing.Load()
+	if f == nil {
+		return -1, false
+	}
+	return int(f.Fd()), true
+}
+
+func (h *fileHandle) Read(ctx context.Context, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
+	if f := h.backing.Swap(nil); f != nil {
+		_ = f.Close()
+		h.view.fsys.passthroughLog.Do(func() {
+			h.view.fsys.log.Info("FUSE passthrough not in effect: reads go through the daemon")
+		})
+	}
+	p, ok := clamp(dest, off, h.size)
+	if !ok {
+		return fuse.ReadResultData(nil), 0
+	}
+	k, err := h.view.layer.ReadFile(ctx, h.id, p, off)
+	if err != nil && !errors.Is(err, io.EOF) {
+		return nil, errno(h.view.fsys.log, err, "read", "file", h.view.index.Path(h.id), "off", off, "len", len(p))
+	}
+	return fuse.ReadResultData(p[:k]), 0
+}
+
+func (h *fileHandle) Release(context.Context) syscall.Errno {
+	if f := h.backing.Swap(nil); f != nil {
+		_ = f.Close()
+	}
+	return 0
+}
