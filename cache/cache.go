@@ -33,6 +33,9 @@ type Cache struct {
 
 	// usage is the number of content bytes present in all entries (sum of entry.bytes).
 	usage atomic.Int64
+	// hits and misses count reads that found all or not all of their bytes; evictions the
+	// files removed to stay within the size bound.
+	hits, misses, evictions atomic.Int64
 
 	mu      sync.Mutex // guards the fields below
 	closed  bool
@@ -94,14 +97,43 @@ func (c *Cache) Close() error {
 // counted).
 func (c *Cache) Usage() int64 { return c.usage.Load() }
 
+// Stats are the cache's figures for status and metrics.
+type Stats struct {
+	Bytes     int64 `json:"bytes"`     // content bytes held (see [Cache.Usage])
+	MaxBytes  int64 `json:"maxBytes"`  // the size bound
+	Files     int   `json:"files"`     // files held, complete or partial
+	Complete  int   `json:"complete"`  // of which complete
+	Hits      int64 `json:"hits"`      // reads that found all their bytes
+	Misses    int64 `json:"misses"`    // reads that found some bytes missing
+	Evictions int64 `json:"evictions"` // files removed to stay within the bound
+}
+
+// Stats returns the cache's current figures.
+func (c *Cache) Stats() Stats {
+	c.mu.Lock()
+	files := len(c.entries)
+	complete := 0
+	for _, e := range c.entries {
+		if e.isComplete() {
+			complete++
+		}
+	}
+	c.mu.Unlock()
+	return Stats{
+		Bytes: c.usage.Load(), MaxBytes: c.opts.maxSize, Files: files, Complete: complete,
+		Hits: c.hits.Load(), Misses: c.misses.Load(), Evictions: c.evictions.Load(),
+	}
+}
+
 // Has reports whether the file with digest sum is stored complete.
 func (c *Cache) Has(sum chunked.Sum) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	e := c.entries[sum]
-	if e == nil {
-		return false
-	}
+	return e != nil && e.isComplete()
+}
+
+func (e *entry) isComplete() bool {
 	e.mu.RLock()
 	defer e.mu.RUnlock()
 	return e.complete
@@ -204,6 +236,7 @@ func (c *Cache) evictLocked() {
 		el = el.Prev()
 		if e.refs == 0 {
 			c.dropLocked(e)
+			c.evictions.Add(1)
 		}
 	}
 }

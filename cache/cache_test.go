@@ -387,3 +387,26 @@ func TestReadChunkPoisoned(t *testing.T) {
 		t.Errorf("ReadChunk after completion = %v", err)
 	}
 }
+
+func TestStats(t *testing.T) {
+	c := newCache(t, t.TempDir())
+	var f *testFile
+	for _, tf := range realFiles(t) {
+		if f == nil || tf.size() > f.size() {
+			f = tf
+		}
+	}
+	h := open(t, c, f)
+	buf := make([]byte, 10)
+	if _, err := h.ReadAt(buf, 0); !errors.Is(err, ErrMissing) {
+		t.Fatalf("read of an empty file: %v", err)
+	}
+	putAll(t, h, f.chunks["zstd"])
+	if _, err := h.ReadAt(buf, 0); err != nil {
+		t.Fatal(err)
+	}
+	st := c.Stats()
+	if st.Hits != 1 || st.Misses != 1 || st.Files != 1 || st.Complete != 1 || st.Bytes != f.size() || st.MaxBytes != DefaultMaxSize {
+		t.Errorf("stats %+v", st)
+	}
+}

@@ -19,6 +19,9 @@ func TestEvictLRU(t *testing.T) {
 		t.Errorf("after overflow: has a=%v b=%v c=%v, want the LRU file b evicted",
 			c.Has(a.sum), c.Has(b.sum), c.Has(cf.sum))
 	}
+	if n := c.Stats().Evictions; n != 1 {
+		t.Errorf("%d evictions counted, want 1", n)
+	}
 	if c.Usage() != a.size()+cf.size() {
 		t.Errorf("usage = %d, want %d", c.Usage(), a.size()+cf.size())
 	}

@@ -84,10 +84,13 @@ func (f *File) ReadAt(p []byte, off int64) (int, error) {
 	}
 	switch {
 	case len(missing) > 0:
+		e.c.misses.Add(1)
 		return n, &MissingError{File: e.sum, Ranges: missing}
 	case end-off < int64(len(p)):
+		e.c.hits.Add(1)
 		return n, io.EOF
 	}
+	e.c.hits.Add(1)
 	return n, nil
 }
 

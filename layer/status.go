@@ -5,12 +5,14 @@ import (
 	"strings"
 
 	"github.com/opencontainers/go-digest"
+
+	"github.com/layerstore/layerstore/cache"
 )
 
 // Status is a snapshot of the manager for the control socket.
 type Status struct {
 	Layers   []LayerStatus `json:"layers"`
-	Cache    CacheStatus   `json:"cache"`
+	Cache    cache.Stats   `json:"cache"`
 	Counters Counters      `json:"counters"`
 }
 
@@ -30,11 +32,6 @@ type LayerStatus struct {
 	State      State   `json:"state"`
 	Error      string  `json:"error,omitempty"`
 	Seconds    float64 `json:"prefetchSeconds,omitempty"`
-}
-
-// CacheStatus is the cache's use.
-type CacheStatus struct {
-	Bytes int64 `json:"bytes"`
 }
 
 // Counters are totals since the manager started.
@@ -57,7 +54,7 @@ func (m *Manager) Status() Status {
 	}
 	m.mu.Unlock()
 	st := Status{
-		Cache: CacheStatus{Bytes: m.cache.Usage()},
+		Cache: m.cache.Stats(),
 		Counters: Counters{
 			Lookups:        m.counters.lookups.Load(),
 			Resolutions:    m.counters.resolutions.Load(),
