@@ -12,17 +12,16 @@ import (
 	"sync/atomic"
 )
 
-// Blob reads byte ranges of one registry blob. It is safe for concurrent use.
+// Blob reads byte ranges of one registry blob, from one or several sources (a registry and its
+// mirrors). It is safe for concurrent use.
 type Blob struct {
-	rt   http.RoundTripper // authenticated to the registry; used for the registry's host only
-	url  *url.URL          // the registry's blob URL
+	eps  []*endpoint // where the blob can be read, the preferred one first
 	size int64
 	o    options
 
-	// Set once and read without a lock.
-	noMulti atomic.Bool // the registry does not answer multi-range requests properly
+	cur atomic.Int32 // index in eps of the endpoint asked first; moves on when one fails
 
-	// Counters.
+	// Counters, over all endpoints.
 	requests atomic.Int64
 	bytesIn  atomic.Int64
 	retries  atomic.Int64
@@ -30,7 +29,19 @@ type Blob struct {
 
 	mu       sync.Mutex
 	inflight map[Range]*call // guarded by mu: spans being fetched, for sharing
-	location *url.URL        // guarded by mu: cached redirect target, nil when none
+}
+
+// endpoint is one place a blob can be read from: the registry, or one of its mirrors. The
+// bytes are the same everywhere (a blob is addressed by its digest, and the caller verifies
+// them), so any endpoint will do.
+type endpoint struct {
+	rt  http.RoundTripper // authenticated to the endpoint; used for its own host only
+	url *url.URL          // the endpoint's blob URL
+
+	noMulti atomic.Bool // set once: the endpoint does not answer multi-range requests properly
+
+	mu       sync.Mutex
+	location *url.URL // guarded by mu: cached redirect target, nil when none
 }
 
 // call is one span being fetched; done is closed once buf or err is set.
@@ -42,7 +53,7 @@ type call struct {
 
 // Stats are a Blob's counters since it was created.
 type Stats struct {
-	Requests      int64 // HTTP requests sent, redirect hops included
+	Requests      int64 // HTTP requests sent, redirect hops included (not a source's authentication)
 	BytesReceived int64 // response body bytes read
 	Retries       int64 // attempts after a transient failure
 }
@@ -50,11 +61,17 @@ type Stats struct {
 // New returns a Blob reading the blob at blobURL (https://host/v2/<repo>/blobs/<digest>),
 // whose size is size bytes, through rt, a transport already authenticated to the registry.
 func New(rt http.RoundTripper, blobURL string, size int64, opts ...Option) (*Blob, error) {
+	ep, err := newEndpoint(rt, blobURL)
+	if err != nil {
+		return nil, err
+	}
+	return newBlob([]*endpoint{ep}, size, opts...)
+}
+
+// newEndpoint checks an endpoint's transport and blob URL.
+func newEndpoint(rt http.RoundTripper, blobURL string) (*endpoint, error) {
 	if rt == nil {
 		return nil, errors.New("fetcher: nil transport")
-	}
-	if size < 0 {
-		return nil, fmt.Errorf("fetcher: negative blob size %d", size)
 	}
 	u, err := url.Parse(blobURL)
 	if err != nil {
@@ -63,13 +80,24 @@ func New(rt http.RoundTripper, blobURL string, size int64, opts ...Option) (*Blo
 	if (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 		return nil, fmt.Errorf("fetcher: blob URL %s is not an http(s) URL", redact(u))
 	}
+	return &endpoint{rt: rt, url: u}, nil
+}
+
+// newBlob returns a Blob reading from eps, the first one first: see [Blob.Fetch].
+func newBlob(eps []*endpoint, size int64, opts ...Option) (*Blob, error) {
+	if len(eps) == 0 {
+		return nil, errors.New("fetcher: no endpoint to read the blob from")
+	}
+	if size < 0 {
+		return nil, fmt.Errorf("fetcher: negative blob size %d", size)
+	}
 	o := defaultOptions()
 	for _, opt := range opts {
 		if err := opt(&o); err != nil {
 			return nil, fmt.Errorf("fetcher: %w", err)
 		}
 	}
-	return &Blob{rt: rt, url: u, size: size, o: o, inflight: make(map[Range]*call)}, nil
+	return &Blob{eps: eps, size: size, o: o, inflight: make(map[Range]*call)}, nil
 }
 
 // Size is the blob's size in bytes.
@@ -106,6 +134,10 @@ func (b *Blob) ReadAt(ctx context.Context, p []byte, off int64) (int, error) {
 
 // Fetch returns the bytes of each range, in the order asked. Ranges must lie within the blob.
 // See the package documentation for how ranges are coalesced and requested.
+//
+// The returned slices are read-only: to spare a copy of every byte, they are views of the
+// buffers the responses were read into, which they may share with each other (overlapping or
+// neighbouring ranges) and with the results of concurrent calls that shared a request.
 func (b *Blob) Fetch(ctx context.Context, ranges []Range) ([][]byte, error) {
 	for _, r := range ranges {
 		if r.Offset < 0 || r.Length < 0 || r.Offset > b.size || r.Length > b.size-r.Offset {
@@ -123,8 +155,19 @@ func (b *Blob) Fetch(ctx context.Context, ranges []Range) ([][]byte, error) {
 	}
 	out := make([][]byte, len(ranges))
 	for k, r := range ranges {
-		buf := make([]byte, r.Length)
+		if r.Length == 0 {
+			out[k] = []byte{}
+			continue
+		}
 		j := sort.Search(len(spans), func(j int) bool { return spans[j].end() > r.Offset })
+		if r.end() <= spans[j].end() {
+			// Within one span (always, unless the range is longer than the maximum span): no
+			// copy. The capacity is cut so that an append cannot write into the span.
+			lo, hi := r.Offset-spans[j].Offset, r.end()-spans[j].Offset
+			out[k] = bufs[j][lo:hi:hi]
+			continue
+		}
+		buf := make([]byte, r.Length)
 		for pos := r.Offset; pos < r.end(); j++ {
 			pos += int64(copy(buf[pos-r.Offset:], bufs[j][pos-spans[j].Offset:]))
 		}
@@ -206,7 +249,7 @@ func isContextErr(err error) bool {
 // Every call in calls is completed before it returns.
 func (b *Blob) runOwned(ctx context.Context, spans []Range, idx []int, calls map[int]*call) {
 	per := b.o.maxRanges
-	if b.noMulti.Load() {
+	if b.eps[b.cur.Load()].noMulti.Load() {
 		per = 1
 	}
 	ctx, cancel := context.WithCancel(ctx)
@@ -245,23 +288,23 @@ func (b *Blob) runOwned(ctx context.Context, spans []Range, idx []int, calls map
 }
 
 // cachedLocation returns the cached redirect target, or nil.
-func (b *Blob) cachedLocation() *url.URL {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.location
+func (ep *endpoint) cachedLocation() *url.URL {
+	ep.mu.Lock()
+	defer ep.mu.Unlock()
+	return ep.location
 }
 
-func (b *Blob) setLocation(u *url.URL) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	b.location = u
+func (ep *endpoint) setLocation(u *url.URL) {
+	ep.mu.Lock()
+	defer ep.mu.Unlock()
+	ep.location = u
 }
 
 // dropLocation forgets u if it is still the cached redirect target.
-func (b *Blob) dropLocation(u *url.URL) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if b.location == u {
-		b.location = nil
+func (ep *endpoint) dropLocation(u *url.URL) {
+	ep.mu.Lock()
+	defer ep.mu.Unlock()
+	if ep.location == u {
+		ep.location = nil
 	}
 }

@@ -1,28 +1,88 @@
 // Package fetcher owns talking to registries.
 //
-// A [Resolver] turns a reference (tag, digest, or repo:tag@digest, where the digest wins) into
-// an [Image]: the manifest for the host platform (picked from an image index by OS,
-// architecture and variant; [Resolver.Platforms] fetches the index's other manifests), its
-// layer descriptors with their annotations, and the config's DiffIDs. Resolutions by tag are
-// reused for the tag TTL ([WithTagTTL], default 5 minutes), resolutions by digest for the
-// resolver's life; failures are never remembered; concurrent resolutions of one reference
-// share their requests. OCI and Docker schema2 media types are both read.
+// A [Client] is what the daemon uses. It reads an image the way podman or CRI-O would for the
+// same reference, through registries.conf's mirrors and rewrites and with the credentials
+// they would use, in three calls:
 //
-// A [Blob] reads byte ranges of one registry blob over HTTP: it turns random reads
-// ([Blob.ReadAt], which satisfies verify.Source) and batches of ranges ([Blob.Fetch]) into as
-// few range requests as it can, and survives what registries and their storage back ends do
-// to such requests.
+//   - [Client.Resolve] turns a reference (tag, digest, or repo:tag@digest, where the digest
+//     wins) into an [Image]: the manifest for the host platform (picked from an image index by
+//     OS, architecture and variant), its layer descriptors with their annotations, and the
+//     config's DiffIDs. Resolutions by tag are reused for the tag TTL ([WithTagTTL], default 5
+//     minutes), resolutions by digest for the Client's life; failures are never remembered;
+//     concurrent resolutions of one reference share their requests. OCI and Docker schema2
+//     media types are both read.
+//   - [Client.Platforms] fetches the index's other platforms' manifests.
+//   - [Client.Blob] returns a [Blob] reading one layer with range requests.
 //
-// Authentication and registries.conf mirrors are not done yet: a Resolver and a Blob are
-// given an http.RoundTripper that already authenticates to the registry, a Blob the blob's URL
-// (https://host/v2/<repo>/blobs/<digest>) and its size from the manifest. Bytes are not verified
-// here either; package verify does that.
+// A [Resolver] does the first two alone, for a transport that already authenticates, and reads
+// every reference from its own registry.
+//
+// # registries.conf
+//
+// The Client reads registries.conf (v2) and its drop-ins with containers/image's
+// sysregistriesv2, from the paths given with [WithRegistriesConf] or, by default, where
+// podman reads them. containers/image keeps parsed files in a process-wide cache keyed by their
+// paths: a Client re-reads its files when it is made (so Clients on different files, tests
+// among them, each see their own as they are), and [Client.Reload] re-reads them and forgets
+// every resolution; a daemon calls it on SIGHUP. Short names are not resolved: references come
+// fully qualified from the runtime.
+//
+// For each reference, the entry with the longest matching prefix ("*.example.com" wildcards
+// included) gives the sources, in order: its mirrors that pull-from-mirror (all, digest-only,
+// tag-only) and mirror-by-digest-only allow for a pull by tag or by digest, then its location,
+// each with the reference rewritten as containers/image does. A reference without an entry is
+// read from its own registry. Each source is checked as containers/image does: one whose own
+// entry is blocked is passed over without a request ([ErrBlocked] when it was the last). An
+// insecure source may be reached over plain http (when https fails) and its TLS certificate is
+// not verified; other sources are reached over verified https only, loopback and private
+// addresses included (go-containerregistry alone would fall back to plain http for registries
+// on localhost, 127.0.0.1, ::1 and RFC 1918 addresses; the Client refuses, as podman does). A
+// namespace-proxy value is sent as the "ns" query parameter.
+//
+// The manifests are asked of the sources in turn. Any failure but the caller's context ending
+// (not found, unauthorized, 5xx, connection refused, a bad answer) moves on to the next source
+// at once; the last source, the registry itself, is retried when it fails transiently
+// ([WithManifestAttempts], default 3 attempts). When all fail, the error wraps the registry's
+// failure and quotes the mirrors'. The Image remembers its sources, the one that served it
+// first: its other platforms' manifests and its blobs are read from there, and from the others
+// in turn when it fails. This is how a fleet plugs in a pull-through cache or a P2P system
+// (Spegel, Dragonfly): as mirrors.
+//
+// # Authentication
+//
+// Each source gets one authenticated transport, made on its first request and kept for the
+// resolution and the Blobs made from it: one ping of the registry and, when the registry asks
+// for bearer tokens (go-containerregistry's transport does the token exchange, scope pull on
+// the repository), one token, renewed when the registry refuses it. Credentials are those of
+// the source's own registry and repository (a mirror's, not its upstream's), found in order:
+//
+//  1. the [MemoryKeychain] given with [WithMemoryKeychain] (credentials from the auth helper);
+//  2. the files and helpers of containers-auth.json(5), read by containers/image: the file
+//     REGISTRY_AUTH_FILE names (read when the Client is made) if set, otherwise
+//     ${XDG_RUNTIME_DIR}/containers/auth.json (or /run/containers/$UID/auth.json),
+//     ${XDG_CONFIG_HOME:-~/.config}/containers/auth.json, ${DOCKER_CONFIG:-~/.docker}/config.json
+//     and ~/.dockercfg, with their credHelpers, and registries.conf's credential-helpers;
+//  3. the extra files of [WithAuthFiles] (the kubelet's config.json, say);
+//  4. the credsStore of the Docker config files among those (docker-credential-<name> get).
+//
+// The first that has credentials wins; within each, an entry for the repository beats one for
+// a namespace, which beats one for the registry. None means anonymous access. Credentials are
+// read when a source first authenticates: credentials changed later apply from the next
+// resolution. Secrets are never logged nor put in errors ([Credentials] hides them from fmt and
+// slog), but containers/image logs through logrus at debug level which files it used.
 //
 // # What a Blob does with a batch of ranges
 //
+// A [Blob] reads byte ranges of one registry blob over HTTP: it turns random reads
+// ([Blob.ReadAt], which satisfies verify.Source) and batches of ranges ([Blob.Fetch]) into as
+// few range requests as it can, and survives what registries and their storage back ends do to
+// such requests. Bytes are not verified here; package verify does that. [New] makes one for a
+// single URL and a transport that already authenticates.
+//
 //   - Coalescing: ranges are sorted; overlapping and adjacent ones are merged, and so are ranges
 //     closer than the gap ([WithMaxGap], default 64 KiB) while the merged span stays within the
-//     maximum span ([WithMaxSpan], default 16 MiB). Longer spans are split at that maximum.
+//     maximum span ([WithMaxSpan], default 16 MiB). Longer spans are split at that maximum. The
+//     slices Fetch returns are views of the spans read, not copies: they are read-only.
 //   - Multi-range requests: up to [WithMaxRangesPerRequest] spans (default 16) are asked for in
 //     one request (Range: bytes=a-b,c-d). A 206 multipart/byteranges answer is parsed part by
 //     part, each part's Content-Range checked. A single-part 206 must carry a Content-Range that
@@ -32,25 +92,30 @@
 //     body, or with only some of the ranges, the Blob remembers that it does not do multi-range
 //     and from then on sends one request per span.
 //   - Redirects are followed by the Blob itself (at most 5 hops). A hop to another host goes
-//     through the storage transport ([WithStorageTransport], default http.DefaultTransport), so
-//     the registry's credentials never reach it. The final redirected URL is cached; when the
-//     storage answers 403 (signed URL expired) or 404 on the cached URL, the registry is asked
-//     once for a fresh redirect.
+//     through the storage transport ([WithStorageTransport], default http.DefaultTransport; a
+//     Client's own transport for its Blobs), so the registry's credentials never reach it. The
+//     final redirected URL is cached; when the storage answers 403 (signed URL expired) or 404
+//     on the cached URL, the registry is asked once for a fresh redirect.
 //   - Retries: connection errors, timeouts, truncated bodies, 408, 429 and 5xx are retried up to
 //     [WithMaxAttempts] attempts in all (default 4), with capped exponential backoff and jitter
 //     ([WithBackoff], default 100 ms doubling up to 10 s). Retry-After (seconds or HTTP-date) on
 //     429 and 503 is honoured, capped at the same maximum. Each attempt has its own timeout
 //     ([WithRequestTimeout], default 30 s). Exhausted retries yield an error wrapping
 //     [ErrTransient].
+//   - Sources: a Blob made by a Client reads from the image's sources in turn. When one fails
+//     for any reason but the caller's context (after its retries), the same requests go to the
+//     next, and the next becomes the first asked for later reads. When all fail, the error is
+//     the first source's, quoting the others'.
 //   - Concurrency: every request holds a slot of a [HostLimiter] for the registry's host
 //     (default: one process-wide limiter with 8 slots per host; see [WithHostLimiter]),
 //     including the hops to storage it was redirected to. Concurrent calls asking for the same
 //     coalesced span share one request.
 //
-// Errors are [*Error] values wrapping the package sentinels ([ErrNotFound], [ErrUnauthorized],
-// [ErrTransient], [ErrBadResponse], [ErrRangeUnsupported]); their URLs never carry a query string
-// (signed storage URLs keep secrets there). Context errors are returned wrapped, so errors.Is
-// with context.Canceled or context.DeadlineExceeded works.
+// Errors are [*Error] values (for a Blob) or errors (for a resolution) wrapping the package
+// sentinels ([ErrNotFound], [ErrUnauthorized], [ErrTransient], [ErrBadResponse],
+// [ErrRangeUnsupported], [ErrBlocked]); their URLs never carry a query string (signed storage
+// URLs keep secrets there). Context errors are returned wrapped, so errors.Is with
+// context.Canceled or context.DeadlineExceeded works.
 //
-// A Blob is safe for concurrent use.
+// Clients, Resolvers and Blobs are safe for concurrent use.
 package fetcher

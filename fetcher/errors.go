@@ -9,24 +9,28 @@ import (
 	"time"
 )
 
-// Sentinel errors. Errors returned by a [Blob] or a [Resolver] wrap one of them (test with
-// errors.Is).
+// Sentinel errors. Errors returned by a [Blob], a [Resolver] or a [Client] wrap one of them
+// (test with errors.Is).
 var (
 	// ErrNotFound: the registry does not have the blob or manifest (404), or an index has
 	// no manifest for the platform.
 	ErrNotFound = errors.New("not found")
-	// ErrUnauthorized: the registry or storage refused the credentials (401, 403).
+	// ErrUnauthorized: the registry, its token server or storage refused the credentials (401,
+	// 403), or looking the credentials up failed (a malformed auth file).
 	ErrUnauthorized = errors.New("unauthorized")
 	// ErrTransient: a failure worth retrying (connection trouble, timeout, truncated body, 408,
 	// 429, 5xx) that persisted through every attempt.
 	ErrTransient = errors.New("transient failure")
 	// ErrBadResponse: the server broke the protocol, e.g. a Content-Range other than the one
-	// asked for, a malformed multipart body, or a size other than the blob's.
+	// asked for, a malformed multipart body, or a size other than the blob's; or its TLS
+	// certificate was refused.
 	ErrBadResponse = errors.New("bad response")
 	// ErrRangeUnsupported: the server refused a single-range request (400 or 416).
 	ErrRangeUnsupported = errors.New("range request refused")
 	// ErrInvalidRange: the caller asked for a range outside the blob.
 	ErrInvalidRange = errors.New("invalid range")
+	// ErrBlocked: registries.conf blocks the registry (blocked = true); nothing was sent to it.
+	ErrBlocked = errors.New("registry blocked")
 )
 
 // Error is a failed blob request. URL never carries a query string or credentials.

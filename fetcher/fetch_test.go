@@ -429,3 +429,26 @@ func equalBools(a, b []bool) bool {
 }
 
 var zeroTime time.Time
+
+// TestFetchResultsAreViews: results within one span are views of it, cut so that appending to
+// one cannot overwrite another; a range across two spans (longer than the maximum span) is
+// copied together.
+func TestFetchResultsAreViews(t *testing.T) {
+	data := testBlob(300_000)
+	reg := newTestRegistry(t, data)
+	b, _ := newTestBlob(t, reg, WithMaxSpan(100_000))
+	ranges := []Range{{0, 10}, {10, 10}, {5, 10}, {99_990, 20}, {0, 0}}
+	got, err := b.Fetch(t.Context(), ranges)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = append(got[0], 0xff, 0xff)
+	for i, r := range ranges {
+		if !bytes.Equal(got[i], data[r.Offset:r.end()]) {
+			t.Errorf("range %v: bytes differ", r)
+		}
+	}
+	if got[4] == nil {
+		t.Error("an empty range returned nil")
+	}
+}

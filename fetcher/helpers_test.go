@@ -102,7 +102,7 @@ type testRegistry struct {
 }
 
 // newTestRegistry starts a registry holding data as a blob of testRepo.
-func newTestRegistry(t *testing.T, data []byte) *testRegistry {
+func newTestRegistry(t testing.TB, data []byte) *testRegistry {
 	t.Helper()
 	inner := registry.New(registry.Logger(log.New(io.Discard, "", 0)))
 	sum := sha256.Sum256(data)

@@ -3,7 +3,6 @@ package fetcher
 import (
 	"context"
 	"errors"
-	"io"
 	"log/slog"
 	"net/http"
 	"time"
@@ -58,7 +57,7 @@ func defaultOptions() options {
 		limiter:        defaultLimiter,
 		sleep:          sleepContext,
 		now:            time.Now,
-		log:            slog.New(slog.NewTextHandler(io.Discard, nil)),
+		log:            discardLogger(),
 	}
 }
 
@@ -197,6 +196,8 @@ func WithLogger(l *slog.Logger) Option {
 		return nil
 	}
 }
+
+func discardLogger() *slog.Logger { return slog.New(slog.DiscardHandler) }
 
 func sleepContext(ctx context.Context, d time.Duration) error {
 	if d <= 0 {

@@ -2,6 +2,7 @@ package fetcher
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -20,14 +21,50 @@ import (
 // errMultiRefused: the server answered a multi-range request with 400 or 416.
 var errMultiRefused = errors.New("multi-range request refused")
 
-// fetchBatch fetches spans (sorted, disjoint) with as few requests as the registry allows,
-// falling back to one request per span when it turns out not to do multi-range requests.
+// fetchBatch fetches spans (sorted, disjoint) from the preferred endpoint, and when that fails
+// for any reason but the caller's context, from the next endpoints in turn. An endpoint that
+// failed stops being the preferred one, so that later fetches do not wait for it again.
 func (b *Blob) fetchBatch(ctx context.Context, spans []Range) ([][]byte, error) {
-	if len(spans) > 1 && b.noMulti.Load() {
-		return b.fetchSingles(ctx, spans)
+	first := int(b.cur.Load())
+	var firstErr error
+	var others []string
+	for k := range len(b.eps) {
+		i := (first + k) % len(b.eps)
+		ep := b.eps[i]
+		bufs, err := b.fetchBatchFrom(ctx, ep, spans)
+		if err == nil {
+			return bufs, nil
+		}
+		if ctx.Err() != nil {
+			return nil, err
+		}
+		if firstErr == nil {
+			firstErr = err
+		} else {
+			others = append(others, err.Error())
+		}
+		if len(b.eps) > 1 {
+			next := (i + 1) % len(b.eps)
+			if b.cur.CompareAndSwap(int32(i), int32(next)) {
+				b.o.log.Debug("blob source failed; reading from the next one",
+					"failed", redact(ep.url), "next", redact(b.eps[next].url), "err", err)
+			}
+		}
+	}
+	if len(others) == 0 {
+		return nil, firstErr
+	}
+	return nil, fmt.Errorf("%w (other sources also failed: %s)", firstErr, strings.Join(others, "; "))
+}
+
+// fetchBatchFrom fetches spans from one endpoint with as few requests as it allows, falling back
+// to one request per span when it turns out not to do multi-range requests.
+func (b *Blob) fetchBatchFrom(ctx context.Context, ep *endpoint, spans []Range) ([][]byte, error) {
+	if len(spans) > 1 && ep.noMulti.Load() {
+		return b.fetchSingles(ctx, ep, spans)
 	}
 	set := newSpanSet(spans)
-	err := b.withRetries(ctx, func(ctx context.Context) error { return b.attempt(ctx, set) })
+	err := b.withRetries(ctx, ep, func(ctx context.Context) error { return b.attempt(ctx, ep, set) })
 	if err != nil && !errors.Is(err, errMultiRefused) {
 		return nil, err
 	}
@@ -37,10 +74,10 @@ func (b *Blob) fetchBatch(ctx context.Context, spans []Range) ([][]byte, error) 
 	}
 	if len(spans) == 1 {
 		// Unreachable: an attempt for one span fills it or fails. Guards against a loop.
-		return nil, &Error{URL: redact(b.url), Err: fmt.Errorf("%w: range not served", ErrBadResponse)}
+		return nil, &Error{URL: redact(ep.url), Err: fmt.Errorf("%w: range not served", ErrBadResponse)}
 	}
-	b.markNoMulti()
-	bufs, err := b.fetchSingles(ctx, rest)
+	b.markNoMulti(ep)
+	bufs, err := b.fetchSingles(ctx, ep, rest)
 	if err != nil {
 		return nil, err
 	}
@@ -53,15 +90,15 @@ func (b *Blob) fetchBatch(ctx context.Context, spans []Range) ([][]byte, error) 
 	return set.bufs, nil
 }
 
-func (b *Blob) markNoMulti() {
-	if !b.noMulti.Swap(true) {
+func (b *Blob) markNoMulti(ep *endpoint) {
+	if !ep.noMulti.Swap(true) {
 		b.o.log.Debug("registry does not serve multi-range requests; using single ranges",
-			"url", redact(b.url))
+			"url", redact(ep.url))
 	}
 }
 
 // fetchSingles fetches each span with its own request, concurrently (within the host limit).
-func (b *Blob) fetchSingles(ctx context.Context, spans []Range) ([][]byte, error) {
+func (b *Blob) fetchSingles(ctx context.Context, ep *endpoint, spans []Range) ([][]byte, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	out := make([][]byte, len(spans))
@@ -71,7 +108,7 @@ func (b *Blob) fetchSingles(ctx context.Context, spans []Range) ([][]byte, error
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			bufs, err := b.fetchBatch(ctx, []Range{sp})
+			bufs, err := b.fetchBatchFrom(ctx, ep, []Range{sp})
 			if err != nil {
 				errs[i] = err
 				cancel()
@@ -101,11 +138,11 @@ func firstError(errs []error) error {
 
 // withRetries runs fn, each attempt holding a host slot and bounded by the request timeout,
 // until it succeeds, fails for good, or the attempts are used up.
-func (b *Blob) withRetries(ctx context.Context, fn func(context.Context) error) error {
+func (b *Blob) withRetries(ctx context.Context, ep *endpoint, fn func(context.Context) error) error {
 	for attempt := 1; ; attempt++ {
-		release, err := b.o.limiter.Acquire(ctx, b.url.Host)
+		release, err := b.o.limiter.Acquire(ctx, ep.url.Host)
 		if err != nil {
-			return fmt.Errorf("fetcher: waiting for a request slot for %s: %w", b.url.Host, err)
+			return fmt.Errorf("fetcher: waiting for a request slot for %s: %w", ep.url.Host, err)
 		}
 		actx, cancel := context.WithTimeout(ctx, b.o.timeout)
 		err = fn(actx)
@@ -115,7 +152,7 @@ func (b *Blob) withRetries(ctx context.Context, fn func(context.Context) error) 
 			return nil
 		}
 		if ctx.Err() != nil {
-			return fmt.Errorf("fetcher: GET %s: %w", redact(b.url), ctx.Err())
+			return fmt.Errorf("fetcher: GET %s: %w", redact(ep.url), ctx.Err())
 		}
 		var fe *Error
 		if !errors.As(err, &fe) || !errors.Is(fe.Err, ErrTransient) {
@@ -132,7 +169,7 @@ func (b *Blob) withRetries(ctx context.Context, fn func(context.Context) error) 
 		b.retries.Add(1)
 		b.o.log.Debug("retrying blob request", "attempt", attempt, "delay", delay, "err", err)
 		if err := b.o.sleep(ctx, delay); err != nil {
-			return fmt.Errorf("fetcher: GET %s: %w", redact(b.url), err)
+			return fmt.Errorf("fetcher: GET %s: %w", redact(ep.url), err)
 		}
 	}
 }
@@ -150,13 +187,13 @@ func (b *Blob) backoff(attempt int) time.Duration {
 }
 
 // attempt asks once for the spans of set not yet filled and stores what the answer holds.
-func (b *Blob) attempt(ctx context.Context, set *spanSet) error {
+func (b *Blob) attempt(ctx context.Context, ep *endpoint, set *spanSet) error {
 	want := set.missing()
 	if len(want) == 0 {
 		return nil
 	}
 	multi := len(want) > 1
-	resp, u, err := b.get(ctx, rangeHeader(want))
+	resp, u, err := b.get(ctx, ep, rangeHeader(want))
 	if err != nil {
 		return err
 	}
@@ -167,7 +204,7 @@ func (b *Blob) attempt(ctx context.Context, set *spanSet) error {
 		return b.readPartial(resp, u, set)
 	case code == http.StatusOK:
 		if multi {
-			b.markNoMulti()
+			b.markNoMulti(ep)
 		}
 		return b.readFull(resp, u, set)
 	case code == http.StatusBadRequest || code == http.StatusRequestedRangeNotSatisfiable:
@@ -191,14 +228,14 @@ func (b *Blob) attempt(ctx context.Context, set *spanSet) error {
 
 // get sends the request for rng to the cached redirect target or to the registry, following
 // redirects, and returns the final response and the URL that gave it.
-func (b *Blob) get(ctx context.Context, rng string) (*http.Response, *url.URL, error) {
-	u, cached := b.cachedLocation(), true
+func (b *Blob) get(ctx context.Context, ep *endpoint, rng string) (*http.Response, *url.URL, error) {
+	u, cached := ep.cachedLocation(), true
 	if u == nil {
-		u, cached = b.url, false
+		u, cached = ep.url, false
 	}
 	redirected := false
 	for hops := 0; ; {
-		resp, err := b.send(ctx, u, rng)
+		resp, err := b.send(ctx, ep, u, rng)
 		if err != nil {
 			return nil, nil, err
 		}
@@ -224,15 +261,15 @@ func (b *Blob) get(ctx context.Context, rng string) (*http.Response, *url.URL, e
 				// The signed URL expired or the storage lost the object: ask the registry
 				// again, once.
 				closeBody(resp)
-				b.dropLocation(u)
+				ep.dropLocation(u)
 				b.o.log.Debug("cached blob location refused; asking the registry again",
 					"status", resp.StatusCode, "location", redact(u))
-				u, cached, redirected = b.url, false, false
+				u, cached, redirected = ep.url, false, false
 				continue
 			}
 		}
 		if redirected && resp.StatusCode/100 == 2 {
-			b.setLocation(u)
+			ep.setLocation(u)
 		}
 		return resp, u, nil
 	}
@@ -240,20 +277,29 @@ func (b *Blob) get(ctx context.Context, rng string) (*http.Response, *url.URL, e
 
 // send sends one GET. Hops to another origin than the registry's go through the storage
 // transport, so the registry's credentials stay with the registry.
-func (b *Blob) send(ctx context.Context, u *url.URL, rng string) (*http.Response, error) {
+func (b *Blob) send(ctx context.Context, ep *endpoint, u *url.URL, rng string) (*http.Response, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u.String(), nil)
 	if err != nil {
 		return nil, &Error{URL: redact(u), Err: fmt.Errorf("%w: %w", ErrBadResponse, scrub(err, u))}
 	}
 	req.Header.Set("Range", rng)
 	req.Header.Set("Accept-Encoding", "identity")
-	rt := b.rt
-	if !sameOrigin(u, b.url) {
+	rt := ep.rt
+	if !sameOrigin(u, ep.url) {
 		rt = b.o.storageRT
 	}
 	b.requests.Add(1)
 	resp, err := rt.RoundTrip(req)
 	if err != nil {
+		var ae *authError
+		if errors.As(err, &ae) {
+			// Authenticating to the endpoint failed; the error is typed already.
+			return nil, &Error{URL: redact(u), StatusCode: ae.status, Err: ae.err}
+		}
+		var ce *tls.CertificateVerificationError
+		if errors.As(err, &ce) { // retrying will not help
+			return nil, &Error{URL: redact(u), Err: fmt.Errorf("%w: %w", ErrBadResponse, scrub(err, u))}
+		}
 		return nil, &Error{URL: redact(u), Err: fmt.Errorf("%w: %w", ErrTransient, scrub(err, u))}
 	}
 	resp.Body = &countingBody{ReadCloser: resp.Body, n: &b.bytesIn}

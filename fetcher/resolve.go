@@ -2,11 +2,16 @@ package fetcher
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"net"
 	"net/http"
 	"net/url"
 	"runtime"
+	"strings"
 	"sync"
 	"time"
 
@@ -44,16 +49,22 @@ type Image struct {
 	Manifest
 	// index lists the other platforms' manifests of an index (digest and platform).
 	index []v1.Descriptor
+	// sources are where the image can be read: the one that served its manifest first, then
+	// the others (mirrors, the registry) in the order they were tried.
+	sources []*source
 }
 
 // Resolver turns references into images. Resolutions by tag are kept for the tag TTL,
 // resolutions by digest for as long as the resolver lives; failures are never kept.
 // Concurrent resolutions of one reference share one set of requests.
 type Resolver struct {
-	rt       http.RoundTripper
+	sources  func(name.Reference) ([]*source, error) // where a reference is read, in order
 	platform v1.Platform
 	tagTTL   time.Duration
+	attempts int
 	now      func() time.Time
+	sleep    func(context.Context, time.Duration) error
+	log      *slog.Logger
 
 	group singleflight.Group
 	mu    sync.Mutex // guards cache
@@ -100,19 +111,69 @@ func WithResolverClock(now func() time.Time) ResolverOption {
 	}
 }
 
-// DefaultTagTTL is how long a resolution by tag is reused.
-const DefaultTagTTL = 5 * time.Minute
+// WithManifestAttempts sets how many times the last source of a reference (the registry itself,
+// after its mirrors) is tried when reading the manifests fails with [ErrTransient]; mirrors are
+// tried once each, a failing mirror being passed over for the next source. The default is 3,
+// waiting 250 ms, then 500 ms.
+func WithManifestAttempts(n int) ResolverOption {
+	return func(r *Resolver) error {
+		if n <= 0 {
+			return errors.New("manifest attempts must be greater than zero")
+		}
+		r.attempts = n
+		return nil
+	}
+}
+
+// Defaults of a Resolver.
+const (
+	// DefaultTagTTL is how long a resolution by tag is reused.
+	DefaultTagTTL = 5 * time.Minute
+	// DefaultManifestAttempts is how many times a registry is asked for a manifest.
+	DefaultManifestAttempts = 3
+
+	manifestBackoff = 250 * time.Millisecond
+)
 
 // NewResolver returns a resolver whose requests go through rt, which carries authentication
-// and the registries' TLS settings.
+// and the registries' TLS settings. It reads every reference from its own registry, pinging it
+// once per resolution, over https, or plain http for registries on loopback and private
+// addresses (go-containerregistry's choice). A [Client] adds registries.conf (mirrors,
+// rewrites, blocking, insecure) and credentials.
 func NewResolver(rt http.RoundTripper, opts ...ResolverOption) (*Resolver, error) {
-	r := &Resolver{rt: rt, platform: hostPlatform(), tagTTL: DefaultTagTTL, now: time.Now, cache: map[string]resolved{}}
+	if rt == nil {
+		return nil, errors.New("fetcher: nil transport")
+	}
+	return newResolver(func(ref name.Reference) ([]*source, error) {
+		return []*source{newSource(ref, rt, nil)}, nil
+	}, opts...)
+}
+
+// newResolver returns a resolver reading each reference from the sources that sources returns.
+func newResolver(sources func(name.Reference) ([]*source, error), opts ...ResolverOption) (*Resolver, error) {
+	r := &Resolver{
+		sources:  sources,
+		platform: hostPlatform(),
+		tagTTL:   DefaultTagTTL,
+		attempts: DefaultManifestAttempts,
+		now:      time.Now,
+		sleep:    sleepContext,
+		log:      discardLogger(),
+		cache:    map[string]resolved{},
+	}
 	for _, o := range opts {
 		if err := o(r); err != nil {
-			return nil, err
+			return nil, fmt.Errorf("fetcher: %w", err)
 		}
 	}
 	return r, nil
+}
+
+// forget drops every kept resolution.
+func (r *Resolver) forget() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	clear(r.cache)
 }
 
 func hostPlatform() v1.Platform {
@@ -172,22 +233,93 @@ func parseRef(ref string) (name.Reference, error) {
 	return r, nil
 }
 
-func (r *Resolver) options(ctx context.Context) []remote.Option {
-	return []remote.Option{remote.WithTransport(r.rt), remote.WithContext(ctx)}
+func remoteOptions(ctx context.Context, rt http.RoundTripper) []remote.Option {
+	return []remote.Option{remote.WithTransport(rt), remote.WithContext(ctx)}
 }
 
+// resolve reads ref from its sources in order, stopping at the first that serves it.
 func (r *Resolver) resolve(ctx context.Context, ref string, parsed name.Reference) (*Image, error) {
-	desc, err := remote.Get(parsed, r.options(ctx)...)
+	srcs, err := r.sources(parsed)
 	if err != nil {
-		return nil, registryError("manifest of "+ref, err)
+		return nil, err
+	}
+	var img *Image
+	i, err := r.eachSource(ctx, srcs, func(ctx context.Context, s *source) error {
+		var err error
+		img, err = r.resolveFrom(ctx, ref, s)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	if i > 0 {
+		r.log.Debug("resolved from a later source", "ref", ref, "source", srcs[i].ref.String())
+	}
+	img.sources = preferring(srcs, i)
+	return img, nil
+}
+
+// eachSource calls fn with each source in turn until one succeeds, and returns its index. A
+// blocked source is passed over without a request. A failure other than the caller's context
+// ending moves on to the next source; the last source's transient failures are retried first.
+// When every source fails, the error wraps the last one's failure and quotes the others'.
+func (r *Resolver) eachSource(ctx context.Context, srcs []*source, fn func(context.Context, *source) error) (int, error) {
+	var failed []string
+	var err error
+	for i, s := range srcs {
+		if err = s.blocked; err == nil {
+			err = r.trySource(ctx, s, fn, i == len(srcs)-1)
+		}
+		if err == nil {
+			return i, nil
+		}
+		if ctx.Err() != nil {
+			return -1, err
+		}
+		if i < len(srcs)-1 {
+			r.log.Debug("source failed; trying the next one", "source", s.ref.String(), "err", err)
+			failed = append(failed, fmt.Sprintf("[%s: %v]", s.ref, err))
+		}
+	}
+	if len(failed) == 0 {
+		return -1, err
+	}
+	return -1, fmt.Errorf("%w (mirrors also failed: %s)", err, strings.Join(failed, " "))
+}
+
+// trySource calls fn with s, again after a pause while it fails transiently if retry is set.
+func (r *Resolver) trySource(ctx context.Context, s *source, fn func(context.Context, *source) error, retry bool) error {
+	for attempt := 1; ; attempt++ {
+		err := fn(ctx, s)
+		if err == nil || !retry || attempt >= r.attempts || !errors.Is(err, ErrTransient) || ctx.Err() != nil {
+			return err
+		}
+		d := manifestBackoff << (attempt - 1)
+		d = d/2 + rand.N(d/2+1)
+		r.log.Debug("retrying manifest request", "source", s.ref.String(), "attempt", attempt, "delay", d, "err", err)
+		if err := r.sleep(ctx, d); err != nil {
+			return fmt.Errorf("fetcher: manifest of %s: %w", s.ref, err)
+		}
+	}
+}
+
+// resolveFrom reads ref's manifest (and for an index, the host platform's manifest) from s.
+func (r *Resolver) resolveFrom(ctx context.Context, ref string, s *source) (*Image, error) {
+	rt, err := s.transport(ctx)
+	if err != nil {
+		return nil, err
+	}
+	desc, err := remote.Get(s.ref, remoteOptions(ctx, rt)...)
+	if err != nil {
+		return nil, registryError("manifest of "+s.ref.String(), err)
 	}
 	img := &Image{Ref: ref, Digest: digest.Digest(desc.Digest.String())}
 	if !desc.MediaType.IsIndex() {
 		im, err := desc.Image() // reuses the manifest just fetched
 		if err != nil {
-			return nil, registryError("manifest of "+ref, err)
+			return nil, registryError("manifest of "+s.ref.String(), err)
 		}
-		m, err := manifestOf(im, parsed.Context().Digest(desc.Digest.String()), nil)
+		m, err := manifestOf(im, s.ref.Context().Digest(desc.Digest.String()), nil)
 		if err != nil {
 			return nil, err
 		}
@@ -196,11 +328,11 @@ func (r *Resolver) resolve(ctx context.Context, ref string, parsed name.Referenc
 	}
 	idx, err := desc.ImageIndex()
 	if err != nil {
-		return nil, registryError("index of "+ref, err)
+		return nil, registryError("index of "+s.ref.String(), err)
 	}
 	im, err := idx.IndexManifest()
 	if err != nil {
-		return nil, registryError("index of "+ref, err)
+		return nil, registryError("index of "+s.ref.String(), err)
 	}
 	host := -1
 	for i, d := range im.Manifests {
@@ -218,7 +350,7 @@ func (r *Resolver) resolve(ctx context.Context, ref string, parsed name.Referenc
 		}
 	}
 	d := im.Manifests[host]
-	m, err := r.manifest(ctx, parsed.Context().Digest(d.Digest.String()), d.Platform)
+	m, err := manifestFrom(ctx, s, d)
 	if err != nil {
 		return nil, err
 	}
@@ -227,15 +359,20 @@ func (r *Resolver) resolve(ctx context.Context, ref string, parsed name.Referenc
 }
 
 // Platforms returns the manifests of an index's other platforms, fetching them now: a layer
-// asked for by a runtime may belong to a platform other than the host's.
+// asked for by a runtime may belong to a platform other than the host's. They are read from the
+// source that served the index first, then from the others.
 func (r *Resolver) Platforms(ctx context.Context, img *Image) ([]*Manifest, error) {
-	parsed, err := parseRef(img.Ref)
-	if err != nil {
-		return nil, err
+	if len(img.index) > 0 && len(img.sources) == 0 {
+		return nil, errors.New("fetcher: the image was not resolved by a Resolver or Client")
 	}
 	var out []*Manifest
 	for _, d := range img.index {
-		m, err := r.manifest(ctx, parsed.Context().Digest(d.Digest.String()), d.Platform)
+		var m *Manifest
+		_, err := r.eachSource(ctx, img.sources, func(ctx context.Context, s *source) error {
+			var err error
+			m, err = manifestFrom(ctx, s, d)
+			return err
+		})
 		if err != nil {
 			return nil, err
 		}
@@ -244,12 +381,18 @@ func (r *Resolver) Platforms(ctx context.Context, img *Image) ([]*Manifest, erro
 	return out, nil
 }
 
-func (r *Resolver) manifest(ctx context.Context, ref name.Digest, p *v1.Platform) (*Manifest, error) {
-	im, err := remote.Image(ref, r.options(ctx)...)
+// manifestFrom reads the image manifest d of s's repository.
+func manifestFrom(ctx context.Context, s *source, d v1.Descriptor) (*Manifest, error) {
+	rt, err := s.transport(ctx)
+	if err != nil {
+		return nil, err
+	}
+	ref := s.ref.Context().Digest(d.Digest.String())
+	im, err := remote.Image(ref, remoteOptions(ctx, rt)...)
 	if err != nil {
 		return nil, registryError("manifest "+ref.String(), err)
 	}
-	return manifestOf(im, ref, p)
+	return manifestOf(im, ref, d.Platform)
 }
 
 // manifestOf reads an image's layers and its config's DiffIDs.
@@ -284,16 +427,30 @@ func registryError(what string, err error) error {
 			return fmt.Errorf("%s: %w: %v", what, ErrNotFound, err)
 		case te.StatusCode == http.StatusUnauthorized || te.StatusCode == http.StatusForbidden:
 			return fmt.Errorf("%s: %w: %v", what, ErrUnauthorized, err)
-		case te.StatusCode == http.StatusTooManyRequests || te.StatusCode >= 500:
+		case te.StatusCode == http.StatusRequestTimeout || te.StatusCode == http.StatusTooManyRequests || te.StatusCode >= 500:
 			return fmt.Errorf("%s: %w: %v", what, ErrTransient, err)
 		}
 	}
 	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 		return fmt.Errorf("%s: %w", what, err)
 	}
+	var ce *tls.CertificateVerificationError
+	if errors.As(err, &ce) {
+		return fmt.Errorf("%s: %w: %v", what, ErrBadResponse, err) // retrying will not help
+	}
 	var ue *url.Error
-	if errors.As(err, &ue) {
+	var ne net.Error
+	if errors.As(err, &ue) || errors.As(err, &ne) {
 		return fmt.Errorf("%s: %w: %v", what, ErrTransient, err)
 	}
 	return fmt.Errorf("%s: %w: %v", what, ErrBadResponse, err)
+}
+
+// statusOf returns the HTTP status of a go-containerregistry error, or 0.
+func statusOf(err error) int {
+	var te *transport.Error
+	if errors.As(err, &te) {
+		return te.StatusCode
+	}
+	return 0
 }

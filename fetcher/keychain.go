@@ -1,0 +1,176 @@
+package fetcher
+
+import (
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	helperclient "github.com/docker/docker-credential-helpers/client"
+	"github.com/docker/docker-credential-helpers/credentials"
+	"github.com/google/go-containerregistry/pkg/authn"
+	"go.podman.io/image/v5/pkg/docker/config"
+	"go.podman.io/image/v5/types"
+)
+
+// keychain finds credentials for a repository the way the containers tools do. It asks, in
+// order, and takes the first answer:
+//
+//  1. the MemoryKeychain (credentials from the auth helper), most specific key first;
+//  2. the files and helpers containers/image reads (containers-auth.json(5)): the file
+//     REGISTRY_AUTH_FILE names if set, else ${XDG_RUNTIME_DIR}/containers/auth.json (or
+//     /run/containers/$UID/auth.json), ${XDG_CONFIG_HOME:-~/.config}/containers/auth.json,
+//     ${DOCKER_CONFIG:-~/.docker}/config.json and ~/.dockercfg; their "credHelpers"; and
+//     registries.conf's credential-helpers. Within a file the most specific key wins
+//     (repository, then namespaces, then registry); the first file with any match wins;
+//  3. each extra file (WithAuthFiles), the same way;
+//  4. the "credsStore" of the Docker config files among those (containers/image ignores it):
+//     docker-credential-<credsStore> get, with the registry's host as the server URL
+//     ("https://index.docker.io/v1/" for Docker Hub, as docker login stores it).
+//
+// Nothing found means anonymous access. Secrets are never logged nor put in errors.
+type keychain struct {
+	mem   *MemoryKeychain      // may be nil
+	sys   *types.SystemContext // registries.conf paths, and the auth file REGISTRY_AUTH_FILE names
+	extra []string             // extra auth files, in order
+	log   *slog.Logger
+}
+
+var _ authn.Keychain = (*keychain)(nil)
+
+func (k *keychain) Resolve(r authn.Resource) (authn.Authenticator, error) {
+	key := resourceKey(r)
+	c, from, err := k.lookup(key)
+	if err != nil {
+		return nil, err
+	}
+	if c == (Credentials{}) {
+		k.log.Debug("no credentials; accessing the registry anonymously", "for", key)
+		return authn.Anonymous, nil
+	}
+	k.log.Debug("using credentials", "for", key, "from", from, "username", c.Username)
+	return c.authenticator(), nil
+}
+
+// lookup returns the credentials for key, and where they came from (for logs).
+func (k *keychain) lookup(key string) (Credentials, string, error) {
+	if k.mem != nil {
+		if c, matched, ok := k.mem.lookup(key); ok {
+			return c, "memory keychain entry " + matched, nil
+		}
+	}
+	c, err := fileCredentials(k.sys, key)
+	if err != nil {
+		return Credentials{}, "", fmt.Errorf("fetcher: looking up credentials for %s: %w", key, err)
+	}
+	if c != (Credentials{}) {
+		return c, "containers auth files", nil
+	}
+	for _, p := range k.extra {
+		sys := *k.sys
+		sys.AuthFilePath = p
+		c, err := fileCredentials(&sys, key)
+		if err != nil {
+			return Credentials{}, "", fmt.Errorf("fetcher: looking up credentials for %s in %s: %w", key, p, err)
+		}
+		if c != (Credentials{}) {
+			return c, "auth file " + p, nil
+		}
+	}
+	return k.credsStore(key)
+}
+
+// fileCredentials asks containers/image.
+func fileCredentials(sys *types.SystemContext, key string) (Credentials, error) {
+	ac, err := config.GetCredentials(sys, key)
+	if err != nil {
+		return Credentials{}, err
+	}
+	return Credentials{Username: ac.Username, Password: ac.Password, IdentityToken: ac.IdentityToken}, nil
+}
+
+// credsStore asks the credsStore helpers of the Docker config files, in the order the files are
+// searched. A helper that fails is logged and passed over.
+func (k *keychain) credsStore(key string) (Credentials, string, error) {
+	host, _, _ := strings.Cut(key, "/")
+	server := host
+	if isDockerHub(host) {
+		server = "https://index.docker.io/v1/"
+	}
+	asked := map[string]bool{}
+	for _, p := range k.dockerConfigFiles() {
+		store := readCredsStore(p)
+		if store == "" || asked[store] {
+			continue
+		}
+		asked[store] = true
+		helper := "docker-credential-" + store
+		if _, err := exec.LookPath(helper); err != nil {
+			k.log.Debug("credsStore helper not installed", "helper", helper, "file", p)
+			continue
+		}
+		cr, err := helperclient.Get(helperclient.NewShellProgramFunc(helper), server)
+		switch {
+		case err == nil:
+			c := Credentials{Username: cr.Username, Password: cr.Secret}
+			if cr.Username == "<token>" {
+				c = Credentials{IdentityToken: cr.Secret}
+			}
+			return c, fmt.Sprintf("credsStore %s of %s", helper, p), nil
+		case credentials.IsErrCredentialsNotFound(err):
+			k.log.Debug("credsStore has no credentials", "helper", helper, "server", server)
+		default:
+			k.log.Warn("credsStore helper failed", "helper", helper, "server", server, "err", err)
+		}
+	}
+	return Credentials{}, "", nil
+}
+
+// dockerConfigFiles lists the files whose credsStore is asked: the auth files containers/image
+// reads (but the legacy ~/.dockercfg, which has none), then the extra files.
+func (k *keychain) dockerConfigFiles() []string {
+	var files []string
+	if k.sys.AuthFilePath != "" {
+		files = append(files, k.sys.AuthFilePath)
+	} else {
+		if d := os.Getenv("XDG_RUNTIME_DIR"); d != "" {
+			files = append(files, filepath.Join(d, "containers", "auth.json"))
+		} else {
+			files = append(files, filepath.Join("/run/containers", strconv.Itoa(os.Getuid()), "auth.json"))
+		}
+		home, _ := os.UserHomeDir()
+		cfg := os.Getenv("XDG_CONFIG_HOME")
+		if cfg == "" && home != "" {
+			cfg = filepath.Join(home, ".config")
+		}
+		if cfg != "" {
+			files = append(files, filepath.Join(cfg, "containers", "auth.json"))
+		}
+		if d := os.Getenv("DOCKER_CONFIG"); d != "" {
+			files = append(files, filepath.Join(d, "config.json"))
+		} else if home != "" {
+			files = append(files, filepath.Join(home, ".docker", "config.json"))
+		}
+	}
+	return append(files, k.extra...)
+}
+
+// readCredsStore returns the "credsStore" of a Docker config file, or "" when the file does not
+// exist, cannot be parsed (containers/image reports that) or has none.
+func readCredsStore(path string) string {
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		return ""
+	}
+	var f struct {
+		CredsStore string `json:"credsStore"`
+	}
+	if json.Unmarshal(raw, &f) != nil {
+		return ""
+	}
+	return f.CredsStore
+}

@@ -1,0 +1,184 @@
+package fetcher
+
+import (
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/google/go-containerregistry/pkg/authn"
+)
+
+// Credentials are what a registry is logged in to with: a username and password, or an
+// identity token (an OAuth2 refresh token, which docker-credential helpers hand out with the
+// username "<token>"). Their String, GoString and LogValue hide the secrets, so printing or
+// logging them by mistake leaks nothing.
+type Credentials struct {
+	Username      string
+	Password      string
+	IdentityToken string
+}
+
+func (c Credentials) String() string {
+	return fmt.Sprintf("{Username:%s Password:%s IdentityToken:%s}", c.Username, hidden(c.Password), hidden(c.IdentityToken))
+}
+
+// GoString hides the secrets from %#v.
+func (c Credentials) GoString() string { return "fetcher.Credentials" + c.String() }
+
+// LogValue hides the secrets from log/slog.
+func (c Credentials) LogValue() slog.Value {
+	return slog.GroupValue(slog.String("username", c.Username),
+		slog.String("password", hidden(c.Password)), slog.String("identity_token", hidden(c.IdentityToken)))
+}
+
+func hidden(s string) string {
+	if s == "" {
+		return ""
+	}
+	return "REDACTED"
+}
+
+func (c Credentials) authenticator() authn.Authenticator {
+	return authn.FromConfig(authn.AuthConfig{Username: c.Username, Password: c.Password, IdentityToken: c.IdentityToken})
+}
+
+// MemoryKeychain holds credentials handed to the daemon at run time (by the auth helper that
+// registries.conf's additional-layer-store-auth-helper runs), each for a while. It is an
+// authn.Keychain on its own, and the first place a [Client] looks. It is safe for concurrent use.
+type MemoryKeychain struct {
+	now func() time.Time
+
+	mu      sync.Mutex
+	entries map[string]memEntry // guarded by mu; keyed by normalized key
+}
+
+type memEntry struct {
+	c       Credentials
+	expires time.Time // zero: never
+}
+
+var _ authn.Keychain = (*MemoryKeychain)(nil)
+
+// MemoryKeychainOption configures [NewMemoryKeychain].
+type MemoryKeychainOption func(*MemoryKeychain)
+
+// WithKeychainClock sets the clock that decides when credentials expire. The default is
+// time.Now.
+func WithKeychainClock(now func() time.Time) MemoryKeychainOption {
+	return func(m *MemoryKeychain) {
+		if now != nil {
+			m.now = now
+		}
+	}
+}
+
+// NewMemoryKeychain returns an empty keychain.
+func NewMemoryKeychain(opts ...MemoryKeychainOption) *MemoryKeychain {
+	m := &MemoryKeychain{now: time.Now, entries: map[string]memEntry{}}
+	for _, o := range opts {
+		o(m)
+	}
+	return m
+}
+
+// Set keeps c for key for ttl (zero or less: until replaced). key takes the forms of
+// containers-auth.json(5): a registry ("quay.io", "localhost:5000"), a namespace in it
+// ("quay.io/team") or a repository ("quay.io/team/app"); "docker.io", "index.docker.io" and
+// "registry-1.docker.io" name the same registry. Setting empty credentials removes the key.
+func (m *MemoryKeychain) Set(key string, c Credentials, ttl time.Duration) {
+	key = normalizeKey(key)
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if c == (Credentials{}) {
+		delete(m.entries, key)
+		return
+	}
+	e := memEntry{c: c}
+	if ttl > 0 {
+		e.expires = m.now().Add(ttl)
+	}
+	m.entries[key] = e
+}
+
+// Lookup returns the credentials for key (a registry, namespace or repository): those set for
+// key itself, else for its closest parent namespace, else for its registry. Expired
+// credentials are ignored, and dropped.
+func (m *MemoryKeychain) Lookup(key string) (Credentials, bool) {
+	c, _, ok := m.lookup(normalizeKey(key))
+	return c, ok
+}
+
+// lookup is Lookup of a normalized key; it also returns the key that matched.
+func (m *MemoryKeychain) lookup(key string) (Credentials, string, bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	now := m.now()
+	for k := range keyLookupOrder(key) {
+		e, ok := m.entries[k]
+		if !ok {
+			continue
+		}
+		if !e.expires.IsZero() && !now.Before(e.expires) {
+			delete(m.entries, k)
+			continue
+		}
+		return e.c, k, true
+	}
+	return Credentials{}, "", false
+}
+
+// Resolve implements authn.Keychain: the credentials for the resource's repository (or
+// registry), or anonymous access.
+func (m *MemoryKeychain) Resolve(r authn.Resource) (authn.Authenticator, error) {
+	if c, _, ok := m.lookup(resourceKey(r)); ok {
+		return c.authenticator(), nil
+	}
+	return authn.Anonymous, nil
+}
+
+// keyLookupOrder yields key and its parents, most specific first: "r/a/b", "r/a", "r".
+func keyLookupOrder(key string) func(func(string) bool) {
+	return func(yield func(string) bool) {
+		for {
+			if !yield(key) {
+				return
+			}
+			i := strings.LastIndexByte(key, '/')
+			if i < 0 {
+				return
+			}
+			key = key[:i]
+		}
+	}
+}
+
+// normalizeKey writes Docker Hub's registry as "docker.io", the name containers-auth.json uses,
+// and drops trailing slashes.
+func normalizeKey(key string) string {
+	key = strings.TrimRight(key, "/")
+	host, rest, _ := strings.Cut(key, "/")
+	if isDockerHub(host) {
+		host = "docker.io"
+	}
+	if rest == "" {
+		return host
+	}
+	return host + "/" + rest
+}
+
+func isDockerHub(host string) bool {
+	switch host {
+	case "docker.io", "index.docker.io", "registry-1.docker.io":
+		return true
+	}
+	return false
+}
+
+// resourceKey is the containers-auth.json key of a go-containerregistry resource: "registry"
+// or "registry/repository".
+func resourceKey(r authn.Resource) string {
+	reg := r.RegistryStr()
+	return normalizeKey(reg + strings.TrimPrefix(r.String(), reg))
+}
