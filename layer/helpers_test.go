@@ -3,13 +3,12 @@ package layer
 import (
 	"bytes"
 	"compress/gzip"
-	"context"
-	"net/http"
+	"os"
+	"path/filepath"
 	"runtime"
 	"testing"
 	"time"
 
-	"github.com/google/go-containerregistry/pkg/name"
 	"github.com/opencontainers/go-digest"
 
 	"github.com/layerstore/layerstore/cache"
@@ -17,27 +16,6 @@ import (
 	"github.com/layerstore/layerstore/internal/testlayer"
 	"github.com/layerstore/layerstore/internal/testregistry"
 )
-
-// plainRegistry reads an unauthenticated registry on 127.0.0.1.
-type plainRegistry struct{ r *fetcher.Resolver }
-
-func (p plainRegistry) Resolve(ctx context.Context, ref string) (*fetcher.Image, error) {
-	return p.r.Resolve(ctx, ref)
-}
-
-func (p plainRegistry) Platforms(ctx context.Context, img *fetcher.Image) ([]*fetcher.Manifest, error) {
-	return p.r.Platforms(ctx, img)
-}
-
-func (p plainRegistry) Blob(_ context.Context, img *fetcher.Image, l *fetcher.Layer) (*fetcher.Blob, error) {
-	ref, err := name.ParseReference(img.Ref)
-	if err != nil {
-		return nil, err
-	}
-	repo := ref.Context()
-	return fetcher.New(http.DefaultTransport, "http://"+repo.RegistryStr()+"/v2/"+repo.RepositoryStr()+"/blobs/"+l.Digest.String(), l.Size,
-		fetcher.WithBackoff(time.Millisecond, 10*time.Millisecond))
-}
 
 type env struct {
 	t        *testing.T
@@ -67,11 +45,7 @@ func newEnv(t *testing.T) *env {
 
 func (e *env) manager(opts ...Option) *Manager {
 	e.t.Helper()
-	r, err := fetcher.NewResolver(http.DefaultTransport)
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	m, err := New(plainRegistry{r}, e.cache, opts...)
+	m, err := New(testClient(e.t, e.reg), e.cache, opts...)
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -102,3 +76,19 @@ func (e *env) push(repoTag string, layers ...testregistry.Layer) string {
 }
 
 func hostArch() string { return runtime.GOARCH }
+
+// testClient returns a registry client for reg, the only registry it may reach (over plain
+// http, as registries.conf allows it).
+func testClient(t *testing.T, reg *testregistry.Registry) *fetcher.Client {
+	t.Helper()
+	conf := filepath.Join(t.TempDir(), "registries.conf")
+	if err := os.WriteFile(conf, []byte("[[registry]]\nlocation = \""+reg.Host+"\"\ninsecure = true\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	c, err := fetcher.NewClient(fetcher.WithRegistriesConf(conf, conf+".d"),
+		fetcher.WithBlobOptions(fetcher.WithBackoff(time.Millisecond, 10*time.Millisecond)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}

@@ -1,12 +1,14 @@
 // Command layerstore is the layerstore daemon and its tools.
 //
-//	layerstore demo      build sample lazy-pullable layers, serve them on 127.0.0.1 and read
-//	                     a few files through the verified lazy path, with figures
-//	layerstore version   print the version
+//	layerstore serve [flags] MOUNTPOINT   serve the additional layer store (the daemon)
+//	layerstore status [--json]            show what the daemon serves
+//	layerstore demo                       a self-contained demonstration with figures
+//	layerstore version                    print the version
 package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -20,6 +22,8 @@ var version = "dev"
 const usage = `usage: layerstore COMMAND
 
 commands:
+  serve     serve the additional layer store at MOUNTPOINT (the daemon; see serve -h)
+  status    show the layers the daemon serves, its cache and counters (--json for scripts)
   demo      build sample eStargz layers, serve them on 127.0.0.1 and read files lazily,
             verifying every chunk, with figures
   version   print the version
@@ -38,6 +42,22 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	switch args[0] {
+	case "serve":
+		if err := runServe(ctx, args[1:], stderr); err != nil {
+			if errors.Is(err, errUsage) {
+				return 2
+			}
+			fmt.Fprintf(stderr, "layerstore serve: %v\n", err)
+			return 1
+		}
+	case "status":
+		if err := runStatus(ctx, args[1:], stdout, stderr); err != nil {
+			if errors.Is(err, errUsage) {
+				return 2
+			}
+			fmt.Fprintf(stderr, "layerstore status: %v\n", err)
+			return 1
+		}
 	case "demo":
 		if err := runDemo(ctx, stdout); err != nil {
 			fmt.Fprintf(stderr, "layerstore demo: %v\n", err)

@@ -1,0 +1,333 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/opencontainers/go-digest"
+
+	"github.com/layerstore/layerstore/internal/control"
+	"github.com/layerstore/layerstore/internal/testlayer"
+	"github.com/layerstore/layerstore/internal/testregistry"
+	"github.com/layerstore/layerstore/layer"
+)
+
+// daemon is a `layerstore serve` child process.
+type daemon struct {
+	t      *testing.T
+	cmd    *exec.Cmd
+	mnt    string
+	socket string
+	log    *syncWriter
+	exited chan error
+}
+
+type serveEnv struct {
+	t       *testing.T
+	bin     string
+	dir     string
+	reg     *testregistry.Registry
+	config  string
+	socket  string
+	mnt     string
+	notify  *net.UnixConn
+	fixture testlayer.Fixture
+	ref     string
+}
+
+func requireFUSE(t *testing.T) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("skipping: the daemon tests mount FUSE filesystems and run as root")
+	}
+	f, err := os.OpenFile("/dev/fuse", os.O_RDWR, 0)
+	if err != nil {
+		t.Skipf("skipping: /dev/fuse is unusable: %v", err)
+	}
+	f.Close()
+}
+
+func newServeEnv(t *testing.T) *serveEnv {
+	t.Helper()
+	requireFUSE(t)
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "layerstore")
+	build := exec.Command("go", "build", "-o", bin, ".")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	reg, err := testregistry.Start()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { reg.Close() })
+	fixtures, err := testlayer.Fixtures()
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := fixtures[0]
+	if _, err := reg.Push(t.Context(), "serve/app:v1", []testregistry.Layer{{
+		Blob: f.Blob, MediaType: f.Desc.MediaType, Annotations: f.Desc.Annotations, DiffID: f.DiffID}}); err != nil {
+		t.Fatal(err)
+	}
+	conf := filepath.Join(dir, "registries.conf")
+	mustWrite(t, conf, fmt.Sprintf("[[registry]]\nlocation = %q\ninsecure = true\n", reg.Host))
+	e := &serveEnv{t: t, bin: bin, dir: dir, reg: reg, fixture: f, ref: reg.Host + "/serve/app:v1",
+		socket: filepath.Join(dir, "control.sock"), mnt: filepath.Join(dir, "store")}
+	e.config = filepath.Join(dir, "config.toml")
+	mustWrite(t, e.config, fmt.Sprintf("cache-dir = %q\ncontrol-socket = %q\nlog-level = \"debug\"\n[registries]\nconf = %q\n",
+		filepath.Join(dir, "cache"), e.socket, conf))
+	notify := filepath.Join(dir, "notify.sock")
+	e.notify, err = net.ListenUnixgram("unixgram", &net.UnixAddr{Name: notify, Net: "unixgram"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.notify.Close() })
+	return e
+}
+
+func mustWrite(t *testing.T, p, s string) {
+	t.Helper()
+	if err := os.WriteFile(p, []byte(s), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// start runs the daemon and returns once it told systemd it is ready.
+func (e *serveEnv) start() *daemon {
+	t := e.t
+	t.Helper()
+	d := &daemon{t: t, mnt: e.mnt, socket: e.socket, log: &syncWriter{}, exited: make(chan error, 1)}
+	d.cmd = exec.Command(e.bin, "serve", "--config", e.config, e.mnt)
+	d.cmd.Env = append(os.Environ(), "NOTIFY_SOCKET="+e.notify.LocalAddr().String())
+	d.cmd.Stderr = d.log
+	if err := d.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { d.exited <- d.cmd.Wait() }()
+	t.Cleanup(func() {
+		if d.cmd.ProcessState == nil {
+			d.cmd.Process.Kill()
+			<-d.exited
+		}
+		syscall.Unmount(e.mnt, syscall.MNT_DETACH)
+		if t.Failed() {
+			t.Logf("daemon log:\n%s", d.log.String())
+		}
+	})
+	e.notify.SetReadDeadline(time.Now().Add(30 * time.Second))
+	buf := make([]byte, 256)
+	for {
+		n, err := e.notify.Read(buf)
+		if err != nil {
+			t.Fatalf("no READY=1 from the daemon: %v\n%s", err, d.log.String())
+		}
+		if strings.Contains(string(buf[:n]), "READY=1") {
+			break
+		}
+	}
+	var st syscall.Statfs_t
+	if err := syscall.Statfs(e.mnt, &st); err != nil || st.Type != 0x65735546 { // FUSE_SUPER_MAGIC
+		t.Fatalf("READY=1 before the mount answers: statfs type %#x, %v", st.Type, err)
+	}
+	return d
+}
+
+// syncWriter lets the test read the log while the process writes it.
+type syncWriter struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (w *syncWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.b.Write(p)
+}
+
+func (w *syncWriter) String() string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.b.String()
+}
+
+func (e *serveEnv) layerDir(key digest.Digest) string {
+	return filepath.Join(e.mnt, base64.StdEncoding.EncodeToString([]byte(e.ref)), key.String())
+}
+
+func (e *serveEnv) status() layer.Status {
+	e.t.Helper()
+	st, err := control.NewClient(e.socket).Status(e.t.Context())
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return st
+}
+
+// waitComplete waits until every layer is fully local.
+func (e *serveEnv) waitComplete() {
+	e.t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	for time.Now().Before(deadline) {
+		st := e.status()
+		done := len(st.Layers) > 0
+		for _, l := range st.Layers {
+			done = done && l.State == layer.StateComplete
+		}
+		if done {
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	e.t.Fatalf("layers not complete: %+v", e.status().Layers)
+}
+
+func sha(t *testing.T, p string) string {
+	t.Helper()
+	b, err := os.ReadFile(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return fmt.Sprintf("%x", sha256.Sum256(b))
+}
+
+// TestServe runs the daemon: lookups through the mount, the control socket, SIGTERM.
+func TestServe(t *testing.T) {
+	e := newServeEnv(t)
+	d := e.start()
+	tree, err := testlayer.ReferenceTree(testlayer.Tar())
+	if err != nil {
+		t.Fatal(err)
+	}
+	toc := digest.Digest(e.fixture.Desc.Annotations["io.github.containers.zstd-chunked.manifest-checksum"])
+	diff := filepath.Join(e.layerDir(toc), "diff")
+	if got, want := sha(t, filepath.Join(diff, "usr/bin/tool")), tree["usr/bin/tool"].Content; got != want {
+		t.Errorf("usr/bin/tool: %s, want %s", got, want)
+	}
+	var in map[string]any
+	b, err := os.ReadFile(filepath.Join(e.layerDir(e.fixture.Desc.Digest), "info"))
+	if err != nil || json.Unmarshal(b, &in) != nil || in["diff-digest"] != e.fixture.DiffID.String() {
+		t.Errorf("legacy info %s, %v", b, err)
+	}
+	if _, err := os.Stat(filepath.Join(e.layerDir(digest.FromString("no such layer")), "diff")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("unknown key: %v", err)
+	}
+	// use and rmdir count users.
+	if _, err := os.Create(filepath.Join(e.layerDir(toc), "use")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("create use: %v", err)
+	}
+	if u := e.status().Layers[0].Users; u != 1 {
+		t.Errorf("users %d after use, want 1", u)
+	}
+	if err := os.Remove(e.layerDir(toc)); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("rmdir: %v", err)
+	}
+	if u := e.status().Layers[0].Users; u != 0 {
+		t.Errorf("users %d after rmdir, want 0", u)
+	}
+	// The human status, JSON status and metrics.
+	var out, errb bytes.Buffer
+	if code := run(t.Context(), []string{"status", "--control-socket", e.socket}, &out, &errb); code != 0 ||
+		!strings.Contains(out.String(), e.ref) || !strings.Contains(out.String(), "zstd:chunked") {
+		t.Errorf("status: %d %s %s", code, out.String(), errb.String())
+	}
+	metrics, err := control.NewClient(e.socket).Metrics(t.Context())
+	if err != nil || !strings.Contains(metrics, "layerstore_lookups_total") || strings.Contains(metrics, "sha256:") {
+		t.Errorf("metrics (%v):\n%s", err, metrics)
+	}
+	if !strings.Contains(d.log.String(), "layer served lazily") {
+		t.Errorf("no log line for the resolved layer:\n%s", d.log.String())
+	}
+	// SIGTERM unmounts and exits cleanly.
+	d.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case err := <-d.exited:
+		if err != nil {
+			t.Errorf("daemon exited with %v", err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("daemon did not stop on SIGTERM")
+	}
+	if isMount(t, e.mnt) {
+		t.Error("still mounted after SIGTERM")
+	}
+}
+
+// TestRestartAfterKill: SIGKILL with files open leaves a dead mount; a new daemon clears it,
+// serves again and reuses the complete cache without asking the registry for content.
+func TestRestartAfterKill(t *testing.T) {
+	e := newServeEnv(t)
+	d := e.start()
+	toc := digest.Digest(e.fixture.Desc.Annotations["io.github.containers.zstd-chunked.manifest-checksum"])
+	tool := filepath.Join(e.layerDir(toc), "diff", "usr/bin/tool")
+	want := sha(t, tool)
+	e.waitComplete()
+	open, err := os.Open(tool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer open.Close()
+	d.cmd.Process.Kill()
+	<-d.exited
+	if _, err := os.Stat(tool); !errors.Is(err, syscall.ENOTCONN) {
+		t.Fatalf("stat after SIGKILL: %v, want ENOTCONN", err)
+	}
+	e.start()
+	// Resolution reads the TOC again; the content comes from the cache.
+	if _, err := os.Stat(filepath.Join(e.layerDir(toc), "diff")); err != nil {
+		t.Fatal(err)
+	}
+	before := e.reg.Stats(e.fixture.Desc.Digest)
+	if got := sha(t, tool); got != want {
+		t.Errorf("after restart: %s, want %s", got, want)
+	}
+	walkFiles(t, filepath.Join(e.layerDir(toc), "diff"))
+	e.waitComplete()
+	if after := e.reg.Stats(e.fixture.Desc.Digest); after != before {
+		t.Errorf("content requested again after the restart: %+v -> %+v", before, after)
+	}
+}
+
+func walkFiles(t *testing.T, root string) {
+	t.Helper()
+	err := filepath.Walk(root, func(p string, fi os.FileInfo, err error) error {
+		if err != nil || !fi.Mode().IsRegular() {
+			return err
+		}
+		_, err = os.ReadFile(p)
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+func isMount(t *testing.T, p string) bool {
+	t.Helper()
+	f, err := os.Open("/proc/self/mountinfo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	s := bufio.NewScanner(f)
+	for s.Scan() {
+		if fields := strings.Fields(s.Text()); len(fields) > 4 && fields[4] == p {
+			return true
+		}
+	}
+	return false
+}

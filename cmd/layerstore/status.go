@@ -1,0 +1,31 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"io"
+
+	"github.com/layerstore/layerstore/internal/control"
+)
+
+func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fl := flag.NewFlagSet("status", flag.ContinueOnError)
+	fl.SetOutput(stderr)
+	socket := fl.String("control-socket", control.DefaultSocket, "the daemon's control socket")
+	asJSON := fl.Bool("json", false, "print the status as JSON")
+	if err := fl.Parse(args); err != nil || fl.NArg() != 0 {
+		return errUsage
+	}
+	st, err := control.NewClient(*socket).Status(ctx)
+	if err != nil {
+		return err
+	}
+	if *asJSON {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(st)
+	}
+	control.Render(stdout, st)
+	return nil
+}

@@ -1,0 +1,174 @@
+// Package control is the daemon's control socket: HTTP over a unix socket that only root can
+// reach (mode 0600). It serves the status as JSON (/status), Prometheus metrics (/metrics),
+// and takes registry credentials from the auth helper (POST /credentials). The client side,
+// used by `layerstore status` and the auth helper, is here too.
+package control
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"syscall"
+	"time"
+
+	"github.com/layerstore/layerstore/fetcher"
+	"github.com/layerstore/layerstore/layer"
+)
+
+// DefaultSocket is where the daemon listens unless configured otherwise.
+const DefaultSocket = "/run/layerstore/control.sock"
+
+// DefaultCredentialTTL is how long credentials handed over by the auth helper are used.
+const DefaultCredentialTTL = 12 * time.Hour
+
+// maxCredentialBody bounds what POST /credentials reads.
+const maxCredentialBody = 1 << 20
+
+// StatusSource is what the status and metrics endpoints report on: the layer manager.
+type StatusSource interface {
+	Status() layer.Status
+}
+
+// CredentialSink receives credentials from the auth helper: the registry client's in-memory
+// keychain.
+type CredentialSink interface {
+	Set(key string, c fetcher.Credentials, ttl time.Duration)
+}
+
+// Credential is one entry of what c/image writes to the auth helper's stdin, keyed by
+// "registry/repository" reference.
+type Credential struct {
+	Username      string `json:"username,omitempty"`
+	Password      string `json:"password,omitempty"`
+	IdentityToken string `json:"identityToken,omitempty"`
+}
+
+// Handler returns the control API.
+func Handler(src StatusSource, sink CredentialSink, ttl time.Duration, log *slog.Logger) http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /status", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		_ = enc.Encode(src.Status())
+	})
+	mux.HandleFunc("GET /metrics", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; version=0.0.4")
+		writeMetrics(w, src.Status())
+	})
+	mux.HandleFunc("POST /credentials", func(w http.ResponseWriter, r *http.Request) {
+		var creds map[string]Credential
+		dec := json.NewDecoder(io.LimitReader(r.Body, maxCredentialBody))
+		if err := dec.Decode(&creds); err != nil {
+			// The decoder's message never quotes the input, so no secret is echoed.
+			http.Error(w, "credentials: invalid JSON", http.StatusBadRequest)
+			return
+		}
+		for key, c := range creds {
+			if key == "" {
+				http.Error(w, "credentials: empty key", http.StatusBadRequest)
+				return
+			}
+			sink.Set(key, fetcher.Credentials{Username: c.Username, Password: c.Password, IdentityToken: c.IdentityToken}, ttl)
+		}
+		log.Info("credentials received from the auth helper", "entries", len(creds))
+		w.WriteHeader(http.StatusNoContent)
+	})
+	return mux
+}
+
+// Listen creates the socket at path, mode 0600, replacing a stale one left by a crash. A
+// socket some live daemon answers on is an error.
+func Listen(path string) (net.Listener, error) {
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return nil, err
+	}
+	if c, err := net.DialTimeout("unix", path, time.Second); err == nil {
+		c.Close()
+		return nil, fmt.Errorf("control socket %s: another daemon is listening", path)
+	}
+	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return nil, err
+	}
+	old := syscall.Umask(0o177)
+	ln, err := net.Listen("unix", path)
+	syscall.Umask(old)
+	if err != nil {
+		return nil, err
+	}
+	if err := os.Chmod(path, 0o600); err != nil {
+		ln.Close()
+		return nil, err
+	}
+	return ln, nil
+}
+
+// Client talks to a daemon's control socket.
+type Client struct {
+	hc *http.Client
+}
+
+// NewClient returns a client for the socket at path.
+func NewClient(path string) *Client {
+	tr := &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, "unix", path)
+	}}
+	return &Client{hc: &http.Client{Transport: tr, Timeout: 10 * time.Second}}
+}
+
+// Status fetches the daemon's status.
+func (c *Client) Status(ctx context.Context) (layer.Status, error) {
+	var st layer.Status
+	resp, err := c.do(ctx, http.MethodGet, "/status", nil)
+	if err != nil {
+		return st, err
+	}
+	defer resp.Body.Close()
+	return st, json.NewDecoder(resp.Body).Decode(&st)
+}
+
+// Metrics fetches the daemon's metrics text.
+func (c *Client) Metrics(ctx context.Context) (string, error) {
+	resp, err := c.do(ctx, http.MethodGet, "/metrics", nil)
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return string(b), err
+}
+
+// PushCredentials hands the JSON c/image writes to the auth helper over to the daemon, as is.
+func (c *Client) PushCredentials(ctx context.Context, body io.Reader) error {
+	resp, err := c.do(ctx, http.MethodPost, "/credentials", body)
+	if err != nil {
+		return err
+	}
+	resp.Body.Close()
+	return nil
+}
+
+func (c *Client) do(ctx context.Context, method, path string, body io.Reader) (*http.Response, error) {
+	req, err := http.NewRequestWithContext(ctx, method, "http://layerstore"+path, body)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := c.hc.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("control socket: %w", err)
+	}
+	if resp.StatusCode/100 != 2 {
+		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
+		resp.Body.Close()
+		return nil, fmt.Errorf("control socket %s: %s: %s", path, resp.Status, msg)
+	}
+	return resp, nil
+}

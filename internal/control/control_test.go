@@ -1,0 +1,91 @@
+package control
+
+import (
+	"bytes"
+	"io"
+	"log/slog"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/layerstore/layerstore/fetcher"
+	"github.com/layerstore/layerstore/layer"
+)
+
+type fakeStatus struct{ st layer.Status }
+
+func (f fakeStatus) Status() layer.Status { return f.st }
+
+type fakeSink map[string]fetcher.Credentials
+
+func (f fakeSink) Set(key string, c fetcher.Credentials, _ time.Duration) { f[key] = c }
+
+func serveTest(t *testing.T, st layer.Status, sink fakeSink, logs io.Writer) *Client {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "control.sock")
+	ln, err := Listen(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fi, err := os.Stat(path)
+	if err != nil || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("socket mode %v, %v", fi.Mode(), err)
+	}
+	srv := &http.Server{Handler: Handler(fakeStatus{st}, sink, time.Hour, slog.New(slog.NewTextHandler(logs, nil)))}
+	go srv.Serve(ln)
+	t.Cleanup(func() { srv.Close() })
+	if _, err := Listen(path); err == nil {
+		t.Error("a second daemon could listen on a live socket")
+	}
+	return NewClient(path)
+}
+
+func TestCredentials(t *testing.T) {
+	sink := fakeSink{}
+	var logs bytes.Buffer
+	c := serveTest(t, layer.Status{}, sink, &logs)
+	body := `{"127.0.0.1:5000/app": {"username": "u", "password": "s3cret-pw"}, "quay.io/org": {"identityToken": "tok-123"}}`
+	if err := c.PushCredentials(t.Context(), strings.NewReader(body)); err != nil {
+		t.Fatal(err)
+	}
+	if sink["127.0.0.1:5000/app"].Password != "s3cret-pw" || sink["quay.io/org"].IdentityToken != "tok-123" {
+		t.Errorf("sink got %v", sink)
+	}
+	err := c.PushCredentials(t.Context(), strings.NewReader(`{"x": {"password": "s3cret-pw"`))
+	if err == nil || strings.Contains(err.Error(), "s3cret") {
+		t.Errorf("invalid JSON: %v", err)
+	}
+	if strings.Contains(logs.String(), "s3cret") || strings.Contains(logs.String(), "tok-123") {
+		t.Errorf("secret in the logs: %s", logs.String())
+	}
+}
+
+func TestStatusAndMetrics(t *testing.T) {
+	st := layer.Status{Layers: []layer.LayerStatus{{Refs: []string{"r/app:v1"}, Digest: "sha256:abcd", State: layer.StateFetching, Users: 2, ToFetch: 100, Prefetched: 40}}}
+	st.Counters.Lookups = 7
+	c := serveTest(t, st, fakeSink{}, io.Discard)
+	got, err := c.Status(t.Context())
+	if err != nil || len(got.Layers) != 1 || got.Counters.Lookups != 7 {
+		t.Fatalf("status %+v, %v", got, err)
+	}
+	m, err := c.Metrics(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"layerstore_lookups_total 7", `layerstore_layers{state="fetching"} 1`, "layerstore_layer_users 2"} {
+		if !strings.Contains(m, want) {
+			t.Errorf("metrics lack %q:\n%s", want, m)
+		}
+	}
+	if strings.Contains(m, "sha256") || strings.Contains(m, "r/app") {
+		t.Errorf("metrics carry digests or references:\n%s", m)
+	}
+	var out bytes.Buffer
+	Render(&out, got)
+	if !strings.Contains(out.String(), "40%") || !strings.Contains(out.String(), "r/app:v1") {
+		t.Errorf("render:\n%s", out.String())
+	}
+}
