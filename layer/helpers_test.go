@@ -1,15 +1,11 @@
 package layer
 
 import (
-	"bytes"
-	"compress/gzip"
 	"os"
 	"path/filepath"
 	"runtime"
 	"testing"
 	"time"
-
-	"github.com/opencontainers/go-digest"
 
 	"github.com/layerstore/layerstore/cache"
 	"github.com/layerstore/layerstore/fetcher"
@@ -59,12 +55,11 @@ func fixtureLayer(f testlayer.Fixture) testregistry.Layer {
 
 // gzipLayer is a plain gzip layer of the reference tar.
 func gzipLayer(t *testing.T) testregistry.Layer {
-	var b bytes.Buffer
-	zw := gzip.NewWriter(&b)
-	tarBlob := testlayer.Tar()
-	zw.Write(tarBlob)
-	zw.Close()
-	return testregistry.Layer{Blob: b.Bytes(), MediaType: "application/vnd.oci.image.layer.v1.tar+gzip", DiffID: digest.FromBytes(tarBlob)}
+	l, err := testregistry.GzipLayer(testlayer.Tar())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
 }
 
 func (e *env) push(repoTag string, layers ...testregistry.Layer) string {

@@ -1,178 +1,273 @@
 package main
 
 import (
-	"bytes"
+	"archive/tar"
 	"context"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"io"
-	"net"
-	"net/http"
-	"strings"
-	"sync/atomic"
+	"log/slog"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
 	"text/tabwriter"
 	"time"
 
 	"github.com/containerd/stargz-snapshotter/estargz"
+	"github.com/opencontainers/go-digest"
+
+	"github.com/layerstore/layerstore/chunked"
 	"github.com/layerstore/layerstore/internal/testlayer"
-	"github.com/layerstore/layerstore/verify"
+	"github.com/layerstore/layerstore/internal/testregistry"
+	"github.com/layerstore/layerstore/layer"
 )
 
 // demoFiles are what the demo's "workload" reads.
 var demoFiles = []string{"etc/hostname", "usr/bin/tool", "usr/share/doc/deep/er/README"}
 
-// runDemo builds sample lazy-pullable layers, serves them from a local HTTP server that
-// answers range requests, and reads a few files through the verified lazy path, printing how
-// much of each blob had to be fetched. Nothing leaves 127.0.0.1.
+// demoImage is one image the demo pushes and reads.
+type demoImage struct {
+	tag   string
+	layer testregistry.Layer
+	key   digest.Digest // what a modern runtime looks the layer up by
+	lazy  bool
+}
+
+// runDemo pushes sample images to a registry on 127.0.0.1, mounts a store in a temporary
+// directory, reads a few files of each image through the mount and prints what was fetched.
+// Nothing leaves 127.0.0.1; everything is removed afterwards.
 func runDemo(ctx context.Context, out io.Writer) error {
-	tarBlob := testlayer.Tar()
-	fmt.Fprintf(out, "sample layer: %d entries, %d bytes uncompressed\n\n", len(testlayer.Entries()), len(tarBlob))
-	var layers []testlayer.Fixture
+	if err := fuseUsable(); err != nil {
+		return fmt.Errorf("FUSE is not usable here, so no store can be mounted: %w\n"+
+			"the demo mounts a FUSE filesystem: run it as root on a machine with /dev/fuse", err)
+	}
+	reg, err := testregistry.Start()
+	if err != nil {
+		return err
+	}
+	defer reg.Close()
+	images, bulk, err := demoImages()
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "sample image: the reference layer (%d entries) plus %d MiB of libraries, in each format\n",
+		len(testlayer.Entries()), bulk>>20)
+	for _, im := range images {
+		if _, err := reg.Push(ctx, "demo/app:"+im.tag, []testregistry.Layer{im.layer}); err != nil {
+			return err
+		}
+	}
+	dir, err := os.MkdirTemp("", "layerstore-demo-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	conf := filepath.Join(dir, "registries.conf")
+	if err := os.WriteFile(conf, fmt.Appendf(nil, "[[registry]]\nlocation = %q\ninsecure = true\n", reg.Host), 0o644); err != nil {
+		return err
+	}
+	cfg := &Config{CacheDir: filepath.Join(dir, "cache")}
+	// Paced, so that the lazy reads visibly overtake the background fetch.
+	cfg.Prefetch.Bandwidth, cfg.Prefetch.BatchSize = 8<<20, 1<<20
+	cfg.Registries.Conf, cfg.Registries.ConfDir = conf, conf+".d"
+	mnt := filepath.Join(dir, "store")
+	s, err := openStack(cfg, mnt, slog.New(slog.DiscardHandler))
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	fmt.Fprintf(out, "registry on %s, store mounted at %s\n\n", reg.Host, mnt)
+
+	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "image\tformat\tblob\tresolve\tfirst byte\t3 files\tfetched\tof blob\trequests\tall local in\tguarantee\t")
+	for _, im := range images {
+		ref := reg.Host + "/demo/app:" + im.tag
+		layerDir := filepath.Join(mnt, base64.StdEncoding.EncodeToString([]byte(ref)), im.key.String())
+		start := time.Now()
+		_, err := os.Stat(filepath.Join(layerDir, "diff"))
+		if !im.lazy {
+			if !errors.Is(err, os.ErrNotExist) {
+				return fmt.Errorf("%s: a plain layer was served (%v)", im.tag, err)
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%d\tENOENT in %s\t\t\t\t\t\t\t(the runtime pulls it)\t\n", im.tag, "gzip", len(im.layer.Blob), since(start))
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("%s: %w", im.tag, err)
+		}
+		resolved := time.Since(start)
+		var firstByte time.Duration
+		for i, p := range demoFiles {
+			f, err := os.Open(filepath.Join(layerDir, "diff", p))
+			if err != nil {
+				return err
+			}
+			_, err = f.Read(make([]byte, 1))
+			if i == 0 {
+				firstByte = time.Since(start)
+			}
+			if err == nil {
+				_, err = io.Copy(io.Discard, f)
+			}
+			f.Close()
+			if err != nil {
+				return fmt.Errorf("%s: reading %s: %w", im.tag, p, err)
+			}
+		}
+		read := time.Since(start)
+		stats := reg.Stats(digest.FromBytes(im.layer.Blob))
+		fetched, requests := stats.Bytes, stats.Ranged
+		if stats.Full > 0 {
+			return fmt.Errorf("%s: the blob was fetched in full", im.tag)
+		}
+		local, err := waitLocal(ctx, s.manager, im.layer)
+		if err != nil {
+			return err
+		}
+		st := layerStatus(s.manager, im.layer)
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%d\t%.1f%%\t%d\t%s\t%s\t\n", im.tag, st.Format, st.Size,
+			resolved.Round(time.Millisecond), firstByte.Round(time.Millisecond), read.Round(time.Millisecond),
+			fetched, 100*float64(fetched)/float64(st.Size), requests, local.Round(time.Millisecond), st.Guarantee)
+	}
+	tw.Flush()
+	fmt.Fprint(out, `
+fetched, requests: what the registry had sent for the layer when the 3 files had been read
+  (TOC, the files' chunks, and whatever the background fetch, paced to 8 MiB/s in 1 MiB requests here, got to).
+all local in: time until the background fetch had verified and cached the whole layer.
+The images hold the same files: the cache is content-addressed, so after the first image
+only the TOCs and content not seen before are fetched.
+`)
+
+	// A registry serving a corrupted chunk: the read fails with EIO, nothing wrong is returned.
+	tampered, err := tamperedImage(reg)
+	if err != nil {
+		return err
+	}
+	ref := reg.Host + "/demo/app:tampered"
+	if _, err := reg.Push(ctx, "demo/app:tampered", []testregistry.Layer{tampered.layer}); err != nil {
+		return err
+	}
+	_, err = os.ReadFile(filepath.Join(mnt, base64.StdEncoding.EncodeToString([]byte(ref)), tampered.key.String(), "diff", "usr/bin/secret"))
+	if err == nil {
+		return errors.New("a tampered chunk was served")
+	}
+	fmt.Fprintf(out, "\nregistry serving a flipped byte in usr/bin/secret: the read failed (%v)\n", err)
+	fmt.Fprintf(out, "verification failures counted: %d\n", s.manager.Status().Counters.VerifyFailures)
+	return nil
+}
+
+func since(t time.Time) time.Duration { return time.Since(t).Round(time.Millisecond) }
+
+// fuseUsable says why a FUSE mount cannot be made here, if it cannot.
+func fuseUsable() error {
+	if os.Geteuid() != 0 {
+		return errors.New("not running as root")
+	}
+	f, err := os.OpenFile("/dev/fuse", os.O_RDWR, 0)
+	if err != nil {
+		return err
+	}
+	return f.Close()
+}
+
+func layerStatus(m *layer.Manager, l testregistry.Layer) layer.LayerStatus {
+	d := digest.FromBytes(l.Blob)
+	for _, st := range m.Status().Layers {
+		if st.Digest == d {
+			return st
+		}
+	}
+	return layer.LayerStatus{}
+}
+
+// waitLocal waits for the background fetch of a layer and returns how long it took.
+func waitLocal(ctx context.Context, m *layer.Manager, l testregistry.Layer) (time.Duration, error) {
+	deadline := time.Now().Add(2 * time.Minute)
+	for time.Now().Before(deadline) {
+		st := layerStatus(m, l)
+		switch st.State {
+		case layer.StateComplete:
+			return time.Duration(st.Seconds * float64(time.Second)), nil
+		case layer.StateFailed:
+			return 0, fmt.Errorf("background fetch failed: %s", st.Error)
+		}
+		select {
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	return 0, errors.New("background fetch did not finish in 2 minutes")
+}
+
+// demoImages builds the sample layer in each lazy format, plus a plain gzip one. It returns
+// the size of the bulk content added to the reference layer.
+func demoImages() ([]demoImage, int64, error) {
+	tarBlob, bulk := demoTar()
+	var images []demoImage
 	for _, v := range []struct {
-		name string
+		tag  string
 		opts []estargz.Option
 	}{
 		{"estargz", nil},
 		{"estargz-prioritized", []estargz.Option{estargz.WithPrioritizedFiles(demoFiles)}},
 	} {
-		f, err := testlayer.BuildEStargz(v.name, tarBlob, v.opts...)
+		f, err := testlayer.BuildEStargz(v.tag, tarBlob, v.opts...)
 		if err != nil {
-			return err
+			return nil, 0, err
 		}
-		layers = append(layers, f)
+		images = append(images, demoImage{tag: v.tag, layer: fixtureLayer(f), key: digest.Digest(f.Desc.Annotations[chunked.AnnotationStargzTOCDigest]), lazy: true})
 	}
-	srv, err := newBlobServer()
+	// zstd:chunked as c/storage writes it (the committed fixture: the reference layer only).
+	fixtures, err := testlayer.Fixtures()
 	if err != nil {
-		return err
+		return nil, 0, err
 	}
-	defer srv.Close()
-
-	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "layer\tformat\tblob bytes\tentries\topen (TOC)\tread 3 files\trequests\tfetched\tof blob\tguarantee\t")
-	for _, f := range layers {
-		srv.put(f.Name, f.Blob)
-		src := srv.source(f.Name)
-		start := time.Now()
-		l, err := verify.Open(ctx, f.Desc, f.DiffID, src)
-		if err != nil {
-			return err
+	for _, f := range fixtures {
+		if f.Format == chunked.ZstdChunked && f.Name == "zstdchunked-modern" {
+			images = append(images, demoImage{tag: "zstdchunked", layer: fixtureLayer(f), key: digest.Digest(f.Desc.Annotations[chunked.AnnotationChecksum]), lazy: true})
 		}
-		opened := time.Since(start)
-		for _, p := range demoFiles {
-			if _, err := readFile(ctx, l, src, p); err != nil {
-				return err
-			}
-		}
-		fetched := src.bytes.Load()
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%s\t%s\t%d\t%d\t%.1f%%\t%s\t\n", f.Name, l.Layout().Format, len(f.Blob),
-			l.Index().Len(), opened.Round(time.Microsecond), time.Since(start).Round(time.Microsecond),
-			src.requests.Load(), fetched, 100*float64(fetched)/float64(len(f.Blob)), l.Guarantee())
 	}
-	tw.Flush()
-
-	// A registry serving a corrupted chunk: the read is refused, nothing is returned.
-	f := layers[0]
-	l, err := verify.Open(ctx, f.Desc, f.DiffID, srv.source(f.Name))
+	gz, err := testregistry.GzipLayer(tarBlob)
 	if err != nil {
-		return err
+		return nil, 0, err
 	}
-	id, _ := l.Index().LookupPath("usr/bin/tool")
-	bad := bytes.Clone(f.Blob)
-	c := l.Index().Chunks(id)[0]
-	bad[c.Offset+(c.End-c.Offset)/2] ^= 0xff
-	srv.put("tampered", bad)
-	_, err = readFile(ctx, l, srv.source("tampered"), "usr/bin/tool")
-	if err == nil {
-		return errors.New("a tampered chunk was served")
-	}
-	fmt.Fprintf(out, "\ntampered blob, read of usr/bin/tool refused:\n  %v\n", err)
-	return nil
+	images = append(images, demoImage{tag: "gzip", layer: gz, key: digest.FromBytes(gz.Blob)})
+	return images, bulk, nil
 }
 
-func readFile(ctx context.Context, l *verify.Layer, src verify.Source, p string) ([]byte, error) {
-	x := l.Index()
-	id, ok := x.LookupPath(p)
-	if !ok {
-		return nil, fmt.Errorf("%s: not in the layer", p)
-	}
-	var buf bytes.Buffer
-	for i := range x.Chunks(id) {
-		c, err := l.ReadChunk(ctx, src, id, i)
-		if err != nil {
-			return nil, err
-		}
-		buf.Write(c.Bytes())
-	}
-	return buf.Bytes(), nil
-}
-
-// blobServer serves blobs over HTTP with range support, on 127.0.0.1.
-type blobServer struct {
-	srv   *http.Server
-	url   string
-	blobs atomic.Pointer[map[string][]byte]
-}
-
-func newBlobServer() (*blobServer, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+// tamperedImage is a layer of one file whose bytes the registry corrupts when serving it.
+func tamperedImage(reg *testregistry.Registry) (demoImage, error) {
+	b := make([]byte, 1<<20)
+	rand.NewChaCha8([32]byte{'t'}).Read(b)
+	tarBlob := testlayer.Build([]testlayer.Entry{{Header: tar.Header{Typeflag: tar.TypeReg, Name: "usr/bin/secret",
+		Mode: 0o755, Size: int64(len(b)), ModTime: testlayer.Epoch}, Data: b}})
+	f, err := testlayer.BuildEStargz("tampered", tarBlob)
 	if err != nil {
-		return nil, err
+		return demoImage{}, err
 	}
-	s := &blobServer{url: "http://" + ln.Addr().String()}
-	s.blobs.Store(&map[string][]byte{})
-	s.srv = &http.Server{ReadHeaderTimeout: 5 * time.Second, Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		b, ok := (*s.blobs.Load())[strings.TrimPrefix(r.URL.Path, "/")]
-		if !ok {
-			http.NotFound(w, r)
-			return
-		}
-		http.ServeContent(w, r, "", time.Time{}, bytes.NewReader(b))
-	})}
-	go s.srv.Serve(ln) //nolint:errcheck // ends with Close
-	return s, nil
+	reg.Tamper(f.Desc.Digest, int64(len(b)/2)) // inside the file's data, before the TOC
+	return demoImage{tag: "tampered", layer: fixtureLayer(f), key: digest.Digest(f.Desc.Annotations[chunked.AnnotationStargzTOCDigest]), lazy: true}, nil
 }
 
-func (s *blobServer) put(name string, b []byte) {
-	m := map[string][]byte{name: b}
-	for k, v := range *s.blobs.Load() {
-		if k != name {
-			m[k] = v
-		}
-	}
-	s.blobs.Store(&m)
+func fixtureLayer(f testlayer.Fixture) testregistry.Layer {
+	return testregistry.Layer{Blob: f.Blob, MediaType: f.Desc.MediaType, Annotations: f.Desc.Annotations, DiffID: f.DiffID}
 }
 
-func (s *blobServer) Close() error { return s.srv.Close() }
-
-func (s *blobServer) source(name string) *rangeSource {
-	return &rangeSource{url: s.url + "/" + name}
-}
-
-// rangeSource reads a blob with one HTTP range request per call, counting requests and bytes.
-type rangeSource struct {
-	url      string
-	requests atomic.Int64
-	bytes    atomic.Int64
-}
-
-var _ verify.Source = (*rangeSource)(nil)
-
-func (s *rangeSource) ReadAt(ctx context.Context, p []byte, off int64) (int, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, s.url, nil)
-	if err != nil {
-		return 0, err
+// demoTar is the reference layer with "shared libraries" appended: incompressible files
+// that a workload reading three small files never touches.
+func demoTar() ([]byte, int64) {
+	var es []testlayer.Entry
+	es = append(es, testlayer.Entries()...)
+	rnd := rand.NewChaCha8([32]byte{'d', 'e', 'm', 'o'})
+	var bulk int64
+	for i := range 6 {
+		b := make([]byte, 4<<20)
+		rnd.Read(b)
+		bulk += int64(len(b))
+		es = append(es, testlayer.Entry{Header: tar.Header{Typeflag: tar.TypeReg, Name: fmt.Sprintf("usr/lib/libdemo%d.so", i),
+			Mode: 0o755, Size: int64(len(b)), ModTime: testlayer.Epoch}, Data: b})
 	}
-	req.Header.Set("Range", fmt.Sprintf("bytes=%d-%d", off, off+int64(len(p))-1))
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return 0, err
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusPartialContent {
-		return 0, fmt.Errorf("%s: range request answered %s", s.url, resp.Status)
-	}
-	n, err := io.ReadFull(resp.Body, p)
-	s.requests.Add(1)
-	s.bytes.Add(int64(n))
-	return n, err
+	return testlayer.Build(es), bulk
 }

@@ -7,12 +7,13 @@ import (
 )
 
 func TestDemo(t *testing.T) {
+	requireFUSE(t)
 	var out, errb bytes.Buffer
 	if code := run(t.Context(), []string{"demo"}, &out, &errb); code != 0 {
 		t.Fatalf("demo exited %d: %s", code, errb.String())
 	}
 	s := out.String()
-	for _, want := range []string{"estargz-prioritized", "chunks-verified", "refused", "digest mismatch"} {
+	for _, want := range []string{"estargz-prioritized", "zstd:chunked", "chunks-verified", "diffid-verified", "ENOENT", "input/output error", "all local in"} {
 		if !strings.Contains(s, want) {
 			t.Errorf("demo output lacks %q:\n%s", want, s)
 		}

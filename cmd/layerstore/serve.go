@@ -84,67 +84,100 @@ func newLogger(w io.Writer, level slog.Level) *slog.Logger {
 	return slog.New(slog.NewTextHandler(w, opts))
 }
 
-// serve runs the daemon until ctx is done or the mount goes away.
-func serve(ctx context.Context, cfg *Config, mountpoint string, log *slog.Logger) error {
-	c, err := cache.New(cfg.CacheDir, cache.WithMaxSize(int64(or(cfg.CacheMaxSize, Size(cache.DefaultMaxSize)))), cache.WithLogger(log))
-	if err != nil {
-		return fmt.Errorf("cache: %w", err)
-	}
-	defer c.Close()
+// stack is the daemon's parts, built from a configuration: the cache, the registry client
+// with its in-memory keychain, the layer manager, and the FUSE mount serving it.
+type stack struct {
+	cache   *cache.Cache
+	keys    *fetcher.MemoryKeychain
+	manager *layer.Manager
+	mount   *fs.Server
+}
 
-	keys := fetcher.NewMemoryKeychain()
-	client, err := newClient(cfg, keys, log)
+// openStack builds the stack and mounts it at mountpoint, clearing a dead mount first.
+func openStack(cfg *Config, mountpoint string, log *slog.Logger) (_ *stack, err error) {
+	s := &stack{keys: fetcher.NewMemoryKeychain()}
+	defer func() {
+		if err != nil {
+			s.Close()
+		}
+	}()
+	s.cache, err = cache.New(cfg.CacheDir, cache.WithMaxSize(int64(or(cfg.CacheMaxSize, Size(cache.DefaultMaxSize)))), cache.WithLogger(log))
 	if err != nil {
-		return err
+		return nil, fmt.Errorf("cache: %w", err)
 	}
-	m, err := layer.New(client, c, layerOptions(cfg, log)...)
+	client, err := newClient(cfg, s.keys, log)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	defer m.Close()
-
-	ln, err := control.Listen(cfg.ControlSocket)
-	if err != nil {
-		return err
+	if s.manager, err = layer.New(client, s.cache, layerOptions(cfg, log)...); err != nil {
+		return nil, err
 	}
-	api := &http.Server{
-		Handler:           control.Handler(m, keys, time.Duration(or(cfg.CredentialTTL, Duration(control.DefaultCredentialTTL))), log),
-		ReadHeaderTimeout: 10 * time.Second,
-	}
-	go api.Serve(ln)
-	defer api.Close()
-
 	if err := fs.ClearDeadMount(mountpoint); err != nil {
-		return err
+		return nil, err
 	}
 	if err := os.MkdirAll(mountpoint, 0o755); err != nil {
-		return err
+		return nil, err
 	}
-	srv, err := fs.Mount(mountpoint, m, fs.Options{
+	s.mount, err = fs.Mount(mountpoint, s.manager, fs.Options{
 		Logger:      log,
 		AllowOther:  orBool(cfg.FUSE.AllowOther, true),
 		Passthrough: orBool(cfg.FUSE.Passthrough, true),
 	})
 	if err != nil {
-		return fmt.Errorf("mounting %s: %w", mountpoint, err)
+		return nil, fmt.Errorf("mounting %s: %w", mountpoint, err)
 	}
+	return s, nil
+}
+
+// Close unmounts (if mounted) and releases everything.
+func (s *stack) Close() error {
+	var err error
+	if s.mount != nil {
+		err = s.mount.Unmount()
+		s.mount.Wait()
+	}
+	if s.manager != nil {
+		s.manager.Close()
+	}
+	if s.cache != nil {
+		s.cache.Close()
+	}
+	return err
+}
+
+// serve runs the daemon until ctx is done or the mount goes away.
+func serve(ctx context.Context, cfg *Config, mountpoint string, log *slog.Logger) error {
+	ln, err := control.Listen(cfg.ControlSocket)
+	if err != nil {
+		return err
+	}
+	s, err := openStack(cfg, mountpoint, log)
+	if err != nil {
+		ln.Close()
+		return err
+	}
+	api := &http.Server{
+		Handler:           control.Handler(s.manager, s.keys, time.Duration(or(cfg.CredentialTTL, Duration(control.DefaultCredentialTTL))), log),
+		ReadHeaderTimeout: 10 * time.Second,
+	}
+	go api.Serve(ln)
+	defer api.Close()
 	log.Info("serving", "mountpoint", mountpoint, "cache", cfg.CacheDir, "control", cfg.ControlSocket, "version", version)
 	if err := sdnotify.Notify("READY=1\nSTATUS=serving " + mountpoint); err != nil {
 		log.Warn("notifying systemd", "err", err)
 	}
 
 	gone := make(chan struct{})
-	go func() { srv.Wait(); close(gone) }()
+	go func() { s.mount.Wait(); close(gone) }()
 	select {
 	case <-ctx.Done():
 		log.Info("stopping", "mountpoint", mountpoint)
 		_ = sdnotify.Notify("STOPPING=1")
-		if err := srv.Unmount(); err != nil {
-			log.Warn("unmount", "err", err)
-		}
-		<-gone
 	case <-gone:
 		log.Warn("the mount went away; exiting", "mountpoint", mountpoint)
+	}
+	if err := s.Close(); err != nil {
+		log.Warn("unmount", "err", err)
 	}
 	return nil
 }

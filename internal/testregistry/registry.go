@@ -6,6 +6,7 @@ package testregistry
 
 import (
 	"bytes"
+	"compress/gzip"
 	"context"
 	"fmt"
 	"io"
@@ -258,4 +259,17 @@ func (c *compressed) DiffID() (v1.Hash, error) {
 		return v1.Hash{}, fmt.Errorf("layer without DiffID")
 	}
 	return v1.NewHash(c.l.DiffID.String())
+}
+
+// GzipLayer is a plain (not lazily pullable) gzip layer of a tar stream.
+func GzipLayer(tarStream []byte) (Layer, error) {
+	var b bytes.Buffer
+	zw := gzip.NewWriter(&b)
+	if _, err := zw.Write(tarStream); err != nil {
+		return Layer{}, err
+	}
+	if err := zw.Close(); err != nil {
+		return Layer{}, err
+	}
+	return Layer{Blob: b.Bytes(), MediaType: "application/vnd.oci.image.layer.v1.tar+gzip", DiffID: digest.FromBytes(tarStream)}, nil
 }
