@@ -140,8 +140,10 @@ func (e *entry) isComplete() bool {
 }
 
 // Open returns a handle on the file whose content has sha256 digest sum and size bytes,
-// creating an empty partial file if the cache has none. The handle pins the file: it is not
-// evicted until every handle on it is closed. Opening marks the file most recently used.
+// as an empty partial file if the cache has none (its files on disk are made by the first
+// [File.Put]: opening a file only to read it writes nothing). The handle pins the file: it
+// is not evicted until every handle on it is closed. Opening marks the file most recently
+// used.
 //
 // A stored complete file, or one held open, with a different size fails with
 // [ErrSizeMismatch]; an unpinned partial one is discarded and started again. An empty file

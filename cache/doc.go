@@ -13,9 +13,17 @@
 //	err = f.Put(chunk)                         // chunk is a verify.Chunk of this file
 //	if f.Complete() { path, _ := f.Path() }    // read-only file for passthrough
 //
+//	errs := c.PutFiles(files)                  // whole files at once, one group commit
+//
 // Data enters only as [verify.Chunk] values, which package verify makes only after checking
 // the chunk's digest, and a file becomes complete only after its whole content hashed to
 // its digest.
+//
+// Two ways in: [File.Put] stores chunks one at a time into a partial file (a reader filling
+// a file as it needs it, large files fetched piecewise) and costs a few fsyncs per chunk;
+// [Cache.PutFiles] stores files whose every chunk is at hand (the small files of a background
+// batch) in one group commit, two syncfs calls for the whole group, which is what keeps a
+// layer of thousands of small files from costing seconds of fsyncs.
 //
 // Trust in partial files: a recorded range was verified against the TOC of the layer that
 // supplied it, but only completion proves it belongs to the file's digest, and any image's
@@ -28,6 +36,7 @@
 //
 //	<root>/lock                          flock'd by the one Cache using the root
 //	<root>/files/<2 hex>/<64 hex>        complete, verified files (mode 0400)
+//	<root>/files/<2 hex>/<64 hex>.tmp    a file of a PutFiles group, not yet committed
 //	<root>/partial/<2 hex>/<64 hex>      sparse data file of a file being filled, full size
 //	<root>/partial/<2 hex>/<64 hex>.ranges  its journal: header (magic, size, CRC) then one
 //	                                     20-byte record (offset, length, CRC-32C) per range
@@ -41,8 +50,9 @@
 // under files/ was durably written and hashed to its name. It holds because of the order of
 // operations:
 //
-//   - a partial file is created as: data file truncated to the size and fsynced, then the
-//     journal written to a temporary name, fsynced, renamed into place and the directory
+//   - a partial file is created when the first chunk of the file is stored (opening a file
+//     only to read it writes nothing), as: data file truncated to the size and fsynced, then
+//     the journal written to a temporary name, fsynced, renamed into place and the directory
 //     fsynced. A data file without a journal is a leftover and is removed;
 //   - [File.Put] writes the chunk's missing bytes with pwrite, fsyncs the data file, then
 //     writes the records and fsyncs the journal. A crash before the records leaves bytes
@@ -53,12 +63,21 @@
 //     commit point. The journal is removed afterwards; a journal left beside a complete file
 //     is removed by the next scan. Content that does not hash to its digest is dropped and
 //     reported with [ErrCorrupt];
+//   - [Cache.PutFiles] hashes each file's content in memory (a single chunk whose digest is
+//     the file's was hashed by verification) and writes it to files/<2 hex>/<64 hex>.tmp;
+//     one syncfs of the cache's filesystem makes every temporary file durable; then each is
+//     renamed to its final name, a second syncfs makes the renames durable, and only then are
+//     the files complete. A temporary file is never taken for content: the next scan removes
+//     it. A crash between the renames and the second syncfs leaves some files complete on
+//     disk that the cache had not reported complete yet, which is sound: their content was
+//     durable and verified before their name existed. A reader that opened the file meanwhile
+//     sees it complete; a partial file it began is removed (journal first);
 //   - removal (eviction, reset) deletes the journal before the data file.
 //
 // On start, [New] scans the root: complete files are kept as they are, partial files whose
 // journal header is sound and whose data file has the recorded size keep their recorded
 // ranges, and everything else (damaged journals, data files without journal, temporary
-// files) is deleted. Nothing is written on [Cache.Close], so a crash and a clean shutdown
+// files, in partial/ and files/) is deleted. Nothing is written on [Cache.Close], so a crash and a clean shutdown
 // leave the same state.
 //
 // # Size bound and eviction
@@ -80,7 +99,14 @@
 // open, close, complete or drop the files; an inner mutex serialises the range record and
 // the journal appends. Bytes already present are never rewritten, so readers see stable
 // content. Completion hashes under the shared lock and takes the exclusive lock only for the
-// rename. The lock order is File, Cache, file, range record; see [Cache].
+// rename. PutFiles pins the files of its group and marks them as being stored, so that no
+// two groups write the same temporary file; it takes each file's exclusive lock only to
+// rename it and to mark it complete. The lock order is File, Cache, file, range record; see
+// [Cache].
+//
+// syncfs writes back everything dirty on the cache's filesystem, not only the group's files:
+// on a filesystem shared with busy writers a group commit waits for their data too. Keep the
+// cache on its own filesystem where that matters.
 //
 // The cache directory should be on a plain filesystem (ext4, xfs, tmpfs), not overlayfs, so
 // that passthrough keeps the kernel's stacking depth within its limit.

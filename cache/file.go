@@ -23,8 +23,9 @@ type entry struct {
 	size int64 // immutable
 
 	// Guarded by Cache.mu.
-	refs int
-	elem *list.Element
+	refs    int
+	elem    *list.Element
+	storing bool // a PutFiles is writing the whole file
 
 	// bytes is this entry's share of Cache.usage. It changes under rmu (recording ranges),
 	// under mu held exclusively (load, reset) or under Cache.mu with refs == 0 (drop).
@@ -52,7 +53,8 @@ func (e *entry) dataPathLocked() string {
 	return partialPath(e.c.root, e.sum)
 }
 
-// load opens the entry's files, creating a fresh partial file if there is no usable one.
+// load opens the entry's files. A file with no usable partial file gets none yet: the first
+// Put creates it (ensurePartial), so that opening a file only to read it costs no fsync.
 func (e *entry) load() error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -71,12 +73,42 @@ func (e *entry) load() error {
 	if err != nil && !errors.Is(err, fs.ErrNotExist) {
 		e.c.opts.logger.Warn("cache: discarding partial file", "file", e.sum, "err", err)
 	}
-	if err != nil {
+	switch {
+	case err == nil:
+	case e.size == 0:
+		// Complete at once (Open finishes it): it needs its data file now.
 		if err := e.createPartialLocked(); err != nil {
 			return fmt.Errorf("cache: creating partial file for %v: %w", e.sum, err)
 		}
+	default:
+		// Journal first, as for any removal; the first Put creates fresh files.
+		p := partialPath(e.c.root, e.sum)
+		if err := errors.Join(removeIfExists(p+journalExt), removeIfExists(p)); err != nil {
+			return fmt.Errorf("cache: discarding partial file of %v: %w", e.sum, err)
+		}
+		e.ranges, e.jlen = nil, journalRec
+		e.setBytesLocked(0)
 	}
 	e.loaded = true
+	return nil
+}
+
+// errNoPartial reports a write to an entry whose partial file does not exist yet.
+var errNoPartial = errors.New("cache: no partial file yet")
+
+// ensurePartial creates the entry's partial file if it has none yet.
+func (e *entry) ensurePartial() error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if !e.loaded {
+		return ErrClosed
+	}
+	if e.complete || e.data != nil {
+		return nil
+	}
+	if err := e.createPartialLocked(); err != nil {
+		return fmt.Errorf("cache: creating partial file for %v: %w", e.sum, err)
+	}
 	return nil
 }
 
@@ -195,7 +227,9 @@ func (e *entry) unloadLocked() {
 	if !e.loaded {
 		return
 	}
-	_ = e.data.Close() // read-only use or already synced: nothing to lose
+	if e.data != nil {
+		_ = e.data.Close() // read-only use or already synced: nothing to lose
+	}
 	if e.journal != nil {
 		_ = e.journal.Close()
 	}
@@ -212,6 +246,11 @@ func (e *entry) put(c verify.Chunk) error {
 	}
 	off := ref.FileOffset
 	full, err := e.write(off, b)
+	for errors.Is(err, errNoPartial) {
+		if err = e.ensurePartial(); err == nil {
+			full, err = e.write(off, b)
+		}
+	}
 	if err != nil {
 		return err
 	}
@@ -238,6 +277,9 @@ func (e *entry) write(off int64, b []byte) (full bool, err error) {
 	e.rmu.Unlock()
 	if len(gaps) == 0 {
 		return full, nil
+	}
+	if e.data == nil {
+		return false, errNoPartial
 	}
 	// Present bytes are never rewritten, so concurrent readers see stable content.
 	for _, g := range gaps {
@@ -312,6 +354,9 @@ func (e *entry) finish() error {
 	e.rmu.Unlock()
 	if !e.loaded {
 		return ErrClosed
+	}
+	if e.complete { // completed meanwhile by PutFiles, which replaced the partial file
+		return nil
 	}
 	if err != nil {
 		return fmt.Errorf("cache: hashing %v: %w", e.sum, err)

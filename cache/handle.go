@@ -78,7 +78,11 @@ func (f *File) ReadAt(p []byte, off int64) (int, error) {
 		readEnd = min(end, e.ranges.presentEnd(off))
 		e.rmu.Unlock()
 	}
-	n, err := e.data.ReadAt(p[:readEnd-off], off)
+	var n int
+	var err error
+	if readEnd > off { // a partial file with nothing recorded may have no data file yet
+		n, err = e.data.ReadAt(p[:readEnd-off], off)
+	}
 	if err != nil && !(errors.Is(err, io.EOF) && int64(n) == readEnd-off) {
 		return n, fmt.Errorf("cache: reading %v: %w", e.sum, err)
 	}

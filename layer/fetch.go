@@ -2,9 +2,11 @@ package layer
 
 import (
 	"context"
+	"errors"
 	"runtime"
 	"sync"
 
+	"github.com/layerstore/layerstore/cache"
 	"github.com/layerstore/layerstore/chunked"
 	"github.com/layerstore/layerstore/fetcher"
 	"github.com/layerstore/layerstore/verify"
@@ -118,6 +120,18 @@ func (l *Layer) run(ctx context.Context, keys []chunkKey, calls []*fetchCall, de
 		}
 	}
 	parallel(len(keys), func(i int) {
+		if !demand {
+			// Background decompression would take every core: it steps aside, chunk by
+			// chunk, while a read a runtime waits for is being fetched and verified, and
+			// keeps at most one runnable goroutine per core, so that the goroutines serving
+			// FUSE requests find a processor soon.
+			_ = l.m.sched.yield(ctx)
+			backgroundCPU <- struct{}{}
+			defer func() {
+				<-backgroundCPU
+				runtime.Gosched()
+			}()
+		}
 		c, err := l.v.VerifyChunk(keys[i].file, keys[i].i, raws[i])
 		if err != nil {
 			l.m.counters.verifyFailures.Add(1)
@@ -127,6 +141,10 @@ func (l *Layer) run(ctx context.Context, keys []chunkKey, calls []*fetchCall, de
 		close(calls[i].done)
 	})
 }
+
+// backgroundCPU bounds the chunks being verified for background fetches, over every layer
+// and manager of the process, to one per processor.
+var backgroundCPU = make(chan struct{}, runtime.GOMAXPROCS(0))
 
 // parallel calls fn for 0..n-1 on up to GOMAXPROCS goroutines.
 func parallel(n int, fn func(int)) {
@@ -165,11 +183,48 @@ func (l *Layer) forgetFailed(keys []chunkKey, calls []*fetchCall) {
 }
 
 // store writes the verified chunks of finished calls to the cache, then forgets the calls:
-// from then on readers find the chunks in the cache.
+// from then on readers find the chunks in the cache. Files whose every chunk is among them
+// (small files, whole in one background batch) are stored whole, in one group commit for all
+// of them (cache.PutFiles: two syncfs calls rather than several fsyncs per file); the chunks
+// of the other files are stored one by one.
 func (l *Layer) store(keys []chunkKey, calls []*fetchCall) {
+	var whole []cache.Content
+	var wholeIDs []chunked.EntryID
+	byFile := map[chunked.EntryID][]int{}
+	var order []chunked.EntryID
 	for i, c := range calls {
-		if c.err == nil {
-			l.keep(keys[i].file, c.c)
+		if c.err != nil || l.idx.Entry(keys[i].file).Digest.IsZero() {
+			continue
+		}
+		f := keys[i].file
+		if _, ok := byFile[f]; !ok {
+			order = append(order, f)
+		}
+		byFile[f] = append(byFile[f], i)
+	}
+	for _, f := range order {
+		if cs := l.wholeFile(f, keys, calls, byFile[f]); cs != nil {
+			e := l.idx.Entry(f)
+			whole = append(whole, cache.Content{Sum: e.Digest, Size: e.Size, Chunks: cs})
+			wholeIDs = append(wholeIDs, f)
+			continue
+		}
+		for _, i := range byFile[f] {
+			l.keep(f, calls[i].c)
+		}
+	}
+	if len(whole) > 0 {
+		for i, err := range l.m.cache.PutFiles(whole) {
+			switch {
+			case err == nil || errors.Is(err, cache.ErrClosed):
+			case errors.Is(err, cache.ErrBadChunk):
+				// Not a tiling the cache takes whole: store the chunks one by one.
+				for _, c := range whole[i].Chunks {
+					l.keep(wholeIDs[i], c)
+				}
+			default:
+				l.m.opts.log.Warn("caching a file failed", "file", l.idx.Entry(wholeIDs[i]).Name, "err", err)
+			}
 		}
 	}
 	l.mu.Lock()
@@ -179,4 +234,26 @@ func (l *Layer) store(keys []chunkKey, calls []*fetchCall) {
 		}
 	}
 	l.mu.Unlock()
+}
+
+// wholeFile returns the chunks of file f in order when calls (at indexes idx) hold every one
+// of them; nil otherwise.
+func (l *Layer) wholeFile(f chunked.EntryID, keys []chunkKey, calls []*fetchCall, idx []int) []verify.Chunk {
+	n := len(l.idx.Chunks(f))
+	if len(idx) < n {
+		return nil
+	}
+	cs := make([]verify.Chunk, n)
+	have := 0
+	for _, i := range idx {
+		k := keys[i].i
+		if cs[k].Ref().Size == 0 {
+			have++
+		}
+		cs[k] = calls[i].c
+	}
+	if have != n {
+		return nil
+	}
+	return cs
 }

@@ -1,0 +1,259 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// fioJob is one fio workload of the matrix.
+type fioJob struct {
+	Name     string
+	RW       string // read or randread
+	BS       string
+	Direct   bool
+	Jobs     int
+	Warm     bool // read the whole file first and keep the page cache (buffered only)
+	TimeBase bool // run for the configured time rather than one pass over the file
+}
+
+// fioJobs is the matrix run on each target. Cold jobs start with dropped caches.
+var fioJobs = []fioJob{
+	{Name: "seq 1M, O_DIRECT", RW: "read", BS: "1M", Direct: true, Jobs: 1},
+	{Name: "seq 1M, buffered cold", RW: "read", BS: "1M", Jobs: 1},
+	{Name: "seq 1M, buffered warm", RW: "read", BS: "1M", Jobs: 1, Warm: true},
+	{Name: "rand 4K QD1, O_DIRECT", RW: "randread", BS: "4k", Direct: true, Jobs: 1, TimeBase: true},
+	{Name: "rand 4K 4 jobs, O_DIRECT", RW: "randread", BS: "4k", Direct: true, Jobs: 4, TimeBase: true},
+	{Name: "rand 4K QD1, buffered warm", RW: "randread", BS: "4k", Jobs: 1, Warm: true, TimeBase: true},
+	{Name: "rand 4K 4 jobs, buffered warm", RW: "randread", BS: "4k", Jobs: 4, Warm: true, TimeBase: true},
+}
+
+// fioResult is what one job measured.
+type fioResult struct {
+	BW        float64 // bytes/s
+	IOPS      float64
+	ClatP50   float64 // µs
+	ClatP99   float64 // µs
+	DaemonCPU float64 // daemon CPU seconds during the job (through the mount)
+	Seconds   float64
+	Err       string
+}
+
+// fioTarget is one way to reach the file.
+type fioTarget struct {
+	Name   string
+	Path   string
+	daemon *daemon // nil for the native file
+}
+
+// runFio runs the matrix on target.
+func runFio(ctx context.Context, t fioTarget, runtime time.Duration, only *regexp.Regexp) []fioResult {
+	out := make([]fioResult, len(fioJobs))
+	for i, j := range fioJobs {
+		if only != nil && !only.MatchString(j.Name) {
+			out[i].Err = "skipped (-fio-only)"
+			continue
+		}
+		if ctx.Err() != nil {
+			out[i].Err = ctx.Err().Error()
+			continue
+		}
+		if j.Warm {
+			if err := readAll(t.Path); err != nil {
+				out[i].Err = err.Error()
+				continue
+			}
+		} else {
+			dropCaches()
+		}
+		var cpu0 float64
+		if t.daemon != nil {
+			cpu0, _ = t.daemon.cpu()
+		}
+		start := time.Now()
+		r, err := fio(ctx, t.Path, j, runtime)
+		r.Seconds = time.Since(start).Seconds()
+		if err != nil {
+			r.Err = err.Error()
+		}
+		if t.daemon != nil {
+			cpu1, _ := t.daemon.cpu()
+			r.DaemonCPU = cpu1 - cpu0
+		}
+		out[i] = r
+		fmt.Fprintf(os.Stderr, "  fio %-10s %-30s %9.1f MiB/s %9.0f IOPS p50 %7.1fµs p99 %8.1fµs daemon CPU %.2fs %s\n",
+			t.Name, j.Name, r.BW/(1<<20), r.IOPS, r.ClatP50, r.ClatP99, r.DaemonCPU, r.Err)
+	}
+	return out
+}
+
+func readAll(p string) error {
+	f, err := os.Open(p)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	_, err = io.CopyBuffer(io.Discard, f, make([]byte, 1<<20))
+	return err
+}
+
+func fio(ctx context.Context, path string, j fioJob, runtime time.Duration) (fioResult, error) {
+	args := []string{
+		// fio splits --filename at ':' (the layer key has one); "\\:" escapes it.
+		"--name=lazybench", "--filename=" + strings.ReplaceAll(path, ":", "\\:"), "--readonly", "--rw=" + j.RW, "--bs=" + j.BS,
+		"--ioengine=psync", "--iodepth=1", "--numjobs=" + strconv.Itoa(j.Jobs), "--group_reporting",
+		"--direct=" + b01(j.Direct), "--output-format=json", "--randrepeat=0",
+		// fio drops the file's pages before a job by default; warm jobs keep them.
+		"--invalidate=" + b01(!j.Warm),
+	}
+	if j.TimeBase {
+		args = append(args, "--time_based", fmt.Sprintf("--runtime=%ds", int(runtime.Seconds())), "--ramp_time=1s")
+	} else {
+		// One pass over the file, bounded in time all the same.
+		args = append(args, fmt.Sprintf("--runtime=%ds", 3*int(runtime.Seconds())))
+	}
+	cmd := exec.CommandContext(ctx, "fio", args...)
+	var stderr, stdout = &limitedBuffer{}, &limitedBuffer{max: 16 << 20}
+	cmd.Stdout, cmd.Stderr = stdout, stderr
+	if err := cmd.Run(); err != nil {
+		return fioResult{}, fmt.Errorf("fio: %w: %s", err, stderr.String())
+	}
+	var rep struct {
+		Jobs []struct {
+			Error int `json:"error"`
+			Read  struct {
+				BW   float64 `json:"bw_bytes"`
+				IOPS float64 `json:"iops"`
+				Clat struct {
+					Percentile map[string]float64 `json:"percentile"`
+				} `json:"clat_ns"`
+			} `json:"read"`
+		} `json:"jobs"`
+	}
+	// fio may print warnings before the JSON.
+	b := stdout.Bytes()
+	if i := indexByte(b, '{'); i > 0 {
+		b = b[i:]
+	}
+	if err := json.Unmarshal(b, &rep); err != nil {
+		return fioResult{}, fmt.Errorf("fio output: %w", err)
+	}
+	if len(rep.Jobs) == 0 {
+		return fioResult{}, fmt.Errorf("fio: no job in the output")
+	}
+	jr := rep.Jobs[0]
+	r := fioResult{BW: jr.Read.BW, IOPS: jr.Read.IOPS,
+		ClatP50: jr.Read.Clat.Percentile["50.000000"] / 1e3, ClatP99: jr.Read.Clat.Percentile["99.000000"] / 1e3}
+	if jr.Error != 0 {
+		return r, fmt.Errorf("fio job error %d", jr.Error)
+	}
+	return r, nil
+}
+
+func b01(b bool) string {
+	if b {
+		return "1"
+	}
+	return "0"
+}
+
+func indexByte(b []byte, c byte) int {
+	for i, x := range b {
+		if x == c {
+			return i
+		}
+	}
+	return -1
+}
+
+type limitedBuffer struct {
+	buf []byte
+	max int
+}
+
+func (l *limitedBuffer) Write(p []byte) (int, error) {
+	max := l.max
+	if max == 0 {
+		max = 64 << 10
+	}
+	if room := max - len(l.buf); room > 0 {
+		l.buf = append(l.buf, p[:min(len(p), room)]...)
+	}
+	return len(p), nil
+}
+func (l *limitedBuffer) Bytes() []byte  { return l.buf }
+func (l *limitedBuffer) String() string { return string(l.buf) }
+
+// fioScenario fetches the fio layer completely, then runs the matrix through the mount with
+// passthrough, through the mount without it (another daemon on the same cache, which finds
+// the file complete) and natively on the cache's own file; that for each of rounds rounds,
+// so that the targets alternate and drifts of the disk hit them alike. It returns every
+// round's results per target.
+func (b *bench) fioScenario(ctx context.Context, repo string, l *builtLayer, fileInLayer string) (map[string][][]fioResult, map[string]string, error) {
+	results := map[string][][]fioResult{}
+	notes := map[string]string{}
+	dir, err := b.newDir("fio")
+	if err != nil {
+		return nil, nil, err
+	}
+	defer os.RemoveAll(dir)
+	cacheDir := filepath.Join(dir, "cache")
+	native := ""
+	for round := range b.opts.fioRounds {
+		for _, pt := range []bool{true, false} {
+			name := "passthrough"
+			if !pt {
+				name = "no-passthrough"
+			}
+			ddir := filepath.Join(dir, fmt.Sprintf("%s-%d", name, round))
+			if err := os.MkdirAll(ddir, 0o755); err != nil {
+				return nil, nil, err
+			}
+			d, err := startDaemon(ctx, daemonConfig{bin: b.bin, dir: ddir, cacheDir: cacheDir, registriesConf: b.regsConf, prefetch: true, passthrough: pt})
+			if err != nil {
+				return nil, nil, err
+			}
+			diff := b.diffDir(d.cfg.mountpoint, repo, l)
+			start := time.Now()
+			if _, err := os.Stat(diff); err != nil {
+				d.stop()
+				return nil, nil, fmt.Errorf("lookup: %w", err)
+			}
+			if _, err := d.waitComplete(ctx, l.Digest, 50*time.Millisecond, b.opts.fetchTimeout); err != nil {
+				d.stop()
+				return nil, nil, err
+			}
+			if round == 0 {
+				notes[name] = fmt.Sprintf("daemon reported passthrough=%s; layer complete %.1fs after lookup", d.passthrough(), time.Since(start).Seconds())
+				fmt.Fprintf(os.Stderr, "fio target %s: %s\n", name, notes[name])
+			}
+			results[name] = append(results[name], runFio(ctx, fioTarget{Name: name, Path: filepath.Join(diff, fileInLayer), daemon: d}, b.opts.fioRuntime, b.opts.fioOnly))
+			d.stop()
+		}
+		if native == "" {
+			// The cache holds the fio file and eStargz's one-byte landmark file.
+			all, err := filepath.Glob(filepath.Join(cacheDir, "files", "*", "*"))
+			var found []string
+			for _, p := range all {
+				if info, err := os.Stat(p); err == nil && info.Size() == b.opts.fioSize {
+					found = append(found, p)
+				}
+			}
+			if err != nil || len(found) != 1 {
+				return nil, nil, fmt.Errorf("finding the cached file: %v (%d candidates)", err, len(found))
+			}
+			native = found[0]
+			notes["native"] = "the cache's own file " + native
+		}
+		results["native"] = append(results["native"], runFio(ctx, fioTarget{Name: "native", Path: native}, b.opts.fioRuntime, b.opts.fioOnly))
+	}
+	return results, notes, nil
+}

@@ -1,0 +1,303 @@
+package main
+
+import (
+	"bufio"
+	"fmt"
+	"os"
+	"os/exec"
+	"runtime"
+	"slices"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+type report struct {
+	opts    options
+	machine []string
+
+	spec         layerSpec
+	layer        *builtLayer
+	baseline     []baselineResult
+	baselineDisk []baselineResult
+	fetch        []fetchRun
+	during, idle fetchRun
+
+	fioLayer *builtLayer
+	fio      map[string][][]fioResult // per target, per round
+	fioNotes map[string]string
+}
+
+func machineInfo(work string) []string {
+	var u unix.Utsname
+	_ = unix.Uname(&u)
+	cpu := "?"
+	if f, err := os.Open("/proc/cpuinfo"); err == nil {
+		sc := bufio.NewScanner(f)
+		for sc.Scan() {
+			if k, v, ok := strings.Cut(sc.Text(), ":"); ok && strings.TrimSpace(k) == "model name" {
+				cpu = strings.TrimSpace(v)
+				break
+			}
+		}
+		f.Close()
+	}
+	mem := "?"
+	if b, err := os.ReadFile("/proc/meminfo"); err == nil {
+		mem = strings.Join(strings.Fields(strings.SplitN(string(b), "\n", 2)[0])[1:], " ")
+	}
+	fioV := "not installed"
+	if out, err := exec.Command("fio", "--version").Output(); err == nil {
+		fioV = strings.TrimSpace(string(out))
+	}
+	return []string{
+		"date: " + time.Now().Format(time.RFC3339),
+		fmt.Sprintf("nproc: %d", runtime.NumCPU()),
+		"kernel: " + unix.ByteSliceToString(u.Release[:]),
+		"CPU: " + cpu,
+		"memory: " + mem,
+		"Go: " + runtime.Version(),
+		"fio: " + fioV,
+		"work directory (caches, native fio file): " + work + " on " + fsOf(work),
+	}
+}
+
+// fsOf names the filesystem holding p, from /proc/self/mounts.
+func fsOf(p string) string {
+	b, err := os.ReadFile("/proc/self/mounts")
+	if err != nil {
+		return "?"
+	}
+	best, desc := "", "?"
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) < 3 {
+			continue
+		}
+		mp := f[1]
+		if (p == mp || strings.HasPrefix(p, strings.TrimSuffix(mp, "/")+"/")) && len(mp) >= len(best) {
+			best, desc = mp, fmt.Sprintf("%s (%s, mounted at %s)", f[0], f[2], mp)
+		}
+	}
+	return desc
+}
+
+func median(xs []float64) float64 {
+	if len(xs) == 0 {
+		return 0
+	}
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
+}
+
+func field[T any](xs []T, f func(T) float64) []float64 {
+	out := make([]float64, len(xs))
+	for i, x := range xs {
+		out[i] = f(x)
+	}
+	return out
+}
+
+func list(xs []float64, format string) string {
+	s := make([]string, len(xs))
+	for i, x := range xs {
+		s[i] = fmt.Sprintf(format, x)
+	}
+	return strings.Join(s, ", ")
+}
+
+func (r *report) markdown() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "# lazybench results\n\n")
+	fmt.Fprintf(&b, "Command: `go run ./benchmarks/cmd/lazybench %s`\n\n", strings.Join(os.Args[1:], " "))
+	fmt.Fprintf(&b, "## Machine\n\n")
+	for _, m := range r.machine {
+		fmt.Fprintf(&b, "- %s\n", m)
+	}
+	if r.layer != nil {
+		r.fetchSection(&b)
+	}
+	if r.fio != nil {
+		r.fioSection(&b)
+	}
+	return b.String()
+}
+
+func (r *report) fetchSection(b *strings.Builder) {
+	o, l := r.opts, r.layer
+	var small, medium, large int
+	for _, f := range r.spec.Files {
+		switch {
+		case f.Size <= 64<<10:
+			small++
+		case f.Size <= 4<<20:
+			medium++
+		default:
+			large++
+		}
+	}
+	fmt.Fprintf(b, "\n## Background fetch\n\n")
+	fmt.Fprintf(b, "Layer: eStargz built with estargz.Build defaults (4 MiB chunks, gzip level 9, one gzip member per file): "+
+		"%d regular files (%d text files of 1-50 KiB, %d binaries of 64 KiB-3 MiB, %d large files: text, binary, random), "+
+		"%d symlinks, %d empty files; %s of file content, tar %s, blob %s (%.0f%% of the tar).\n\n",
+		len(r.spec.Files), small, medium, large, r.spec.Links, r.spec.Empty, mib(r.spec.uncompressed()), mib(l.TarSize), mib(l.Size),
+		100*float64(l.Size)/float64(l.TarSize))
+	fmt.Fprintf(b, "Each run: page cache dropped, a fresh daemon (prefetch on, passthrough on) with an empty cache; "+
+		"the clock starts at the stat of the layer's diff directory (resolution: manifest, TOC, verification) and stops when "+
+		"the control socket reports the layer `complete` (polled every 25 ms). CPU is the daemon's utime+stime over that time. "+
+		"Requests are the blob GETs the registry saw (range / full) and the bytes it sent. The baseline is one plain GET of the "+
+		"blob in a child process, gunzipped (klauspost/compress, as the daemon) and untarred as it streams, content discarded; "+
+		"the second baseline also writes every file to disk and calls syncfs (what a full pull does). %d rounds, each running "+
+		"the baseline, the baseline to disk and the background fetch in that order; medians, and the ratio of each round's fetch "+
+		"to that round's baseline.\n\n", o.runs)
+	base := median(field(r.baseline, func(x baselineResult) float64 { return x.Seconds }))
+	baseDisk := median(field(r.baselineDisk, func(x baselineResult) float64 { return x.Seconds }))
+	fmt.Fprintf(b, "| | time (s) | vs GET+gunzip+untar | CPU (s) | requests | bytes sent | runs (s) |\n|---|---:|---:|---:|---:|---:|---|\n")
+	fmt.Fprintf(b, "| baseline: GET + gunzip + untar, discard | %.2f | 1.00x | %.2f | 1 | %s | %s |\n", base,
+		median(field(r.baseline, func(x baselineResult) float64 { return x.CPU })), mib(l.Size),
+		list(field(r.baseline, func(x baselineResult) float64 { return x.Seconds }), "%.2f"))
+	fmt.Fprintf(b, "| baseline: GET + gunzip + untar to disk + syncfs | %.2f | %.2fx | %.2f | 1 | %s | %s |\n", baseDisk, baseDisk/base,
+		median(field(r.baselineDisk, func(x baselineResult) float64 { return x.CPU })), mib(l.Size),
+		list(field(r.baselineDisk, func(x baselineResult) float64 { return x.Seconds }), "%.2f"))
+	if len(r.fetch) > 0 {
+		tot := median(field(r.fetch, func(x fetchRun) float64 { return x.Total }))
+		who := "layerstore daemon"
+		if o.inproc {
+			who = "layer+cache in process (-inproc; CPU includes the registry)"
+		}
+		req := r.fetch[len(r.fetch)/2].Requests
+		fmt.Fprintf(b, "| %s: lookup to fully local | **%.2f** | **%.2fx** | %.2f | %d range + %d full | %s | %s |\n", who, tot, tot/base,
+			median(field(r.fetch, func(x fetchRun) float64 { return x.CPU })), req.Ranged, req.Full, mib(req.Bytes),
+			list(field(r.fetch, func(x fetchRun) float64 { return x.Total }), "%.2f"))
+		fmt.Fprintf(b, "| of which lookup (resolve, TOC) | %.3f | | | | | %s |\n",
+			median(field(r.fetch, func(x fetchRun) float64 { return x.Lookup })), list(field(r.fetch, func(x fetchRun) float64 { return x.Lookup }), "%.3f"))
+		fmt.Fprintf(b, "| of which background fetch (daemon's own figure) | %.2f | | | | | %s |\n",
+			median(field(r.fetch, func(x fetchRun) float64 { return x.Daemon })), list(field(r.fetch, func(x fetchRun) float64 { return x.Daemon }), "%.2f"))
+		var ratios []float64
+		for i := range min(len(r.fetch), len(r.baseline)) {
+			ratios = append(ratios, r.fetch[i].Total/r.baseline[i].Seconds)
+		}
+		ratio := median(ratios)
+		fmt.Fprintf(b, "\nRatio of each round's fetch to its baseline: %s; median **%.2fx**.\n", list(ratios, "%.2fx"), ratio)
+		fmt.Fprintf(b, "\nTarget (issue 4): fully local within 1.2x of GET + decompression: **%s** (median ratio %.2fx). "+
+			"The incumbent (stargz-store) measured 4.4x on a similar image.\n",
+			map[bool]string{true: "met", false: "missed"}[ratio <= 1.2], ratio)
+		last := r.fetch[len(r.fetch)-1]
+		fmt.Fprintf(b, "\nCache after a run: %d files (%d complete), %s.\n", last.Cache.Files, last.Cache.Complete, mib(last.Cache.Bytes))
+	}
+	if len(r.during.Probes) > 0 || len(r.idle.Probes) > 0 {
+		d, i := summarize(r.during.Probes, true), summarize(r.idle.Probes, false)
+		fmt.Fprintf(b, "\n### Reads through the mount while the background fetch runs\n\n")
+		fmt.Fprintf(b, "%d reads picked among the files in the last 60%% of the blob (3 in 4 whole small files, 1 in 4 a 4 KiB pread "+
+			"of a large file), made one after the other %v apart from the moment the lookup returned, through the mount "+
+			"(open, read, close); only those issued while the fetch was still running count. The same reads against a "+
+			"daemon with prefetch off show on-demand latency without background work.\n\n", o.probes, o.probeGap)
+		fmt.Fprintf(b, "| | reads | p50 (ms) | p90 (ms) | max (ms) | errors |\n|---|---:|---:|---:|---:|---:|\n")
+		fmt.Fprintf(b, "| during the background fetch (which took %.2fs that run) | %d | %.1f | %.1f | %.1f | %d |\n", r.during.Total, d.N, d.P50*1e3, d.P90*1e3, d.Max*1e3, d.Errors)
+		fmt.Fprintf(b, "| prefetch off: cold, on demand | %d | %.1f | %.1f | %.1f | %d |\n", i.N, i.P50*1e3, i.P90*1e3, i.Max*1e3, i.Errors)
+	}
+}
+
+func (r *report) fioSection(b *strings.Builder) {
+	o := r.opts
+	fmt.Fprintf(b, "\n## fio on a fully cached file\n\n")
+	fmt.Fprintf(b, "File: %s of random data, in an eStargz layer fetched completely by the daemon before the runs. "+
+		"Targets: through the mount with FUSE passthrough (the default), through the mount without it (another daemon, "+
+		"`[fuse] passthrough = false`, on the same cache), and natively: the cache's own file on the same filesystem. "+
+		"fio --readonly, ioengine psync, iodepth 1; random jobs run %v after a 1 s ramp, sequential jobs make one pass. "+
+		"Cold jobs (O_DIRECT, buffered cold) start after `sync; echo 3 > /proc/sys/vm/drop_caches`; warm jobs after one "+
+		"full read of the file through the same path, with fio's invalidate off. %d rounds, the three targets "+
+		"alternating within each; medians (per-round values in brackets). Daemon CPU is its utime+stime during the job.\n\n",
+		mib(o.fioSize), o.fioRuntime, o.fioRounds)
+	for _, k := range []string{"passthrough", "no-passthrough", "native"} {
+		if n := r.fioNotes[k]; n != "" {
+			fmt.Fprintf(b, "- %s: %s\n", k, n)
+		}
+	}
+	fmt.Fprintf(b, "\n| job | passthrough | %% of native | no passthrough | %% of native | native | daemon CPU (s), passthrough / none |\n|---|---:|---:|---:|---:|---:|---:|\n")
+	for i, j := range fioJobs {
+		// val is the median of the job's rounds on a target, and its cell text.
+		val := func(target string) (float64, string) {
+			var xs []float64
+			for _, round := range r.fio[target] {
+				if i < len(round) && round[i].Err == "" {
+					if j.RW == "read" {
+						xs = append(xs, round[i].BW/(1<<20))
+					} else {
+						xs = append(xs, round[i].IOPS)
+					}
+				}
+			}
+			if len(xs) == 0 {
+				if rs := r.fio[target]; len(rs) > 0 && i < len(rs[0]) && strings.HasPrefix(rs[0][i].Err, "skipped") {
+					return 0, "-"
+				}
+				return 0, "error"
+			}
+			m := median(xs)
+			unit := "MiB/s"
+			if j.RW != "read" {
+				unit = "IOPS"
+			}
+			return m, fmt.Sprintf("%.0f %s [%s]", m, unit, list(xs, "%.0f"))
+		}
+		cpu := func(target string) float64 {
+			var xs []float64
+			for _, round := range r.fio[target] {
+				if i < len(round) {
+					xs = append(xs, round[i].DaemonCPU)
+				}
+			}
+			return median(xs)
+		}
+		pv, pt := val("passthrough")
+		nv, np := val("no-passthrough")
+		xv, xt := val("native")
+		pct := func(v float64) string {
+			if xv == 0 || v == 0 {
+				return "-"
+			}
+			return fmt.Sprintf("%.0f%%", 100*v/xv)
+		}
+		fmt.Fprintf(b, "| %s | %s | %s | %s | %s | %s | %.2f / %.2f |\n", j.Name, pt, pct(pv), np, pct(nv), xt, cpu("passthrough"), cpu("no-passthrough"))
+	}
+	fmt.Fprintf(b, "\nLatency (p50 / p99 of completion latency, µs, median over rounds):\n\n")
+	fmt.Fprintf(b, "| job | passthrough | no passthrough | native |\n|---|---:|---:|---:|\n")
+	for i, j := range fioJobs {
+		lat := func(target string) string {
+			var p50, p99 []float64
+			for _, round := range r.fio[target] {
+				if i < len(round) && round[i].Err == "" {
+					p50, p99 = append(p50, round[i].ClatP50), append(p99, round[i].ClatP99)
+				}
+			}
+			if len(p50) == 0 {
+				return "-"
+			}
+			return fmt.Sprintf("%.1f / %.1f", median(p50), median(p99))
+		}
+		fmt.Fprintf(b, "| %s | %s | %s | %s |\n", j.Name, lat("passthrough"), lat("no-passthrough"), lat("native"))
+	}
+	var errs []string
+	for k, rounds := range r.fio {
+		for n, rs := range rounds {
+			for i, x := range rs {
+				if x.Err != "" && !strings.HasPrefix(x.Err, "skipped") {
+					errs = append(errs, fmt.Sprintf("%s, round %d, %s: %s", k, n+1, fioJobs[i].Name, strings.TrimSpace(x.Err)))
+				}
+			}
+		}
+	}
+	if len(errs) > 0 {
+		slices.Sort(errs)
+		fmt.Fprintf(b, "\nErrors:\n\n")
+		for _, e := range errs {
+			fmt.Fprintf(b, "- %s\n", e)
+		}
+	}
+}
