@@ -251,7 +251,7 @@ func (b *bench) fioScenario(ctx context.Context, repo string, l *builtLayer, fil
 				return nil, nil, fmt.Errorf("finding the cached file: %v (%d candidates)", err, len(found))
 			}
 			native = found[0]
-			notes["native"] = "the cache's own file " + native
+			notes["native"] = "the cache's own file, files/" + filepath.Base(filepath.Dir(native)) + "/" + filepath.Base(native)
 		}
 		results["native"] = append(results["native"], runFio(ctx, fioTarget{Name: "native", Path: native}, b.opts.fioRuntime, b.opts.fioOnly))
 	}

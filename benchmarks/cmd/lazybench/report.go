@@ -59,7 +59,7 @@ func machineInfo(work string) []string {
 		"memory: " + mem,
 		"Go: " + runtime.Version(),
 		"fio: " + fioV,
-		"work directory (caches, native fio file): " + work + " on " + fsOf(work),
+		"work directory (caches, native fio file): a temporary directory on " + fsOf(work),
 	}
 }
 
