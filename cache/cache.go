@@ -110,15 +110,20 @@ type Stats struct {
 
 // Stats returns the cache's current figures.
 func (c *Cache) Stats() Stats {
+	// The entries are looked at outside Cache.mu: an entry's lock can be held across an
+	// fsync, and Cache.mu must never wait for one (every Open and Has would wait too).
 	c.mu.Lock()
-	files := len(c.entries)
-	complete := 0
+	all := make([]*entry, 0, len(c.entries))
 	for _, e := range c.entries {
+		all = append(all, e)
+	}
+	c.mu.Unlock()
+	files, complete := len(all), 0
+	for _, e := range all {
 		if e.isComplete() {
 			complete++
 		}
 	}
-	c.mu.Unlock()
 	return Stats{
 		Bytes: c.usage.Load(), MaxBytes: c.opts.maxSize, Files: files, Complete: complete,
 		Hits: c.hits.Load(), Misses: c.misses.Load(), Evictions: c.evictions.Load(),
@@ -128,8 +133,9 @@ func (c *Cache) Stats() Stats {
 // Has reports whether the file with digest sum is stored complete.
 func (c *Cache) Has(sum chunked.Sum) bool {
 	c.mu.Lock()
-	defer c.mu.Unlock()
 	e := c.entries[sum]
+	c.mu.Unlock()
+	// Outside Cache.mu: see Stats.
 	return e != nil && e.isComplete()
 }
 

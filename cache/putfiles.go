@@ -135,8 +135,10 @@ func (c *Cache) claim(f Content) (*entry, error) {
 		return nil, nil // Open discards it
 	}
 	if e != nil {
+		// A complete entry holds its size in bytes (> 0): no need to take its lock, which
+		// Cache.mu must not wait for.
 		c.lru.MoveToFront(e.elem)
-		if e.storing || e.bytes.Load() > 0 || e.isComplete() {
+		if e.storing || e.bytes.Load() > 0 {
 			return nil, nil
 		}
 	} else {

@@ -12,6 +12,9 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
 )
 
 // fioJob is one fio workload of the matrix.
@@ -43,15 +46,19 @@ type fioResult struct {
 	ClatP50   float64 // µs
 	ClatP99   float64 // µs
 	DaemonCPU float64 // daemon CPU seconds during the job (through the mount)
-	Seconds   float64
-	Err       string
+	// Resident is how much of the cache's file was in the page cache after the job: after a
+	// cold O_DIRECT job, whether the reads really bypassed it.
+	Resident int64
+	Seconds  float64
+	Err      string
 }
 
 // fioTarget is one way to reach the file.
 type fioTarget struct {
-	Name   string
-	Path   string
-	daemon *daemon // nil for the native file
+	Name    string
+	Path    string
+	backing string  // the cache's file, whose page cache residency is reported
+	daemon  *daemon // nil for the native file
 }
 
 // runFio runs the matrix on target.
@@ -88,9 +95,10 @@ func runFio(ctx context.Context, t fioTarget, runtime time.Duration, only *regex
 			cpu1, _ := t.daemon.cpu()
 			r.DaemonCPU = cpu1 - cpu0
 		}
+		r.Resident = resident(t.backing)
 		out[i] = r
-		fmt.Fprintf(os.Stderr, "  fio %-10s %-30s %9.1f MiB/s %9.0f IOPS p50 %7.1fµs p99 %8.1fµs daemon CPU %.2fs %s\n",
-			t.Name, j.Name, r.BW/(1<<20), r.IOPS, r.ClatP50, r.ClatP99, r.DaemonCPU, r.Err)
+		fmt.Fprintf(os.Stderr, "  fio %-14s %-30s %9.1f MiB/s %9.0f IOPS p50 %7.1fµs p99 %8.1fµs daemon CPU %.2fs, %s cached %s\n",
+			t.Name, j.Name, r.BW/(1<<20), r.IOPS, r.ClatP50, r.ClatP99, r.DaemonCPU, mib(r.Resident), r.Err)
 	}
 	return out
 }
@@ -231,29 +239,67 @@ func (b *bench) fioScenario(ctx context.Context, repo string, l *builtLayer, fil
 				d.stop()
 				return nil, nil, err
 			}
+			if native == "" {
+				if native, err = findCached(cacheDir, b.opts.fioSize); err != nil {
+					d.stop()
+					return nil, nil, err
+				}
+				notes["native"] = "the cache's own file, files/" + filepath.Base(filepath.Dir(native)) + "/" + filepath.Base(native)
+			}
 			if round == 0 {
 				notes[name] = fmt.Sprintf("daemon reported passthrough=%s; layer complete %.1fs after lookup", d.passthrough(), time.Since(start).Seconds())
 				fmt.Fprintf(os.Stderr, "fio target %s: %s\n", name, notes[name])
 			}
-			results[name] = append(results[name], runFio(ctx, fioTarget{Name: name, Path: filepath.Join(diff, fileInLayer), daemon: d}, b.opts.fioRuntime, b.opts.fioOnly))
+			results[name] = append(results[name], runFio(ctx, fioTarget{Name: name, Path: filepath.Join(diff, fileInLayer), backing: native, daemon: d}, b.opts.fioRuntime, b.opts.fioOnly))
 			d.stop()
 		}
-		if native == "" {
-			// The cache holds the fio file and eStargz's one-byte landmark file.
-			all, err := filepath.Glob(filepath.Join(cacheDir, "files", "*", "*"))
-			var found []string
-			for _, p := range all {
-				if info, err := os.Stat(p); err == nil && info.Size() == b.opts.fioSize {
-					found = append(found, p)
-				}
-			}
-			if err != nil || len(found) != 1 {
-				return nil, nil, fmt.Errorf("finding the cached file: %v (%d candidates)", err, len(found))
-			}
-			native = found[0]
-			notes["native"] = "the cache's own file, files/" + filepath.Base(filepath.Dir(native)) + "/" + filepath.Base(native)
-		}
-		results["native"] = append(results["native"], runFio(ctx, fioTarget{Name: "native", Path: native}, b.opts.fioRuntime, b.opts.fioOnly))
+		results["native"] = append(results["native"], runFio(ctx, fioTarget{Name: "native", Path: native, backing: native}, b.opts.fioRuntime, b.opts.fioOnly))
 	}
 	return results, notes, nil
+}
+
+// findCached returns the file of size bytes in the cache: the fio file (the cache also holds
+// eStargz's one-byte landmark file).
+func findCached(cacheDir string, size int64) (string, error) {
+	all, err := filepath.Glob(filepath.Join(cacheDir, "files", "*", "*"))
+	var found []string
+	for _, p := range all {
+		if info, err := os.Stat(p); err == nil && info.Size() == size {
+			found = append(found, p)
+		}
+	}
+	if err != nil || len(found) != 1 {
+		return "", fmt.Errorf("finding the cached file: %v (%d candidates)", err, len(found))
+	}
+	return found[0], nil
+}
+
+// resident returns how many bytes of the file at path are in the page cache (mincore).
+func resident(path string) int64 {
+	f, err := os.Open(path)
+	if err != nil {
+		return -1
+	}
+	defer f.Close()
+	info, err := f.Stat()
+	if err != nil || info.Size() == 0 {
+		return -1
+	}
+	m, err := unix.Mmap(int(f.Fd()), 0, int(info.Size()), unix.PROT_READ, unix.MAP_SHARED)
+	if err != nil {
+		return -1
+	}
+	defer unix.Munmap(m)
+	page := os.Getpagesize()
+	vec := make([]byte, (len(m)+page-1)/page)
+	if _, _, errno := unix.Syscall(unix.SYS_MINCORE, uintptr(unsafe.Pointer(&m[0])), uintptr(len(m)), uintptr(unsafe.Pointer(&vec[0]))); errno != 0 {
+		return -1
+	}
+	var n int64
+	for _, v := range vec {
+		if v&1 != 0 {
+			n += int64(page)
+		}
+	}
+	return n
 }

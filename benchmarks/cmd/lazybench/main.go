@@ -30,6 +30,8 @@ import (
 	"syscall"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/layerstore/layerstore/internal/testregistry"
 )
 
@@ -70,7 +72,7 @@ func main() {
 	var o options
 	var large, fioSize sizeFlag = 256 << 20, 1 << 30
 	flag.StringVar(&o.out, "out", "", "write the results (Markdown) here; default benchmarks/results/<date>-lazybench.md in the module, \"-\" for none")
-	flag.IntVar(&o.runs, "runs", 3, "background fetch runs (and baseline runs); medians are reported")
+	flag.IntVar(&o.runs, "runs", 3, "rounds of (baseline, baseline to disk, background fetch); medians are reported")
 	flag.IntVar(&o.small, "small", 6000, "small files (1-50 KiB, text) in the rootfs layer")
 	flag.IntVar(&o.medium, "medium", 100, "library-sized files (64 KiB-3 MiB, binary) in the rootfs layer")
 	flag.Var(&large, "large", "total size of the three large files (text, binary, random) in the rootfs layer")
@@ -126,6 +128,13 @@ func run(ctx context.Context, o options) error {
 	modDir, err := moduleDir()
 	if err != nil {
 		return err
+	}
+	// Every round's files are kept until the end (see bench.newDir): about two copies of the
+	// layer's content per round, two more for the reads, and the fio file.
+	need := int64(2*o.runs+3)*(int64(o.small)*26<<10+int64(o.medium)*3<<19+o.large) + 2*o.fioSize
+	var st unix.Statfs_t
+	if err := unix.Statfs(o.workdir, &st); err == nil && int64(st.Bavail)*int64(st.Bsize) < need {
+		return fmt.Errorf("%s has %s free, the run needs about %s (see -workdir)", o.workdir, mib(int64(st.Bavail)*int64(st.Bsize)), mib(need))
 	}
 	work, err := os.MkdirTemp(o.workdir, "lazybench-")
 	if err != nil {
