@@ -1,6 +1,7 @@
 package fetcher
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"io"
@@ -26,9 +27,9 @@ func coalesce(ranges []Range, gap, maxSpan int64) []Range {
 	}
 	slices.SortFunc(rs, func(a, b Range) int {
 		if a.Offset != b.Offset {
-			return cmpInt64(a.Offset, b.Offset)
+			return cmp.Compare(a.Offset, b.Offset)
 		}
-		return cmpInt64(a.Length, b.Length)
+		return cmp.Compare(a.Length, b.Length)
 	})
 	var merged []Range
 	for _, r := range rs {
@@ -53,16 +54,6 @@ func coalesce(ranges []Range, gap, maxSpan int64) []Range {
 		}
 	}
 	return spans
-}
-
-func cmpInt64(a, b int64) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 // rangeHeader is the value of a Range header asking for spans.

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"path/filepath"
 	"runtime/debug"
 	"syscall"
@@ -201,3 +202,16 @@ func (s *Server) Wait() { s.fuse.Wait() }
 
 // passthroughOn reports whether the daemon offers backing files to the kernel.
 func (s *Server) passthroughOn() bool { return s.fsys.passthrough.Load() }
+
+// Usable says why this process cannot mount the store, or nil when it can: mounting needs
+// root (mount(2) of /dev/fuse, allow_other) and a /dev/fuse it can open.
+func Usable() error {
+	if os.Geteuid() != 0 {
+		return errors.New("not running as root")
+	}
+	f, err := os.OpenFile("/dev/fuse", os.O_RDWR, 0)
+	if err != nil {
+		return err
+	}
+	return f.Close()
+}

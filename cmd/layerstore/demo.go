@@ -18,6 +18,7 @@ import (
 	"github.com/opencontainers/go-digest"
 
 	"github.com/layerstore/layerstore/chunked"
+	"github.com/layerstore/layerstore/fs"
 	"github.com/layerstore/layerstore/internal/testlayer"
 	"github.com/layerstore/layerstore/internal/testregistry"
 	"github.com/layerstore/layerstore/layer"
@@ -38,7 +39,7 @@ type demoImage struct {
 // directory, reads a few files of each image through the mount and prints what was fetched.
 // Nothing leaves 127.0.0.1; everything is removed afterwards.
 func runDemo(ctx context.Context, out io.Writer) error {
-	if err := fuseUsable(); err != nil {
+	if err := fs.Usable(); err != nil {
 		return fmt.Errorf("FUSE is not usable here, so no store can be mounted: %w\n"+
 			"the demo mounts a FUSE filesystem: run it as root on a machine with /dev/fuse", err)
 	}
@@ -158,18 +159,6 @@ only the TOCs and content not seen before are fetched.
 }
 
 func since(t time.Time) time.Duration { return time.Since(t).Round(time.Millisecond) }
-
-// fuseUsable says why a FUSE mount cannot be made here, if it cannot.
-func fuseUsable() error {
-	if os.Geteuid() != 0 {
-		return errors.New("not running as root")
-	}
-	f, err := os.OpenFile("/dev/fuse", os.O_RDWR, 0)
-	if err != nil {
-		return err
-	}
-	return f.Close()
-}
 
 func layerStatus(m *layer.Manager, l testregistry.Layer) layer.LayerStatus {
 	d := digest.FromBytes(l.Blob)

@@ -20,6 +20,7 @@ import (
 
 	"github.com/opencontainers/go-digest"
 
+	"github.com/layerstore/layerstore/fs"
 	"github.com/layerstore/layerstore/internal/control"
 	"github.com/layerstore/layerstore/internal/testlayer"
 	"github.com/layerstore/layerstore/internal/testregistry"
@@ -51,14 +52,9 @@ type serveEnv struct {
 
 func requireFUSE(t *testing.T) {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("skipping: the daemon tests mount FUSE filesystems and run as root")
+	if err := fs.Usable(); err != nil {
+		t.Skipf("skipping: the daemon tests mount FUSE filesystems: %v", err)
 	}
-	f, err := os.OpenFile("/dev/fuse", os.O_RDWR, 0)
-	if err != nil {
-		t.Skipf("skipping: /dev/fuse is unusable: %v", err)
-	}
-	f.Close()
 }
 
 func newServeEnv(t *testing.T) *serveEnv {

@@ -16,6 +16,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/containerd/stargz-snapshotter/estargz"
@@ -79,7 +80,7 @@ func rootfsSpec(seed uint64, small, medium int, large int64) layerSpec {
 		next(kindRandom, large*3/8, "opt/app/models", ".dat")
 	}
 	// A rootfs tar lists a directory's entries together, sorted: so does this one.
-	slices.SortFunc(s.Files, func(a, b genFile) int { return compareStrings(a.Path, b.Path) })
+	slices.SortFunc(s.Files, func(a, b genFile) int { return strings.Compare(a.Path, b.Path) })
 	return s
 }
 
@@ -87,16 +88,6 @@ func rootfsSpec(seed uint64, small, medium int, large int64) layerSpec {
 func fioSpec(seed uint64, size int64) layerSpec {
 	return layerSpec{Name: "fio", Seed: seed, Level: gzip.BestSpeed,
 		Files: []genFile{{Path: "data/fio.bin", Size: size, Kind: kindRandom, seed: seed ^ 0x5eed}}}
-}
-
-func compareStrings(a, b string) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 // key identifies the spec's content, for reusing built blobs.
