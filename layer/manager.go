@@ -206,9 +206,8 @@ func (m *Manager) resolve(ctx context.Context, ref string, key digest.Digest) (*
 		return nil, err
 	}
 	log := m.opts.log.With("ref", ref, "layer", desc.Digest)
-	layout, err := chunked.Classify(chunked.Descriptor{
-		MediaType: desc.MediaType, Digest: desc.Digest, Size: desc.Size, Annotations: desc.Annotations,
-	})
+	cd := chunked.Descriptor{MediaType: desc.MediaType, Digest: desc.Digest, Size: desc.Size, Annotations: desc.Annotations}
+	layout, err := chunked.Classify(cd)
 	if err == nil && m.opts.requireDiffID && layout.Format != chunked.ZstdChunked {
 		err = fmt.Errorf("%w: the DiffID policy requires zstd:chunked with a tar-split", chunked.ErrNotLazy)
 	}
@@ -233,9 +232,7 @@ func (m *Manager) resolve(ctx context.Context, ref string, key digest.Digest) (*
 		m.counters.failures.Add(1)
 		return nil, err
 	}
-	v, err := verify.Open(ctx, chunked.Descriptor{
-		MediaType: desc.MediaType, Digest: desc.Digest, Size: desc.Size, Annotations: desc.Annotations,
-	}, desc.DiffID, blob)
+	v, err := verify.Open(ctx, cd, desc.DiffID, blob)
 	if err != nil {
 		m.counters.failures.Add(1)
 		if errors.Is(err, verify.ErrDigestMismatch) || errors.Is(err, chunked.ErrInvalid) {
