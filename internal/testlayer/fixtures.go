@@ -63,7 +63,7 @@ func Fixtures() ([]Fixture, error) {
 		{"estargz", chunked.EStargz, nil},
 		{"estargz-prioritized", chunked.EStargz, []estargz.Option{estargz.WithPrioritizedFiles([]string{"usr/bin/tool", "etc/hostname"})}},
 		{"estargz-minchunk", chunked.EStargz, []estargz.Option{estargz.WithMinChunkSize(16 << 10)}},
-		{"estargz-zstd", chunked.StargzZstd, []estargz.Option{estargz.WithCompression(zstdCompression{&zstdchunked.Compressor{CompressionLevel: zstd.SpeedDefault}, &zstdchunked.Decompressor{}})}},
+		{"estargz-zstd", chunked.StargzZstd, []estargz.Option{estargz.WithCompression(StargzZstd())}},
 	} {
 		f, err := BuildEStargz(v.name, tarBlob, v.opts...)
 		if err != nil {
@@ -172,6 +172,12 @@ func gunzipAll(b []byte) ([]byte, error) {
 		return nil, err
 	}
 	return io.ReadAll(zr)
+}
+
+// StargzZstd is the compression of stargz-snapshotter's zstd flavour of eStargz, for
+// estargz.WithCompression.
+func StargzZstd() estargz.Compression {
+	return zstdCompression{&zstdchunked.Compressor{CompressionLevel: zstd.SpeedDefault}, &zstdchunked.Decompressor{}}
 }
 
 // zstdCompression pairs the stargz zstd compressor with its decompressor, as estargz.Build

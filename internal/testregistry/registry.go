@@ -190,16 +190,13 @@ func (r *Registry) Push(ctx context.Context, repoTag string, layers []Layer) (di
 
 // PushIndex pushes an image index of one image per platform and returns its digest.
 func (r *Registry) PushIndex(ctx context.Context, repoTag string, platforms []Platform) (digest.Digest, error) {
-	var adds []mutate.IndexAddendum
 	for _, p := range platforms {
-		img, err := r.image(p)
-		if err != nil {
-			return "", err
-		}
-		adds = append(adds, mutate.IndexAddendum{Add: img, Descriptor: v1.Descriptor{
-			Platform: &v1.Platform{OS: p.OS, Architecture: p.Architecture, Variant: p.Variant}}})
+		r.record(p.Layers)
 	}
-	idx := mutate.IndexMediaType(mutate.AppendManifests(empty.Index, adds...), types.OCIImageIndex)
+	idx, err := Index(platforms)
+	if err != nil {
+		return "", err
+	}
 	ref, err := name.ParseReference(r.Host + "/" + repoTag)
 	if err != nil {
 		return "", err
@@ -211,7 +208,40 @@ func (r *Registry) PushIndex(ctx context.Context, repoTag string, platforms []Pl
 	return digest.Digest(h.String()), err
 }
 
+// Index builds an OCI image index of one image per platform.
+func Index(platforms []Platform) (v1.ImageIndex, error) {
+	var adds []mutate.IndexAddendum
+	for _, p := range platforms {
+		img, err := Image(p)
+		if err != nil {
+			return nil, err
+		}
+		adds = append(adds, mutate.IndexAddendum{Add: img, Descriptor: v1.Descriptor{
+			Platform: &v1.Platform{OS: p.OS, Architecture: p.Architecture, Variant: p.Variant}}})
+	}
+	return mutate.IndexMediaType(mutate.AppendManifests(empty.Index, adds...), types.OCIImageIndex), nil
+}
+
 func (r *Registry) image(p Platform) (v1.Image, error) {
+	r.record(p.Layers)
+	return Image(p)
+}
+
+// record makes the registry serve and count the layers' blobs.
+func (r *Registry) record(layers []Layer) {
+	r.mu.Lock()
+	for _, l := range layers {
+		d := digest.FromBytes(l.Blob)
+		r.blobs[d] = l.Blob
+		if r.stats[d] == nil {
+			r.stats[d] = &BlobStats{}
+		}
+	}
+	r.mu.Unlock()
+}
+
+// Image builds an OCI image of p's platform and layers, with /bin/sh as its command.
+func Image(p Platform) (v1.Image, error) {
 	var adds []mutate.Addendum
 	for _, l := range p.Layers {
 		cl, err := partial.CompressedToLayer(&compressed{l})
@@ -219,13 +249,6 @@ func (r *Registry) image(p Platform) (v1.Image, error) {
 			return nil, err
 		}
 		adds = append(adds, mutate.Addendum{Layer: cl, Annotations: l.Annotations, MediaType: types.MediaType(l.MediaType)})
-		d := digest.FromBytes(l.Blob)
-		r.mu.Lock()
-		r.blobs[d] = l.Blob
-		if r.stats[d] == nil {
-			r.stats[d] = &BlobStats{}
-		}
-		r.mu.Unlock()
 	}
 	base := mutate.MediaType(empty.Image, types.OCIManifestSchema1)
 	base = mutate.ConfigMediaType(base, types.OCIConfigJSON)

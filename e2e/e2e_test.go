@@ -1,0 +1,319 @@
+package e2e
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/google/go-containerregistry/pkg/authn"
+	"github.com/google/go-containerregistry/pkg/name"
+	"github.com/google/go-containerregistry/pkg/v1/remote"
+	"github.com/opencontainers/go-digest"
+)
+
+// references returns the listing of every reference image pulled normally by podman.
+func (s *suite) references(t *testing.T) map[string]string {
+	t.Helper()
+	if s.refs != nil {
+		return s.refs
+	}
+	p := s.newPodman(t, "")
+	refs := map[string]string{}
+	for _, n := range []string{imgGzip, imgWhiteoutGzip} {
+		refs[n] = p.listing(t, s.images[n].ref)
+		if !strings.Contains(refs[n], "bin/busybox ") {
+			t.Fatalf("reference listing of %s without bin/busybox:\n%s", n, refs[n])
+		}
+	}
+	if !strings.Contains(refs[imgGzip], "t/usr/bin/tool ") {
+		t.Fatalf("reference listing without t/usr/bin/tool:\n%s", refs[imgGzip])
+	}
+	for _, want := range []string{"w/b ", "w/dir/z "} {
+		if !strings.Contains(refs[imgWhiteoutGzip], want) {
+			t.Fatalf("whiteout reference listing without %s:\n%s", want, refs[imgWhiteoutGzip])
+		}
+	}
+	for _, gone := range []string{"w/a ", "w/dir/x ", "w/dir/sub"} {
+		if strings.Contains(refs[imgWhiteoutGzip], gone) {
+			t.Fatalf("whiteout reference listing still has %s:\n%s", gone, refs[imgWhiteoutGzip])
+		}
+	}
+	s.refs = refs
+	return refs
+}
+
+// TestLegacyPodman: podman 4.3.1 (lookup by blob digest) pulls, runs, saves, pushes and removes
+// every lazy image through the store.
+func TestLegacyPodman(t *testing.T) {
+	s := need(t)
+	refs := s.references(t)
+	d := s.startDaemon(t)
+	p := s.newPodman(t, d.mnt)
+	for _, n := range lazyImages {
+		t.Run(n, func(t *testing.T) {
+			img := s.images[n]
+			mark := s.open.mark()
+			p.must(t, "pull", img.ref)
+			checkPull(t, img, s.open.blobGets(mark), func(d digest.Digest) bool { _, ok := img.lazy[d]; return ok })
+			if got := fromStore(t, filepath.Join(p.dir, "graph")); got != len(img.lazy) {
+				t.Errorf("%d layers taken from the store, want %d", got, len(img.lazy))
+			}
+			for l := range img.lazy {
+				if u := d.users(t, l); u < 1 {
+					t.Errorf("layer %s: %d users after the pull, want >= 1", l, u)
+				}
+			}
+			sameListing(t, n, p.listing(t, img.ref), refs[img.ref0])
+
+			archive := filepath.Join(t.TempDir(), "image.tar")
+			p.must(t, "save", "-o", archive, img.ref)
+			checkArchive(t, archive, img.diffIDs)
+			pushed := s.open.host + "/pushed/legacy-" + n + ":v1"
+			p.must(t, "push", img.ref, pushed)
+			checkPushed(t, pushed, img)
+
+			p.must(t, "rmi", img.ref)
+			for l := range img.lazy {
+				if u := d.users(t, l); u != 0 {
+					t.Errorf("layer %s: %d users after rmi, want 0", l, u)
+				}
+			}
+		})
+	}
+}
+
+// TestModernRuntime: current c/image and c/storage (lookup by TOC digest) pull every lazy image
+// through the store and read it through their own overlay mount, save, push and remove it, all in
+// one process.
+func TestModernRuntime(t *testing.T) {
+	s := need(t)
+	d := s.startDaemon(t)
+	ref := s.newHarness(t, "", registriesConf(s.open.host))
+	refs := map[string]string{}
+	for _, n := range []string{imgGzip, imgWhiteoutGzip} {
+		r, err := ref.pull(t, s.images[n].ref, "--list", listScript, "--rmi")
+		if err != nil {
+			t.Fatal(err)
+		}
+		refs[n] = r.Listing
+	}
+	if legacy := s.references(t); legacy[imgGzip] != refs[imgGzip] || legacy[imgWhiteoutGzip] != refs[imgWhiteoutGzip] {
+		t.Fatalf("the modern runtime's normal pull differs from podman's:\n%s\n---\n%s", refs[imgGzip], legacy[imgGzip])
+	}
+	h := s.newHarness(t, d.mnt, registriesConf(s.open.host))
+	for _, n := range lazyImages {
+		t.Run(n, func(t *testing.T) {
+			img := s.images[n]
+			mark := s.open.mark()
+			pushed := s.open.host + "/pushed/modern-" + n + ":v1"
+			archive := filepath.Join(t.TempDir(), "image.tar")
+			r, err := h.pull(t, img.ref, "--list", listScript, "--save", archive, "--push", pushed, "--rmi")
+			if err != nil {
+				t.Fatal(err)
+			}
+			checkPull(t, img, s.open.blobGets(mark), func(d digest.Digest) bool { return img.modern[d] })
+			checkAdditional(t, img, r)
+			sameListing(t, n, r.Listing, refs[img.ref0])
+			checkArchive(t, archive, img.diffIDs)
+			checkPushed(t, pushed, img)
+			if !r.Removed {
+				t.Error("image not removed")
+			}
+			for l := range img.lazy {
+				if u := d.users(t, l); u > 0 {
+					t.Errorf("layer %s: %d users after the image was removed, want 0", l, u)
+				}
+			}
+		})
+	}
+}
+
+// checkAdditional checks that exactly the layers looked up by TOC digest came from the store.
+func checkAdditional(t *testing.T, img *image, r pullResult) {
+	t.Helper()
+	if len(r.Layers) != len(img.layers) {
+		t.Fatalf("%d layers, want %d", len(r.Layers), len(img.layers))
+	}
+	for i, l := range r.Layers {
+		if want := img.modern[img.layers[i]]; l.Additional != want {
+			t.Errorf("layer %d (%s): taken from the store %v, want %v", i, img.layers[i], l.Additional, want)
+		}
+	}
+}
+
+// checkPushed checks that the image pushed to ref has the original's layers (DiffIDs).
+func checkPushed(t *testing.T, ref string, img *image) {
+	t.Helper()
+	got, err := describe(t.Context(), "pushed", ref, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Join(digests(got.diffIDs), " ") != strings.Join(digests(img.diffIDs), " ") {
+		t.Errorf("pushed DiffIDs %v, want %v", got.diffIDs, img.diffIDs)
+	}
+}
+
+func digests(ds []digest.Digest) []string {
+	var s []string
+	for _, d := range ds {
+		s = append(s, d.String())
+	}
+	return s
+}
+
+// TestLegacyRestart: images pulled through the store run again after the daemon is restarted,
+// after a clean stop and after SIGKILL (which leaves a dead mount the new daemon clears).
+func TestLegacyRestart(t *testing.T) {
+	s := need(t)
+	refs := s.references(t)
+	d := s.startDaemon(t)
+	p := s.newPodman(t, d.mnt)
+	img := s.images[imgEStargz]
+	p.must(t, "pull", img.ref)
+	sameListing(t, "before the restart", p.listing(t, img.ref), refs[imgGzip])
+	for _, sig := range []syscall.Signal{syscall.SIGTERM, syscall.SIGKILL} {
+		d.stop(sig)
+		if sig == syscall.SIGKILL {
+			if _, err := os.Stat(filepath.Join(d.mnt, "x")); !errors.Is(err, syscall.ENOTCONN) {
+				t.Fatalf("after SIGKILL: %v, want ENOTCONN from the dead mount", err)
+			}
+		}
+		d.start(t)
+		sameListing(t, "after "+sig.String(), p.listing(t, img.ref), refs[imgGzip])
+	}
+}
+
+// TestFallbackWithoutDaemon: with the daemon stopped and its mount gone, lazy images are pulled
+// normally and run.
+func TestFallbackWithoutDaemon(t *testing.T) {
+	s := need(t)
+	refs := s.references(t)
+	d := s.startDaemon(t)
+	d.stop(syscall.SIGTERM)
+	p := s.newPodman(t, d.mnt)
+	img := s.images[imgEStargz]
+	mark := s.open.mark()
+	p.must(t, "pull", img.ref)
+	checkPull(t, img, s.open.blobGets(mark), func(digest.Digest) bool { return false })
+	if n := fromStore(t, filepath.Join(p.dir, "graph")); n != 0 {
+		t.Errorf("%d layers taken from a store that is not running", n)
+	}
+	sameListing(t, "fallback", p.listing(t, img.ref), refs[imgGzip])
+}
+
+// pushPrivate copies img to the private registry.
+func pushPrivate(ctx context.Context, open, private *registry, img *image) (*image, error) {
+	src, err := name.ParseReference(img.ref, name.Insecure)
+	if err != nil {
+		return nil, err
+	}
+	i, err := remote.Image(src, remote.WithContext(ctx))
+	if err != nil {
+		return nil, err
+	}
+	ref := private.host + "/private/estargz:v1"
+	dst, err := name.ParseReference(ref, name.Insecure)
+	if err != nil {
+		return nil, err
+	}
+	auth := &authn.Basic{Username: user, Password: password}
+	if err := remote.Write(dst, i, remote.WithContext(ctx), remote.WithAuth(auth)); err != nil {
+		return nil, err
+	}
+	out, err := describe(ctx, "private", ref, auth)
+	if err != nil {
+		return nil, err
+	}
+	out.ref0 = imgGzip
+	return out, nil
+}
+
+// TestPrivateRegistry: a registry with htpasswd auth, credentials reaching the daemon from an
+// auth.json it reads or from the auth helper, and wrong or missing credentials.
+func TestPrivateRegistry(t *testing.T) {
+	s := need(t)
+	refs := s.references(t)
+	img := s.privImg
+	isLazy := func(d digest.Digest) bool { _, ok := img.lazy[d]; return ok }
+	never := func(digest.Digest) bool { return false }
+
+	t.Run("legacy/auth.json", func(t *testing.T) {
+		d := s.startDaemon(t, "REGISTRY_AUTH_FILE="+s.goodAuth)
+		p := s.newPodman(t, d.mnt, "REGISTRY_AUTH_FILE="+s.goodAuth)
+		mark := s.private.mark()
+		p.must(t, "pull", img.ref)
+		checkPull(t, img, s.private.blobGets(mark), isLazy)
+		sameListing(t, "private", p.listing(t, img.ref), refs[imgGzip])
+	})
+
+	helperConf := registriesConf(s.private.host) + "additional-layer-store-auth-helper = \"layerstore-auth-helper\"\n"
+	t.Run("modern/auth-helper", func(t *testing.T) {
+		d := s.startDaemon(t) // no credentials of its own
+		h := s.newHarness(t, d.mnt, helperConf, "REGISTRY_AUTH_FILE="+s.goodAuth,
+			"PATH="+s.bin+":"+os.Getenv("PATH"), "LAYERSTORE_CONTROL_SOCKET="+d.socket)
+		mark := s.private.mark()
+		r, err := h.pull(t, img.ref, "--list", listScript, "--rmi")
+		if err != nil {
+			t.Fatal(err)
+		}
+		checkPull(t, img, s.private.blobGets(mark), isLazy)
+		checkAdditional(t, img, r)
+		sameListing(t, "private", r.Listing, refs[imgGzip])
+		if !strings.Contains(d.log.String(), "credentials received from the auth helper") {
+			t.Error("the daemon did not log the helper's credentials")
+		}
+	})
+
+	t.Run("modern/no-helper", func(t *testing.T) {
+		// The same without the helper: the daemon cannot authenticate, the runtime pulls normally.
+		d := s.startDaemon(t)
+		h := s.newHarness(t, d.mnt, registriesConf(s.private.host), "REGISTRY_AUTH_FILE="+s.goodAuth)
+		mark := s.private.mark()
+		r, err := h.pull(t, img.ref, "--list", listScript, "--rmi")
+		if err != nil {
+			t.Fatal(err)
+		}
+		checkPull(t, img, s.private.blobGets(mark), never)
+		sameListing(t, "private", r.Listing, refs[imgGzip])
+	})
+
+	t.Run("legacy/daemon-wrong-password", func(t *testing.T) {
+		d := s.startDaemon(t, "REGISTRY_AUTH_FILE="+s.badAuth)
+		// The lookup answers with an error at once, not after a timeout.
+		done := make(chan error, 1)
+		go func() {
+			_, err := os.Stat(filepath.Join(d.layerDir(img.ref, img.layers[1]), "diff"))
+			done <- err
+		}()
+		select {
+		case err := <-done:
+			if err == nil {
+				t.Fatal("the layer resolved with a wrong password")
+			}
+		case <-time.After(20 * time.Second):
+			t.Fatal("the lookup with a wrong password hangs")
+		}
+		p := s.newPodman(t, d.mnt, "REGISTRY_AUTH_FILE="+s.goodAuth)
+		mark := s.private.mark()
+		p.must(t, "pull", img.ref)
+		checkPull(t, img, s.private.blobGets(mark), never)
+		sameListing(t, "private", p.listing(t, img.ref), refs[imgGzip])
+	})
+
+	t.Run("legacy/no-credentials", func(t *testing.T) {
+		d := s.startDaemon(t)
+		p := s.newPodman(t, d.mnt)
+		out, err := p.try(t, "pull", img.ref)
+		if err == nil {
+			t.Fatalf("pull without credentials succeeded:\n%s", out)
+		}
+		if !strings.Contains(strings.ToLower(out), "unauthorized") && !strings.Contains(strings.ToLower(out), "authentication required") {
+			t.Errorf("pull without credentials: no auth error:\n%s", out)
+		}
+	})
+}

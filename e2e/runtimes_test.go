@@ -1,0 +1,271 @@
+package e2e
+
+import (
+	"archive/tar"
+	"crypto/sha256"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/opencontainers/go-digest"
+)
+
+// listScript prints one line per entry under /bin, /t and /w of an image, in the image's own
+// busybox: path, raw mode, owner and mtime; then nlink, size and sha256 for files, the target
+// for symlinks, major:minor for devices. Directory sizes and link counts depend on the
+// filesystem, so they are left out.
+const listScript = `cd / && /bin/busybox find bin t w 2>/dev/null | /bin/busybox sort | while IFS= read -r f; do
+  set -- $(/bin/busybox stat -c '%f %u %g %Y %h %s %t:%T' "$f")
+  if [ -L "$f" ]; then x="$5 $6 -> $(/bin/busybox readlink "$f")"
+  elif [ -d "$f" ]; then x=dir
+  elif [ -f "$f" ]; then x="$5 $6 $(/bin/busybox sha256sum "$f" | /bin/busybox cut -d' ' -f1)"
+  else x="$5 $7"; fi
+  echo "$f $1 $2 $3 $4 $x"
+done`
+
+// storageConf is a private storage.conf; store, if set, is the additional layer store.
+func storageConf(dir, store string) string {
+	c := fmt.Sprintf("[storage]\ndriver = \"overlay\"\nrunroot = %q\ngraphroot = %q\n",
+		filepath.Join(dir, "run"), filepath.Join(dir, "graph"))
+	if store != "" {
+		c += fmt.Sprintf("[storage.options]\nadditionallayerstores = [%q]\n", store+":ref")
+	}
+	return c
+}
+
+// runtimeEnv writes private containers.conf, storage.conf and registries.conf into dir and
+// returns the environment that points a runtime at them.
+func (s *suite) runtimeEnv(t *testing.T, dir, store, registries string, extraEnv ...string) []string {
+	t.Helper()
+	containersConf := fmt.Sprintf(`[containers]
+default_ulimits = ["nofile=20000:20000", "nproc=32768:32768"]
+netns = "none"
+[engine]
+runtime = "runc"
+cgroup_manager = "cgroupfs"
+events_logger = "file"
+tmp_dir = %q
+[network]
+network_config_dir = %q
+`, filepath.Join(dir, "libpod"), filepath.Join(dir, "networks"))
+	files := map[string]string{"containers.conf": containersConf, "storage.conf": storageConf(dir, store), "registries.conf": registries}
+	for n, c := range files {
+		if err := os.WriteFile(filepath.Join(dir, n), []byte(c), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return s.env(append([]string{
+		"CONTAINERS_CONF=" + filepath.Join(dir, "containers.conf"),
+		"CONTAINERS_STORAGE_CONF=" + filepath.Join(dir, "storage.conf"),
+		"CONTAINERS_REGISTRIES_CONF=" + filepath.Join(dir, "registries.conf"),
+	}, extraEnv...)...)
+}
+
+// podman is the legacy runtime (the machine's podman) with private configuration and storage.
+type podman struct {
+	dir string
+	env []string
+}
+
+// newPodman returns podman using store (a daemon's mount, or "" for none).
+func (s *suite) newPodman(t *testing.T, store string, extraEnv ...string) *podman {
+	t.Helper()
+	dir := t.TempDir()
+	p := &podman{dir: dir, env: s.runtimeEnv(t, dir, store, registriesConf(s.open.host, s.private.host), extraEnv...)}
+	t.Cleanup(func() {
+		// Containers are run with --rm; this unmounts what podman left and frees the storage.
+		run(t.Context(), p.env, "podman", "system", "reset", "--force")
+		unmountUnder(filepath.Join(dir, "graph"))
+	})
+	return p
+}
+
+func (p *podman) try(t *testing.T, args ...string) (string, error) {
+	t.Helper()
+	return run(t.Context(), p.env, "podman", args...)
+}
+
+func (p *podman) must(t *testing.T, args ...string) string {
+	t.Helper()
+	out, err := p.try(t, args...)
+	if err != nil {
+		t.Fatalf("podman %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	return out
+}
+
+// listing runs listScript in a container of ref.
+func (p *podman) listing(t *testing.T, ref string) string {
+	t.Helper()
+	out, err := run(t.Context(), p.env, "podman", "run", "--rm", "--net=none", ref, "/bin/busybox", "sh", "-c", listScript)
+	if err != nil {
+		t.Fatalf("podman run %s: %v\n%s", ref, err, out)
+	}
+	return out
+}
+
+// fromStore counts the layers c/storage took from an additional layer store: it records the
+// store's path in overlay/<id>/additionallayer.
+func fromStore(t *testing.T, graph string) int {
+	t.Helper()
+	m, err := filepath.Glob(filepath.Join(graph, "overlay", "*", "additionallayer"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return len(m)
+}
+
+// harness is the modern runtime: e2e/harness, one process per pull.
+type harness struct {
+	s   *suite
+	dir string
+	env []string
+}
+
+// newHarness returns the modern runtime using store; registries is its registries.conf.
+func (s *suite) newHarness(t *testing.T, store, registries string, extraEnv ...string) *harness {
+	t.Helper()
+	dir := t.TempDir()
+	h := &harness{s: s, dir: dir, env: s.runtimeEnv(t, dir, store, registries, extraEnv...)}
+	t.Cleanup(func() { unmountUnder(filepath.Join(dir, "graph")) })
+	return h
+}
+
+// pullResult is what `harness pull` prints.
+type pullResult struct {
+	ImageID string `json:"imageID"`
+	Layers  []struct {
+		ID                 string        `json:"id"`
+		CompressedDigest   digest.Digest `json:"compressedDigest"`
+		UncompressedDigest digest.Digest `json:"uncompressedDigest"`
+		TOCDigest          digest.Digest `json:"tocDigest"`
+		Additional         bool          `json:"additional"`
+	} `json:"layers"`
+	Listing      string          `json:"listing"`
+	PushedLayers []digest.Digest `json:"pushedLayers"`
+	Removed      bool            `json:"removed"`
+	PullSeconds  float64         `json:"pullSeconds"`
+}
+
+// pull runs `harness pull ref args...`.
+func (h *harness) pull(t *testing.T, ref string, args ...string) (pullResult, error) {
+	t.Helper()
+	var r pullResult
+	out, err := run(t.Context(), h.env, filepath.Join(h.s.bin, "harness"), append([]string{"pull", ref}, args...)...)
+	if err != nil {
+		return r, fmt.Errorf("harness pull %s: %v\n%s", ref, err, out)
+	}
+	// The JSON result is the last line; progress goes before it.
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	if err := json.Unmarshal([]byte(lines[len(lines)-1]), &r); err != nil {
+		return r, fmt.Errorf("harness pull %s: %v\n%s", ref, err, out)
+	}
+	return r, nil
+}
+
+// checkPull checks the registry log of one pull: no layer the runtime could take from the store
+// downloaded in full, and every other layer downloaded normally.
+func checkPull(t *testing.T, img *image, g map[digest.Digest]gets, lazy func(digest.Digest) bool) {
+	t.Helper()
+	for _, d := range img.layers {
+		switch {
+		case lazy(d) && g[d].Full > 0:
+			t.Errorf("%s: lazy layer %s downloaded in full (%+v)", img.name, d, g[d])
+		case !lazy(d) && g[d].Full == 0:
+			t.Errorf("%s: plain layer %s not downloaded (%+v)", img.name, d, g[d])
+		}
+	}
+	t.Logf("%s: registry requests per layer: %s", img.name, describeGets(img, g))
+}
+
+func describeGets(img *image, g map[digest.Digest]gets) string {
+	var parts []string
+	for _, d := range img.layers {
+		kind := "plain"
+		if _, ok := img.lazy[d]; ok {
+			kind = "lazy"
+		}
+		parts = append(parts, fmt.Sprintf("%s %s: %d full, %d ranged, %d bytes", kind, d.Encoded()[:12], g[d].Full, g[d].Ranged, g[d].Bytes))
+	}
+	return strings.Join(parts, "; ")
+}
+
+// sameListing compares a listing with the reference one, line by line.
+func sameListing(t *testing.T, what, got, want string) {
+	t.Helper()
+	if got == want {
+		return
+	}
+	g, w := strings.Split(got, "\n"), strings.Split(want, "\n")
+	for _, l := range w {
+		if !slices.Contains(g, l) {
+			t.Errorf("%s: missing or different: %q", what, l)
+		}
+	}
+	for _, l := range g {
+		if !slices.Contains(w, l) {
+			t.Errorf("%s: unexpected: %q", what, l)
+		}
+	}
+}
+
+// checkArchive checks that the layers of a docker-archive hash to want (the DiffIDs).
+func checkArchive(t *testing.T, path string, want []digest.Digest) {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	sums := map[string]digest.Digest{}
+	var manifest []struct{ Layers []string }
+	tr := tar.NewReader(f)
+	for {
+		h, err := tr.Next()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if h.Name == "manifest.json" {
+			if err := json.NewDecoder(tr).Decode(&manifest); err != nil {
+				t.Fatal(err)
+			}
+			continue
+		}
+		hash := sha256.New()
+		io.Copy(hash, tr)
+		sums[h.Name] = digest.NewDigest(digest.SHA256, hash)
+	}
+	if len(manifest) != 1 {
+		t.Fatalf("%s: %d images in manifest.json", path, len(manifest))
+	}
+	var got []digest.Digest
+	for _, l := range manifest[0].Layers {
+		got = append(got, sums[l])
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("saved layers hash to %v, want the DiffIDs %v", got, want)
+	}
+}
+
+// unmountUnder detaches every mount below dir (overlay mounts a runtime left behind).
+func unmountUnder(dir string) {
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return
+	}
+	lines := strings.Split(string(b), "\n")
+	slices.Reverse(lines)
+	for _, l := range lines {
+		if f := strings.Fields(l); len(f) > 4 && strings.HasPrefix(f[4], dir+"/") {
+			unmount(f[4])
+		}
+	}
+}

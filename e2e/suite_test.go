@@ -1,0 +1,329 @@
+package e2e
+
+import (
+	"context"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/opencontainers/go-digest"
+
+	"github.com/layerstore/layerstore/fs"
+	"github.com/layerstore/layerstore/internal/control"
+	"github.com/layerstore/layerstore/layer"
+)
+
+// The private registry's account.
+const (
+	user     = "e2e-user"
+	password = "e2e-secret-Pa55"
+)
+
+// suite is what every test shares: the binaries, two registries and the images on them.
+type suite struct {
+	dir               string
+	bin               string // layerstore, layerstore-auth-helper and harness
+	open              *registry
+	private           *registry // htpasswd auth
+	images            map[string]*image
+	privImg           *image            // the eStargz image on the private registry
+	regConf           string            // registries.conf marking both registries insecure
+	goodAuth, badAuth string            // auth.json files for the private registry
+	refs              map[string]string // listings of the reference images, once made
+}
+
+var (
+	shared  *suite
+	skipWhy string // why the suite could not run here
+)
+
+func TestMain(m *testing.M) {
+	code := func() int {
+		s, err := setUp()
+		if err != nil {
+			var skip skipError
+			if !errors.As(err, &skip) || os.Getenv("LAYERSTORE_E2E") == "1" {
+				fmt.Fprintf(os.Stderr, "e2e set-up: %v\n", err)
+				return 1
+			}
+			skipWhy = err.Error()
+		}
+		shared = s
+		defer s.tearDown()
+		return m.Run()
+	}()
+	os.Exit(code)
+}
+
+// skipError is a missing prerequisite.
+type skipError struct{ msg string }
+
+func (e skipError) Error() string { return e.msg }
+
+// need returns the suite, or skips the test when the machine lacks a prerequisite.
+func need(t *testing.T) *suite {
+	t.Helper()
+	if shared == nil {
+		t.Skipf("skipping end-to-end test: %s (LAYERSTORE_E2E=1 makes this a failure; .ci/run installs what is needed)", skipWhy)
+	}
+	return shared
+}
+
+func setUp() (_ *suite, err error) {
+	if os.Geteuid() != 0 {
+		return nil, skipError{"not root"}
+	}
+	if err := fs.Usable(); err != nil {
+		return nil, skipError{err.Error()}
+	}
+	for _, tool := range []string{"podman", "skopeo", "docker-registry", "runc", "htpasswd", "unshare"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			return nil, skipError{tool + " not installed"}
+		}
+	}
+	const busybox = "/bin/busybox"
+	if !isStatic(busybox) {
+		return nil, skipError{"no static " + busybox + " (busybox-static)"}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
+	defer cancel()
+	dir, err := os.MkdirTemp("", "layerstore-e2e-")
+	if err != nil {
+		return nil, err
+	}
+	s := &suite{dir: dir, bin: filepath.Join(dir, "bin")}
+	defer func() {
+		if err != nil {
+			s.tearDown()
+		}
+	}()
+	if err := s.build(ctx); err != nil {
+		return nil, err
+	}
+	htpasswd := filepath.Join(dir, "htpasswd")
+	if out, err := run(ctx, nil, "htpasswd", "-Bbc", htpasswd, user, password); err != nil {
+		return nil, fmt.Errorf("htpasswd: %v\n%s", err, out)
+	}
+	for _, r := range []struct {
+		reg  **registry
+		name string
+		auth string
+	}{{&s.open, "open", ""}, {&s.private, "private", htpasswd}} {
+		d := filepath.Join(dir, "registry-"+r.name)
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return nil, err
+		}
+		if *r.reg, err = startRegistry(ctx, d, r.auth); err != nil {
+			return nil, err
+		}
+	}
+	s.regConf = filepath.Join(dir, "registries.conf")
+	if err := os.WriteFile(s.regConf, []byte(registriesConf(s.open.host, s.private.host)), 0o644); err != nil {
+		return nil, err
+	}
+	s.goodAuth = filepath.Join(dir, "auth-good.json")
+	s.badAuth = filepath.Join(dir, "auth-bad.json")
+	for path, pass := range map[string]string{s.goodAuth: password, s.badAuth: "wrong-password"} {
+		if err := os.WriteFile(path, []byte(authJSON(s.private.host, user, pass)), 0o600); err != nil {
+			return nil, err
+		}
+	}
+	b := &builder{dir: filepath.Join(dir, "build"), env: s.env("CONTAINERS_REGISTRIES_CONF=" + s.regConf), harness: filepath.Join(s.bin, "harness")}
+	if s.images, err = b.pushAll(ctx, s.open, busybox); err != nil {
+		return nil, err
+	}
+	if s.privImg, err = pushPrivate(ctx, s.open, s.private, s.images[imgEStargz]); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// build compiles the two product binaries and the modern runtime harness.
+func (s *suite) build(ctx context.Context) error {
+	for _, b := range []struct{ dir, pkg, out string }{
+		{"..", "./cmd/layerstore", "layerstore"},
+		{"..", "./cmd/layerstore-auth-helper", "layerstore-auth-helper"},
+		{"harness", ".", "harness"},
+	} {
+		args := []string{"build", "-C", b.dir, "-o", filepath.Join(s.bin, b.out)}
+		if b.out == "harness" {
+			args = append(args, "-tags", "exclude_graphdriver_btrfs exclude_graphdriver_devicemapper containers_image_openpgp")
+		}
+		if out, err := run(ctx, nil, "go", append(args, b.pkg)...); err != nil {
+			return fmt.Errorf("go build %s: %v\n%s", b.pkg, err, out)
+		}
+	}
+	return nil
+}
+
+func (s *suite) tearDown() {
+	if s == nil {
+		return
+	}
+	for _, r := range []*registry{s.open, s.private} {
+		if r != nil {
+			r.stop()
+		}
+	}
+	if s.dir != "" {
+		os.RemoveAll(s.dir)
+	}
+}
+
+// env is a clean environment for a runtime or the daemon: no credentials or configuration of
+// the machine's user, plus extra.
+func (s *suite) env(extra ...string) []string {
+	var env []string
+	for _, kv := range os.Environ() {
+		k, _, _ := strings.Cut(kv, "=")
+		switch k {
+		case "HOME", "XDG_RUNTIME_DIR", "XDG_CONFIG_HOME", "DOCKER_CONFIG", "REGISTRY_AUTH_FILE",
+			"CONTAINERS_CONF", "CONTAINERS_STORAGE_CONF", "CONTAINERS_REGISTRIES_CONF", "NOTIFY_SOCKET",
+			"LAYERSTORE_CONTROL_SOCKET":
+			continue
+		}
+		env = append(env, kv)
+	}
+	home := filepath.Join(s.dir, "home")
+	os.MkdirAll(home, 0o700)
+	return append(env, "HOME="+home, "XDG_RUNTIME_DIR="+home, "XDG_CONFIG_HOME="+home,
+		"DOCKER_CONFIG="+home, "REGISTRY_AUTH_FILE="+filepath.Join(home, "no-auth.json"))
+}
+
+func registriesConf(hosts ...string) string {
+	var b strings.Builder
+	for _, h := range hosts {
+		fmt.Fprintf(&b, "[[registry]]\nlocation = %q\ninsecure = true\n\n", h)
+	}
+	return b.String()
+}
+
+func authJSON(host, user, pass string) string {
+	return fmt.Sprintf(`{"auths": {%q: {"auth": %q}}}`, host, base64.StdEncoding.EncodeToString([]byte(user+":"+pass)))
+}
+
+// daemon is a running `layerstore serve`.
+type daemon struct {
+	s      *suite
+	dir    string
+	mnt    string
+	socket string
+	cmd    *exec.Cmd
+	log    *lockedBuffer
+	done   chan struct{}
+	env    []string
+}
+
+// startDaemon mounts a daemon on a new store directory; extra environment (REGISTRY_AUTH_FILE)
+// is the daemon's own.
+func (s *suite) startDaemon(t *testing.T, extraEnv ...string) *daemon {
+	t.Helper()
+	dir := t.TempDir()
+	d := &daemon{s: s, dir: dir, mnt: filepath.Join(dir, "store"), socket: filepath.Join(dir, "control.sock"),
+		env: s.env(extraEnv...)}
+	cfg := fmt.Sprintf("cache-dir = %q\ncontrol-socket = %q\nlog-level = \"debug\"\n[registries]\nconf = %q\n",
+		filepath.Join(dir, "cache"), d.socket, s.regConf)
+	if err := os.WriteFile(filepath.Join(dir, "config.toml"), []byte(cfg), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(d.mnt, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	d.start(t)
+	t.Cleanup(func() {
+		d.stop(syscall.SIGKILL)
+		syscall.Unmount(d.mnt, syscall.MNT_DETACH)
+		if t.Failed() {
+			t.Logf("daemon log:\n%s", d.log.String())
+		}
+	})
+	return d
+}
+
+// start runs the daemon and returns once it sent READY=1, which it does once the mount answers.
+func (d *daemon) start(t *testing.T) {
+	t.Helper()
+	notifyPath := filepath.Join(d.dir, "notify.sock")
+	os.Remove(notifyPath)
+	notify, err := net.ListenUnixgram("unixgram", &net.UnixAddr{Name: notifyPath, Net: "unixgram"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer notify.Close()
+	if d.log == nil {
+		d.log = &lockedBuffer{}
+	}
+	d.cmd = exec.Command(filepath.Join(d.s.bin, "layerstore"), "serve", "--config", filepath.Join(d.dir, "config.toml"), d.mnt)
+	d.cmd.Env = append(d.env, "NOTIFY_SOCKET="+notifyPath)
+	d.cmd.Stdout, d.cmd.Stderr = d.log, d.log
+	if err := d.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	d.done = done
+	go func(c *exec.Cmd) { c.Wait(); close(done) }(d.cmd)
+	notify.SetReadDeadline(time.Now().Add(60 * time.Second))
+	buf := make([]byte, 256)
+	for {
+		n, err := notify.Read(buf)
+		if err != nil {
+			t.Fatalf("no READY=1 from the daemon: %v\n%s", err, d.log.String())
+		}
+		if strings.Contains(string(buf[:n]), "READY=1") {
+			return
+		}
+	}
+}
+
+// stop signals the daemon and waits for it to exit.
+func (d *daemon) stop(sig syscall.Signal) {
+	if d.cmd == nil || d.cmd.ProcessState != nil {
+		return
+	}
+	select {
+	case <-d.done:
+		return
+	default:
+	}
+	d.cmd.Process.Signal(sig)
+	select {
+	case <-d.done:
+	case <-time.After(30 * time.Second):
+		d.cmd.Process.Kill()
+		<-d.done
+	}
+}
+
+func (d *daemon) status(t *testing.T) layer.Status {
+	t.Helper()
+	st, err := control.NewClient(d.socket).Status(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st
+}
+
+// users returns the daemon's users count of the layer with blob digest d (-1: not tracked).
+func (d *daemon) users(t *testing.T, blob digest.Digest) int64 {
+	for _, l := range d.status(t).Layers {
+		if l.Digest == blob {
+			return l.Users
+		}
+	}
+	return -1
+}
+
+// layerDir is where a runtime looks for the layer with key of the image ref.
+func (d *daemon) layerDir(ref string, key digest.Digest) string {
+	return filepath.Join(d.mnt, base64.StdEncoding.EncodeToString([]byte(ref)), key.String())
+}
+
+func unmount(path string) { syscall.Unmount(path, syscall.MNT_DETACH) }
