@@ -321,6 +321,82 @@ func TestMemoryKeychainLookup(t *testing.T) {
 	}
 }
 
+func TestNormalizeKey(t *testing.T) {
+	const dgst = "@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
+	for _, tc := range []struct{ key, want string }{
+		{"quay.io", "quay.io"},
+		{"quay.io/team/app", "quay.io/team/app"},
+		{"quay.io/team/app/", "quay.io/team/app"},
+		{"127.0.0.1:5000", "127.0.0.1:5000"},
+		{"127.0.0.1:5000/", "127.0.0.1:5000"},
+		{"[::1]:5000", "[::1]:5000"},
+		{"127.0.0.1:5000/private", "127.0.0.1:5000/private"},
+		{"127.0.0.1:5000/private:tag", "127.0.0.1:5000/private"},
+		{"[::1]:5000/private:tag", "[::1]:5000/private"},
+		{"reg/a/b" + dgst, "reg/a/b"},
+		{"reg:5000/x:1.0" + dgst, "reg:5000/x"},
+		{"reg:5000/team/x:1.0", "reg:5000/team/x"},
+		{"docker.io/library/alpine:latest", "docker.io/library/alpine"},
+		{"index.docker.io/library/alpine" + dgst, "docker.io/library/alpine"},
+		{"registry-1.docker.io/team/app:v1" + dgst, "docker.io/team/app"},
+		{"registry-1.docker.io:443/team/app", "registry-1.docker.io:443/team/app"},
+	} {
+		if got := normalizeKey(tc.key); got != tc.want {
+			t.Errorf("normalizeKey(%q) = %q, want %q", tc.key, got, tc.want)
+		}
+	}
+}
+
+// TestMemoryKeychainReferenceKeys sets credentials under the whole references c/image hands
+// the auth helper and finds them by repository, as the registry client looks them up.
+func TestMemoryKeychainReferenceKeys(t *testing.T) {
+	const dgst = "@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
+	m := NewMemoryKeychain()
+	for key, user := range map[string]string{
+		"127.0.0.1:5000/private:tag":                  "private",
+		"reg/a/b" + dgst:                              "ab",
+		"reg:5000/x:1.0" + dgst:                       "x",
+		"docker.io/library/alpine:latest":             "alpine",
+		"index.docker.io/team/app:v1" + dgst:          "team-app",
+		"registry-1.docker.io/library/redis:7-alpine": "redis",
+	} {
+		m.Set(key, Credentials{Username: user, Password: "p"}, 0)
+	}
+	for _, tc := range []struct{ key, want string }{
+		{"127.0.0.1:5000/private", "private"},
+		{"127.0.0.1:5000/private:other", "private"},
+		{"127.0.0.1:5000/other", ""},
+		{"127.0.0.1:5000", ""},
+		{"reg/a/b", "ab"},
+		{"reg/a/b/c", "ab"},
+		{"reg/a", ""},
+		{"reg:5000/x", "x"},
+		{"reg/x", ""},
+		{"docker.io/library/alpine", "alpine"},
+		{"index.docker.io/library/alpine", "alpine"},
+		{"docker.io/team/app", "team-app"},
+		{"docker.io/library/redis", "redis"},
+		{"docker.io/library/busybox", ""},
+	} {
+		c, ok := m.Lookup(tc.key)
+		if c.Username != tc.want || ok != (tc.want != "") {
+			t.Errorf("Lookup(%q) = %q, %v; want %q", tc.key, c.Username, ok, tc.want)
+		}
+	}
+	a, err := m.Resolve(name.MustParseReference("127.0.0.1:5000/private:other").Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg, _ := a.Authorization(); cfg.Username != "private" {
+		t.Errorf("Resolve for 127.0.0.1:5000/private = %q, want private", cfg.Username)
+	}
+	// Empty credentials under a reference remove the repository's entry.
+	m.Set("127.0.0.1:5000/private:newer", Credentials{}, 0)
+	if c, ok := m.Lookup("127.0.0.1:5000/private"); ok {
+		t.Errorf("after removal: %q", c.Username)
+	}
+}
+
 func TestCredentialsHideSecrets(t *testing.T) {
 	c := Credentials{Username: "user", Password: regPass, IdentityToken: "Identity-S3cret"}
 	var logs bytes.Buffer

@@ -85,8 +85,10 @@ func NewMemoryKeychain(opts ...MemoryKeychainOption) *MemoryKeychain {
 
 // Set keeps c for key for ttl (zero or less: until replaced). key takes the forms of
 // containers-auth.json(5): a registry ("quay.io", "localhost:5000"), a namespace in it
-// ("quay.io/team") or a repository ("quay.io/team/app"); "docker.io", "index.docker.io" and
-// "registry-1.docker.io" name the same registry. Setting empty credentials removes the key.
+// ("quay.io/team") or a repository ("quay.io/team/app"), or a whole reference such as c/image
+// hands the auth helper ("quay.io/team/app:v1", "localhost:5000/app@sha256:..."), whose tag and
+// digest are ignored; "docker.io", "index.docker.io" and "registry-1.docker.io" name the same
+// registry. Setting empty credentials removes the key.
 func (m *MemoryKeychain) Set(key string, c Credentials, ttl time.Duration) {
 	key = normalizeKey(key)
 	m.mu.Lock()
@@ -154,10 +156,20 @@ func keyLookupOrder(key string) func(func(string) bool) {
 	}
 }
 
-// normalizeKey writes Docker Hub's registry as "docker.io", the name containers-auth.json uses,
-// and drops trailing slashes.
+// normalizeKey turns key into the form entries are kept under: a registry, namespace or
+// repository. c/image hands the auth helper whole references, so a "@digest" suffix and the
+// ":tag" of the last path component are dropped ("quay.io/team/app:v1@sha256:..." is
+// "quay.io/team/app"); a registry's ":port" stays ("localhost:5000" is a registry alone).
+// Docker Hub's registry is written "docker.io", the name containers-auth.json uses, and
+// trailing slashes are dropped.
 func normalizeKey(key string) string {
+	key, _, _ = strings.Cut(key, "@")
 	key = strings.TrimRight(key, "/")
+	if slash := strings.LastIndexByte(key, '/'); slash >= 0 {
+		if colon := strings.IndexByte(key[slash:], ':'); colon >= 0 {
+			key = strings.TrimRight(key[:slash+colon], "/")
+		}
+	}
 	host, rest, _ := strings.Cut(key, "/")
 	if isDockerHub(host) {
 		host = "docker.io"

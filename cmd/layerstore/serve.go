@@ -39,7 +39,7 @@ func runServe(ctx context.Context, args []string, stderr io.Writer) error {
 	fl.StringVar(&f.config, "config", DefaultConfigPath, "configuration file (TOML); a missing default file means all defaults")
 	fl.StringVar(&f.cacheDir, "cache-dir", "", "cache directory (default "+DefaultCacheDir+")")
 	fl.StringVar(&f.registriesConf, "registries-conf", "", "registries.conf to use, with its .d drop-ins (default: the system's)")
-	fl.StringVar(&f.socket, "control-socket", "", "control socket path (default "+control.DefaultSocket+")")
+	fl.StringVar(&f.socket, "control-socket", "", "control socket path (default $"+control.SocketEnv+" or "+control.DefaultSocket+")")
 	fl.StringVar(&f.logLevel, "log-level", "", "debug, info, warn or error (default info)")
 	if err := fl.Parse(args); err != nil {
 		return errUsage
@@ -55,7 +55,7 @@ func runServe(ctx context.Context, args []string, stderr io.Writer) error {
 		return err
 	}
 	cfg.CacheDir = or(f.cacheDir, or(cfg.CacheDir, DefaultCacheDir))
-	cfg.ControlSocket = or(f.socket, or(cfg.ControlSocket, control.DefaultSocket))
+	cfg.ControlSocket = or(f.socket, or(cfg.ControlSocket, control.SocketPath()))
 	cfg.LogLevel = or(f.logLevel, cfg.LogLevel)
 	if f.registriesConf != "" {
 		cfg.Registries.Conf, cfg.Registries.ConfDir = f.registriesConf, f.registriesConf+".d"

@@ -12,12 +12,12 @@ import (
 func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fl := flag.NewFlagSet("status", flag.ContinueOnError)
 	fl.SetOutput(stderr)
-	socket := fl.String("control-socket", control.DefaultSocket, "the daemon's control socket")
+	socket := fl.String("control-socket", "", "the daemon's control socket (default $"+control.SocketEnv+" or "+control.DefaultSocket+")")
 	asJSON := fl.Bool("json", false, "print the status as JSON")
 	if err := fl.Parse(args); err != nil || fl.NArg() != 0 {
 		return errUsage
 	}
-	st, err := control.NewClient(*socket).Status(ctx)
+	st, err := control.NewClient(or(*socket, control.SocketPath())).Status(ctx)
 	if err != nil {
 		return err
 	}

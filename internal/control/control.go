@@ -5,6 +5,7 @@
 package control
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -24,6 +25,19 @@ import (
 
 // DefaultSocket is where the daemon listens unless configured otherwise.
 const DefaultSocket = "/run/layerstore/control.sock"
+
+// SocketEnv names the environment variable that, when set, replaces [DefaultSocket] for the
+// daemon, `layerstore status` and the auth helper.
+const SocketEnv = "LAYERSTORE_CONTROL_SOCKET"
+
+// SocketPath is the control socket to use when no flag or configuration names one: the
+// value of $LAYERSTORE_CONTROL_SOCKET if set, else [DefaultSocket].
+func SocketPath() string {
+	if p := os.Getenv(SocketEnv); p != "" {
+		return p
+	}
+	return DefaultSocket
+}
 
 // DefaultCredentialTTL is how long credentials handed over by the auth helper are used.
 const DefaultCredentialTTL = 12 * time.Hour
@@ -71,14 +85,22 @@ func Handler(src StatusSource, sink CredentialSink, ttl time.Duration, log *slog
 			http.Error(w, "credentials: invalid JSON", http.StatusBadRequest)
 			return
 		}
-		for key, c := range creds {
+		for key := range creds {
 			if key == "" {
 				http.Error(w, "credentials: empty key", http.StatusBadRequest)
 				return
 			}
-			sink.Set(key, fetcher.Credentials{Username: c.Username, Password: c.Password, IdentityToken: c.IdentityToken}, ttl)
 		}
-		log.Info("credentials received from the auth helper", "entries", len(creds))
+		// An anonymous pull hands over empty credentials. They are skipped rather than
+		// clearing what another pull of the same repository handed over: the daemon is shared.
+		n := 0
+		for key, c := range creds {
+			if c != (Credential{}) {
+				sink.Set(key, fetcher.Credentials{Username: c.Username, Password: c.Password, IdentityToken: c.IdentityToken}, ttl)
+				n++
+			}
+		}
+		log.Info("credentials received from the auth helper", "entries", n)
 		w.WriteHeader(http.StatusNoContent)
 	})
 	return mux
@@ -147,6 +169,7 @@ func (c *Client) Metrics(ctx context.Context) (string, error) {
 }
 
 // PushCredentials hands the JSON c/image writes to the auth helper over to the daemon, as is.
+// Its errors never quote body, which holds secrets.
 func (c *Client) PushCredentials(ctx context.Context, body io.Reader) error {
 	resp, err := c.do(ctx, http.MethodPost, "/credentials", body)
 	if err != nil {
@@ -168,7 +191,7 @@ func (c *Client) do(ctx context.Context, method, path string, body io.Reader) (*
 	if resp.StatusCode/100 != 2 {
 		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
 		resp.Body.Close()
-		return nil, fmt.Errorf("control socket %s: %s: %s", path, resp.Status, msg)
+		return nil, fmt.Errorf("control socket %s: %s: %s", path, resp.Status, bytes.TrimSpace(msg))
 	}
 	return resp, nil
 }

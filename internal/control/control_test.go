@@ -54,9 +54,16 @@ func TestCredentials(t *testing.T) {
 	if sink["127.0.0.1:5000/app"].Password != "s3cret-pw" || sink["quay.io/org"].IdentityToken != "tok-123" {
 		t.Errorf("sink got %v", sink)
 	}
+	// An anonymous pull's empty entry leaves what an earlier pull handed over.
+	if err := c.PushCredentials(t.Context(), strings.NewReader(`{"127.0.0.1:5000/app:v2": {}}`)); err != nil {
+		t.Fatal(err)
+	}
+	if sink["127.0.0.1:5000/app"].Password != "s3cret-pw" || len(sink) != 2 {
+		t.Errorf("an empty entry changed the sink: %v", sink)
+	}
 	err := c.PushCredentials(t.Context(), strings.NewReader(`{"x": {"password": "s3cret-pw"`))
-	if err == nil || strings.Contains(err.Error(), "s3cret") {
-		t.Errorf("invalid JSON: %v", err)
+	if err == nil || strings.Contains(err.Error(), "s3cret") || !strings.HasSuffix(err.Error(), "invalid JSON") {
+		t.Errorf("invalid JSON: %q, want the daemon's answer on one line, without the secret", err)
 	}
 	if strings.Contains(logs.String(), "s3cret") || strings.Contains(logs.String(), "tok-123") {
 		t.Errorf("secret in the logs: %s", logs.String())
@@ -87,5 +94,16 @@ func TestStatusAndMetrics(t *testing.T) {
 	Render(&out, got)
 	if !strings.Contains(out.String(), "40%") || !strings.Contains(out.String(), "r/app:v1") {
 		t.Errorf("render:\n%s", out.String())
+	}
+}
+
+func TestSocketPath(t *testing.T) {
+	t.Setenv(SocketEnv, "")
+	if got := SocketPath(); got != DefaultSocket {
+		t.Errorf("without $%s: %q, want %q", SocketEnv, got, DefaultSocket)
+	}
+	t.Setenv(SocketEnv, "/run/other/control.sock")
+	if got := SocketPath(); got != "/run/other/control.sock" {
+		t.Errorf("with $%s: %q, want /run/other/control.sock", SocketEnv, got)
 	}
 }
