@@ -108,6 +108,7 @@ type Entry struct {
 
 	chunk0, nchunks uint32
 	xattr0          uint32
+	attr            EntryID // see Index.AttrEntry
 	nxattrs         uint16
 }
 
@@ -176,6 +177,11 @@ func (x *Index) TOCLen() int { return x.tocCount }
 
 // Entry returns an entry. The pointer is valid for the life of the index; do not modify.
 func (x *Index) Entry(id EntryID) *Entry { return &x.entries[id] }
+
+// AttrEntry returns the entry whose mode, owner and times the inode of id shows: the last
+// hardlink to that inode in layer order, whose header an extractor applies to the shared inode
+// last, or else the inode's owner. The entries themselves keep what the TOC says.
+func (x *Index) AttrEntry(id EntryID) EntryID { return x.entries[x.entries[id].Inode].attr }
 
 // TarSplitDigest returns the digest of the compressed tar-split that the TOC names (modern
 // zstd:chunked), or zero.

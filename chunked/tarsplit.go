@@ -46,6 +46,7 @@ type TarSplitReader struct {
 	lim  Limits
 	next int64
 	rec  TarSplitRecord
+	size int64
 }
 
 // NewTarSplitReader reads records from r.
@@ -84,8 +85,17 @@ func (t *TarSplitReader) Next() (*TarSplitRecord, error) {
 		return nil, invalidf("tar-split record %d has type %d", t.next, r.Type)
 	}
 	t.next++
+	if r.Type == TarSplitSegment {
+		t.size += int64(len(r.Payload))
+	} else {
+		t.size += r.Size
+	}
 	return r, nil
 }
+
+// TarSize returns the size of the tar stream the records read so far describe: once the
+// stream is read to its end, the size of the layer's uncompressed tar.
+func (t *TarSplitReader) TarSize() int64 { return t.size }
 
 // IterateTarSplit walks a tar-split stream as the tar it describes, with every file payload
 // read as zeros (and skipped without reading when possible). It calls onHeader for each tar

@@ -232,7 +232,7 @@ func (b *builder) addEntry(r *rawEntry) error {
 	if err != nil {
 		return err
 	}
-	e := Entry{Name: name, Type: typ, Inode: EntryID(len(b.x.entries))}
+	e := Entry{Name: name, Type: typ, Inode: EntryID(len(b.x.entries)), attr: EntryID(len(b.x.entries))}
 	if r.Mode < 0 || r.Size < 0 {
 		return invalidf("negative mode or size")
 	}
@@ -552,7 +552,7 @@ func (b *builder) finish() error {
 				break
 			}
 			id := EntryID(len(x.entries))
-			x.entries = append(x.entries, Entry{Name: p, Type: TypeDir, Mode: 0o755, Inode: id, Flags: FlagImplicit})
+			x.entries = append(x.entries, Entry{Name: p, Type: TypeDir, Mode: 0o755, Inode: id, attr: id, Flags: FlagImplicit})
 			paths[p] = id
 			if p == "" {
 				break
@@ -614,7 +614,13 @@ func (b *builder) finish() error {
 	}
 	for _, id := range x.children {
 		if e := &x.entries[id]; e.Type == TypeHardlink {
-			x.entries[e.Inode].Nlink++
+			owner := &x.entries[e.Inode]
+			owner.Nlink++
+			// Extractors apply a hardlink's header to the inode it shares (c/storage chowns,
+			// chmods and sets times through the new name), so the last header wins.
+			if owner.Type != TypeSymlink {
+				owner.attr = id
+			}
 		}
 	}
 	x.sortChildren()

@@ -71,15 +71,19 @@ func typeBits(e *chunked.Entry) uint32 {
 	}
 }
 
-// fill sets the attributes of the node's inode from the index.
+// fill sets the attributes of the node's inode from the index: type, size and content from the
+// entry, mode, owner and times from the entry an extractor would have applied last (a hardlink
+// to it may carry its own).
 func (n *entryNode) fill(out *fuse.Attr) {
 	x := n.view.index
 	e := x.Entry(n.id)
+	aid := x.AttrEntry(n.id)
+	a := x.Entry(aid)
 	*out = fuse.Attr{
 		Ino:   n.ino(),
-		Mode:  typeBits(e) | e.Mode&0o7777,
+		Mode:  typeBits(e) | a.Mode&0o7777,
 		Nlink: max(e.Nlink, 1),
-		Owner: fuse.Owner{Uid: e.UID, Gid: e.GID},
+		Owner: fuse.Owner{Uid: a.UID, Gid: a.GID},
 	}
 	switch out.Mode & syscall.S_IFMT {
 	case syscall.S_IFREG:
@@ -91,14 +95,14 @@ func (n *entryNode) fill(out *fuse.Attr) {
 			out.Rdev = mkdev(e.DevMajor, e.DevMinor)
 		}
 	}
-	mtime := time.Unix(e.ModTimeSec, int64(e.ModTimeNsec))
+	mtime := time.Unix(a.ModTimeSec, int64(a.ModTimeNsec))
 	atime, ctime := mtime, mtime
-	if a, c := x.TOCTimes(n.id); a != 0 || c != 0 {
-		if a != 0 {
-			atime = time.Unix(0, a)
+	if at, ct := x.TOCTimes(aid); at != 0 || ct != 0 {
+		if at != 0 {
+			atime = time.Unix(0, at)
 		}
-		if c != 0 {
-			ctime = time.Unix(0, c)
+		if ct != 0 {
+			ctime = time.Unix(0, ct)
 		}
 	}
 	out.SetTimes(&atime, &mtime, &ctime)

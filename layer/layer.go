@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strconv"
 	"sync"
 	"sync/atomic"
 
@@ -27,6 +28,7 @@ type Layer struct {
 	v      *verify.Layer
 	idx    *chunked.Index
 	blob   *fetcher.Blob
+	size   int64 // of the uncompressed tar, -1 when unknown (see tarSize)
 
 	users atomic.Int64 // runtime references over every key and reference
 
@@ -51,9 +53,23 @@ func newLayer(m *Manager, ref string, desc fetcher.Layer, v *verify.Layer, blob 
 		v:        v,
 		idx:      v.Index(),
 		blob:     blob,
+		size:     tarSize(v, desc.Annotations),
 		refs:     []string{ref},
 		inflight: map[chunkKey]*fetchCall{},
 	}
+}
+
+// tarSize is the size of the layer's uncompressed tar when it is known without reading the
+// whole layer: from the verified tar-split of zstd:chunked, else from the eStargz producers'
+// uncompressed-size annotation (a claim of the manifest). Otherwise -1.
+func tarSize(v *verify.Layer, annotations map[string]string) int64 {
+	if n := v.TarSize(); n >= 0 {
+		return n
+	}
+	if n, err := strconv.ParseInt(annotations[chunked.AnnotationUncompressedSize], 10, 64); err == nil && n >= 0 {
+		return n
+	}
+	return -1
 }
 
 func (l *Layer) addRef(ref string) {
@@ -107,10 +123,12 @@ func (l *Layer) Info(key digest.Digest) []byte {
 	if key == l.desc.Digest {
 		in.CompressedDiffDigest = l.desc.Digest
 		in.DiffDigest = l.desc.DiffID
+		in.DiffSize = l.size // never -1: such layers are not served by blob digest
 	} else {
 		in.TOCDigest = key
 		if l.v.Guarantee() >= verify.DiffIDVerified {
 			in.DiffDigest = l.desc.DiffID
+			in.DiffSize = l.size
 		}
 	}
 	b, err := json.Marshal(in)

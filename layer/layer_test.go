@@ -77,6 +77,21 @@ func compareContent(t *testing.T, got, want map[string]string) {
 	}
 }
 
+// sized tells whether the tar size of a fixture is known without reading it (a tar-split or
+// the eStargz annotation), which lookups by blob digest need.
+func sized(f testlayer.Fixture) bool {
+	return f.Desc.Annotations[chunked.AnnotationTarSplitPosition] != "" || f.Desc.Annotations[chunked.AnnotationUncompressedSize] != ""
+}
+
+// servedKey is a key the fixture is served by (the blob digest when sized, else the TOC
+// digest), or "" when no runtime can have it lazily.
+func servedKey(f testlayer.Fixture) digest.Digest {
+	if sized(f) {
+		return f.Desc.Digest
+	}
+	return tocKey(f.Desc.Annotations)
+}
+
 // TestReadEveryFormat resolves every fixture by both keys, reads every file lazily (no full
 // GET of the blob), and checks the content and the info of each lookup generation.
 func TestReadEveryFormat(t *testing.T) {
@@ -95,6 +110,13 @@ func TestReadEveryFormat(t *testing.T) {
 			var l *Layer
 			for _, k := range keys {
 				got, err := m.lookup(t.Context(), ref, k)
+				if k == blobKey && !sized(f) {
+					// Runtimes looking up by blob digest need the tar size: pulled normally.
+					if !errors.Is(err, iofs.ErrNotExist) {
+						t.Fatalf("lookup by blob digest of a layer of unknown size: %v, want ErrNotExist", err)
+					}
+					continue
+				}
 				if err != nil {
 					t.Fatalf("lookup %s: %v", k, err)
 				}
@@ -107,8 +129,13 @@ func TestReadEveryFormat(t *testing.T) {
 					t.Fatal(err)
 				}
 				if k == blobKey {
-					if in["diff-digest"] != f.DiffID.String() || in["compressed-diff-digest"] != blobKey.String() || in["toc-digest"] != nil {
-						t.Errorf("legacy info %v", in)
+					tarStream, err := f.Decompress()
+					if err != nil {
+						t.Fatal(err)
+					}
+					if in["diff-digest"] != f.DiffID.String() || in["compressed-diff-digest"] != blobKey.String() || in["toc-digest"] != nil ||
+						in["diff-size"] != float64(len(tarStream)) {
+						t.Errorf("legacy info %v (tar of %d bytes)", in, len(tarStream))
 					}
 				} else if in["toc-digest"] != k.String() || in["diff-digest"] != nil ||
 					in["flags"].(map[string]any)["expected-layer-diffid"] != f.DiffID.String() {
@@ -121,6 +148,9 @@ func TestReadEveryFormat(t *testing.T) {
 				if in["compression"] != wantComp || in["compressed-size"] != float64(len(f.Blob)) {
 					t.Errorf("info %v", in)
 				}
+			}
+			if l == nil {
+				return // served to no runtime (legacy zstd:chunked)
 			}
 			compareContent(t, readAll(t, l, 4096), want)
 			st := e.reg.Stats(f.Desc.Digest)
@@ -144,9 +174,12 @@ func TestPrefetchCompletes(t *testing.T) {
 	want := referenceContent(t)
 	for _, f := range e.fixtures {
 		t.Run(f.Name, func(t *testing.T) {
+			if servedKey(f) == "" {
+				t.Skip("served to no runtime")
+			}
 			ref := e.push("prefetch/"+f.Name+":v1", fixtureLayer(f))
 			m := e.manager()
-			l, err := m.lookup(t.Context(), ref, f.Desc.Digest)
+			l, err := m.lookup(t.Context(), ref, servedKey(f))
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -220,10 +220,24 @@ func (m *Manager) resolve(ctx context.Context, ref string, key digest.Digest) (*
 		return nil, fmt.Errorf("layer %s of %s has no DiffID: %w", desc.Digest, ref, iofs.ErrNotExist)
 	}
 
+	// Runtimes that look layers up by blob digest (c/storage < 1.54) record the tar's size
+	// from info and fail on images whose size is unknown, so such layers are pulled normally.
+	unsized := func(size int64) error {
+		if modern || size >= 0 {
+			return nil
+		}
+		m.counters.notLazy.Add(1)
+		reason := "the uncompressed size is unknown (no tar-split or uncompressed-size annotation), which runtimes that look layers up by blob digest need"
+		log.Info("layer not served lazily", "reason", reason)
+		return fmt.Errorf("layer %s of %s: %w (%s)", desc.Digest, ref, iofs.ErrNotExist, reason)
+	}
 	m.mu.Lock()
 	l := m.byBlob[desc.Digest]
 	m.mu.Unlock()
 	if l != nil {
+		if err := unsized(l.size); err != nil {
+			return nil, err
+		}
 		l.addRef(ref)
 		return l, nil
 	}
@@ -239,6 +253,9 @@ func (m *Manager) resolve(ctx context.Context, ref string, key digest.Digest) (*
 			m.counters.verifyFailures.Add(1)
 		}
 		log.Warn("layer refused", "format", layout.Format, "err", err)
+		return nil, err
+	}
+	if err := unsized(tarSize(v, desc.Annotations)); err != nil {
 		return nil, err
 	}
 	m.mu.Lock()

@@ -45,8 +45,9 @@ func viewTree(t *testing.T, l *verify.Layer, src verify.Source) testlayer.Tree {
 	walk = func(id chunked.EntryID) {
 		e := x.Entry(id)
 		ino := x.Entry(e.Inode)
-		n := testlayer.Node{Type: ino.Type.String(), Mode: ino.Mode, UID: ino.UID, GID: ino.GID,
-			MTime: ino.ModTimeSec, Nlink: ino.Nlink}
+		a := x.Entry(x.AttrEntry(id))
+		n := testlayer.Node{Type: ino.Type.String(), Mode: a.Mode, UID: a.UID, GID: a.GID,
+			MTime: a.ModTimeSec, Nlink: ino.Nlink}
 		xs := map[string]string{}
 		for _, xa := range x.Xattrs(id) {
 			xs[xa.Name] = xa.Value
@@ -143,6 +144,9 @@ func TestCheckDiffID(t *testing.T) {
 			}
 			err := l.CheckDiffID(t.Context(), payloads(l, src))
 			if f.Name != "zstdchunked-modern" {
+				if size := l.TarSize(); size != -1 {
+					t.Errorf("TarSize = %d without a tar-split, want -1", size)
+				}
 				if !errors.Is(err, verify.ErrNoDiffIDProof) || l.CanProveDiffID() {
 					t.Fatalf("CheckDiffID = %v, want ErrNoDiffIDProof", err)
 				}
@@ -153,6 +157,13 @@ func TestCheckDiffID(t *testing.T) {
 			}
 			if g := l.Guarantee(); g != verify.DiffIDVerified {
 				t.Fatalf("guarantee = %v, want diffid-verified", g)
+			}
+			tarStream, err := f.Decompress()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if size := l.TarSize(); size != int64(len(tarStream)) {
+				t.Errorf("TarSize = %d, want the tar's %d bytes", size, len(tarStream))
 			}
 		})
 	}

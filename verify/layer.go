@@ -79,6 +79,7 @@ type Layer struct {
 	index     *chunked.Index
 	diffID    digest.Digest
 	tarSplit  []byte // compressed, verified against the TOC; nil when the layer has none
+	tarSize   int64  // the uncompressed tar's size the tar-split describes; -1 when unknown
 	limits    chunked.Limits
 	guarantee atomic.Int32
 }
@@ -110,7 +111,7 @@ func open(ctx context.Context, desc chunked.Descriptor, diffID digest.Digest, sr
 	if err != nil {
 		return nil, err
 	}
-	l := &Layer{layout: layout, diffID: diffID, limits: o.limits}
+	l := &Layer{layout: layout, diffID: diffID, limits: o.limits, tarSize: -1}
 	if err := diffID.Validate(); err != nil {
 		return l, fmt.Errorf("%w: DiffID %q: %v", chunked.ErrInvalid, diffID, err)
 	}
@@ -229,6 +230,10 @@ func (l *Layer) DiffID() digest.Digest { return l.diffID }
 // Guarantee returns what has been proven so far.
 func (l *Layer) Guarantee() Guarantee { return Guarantee(l.guarantee.Load()) }
 
+// TarSize returns the size of the layer's uncompressed tar as its verified tar-split describes
+// it, or -1 for layers without a tar-split.
+func (l *Layer) TarSize() int64 { return l.tarSize }
+
 // CanProveDiffID reports whether [Layer.CheckDiffID] can raise the guarantee to
 // [DiffIDVerified]: the layer must be zstd:chunked with a tar-split.
 func (l *Layer) CanProveDiffID() bool { return l.tarSplit != nil }
@@ -274,9 +279,11 @@ func (l *Layer) openTarSplit(ctx context.Context, src Source, raw []byte) error 
 		return err
 	}
 	l.tarSplit = bytes.Clone(raw) // kept for CheckDiffID, without the TOC bytes beside it
-	if err := l.compareTarSplit(raw); err != nil {
+	size, err := l.compareTarSplit(raw)
+	if err != nil {
 		l.tarSplit = nil
 		return err
 	}
+	l.tarSize = size
 	return nil
 }

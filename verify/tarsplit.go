@@ -58,12 +58,13 @@ func (c *countingReader) Read(p []byte) (int, error) {
 }
 
 // compareTarSplit checks that the tar-split describes exactly the TOC's entries, in order, with
-// the same metadata (type, name, link target, mode, size, owner, times, device, xattrs).
-func (l *Layer) compareTarSplit(raw []byte) error {
+// the same metadata (type, name, link target, mode, size, owner, times, device, xattrs). It
+// returns the size of the tar stream the tar-split describes.
+func (l *Layer) compareTarSplit(raw []byte) (int64, error) {
 	x := l.index
 	ts, done, err := l.tarSplitRecords(raw)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	n := x.TOCLen()
 	headers := 0
@@ -84,12 +85,12 @@ func (l *Layer) compareTarSplit(raw []byte) error {
 		})
 	if err != nil {
 		done() //nolint:errcheck // the first error wins
-		return err
+		return 0, err
 	}
 	if headers != n {
-		return fmt.Errorf("%w: tar-split has %d entries, the TOC %d", chunked.ErrInvalid, headers, n)
+		return 0, fmt.Errorf("%w: tar-split has %d entries, the TOC %d", chunked.ErrInvalid, headers, n)
 	}
-	return done()
+	return ts.TarSize(), done()
 }
 
 func fileRecordMatches(x *chunked.Index, k int, r *chunked.TarSplitRecord) error {

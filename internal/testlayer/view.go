@@ -47,7 +47,8 @@ func XattrString(m map[string]string) string {
 // ReferenceTree reads a tar stream the way an overlay-aware extractor would: format artefacts
 // dropped, ".wh.NAME" turned into a 0/0 character device NAME, ".wh..wh..opq" turned into the
 // opaque xattrs on its directory, later entries replacing earlier ones, missing directories
-// created, hardlinks sharing their target's inode.
+// created, hardlinks sharing their target's inode (whose owner, mode and mtime the last
+// hardlink header sets, as c/storage's extraction does).
 func ReferenceTree(tarStream []byte) (Tree, error) {
 	t := Tree{"": {Type: "dir", Mode: 0o755}}
 	xattrs := map[string]map[string]string{}
@@ -97,7 +98,16 @@ func ReferenceTree(tarStream []byte) (Tree, error) {
 		case tar.TypeFifo:
 			n.Type = "fifo"
 		case tar.TypeLink:
-			links[name] = strings.Trim(path.Clean("/"+h.Linkname), "/")
+			// The link's header applies to the shared inode: the last header wins.
+			target := strings.Trim(path.Clean("/"+h.Linkname), "/")
+			links[name] = target
+			if o, ok := t[target]; ok {
+				o.UID, o.GID = n.UID, n.GID
+				if o.Type != "symlink" {
+					o.Mode, o.MTime = n.Mode, n.MTime
+				}
+				t[target] = o
+			}
 			continue
 		default:
 			return nil, fmt.Errorf("unexpected tar type %q for %s", h.Typeflag, name)
