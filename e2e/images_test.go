@@ -35,6 +35,7 @@ type image struct {
 	layers  []digest.Digest                 // blob digests, bottom first
 	lazy    map[digest.Digest]digest.Digest // lazily pullable layer blob -> its TOC digest
 	modern  map[digest.Digest]bool          // lazy layers modern runtimes look up (by TOC digest)
+	legacy  map[digest.Digest]bool          // lazy layers served to legacy runtimes (by blob digest)
 	diffIDs []digest.Digest
 }
 
@@ -139,10 +140,10 @@ func (b *builder) pushAll(ctx context.Context, reg *registry, busybox string) (m
 		return nil, err
 	}
 	host := v1.Platform{OS: runtime.GOOS, Architecture: runtime.GOARCH}
-	layers := func(mk layerMaker, tars ...[]byte) ([]testregistry.Layer, error) {
+	layers := func(kind string, mk layerMaker, tars ...[]byte) ([]testregistry.Layer, error) {
 		var ls []testregistry.Layer
 		for i, t := range tars {
-			l, err := mk(fmt.Sprintf("layer%d", i), t)
+			l, err := mk(fmt.Sprintf("%s-layer%d", kind, i), t)
 			if err != nil {
 				return nil, err
 			}
@@ -189,13 +190,13 @@ func (b *builder) pushAll(ctx context.Context, reg *registry, busybox string) (m
 		{imgIndex, stargzLayer(), [][]byte{base, content}, true},
 	}
 	for _, s := range specs {
-		ls, err := layers(s.mk, s.tars...)
+		ls, err := layers(s.name, s.mk, s.tars...)
 		if err != nil {
 			return nil, err
 		}
 		ps := []testregistry.Platform{plat(ls)}
 		if s.other {
-			other, err := layers(s.mk, testlayer.Build([]tarEntry{{Header: tar.Header{Typeflag: tar.TypeReg,
+			other, err := layers(s.name, s.mk, testlayer.Build([]tarEntry{{Header: tar.Header{Typeflag: tar.TypeReg,
 				Name: "other-platform", Mode: 0o644, Size: 6, ModTime: testlayer.Epoch, Format: tar.FormatPAX}, Data: []byte("other\n")}}))
 			if err != nil {
 				return nil, err
@@ -211,11 +212,11 @@ func (b *builder) pushAll(ctx context.Context, reg *registry, busybox string) (m
 			return nil, fmt.Errorf("push %s: %w", s.name, err)
 		}
 	}
-	gz, err := layers(gzipLayer, base)
+	gz, err := layers("gzip", gzipLayer, base)
 	if err != nil {
 		return nil, err
 	}
-	sg, err := layers(stargzLayer(), content)
+	sg, err := layers("estargz", stargzLayer(), content)
 	if err != nil {
 		return nil, err
 	}
@@ -305,7 +306,7 @@ func describe(ctx context.Context, label, ref string, auth authn.Authenticator) 
 	if err != nil {
 		return nil, err
 	}
-	out := &image{name: label, ref: ref, lazy: map[digest.Digest]digest.Digest{}, modern: map[digest.Digest]bool{}}
+	out := &image{name: label, ref: ref, lazy: map[digest.Digest]digest.Digest{}, modern: map[digest.Digest]bool{}, legacy: map[digest.Digest]bool{}}
 	for i, l := range m.Layers {
 		d := digest.Digest(l.Digest.String())
 		out.layers = append(out.layers, d)
@@ -316,6 +317,8 @@ func describe(ctx context.Context, label, ref string, auth authn.Authenticator) 
 			if toc := l.Annotations[k]; toc != "" {
 				out.lazy[d] = digest.Digest(toc)
 				out.modern[d] = k != chunked.AnnotationLegacyChecksum
+				// Legacy runtimes need the tar's size, known from a tar-split or an annotation.
+				out.legacy[d] = l.Annotations[chunked.AnnotationTarSplitPosition] != "" || l.Annotations[chunked.AnnotationUncompressedSize] != ""
 			}
 		}
 	}

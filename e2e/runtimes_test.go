@@ -2,16 +2,19 @@ package e2e
 
 import (
 	"archive/tar"
-	"crypto/sha256"
+	"bytes"
+	"compress/gzip"
 	"encoding/json"
 	"fmt"
 	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
 
+	"github.com/klauspost/compress/zstd"
 	"github.com/opencontainers/go-digest"
 )
 
@@ -102,11 +105,15 @@ func (p *podman) must(t *testing.T, args ...string) string {
 // listing runs listScript in a container of ref.
 func (p *podman) listing(t *testing.T, ref string) string {
 	t.Helper()
-	out, err := run(t.Context(), p.env, "podman", "run", "--rm", "--net=none", ref, "/bin/busybox", "sh", "-c", listScript)
+	cmd := exec.CommandContext(t.Context(), "podman", "run", "--rm", "--net=none", ref, "/bin/busybox", "sh", "-c", listScript)
+	cmd.Env = p.env
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
 	if err != nil {
-		t.Fatalf("podman run %s: %v\n%s", ref, err, out)
+		t.Fatalf("podman run %s: %v\n%s", ref, err, stderr.String())
 	}
-	return out
+	return string(out)
 }
 
 // fromStore counts the layers c/storage took from an additional layer store: it records the
@@ -214,7 +221,8 @@ func sameListing(t *testing.T, what, got, want string) {
 	}
 }
 
-// checkArchive checks that the layers of a docker-archive hash to want (the DiffIDs).
+// checkArchive checks that the layers of a saved image (docker-archive or oci-archive) hash to
+// want (the DiffIDs) once decompressed.
 func checkArchive(t *testing.T, path string, want []digest.Digest) {
 	t.Helper()
 	f, err := os.Open(path)
@@ -222,8 +230,7 @@ func checkArchive(t *testing.T, path string, want []digest.Digest) {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	sums := map[string]digest.Digest{}
-	var manifest []struct{ Layers []string }
+	files := map[string][]byte{}
 	tr := tar.NewReader(f)
 	for {
 		h, err := tr.Next()
@@ -233,22 +240,61 @@ func checkArchive(t *testing.T, path string, want []digest.Digest) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if h.Name == "manifest.json" {
-			if err := json.NewDecoder(tr).Decode(&manifest); err != nil {
-				t.Fatal(err)
-			}
-			continue
+		if files[h.Name], err = io.ReadAll(tr); err != nil {
+			t.Fatal(err)
 		}
-		hash := sha256.New()
-		io.Copy(hash, tr)
-		sums[h.Name] = digest.NewDigest(digest.SHA256, hash)
 	}
-	if len(manifest) != 1 {
-		t.Fatalf("%s: %d images in manifest.json", path, len(manifest))
+	type layerFile struct{ name, mediaType string }
+	var layers []layerFile
+	if b, ok := files["manifest.json"]; ok { // docker-archive: uncompressed layers
+		var m []struct{ Layers []string }
+		if err := json.Unmarshal(b, &m); err != nil || len(m) != 1 {
+			t.Fatalf("%s: manifest.json: %v", path, err)
+		}
+		for _, l := range m[0].Layers {
+			layers = append(layers, layerFile{name: l})
+		}
+	} else {
+		var idx struct{ Manifests []struct{ Digest digest.Digest } }
+		if err := json.Unmarshal(files["index.json"], &idx); err != nil || len(idx.Manifests) != 1 {
+			t.Fatalf("%s: neither a docker-archive nor an oci-archive of one image: %v", path, err)
+		}
+		var m struct {
+			Layers []struct {
+				MediaType string
+				Digest    digest.Digest
+			}
+		}
+		if err := json.Unmarshal(files["blobs/sha256/"+idx.Manifests[0].Digest.Encoded()], &m); err != nil {
+			t.Fatal(err)
+		}
+		for _, l := range m.Layers {
+			layers = append(layers, layerFile{"blobs/sha256/" + l.Digest.Encoded(), l.MediaType})
+		}
 	}
 	var got []digest.Digest
-	for _, l := range manifest[0].Layers {
-		got = append(got, sums[l])
+	for _, l := range layers {
+		var r io.Reader = bytes.NewReader(files[l.name])
+		switch {
+		case strings.HasSuffix(l.mediaType, "gzip"):
+			zr, err := gzip.NewReader(r)
+			if err != nil {
+				t.Fatal(err)
+			}
+			r = zr
+		case strings.HasSuffix(l.mediaType, "zstd"):
+			zr, err := zstd.NewReader(r)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer zr.Close()
+			r = zr
+		}
+		d, err := digest.SHA256.FromReader(r)
+		if err != nil {
+			t.Fatalf("%s: %v", l.name, err)
+		}
+		got = append(got, d)
 	}
 	if !slices.Equal(got, want) {
 		t.Errorf("saved layers hash to %v, want the DiffIDs %v", got, want)

@@ -194,8 +194,10 @@ func (s *suite) env(extra ...string) []string {
 	}
 	home := filepath.Join(s.dir, "home")
 	os.MkdirAll(home, 0o700)
-	return append(env, "HOME="+home, "XDG_RUNTIME_DIR="+home, "XDG_CONFIG_HOME="+home,
+	os.WriteFile(filepath.Join(home, "no-auth.json"), []byte("{}"), 0o600) // podman 4.3 wants it to exist
+	env = append(env, "HOME="+home, "XDG_RUNTIME_DIR="+home, "XDG_CONFIG_HOME="+home,
 		"DOCKER_CONFIG="+home, "REGISTRY_AUTH_FILE="+filepath.Join(home, "no-auth.json"))
+	return append(env, extra...) // later entries win
 }
 
 func registriesConf(hosts ...string) string {
