@@ -21,8 +21,8 @@ import (
 // listScript prints one line per entry under /bin, /t and /w of an image, in the image's own
 // busybox: path, raw mode, owner and mtime; then nlink, size and sha256 for files, the target
 // for symlinks, major:minor for devices. Directory sizes and link counts depend on the
-// filesystem, so they are left out.
-const listScript = `cd / && /bin/busybox find bin t w 2>/dev/null | /bin/busybox sort | while IFS= read -r f; do
+// filesystem, so they are left out. It needs no /dev (the modern harness runs it chrooted).
+const listScript = `cd / && for d in bin t w; do [ ! -e $d ] || /bin/busybox find $d; done | /bin/busybox sort | while IFS= read -r f; do
   set -- $(/bin/busybox stat -c '%f %u %g %Y %h %s %t:%T' "$f")
   if [ -L "$f" ]; then x="$5 $6 -> $(/bin/busybox readlink "$f")"
   elif [ -d "$f" ]; then x=dir
@@ -159,18 +159,20 @@ type pullResult struct {
 	PullSeconds  float64         `json:"pullSeconds"`
 }
 
-// pull runs `harness pull ref args...`.
+// pull runs `harness pull ref args...`, which prints its result as JSON on stdout.
 func (h *harness) pull(t *testing.T, ref string, args ...string) (pullResult, error) {
 	t.Helper()
 	var r pullResult
-	out, err := run(t.Context(), h.env, filepath.Join(h.s.bin, "harness"), append([]string{"pull", ref}, args...)...)
-	if err != nil {
-		return r, fmt.Errorf("harness pull %s: %v\n%s", ref, err, out)
+	cmd := exec.CommandContext(t.Context(), filepath.Join(h.s.bin, "harness"), append([]string{"pull", ref}, args...)...)
+	cmd.Env = h.env
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err == nil {
+		err = json.Unmarshal(out, &r)
 	}
-	// The JSON result is the last line; progress goes before it.
-	lines := strings.Split(strings.TrimSpace(out), "\n")
-	if err := json.Unmarshal([]byte(lines[len(lines)-1]), &r); err != nil {
-		return r, fmt.Errorf("harness pull %s: %v\n%s", ref, err, out)
+	if err != nil {
+		return r, fmt.Errorf("harness pull %s: %v\n%s%s", ref, err, stderr.String(), out)
 	}
 	return r, nil
 }
