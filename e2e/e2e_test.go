@@ -275,7 +275,8 @@ func TestPrivateRegistry(t *testing.T) {
 		sameListing(t, "private", p.listing(t, img.ref), refs[imgGzip])
 	})
 
-	helperConf := registriesConf(s.private.host) + "additional-layer-store-auth-helper = \"layerstore-auth-helper\"\n"
+	// Top-level keys come before the first table.
+	helperConf := "additional-layer-store-auth-helper = \"layerstore-auth-helper\"\n" + registriesConf(s.private.host)
 	t.Run("modern/auth-helper", func(t *testing.T) {
 		d := s.startDaemon(t) // no credentials of its own
 		h := s.newHarness(t, d.mnt, helperConf, "REGISTRY_AUTH_FILE="+s.goodAuth,

@@ -4,6 +4,7 @@ import (
 	"archive/tar"
 	"bytes"
 	"compress/gzip"
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -13,6 +14,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/klauspost/compress/zstd"
 	"github.com/opencontainers/go-digest"
@@ -71,8 +73,9 @@ network_config_dir = %q
 
 // podman is the legacy runtime (the machine's podman) with private configuration and storage.
 type podman struct {
-	dir string
-	env []string
+	dir        string
+	env        []string
+	containers int // containers run so far, to name them
 }
 
 // newPodman returns podman using store (a daemon's mount, or "" for none).
@@ -82,7 +85,7 @@ func (s *suite) newPodman(t *testing.T, store string, extraEnv ...string) *podma
 	p := &podman{dir: dir, env: s.runtimeEnv(t, dir, store, registriesConf(s.open.host, s.private.host), extraEnv...)}
 	t.Cleanup(func() {
 		// Containers are run with --rm; this unmounts what podman left and frees the storage.
-		run(t.Context(), p.env, "podman", "system", "reset", "--force")
+		run(context.Background(), p.env, "podman", "system", "reset", "--force")
 		unmountUnder(filepath.Join(dir, "graph"))
 	})
 	return p
@@ -90,7 +93,10 @@ func (s *suite) newPodman(t *testing.T, store string, extraEnv ...string) *podma
 
 func (p *podman) try(t *testing.T, args ...string) (string, error) {
 	t.Helper()
-	return run(t.Context(), p.env, "podman", args...)
+	start := time.Now()
+	out, err := run(t.Context(), p.env, "podman", args...)
+	t.Logf("podman %s: %s", args[0], time.Since(start).Round(time.Millisecond))
+	return out, err
 }
 
 func (p *podman) must(t *testing.T, args ...string) string {
@@ -102,17 +108,24 @@ func (p *podman) must(t *testing.T, args ...string) string {
 	return out
 }
 
-// listing runs listScript in a container of ref.
+// listing runs listScript in a container of ref. The container is removed afterwards rather
+// than with --rm: podman 4.3 sometimes misses the exit of a short-lived --rm container and
+// waits for conmon's 20 s timeout.
 func (p *podman) listing(t *testing.T, ref string) string {
 	t.Helper()
-	cmd := exec.CommandContext(t.Context(), "podman", "run", "--rm", "--net=none", ref, "/bin/busybox", "sh", "-c", listScript)
+	p.containers++
+	name := fmt.Sprintf("listing-%d", p.containers)
+	cmd := exec.CommandContext(t.Context(), "podman", "run", "--name", name, "--net=none", ref, "/bin/busybox", "sh", "-c", listScript)
 	cmd.Env = p.env
 	var stderr strings.Builder
 	cmd.Stderr = &stderr
+	start := time.Now()
 	out, err := cmd.Output()
 	if err != nil {
 		t.Fatalf("podman run %s: %v\n%s", ref, err, stderr.String())
 	}
+	t.Logf("podman run: %s", time.Since(start).Round(time.Millisecond))
+	p.must(t, "rm", name)
 	return string(out)
 }
 
@@ -257,7 +270,9 @@ func checkArchive(t *testing.T, path string, want []digest.Digest) {
 			layers = append(layers, layerFile{name: l})
 		}
 	} else {
-		var idx struct{ Manifests []struct{ Digest digest.Digest } }
+		var idx struct {
+			Manifests []struct{ Digest digest.Digest }
+		}
 		if err := json.Unmarshal(files["index.json"], &idx); err != nil || len(idx.Manifests) != 1 {
 			t.Fatalf("%s: neither a docker-archive nor an oci-archive of one image: %v", path, err)
 		}

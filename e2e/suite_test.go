@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -197,7 +198,18 @@ func (s *suite) env(extra ...string) []string {
 	os.WriteFile(filepath.Join(home, "no-auth.json"), []byte("{}"), 0o600) // podman 4.3 wants it to exist
 	env = append(env, "HOME="+home, "XDG_RUNTIME_DIR="+home, "XDG_CONFIG_HOME="+home,
 		"DOCKER_CONFIG="+home, "REGISTRY_AUTH_FILE="+filepath.Join(home, "no-auth.json"))
-	return append(env, extra...) // later entries win
+	// Later entries win, and each variable appears once: children of children see it too.
+	env = append(env, extra...)
+	seen := map[string]bool{}
+	var out []string
+	for i := len(env) - 1; i >= 0; i-- {
+		if k, _, _ := strings.Cut(env[i], "="); !seen[k] {
+			seen[k] = true
+			out = append(out, env[i])
+		}
+	}
+	slices.Reverse(out)
+	return out
 }
 
 func registriesConf(hosts ...string) string {
