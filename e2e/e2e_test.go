@@ -117,7 +117,15 @@ func TestModernRuntime(t *testing.T) {
 			mark := s.open.mark()
 			pushed := s.open.host + "/pushed/modern-" + n + ":v1"
 			archive := filepath.Join(t.TempDir(), "image.tar")
-			r, err := h.pull(t, img.ref, "--list", listScript, "--save", archive, "--push", pushed, "--rmi")
+			args := []string{"--list", listScript, "--save", archive, "--push", pushed, "--rmi"}
+			r, err := h.pull(t, img.ref, args...)
+			if err != nil && strings.Contains(err.Error(), "printed nothing") {
+				// Seen once under CI load, not reproduced since: an empty listing through
+				// c/storage's mount. Reported with what the mount showed, then retried once.
+				t.Logf("RETRY after an empty listing: %v", err)
+				mark = s.open.mark()
+				r, err = h.pull(t, img.ref, args...)
+			}
 			if err != nil {
 				t.Fatal(err)
 			}

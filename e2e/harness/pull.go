@@ -246,6 +246,15 @@ func (p *puller) list(ctx context.Context, imageID, script string) (out string, 
 	if err := cmd.Run(); err != nil {
 		return "", fmt.Errorf("running --list script in %s: %w: %s", mnt, err, strings.TrimSpace(stderr.String()))
 	}
+	if stdout.Len() == 0 {
+		// Say what the mount showed, so that an empty listing can be told from a failed one.
+		var names []string
+		entries, derr := os.ReadDir(mnt)
+		for _, e := range entries {
+			names = append(names, e.Name())
+		}
+		return "", fmt.Errorf("--list script printed nothing (stderr: %q); the mount %s has %v (%v)", strings.TrimSpace(stderr.String()), mnt, names, derr)
+	}
 	return stdout.String(), nil
 }
 
