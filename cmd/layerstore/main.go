@@ -2,6 +2,7 @@
 //
 //	layerstore serve [flags] MOUNTPOINT   serve the additional layer store (the daemon)
 //	layerstore status [--json]            show what the daemon serves
+//	layerstore doctor [--json] [flags]    check the node's setup end to end
 //	layerstore demo                       a self-contained demonstration with figures
 //	layerstore version                    print the version
 package main
@@ -24,6 +25,7 @@ const usage = `usage: layerstore COMMAND
 commands:
   serve     serve the additional layer store at MOUNTPOINT (the daemon; see serve -h)
   status    show the layers the daemon serves, its cache and counters (--json for scripts)
+  doctor    check this node's setup end to end and say what to fix (see doctor -h)
   demo      build sample eStargz layers, serve them on 127.0.0.1 and read files lazily,
             verifying every chunk, with figures
   version   print the version
@@ -58,6 +60,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			fmt.Fprintf(stderr, "layerstore status: %v\n", err)
 			return 1
 		}
+	case "doctor":
+		return runDoctor(ctx, args[1:], stdout, stderr)
 	case "demo":
 		if err := runDemo(ctx, stdout); err != nil {
 			fmt.Fprintf(stderr, "layerstore demo: %v\n", err)
