@@ -327,11 +327,23 @@ func describe(ctx context.Context, label, ref string, auth authn.Authenticator) 
 
 // run runs a command, bounded in time, and returns its combined output.
 func run(ctx context.Context, env []string, name string, args ...string) (string, error) {
+	stdout, _, err := output(ctx, env, true, name, args...)
+	return stdout, err
+}
+
+// output runs a command, bounded in time, and returns its stdout and stderr; with combined,
+// stderr goes to stdout too.
+func output(ctx context.Context, env []string, combined bool, name string, args ...string) (string, string, error) {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, name, args...)
 	cmd.Env = env
 	cmd.WaitDelay = 10 * time.Second
-	out, err := cmd.CombinedOutput()
-	return string(out), err
+	var stdout, stderr strings.Builder
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if combined {
+		cmd.Stderr = &stdout
+	}
+	err := cmd.Run()
+	return stdout.String(), stderr.String(), err
 }

@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -115,14 +114,10 @@ func (p *podman) listing(t *testing.T, ref string) string {
 	t.Helper()
 	p.containers++
 	name := fmt.Sprintf("listing-%d", p.containers)
-	cmd := exec.CommandContext(t.Context(), "podman", "run", "--name", name, "--net=none", ref, "/bin/busybox", "sh", "-c", listScript)
-	cmd.Env = p.env
-	var stderr strings.Builder
-	cmd.Stderr = &stderr
 	start := time.Now()
-	out, err := cmd.Output()
+	out, stderr, err := output(t.Context(), p.env, false, "podman", "run", "--name", name, "--net=none", ref, "/bin/busybox", "sh", "-c", listScript)
 	if err != nil {
-		t.Fatalf("podman run %s: %v\n%s", ref, err, stderr.String())
+		t.Fatalf("podman run %s: %v\n%s", ref, err, stderr)
 	}
 	t.Logf("podman run: %s", time.Since(start).Round(time.Millisecond))
 	p.must(t, "rm", name)
@@ -176,16 +171,12 @@ type pullResult struct {
 func (h *harness) pull(t *testing.T, ref string, args ...string) (pullResult, error) {
 	t.Helper()
 	var r pullResult
-	cmd := exec.CommandContext(t.Context(), filepath.Join(h.s.bin, "harness"), append([]string{"pull", ref}, args...)...)
-	cmd.Env = h.env
-	var stderr strings.Builder
-	cmd.Stderr = &stderr
-	out, err := cmd.Output()
+	out, stderr, err := output(t.Context(), h.env, false, filepath.Join(h.s.bin, "harness"), append([]string{"pull", ref}, args...)...)
 	if err == nil {
-		err = json.Unmarshal(out, &r)
+		err = json.Unmarshal([]byte(out), &r)
 	}
 	if err != nil {
-		return r, fmt.Errorf("harness pull %s: %v\n%s%s", ref, err, stderr.String(), out)
+		return r, fmt.Errorf("harness pull %s: %v\n%s%s", ref, err, stderr, out)
 	}
 	return r, nil
 }
