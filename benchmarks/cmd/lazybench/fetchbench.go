@@ -15,6 +15,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/layerstore/layerstore/benchmarks/internal/benchd"
 	"github.com/layerstore/layerstore/cache"
 	"github.com/layerstore/layerstore/fetcher"
 	"github.com/layerstore/layerstore/internal/testregistry"
@@ -65,20 +66,20 @@ func (b *bench) fetchOnce(ctx context.Context, repo string, l *builtLayer, prefe
 		return run, err
 	}
 	dropCaches()
-	d, err := startDaemon(ctx, daemonConfig{bin: b.bin, dir: dir, registriesConf: b.regsConf, prefetch: prefetch, passthrough: true})
+	d, err := benchd.Start(ctx, benchd.Config{Bin: b.bin, Dir: dir, RegistriesConf: b.regsConf, Prefetch: prefetch, Passthrough: true})
 	if err != nil {
 		return run, err
 	}
-	defer d.stop()
+	defer d.Stop()
 	before := b.reg.Stats(l.Digest)
-	cpu0, err := d.cpu()
+	cpu0, err := d.CPU()
 	if err != nil {
 		return run, err
 	}
-	diff := b.diffDir(d.cfg.mountpoint, repo, l)
+	diff := b.diffDir(d.Cfg.Mountpoint, repo, l)
 	start := time.Now()
 	if _, err := os.Stat(diff); err != nil {
-		return run, fmt.Errorf("lookup: %w: %s", err, d.tail())
+		return run, fmt.Errorf("lookup: %w: %s", err, d.Tail())
 	}
 	run.Lookup = time.Since(start).Seconds()
 
@@ -89,7 +90,7 @@ func (b *bench) fetchOnce(ctx context.Context, repo string, l *builtLayer, prefe
 		wg.Go(func() { run.Probes = readProbes(diff, probes, &fetching, b.opts.probeGap) })
 	}
 	if prefetch {
-		ls, err := d.waitComplete(ctx, l.Digest, 25*time.Millisecond, b.opts.fetchTimeout)
+		ls, err := d.WaitComplete(ctx, l.Digest, 25*time.Millisecond, b.opts.fetchTimeout)
 		run.Total = time.Since(start).Seconds()
 		fetching.Store(false)
 		wg.Wait()
@@ -102,14 +103,14 @@ func (b *bench) fetchOnce(ctx context.Context, repo string, l *builtLayer, prefe
 		wg.Wait()
 		run.Total = time.Since(start).Seconds()
 	}
-	cpu1, err := d.cpu()
+	cpu1, err := d.CPU()
 	if err != nil {
 		return run, err
 	}
 	run.CPU = cpu1 - cpu0
 	after := b.reg.Stats(l.Digest)
 	run.Requests = testregistry.BlobStats{Full: after.Full - before.Full, Ranged: after.Ranged - before.Ranged, Bytes: after.Bytes - before.Bytes}
-	if ls, st, ok, err := d.layerStatus(ctx, l.Digest); err == nil && ok {
+	if ls, st, ok, err := d.LayerStatus(ctx, l.Digest); err == nil && ok {
 		run.Cache = st.Cache
 		if !prefetch {
 			run.Status = ls

@@ -15,6 +15,8 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/layerstore/layerstore/benchmarks/internal/benchd"
 )
 
 // fioJob is one fio workload of the matrix.
@@ -57,8 +59,8 @@ type fioResult struct {
 type fioTarget struct {
 	Name    string
 	Path    string
-	backing string  // the cache's file, whose page cache residency is reported
-	daemon  *daemon // nil for the native file
+	backing string         // the cache's file, whose page cache residency is reported
+	daemon  *benchd.Daemon // nil for the native file
 }
 
 // runFio runs the matrix on target.
@@ -83,7 +85,7 @@ func runFio(ctx context.Context, t fioTarget, runtime time.Duration, only *regex
 		}
 		var cpu0 float64
 		if t.daemon != nil {
-			cpu0, _ = t.daemon.cpu()
+			cpu0, _ = t.daemon.CPU()
 		}
 		start := time.Now()
 		r, err := fio(ctx, t.Path, j, runtime)
@@ -92,7 +94,7 @@ func runFio(ctx context.Context, t fioTarget, runtime time.Duration, only *regex
 			r.Err = err.Error()
 		}
 		if t.daemon != nil {
-			cpu1, _ := t.daemon.cpu()
+			cpu1, _ := t.daemon.CPU()
 			r.DaemonCPU = cpu1 - cpu0
 		}
 		r.Resident = resident(t.backing)
@@ -225,33 +227,33 @@ func (b *bench) fioScenario(ctx context.Context, repo string, l *builtLayer, fil
 			if err := os.MkdirAll(ddir, 0o755); err != nil {
 				return nil, nil, err
 			}
-			d, err := startDaemon(ctx, daemonConfig{bin: b.bin, dir: ddir, cacheDir: cacheDir, registriesConf: b.regsConf, prefetch: true, passthrough: pt})
+			d, err := benchd.Start(ctx, benchd.Config{Bin: b.bin, Dir: ddir, CacheDir: cacheDir, RegistriesConf: b.regsConf, Prefetch: true, Passthrough: pt})
 			if err != nil {
 				return nil, nil, err
 			}
-			diff := b.diffDir(d.cfg.mountpoint, repo, l)
+			diff := b.diffDir(d.Cfg.Mountpoint, repo, l)
 			start := time.Now()
 			if _, err := os.Stat(diff); err != nil {
-				d.stop()
+				d.Stop()
 				return nil, nil, fmt.Errorf("lookup: %w", err)
 			}
-			if _, err := d.waitComplete(ctx, l.Digest, 50*time.Millisecond, b.opts.fetchTimeout); err != nil {
-				d.stop()
+			if _, err := d.WaitComplete(ctx, l.Digest, 50*time.Millisecond, b.opts.fetchTimeout); err != nil {
+				d.Stop()
 				return nil, nil, err
 			}
 			if native == "" {
 				if native, err = findCached(cacheDir, b.opts.fioSize); err != nil {
-					d.stop()
+					d.Stop()
 					return nil, nil, err
 				}
 				notes["native"] = "the cache's own file, files/" + filepath.Base(filepath.Dir(native)) + "/" + filepath.Base(native)
 			}
 			if round == 0 {
-				notes[name] = fmt.Sprintf("daemon reported passthrough=%s; layer complete %.1fs after lookup", d.passthrough(), time.Since(start).Seconds())
+				notes[name] = fmt.Sprintf("daemon reported passthrough=%s; layer complete %.1fs after lookup", d.Passthrough(), time.Since(start).Seconds())
 				fmt.Fprintf(os.Stderr, "fio target %s: %s\n", name, notes[name])
 			}
 			results[name] = append(results[name], runFio(ctx, fioTarget{Name: name, Path: filepath.Join(diff, fileInLayer), backing: native, daemon: d}, b.opts.fioRuntime, b.opts.fioOnly))
-			d.stop()
+			d.Stop()
 		}
 		results["native"] = append(results["native"], runFio(ctx, fioTarget{Name: "native", Path: native, backing: native}, b.opts.fioRuntime, b.opts.fioOnly))
 	}
