@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net/http"
 	"os"
+	"os/user"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -526,5 +527,22 @@ func TestAuthDockerHubKeys(t *testing.T) {
 		if cfg.Username != want {
 			t.Errorf("%s: username %q, want %q", ref, cfg.Username, want)
 		}
+	}
+}
+
+// A system service has no $HOME: the credentials of its user are still found, in the home
+// directory of the password database, as containers/image finds them.
+func TestHomeDirWithoutHOME(t *testing.T) {
+	u, err := user.Current()
+	if err != nil || u.HomeDir == "" {
+		t.Skipf("no password entry: %v", err)
+	}
+	t.Setenv("HOME", "/elsewhere")
+	if got := HomeDir(); got != "/elsewhere" {
+		t.Errorf("HomeDir() = %q with $HOME set, want /elsewhere", got)
+	}
+	os.Unsetenv("HOME")
+	if got := HomeDir(); got != u.HomeDir {
+		t.Errorf("HomeDir() = %q without $HOME, want %q from the password database", got, u.HomeDir)
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"os"
 	"os/exec"
+	"os/user"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -142,7 +143,7 @@ func (k *keychain) dockerConfigFiles() []string {
 		} else {
 			files = append(files, filepath.Join("/run/containers", strconv.Itoa(os.Getuid()), "auth.json"))
 		}
-		home, _ := os.UserHomeDir()
+		home := HomeDir()
 		cfg := os.Getenv("XDG_CONFIG_HOME")
 		if cfg == "" && home != "" {
 			cfg = filepath.Join(home, ".config")
@@ -173,4 +174,18 @@ func readCredsStore(path string) string {
 		return ""
 	}
 	return f.CredsStore
+}
+
+// HomeDir is the home directory whose files containers/image reads: $HOME, else the user's
+// entry in the password database, as c/storage's homedir does. A system service has no $HOME
+// (systemd sets it only for units with User=), and the credentials of root are still in
+// /root. "" when neither says.
+func HomeDir() string {
+	if h := os.Getenv("HOME"); h != "" {
+		return h
+	}
+	if u, err := user.LookupId(strconv.Itoa(os.Getuid())); err == nil {
+		return u.HomeDir
+	}
+	return ""
 }

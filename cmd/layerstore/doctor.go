@@ -27,6 +27,7 @@ import (
 	"github.com/BurntSushi/toml"
 	"golang.org/x/sys/unix"
 
+	"github.com/layerstore/layerstore/fetcher"
 	"github.com/layerstore/layerstore/internal/control"
 	"github.com/layerstore/layerstore/layer"
 )
@@ -403,7 +404,7 @@ func registriesPaths(conf, dir string) (string, []string) {
 		return conf, []string{dir}
 	}
 	dirs := []string{defaultRegistriesConfDir}
-	if home, err := os.UserHomeDir(); err == nil {
+	if home := fetcher.HomeDir(); home != "" {
 		dirs = append(dirs, filepath.Join(home, ".config/containers/registries.conf.d"))
 	}
 	return conf, dirs
