@@ -188,11 +188,23 @@ func (s *Server) checkServing(before *syscall.Stat_t) error {
 // Mountpoint returns the absolute path the store is mounted at.
 func (s *Server) Mountpoint() string { return s.mountpoint }
 
-// Unmount unmounts the store; Wait then returns. It fails (EBUSY) while files of the store
-// are in use, e.g. by running containers.
+// Unmount unmounts the store; Wait then returns. While files of the store are in use, e.g.
+// by running containers, it fails at once with an error wrapping syscall.EBUSY, and the
+// store serves on. (go-fuse's own Unmount retries for a while and then runs fusermount,
+// whose error says nothing a caller can test.)
 func (s *Server) Unmount() error {
-	if err := s.fuse.Unmount(); err != nil {
+	if err := syscall.Unmount(s.mountpoint, 0); err != nil {
 		return fmt.Errorf("fs: unmount %s: %w", s.mountpoint, err)
+	}
+	return nil
+}
+
+// Detach unmounts the store lazily (MNT_DETACH): it leaves the mount namespace at once, so
+// that nobody meets it again, but files still open in it keep it alive; they fail
+// (ENOTCONN) once this process exits. Wait does not return before they are closed.
+func (s *Server) Detach() error {
+	if err := syscall.Unmount(s.mountpoint, syscall.MNT_DETACH); err != nil {
+		return fmt.Errorf("fs: detach %s: %w", s.mountpoint, err)
 	}
 	return nil
 }

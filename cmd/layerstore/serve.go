@@ -9,6 +9,8 @@ import (
 	"log/slog"
 	"net/http"
 	"os"
+	"os/signal"
+	"syscall"
 	"time"
 
 	"github.com/layerstore/layerstore/cache"
@@ -21,7 +23,10 @@ import (
 
 const serveUsage = `usage: layerstore serve [flags] MOUNTPOINT
 
-Mount the additional layer store at MOUNTPOINT and serve it until SIGTERM or SIGINT.
+Mount the additional layer store at MOUNTPOINT and serve it until SIGTERM or SIGINT. While
+running containers use the store it cannot be unmounted: the daemon serves on until they stop,
+then unmounts and exits; a second signal detaches the store at once instead (the files still
+open in it fail).
 
 flags:
 `
@@ -129,12 +134,13 @@ func openStack(cfg *Config, mountpoint string, log *slog.Logger) (_ *stack, err 
 	return s, nil
 }
 
-// Close unmounts (if mounted) and releases everything.
+// Close unmounts (if still mounted) and releases everything.
 func (s *stack) Close() error {
 	var err error
 	if s.mount != nil {
-		err = s.mount.Unmount()
-		s.mount.Wait()
+		if err = s.mount.Unmount(); err == nil {
+			s.mount.Wait()
+		}
 	}
 	if s.manager != nil {
 		s.manager.Close()
@@ -167,19 +173,78 @@ func serve(ctx context.Context, cfg *Config, mountpoint string, log *slog.Logger
 		log.Warn("notifying systemd", "err", err)
 	}
 
+	// A second SIGTERM or SIGINT while the store is busy detaches it (see unmount).
+	again := make(chan os.Signal, 1)
+	signal.Notify(again, syscall.SIGTERM, os.Interrupt)
+	defer signal.Stop(again)
 	gone := make(chan struct{})
 	go func() { s.mount.Wait(); close(gone) }()
 	select {
 	case <-ctx.Done():
 		log.Info("stopping", "mountpoint", mountpoint)
 		_ = sdnotify.Notify("STOPPING=1")
+		// The signal that cancelled ctx may be queued here too: it is not a second one.
+		select {
+		case <-again:
+		default:
+		}
+		s.unmount(log, again, gone)
 	case <-gone:
 		log.Warn("the mount went away; exiting", "mountpoint", mountpoint)
+		s.mount = nil
 	}
-	if err := s.Close(); err != nil {
-		log.Warn("unmount", "err", err)
-	}
+	s.Close()
 	return nil
+}
+
+// unmountRetry is how often a busy store is unmounted again.
+const unmountRetry = time.Second
+
+// unmount ends the mount at a stop. While the store is busy (running containers have files
+// open in it: EBUSY), the daemon serves on, so that they keep working, and tries again every
+// unmountRetry: it exits cleanly once they have stopped. A second SIGTERM or SIGINT (again)
+// detaches the store instead: it leaves the mount namespace at once, so that runtimes never
+// meet a dead mount, and the files still open in it fail once the daemon has exited. Under
+// systemd, a stop that outlasts TimeoutStopSec= ends with SIGKILL, and ExecStopPost= detaches
+// the dead mount. A mount someone else removed (gone) is left alone.
+func (s *stack) unmount(log *slog.Logger, again <-chan os.Signal, gone <-chan struct{}) {
+	mp := s.mount.Mountpoint()
+	for busy := false; ; busy = true {
+		err := s.mount.Unmount()
+		if err == nil {
+			<-gone
+			s.mount = nil
+			return
+		}
+		select {
+		case <-gone:
+			s.mount = nil
+			return
+		default:
+		}
+		if !errors.Is(err, syscall.EBUSY) {
+			log.Warn("unmount failed: detaching the store", "mountpoint", mp, "err", err)
+			break
+		}
+		if !busy {
+			log.Warn("the store is busy (running containers use it): serving until they stop; signal again to detach it now", "mountpoint", mp)
+			_ = sdnotify.Notify("STATUS=stopping: the store is busy; serving until its containers stop")
+		}
+		select {
+		case <-time.After(unmountRetry):
+			continue
+		case <-gone:
+			s.mount = nil
+			return
+		case <-again:
+			log.Warn("detaching the busy store: files still open in it fail once the daemon exits", "mountpoint", mp)
+		}
+		break
+	}
+	if err := s.mount.Detach(); err != nil {
+		log.Error("detaching the store", "err", err)
+	}
+	s.mount = nil // files open in it keep it alive: Wait would wait for them
 }
 
 // newClient builds the registry client from the configuration.
