@@ -106,11 +106,18 @@ func mustWrite(t *testing.T, p, s string) {
 
 // start runs the daemon and returns once it told systemd it is ready.
 func (e *serveEnv) start() *daemon {
+	cmd := exec.Command(e.bin, "serve", "--config", e.config, e.mnt)
+	cmd.Env = os.Environ()
+	return e.startCmd(cmd)
+}
+
+// startCmd runs cmd, a `layerstore serve`, with NOTIFY_SOCKET added to its environment, and
+// returns once the daemon said READY=1, checking that the mount answered by then.
+func (e *serveEnv) startCmd(cmd *exec.Cmd) *daemon {
 	t := e.t
 	t.Helper()
-	d := &daemon{t: t, mnt: e.mnt, socket: e.socket, log: &syncWriter{}, exited: make(chan error, 1)}
-	d.cmd = exec.Command(e.bin, "serve", "--config", e.config, e.mnt)
-	d.cmd.Env = append(os.Environ(), "NOTIFY_SOCKET="+e.notify.LocalAddr().String())
+	d := &daemon{t: t, cmd: cmd, mnt: e.mnt, socket: e.socket, log: &syncWriter{}, exited: make(chan error, 1)}
+	d.cmd.Env = append(d.cmd.Env, "NOTIFY_SOCKET="+e.notify.LocalAddr().String())
 	d.cmd.Stderr = d.log
 	if err := d.cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -126,15 +133,22 @@ func (e *serveEnv) start() *daemon {
 			t.Logf("daemon log:\n%s", d.log.String())
 		}
 	})
-	e.notify.SetReadDeadline(time.Now().Add(30 * time.Second))
+	deadline := time.Now().Add(30 * time.Second)
 	buf := make([]byte, 256)
 	for {
+		e.notify.SetReadDeadline(time.Now().Add(100 * time.Millisecond))
 		n, err := e.notify.Read(buf)
-		if err != nil {
-			t.Fatalf("no READY=1 from the daemon: %v\n%s", err, d.log.String())
-		}
-		if strings.Contains(string(buf[:n]), "READY=1") {
+		if err == nil && strings.Contains(string(buf[:n]), "READY=1") {
 			break
+		}
+		select {
+		case err := <-d.exited:
+			d.exited <- err
+			t.Fatalf("the daemon exited (%v) without READY=1:\n%s", err, d.log.String())
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no READY=1 from the daemon: %v\n%s", err, d.log.String())
 		}
 	}
 	var st syscall.Statfs_t
