@@ -28,6 +28,7 @@ type fioJob struct {
 	Jobs     int
 	Warm     bool // read the whole file first and keep the page cache (buffered only)
 	TimeBase bool // run for the configured time rather than one pass over the file
+	IOs      int  // stop after this many reads per job (0: no limit)
 }
 
 // fioJobs is the matrix run on each target. Cold jobs start with dropped caches.
@@ -52,6 +53,8 @@ type fioResult struct {
 	// cold O_DIRECT job, whether the reads really bypassed it.
 	Resident int64
 	Seconds  float64
+	Bytes    float64 // bytes fio read
+	Fetched  int64   // compressed bytes the registry sent during the job (cold on-demand jobs)
 	Err      string
 }
 
@@ -124,6 +127,9 @@ func fio(ctx context.Context, path string, j fioJob, runtime time.Duration) (fio
 		// fio drops the file's pages before a job by default; warm jobs keep them.
 		"--invalidate=" + b01(!j.Warm),
 	}
+	if j.IOs > 0 {
+		args = append(args, "--number_ios="+strconv.Itoa(j.IOs))
+	}
 	if j.TimeBase {
 		args = append(args, "--time_based", fmt.Sprintf("--runtime=%ds", int(runtime.Seconds())), "--ramp_time=1s")
 	} else {
@@ -140,9 +146,10 @@ func fio(ctx context.Context, path string, j fioJob, runtime time.Duration) (fio
 		Jobs []struct {
 			Error int `json:"error"`
 			Read  struct {
-				BW   float64 `json:"bw_bytes"`
-				IOPS float64 `json:"iops"`
-				Clat struct {
+				BW    float64 `json:"bw_bytes"`
+				IOPS  float64 `json:"iops"`
+				Bytes float64 `json:"io_bytes"`
+				Clat  struct {
 					Percentile map[string]float64 `json:"percentile"`
 				} `json:"clat_ns"`
 			} `json:"read"`
@@ -160,7 +167,7 @@ func fio(ctx context.Context, path string, j fioJob, runtime time.Duration) (fio
 		return fioResult{}, fmt.Errorf("fio: no job in the output")
 	}
 	jr := rep.Jobs[0]
-	r := fioResult{BW: jr.Read.BW, IOPS: jr.Read.IOPS,
+	r := fioResult{BW: jr.Read.BW, IOPS: jr.Read.IOPS, Bytes: jr.Read.Bytes,
 		ClatP50: jr.Read.Clat.Percentile["50.000000"] / 1e3, ClatP99: jr.Read.Clat.Percentile["99.000000"] / 1e3}
 	if jr.Error != 0 {
 		return r, fmt.Errorf("fio job error %d", jr.Error)
@@ -258,6 +265,68 @@ func (b *bench) fioScenario(ctx context.Context, repo string, l *builtLayer, fil
 		results["native"] = append(results["native"], runFio(ctx, fioTarget{Name: "native", Path: native, backing: native}, b.opts.fioRuntime, b.opts.fioOnly))
 	}
 	return results, notes, nil
+}
+
+// coldJobs are the fio jobs run on demand: each on a fresh daemon with an empty cache and
+// prefetch off, so that every byte read comes from the registry as the reads ask for it.
+var coldJobs = []fioJob{
+	{Name: "seq 1M, O_DIRECT", RW: "read", BS: "1M", Direct: true, Jobs: 1},
+	{Name: "rand 4K QD1, O_DIRECT", RW: "randread", BS: "4k", Direct: true, Jobs: 1, TimeBase: true},
+	{Name: "rand 4K 4 jobs, O_DIRECT", RW: "randread", BS: "4k", Direct: true, Jobs: 4, TimeBase: true},
+	// What a starting container does: a few scattered reads. Its amplification is the cost of
+	// the chunk size.
+	{Name: "1000 rand 4K reads, O_DIRECT", RW: "randread", BS: "4k", Direct: true, Jobs: 1, IOs: 1000},
+}
+
+// fioColdScenario runs coldJobs through the mount on demand: per job and round a fresh
+// daemon (prefetch off, an empty cache of its own) resolves the layer, fio runs, and the
+// registry's byte count gives the read amplification (compressed bytes fetched per byte
+// read). Returns every round's results per job.
+func (b *bench) fioColdScenario(ctx context.Context, repo string, l *builtLayer, fileInLayer string) ([][]fioResult, error) {
+	out := make([][]fioResult, len(coldJobs))
+	dir, err := b.newDir("fio-cold")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(dir)
+	for round := range b.opts.fioRounds {
+		for i, j := range coldJobs {
+			if b.opts.fioOnly != nil && !b.opts.fioOnly.MatchString("cold "+j.Name) {
+				continue
+			}
+			ddir := filepath.Join(dir, fmt.Sprintf("%d-%d", round, i))
+			if err := os.MkdirAll(ddir, 0o755); err != nil {
+				return nil, err
+			}
+			d, err := benchd.Start(ctx, benchd.Config{Bin: b.bin, Dir: ddir, RegistriesConf: b.regsConf, Passthrough: true})
+			if err != nil {
+				return nil, err
+			}
+			diff := b.diffDir(d.Cfg.Mountpoint, repo, l)
+			if _, err := os.Stat(diff); err != nil {
+				d.Stop()
+				return nil, fmt.Errorf("lookup: %w: %s", err, d.Tail())
+			}
+			dropCaches()
+			before := b.reg.Stats(l.Digest)
+			cpu0, _ := d.CPU()
+			start := time.Now()
+			r, err := fio(ctx, filepath.Join(diff, fileInLayer), j, b.opts.fioRuntime)
+			r.Seconds = time.Since(start).Seconds()
+			if err != nil {
+				r.Err = err.Error()
+			}
+			cpu1, _ := d.CPU()
+			r.DaemonCPU = cpu1 - cpu0
+			r.Fetched = b.reg.Stats(l.Digest).Bytes - before.Bytes
+			d.Stop()
+			os.RemoveAll(ddir)
+			out[i] = append(out[i], r)
+			fmt.Fprintf(os.Stderr, "  fio cold %-26s %9.1f MiB/s %9.0f IOPS p50 %7.1fµs p99 %8.1fµs read %s fetched %s daemon CPU %.2fs %s\n",
+				j.Name, r.BW/(1<<20), r.IOPS, r.ClatP50, r.ClatP99, mib(int64(r.Bytes)), mib(r.Fetched), r.DaemonCPU, r.Err)
+		}
+	}
+	return out, nil
 }
 
 // findCached returns the file of size bytes in the cache: the fio file (the cache also holds

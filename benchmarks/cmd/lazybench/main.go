@@ -185,6 +185,9 @@ func run(ctx context.Context, o options) error {
 			return err
 		}
 		rep.fioLayer = l
+		if rep.fioCold, err = b.fioColdScenario(ctx, "bench/fio", l, spec.Files[0].Path); err != nil {
+			return err
+		}
 		rep.fio, rep.fioNotes, err = b.fioScenario(ctx, "bench/fio", l, spec.Files[0].Path)
 		if err != nil {
 			return err
