@@ -17,6 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/layerstore/layerstore/benchmarks/internal/benchd"
+	"github.com/layerstore/layerstore/benchmarks/internal/peer"
 )
 
 // fioJob is one fio workload of the matrix.
@@ -62,8 +63,8 @@ type fioResult struct {
 type fioTarget struct {
 	Name    string
 	Path    string
-	backing string         // the cache's file, whose page cache residency is reported
-	daemon  *benchd.Daemon // nil for the native file
+	backing string                  // the cache's file, whose page cache residency is reported
+	cpu     func() (float64, error) // the serving process's CPU time; nil for the native file
 }
 
 // runFio runs the matrix on target.
@@ -87,8 +88,8 @@ func runFio(ctx context.Context, t fioTarget, runtime time.Duration, only *regex
 			dropCaches()
 		}
 		var cpu0 float64
-		if t.daemon != nil {
-			cpu0, _ = t.daemon.CPU()
+		if t.cpu != nil {
+			cpu0, _ = t.cpu()
 		}
 		start := time.Now()
 		r, err := fio(ctx, t.Path, j, runtime)
@@ -96,8 +97,8 @@ func runFio(ctx context.Context, t fioTarget, runtime time.Duration, only *regex
 		if err != nil {
 			r.Err = err.Error()
 		}
-		if t.daemon != nil {
-			cpu1, _ := t.daemon.CPU()
+		if t.cpu != nil {
+			cpu1, _ := t.cpu()
 			r.DaemonCPU = cpu1 - cpu0
 		}
 		r.Resident = resident(t.backing)
@@ -259,12 +260,42 @@ func (b *bench) fioScenario(ctx context.Context, repo string, l *builtLayer, fil
 				notes[name] = fmt.Sprintf("daemon reported passthrough=%s; layer complete %.1fs after lookup", d.Passthrough(), time.Since(start).Seconds())
 				fmt.Fprintf(os.Stderr, "fio target %s: %s\n", name, notes[name])
 			}
-			results[name] = append(results[name], runFio(ctx, fioTarget{Name: name, Path: filepath.Join(diff, fileInLayer), backing: native, daemon: d}, b.opts.fioRuntime, b.opts.fioOnly))
+			results[name] = append(results[name], runFio(ctx, fioTarget{Name: name, Path: filepath.Join(diff, fileInLayer), backing: native, cpu: d.CPU}, b.opts.fioRuntime, b.opts.fioOnly))
 			d.Stop()
 		}
 		results["native"] = append(results["native"], runFio(ctx, fioTarget{Name: "native", Path: native, backing: native}, b.opts.fioRuntime, b.opts.fioOnly))
+		if b.opts.peer != "" {
+			r, note, err := b.peerComplete(ctx, filepath.Join(dir, fmt.Sprintf("peer-%d", round)), repo, l, fileInLayer)
+			if err != nil {
+				return nil, nil, err
+			}
+			notes["peer"] = note
+			results["peer"] = append(results["peer"], r)
+		}
 	}
 	return results, notes, nil
+}
+
+// peerComplete runs the matrix through the peer store once the file is local in it: the peer
+// (background fetch and passthrough asked for) has no status to wait on, so the file is read
+// whole through its mount first, which fetches what it lacks.
+func (b *bench) peerComplete(ctx context.Context, dir, repo string, l *builtLayer, fileInLayer string) ([]fioResult, string, error) {
+	p, err := peer.Start(ctx, peer.Config{Bin: b.opts.peer, Dir: dir, Prefetch: true, Background: true, Passthrough: true})
+	if err != nil {
+		return nil, "", err
+	}
+	defer p.Stop()
+	layerDir, err := peer.LayerDir(p.Cfg.Mountpoint, b.ref(repo), l.tocDigest(), l.Digest)
+	if err != nil {
+		return nil, "", fmt.Errorf("peer lookup: %w: %s", err, p.Tail())
+	}
+	path := filepath.Join(layerDir, "diff", fileInLayer)
+	start := time.Now()
+	if err := readAll(path); err != nil {
+		return nil, "", fmt.Errorf("peer: reading the file whole: %w: %s", err, p.Tail())
+	}
+	note := fmt.Sprintf("%s, key %s; the file read whole through it in %.1fs before the jobs", b.opts.peer, filepath.Base(layerDir), time.Since(start).Seconds())
+	return runFio(ctx, fioTarget{Name: "peer", Path: path, cpu: p.CPU}, b.opts.fioRuntime, b.opts.fioOnly), note, nil
 }
 
 // coldJobs are the fio jobs run on demand: each on a fresh daemon with an empty cache and
@@ -281,52 +312,86 @@ var coldJobs = []fioJob{
 // fioColdScenario runs coldJobs through the mount on demand: per job and round a fresh
 // daemon (prefetch off, an empty cache of its own) resolves the layer, fio runs, and the
 // registry's byte count gives the read amplification (compressed bytes fetched per byte
-// read). Returns every round's results per job.
-func (b *bench) fioColdScenario(ctx context.Context, repo string, l *builtLayer, fileInLayer string) ([][]fioResult, error) {
-	out := make([][]fioResult, len(coldJobs))
+// read). With -peer, the peer store does the same (prefetch and background fetch off, an
+// empty root). Returns every round's results per store ("layerstore", "peer") and job.
+func (b *bench) fioColdScenario(ctx context.Context, repo string, l *builtLayer, fileInLayer string) (map[string][][]fioResult, error) {
+	out := map[string][][]fioResult{}
 	dir, err := b.newDir("fio-cold")
 	if err != nil {
 		return nil, err
 	}
 	defer os.RemoveAll(dir)
+	stores := []string{"layerstore"}
+	if b.opts.peer != "" {
+		stores = append(stores, "peer")
+	}
 	for round := range b.opts.fioRounds {
-		for i, j := range coldJobs {
-			if b.opts.fioOnly != nil && !b.opts.fioOnly.MatchString("cold "+j.Name) {
-				continue
+		for _, store := range stores {
+			if out[store] == nil {
+				out[store] = make([][]fioResult, len(coldJobs))
 			}
-			ddir := filepath.Join(dir, fmt.Sprintf("%d-%d", round, i))
-			if err := os.MkdirAll(ddir, 0o755); err != nil {
-				return nil, err
+			for i, j := range coldJobs {
+				if b.opts.fioOnly != nil && !b.opts.fioOnly.MatchString("cold "+j.Name) {
+					continue
+				}
+				ddir := filepath.Join(dir, fmt.Sprintf("%s-%d-%d", store, round, i))
+				if err := os.MkdirAll(ddir, 0o755); err != nil {
+					return nil, err
+				}
+				r, err := b.coldJob(ctx, store, ddir, repo, l, fileInLayer, j)
+				if err != nil {
+					return nil, err
+				}
+				os.RemoveAll(ddir)
+				out[store][i] = append(out[store][i], r)
+				fmt.Fprintf(os.Stderr, "  fio cold %-10s %-30s %9.1f MiB/s %9.0f IOPS p50 %7.1fµs p99 %8.1fµs read %s fetched %s CPU %.2fs %s\n",
+					store, j.Name, r.BW/(1<<20), r.IOPS, r.ClatP50, r.ClatP99, mib(int64(r.Bytes)), mib(r.Fetched), r.DaemonCPU, r.Err)
 			}
-			d, err := benchd.Start(ctx, benchd.Config{Bin: b.bin, Dir: ddir, RegistriesConf: b.regsConf, Passthrough: true})
-			if err != nil {
-				return nil, err
-			}
-			diff := b.diffDir(d.Cfg.Mountpoint, repo, l)
-			if _, err := os.Stat(diff); err != nil {
-				d.Stop()
-				return nil, fmt.Errorf("lookup: %w: %s", err, d.Tail())
-			}
-			dropCaches()
-			before := b.reg.Stats(l.Digest)
-			cpu0, _ := d.CPU()
-			start := time.Now()
-			r, err := fio(ctx, filepath.Join(diff, fileInLayer), j, b.opts.fioRuntime)
-			r.Seconds = time.Since(start).Seconds()
-			if err != nil {
-				r.Err = err.Error()
-			}
-			cpu1, _ := d.CPU()
-			r.DaemonCPU = cpu1 - cpu0
-			r.Fetched = b.reg.Stats(l.Digest).Bytes - before.Bytes
-			d.Stop()
-			os.RemoveAll(ddir)
-			out[i] = append(out[i], r)
-			fmt.Fprintf(os.Stderr, "  fio cold %-26s %9.1f MiB/s %9.0f IOPS p50 %7.1fµs p99 %8.1fµs read %s fetched %s daemon CPU %.2fs %s\n",
-				j.Name, r.BW/(1<<20), r.IOPS, r.ClatP50, r.ClatP99, mib(int64(r.Bytes)), mib(r.Fetched), r.DaemonCPU, r.Err)
 		}
 	}
 	return out, nil
+}
+
+// coldJob starts store on an empty cache in dir, resolves the layer and runs j on demand.
+func (b *bench) coldJob(ctx context.Context, store, dir, repo string, l *builtLayer, fileInLayer string, j fioJob) (fioResult, error) {
+	var path string
+	var cpu func() (float64, error)
+	if store == "peer" {
+		p, err := peer.Start(ctx, peer.Config{Bin: b.opts.peer, Dir: dir})
+		if err != nil {
+			return fioResult{}, err
+		}
+		defer p.Stop()
+		layerDir, err := peer.LayerDir(p.Cfg.Mountpoint, b.ref(repo), l.tocDigest(), l.Digest)
+		if err != nil {
+			return fioResult{}, fmt.Errorf("peer lookup: %w: %s", err, p.Tail())
+		}
+		path, cpu = filepath.Join(layerDir, "diff", fileInLayer), p.CPU
+	} else {
+		d, err := benchd.Start(ctx, benchd.Config{Bin: b.bin, Dir: dir, RegistriesConf: b.regsConf, Passthrough: true})
+		if err != nil {
+			return fioResult{}, err
+		}
+		defer d.Stop()
+		diff := b.diffDir(d.Cfg.Mountpoint, repo, l)
+		if _, err := os.Stat(diff); err != nil {
+			return fioResult{}, fmt.Errorf("lookup: %w: %s", err, d.Tail())
+		}
+		path, cpu = filepath.Join(diff, fileInLayer), d.CPU
+	}
+	dropCaches()
+	before := b.reg.Stats(l.Digest)
+	cpu0, _ := cpu()
+	start := time.Now()
+	r, err := fio(ctx, path, j, b.opts.fioRuntime)
+	r.Seconds = time.Since(start).Seconds()
+	if err != nil {
+		r.Err = err.Error()
+	}
+	cpu1, _ := cpu()
+	r.DaemonCPU = cpu1 - cpu0
+	r.Fetched = b.reg.Stats(l.Digest).Bytes - before.Bytes
+	return r, nil
 }
 
 // findCached returns the file of size bytes in the cache: the fio file (the cache also holds

@@ -59,6 +59,7 @@ type options struct {
 	traceFile    string
 	keepWork     bool
 	verbose      bool
+	peer         string
 }
 
 func main() {
@@ -94,6 +95,7 @@ func main() {
 	flag.StringVar(&o.traceFile, "trace", "", "with -inproc: write an execution trace of the fetch (go tool trace -pprof=syscall for time in fsync)")
 	flag.BoolVar(&o.keepWork, "keep", false, "keep the work directory (daemon logs) for inspection")
 	flag.BoolVar(&o.verbose, "v", false, "print every read made during the background fetch")
+	flag.StringVar(&o.peer, "peer", "", "another additional layer store binary with stargz-store's command line (e.g. stargz-store) to run the fio cases against too")
 	flag.Parse()
 	o.large, o.fioSize = int64(large), int64(fioSize)
 	if *fioOnly != "" {

@@ -26,7 +26,7 @@ type report struct {
 
 	fioLayer *builtLayer
 	fio      map[string][][]fioResult // per target, per round
-	fioCold  [][]fioResult            // per coldJobs entry, per round
+	fioCold  map[string][][]fioResult // per store ("layerstore", "peer"), per coldJobs entry, per round
 	fioNotes map[string]string
 }
 
@@ -233,7 +233,13 @@ func (r *report) fioSection(b *strings.Builder) {
 			fmt.Fprintf(b, "- %s: %s\n", k, n)
 		}
 	}
-	fmt.Fprintf(b, "\n| job | passthrough | %% of native | no passthrough | %% of native | native | daemon CPU (s), passthrough / none |\n|---|---:|---:|---:|---:|---:|---:|\n")
+	withPeer := r.fio["peer"] != nil
+	if withPeer {
+		fmt.Fprintf(b, "- peer: %s\n", r.fioNotes["peer"])
+		fmt.Fprintf(b, "\n| job | passthrough | %% of native | no passthrough | %% of native | native | daemon CPU (s), passthrough / none | peer | %% of native | peer CPU (s) |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	} else {
+		fmt.Fprintf(b, "\n| job | passthrough | %% of native | no passthrough | %% of native | native | daemon CPU (s), passthrough / none |\n|---|---:|---:|---:|---:|---:|---:|\n")
+	}
 	for i, j := range fioJobs {
 		// val is the median of the job's rounds on a target, and its cell text.
 		val := func(target string) (float64, string) {
@@ -278,7 +284,12 @@ func (r *report) fioSection(b *strings.Builder) {
 			}
 			return fmt.Sprintf("%.0f%%", 100*v/xv)
 		}
-		fmt.Fprintf(b, "| %s | %s | %s | %s | %s | %s | %.2f / %.2f |\n", j.Name, pt, pct(pv), np, pct(nv), xt, cpu("passthrough"), cpu("no-passthrough"))
+		fmt.Fprintf(b, "| %s | %s | %s | %s | %s | %s | %.2f / %.2f |", j.Name, pt, pct(pv), np, pct(nv), xt, cpu("passthrough"), cpu("no-passthrough"))
+		if withPeer {
+			qv, qt := val("peer")
+			fmt.Fprintf(b, " %s | %s | %.2f |", qt, pct(qv), cpu("peer"))
+		}
+		fmt.Fprintln(b)
 	}
 	fmt.Fprintf(b, "\nLatency (p50 / p99 of completion latency, µs, median over rounds), and how much of the cache's file "+
 		"was in the page cache after each job (after a cold O_DIRECT job: whether the reads bypassed it):\n\n")
@@ -340,51 +351,55 @@ func (r *report) fioColdSection(b *strings.Builder) {
 		"so one 4 KiB read costs up to one chunk; the time-based random jobs soon read from what earlier reads fetched). "+
 		"Native: the O_DIRECT jobs of the next section on the cache's own file. Medians over %d rounds.\n\n",
 		r.opts.fioRuntime, 3*r.opts.fioRuntime, r.opts.fioRounds)
-	fmt.Fprintf(b, "| job | on demand | native | on demand / native | p50 / p99 latency (µs) | read (MiB) | fetched (MiB) | amplification | daemon CPU (s) |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	stores := []string{"layerstore"}
+	if r.fioCold["peer"] != nil {
+		stores = append(stores, "peer")
+		fmt.Fprintf(b, "The peer (%s) ran the same jobs with prefetch and background fetch off and an empty root.\n\n", r.opts.peer)
+	}
+	fmt.Fprintf(b, "| job | store | on demand | native | on demand / native | p50 / p99 latency (µs) | read (MiB) | fetched (MiB) | amplification | CPU (s) |\n|---|---|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	for i, j := range coldJobs {
-		var v, p50, p99, read, fetched, cpu []float64
-		for _, x := range r.fioCold[i] {
-			if x.Err != "" {
-				continue
-			}
-			if j.RW == "read" {
-				v = append(v, x.BW/(1<<20))
-			} else {
-				v = append(v, x.IOPS)
-			}
-			p50, p99 = append(p50, x.ClatP50), append(p99, x.ClatP99)
-			read, fetched, cpu = append(read, x.Bytes/(1<<20)), append(fetched, float64(x.Fetched)/(1<<20)), append(cpu, x.DaemonCPU)
-		}
-		if len(v) == 0 {
-			fmt.Fprintf(b, "| %s | - | | | | | | | |\n", j.Name)
-			continue
-		}
 		unit := "MiB/s"
 		if j.RW != "read" {
 			unit = "IOPS"
 		}
-		native, ratio := "-", "-"
+		value := func(x fioResult) float64 {
+			if j.RW == "read" {
+				return x.BW / (1 << 20)
+			}
+			return x.IOPS
+		}
+		var nat []float64
 		if k := slices.IndexFunc(fioJobs, func(f fioJob) bool { return f.Name == j.Name }); k >= 0 {
-			var xs []float64
 			for _, round := range r.fio["native"] {
 				if k < len(round) && round[k].Err == "" {
-					if j.RW == "read" {
-						xs = append(xs, round[k].BW/(1<<20))
-					} else {
-						xs = append(xs, round[k].IOPS)
-					}
+					nat = append(nat, value(round[k]))
 				}
 			}
-			if len(xs) > 0 {
-				native = fmt.Sprintf("%.0f %s", median(xs), unit)
-				ratio = fmt.Sprintf("%.1f%%", 100*median(v)/median(xs))
+		}
+		for _, store := range stores {
+			var v, p50, p99, read, fetched, cpu []float64
+			for _, x := range r.fioCold[store][i] {
+				if x.Err != "" {
+					continue
+				}
+				v = append(v, value(x))
+				p50, p99 = append(p50, x.ClatP50), append(p99, x.ClatP99)
+				read, fetched, cpu = append(read, x.Bytes/(1<<20)), append(fetched, float64(x.Fetched)/(1<<20)), append(cpu, x.DaemonCPU)
 			}
+			if len(v) == 0 {
+				fmt.Fprintf(b, "| %s | %s | - | | | | | | | |\n", j.Name, store)
+				continue
+			}
+			native, ratio, amp := "-", "-", "-"
+			if len(nat) > 0 {
+				native = fmt.Sprintf("%.0f %s", median(nat), unit)
+				ratio = fmt.Sprintf("%.1f%%", 100*median(v)/median(nat))
+			}
+			if median(read) > 0 {
+				amp = fmt.Sprintf("%.2f", median(fetched)/median(read))
+			}
+			fmt.Fprintf(b, "| %s | %s | %.0f %s [%s] | %s | %s | %.0f / %.0f | %.1f | %.1f | %s | %.2f |\n", j.Name, store, median(v), unit, list(v, "%.0f"),
+				native, ratio, median(p50), median(p99), median(read), median(fetched), amp, median(cpu))
 		}
-		amp := "-"
-		if median(read) > 0 {
-			amp = fmt.Sprintf("%.2f", median(fetched)/median(read))
-		}
-		fmt.Fprintf(b, "| %s | %.0f %s [%s] | %s | %s | %.0f / %.0f | %.1f | %.1f | %s | %.2f |\n", j.Name, median(v), unit, list(v, "%.0f"),
-			native, ratio, median(p50), median(p99), median(read), median(fetched), amp, median(cpu))
 	}
 }

@@ -1,0 +1,160 @@
+// Package peer runs another additional layer store beside layerstore for the benchmarks' side
+// by side figures: a binary with stargz-store's command line (`BIN --root DIR --config FILE
+// [--addr SOCKET] MOUNTPOINT`), such as stargz-store itself. It owns that process: its config
+// file (prefetch, background fetch, passthrough), the wait for its mount, its CPU time, and a
+// stop by PID that never leaves a mount behind (SIGINT is what stargz-store handles; SIGTERM
+// would leave a dead mount).
+//
+// A store of this family serves a layer at <mountpoint>/<base64 ref>/<key>/diff, where key is
+// the TOC digest (stargz-store 0.16 and later) or the blob digest (earlier versions, and what
+// podman 4.x asks for); LayerDir finds which one answers.
+package peer
+
+import (
+	"context"
+	"encoding/base64"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/opencontainers/go-digest"
+	"golang.org/x/sys/unix"
+
+	"github.com/layerstore/layerstore/benchmarks/internal/benchd"
+)
+
+// Config is one start of the peer.
+type Config struct {
+	Bin        string // the peer's binary
+	Dir        string // holds config, log, socket and the root (caches); removed by nobody here
+	Mountpoint string // default Dir/mnt
+	// Prefetch fetches the layer's prioritized part when it is resolved (stargz-store's
+	// landmark prefetch); Background fetches the rest of the layer in the background.
+	Prefetch, Background bool
+	// Passthrough asks for FUSE passthrough (stargz-store 0.17 and later; older ones ignore it).
+	Passthrough bool
+}
+
+// Store is a running peer.
+type Store struct {
+	Cfg     Config
+	Cmd     *exec.Cmd
+	LogPath string
+	log     *os.File
+	exited  chan struct{}
+}
+
+// Start writes the config, starts the peer and waits until its mount answers.
+func Start(ctx context.Context, cfg Config) (*Store, error) {
+	if cfg.Mountpoint == "" {
+		cfg.Mountpoint = filepath.Join(cfg.Dir, "mnt")
+	}
+	root := filepath.Join(cfg.Dir, "root")
+	for _, d := range []string{root, cfg.Mountpoint} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return nil, err
+		}
+	}
+	// Registries on 127.0.0.1 are plain HTTP to stargz-store without configuration.
+	conf := fmt.Sprintf("noprefetch = %t\nno_background_fetch = %t\nno_prometheus = true\n\n[fuse]\npassthrough = %t\n",
+		!cfg.Prefetch, !cfg.Background, cfg.Passthrough)
+	confPath := filepath.Join(cfg.Dir, "config.toml")
+	if err := os.WriteFile(confPath, []byte(conf), 0o644); err != nil {
+		return nil, err
+	}
+	args := []string{"--root", root, "--config", confPath, "--log-level", "info"}
+	// --addr (stargz-store 0.16+) defaults to a socket under /var/lib/stargz-store, and a
+	// store that cannot bind it exits after mounting, leaving a dead mount.
+	if help, _ := exec.Command(cfg.Bin, "--help").CombinedOutput(); strings.Contains(string(help), "-addr") {
+		args = append(args, "--addr", filepath.Join(cfg.Dir, "store.sock"))
+	}
+	lf, err := os.Create(filepath.Join(cfg.Dir, fmt.Sprintf("peer-%d.log", time.Now().UnixNano())))
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.Command(cfg.Bin, append(args, cfg.Mountpoint)...)
+	cmd.Stdout, cmd.Stderr = lf, lf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		lf.Close()
+		return nil, err
+	}
+	s := &Store{Cfg: cfg, Cmd: cmd, LogPath: lf.Name(), log: lf, exited: make(chan struct{})}
+	go func() { _ = cmd.Wait(); close(s.exited) }()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		var st unix.Statfs_t
+		if unix.Statfs(cfg.Mountpoint, &st) == nil && st.Type == benchd.FuseSuperMagic {
+			return s, nil
+		}
+		select {
+		case <-s.exited:
+			s.Stop()
+			return nil, fmt.Errorf("peer exited: %s", s.Tail())
+		case <-ctx.Done():
+			s.Stop()
+			return nil, ctx.Err()
+		case <-time.After(10 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			s.Stop()
+			return nil, fmt.Errorf("peer not mounted after 30s: %s", s.Tail())
+		}
+	}
+}
+
+// Stop ends the peer by its PID: SIGINT (it unmounts), SIGKILL after 10 s; a mount left
+// behind is detached. Safe to call twice.
+func (s *Store) Stop() {
+	select {
+	case <-s.exited:
+	default:
+		_ = s.Cmd.Process.Signal(os.Interrupt)
+		select {
+		case <-s.exited:
+		case <-time.After(10 * time.Second):
+			_ = s.Cmd.Process.Kill()
+			<-s.exited
+		}
+	}
+	for range 5 {
+		var st unix.Statfs_t
+		if unix.Statfs(s.Cfg.Mountpoint, &st) != nil || st.Type != benchd.FuseSuperMagic {
+			break
+		}
+		_ = unix.Unmount(s.Cfg.Mountpoint, unix.MNT_DETACH)
+	}
+	s.log.Close()
+}
+
+// CPU returns the peer's user and system CPU time so far.
+func (s *Store) CPU() (float64, error) { return benchd.ProcCPU(s.Cmd.Process.Pid) }
+
+// Tail is the end of the peer's log, for error messages.
+func (s *Store) Tail() string {
+	b, _ := os.ReadFile(s.LogPath)
+	if len(b) > 2000 {
+		b = b[len(b)-2000:]
+	}
+	return string(b)
+}
+
+// LayerDir resolves the layer of ref in a store mounted at mnt: the directory
+// <mnt>/<base64 ref>/<key> of the first key whose diff answers. Keys are tried in order (give
+// the TOC digest and the blob digest); the error names every key's answer.
+func LayerDir(mnt, ref string, keys ...digest.Digest) (string, error) {
+	var errs []string
+	for _, k := range keys {
+		dir := filepath.Join(mnt, base64.StdEncoding.EncodeToString([]byte(ref)), k.String())
+		if _, err := os.Stat(filepath.Join(dir, "diff")); err != nil {
+			errs = append(errs, fmt.Sprintf("%s: %v", k, err))
+			continue
+		}
+		return dir, nil
+	}
+	return "", fmt.Errorf("no key of %s answers: %s", ref, strings.Join(errs, "; "))
+}
