@@ -1,0 +1,291 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/opencontainers/go-digest"
+
+	"github.com/layerstore/layerstore/benchmarks/internal/benchd"
+	"github.com/layerstore/layerstore/internal/testregistry"
+)
+
+// sample is one run of a case on a fresh daemon.
+type sample struct {
+	Wall     float64 // the case's clock, seconds (see each case)
+	Stat     float64 // large layers: the first stat of diff (resolution)
+	Readdir  float64 // large layers: open + readdir of the root of diff
+	Listed   int     // large layers: entries the root of diff listed
+	CPU      float64 // the daemon's user+system CPU over Wall, seconds
+	RSS, HWM int64   // the daemon's VmRSS and VmHWM after the case and a settle, bytes
+	Layers   int     // layers the daemon reports resolved afterwards
+	Requests testregistry.BlobStats
+	Fetched  int64 // background fetch: bytes the daemon fetched
+}
+
+// bench holds what every case shares.
+type bench struct {
+	opts     options
+	reg      *testregistry.Registry
+	regsConf string
+	bin      string
+	work     string
+}
+
+// start starts a fresh daemon with an empty cache.
+func (b *bench) start(ctx context.Context, prefetch bool) (*benchd.Daemon, error) {
+	dir, err := os.MkdirTemp(b.work, "daemon-")
+	if err != nil {
+		return nil, err
+	}
+	return benchd.Start(ctx, benchd.Config{Bin: b.bin, Dir: dir, RegistriesConf: b.regsConf, Prefetch: prefetch, Passthrough: true})
+}
+
+// layerDir is <mnt>/<base64 ref>/<key>, where a runtime finds a layer.
+func (b *bench) layerDir(mnt, repoTag string, key digest.Digest) string {
+	return filepath.Join(mnt, base64.StdEncoding.EncodeToString([]byte(b.reg.Host+"/"+repoTag)), key.String())
+}
+
+// guarded runs fn; if ctx ends first it stops the daemon, which makes a request stuck in the
+// mount return, and waits for fn.
+func guarded(ctx context.Context, d *benchd.Daemon, fn func() error) error {
+	done := make(chan error, 1)
+	go func() { done <- fn() }()
+	select {
+	case err := <-done:
+		return err
+	case <-ctx.Done():
+		d.Stop()
+		<-done
+		return ctx.Err()
+	}
+}
+
+// finish lets the daemon settle, then reads its memory and the layers it reports.
+func (b *bench) finish(ctx context.Context, d *benchd.Daemon, s *sample) error {
+	select {
+	case <-time.After(b.opts.settle):
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	var err error
+	if s.RSS, s.HWM, err = procMemory(d.Cmd.Process.Pid); err != nil {
+		return err
+	}
+	st, err := d.Client.Status(ctx)
+	if err != nil {
+		return fmt.Errorf("status: %w", err)
+	}
+	s.Layers = len(st.Layers)
+	return nil
+}
+
+// caseIdle: the daemon started and mounted, nothing resolved. Wall is the start until the
+// mount answers; CPU is everything the daemon used from its start to the reading.
+func (b *bench) caseIdle(ctx context.Context) (sample, error) {
+	var s sample
+	t0 := time.Now()
+	d, err := b.start(ctx, b.opts.prefetch)
+	if err != nil {
+		return s, err
+	}
+	defer d.Stop()
+	s.Wall = time.Since(t0).Seconds()
+	if err := b.finish(ctx, d, &s); err != nil {
+		return s, err
+	}
+	s.CPU, err = d.CPU()
+	return s, err
+}
+
+// caseLarge resolves one large layer: the first stat of its diff directory (manifest, TOC
+// fetch, verification, parse), then an open and readdir of the root of diff. With fetch, it
+// instead waits until the background fetch made the layer fully local (CPU per GB fetched).
+func (b *bench) caseLarge(ctx context.Context, repoTag string, l *builtLayer, fetch bool) (sample, error) {
+	var s sample
+	d, err := b.start(ctx, fetch || b.opts.prefetch)
+	if err != nil {
+		return s, err
+	}
+	defer d.Stop()
+	diff := filepath.Join(b.layerDir(d.Cfg.Mountpoint, repoTag, l.key()), "diff")
+	before := b.reg.Stats(l.Digest)
+	cpu0, err := d.CPU()
+	if err != nil {
+		return s, err
+	}
+	err = guarded(ctx, d, func() error {
+		t0 := time.Now()
+		if _, err := os.Stat(diff); err != nil {
+			return fmt.Errorf("resolving: %w", err)
+		}
+		t1 := time.Now()
+		s.Stat = t1.Sub(t0).Seconds()
+		f, err := os.Open(diff)
+		if err != nil {
+			return err
+		}
+		names, err := f.Readdirnames(-1)
+		f.Close()
+		if err != nil {
+			return fmt.Errorf("readdir: %w", err)
+		}
+		s.Readdir, s.Listed = time.Since(t1).Seconds(), len(names)
+		s.Wall = time.Since(t0).Seconds()
+		if !fetch {
+			return nil
+		}
+		ls, err := d.WaitComplete(ctx, l.Digest, 25*time.Millisecond, b.opts.timeout)
+		s.Wall, s.Fetched = time.Since(t0).Seconds(), ls.Prefetched+ls.OnDemand
+		return err
+	})
+	if err != nil {
+		return s, withLog(err, d)
+	}
+	cpu1, err := d.CPU()
+	if err != nil {
+		return s, err
+	}
+	s.CPU = cpu1 - cpu0
+	after := b.reg.Stats(l.Digest)
+	s.Requests = testregistry.BlobStats{Full: after.Full - before.Full, Ranged: after.Ranged - before.Ranged, Bytes: after.Bytes - before.Bytes}
+	return s, b.finish(ctx, d, &s)
+}
+
+// lookup is what a runtime does for each layer of a pull (ALS-CONTRACT.md): stat diff, info
+// and blob, then read info.
+func lookup(dir string) error {
+	for _, f := range []string{"diff", "info", "blob"} {
+		if _, err := os.Stat(filepath.Join(dir, f)); err != nil {
+			return err
+		}
+	}
+	js, err := os.ReadFile(filepath.Join(dir, "info"))
+	if err != nil {
+		return err
+	}
+	if !json.Valid(js) {
+		return fmt.Errorf("%s/info: not JSON", dir)
+	}
+	return nil
+}
+
+// image is one reference and the layers a runtime would look up in it.
+type image struct {
+	repoTag string
+	layers  []*builtLayer
+}
+
+// caseLookups looks up every layer of every image, as a runtime pulling them would: one
+// after the other, or all at once with concurrent. Wall is the time until every lookup
+// answered.
+func (b *bench) caseLookups(ctx context.Context, imgs []image, concurrent bool) (sample, error) {
+	var s sample
+	d, err := b.start(ctx, b.opts.prefetch)
+	if err != nil {
+		return s, err
+	}
+	defer d.Stop()
+	var dirs []string
+	for _, img := range imgs {
+		for _, l := range img.layers {
+			dirs = append(dirs, b.layerDir(d.Cfg.Mountpoint, img.repoTag, l.key()))
+		}
+	}
+	cpu0, err := d.CPU()
+	if err != nil {
+		return s, err
+	}
+	err = guarded(ctx, d, func() error {
+		t0 := time.Now()
+		defer func() { s.Wall = time.Since(t0).Seconds() }()
+		if !concurrent {
+			for _, dir := range dirs {
+				if err := lookup(dir); err != nil {
+					return err
+				}
+			}
+			return nil
+		}
+		errs := make([]error, len(dirs))
+		var wg sync.WaitGroup
+		for i, dir := range dirs {
+			wg.Go(func() { errs[i] = lookup(dir) })
+		}
+		wg.Wait()
+		return errors.Join(errs...)
+	})
+	if err != nil {
+		return s, withLog(err, d)
+	}
+	cpu1, err := d.CPU()
+	if err != nil {
+		return s, err
+	}
+	s.CPU = cpu1 - cpu0
+	if err := b.finish(ctx, d, &s); err != nil {
+		return s, err
+	}
+	if s.Layers != len(dirs) {
+		return s, fmt.Errorf("the daemon reports %d layers resolved, want %d", s.Layers, len(dirs))
+	}
+	return s, nil
+}
+
+// procMemory returns VmRSS and VmHWM of a process, in bytes.
+func procMemory(pid int) (rss, hwm int64, err error) {
+	f, err := os.Open(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0, 0, err
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		k, v, ok := strings.Cut(sc.Text(), ":")
+		if !ok || (k != "VmRSS" && k != "VmHWM") {
+			continue
+		}
+		fs := strings.Fields(v)
+		if len(fs) != 2 || fs[1] != "kB" {
+			return 0, 0, fmt.Errorf("/proc/%d/status: %s: %q", pid, k, v)
+		}
+		n, err := strconv.ParseInt(fs[0], 10, 64)
+		if err != nil {
+			return 0, 0, err
+		}
+		if k == "VmRSS" {
+			rss = n << 10
+		} else {
+			hwm = n << 10
+		}
+	}
+	if rss == 0 || hwm == 0 {
+		return 0, 0, fmt.Errorf("/proc/%d/status: no VmRSS or VmHWM", pid)
+	}
+	return rss, hwm, sc.Err()
+}
+
+// withLog adds to err the warnings and errors the daemon logged (or the end of its log).
+func withLog(err error, d *benchd.Daemon) error {
+	b, _ := os.ReadFile(d.LogPath)
+	var lines []string
+	for _, line := range strings.Split(string(b), "\n") {
+		if strings.Contains(line, "level=WARN") || strings.Contains(line, "level=ERROR") {
+			lines = append(lines, line)
+		}
+	}
+	if len(lines) == 0 {
+		return fmt.Errorf("%w\nend of the daemon's log:\n%s", err, d.Tail())
+	}
+	return fmt.Errorf("%w\nthe daemon's warnings and errors:\n%s", err, strings.Join(lines[max(0, len(lines)-10):], "\n"))
+}

@@ -1,0 +1,369 @@
+package main
+
+import (
+	"bufio"
+	"debug/buildinfo"
+	"fmt"
+	"os"
+	"os/exec"
+	"runtime"
+	"slices"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/layerstore/layerstore/chunked"
+	"github.com/layerstore/layerstore/layer"
+)
+
+// caseResult is what a case gave: its samples, or the error that stopped it.
+type caseResult struct {
+	name, what string
+	large      *builtLayer
+	samples    []sample
+	err        string
+}
+
+type report struct {
+	opts     options
+	machine  []string
+	daemon   string
+	layers   []*builtLayer
+	cases    []*caseResult
+	duration time.Duration
+}
+
+// addLayer records a layer for the table of layers; the small ones are summarised.
+func (r *report) addLayer(l *builtLayer) { r.layers = append(r.layers, l) }
+
+func (s sample) line() string {
+	t := fmt.Sprintf("time %.3fs, CPU %.2fs, VmRSS %s, VmHWM %s, %d layers", s.Wall, s.CPU, mib(s.RSS), mib(s.HWM), s.Layers)
+	if s.Listed > 0 {
+		t += fmt.Sprintf(" (stat %.3fs, readdir %.3fs of %d entries, %d+%d requests, %s)", s.Stat, s.Readdir, s.Listed,
+			s.Requests.Ranged, s.Requests.Full, mib(s.Requests.Bytes))
+	}
+	return t
+}
+
+func machineInfo(modDir, work string) []string {
+	var u unix.Utsname
+	_ = unix.Uname(&u)
+	cpu := "?"
+	if f, err := os.Open("/proc/cpuinfo"); err == nil {
+		sc := bufio.NewScanner(f)
+		for sc.Scan() {
+			if k, v, ok := strings.Cut(sc.Text(), ":"); ok && strings.TrimSpace(k) == "model name" {
+				cpu = strings.TrimSpace(v)
+				break
+			}
+		}
+		f.Close()
+	}
+	mem := "?"
+	if b, err := os.ReadFile("/proc/meminfo"); err == nil {
+		mem = strings.Join(strings.Fields(strings.SplitN(string(b), "\n", 2)[0])[1:], " ")
+	}
+	version := "?"
+	cmd := exec.Command("git", "describe", "--always", "--dirty")
+	cmd.Dir = modDir
+	if out, err := cmd.Output(); err == nil {
+		version = strings.TrimSpace(string(out))
+	}
+	return []string{
+		"date: " + time.Now().Format(time.RFC3339),
+		"CPU: " + cpu,
+		fmt.Sprintf("cores: %d", runtime.NumCPU()),
+		"memory: " + mem,
+		"kernel: " + unix.ByteSliceToString(u.Release[:]),
+		"Go (harness): " + runtime.Version(),
+		"layerstore: " + version + " (`git describe --always --dirty`)",
+		"work directory: " + fsOf(work),
+		"load average at start: " + loadavg(),
+	}
+}
+
+// daemonInfo describes the binary under test from its build information.
+func daemonInfo(bin string, given bool) string {
+	how := "built by the harness from the working tree (`go build ./cmd/layerstore`)"
+	if given {
+		how = "`" + bin + "` (-daemon)"
+	}
+	bi, err := buildinfo.ReadFile(bin)
+	if err != nil {
+		return how
+	}
+	var vcs []string
+	for _, s := range bi.Settings {
+		switch s.Key {
+		case "vcs.revision":
+			vcs = append(vcs, "revision "+s.Value[:min(12, len(s.Value))])
+		case "vcs.modified":
+			if s.Value == "true" {
+				vcs = append(vcs, "modified")
+			}
+		}
+	}
+	if len(vcs) > 0 {
+		how += ", " + strings.Join(vcs, ", ")
+	}
+	return how + ", " + bi.GoVersion
+}
+
+func loadavg() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "?"
+	}
+	return strings.Join(strings.Fields(string(b))[:3], " ")
+}
+
+// fsOf names the filesystem holding p, from /proc/self/mounts.
+func fsOf(p string) string {
+	b, err := os.ReadFile("/proc/self/mounts")
+	if err != nil {
+		return "?"
+	}
+	best, desc := "", "?"
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) < 3 {
+			continue
+		}
+		mp := f[1]
+		if (p == mp || strings.HasPrefix(p, strings.TrimSuffix(mp, "/")+"/")) && len(mp) >= len(best) {
+			best, desc = mp, fmt.Sprintf("%s (%s, mounted at %s)", f[0], f[2], mp)
+		}
+	}
+	return desc
+}
+
+func median(xs []float64) float64 {
+	if len(xs) == 0 {
+		return 0
+	}
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
+}
+
+// med is the median of one field over the samples.
+func med(ss []sample, f func(sample) float64) float64 {
+	xs := make([]float64, len(ss))
+	for i, s := range ss {
+		xs[i] = f(s)
+	}
+	return median(xs)
+}
+
+func list(ss []sample, f func(sample) float64, format string) string {
+	xs := make([]string, len(ss))
+	for i, s := range ss {
+		xs[i] = fmt.Sprintf(format, f(s))
+	}
+	return strings.Join(xs, ", ")
+}
+
+func maxOf(ss []sample, f func(sample) float64) float64 {
+	m := 0.0
+	for _, s := range ss {
+		m = max(m, f(s))
+	}
+	return m
+}
+
+func mib(n int64) string { return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20)) }
+
+func mibf(n float64) string { return fmt.Sprintf("%.1f", n/(1<<20)) }
+
+func (r *report) markdown() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "# scalebench results\n\n")
+	fmt.Fprintf(&b, "Command: `%s`\n\n", strings.TrimSpace("go run ./benchmarks/cmd/scalebench "+strings.Join(os.Args[1:], " ")))
+	fmt.Fprintf(&b, "## Machine\n\n")
+	for _, m := range r.machine {
+		fmt.Fprintf(&b, "- %s\n", m)
+	}
+	fmt.Fprintf(&b, "- load average at the end: %s\n", loadavg())
+	fmt.Fprintf(&b, "- daemon: %s\n", r.daemon)
+	fmt.Fprintf(&b, "- whole run: %.0f s until this report (building or loading the layers included, compiling and the final clean-up not)\n", r.duration.Seconds())
+	r.layerSection(&b)
+	r.resultSection(&b)
+	return b.String()
+}
+
+func (r *report) layerSection(b *strings.Builder) {
+	if len(r.layers) == 0 {
+		return
+	}
+	fmt.Fprintf(b, "\n## Layers\n\n")
+	fmt.Fprintf(b, "Generated trees: directories of %d entries (the root holds the top ones), regular files of 4 B-4 KiB "+
+		"(log-uniform, words and lines of text), 3%% empty files, 6%% symlinks. eStargz: `estargz.Build` with its defaults "+
+		"(gzip level 9, 4 MiB chunks, one gzip member per file). zstd:chunked: c/storage's compressor "+
+		"(`go.podman.io/storage/pkg/chunked/compressor.ZstdCompressor`, its default level, with tar-split), run by the "+
+		"helper module in `benchmarks/cmd/scalebench/zstdchunked`. Build time is the tar generation plus the conversion; "+
+		"\"cached\" layers were loaded from `-blobs` (the time is that of the run that built them). The daemon's limit on "+
+		"the TOC is %s (compressed and uncompressed) and %d entries.\n\n", perDir, mib(chunked.DefaultMaxTOCSize), chunked.DefaultMaxEntries)
+	fmt.Fprintf(b, "| layer | format | entries | tar | blob | TOC (compressed) | TOC JSON | tar-split | build (s) |\n|---|---|---:|---:|---:|---:|---:|---:|---:|\n")
+	type group struct {
+		n                          int
+		tar, blob, toc, js, ts, bt float64
+		cached                     bool
+	}
+	small := map[string]*group{}
+	var order []string
+	for _, l := range r.layers {
+		if l.Entries >= 10000 {
+			fmt.Fprintf(b, "| %s | %s | %d | %s | %s | %s | %s | %s | %.1f%s |\n", l.Name, l.Format, l.Entries, mib(l.TarSize), mib(l.Size),
+				mib(l.TOCSize), mib(l.TOCJSONSize), mibOrDash(l.TarSplitSize), l.BuildTime, cachedMark(l.Cached))
+			continue
+		}
+		k := fmt.Sprintf("%s of %d entries", strings.TrimRight(l.Name, "0123456789"), l.Entries)
+		g := small[k]
+		if g == nil {
+			g = &group{}
+			small[k] = g
+			order = append(order, k)
+		}
+		g.n++
+		g.tar += float64(l.TarSize)
+		g.blob += float64(l.Size)
+		g.toc += float64(l.TOCSize)
+		g.js += float64(l.TOCJSONSize)
+		g.bt += l.BuildTime
+		g.cached = g.cached || l.Cached
+	}
+	for _, k := range order {
+		g := small[k]
+		fmt.Fprintf(b, "| %d × %s (sizes: the mean) | estargz | %s | %.1f KiB | %.1f KiB | %.1f KiB | %.1f KiB | - | %.1f in all%s |\n", g.n, k,
+			strings.Fields(k)[2], g.tar/float64(g.n)/1024, g.blob/float64(g.n)/1024, g.toc/float64(g.n)/1024, g.js/float64(g.n)/1024, g.bt, cachedMark(g.cached))
+	}
+}
+
+func mibOrDash(n int64) string {
+	if n == 0 {
+		return "-"
+	}
+	return mib(n)
+}
+
+func cachedMark(c bool) string {
+	if c {
+		return " (cached)"
+	}
+	return ""
+}
+
+func (r *report) resultSection(b *strings.Builder) {
+	o := r.opts
+	fmt.Fprintf(b, "\n## Results\n\n")
+	pf := "off"
+	if o.prefetch {
+		pf = "on (-prefetch)"
+	}
+	fmt.Fprintf(b, "Every case ran %d times, each on a fresh `layerstore serve` (passthrough on, background fetch %s except in "+
+		"fetch-*, an empty cache) against the registry on 127.0.0.1; medians, the time of each run in the last column. "+
+		"CPU is the daemon's utime+stime over the case's time (from `/proc/<pid>/stat`). VmRSS and VmHWM (peak) come from "+
+		"`/proc/<pid>/status`, read %v after the case (a Go daemon returns freed memory to the kernel lazily: VmRSS "+
+		"includes heap the collector freed but the runtime kept). Layers are looked up by TOC digest, as podman 5.1+ and "+
+		"CRI-O 1.31+ do.\n\n", o.runs, pf, o.settle)
+	fmt.Fprintf(b, "| case | time (s) | daemon CPU (s) | VmRSS (MiB) | VmHWM (MiB) | layers resolved | runs: time (s) |\n|---|---:|---:|---:|---:|---:|---|\n")
+	for _, c := range r.cases {
+		if len(c.samples) == 0 {
+			fmt.Fprintf(b, "| %s | **failed** (below) | | | | | |\n", c.name)
+			continue
+		}
+		ss := c.samples
+		fmt.Fprintf(b, "| %s | %.3f | %.2f | %s | %s | %d | %s |\n", c.name, med(ss, func(s sample) float64 { return s.Wall }),
+			med(ss, func(s sample) float64 { return s.CPU }), mibf(med(ss, func(s sample) float64 { return float64(s.RSS) })),
+			mibf(med(ss, func(s sample) float64 { return float64(s.HWM) })), ss[len(ss)-1].Layers, list(ss, func(s sample) float64 { return s.Wall }, "%.3f"))
+	}
+	r.largeSection(b)
+	r.lookupSection(b)
+	fmt.Fprintf(b, "\n### The cases\n\n")
+	for _, c := range r.cases {
+		fmt.Fprintf(b, "- **%s**: %s.\n", c.name, c.what)
+	}
+	var failed []*caseResult
+	for _, c := range r.cases {
+		if c.err != "" {
+			failed = append(failed, c)
+		}
+	}
+	if len(failed) > 0 {
+		fmt.Fprintf(b, "\n### Failures\n\n")
+		for _, c := range failed {
+			fmt.Fprintf(b, "**%s** (%d runs completed):\n\n```\n%s\n```\n\n", c.name, len(c.samples), strings.TrimSpace(c.err))
+		}
+	}
+}
+
+// largeSection details the large-layer and fetch cases.
+func (r *report) largeSection(b *strings.Builder) {
+	var rows, fetch []string
+	for _, c := range r.cases {
+		ss := c.samples
+		if c.large == nil || len(ss) == 0 {
+			continue
+		}
+		l := c.large
+		if ss[0].Fetched > 0 {
+			cpu, wall := med(ss, func(s sample) float64 { return s.CPU }), med(ss, func(s sample) float64 { return s.Wall })
+			sent := med(ss, func(s sample) float64 { return float64(s.Requests.Bytes) })
+			fetch = append(fetch, fmt.Sprintf("| %s | %s | %s | %.2f | %.2f | %.0f | %.0f | %.0f |", c.name, mib(int64(sent)), mib(l.TarSize),
+				wall, cpu, cpu/(sent/(1<<30)), cpu/(float64(l.TarSize)/(1<<30)), float64(l.Entries)/wall))
+			continue
+		}
+		stat := med(ss, func(s sample) float64 { return s.Stat })
+		rows = append(rows, fmt.Sprintf("| %s | %d | %.3f | %.0f%% | %.3f | %d | %.1f | %d + %d | %s | %.0f |", c.name, l.Entries, stat,
+			100*maxOf(ss, func(s sample) float64 { return s.Stat })/layer.DefaultResolveTimeout.Seconds(),
+			med(ss, func(s sample) float64 { return s.Readdir }), ss[0].Listed, stat/float64(l.Entries)*1e6,
+			ss[0].Requests.Ranged, ss[0].Requests.Full, mib(ss[0].Requests.Bytes),
+			(med(ss, func(s sample) float64 { return float64(s.RSS) }))/float64(l.Entries)))
+	}
+	if len(rows) > 0 {
+		fmt.Fprintf(b, "\n### Large layers\n\n")
+		fmt.Fprintf(b, "Stat is the first `stat` of diff (the lookup that resolves the layer); readdir the open and full listing of "+
+			"its root. Requests and bytes are what the registry saw for the blob during the case (range + full GETs): the TOC "+
+			"and footer, no file content. RSS per entry is the whole daemon's VmRSS divided by the entries (idle RSS included). "+
+			"The daemon bounds a resolution by its resolve timeout, %v by default (`[layers] resolve-timeout`): a slower "+
+			"lookup fails with EIO and the runtime pulls the layer itself; the column gives the slowest run's share of it.\n\n", layer.DefaultResolveTimeout)
+		fmt.Fprintf(b, "| case | entries | stat (s) | slowest stat, of the resolve timeout | readdir (s) | root entries | stat µs per entry | blob requests | bytes sent | VmRSS bytes per entry |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+		fmt.Fprintln(b, strings.Join(rows, "\n"))
+	}
+	if len(fetch) > 0 {
+		fmt.Fprintf(b, "\n### Background fetch: CPU per GB\n\n")
+		fmt.Fprintf(b, "From the first stat of diff until the control socket reports the layer complete (every file verified and in "+
+			"the cache). CPU per GiB is the daemon's CPU over the compressed bytes the registry sent, and over the layer's "+
+			"uncompressed tar. Small files make this a worst case: per file, the daemon verifies a chunk and creates a cache file.\n\n")
+		fmt.Fprintf(b, "| case | bytes sent | tar | time (s) | CPU (s) | CPU s per GiB sent | CPU s per GiB of tar | entries per s |\n|---|---:|---:|---:|---:|---:|---:|---:|\n")
+		fmt.Fprintln(b, strings.Join(fetch, "\n"))
+	}
+}
+
+// lookupSection details the many-layer and many-image cases.
+func (r *report) lookupSection(b *strings.Builder) {
+	var rows []string
+	for _, c := range r.cases {
+		ss := c.samples
+		if c.large != nil || len(ss) == 0 || ss[0].Layers == 0 {
+			continue
+		}
+		n := float64(ss[0].Layers)
+		rss := med(ss, func(s sample) float64 { return float64(s.RSS) })
+		rows = append(rows, fmt.Sprintf("| %s | %d | %.1f | %.1f | %.0f |", c.name, ss[0].Layers,
+			med(ss, func(s sample) float64 { return s.Wall })/n*1e3, med(ss, func(s sample) float64 { return s.CPU })/n*1e3, rss/n/1024))
+	}
+	if len(rows) == 0 {
+		return
+	}
+	fmt.Fprintf(b, "\n### Many layers, many images\n\n")
+	fmt.Fprintf(b, "Per layer: the case's time and CPU divided by the layers looked up (wall time per layer for the "+
+		"concurrent case is the total over the count, not a latency); VmRSS per layer is the whole daemon's VmRSS over the "+
+		"layers (idle RSS included).\n\n")
+	fmt.Fprintf(b, "| case | layers | ms per layer | CPU ms per layer | VmRSS KiB per layer |\n|---|---:|---:|---:|---:|\n")
+	fmt.Fprintln(b, strings.Join(rows, "\n"))
+}
