@@ -29,6 +29,7 @@
 //
 //	harness convert [--compress ALGO] [--all] [--dest-tls-verify=false] SRC DST
 //	harness pull REF [--list SCRIPT] [--save PATH] [--push DSTREF] [--rmi]
+//	harness compress BLOBFILE < TAR
 //
 // convert copies SRC to DST (c/image transport references such as oci:/dir:tag or
 // docker://127.0.0.1:5000/repo:tag), forcing the compression ALGO (gzip, zstd,
@@ -44,6 +45,10 @@
 // blob-info cache of its own, so that it uploads the layers read from the store instead of
 // mounting the pulled blobs across repositories; --rmi deletes the image and its layers,
 // even when an earlier step failed. The store is always shut down at the end.
+//
+// compress writes the tar stream read from stdin as a zstd:chunked blob, with c/storage's
+// own compressor at its default level, and reports the annotations the layer descriptor
+// needs (the benchmarks build large layers this way, without a registry round trip).
 //
 // Results are one JSON object on stdout; progress and logs go to stderr. Every run is bounded
 // by --timeout (default 2m). Errors exit with status 1, usage errors with status 2.

@@ -44,6 +44,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		result, err = runConvert(ctx, args[1:])
 	case "pull":
 		result, err = runPull(ctx, args[1:])
+	case "compress":
+		result, err = runCompress(ctx, args[1:])
 	case "help", "-h", "--help":
 		fmt.Fprint(stdout, usage)
 		return 0
@@ -72,6 +74,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 const usage = `usage:
   harness convert [--compress gzip|zstd|zstd:chunked] [--all] [--dest-tls-verify=false] SRC DST
   harness pull REF [--list SCRIPT] [--save PATH] [--push DSTREF] [--rmi]
+  harness compress BLOBFILE < TAR     (zstd:chunked with c/storage's compressor; prints the annotations)
 common flags: --timeout DURATION (default 2m), --debug
 configuration: CONTAINERS_STORAGE_CONF, CONTAINERS_REGISTRIES_CONF, REGISTRY_AUTH_FILE
 `

@@ -23,6 +23,7 @@ import (
 	"github.com/containerd/stargz-snapshotter/estargz"
 	"github.com/opencontainers/go-digest"
 
+	"github.com/layerstore/layerstore/benchmarks/internal/harness"
 	"github.com/layerstore/layerstore/chunked"
 	"github.com/layerstore/layerstore/internal/testregistry"
 )
@@ -30,7 +31,7 @@ import (
 // Layer formats built here.
 const (
 	formatEStargz     = "estargz"      // estargz.Build defaults: gzip level 9, 4 MiB chunks
-	formatZstdChunked = "zstd:chunked" // c/storage's compressor, with tar-split (see zstdchunked/)
+	formatZstdChunked = "zstd:chunked" // c/storage's compressor (harness compress), with tar-split
 )
 
 // perDir is how many entries a directory of a generated tree holds, itself included.
@@ -318,34 +319,35 @@ func (w *pooledWriter) Close() error {
 	return err
 }
 
-// buildZstdChunked pipes the tar through the helper of zstdchunked/, c/storage's compressor
-// in a module of its own (the layerstore module does not depend on c/storage).
+// buildZstdChunked pipes the tar through `harness compress`: c/storage's own compressor, in the
+// e2e harness's module (the layerstore module does not depend on c/storage).
 func (b *builder) buildZstdChunked(ctx context.Context, tf *os.File, l *builtLayer, out string) error {
 	if b.helper == "" {
-		bin := filepath.Join(b.workDir, "zstdchunked")
-		b.logf("building the zstd:chunked helper (benchmarks/cmd/scalebench/zstdchunked, c/storage's compressor)")
-		cmd := exec.CommandContext(ctx, "go", "build", "-tags", "exclude_graphdriver_btrfs exclude_graphdriver_devicemapper", "-o", bin, ".")
-		cmd.Dir = filepath.Join(b.modDir, "benchmarks", "cmd", "scalebench", "zstdchunked")
-		cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
-		if err := cmd.Run(); err != nil {
-			return fmt.Errorf("building the zstd:chunked helper: %w", err)
+		bin := filepath.Join(b.workDir, "harness")
+		b.logf("building the e2e harness (c/storage's zstd:chunked compressor)")
+		if err := harness.Build(ctx, b.modDir, bin); err != nil {
+			return err
 		}
 		b.helper = bin
 	}
 	if _, err := tf.Seek(0, io.SeekStart); err != nil {
 		return err
 	}
-	cmd := exec.CommandContext(ctx, b.helper, out)
+	cmd := exec.CommandContext(ctx, b.helper, "compress", "--timeout", "30m", out)
 	cmd.Stdin, cmd.Stderr = tf, os.Stderr
 	js, err := cmd.Output()
 	if err != nil {
-		return fmt.Errorf("zstd:chunked helper: %w", err)
+		return fmt.Errorf("harness compress: %w", err)
 	}
-	if err := json.Unmarshal(js, &l.Annotations); err != nil {
-		return fmt.Errorf("zstd:chunked helper: %w", err)
+	var res struct {
+		Annotations map[string]string `json:"annotations"`
 	}
+	if err := json.Unmarshal(js, &res); err != nil {
+		return fmt.Errorf("harness compress: %w", err)
+	}
+	l.Annotations = res.Annotations
 	if l.Annotations[chunked.AnnotationChecksum] == "" {
-		return errors.New("zstd:chunked helper: no TOC checksum annotation")
+		return errors.New("harness compress: no TOC checksum annotation")
 	}
 	l.MediaType = "application/vnd.oci.image.layer.v1.tar+zstd"
 	return nil

@@ -204,7 +204,7 @@ func (r *report) layerSection(b *strings.Builder) {
 		"(log-uniform, words and lines of text), 3%% empty files, 6%% symlinks. eStargz: `estargz.Build` with its defaults "+
 		"(gzip level 9, 4 MiB chunks, one gzip member per file). zstd:chunked: c/storage's compressor "+
 		"(`go.podman.io/storage/pkg/chunked/compressor.ZstdCompressor`, its default level, with tar-split), run by the "+
-		"helper module in `benchmarks/cmd/scalebench/zstdchunked`. Build time is the tar generation plus the conversion; "+
+		"e2e harness (`harness compress`). Build time is the tar generation plus the conversion; "+
 		"\"cached\" layers were loaded from `-blobs` (the time is that of the run that built them). The daemon's limit on "+
 		"the TOC is %s (compressed and uncompressed) and %d entries.\n\n", perDir, mib(chunked.DefaultMaxTOCSize), chunked.DefaultMaxEntries)
 	fmt.Fprintf(b, "| layer | format | entries | tar | blob | TOC (compressed) | TOC JSON | tar-split | build (s) |\n|---|---|---:|---:|---:|---:|---:|---:|---:|\n")
