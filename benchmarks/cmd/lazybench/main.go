@@ -32,6 +32,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/layerstore/layerstore/benchmarks/internal/benchenv"
 	"github.com/layerstore/layerstore/internal/testregistry"
 )
 
@@ -127,7 +128,7 @@ func run(ctx context.Context, o options) error {
 			return errors.New("fio not found (apt-get install -y fio), or use -skip-fio")
 		}
 	}
-	modDir, err := moduleDir()
+	modDir, err := benchenv.ModuleDir()
 	if err != nil {
 		return err
 	}
@@ -170,7 +171,7 @@ func run(ctx context.Context, o options) error {
 		return err
 	}
 
-	rep := &report{opts: o, machine: machineInfo(work)}
+	rep := &report{opts: o, machine: machineInfo(modDir, work)}
 	if !o.skipFetch {
 		if err := b.fetchScenario(ctx, rep); err != nil {
 			return err
@@ -303,18 +304,6 @@ func (b *bench) printProbes(ps []probeResult) {
 	for _, p := range ps {
 		fmt.Fprintf(os.Stderr, "  during=%t %7.1fms %s@%d+%d %s\n", p.During, p.Seconds*1e3, p.Path, p.Off, p.Len, p.Err)
 	}
-}
-
-func moduleDir() (string, error) {
-	out, err := exec.Command("go", "env", "GOMOD").Output()
-	if err != nil {
-		return "", fmt.Errorf("go env GOMOD: %w", err)
-	}
-	mod := strings.TrimSpace(string(out))
-	if mod == "" || mod == os.DevNull {
-		return "", errors.New("run from inside the layerstore module")
-	}
-	return filepath.Dir(mod), nil
 }
 
 // sizeFlag is a byte count with an optional KiB/MiB/GiB suffix.

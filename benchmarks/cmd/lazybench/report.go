@@ -1,16 +1,13 @@
 package main
 
 import (
-	"bufio"
 	"fmt"
 	"os"
 	"os/exec"
-	"runtime"
 	"slices"
 	"strings"
-	"time"
 
-	"golang.org/x/sys/unix"
+	"github.com/layerstore/layerstore/benchmarks/internal/benchenv"
 )
 
 type report struct {
@@ -28,83 +25,6 @@ type report struct {
 	fio      map[string][][]fioResult // per target, per round
 	fioCold  map[string][][]fioResult // per store ("layerstore", "peer"), per coldJobs entry, per round
 	fioNotes map[string]string
-}
-
-func machineInfo(work string) []string {
-	var u unix.Utsname
-	_ = unix.Uname(&u)
-	cpu := "?"
-	if f, err := os.Open("/proc/cpuinfo"); err == nil {
-		sc := bufio.NewScanner(f)
-		for sc.Scan() {
-			if k, v, ok := strings.Cut(sc.Text(), ":"); ok && strings.TrimSpace(k) == "model name" {
-				cpu = strings.TrimSpace(v)
-				break
-			}
-		}
-		f.Close()
-	}
-	mem := "?"
-	if b, err := os.ReadFile("/proc/meminfo"); err == nil {
-		mem = strings.Join(strings.Fields(strings.SplitN(string(b), "\n", 2)[0])[1:], " ")
-	}
-	fioV := "not installed"
-	if out, err := exec.Command("fio", "--version").Output(); err == nil {
-		fioV = strings.TrimSpace(string(out))
-	}
-	return []string{
-		"date: " + time.Now().Format(time.RFC3339),
-		fmt.Sprintf("nproc: %d", runtime.NumCPU()),
-		"kernel: " + unix.ByteSliceToString(u.Release[:]),
-		"CPU: " + cpu,
-		"memory: " + mem,
-		"Go: " + runtime.Version(),
-		"fio: " + fioV,
-		"work directory (caches, native fio file): a temporary directory on " + fsOf(work),
-		"load average at start: " + loadavg(),
-	}
-}
-
-// loadavg returns the 1, 5 and 15 minute load averages: other work on the machine skews
-// every figure here.
-func loadavg() string {
-	b, err := os.ReadFile("/proc/loadavg")
-	if err != nil {
-		return "?"
-	}
-	return strings.Join(strings.Fields(string(b))[:3], " ")
-}
-
-// fsOf names the filesystem holding p, from /proc/self/mounts.
-func fsOf(p string) string {
-	b, err := os.ReadFile("/proc/self/mounts")
-	if err != nil {
-		return "?"
-	}
-	best, desc := "", "?"
-	for _, line := range strings.Split(string(b), "\n") {
-		f := strings.Fields(line)
-		if len(f) < 3 {
-			continue
-		}
-		mp := f[1]
-		if (p == mp || strings.HasPrefix(p, strings.TrimSuffix(mp, "/")+"/")) && len(mp) >= len(best) {
-			best, desc = mp, fmt.Sprintf("%s (%s, mounted at %s)", f[0], f[2], mp)
-		}
-	}
-	return desc
-}
-
-func median(xs []float64) float64 {
-	if len(xs) == 0 {
-		return 0
-	}
-	s := slices.Clone(xs)
-	slices.Sort(s)
-	if len(s)%2 == 1 {
-		return s[len(s)/2]
-	}
-	return (s[len(s)/2-1] + s[len(s)/2]) / 2
 }
 
 func field[T any](xs []T, f func(T) float64) []float64 {
@@ -131,7 +51,7 @@ func (r *report) markdown() string {
 	for _, m := range r.machine {
 		fmt.Fprintf(&b, "- %s\n", m)
 	}
-	fmt.Fprintf(&b, "- load average at the end: %s\n", loadavg())
+	fmt.Fprintf(&b, "- load average at the end: %s\n", benchenv.Loadavg())
 	if r.layer != nil {
 		r.fetchSection(&b)
 	}
@@ -169,34 +89,34 @@ func (r *report) fetchSection(b *strings.Builder) {
 		"the second baseline also writes every file to disk and calls syncfs (what a full pull does). %d rounds, each running "+
 		"the baseline, the baseline to disk and the background fetch in that order; medians, and the ratio of each round's fetch "+
 		"to that round's baseline.\n\n", o.runs)
-	base := median(field(r.baseline, func(x baselineResult) float64 { return x.Seconds }))
-	baseDisk := median(field(r.baselineDisk, func(x baselineResult) float64 { return x.Seconds }))
+	base := benchenv.Median(field(r.baseline, func(x baselineResult) float64 { return x.Seconds }))
+	baseDisk := benchenv.Median(field(r.baselineDisk, func(x baselineResult) float64 { return x.Seconds }))
 	fmt.Fprintf(b, "| | time (s) | vs GET+gunzip+untar | CPU (s) | requests | bytes sent | runs (s) |\n|---|---:|---:|---:|---:|---:|---|\n")
 	fmt.Fprintf(b, "| baseline: GET + gunzip + untar, discard | %.2f | 1.00x | %.2f | 1 | %s | %s |\n", base,
-		median(field(r.baseline, func(x baselineResult) float64 { return x.CPU })), mib(l.Size),
+		benchenv.Median(field(r.baseline, func(x baselineResult) float64 { return x.CPU })), mib(l.Size),
 		list(field(r.baseline, func(x baselineResult) float64 { return x.Seconds }), "%.2f"))
 	fmt.Fprintf(b, "| baseline: GET + gunzip + untar to disk + syncfs | %.2f | %.2fx | %.2f | 1 | %s | %s |\n", baseDisk, baseDisk/base,
-		median(field(r.baselineDisk, func(x baselineResult) float64 { return x.CPU })), mib(l.Size),
+		benchenv.Median(field(r.baselineDisk, func(x baselineResult) float64 { return x.CPU })), mib(l.Size),
 		list(field(r.baselineDisk, func(x baselineResult) float64 { return x.Seconds }), "%.2f"))
 	if len(r.fetch) > 0 {
-		tot := median(field(r.fetch, func(x fetchRun) float64 { return x.Total }))
+		tot := benchenv.Median(field(r.fetch, func(x fetchRun) float64 { return x.Total }))
 		who := "layerstore daemon"
 		if o.inproc {
 			who = "layer+cache in process (-inproc; CPU includes the registry)"
 		}
 		req := r.fetch[len(r.fetch)/2].Requests
 		fmt.Fprintf(b, "| %s: lookup to fully local | **%.2f** | **%.2fx** | %.2f | %d range + %d full | %s | %s |\n", who, tot, tot/base,
-			median(field(r.fetch, func(x fetchRun) float64 { return x.CPU })), req.Ranged, req.Full, mib(req.Bytes),
+			benchenv.Median(field(r.fetch, func(x fetchRun) float64 { return x.CPU })), req.Ranged, req.Full, mib(req.Bytes),
 			list(field(r.fetch, func(x fetchRun) float64 { return x.Total }), "%.2f"))
 		fmt.Fprintf(b, "| of which lookup (resolve, TOC) | %.3f | | | | | %s |\n",
-			median(field(r.fetch, func(x fetchRun) float64 { return x.Lookup })), list(field(r.fetch, func(x fetchRun) float64 { return x.Lookup }), "%.3f"))
+			benchenv.Median(field(r.fetch, func(x fetchRun) float64 { return x.Lookup })), list(field(r.fetch, func(x fetchRun) float64 { return x.Lookup }), "%.3f"))
 		fmt.Fprintf(b, "| of which background fetch (daemon's own figure) | %.2f | | | | | %s |\n",
-			median(field(r.fetch, func(x fetchRun) float64 { return x.Daemon })), list(field(r.fetch, func(x fetchRun) float64 { return x.Daemon }), "%.2f"))
+			benchenv.Median(field(r.fetch, func(x fetchRun) float64 { return x.Daemon })), list(field(r.fetch, func(x fetchRun) float64 { return x.Daemon }), "%.2f"))
 		var ratios []float64
 		for i := range min(len(r.fetch), len(r.baseline)) {
 			ratios = append(ratios, r.fetch[i].Total/r.baseline[i].Seconds)
 		}
-		ratio := median(ratios)
+		ratio := benchenv.Median(ratios)
 		fmt.Fprintf(b, "\nRatio of each round's fetch to its baseline: %s; median **%.2fx**.\n", list(ratios, "%.2fx"), ratio)
 		fmt.Fprintf(b, "\nTarget (issue 4): fully local within 1.2x of GET + decompression: **%s** (median ratio %.2fx). "+
 			"The incumbent (stargz-store) measured 4.4x on a similar image.\n",
@@ -259,7 +179,7 @@ func (r *report) fioSection(b *strings.Builder) {
 				}
 				return 0, "error"
 			}
-			m := median(xs)
+			m := benchenv.Median(xs)
 			unit := "MiB/s"
 			if j.RW != "read" {
 				unit = "IOPS"
@@ -273,7 +193,7 @@ func (r *report) fioSection(b *strings.Builder) {
 					xs = append(xs, round[i].DaemonCPU)
 				}
 			}
-			return median(xs)
+			return benchenv.Median(xs)
 		}
 		pv, pt := val("passthrough")
 		nv, np := val("no-passthrough")
@@ -305,7 +225,7 @@ func (r *report) fioSection(b *strings.Builder) {
 			if len(p50) == 0 {
 				return "-"
 			}
-			return fmt.Sprintf("%.1f / %.1f", median(p50), median(p99))
+			return fmt.Sprintf("%.1f / %.1f", benchenv.Median(p50), benchenv.Median(p99))
 		}
 		res := func(target string) string {
 			var xs []float64
@@ -317,7 +237,7 @@ func (r *report) fioSection(b *strings.Builder) {
 			if len(xs) == 0 {
 				return "-"
 			}
-			return fmt.Sprintf("%.0f", median(xs))
+			return fmt.Sprintf("%.0f", benchenv.Median(xs))
 		}
 		fmt.Fprintf(b, "| %s | %s | %s | %s | %s / %s / %s |\n", j.Name, lat("passthrough"), lat("no-passthrough"), lat("native"),
 			res("passthrough"), res("no-passthrough"), res("native"))
@@ -392,14 +312,24 @@ func (r *report) fioColdSection(b *strings.Builder) {
 			}
 			native, ratio, amp := "-", "-", "-"
 			if len(nat) > 0 {
-				native = fmt.Sprintf("%.0f %s", median(nat), unit)
-				ratio = fmt.Sprintf("%.1f%%", 100*median(v)/median(nat))
+				native = fmt.Sprintf("%.0f %s", benchenv.Median(nat), unit)
+				ratio = fmt.Sprintf("%.1f%%", 100*benchenv.Median(v)/benchenv.Median(nat))
 			}
-			if median(read) > 0 {
-				amp = fmt.Sprintf("%.2f", median(fetched)/median(read))
+			if benchenv.Median(read) > 0 {
+				amp = fmt.Sprintf("%.2f", benchenv.Median(fetched)/benchenv.Median(read))
 			}
-			fmt.Fprintf(b, "| %s | %s | %.0f %s [%s] | %s | %s | %.0f / %.0f | %.1f | %.1f | %s | %.2f |\n", j.Name, store, median(v), unit, list(v, "%.0f"),
-				native, ratio, median(p50), median(p99), median(read), median(fetched), amp, median(cpu))
+			fmt.Fprintf(b, "| %s | %s | %.0f %s [%s] | %s | %s | %.0f / %.0f | %.1f | %.1f | %s | %.2f |\n", j.Name, store, benchenv.Median(v), unit, list(v, "%.0f"),
+				native, ratio, benchenv.Median(p50), benchenv.Median(p99), benchenv.Median(read), benchenv.Median(fetched), amp, benchenv.Median(cpu))
 		}
 	}
+}
+
+// machineInfo is the report's header: the machine, and fio's version.
+func machineInfo(modDir, work string) []string {
+	fioV := "not installed"
+	if out, err := exec.Command("fio", "--version").Output(); err == nil {
+		fioV = strings.TrimSpace(string(out))
+	}
+	return append(benchenv.Machine(modDir, work), "fio: "+fioV,
+		"work directory (caches, native fio file): a temporary directory there")
 }

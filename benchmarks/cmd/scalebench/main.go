@@ -40,6 +40,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/layerstore/layerstore/benchmarks/internal/benchenv"
 	"github.com/layerstore/layerstore/internal/testregistry"
 )
 
@@ -126,7 +127,7 @@ func run(ctx context.Context, o options) error {
 	if os.Geteuid() != 0 {
 		return errors.New("needs root: FUSE mounts")
 	}
-	modDir, err := moduleDir()
+	modDir, err := benchenv.ModuleDir()
 	if err != nil {
 		return err
 	}
@@ -153,7 +154,7 @@ func run(ctx context.Context, o options) error {
 		return err
 	}
 	started := time.Now()
-	rep := &report{opts: o, machine: machineInfo(modDir, work)}
+	rep := &report{opts: o, machine: benchenv.Machine(modDir, work)}
 	b := &bench{opts: o, work: work, bin: o.daemonBin}
 	if b.bin == "" {
 		b.bin = filepath.Join(work, "layerstore")
@@ -239,18 +240,6 @@ func runCase(ctx context.Context, o options, c *benchCase, rep *report) error {
 		res.samples = append(res.samples, s)
 	}
 	return nil
-}
-
-func moduleDir() (string, error) {
-	out, err := exec.Command("go", "env", "GOMOD").Output()
-	if err != nil {
-		return "", fmt.Errorf("go env GOMOD: %w", err)
-	}
-	mod := strings.TrimSpace(string(out))
-	if mod == "" || mod == os.DevNull {
-		return "", errors.New("run from inside the layerstore module")
-	}
-	return filepath.Dir(mod), nil
 }
 
 func logf(format string, args ...any) {

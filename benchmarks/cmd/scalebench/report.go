@@ -1,18 +1,13 @@
 package main
 
 import (
-	"bufio"
 	"debug/buildinfo"
 	"fmt"
 	"os"
-	"os/exec"
-	"runtime"
-	"slices"
 	"strings"
 	"time"
 
-	"golang.org/x/sys/unix"
-
+	"github.com/layerstore/layerstore/benchmarks/internal/benchenv"
 	"github.com/layerstore/layerstore/chunked"
 	"github.com/layerstore/layerstore/layer"
 )
@@ -46,43 +41,6 @@ func (s sample) line() string {
 	return t
 }
 
-func machineInfo(modDir, work string) []string {
-	var u unix.Utsname
-	_ = unix.Uname(&u)
-	cpu := "?"
-	if f, err := os.Open("/proc/cpuinfo"); err == nil {
-		sc := bufio.NewScanner(f)
-		for sc.Scan() {
-			if k, v, ok := strings.Cut(sc.Text(), ":"); ok && strings.TrimSpace(k) == "model name" {
-				cpu = strings.TrimSpace(v)
-				break
-			}
-		}
-		f.Close()
-	}
-	mem := "?"
-	if b, err := os.ReadFile("/proc/meminfo"); err == nil {
-		mem = strings.Join(strings.Fields(strings.SplitN(string(b), "\n", 2)[0])[1:], " ")
-	}
-	version := "?"
-	cmd := exec.Command("git", "describe", "--always", "--dirty")
-	cmd.Dir = modDir
-	if out, err := cmd.Output(); err == nil {
-		version = strings.TrimSpace(string(out))
-	}
-	return []string{
-		"date: " + time.Now().Format(time.RFC3339),
-		"CPU: " + cpu,
-		fmt.Sprintf("cores: %d", runtime.NumCPU()),
-		"memory: " + mem,
-		"kernel: " + unix.ByteSliceToString(u.Release[:]),
-		"Go (harness): " + runtime.Version(),
-		"layerstore: " + version + " (`git describe --always --dirty`)",
-		"work directory: " + fsOf(work),
-		"load average at start: " + loadavg(),
-	}
-}
-
 // daemonInfo describes the binary under test from its build information.
 func daemonInfo(bin string, given bool) string {
 	how := "built by the harness from the working tree (`go build ./cmd/layerstore`)"
@@ -110,53 +68,13 @@ func daemonInfo(bin string, given bool) string {
 	return how + ", " + bi.GoVersion
 }
 
-func loadavg() string {
-	b, err := os.ReadFile("/proc/loadavg")
-	if err != nil {
-		return "?"
-	}
-	return strings.Join(strings.Fields(string(b))[:3], " ")
-}
-
-// fsOf names the filesystem holding p, from /proc/self/mounts.
-func fsOf(p string) string {
-	b, err := os.ReadFile("/proc/self/mounts")
-	if err != nil {
-		return "?"
-	}
-	best, desc := "", "?"
-	for _, line := range strings.Split(string(b), "\n") {
-		f := strings.Fields(line)
-		if len(f) < 3 {
-			continue
-		}
-		mp := f[1]
-		if (p == mp || strings.HasPrefix(p, strings.TrimSuffix(mp, "/")+"/")) && len(mp) >= len(best) {
-			best, desc = mp, fmt.Sprintf("%s (%s, mounted at %s)", f[0], f[2], mp)
-		}
-	}
-	return desc
-}
-
-func median(xs []float64) float64 {
-	if len(xs) == 0 {
-		return 0
-	}
-	s := slices.Clone(xs)
-	slices.Sort(s)
-	if len(s)%2 == 1 {
-		return s[len(s)/2]
-	}
-	return (s[len(s)/2-1] + s[len(s)/2]) / 2
-}
-
 // med is the median of one field over the samples.
 func med(ss []sample, f func(sample) float64) float64 {
 	xs := make([]float64, len(ss))
 	for i, s := range ss {
 		xs[i] = f(s)
 	}
-	return median(xs)
+	return benchenv.Median(xs)
 }
 
 func list(ss []sample, f func(sample) float64, format string) string {
@@ -187,7 +105,7 @@ func (r *report) markdown() string {
 	for _, m := range r.machine {
 		fmt.Fprintf(&b, "- %s\n", m)
 	}
-	fmt.Fprintf(&b, "- load average at the end: %s\n", loadavg())
+	fmt.Fprintf(&b, "- load average at the end: %s\n", benchenv.Loadavg())
 	fmt.Fprintf(&b, "- daemon: %s\n", r.daemon)
 	fmt.Fprintf(&b, "- whole run: %.0f s until this report (building or loading the layers included, compiling and the final clean-up not)\n", r.duration.Seconds())
 	r.layerSection(&b)

@@ -1,0 +1,128 @@
+// Package benchenv describes where a benchmark ran, for the header of its report: the machine
+// (CPU, cores, memory, kernel, load), the Go toolchain, the layerstore version and the
+// filesystem of the work directory; and finds the layerstore module the benchmark runs from.
+package benchenv
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// Machine returns the report's header lines: date, CPU, cores, memory, kernel, Go, the
+// layerstore version of the module at modDir (`git describe --always --dirty`), the
+// filesystem holding work and the load average now.
+func Machine(modDir, work string) []string {
+	var u unix.Utsname
+	_ = unix.Uname(&u)
+	return []string{
+		"date: " + time.Now().Format(time.RFC3339),
+		"CPU: " + cpuModel(),
+		fmt.Sprintf("cores: %d", runtime.NumCPU()),
+		"memory: " + memTotal(),
+		"kernel: " + unix.ByteSliceToString(u.Release[:]),
+		"Go: " + runtime.Version(),
+		"layerstore: " + Version(modDir) + " (`git describe --always --dirty`)",
+		"work directory: " + FSOf(work),
+		"load average at start: " + Loadavg(),
+	}
+}
+
+func cpuModel() string {
+	f, err := os.Open("/proc/cpuinfo")
+	if err != nil {
+		return "?"
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if k, v, ok := strings.Cut(sc.Text(), ":"); ok && strings.TrimSpace(k) == "model name" {
+			return strings.TrimSpace(v)
+		}
+	}
+	return "?"
+}
+
+func memTotal() string {
+	b, err := os.ReadFile("/proc/meminfo")
+	if err != nil {
+		return "?"
+	}
+	return strings.Join(strings.Fields(strings.SplitN(string(b), "\n", 2)[0])[1:], " ")
+}
+
+// Version is `git describe --always --dirty` of the module at modDir, or "?".
+func Version(modDir string) string {
+	cmd := exec.Command("git", "describe", "--always", "--dirty")
+	cmd.Dir = modDir
+	out, err := cmd.Output()
+	if err != nil {
+		return "?"
+	}
+	return strings.TrimSpace(string(out))
+}
+
+// Loadavg returns the 1, 5 and 15 minute load averages: other work on the machine skews
+// every figure.
+func Loadavg() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "?"
+	}
+	return strings.Join(strings.Fields(string(b))[:3], " ")
+}
+
+// FSOf names the filesystem holding p, from /proc/self/mounts.
+func FSOf(p string) string {
+	b, err := os.ReadFile("/proc/self/mounts")
+	if err != nil {
+		return "?"
+	}
+	best, desc := "", "?"
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) < 3 {
+			continue
+		}
+		mp := f[1]
+		if (p == mp || strings.HasPrefix(p, strings.TrimSuffix(mp, "/")+"/")) && len(mp) >= len(best) {
+			best, desc = mp, fmt.Sprintf("%s (%s, mounted at %s)", f[0], f[2], mp)
+		}
+	}
+	return desc
+}
+
+// ModuleDir returns the root of the layerstore module the benchmark runs in.
+func ModuleDir() (string, error) {
+	out, err := exec.Command("go", "env", "GOMOD").Output()
+	if err != nil {
+		return "", fmt.Errorf("go env GOMOD: %w", err)
+	}
+	mod := strings.TrimSpace(string(out))
+	if mod == "" || mod == os.DevNull {
+		return "", errors.New("run from inside the layerstore module")
+	}
+	return filepath.Dir(mod), nil
+}
+
+// Median of xs; 0 for none.
+func Median(xs []float64) float64 {
+	if len(xs) == 0 {
+		return 0
+	}
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
+}
