@@ -1,0 +1,363 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/opencontainers/go-digest"
+
+	"github.com/layerstore/layerstore/benchmarks/internal/shaper"
+)
+
+// cell is one measured configuration: an image in a format, pulled by podman alone (full) or
+// through a store (lazy), over a link, with cold or warm caches.
+type cell struct {
+	image  imageSpec
+	format string
+	store  string // "" for a full pull
+	link   shaper.Link
+	warm   bool
+}
+
+func (c cell) lazy() bool { return c.store != "" }
+
+// mode is "full", "lazy" (layerstore) or "lazy-<peer>".
+func (c cell) mode() string {
+	switch c.store {
+	case "":
+		return "full"
+	case "layerstore":
+		return "lazy"
+	}
+	return "lazy-" + c.store
+}
+
+func (c cell) cache() string {
+	if c.warm {
+		return "warm"
+	}
+	return "cold"
+}
+
+// String names the cell for -only and the progress lines: image:format:mode:link:cache.
+func (c cell) String() string {
+	return strings.Join([]string{c.image.name, c.format, c.mode(), c.link.String(), c.cache()}, ":")
+}
+
+// sample is one measured run of a cell.
+type sample struct {
+	Pull      float64 // seconds of `podman pull`
+	Run       float64 // seconds from `podman run` to the ready line
+	Exit      float64 // seconds from `podman run` to its exit
+	Bytes     int64   // delivered from the registry through the link until the ready line
+	FromStore int     // layers c/storage took from the store
+	FullGets  int     // full GETs of lazily pullable layers (must be 0 for layerstore)
+	Seconds   float64 // wall time of the whole run, set-up and clean-up included
+	Phases    string  // how long each step of the run took
+}
+
+func (s sample) total() float64 { return s.Pull + s.Run }
+
+// bench holds what every run shares.
+type bench struct {
+	opts    options
+	work    string
+	reg     *registry
+	proxy   *shaper.Proxy
+	images  *imageCache
+	stores  map[string]store
+	warm    map[string]string // warm cache directory per store/image/format, once prepared
+	prep    []prepResult
+	runs    int    // runs done, to name directories and containers
+	runBase string // short directory on /run for podman's run roots, removed at the end
+}
+
+// prepResult is the making of one warm cache, for the report.
+type prepResult struct {
+	What    string
+	Seconds float64
+	Note    string
+}
+
+// plan lists the selected cells, in a fixed order (the report's).
+func (b *bench) plan() []cell {
+	var cells []cell
+	storeNames := []string{"layerstore"}
+	for n := range b.stores {
+		if n != "layerstore" {
+			storeNames = append(storeNames, n)
+		}
+	}
+	for _, l := range b.opts.links {
+		for _, img := range imageSpecs {
+			for _, warm := range []bool{false, true} {
+				for _, f := range b.opts.fullFormats {
+					cells = append(cells, cell{image: img, format: f, link: l, warm: warm})
+				}
+				for _, s := range storeNames {
+					for _, f := range lazyFormats {
+						cells = append(cells, cell{image: img, format: f, store: s, link: l, warm: warm})
+					}
+				}
+			}
+		}
+	}
+	if b.opts.only != nil {
+		cells = slices.DeleteFunc(cells, func(c cell) bool { return !b.opts.only.MatchString(c.String()) })
+	}
+	return cells
+}
+
+// schedule returns every run of the cells (each cell -samples times) in a shuffled order.
+func (b *bench) schedule(cells []cell) []cell {
+	var runs []cell
+	for range b.opts.samples {
+		runs = append(runs, cells...)
+	}
+	rng := rand.New(rand.NewPCG(b.opts.seed, b.opts.seed^0x5eed))
+	rng.Shuffle(len(runs), func(i, j int) { runs[i], runs[j] = runs[j], runs[i] })
+	return runs
+}
+
+func warmKey(store, image, format string) string { return store + "/" + image + "/" + format }
+
+// prepareWarm fills a store's cache with every layer of the image, for the warm cells: one
+// complete run over an unshaped link, then the store's background fetch to the end.
+func (b *bench) prepareWarm(ctx context.Context, c cell) error {
+	key := warmKey(c.store, c.image.name, c.format)
+	if _, ok := b.warm[key]; ok {
+		return nil
+	}
+	start := time.Now()
+	cacheDir := filepath.Join(b.work, "warm", strings.ReplaceAll(key, "/", "-"))
+	dir, err := b.newRunDir()
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	unshaped, _ := shaper.ParseLink("unlimited")
+	b.proxy.SetLink(unshaped)
+	img := b.images.cat.Images[c.image.name][c.format]
+	ms, err := b.stores[c.store].start(ctx, filepath.Join(dir, "store"), cacheDir)
+	if err != nil {
+		return err
+	}
+	defer ms.stop()
+	pm, err := newPodman(filepath.Join(dir, "podman"), b.runroot(), ms.mountpoint(), b.proxy.Addr())
+	if err != nil {
+		return err
+	}
+	name := fmt.Sprintf("warm-%d", b.runs)
+	defer pm.remove(name)
+	ref := b.proxy.Addr() + "/" + img.Repo
+	if _, err := pm.pull(ctx, ref); err != nil {
+		return err
+	}
+	if _, _, err := pm.run(ctx, ref, name, c.image.ready); err != nil {
+		return err
+	}
+	var lazy []digest.Digest
+	for _, l := range img.Layers {
+		if l.TOC != "" {
+			lazy = append(lazy, l.Digest)
+		}
+	}
+	note := ""
+	err = ms.waitComplete(ctx, lazy, 10*time.Minute)
+	if errors.Is(err, errCannotTell) {
+		// A store without a status: wait until the registry has seen no request for 5 s.
+		note = "store has no status; waited for 5 s without registry requests"
+		for last := b.reg.mark(); ; {
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-time.After(5 * time.Second):
+			}
+			if m := b.reg.mark(); m != last {
+				last = m
+				continue
+			}
+			break
+		}
+	} else if err != nil {
+		return fmt.Errorf("warming %s: %w", key, err)
+	}
+	b.warm[key] = cacheDir
+	b.prep = append(b.prep, prepResult{What: key, Seconds: time.Since(start).Seconds(), Note: note})
+	fmt.Fprintf(os.Stderr, "warm cache of %s ready (%.1fs)\n", key, time.Since(start).Seconds())
+	return nil
+}
+
+// runroot is a short directory for podman's run root of the current run (see newPodman).
+func (b *bench) runroot() string { return filepath.Join(b.runBase, strconv.Itoa(b.runs)) }
+
+func (b *bench) newRunDir() (string, error) {
+	b.runs++
+	dir := filepath.Join(b.work, fmt.Sprintf("run-%04d", b.runs))
+	return dir, os.MkdirAll(dir, 0o755)
+}
+
+// errLazyDownloaded is a lazy run in which podman downloaded a layer layerstore should have
+// served: the benchmark fails.
+var errLazyDownloaded = errors.New("a lazily pullable layer was downloaded in full")
+
+// runOnce measures one run of c. Its phases (set-up, the measured pull and run, clean-up)
+// are timed in s.Phases.
+func (b *bench) runOnce(ctx context.Context, c cell) (s sample, err error) {
+	ph := &phases{last: time.Now()}
+	defer func() { s.Phases = ph.String() }()
+	dir, err := b.newRunDir()
+	if err != nil {
+		return s, err
+	}
+	defer func() {
+		if !b.opts.keep {
+			os.RemoveAll(dir)
+			ph.mark("rm -r")
+		}
+	}()
+	if !b.proxy.WaitIdle(30 * time.Second) {
+		return s, fmt.Errorf("%d connections of the previous run still open after 30s", b.proxy.Conns())
+	}
+	b.proxy.SetLink(c.link)
+	img := b.images.cat.Images[c.image.name][c.format]
+	mnt := ""
+	var ms mountedStore
+	if c.lazy() {
+		cacheDir := filepath.Join(dir, "cache")
+		if c.warm {
+			cacheDir = b.warm[warmKey(c.store, c.image.name, c.format)]
+		}
+		if ms, err = b.stores[c.store].start(ctx, filepath.Join(dir, "store"), cacheDir); err != nil {
+			return s, err
+		}
+		defer ms.stop() // after the container is removed (defers run last in, first out)
+		mnt = ms.mountpoint()
+		ph.mark("store start")
+	}
+	pm, err := newPodman(filepath.Join(dir, "podman"), b.runroot(), mnt, b.proxy.Addr())
+	if err != nil {
+		return s, err
+	}
+	name := fmt.Sprintf("ready-%d", b.runs)
+	defer pm.remove(name)
+	if err := pm.do(ctx, "images", "--quiet"); err != nil { // creates the storage, outside the timing
+		return s, err
+	}
+	ph.mark("podman init")
+	switch {
+	case !c.warm:
+		if err := dropCaches(); err != nil {
+			return s, fmt.Errorf("drop_caches: %w", err)
+		}
+		ph.mark("drop_caches")
+	case !c.lazy():
+		// Warm full pull: the registry's blobs of the image in the page cache.
+		for _, l := range img.Layers {
+			if err := readFile(b.reg.blobPath(l.Digest)); err != nil {
+				return s, err
+			}
+		}
+		ph.mark("read blobs")
+	}
+	mark := b.reg.mark()
+	_, down0 := b.proxy.Bytes()
+	ref := b.proxy.Addr() + "/" + img.Repo
+	pull, err := pm.pull(ctx, ref)
+	if err != nil {
+		return s, err
+	}
+	toReady, toExit, err := pm.run(ctx, ref, name, c.image.ready)
+	if err != nil {
+		return s, err
+	}
+	_, down1 := b.proxy.Bytes()
+	s.Pull, s.Run, s.Exit, s.Bytes, s.FromStore = pull.Seconds(), toReady.Seconds(), toExit.Seconds(), down1-down0, pm.fromStore()
+	ph.mark("pull+run")
+	pm.remove(name)
+	ph.mark("podman rm")
+	if ms != nil {
+		ms.stop()
+		ph.mark("store stop")
+	}
+	g := b.reg.blobGets(mark)
+	var full []string
+	for _, l := range img.Layers {
+		if c.lazy() && l.TOC != "" && g[l.Digest].Full > 0 {
+			s.FullGets += g[l.Digest].Full
+			full = append(full, fmt.Sprintf("%s (%s, %d full GETs)", l.Digest, mb(l.Size), g[l.Digest].Full))
+		}
+	}
+	if len(full) > 0 && c.store == "layerstore" {
+		return s, fmt.Errorf("%s: %w: %s; layers taken from the store: %d", c, errLazyDownloaded, strings.Join(full, ", "), s.FromStore)
+	}
+	return s, nil
+}
+
+// phases times the steps of a run, for -v and the budget.
+type phases struct {
+	last  time.Time
+	parts []string
+}
+
+func (p *phases) mark(name string) {
+	now := time.Now()
+	p.parts = append(p.parts, fmt.Sprintf("%s %.2fs", name, now.Sub(p.last).Seconds()))
+	p.last = now
+}
+
+func (p *phases) String() string { return strings.Join(p.parts, ", ") }
+
+func readFile(p string) error {
+	f, err := os.Open(p)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	_, err = io.Copy(io.Discard, f)
+	return err
+}
+
+// measure prepares the warm caches the cells need, then runs every sample in a shuffled
+// order and returns the samples per cell.
+func (b *bench) measure(ctx context.Context, cells []cell) (map[string][]sample, error) {
+	for _, c := range cells {
+		if c.lazy() && c.warm {
+			if err := b.prepareWarm(ctx, c); err != nil {
+				return nil, fmt.Errorf("warm cache for %s: %w", c, err)
+			}
+		}
+	}
+	runs := b.schedule(cells)
+	out := map[string][]sample{}
+	start := time.Now()
+	for i, c := range runs {
+		t0 := time.Now()
+		s, err := b.runOnce(ctx, c)
+		s.Seconds = time.Since(t0).Seconds()
+		if err != nil {
+			if ctx.Err() != nil {
+				return out, fmt.Errorf("%s: %w (%v)", c, ctx.Err(), err)
+			}
+			return out, fmt.Errorf("%s: %w", c, err)
+		}
+		out[c.String()] = append(out[c.String()], s)
+		elapsed := time.Since(start)
+		eta := time.Duration(float64(elapsed) / float64(i+1) * float64(len(runs)-i-1))
+		fmt.Fprintf(os.Stderr, "[%d/%d] %-50s pull %6.2fs run %6.2fs total %6.2fs exit %6.2fs %s  (%.0fs with set-up; ETA %s)\n",
+			i+1, len(runs), c, s.Pull, s.Run, s.total(), s.Exit, mb(s.Bytes), s.Seconds, eta.Round(time.Second))
+		if b.opts.verbose {
+			fmt.Fprintf(os.Stderr, "    %s\n", s.Phases)
+		}
+	}
+	return out, nil
+}

@@ -1,0 +1,245 @@
+// Command readybench measures time to ready with podman, the way stargz-snapshotter's
+// benchmark does: from `podman pull` to the container's first useful output, for real Debian
+// images pulled lazily through an additional layer store (layerstore, and optionally a peer
+// store) or in full by podman alone.
+//
+// It owns the whole experiment: images built offline with debootstrap and apt-get (python,
+// gcc, and a 1.3 GB image whose workload reads three small files), cached in -images and
+// pushed as gzip, eStargz, eStargz with the workload's files prioritized (an strace profile)
+// and zstd:chunked to Debian's docker-registry on 127.0.0.1; a shaping proxy
+// (benchmarks/internal/shaper) that puts the registry behind a link of given bandwidth and
+// RTT for podman and the stores alike; podman 4.3.1 with private configuration and empty
+// storage for every run; the report (Markdown and gnuplot PNGs). It needs root (FUSE,
+// overlay mounts, drop_caches). See benchmarks/README.md.
+//
+//	go run ./benchmarks/cmd/readybench [flags]
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"regexp"
+	"runtime"
+	"slices"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/layerstore/layerstore/benchmarks/internal/shaper"
+	"github.com/layerstore/layerstore/fs"
+)
+
+type options struct {
+	samples     int
+	links       []shaper.Link
+	only        *regexp.Regexp
+	fullFormats []string
+	images      string
+	workdir     string
+	out         string
+	timeout     time.Duration
+	keep        bool
+	peer        string
+	daemonBin   string
+	seed        uint64
+	verbose     bool
+	passthrough bool
+	noPrefetch  bool
+}
+
+func main() {
+	var o options
+	var links, only, full string
+	flag.IntVar(&o.samples, "samples", 5, "runs of every cell (p50 and p95 are reported)")
+	flag.StringVar(&links, "links", "100mbit/10ms,1gbit/1ms", "links between the runtime and the registry, RATE/RTT, comma-separated (\"unlimited\": loopback)")
+	flag.StringVar(&only, "only", "", "run only the cells whose name (image:format:mode:link:cache, e.g. python:estargz:lazy:1gbit/1ms:cold) matches this regular expression")
+	flag.StringVar(&full, "full", fmtGzip, "formats also pulled in full by podman alone, comma-separated ("+strings.Join(allFormats, ", ")+")")
+	flag.StringVar(&o.images, "images", "", "cache of the built images (root filesystems, blobs, registry storage); default benchmarks/work/images in the module")
+	flag.StringVar(&o.workdir, "workdir", "", "where the run's temporary directory goes (stores' caches, podman storage); default benchmarks/work in the module")
+	flag.StringVar(&o.out, "out", "", "write the report (Markdown) here, and the plots next to it; default benchmarks/results/<date>-readybench.md, \"-\" for none")
+	flag.DurationVar(&o.timeout, "timeout", 60*time.Minute, "bound on the whole run, image building included")
+	flag.BoolVar(&o.keep, "keep", false, "keep the run's temporary directory: daemon and podman logs, every run's podman storage and cache (much disk), warm caches")
+	flag.StringVar(&o.peer, "peer", "", "another additional layer store binary (stargz-store's command line) measured as a second lazy column")
+	flag.StringVar(&o.daemonBin, "daemon", "", "layerstore binary to run (default: go build ./cmd/layerstore)")
+	flag.Uint64Var(&o.seed, "seed", 0, "seed of the shuffled run order (default: from the clock; printed in the report)")
+	flag.BoolVar(&o.verbose, "v", false, "print how long each step of every run took")
+	// Off by default: with passthrough, a process that mapped a file before it was local
+	// cannot exec a program needing the same file (the dynamic loader) once it is: the open
+	// fails with EIO (see benchmarks/README.md), which breaks the gcc workload.
+	flag.BoolVar(&o.noPrefetch, "no-prefetch", false, "run layerstore without its background fetch (a diagnostic: what the fetch costs the workload on a slow link)")
+	flag.BoolVar(&o.passthrough, "passthrough", false, "run layerstore with [fuse] passthrough on (breaks multi-process workloads on layerstore 1a5f843)")
+	flag.Parse()
+	if err := o.parse(links, only, full); err != nil {
+		fmt.Fprintln(os.Stderr, "readybench:", err)
+		os.Exit(2)
+	}
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	ctx, cancel := context.WithTimeout(ctx, o.timeout)
+	err := run(ctx, o)
+	cancel()
+	stop()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "readybench: FAIL:", err)
+		os.Exit(1)
+	}
+}
+
+func (o *options) parse(links, only, full string) error {
+	if o.samples < 1 {
+		return errors.New("-samples must be at least 1")
+	}
+	for _, s := range strings.Split(links, ",") {
+		l, err := shaper.ParseLink(strings.TrimSpace(s))
+		if err != nil {
+			return err
+		}
+		o.links = append(o.links, l)
+	}
+	if only != "" {
+		re, err := regexp.Compile(only)
+		if err != nil {
+			return fmt.Errorf("-only: %w", err)
+		}
+		o.only = re
+	}
+	for _, f := range strings.Split(full, ",") {
+		if f = strings.TrimSpace(f); f == "" {
+			continue
+		}
+		if !slices.Contains(allFormats, f) {
+			return fmt.Errorf("-full: no format %q", f)
+		}
+		o.fullFormats = append(o.fullFormats, f)
+	}
+	if o.seed == 0 {
+		o.seed = uint64(time.Now().UnixNano())
+	}
+	return nil
+}
+
+func run(ctx context.Context, o options) error {
+	started := time.Now()
+	if os.Geteuid() != 0 {
+		return errors.New("needs root: FUSE and overlay mounts, drop_caches, podman")
+	}
+	if err := fs.Usable(); err != nil {
+		return err
+	}
+	for _, t := range []struct{ tool, pkg string }{{"podman", "podman"}, {"docker-registry", "docker-registry"},
+		{"runc", "runc"}, {"fusermount3", "fuse3"}, {"strace", "strace"}, {"unshare", "util-linux"}, {"gnuplot", "gnuplot-nox"}} {
+		if _, err := exec.LookPath(t.tool); err != nil {
+			return fmt.Errorf("%s not found: apt-get install -y %s", t.tool, t.pkg)
+		}
+	}
+	modDir, err := moduleDir()
+	if err != nil {
+		return err
+	}
+	if o.images == "" {
+		o.images = filepath.Join(modDir, "benchmarks", "work", "images")
+	}
+	if o.workdir == "" {
+		o.workdir = filepath.Join(modDir, "benchmarks", "work")
+	}
+	for _, d := range []string{o.images, o.workdir} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return err
+		}
+	}
+	work, err := os.MkdirTemp(o.workdir, "readybench-")
+	if err != nil {
+		return err
+	}
+	defer func() {
+		unmountUnder(work)
+		if o.keep {
+			fmt.Fprintln(os.Stderr, "work directory kept:", work)
+		} else {
+			os.RemoveAll(work)
+		}
+	}()
+	// estargz.Build and the harness write temporary files as large as a layer: not in /tmp.
+	os.Setenv("TMPDIR", work)
+	// The proxy's delay lines park goroutines on timerfds, but podman and the daemon still run
+	// beside it on two cores: give the runtime room for goroutines woken together.
+	runtime.GOMAXPROCS(max(runtime.GOMAXPROCS(0), 8))
+
+	bin := filepath.Join(work, "bin")
+	if err := os.MkdirAll(bin, 0o755); err != nil {
+		return err
+	}
+	daemon := o.daemonBin
+	if daemon == "" {
+		daemon = filepath.Join(bin, "layerstore")
+		fmt.Fprintln(os.Stderr, "building the daemon")
+		cmd := exec.CommandContext(ctx, "go", "build", "-o", daemon, "./cmd/layerstore")
+		cmd.Dir, cmd.Stdout, cmd.Stderr = modDir, os.Stderr, os.Stderr
+		if err := cmd.Run(); err != nil {
+			return fmt.Errorf("building the daemon: %w", err)
+		}
+	}
+
+	reg, err := startRegistry(ctx, filepath.Join(o.images, "registry"), work)
+	if err != nil {
+		return err
+	}
+	defer reg.stop()
+	images := &imageCache{dir: o.images, modDir: modDir, binDir: bin}
+	if err := images.ensure(ctx, reg); err != nil {
+		return fmt.Errorf("building the images: %w", err)
+	}
+	fmt.Fprintf(os.Stderr, "images ready (%.0fs)\n", time.Since(started).Seconds())
+
+	proxy, err := shaper.Listen("127.0.0.1:0", reg.host, o.links[0])
+	if err != nil {
+		return err
+	}
+	defer proxy.Close()
+	regConf := filepath.Join(work, "registries.conf")
+	if err := os.WriteFile(regConf, []byte(registriesConf(proxy.Addr())), 0o644); err != nil {
+		return err
+	}
+	b := &bench{opts: o, work: work, reg: reg, proxy: proxy, images: images, warm: map[string]string{},
+		stores: map[string]store{"layerstore": &layerstoreStore{bin: daemon, registriesConf: regConf, passthrough: o.passthrough, prefetch: !o.noPrefetch}}}
+	if o.peer != "" {
+		p := &peerStore{bin: o.peer, registryHost: proxy.Addr()}
+		if p.name() == "layerstore" {
+			return errors.New("-peer: the peer's binary must not be called layerstore")
+		}
+		b.stores[p.name()] = p
+	}
+	b.runBase = fmt.Sprintf("/run/readybench-%d", os.Getpid())
+	defer func() { unmountUnder(b.runBase); os.RemoveAll(b.runBase) }()
+	cells := b.plan()
+	if len(cells) == 0 {
+		return errors.New("no cell matches -only")
+	}
+	fmt.Fprintf(os.Stderr, "%d cells x %d samples = %d runs, shuffled (seed %d)\n", len(cells), o.samples, len(cells)*o.samples, o.seed)
+	measureStart := time.Now()
+	results, err := b.measure(ctx, cells)
+	if err != nil {
+		return err
+	}
+	rep := &report{opts: o, b: b, cells: cells, results: results, started: started,
+		measureSeconds: time.Since(measureStart).Seconds(), machine: machineInfo(modDir, daemon)}
+	return rep.write(ctx, modDir)
+}
+
+func moduleDir() (string, error) {
+	out, err := exec.Command("go", "env", "GOMOD").Output()
+	if err != nil {
+		return "", fmt.Errorf("go env GOMOD: %w", err)
+	}
+	mod := strings.TrimSpace(string(out))
+	if mod == "" || mod == os.DevNull {
+		return "", errors.New("run from inside the layerstore module")
+	}
+	return filepath.Dir(mod), nil
+}

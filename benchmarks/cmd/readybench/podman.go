@@ -1,0 +1,231 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// podman is Debian's podman with private configuration and an empty storage of its own.
+type podman struct {
+	dir     string
+	runroot string
+	env     []string
+	removed map[string]bool // containers removed already
+}
+
+// newPodman writes containers.conf, storage.conf (with store, a mountpoint, as the additional
+// layer store unless empty) and registries.conf (registryHost is plain HTTP) into dir; the
+// graph root is there too. runroot (c/storage's run root and libpod's tmp_dir) must be a short
+// path: podman 4.3.1 waits 20 s for the exit of every container whose run root is longer than
+// about 45 characters (measured here: 41 fine, 49 not).
+func newPodman(dir, runroot, store, registryHost string) (*podman, error) {
+	containersConf := fmt.Sprintf(`[containers]
+default_ulimits = ["nofile=20000:20000", "nproc=32768:32768"]
+netns = "none"
+[engine]
+runtime = "runc"
+cgroup_manager = "cgroupfs"
+events_logger = "file"
+tmp_dir = %q
+image_copy_tmp_dir = %q
+[network]
+network_config_dir = %q
+`, filepath.Join(runroot, "libpod"), filepath.Join(dir, "copy"), filepath.Join(dir, "networks"))
+	storageConf := fmt.Sprintf("[storage]\ndriver = \"overlay\"\nrunroot = %q\ngraphroot = %q\n",
+		filepath.Join(runroot, "run"), filepath.Join(dir, "graph"))
+	if store != "" {
+		storageConf += fmt.Sprintf("[storage.options]\nadditionallayerstores = [%q]\n", store+":ref")
+	}
+	home := filepath.Join(dir, "home")
+	for _, d := range []string{home, filepath.Join(dir, "copy")} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			return nil, err
+		}
+	}
+	files := map[string]string{
+		"containers.conf": containersConf,
+		"storage.conf":    storageConf,
+		"registries.conf": registriesConf(registryHost),
+		"home/auth.json":  "{}", // podman 4.3 wants the file to exist
+	}
+	for n, c := range files {
+		if err := os.WriteFile(filepath.Join(dir, n), []byte(c), 0o644); err != nil {
+			return nil, err
+		}
+	}
+	return &podman{dir: dir, runroot: runroot, removed: map[string]bool{}, env: cleanEnv(
+		"HOME="+home, "XDG_RUNTIME_DIR="+home, "XDG_CONFIG_HOME="+home, "DOCKER_CONFIG="+home,
+		"REGISTRY_AUTH_FILE="+filepath.Join(home, "auth.json"),
+		"CONTAINERS_CONF="+filepath.Join(dir, "containers.conf"),
+		"CONTAINERS_STORAGE_CONF="+filepath.Join(dir, "storage.conf"),
+		"CONTAINERS_REGISTRIES_CONF="+filepath.Join(dir, "registries.conf"),
+		"TMPDIR="+filepath.Join(dir, "copy"),
+	)}, nil
+}
+
+// cleanEnv is this process's environment without the variables that point a runtime at the
+// machine's configuration or credentials, plus extra.
+func cleanEnv(extra ...string) []string {
+	var env []string
+	for _, kv := range os.Environ() {
+		k, _, _ := strings.Cut(kv, "=")
+		switch k {
+		case "HOME", "XDG_RUNTIME_DIR", "XDG_CONFIG_HOME", "DOCKER_CONFIG", "REGISTRY_AUTH_FILE",
+			"CONTAINERS_CONF", "CONTAINERS_STORAGE_CONF", "CONTAINERS_REGISTRIES_CONF", "NOTIFY_SOCKET",
+			"LAYERSTORE_CONTROL_SOCKET", "TMPDIR":
+			continue
+		}
+		env = append(env, kv)
+	}
+	return append(env, extra...)
+}
+
+// command is podman with args, bounded by ctx, its output appended to the log file. Files,
+// not pipes: conmon inherits podman's descriptors and outlives it by many seconds after a
+// short container, and exec.Cmd would wait for a pipe until conmon closes it.
+func (p *podman) command(ctx context.Context, args ...string) (*exec.Cmd, func() string, error) {
+	log, err := os.OpenFile(filepath.Join(p.dir, "podman.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return nil, nil, err
+	}
+	fmt.Fprintf(log, "\n$ podman %s\n", strings.Join(args, " "))
+	off, _ := log.Seek(0, io.SeekEnd)
+	cmd := exec.CommandContext(ctx, "podman", args...)
+	cmd.Env = p.env
+	cmd.Stdout, cmd.Stderr = log, log
+	output := func() string {
+		log.Close()
+		b, _ := os.ReadFile(filepath.Join(p.dir, "podman.log"))
+		if int(off) <= len(b) {
+			b = b[off:]
+		}
+		return lastLines(string(b), 20)
+	}
+	return cmd, output, nil
+}
+
+func (p *podman) do(ctx context.Context, args ...string) error {
+	cmd, output, err := p.command(ctx, args...)
+	if err != nil {
+		return err
+	}
+	err = cmd.Run()
+	out := output()
+	if err != nil {
+		return fmt.Errorf("podman %s: %w\n%s", strings.Join(args, " "), err, out)
+	}
+	return nil
+}
+
+// pull runs `podman pull ref` and returns how long it took.
+func (p *podman) pull(ctx context.Context, ref string) (time.Duration, error) {
+	start := time.Now()
+	err := p.do(ctx, "pull", ref)
+	return time.Since(start), err
+}
+
+// run runs `podman run --name name ref` (the image's own command) and returns how long until
+// the workload printed a line starting with ready, and until podman exited.
+func (p *podman) run(ctx context.Context, ref, name, ready string) (toReady, toExit time.Duration, err error) {
+	cmd, output, err := p.command(ctx, "run", "--name", name, "--net=none", ref)
+	if err != nil {
+		return 0, 0, err
+	}
+	r, w, err := os.Pipe()
+	if err != nil {
+		output()
+		return 0, 0, err
+	}
+	defer r.Close()
+	cmd.Stdout = w
+	start := time.Now()
+	err = cmd.Start()
+	w.Close()
+	if err != nil {
+		output()
+		return 0, 0, err
+	}
+	var lines []string
+	readerDone := make(chan struct{})
+	go func() {
+		defer close(readerDone)
+		sc := bufio.NewScanner(r)
+		for sc.Scan() {
+			lines = append(lines, sc.Text())
+			if toReady == 0 && strings.HasPrefix(sc.Text(), ready) {
+				toReady = time.Since(start)
+			}
+		}
+	}()
+	err = cmd.Wait()
+	toExit = time.Since(start)
+	// What podman wrote is in the pipe; conmon may hold its write end for a while yet.
+	r.SetReadDeadline(time.Now().Add(time.Second))
+	<-readerDone
+	out := output()
+	if err == nil && toReady == 0 {
+		err = fmt.Errorf("no line starting with %q", ready)
+	}
+	if err != nil {
+		return 0, 0, fmt.Errorf("podman run %s: %w\nstdout: %s\nstderr: %s", ref, err,
+			lastLines(strings.Join(lines, "\n"), 10), out)
+	}
+	return toReady, toExit, nil
+}
+
+// fromStore counts the layers c/storage took from the additional layer store: it records
+// the store's path in overlay/<id>/additionallayer.
+func (p *podman) fromStore() int {
+	m, _ := filepath.Glob(filepath.Join(p.dir, "graph", "overlay", "*", "additionallayer"))
+	return len(m)
+}
+
+// remove removes the container (podman unmounts it) and then detaches any mount podman left
+// under its directory. The storage itself is removed with the directory.
+func (p *podman) remove(name string) {
+	if p.removed[name] {
+		return
+	}
+	p.removed[name] = true
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	p.do(ctx, "rm", "--force", "--time", "0", name)
+	unmountUnder(p.runroot)
+	unmountUnder(p.dir)
+	os.RemoveAll(p.runroot)
+}
+
+// unmountUnder detaches every mount below dir, deepest first.
+func unmountUnder(dir string) {
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return
+	}
+	var mounts []string
+	for _, l := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(l); len(f) > 4 && strings.HasPrefix(f[4], dir+"/") {
+			mounts = append(mounts, f[4])
+		}
+	}
+	slices.SortFunc(mounts, func(a, b string) int { return len(b) - len(a) })
+	for _, m := range mounts {
+		syscall.Unmount(m, syscall.MNT_DETACH)
+	}
+}
+
+func lastLines(s string, n int) string {
+	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}

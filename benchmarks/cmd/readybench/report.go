@@ -1,0 +1,305 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"math"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// report is the Markdown results file and its plots.
+type report struct {
+	opts           options
+	b              *bench
+	cells          []cell
+	results        map[string][]sample
+	started        time.Time
+	measureSeconds float64
+	machine        []string
+}
+
+// machineInfo describes the machine and the software measured.
+func machineInfo(modDir, daemon string) []string {
+	var u unix.Utsname
+	_ = unix.Uname(&u)
+	cpu := "?"
+	if f, err := os.Open("/proc/cpuinfo"); err == nil {
+		sc := bufio.NewScanner(f)
+		for sc.Scan() {
+			if k, v, ok := strings.Cut(sc.Text(), ":"); ok && strings.TrimSpace(k) == "model name" {
+				cpu = strings.TrimSpace(v)
+				break
+			}
+		}
+		f.Close()
+	}
+	mem := "?"
+	if b, err := os.ReadFile("/proc/meminfo"); err == nil {
+		mem = strings.Join(strings.Fields(strings.SplitN(string(b), "\n", 2)[0])[1:], " ")
+	}
+	version := func(dir string, name string, args ...string) string {
+		cmd := exec.Command(name, args...)
+		cmd.Dir = dir
+		out, err := cmd.Output()
+		if err != nil {
+			return "?"
+		}
+		return strings.TrimSpace(string(out))
+	}
+	return []string{
+		"date: " + time.Now().Format(time.RFC3339),
+		fmt.Sprintf("CPU: %s, %d cores", cpu, runtime.NumCPU()),
+		"memory: " + mem,
+		"kernel: " + unix.ByteSliceToString(u.Release[:]),
+		"podman: " + version("", "podman", "--version"),
+		"runc: " + strings.SplitN(version("", "runc", "--version"), "\n", 2)[0],
+		"docker-registry: " + version("", "docker-registry", "--version"),
+		"Go: " + runtime.Version(),
+		"layerstore: " + version(modDir, "git", "describe", "--always", "--dirty") + " (" + filepath.Base(daemon) + ")",
+		"load average at start: " + loadavg(),
+	}
+}
+
+func onOff(b bool) string {
+	if b {
+		return "on"
+	}
+	return "off"
+}
+
+func loadavg() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "?"
+	}
+	return strings.Join(strings.Fields(string(b))[:3], " ")
+}
+
+// stats are the percentiles of one measure over a cell's samples.
+type stats struct{ p50, p95 float64 }
+
+// percentiles: p50 is the median (the mean of the two middle values for an even count);
+// p95 is nearest-rank, which for 5 samples is the largest.
+func percentiles(xs []float64) stats {
+	if len(xs) == 0 {
+		return stats{math.NaN(), math.NaN()}
+	}
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	p50 := s[len(s)/2]
+	if len(s)%2 == 0 {
+		p50 = (s[len(s)/2-1] + s[len(s)/2]) / 2
+	}
+	rank := int(math.Ceil(0.95*float64(len(s)))) - 1
+	return stats{p50, s[max(rank, 0)]}
+}
+
+func measureOf(ss []sample, f func(sample) float64) stats {
+	xs := make([]float64, len(ss))
+	for i, s := range ss {
+		xs[i] = f(s)
+	}
+	return percentiles(xs)
+}
+
+func (r *report) baseline(c cell) (stats, bool) {
+	base := c
+	base.format, base.store = fmtGzip, ""
+	ss, ok := r.results[base.String()]
+	if !ok || len(ss) == 0 {
+		return stats{}, false
+	}
+	return measureOf(ss, sample.total), true
+}
+
+func (r *report) markdown(plots map[string]string) string {
+	var b strings.Builder
+	w := func(format string, args ...any) { fmt.Fprintf(&b, format, args...) }
+	o := r.opts
+	w("# readybench: time to ready with podman, lazy vs full pull\n\n")
+	for _, m := range r.machine {
+		w("- %s\n", m)
+	}
+	w("- load average at the end: %s\n", loadavg())
+	w("- command: `go run ./benchmarks/cmd/readybench %s`\n", strings.Join(os.Args[1:], " "))
+	w("- layerstore: `layerstore serve` with background fetch %s and FUSE passthrough %s%s\n", onOff(!o.noPrefetch), onOff(o.passthrough),
+		map[bool]string{false: " (off by default here: with it, a process that mapped a file before it was local cannot exec a program needing that file once it is, EIO; see benchmarks/README.md)", true: ""}[o.passthrough])
+	w("- samples per cell: %d, run order shuffled with seed %d\n", o.samples, o.seed)
+	w("- wall time: %.0f s in all, of which %.0f s measuring (warm-cache preparation included)\n\n", time.Since(r.started).Seconds(), r.measureSeconds)
+
+	w("**Headline: total = `podman pull` + `podman run` until the workload's ready line** (stargz-snapshotter's\n")
+	w("pull + create + run), from empty podman storage. *Cold*: a fresh store with an empty cache, and\n")
+	w("`echo 3 > /proc/sys/vm/drop_caches` before the pull. *Warm*: podman storage still empty, but the store\n")
+	w("restarted on a cache filled by an earlier complete run (every layer fetched), and no cache drop; for a\n")
+	w("full pull, the image's blobs read into the page cache on the registry's side just before. Every byte\n")
+	w("between podman or the store and the registry goes through the shaping proxy (one link shared by\n")
+	w("all connections; bandwidth per direction, RTT/2 one-way delay each way, 1.5 RTT before a new\n")
+	w("connection's first request arrives). p50 is the median; p95 is nearest-rank (with 5 samples, the\n")
+	w("largest). \"lazy/full\" is the lazy p50 total over the gzip full pull's p50 total in the same image,\n")
+	w("link and cache state. \"via link\" is the median of the bytes the registry sent through the link\n")
+	w("during pull and run (a store's background fetch until the container was ready included).\n\n")
+
+	w("## Images\n\n")
+	w("Built offline from Debian %s (`debootstrap --variant=minbase`, then `apt-get install --no-install-recommends`\n", suite)
+	w("in an overlay mount: each layer is exactly what its step added), cached in `-images`.\n\n")
+	w("| image | layers | workload | ready line | uncompressed |")
+	for _, f := range allFormats {
+		w(" %s |", f)
+	}
+	w("\n|---|---|---|---|---:|")
+	for range allFormats {
+		w("---:|")
+	}
+	w("\n")
+	for _, img := range imageSpecs {
+		cmd := strings.Join(img.cmd, " ")
+		if len(cmd) > 60 {
+			cmd = cmd[:57] + "..."
+		}
+		w("| %s | %s | `%s` | `%s` | %s |", img.name, strings.Join(img.layers, " + "), strings.ReplaceAll(cmd, "\n", " "), img.ready, mb(r.b.images.uncompressed(img)))
+		for _, f := range allFormats {
+			if p := r.b.images.cat.Images[img.name][f]; p != nil {
+				w(" %s |", mb(p.compressed()))
+			} else {
+				w(" - |")
+			}
+		}
+		w("\n")
+	}
+	w("\nLayers: ")
+	var ls []string
+	for _, l := range layerRecipes {
+		what := "debootstrap"
+		if l.parent != "" {
+			what = strings.Join(l.packages, " ")
+		}
+		t := r.b.images.cat.Layers[l.name]
+		ls = append(ls, fmt.Sprintf("`%s` (%s; %s, %d entries)", l.name, what, mb(t.Size), t.Entries))
+	}
+	w("%s. Compressed sizes are the sums of the layer blobs: gzip at the default level, eStargz by\n", strings.Join(ls, ", "))
+	w("`estargz.Build` defaults (gzip level 9, 4 MiB chunks), eStargz-prio the same with\n")
+	w("`estargz.WithPrioritizedFiles` (the workload's profile: `strace -f -e trace=%%file,execve` of the\n")
+	w("workload chrooted in the image, the regular files opened or executed, in order of first use),\n")
+	w("zstd:chunked by `e2e/harness convert` (c/storage's compressor, with tar-split) from the gzip image.\n\n")
+	w("Build steps (cached ones show when they ran):\n\n| step | seconds | built |\n|---|---:|---|\n")
+	for _, s := range r.b.images.steps {
+		when := "this run"
+		if s.Cached {
+			when = "cached, " + s.Built.Format("2006-01-02 15:04")
+		}
+		w("| %s | %.1f | %s |\n", s.What, s.Seconds, when)
+	}
+	w("\n")
+
+	for _, l := range o.links {
+		if !slices.ContainsFunc(r.cells, func(c cell) bool { return c.link.String() == l.String() && len(r.results[c.String()]) > 0 }) {
+			continue
+		}
+		w("## Link %s\n\n", l)
+		if p := plots[l.String()]; p != "" {
+			w("![time to ready over %s](%s)\n\n", l, p)
+		}
+		w("| image | format | mode | cache | n | pull p50 | pull p95 | run p50 | run p95 | **total p50** | total p95 | lazy/full | from store | via link |\n")
+		w("|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+		for _, c := range r.cells {
+			if c.link.String() != l.String() {
+				continue
+			}
+			ss := r.results[c.String()]
+			if len(ss) == 0 {
+				continue
+			}
+			pull, run, total := measureOf(ss, func(s sample) float64 { return s.Pull }), measureOf(ss, func(s sample) float64 { return s.Run }), measureOf(ss, sample.total)
+			ratio := "-"
+			if base, ok := r.baseline(c); ok && !(c.format == fmtGzip && !c.lazy()) {
+				ratio = fmt.Sprintf("%.2f", total.p50/base.p50)
+			}
+			bytes := measureOf(ss, func(s sample) float64 { return float64(s.Bytes) })
+			from := measureOf(ss, func(s sample) float64 { return float64(s.FromStore) })
+			fromStr := fmt.Sprintf("%.0f/%d", from.p50, len(c.image.layers))
+			if full := measureOf(ss, func(s sample) float64 { return float64(s.FullGets) }); full.p95 > 0 {
+				fromStr += fmt.Sprintf(" (%.0f full GETs)", full.p95)
+			}
+			w("| %s | %s | %s | %s | %d | %.2f | %.2f | %.2f | %.2f | **%.2f** | %.2f | %s | %s | %s |\n",
+				c.image.name, c.format, c.mode(), c.cache(), len(ss), pull.p50, pull.p95, run.p50, run.p95, total.p50, total.p95, ratio, fromStr, mb(int64(bytes.p50)))
+		}
+		w("\n")
+	}
+
+	w("## Run time\n\n")
+	var runs int
+	var setup float64
+	type agg struct {
+		n int
+		s float64
+	}
+	per := map[string]*agg{}
+	for _, c := range r.cells {
+		for _, s := range r.results[c.String()] {
+			runs++
+			setup += s.Seconds
+			k := c.image.name + " " + c.mode()
+			if per[k] == nil {
+				per[k] = &agg{}
+			}
+			per[k].n++
+			per[k].s += s.Seconds
+		}
+	}
+	w("%d runs took %.0f s with their set-up and clean-up (store start and stop, podman storage, drop_caches):\n\n", runs, setup)
+	w("| image, mode | runs | mean seconds per run |\n|---|---:|---:|\n")
+	keys := make([]string, 0, len(per))
+	for k := range per {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	for _, k := range keys {
+		w("| %s | %d | %.1f |\n", k, per[k].n, per[k].s/float64(per[k].n))
+	}
+	if len(r.b.prep) > 0 {
+		var t float64
+		for _, p := range r.b.prep {
+			t += p.Seconds
+		}
+		w("\nWarm caches prepared once per store, image and format (unshaped link, then the background fetch to\nthe end): %d in %.0f s.\n", len(r.b.prep), t)
+	}
+	w("\n")
+	return b.String()
+}
+
+// write prints the report and writes it (and its plots) to -out.
+func (r *report) write(ctx context.Context, modDir string) error {
+	out := r.opts.out
+	if out == "" {
+		out = filepath.Join(modDir, "benchmarks", "results", time.Now().Format("2006-01-02")+"-readybench.md")
+	}
+	plots := map[string]string{}
+	if out != "-" {
+		if err := os.MkdirAll(filepath.Dir(out), 0o755); err != nil {
+			return err
+		}
+		var err error
+		if plots, err = r.plots(ctx, strings.TrimSuffix(out, ".md")); err != nil {
+			return err
+		}
+	}
+	text := r.markdown(plots)
+	fmt.Print(text)
+	if out == "-" {
+		return nil
+	}
+	if err := os.WriteFile(out, []byte(text), 0o644); err != nil {
+		return err
+	}
+	fmt.Fprintln(os.Stderr, "results written to", out)
+	return nil
+}
