@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/layerstore/layerstore/chunked"
 	"github.com/layerstore/layerstore/internal/testlayer"
@@ -119,5 +120,58 @@ func TestPassthroughRefusedByKernel(t *testing.T) {
 		if _, err := f.Stat(); err == nil {
 			t.Errorf("backing file %s still open after the kernel refused it and the file was read", f.Name())
 		}
+	}
+}
+
+// TestPassthroughWhileOpenThroughDaemon opens a file before the layer holds it locally and
+// keeps it open (as a process keeps a shared library mapped), then opens it again once it
+// is local. The kernel refuses a passthrough open of an inode that has files open through
+// the daemon (EIO), so the daemon must serve the second open itself, and use passthrough
+// again only once the earlier opens are released.
+func TestPassthroughWhileOpenThroughDaemon(t *testing.T) {
+	l, id, content := backedLayer(t)
+	l.mu.Lock()
+	local := l.backing[id]
+	delete(l.backing, id) // not local yet
+	l.mu.Unlock()
+	store := newTestStore()
+	store.add(testRef, l)
+	mnt, srv := mountTest(t, store, DefaultOptions())
+	if !srv.passthroughOn() {
+		t.Skip("skipping: the kernel did not grant FUSE passthrough (needs Linux >= 6.9 with CONFIG_FUSE_PASSTHROUGH)")
+	}
+	path := layerPath(mnt, testRef, l.tocKey, "diff", backedFile)
+	early, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer early.Close()
+	if _, err := early.Read(make([]byte, 4096)); err != nil {
+		t.Fatal(err)
+	}
+
+	l.mu.Lock()
+	l.backing[id] = local // the background fetch completed the file
+	l.mu.Unlock()
+	readBacked(t, mnt, l, content) // EIO if offered for passthrough
+	if n := l.calls(l.reads, id); n == 0 {
+		t.Fatal("no read went through the daemon")
+	}
+
+	if err := early.Close(); err != nil {
+		t.Fatal(err)
+	}
+	// The kernel releases a closed file asynchronously: wait for the daemon to see it.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		reads := l.calls(l.reads, id)
+		readBacked(t, mnt, l, content)
+		if l.calls(l.reads, id) == reads {
+			break // served by passthrough
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("passthrough never resumed after the file opened through the daemon was closed")
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"os"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -36,6 +37,13 @@ type entryNode struct {
 	readOnly
 	view *layerView
 	id   chunked.EntryID // the inode owner
+
+	// opens counts the open handles of a regular file by how the kernel reads them. The
+	// kernel refuses (EIO) a passthrough open of an inode with files open through the
+	// daemon, and the reverse, so a file opened before it was local is served by the
+	// daemon until those handles are released, even once its backing file exists.
+	opensMu sync.Mutex
+	opens   [2]int // indexed by fileHandle.passthrough
 }
 
 var (
@@ -185,9 +193,10 @@ func (n *entryNode) Listxattr(_ context.Context, dest []byte) (uint32, syscall.E
 	return uint32(copy(dest, names)), 0
 }
 
-// Open opens a regular file for reading. When passthrough is on and the layer holds the
-// whole file locally, the handle offers it to the kernel, which then reads it without
-// calling the daemon; otherwise reads go to Layer.ReadFile and their pages stay cached.
+// Open opens a regular file for reading. When passthrough is on, the layer holds the
+// whole file locally and no open handle of the file reads through the daemon, the handle
+// offers it to the kernel, which then reads it without calling the daemon; otherwise reads
+// go to Layer.ReadFile and their pages stay cached.
 func (n *entryNode) Open(_ context.Context, flags uint32) (fusefs.FileHandle, uint32, syscall.Errno) {
 	if writeAccess(flags) {
 		return nil, 0, syscall.EROFS
@@ -196,11 +205,24 @@ func (n *entryNode) Open(_ context.Context, flags uint32) (fusefs.FileHandle, ui
 	if e.Type != chunked.TypeReg || e.Flags&chunked.FlagWhiteout != 0 {
 		return nil, 0, syscall.EINVAL // the kernel opens only regular files through FUSE
 	}
-	h := &fileHandle{view: n.view, id: n.id, size: e.Size}
-	if n.view.fsys.passthrough.Load() {
-		h.backing.Store(n.backing(e.Size))
+	h := &fileHandle{node: n, view: n.view, id: n.id, size: e.Size}
+	n.opensMu.Lock()
+	defer n.opensMu.Unlock()
+	if n.view.fsys.passthrough.Load() && n.opens[0] == 0 {
+		if f := n.backing(e.Size); f != nil {
+			h.backing.Store(f)
+			h.passthrough = true
+		}
 	}
+	n.opens[b2i(h.passthrough)]++
 	return h, fuse.FOPEN_KEEP_CACHE, 0
+}
+
+func b2i(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 // backing returns the layer's local copy of the file, or nil.
@@ -220,9 +242,13 @@ func (n *entryNode) backing(size int64) *os.File {
 
 // fileHandle is an open regular file of a diff tree.
 type fileHandle struct {
+	node *entryNode
 	view *layerView
 	id   chunked.EntryID
 	size int64
+	// passthrough is set when the handle was offered a backing file: whether the kernel
+	// took it or not, the handle counts as one the kernel may read without the daemon.
+	passthrough bool
 	// backing is the file offered for passthrough, if any; closed on Release, or on the
 	// first Read, which proves the kernel is not using it.
 	backing atomic.Pointer[os.File]
@@ -268,5 +294,8 @@ func (h *fileHandle) Release(context.Context) syscall.Errno {
 	if f := h.backing.Swap(nil); f != nil {
 		_ = f.Close()
 	}
+	h.node.opensMu.Lock()
+	h.node.opens[b2i(h.passthrough)]--
+	h.node.opensMu.Unlock()
 	return 0
 }
