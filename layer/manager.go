@@ -84,7 +84,7 @@ func New(reg Registry, c *cache.Cache, opts ...Option) (*Manager, error) {
 		byBlob:   map[digest.Digest]*Layer{},
 		stop:     make(chan struct{}),
 	}
-	m.sched = newScheduler(o.prefetchConcurrency, o.prefetchBandwidth)
+	m.sched = newScheduler(o.prefetchConcurrency, o.prefetchBandwidth, o.prefetchQuiet)
 	m.done.Add(1)
 	go m.janitor()
 	return m, nil

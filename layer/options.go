@@ -14,6 +14,7 @@ const (
 	DefaultNegativeTTL         = 3 * time.Second
 	DefaultPrefetchConcurrency = 4
 	DefaultPrefetchBatch       = 8 << 20
+	DefaultPrefetchQuiet       = time.Second
 	DefaultOpenFiles           = 512
 )
 
@@ -28,6 +29,7 @@ type options struct {
 	prefetchConcurrency int
 	prefetchBatch       int64
 	prefetchBandwidth   int64
+	prefetchQuiet       time.Duration
 	openFiles           int
 	requireDiffID       bool
 }
@@ -43,6 +45,7 @@ func defaultOptions() options {
 		prefetch:            true,
 		prefetchConcurrency: DefaultPrefetchConcurrency,
 		prefetchBatch:       DefaultPrefetchBatch,
+		prefetchQuiet:       DefaultPrefetchQuiet,
 		openFiles:           DefaultOpenFiles,
 	}
 }
@@ -121,6 +124,21 @@ func WithPrefetchBatch(bytes int64) Option {
 			return errors.New("prefetch batch must be at least 64 KiB")
 		}
 		o.prefetchBatch = bytes
+		return nil
+	}
+}
+
+// WithPrefetchQuiet sets how long background requests wait after the last sign of a
+// runtime using the layers (a layer looked up, a read fetching on demand starting or ending)
+// before going out, so that they do not queue on the link ahead of a starting container's
+// reads. eStargz's prioritized files are fetched at once regardless. The default is 1 s; zero
+// makes background requests wait only while a read is fetching.
+func WithPrefetchQuiet(d time.Duration) Option {
+	return func(o *options) error {
+		if d < 0 {
+			return errors.New("negative prefetch quiet period")
+		}
+		o.prefetchQuiet = d
 		return nil
 	}
 }

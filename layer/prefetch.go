@@ -45,6 +45,7 @@ func (l *Layer) startPrefetch() {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	p.cancel, p.done, p.state = cancel, make(chan struct{}), StateFetching
+	l.m.sched.touch()
 	go func() {
 		defer close(p.done)
 		start := time.Now()
@@ -98,8 +99,9 @@ func (l *Layer) wait() {
 }
 
 // runPrefetch fetches every chunk the cache does not hold, in blob order (so eStargz's
-// prioritized files come first), in batches of about the configured size spread over the
-// scheduler's slots; then it proves the DiffID where the format allows.
+// prioritized files come first, at once: the producer said the workload reads them first; the
+// rest after the scheduler's quiet period), in batches of about the configured size spread over
+// the scheduler's slots; then it proves the DiffID where the format allows.
 func (l *Layer) runPrefetch(ctx context.Context) error {
 	keys, planned := l.plan()
 	l.prefetch.mu.Lock()
@@ -159,7 +161,8 @@ func (l *Layer) runPrefetch(ctx context.Context) error {
 
 func (l *Layer) prefetchBatch(ctx context.Context, keys []chunkKey) error {
 	first, last := l.ref(keys[0]), l.ref(keys[len(keys)-1])
-	release, err := l.m.sched.acquire(ctx, last.End-first.Offset)
+	urgent := last.End <= l.idx.PrefetchEnd()
+	release, err := l.m.sched.acquire(ctx, last.End-first.Offset, urgent)
 	if err != nil {
 		return err
 	}
@@ -173,8 +176,11 @@ func (l *Layer) ref(k chunkKey) chunked.Chunk { return l.idx.Chunks(k.file)[k.i]
 // batchLen returns how many of keys (in blob order) make one background request.
 func (l *Layer) batchLen(keys []chunkKey) int {
 	start := l.ref(keys[0]).Offset
+	// A batch of prioritized files stays within them, so that it goes out at once.
+	prio := l.ref(keys[0]).End <= l.idx.PrefetchEnd()
 	n := 1
-	for n < len(keys) && l.ref(keys[n]).End-start <= l.m.opts.prefetchBatch {
+	for n < len(keys) && l.ref(keys[n]).End-start <= l.m.opts.prefetchBatch &&
+		(!prio || l.ref(keys[n]).End <= l.idx.PrefetchEnd()) {
 		n++
 	}
 	return n

@@ -46,10 +46,11 @@ type Config struct {
 	} `toml:"layers"`
 
 	Prefetch struct {
-		Enabled     *bool `toml:"enabled"`
-		Concurrency int   `toml:"concurrency"`
-		BatchSize   Size  `toml:"batch-size"`
-		Bandwidth   Size  `toml:"bandwidth"`
+		Enabled     *bool     `toml:"enabled"`
+		Concurrency int       `toml:"concurrency"`
+		BatchSize   Size      `toml:"batch-size"`
+		Bandwidth   Size      `toml:"bandwidth"`
+		Quiet       *Duration `toml:"quiet"`
 	} `toml:"prefetch"`
 
 	FUSE struct {

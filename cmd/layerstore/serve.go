@@ -307,5 +307,8 @@ func layerOptions(cfg *Config, log *slog.Logger) []layer.Option {
 	if p.BatchSize > 0 {
 		opts = append(opts, layer.WithPrefetchBatch(int64(p.BatchSize)))
 	}
+	if p.Quiet != nil {
+		opts = append(opts, layer.WithPrefetchQuiet(time.Duration(*p.Quiet)))
+	}
 	return opts
 }
