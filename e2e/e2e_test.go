@@ -14,6 +14,8 @@ import (
 	"github.com/google/go-containerregistry/pkg/name"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/opencontainers/go-digest"
+
+	"github.com/layerstore/layerstore/internal/dockerregistry"
 )
 
 // references returns the listing of every reference image pulled normally by podman.
@@ -58,9 +60,9 @@ func TestLegacyPodman(t *testing.T) {
 		t.Run(n, func(t *testing.T) {
 			img := s.images[n]
 			t.Cleanup(func() { p.try(t, "rmi", "--force", img.ref) }) // when a check below fails
-			mark := s.open.mark()
+			mark := s.open.Mark()
 			out := p.must(t, "pull", img.ref)
-			checkPull(t, img, s.open.blobGets(mark), func(d digest.Digest) bool { return img.legacy[d] })
+			checkPull(t, img, s.open.BlobGets(mark), func(d digest.Digest) bool { return img.legacy[d] })
 			if t.Failed() {
 				t.Logf("podman pull:\n%s", out)
 			}
@@ -78,7 +80,7 @@ func TestLegacyPodman(t *testing.T) {
 			// docker-archive cannot hold zstd layers in podman 4.3; oci-archive keeps them.
 			p.must(t, "save", "--format", "oci-archive", "-o", archive, img.ref)
 			checkArchive(t, archive, img.diffIDs)
-			pushed := s.open.host + "/pushed/legacy-" + n + ":v1"
+			pushed := s.open.Host + "/pushed/legacy-" + n + ":v1"
 			p.must(t, "push", img.ref, pushed)
 			checkPushed(t, pushed, img)
 
@@ -98,7 +100,7 @@ func TestLegacyPodman(t *testing.T) {
 func TestModernRuntime(t *testing.T) {
 	s := need(t)
 	d := s.startDaemon(t)
-	ref := s.newHarness(t, "", registriesConf(s.open.host))
+	ref := s.newHarness(t, "", registriesConf(s.open.Host))
 	refs := map[string]string{}
 	for _, n := range []string{imgGzip, imgWhiteoutGzip} {
 		r, err := ref.pull(t, s.images[n].ref, "--list", listScript, "--rmi")
@@ -110,12 +112,12 @@ func TestModernRuntime(t *testing.T) {
 	if legacy := s.references(t); legacy[imgGzip] != refs[imgGzip] || legacy[imgWhiteoutGzip] != refs[imgWhiteoutGzip] {
 		t.Fatalf("the modern runtime's normal pull differs from podman's:\n%s\n---\n%s", refs[imgGzip], legacy[imgGzip])
 	}
-	h := s.newHarness(t, d.mnt, registriesConf(s.open.host))
+	h := s.newHarness(t, d.mnt, registriesConf(s.open.Host))
 	for _, n := range lazyImages {
 		t.Run(n, func(t *testing.T) {
 			img := s.images[n]
-			mark := s.open.mark()
-			pushed := s.open.host + "/pushed/modern-" + n + ":v1"
+			mark := s.open.Mark()
+			pushed := s.open.Host + "/pushed/modern-" + n + ":v1"
 			archive := filepath.Join(t.TempDir(), "image.tar")
 			args := []string{"--list", listScript, "--save", archive, "--push", pushed, "--rmi"}
 			r, err := h.pull(t, img.ref, args...)
@@ -123,13 +125,13 @@ func TestModernRuntime(t *testing.T) {
 				// Seen once under CI load, not reproduced since: an empty listing through
 				// c/storage's mount. Reported with what the mount showed, then retried once.
 				t.Logf("RETRY after an empty listing: %v", err)
-				mark = s.open.mark()
+				mark = s.open.Mark()
 				r, err = h.pull(t, img.ref, args...)
 			}
 			if err != nil {
 				t.Fatal(err)
 			}
-			checkPull(t, img, s.open.blobGets(mark), func(d digest.Digest) bool { return img.modern[d] })
+			checkPull(t, img, s.open.BlobGets(mark), func(d digest.Digest) bool { return img.modern[d] })
 			checkAdditional(t, img, r)
 			sameListing(t, n, r.Listing, refs[img.ref0])
 			checkArchive(t, archive, img.diffIDs)
@@ -229,9 +231,9 @@ func TestFallbackWithoutDaemon(t *testing.T) {
 	d.stop(syscall.SIGTERM)
 	p := s.newPodman(t, d.mnt)
 	img := s.images[imgEStargz]
-	mark := s.open.mark()
+	mark := s.open.Mark()
 	p.must(t, "pull", img.ref)
-	checkPull(t, img, s.open.blobGets(mark), func(digest.Digest) bool { return false })
+	checkPull(t, img, s.open.BlobGets(mark), func(digest.Digest) bool { return false })
 	if n := fromStore(t, filepath.Join(p.dir, "graph")); n != 0 {
 		t.Errorf("%d layers taken from a store that is not running", n)
 	}
@@ -239,7 +241,7 @@ func TestFallbackWithoutDaemon(t *testing.T) {
 }
 
 // pushPrivate copies img to the private registry.
-func pushPrivate(ctx context.Context, open, private *registry, img *image) (*image, error) {
+func pushPrivate(ctx context.Context, open, private *dockerregistry.Registry, img *image) (*image, error) {
 	src, err := name.ParseReference(img.ref, name.Insecure)
 	if err != nil {
 		return nil, err
@@ -248,7 +250,7 @@ func pushPrivate(ctx context.Context, open, private *registry, img *image) (*ima
 	if err != nil {
 		return nil, err
 	}
-	ref := private.host + "/private/estargz:v1"
+	ref := private.Host + "/private/estargz:v1"
 	dst, err := name.ParseReference(ref, name.Insecure)
 	if err != nil {
 		return nil, err
@@ -277,24 +279,24 @@ func TestPrivateRegistry(t *testing.T) {
 	t.Run("legacy/auth.json", func(t *testing.T) {
 		d := s.startDaemon(t, "REGISTRY_AUTH_FILE="+s.goodAuth)
 		p := s.newPodman(t, d.mnt, "REGISTRY_AUTH_FILE="+s.goodAuth)
-		mark := s.private.mark()
+		mark := s.private.Mark()
 		p.must(t, "pull", img.ref)
-		checkPull(t, img, s.private.blobGets(mark), isLazy)
+		checkPull(t, img, s.private.BlobGets(mark), isLazy)
 		sameListing(t, "private", p.listing(t, img.ref), refs[imgGzip])
 	})
 
 	// Top-level keys come before the first table.
-	helperConf := "additional-layer-store-auth-helper = \"layerstore-auth-helper\"\n" + registriesConf(s.private.host)
+	helperConf := "additional-layer-store-auth-helper = \"layerstore-auth-helper\"\n" + registriesConf(s.private.Host)
 	t.Run("modern/auth-helper", func(t *testing.T) {
 		d := s.startDaemon(t) // no credentials of its own
 		h := s.newHarness(t, d.mnt, helperConf, "REGISTRY_AUTH_FILE="+s.goodAuth,
 			"PATH="+s.bin+":"+os.Getenv("PATH"), "LAYERSTORE_CONTROL_SOCKET="+d.socket)
-		mark := s.private.mark()
+		mark := s.private.Mark()
 		r, err := h.pull(t, img.ref, "--list", listScript, "--rmi")
 		if err != nil {
 			t.Fatal(err)
 		}
-		checkPull(t, img, s.private.blobGets(mark), isLazy)
+		checkPull(t, img, s.private.BlobGets(mark), isLazy)
 		checkAdditional(t, img, r)
 		sameListing(t, "private", r.Listing, refs[imgGzip])
 		if !strings.Contains(d.log.String(), "credentials received from the auth helper") {
@@ -305,13 +307,13 @@ func TestPrivateRegistry(t *testing.T) {
 	t.Run("modern/no-helper", func(t *testing.T) {
 		// The same without the helper: the daemon cannot authenticate, the runtime pulls normally.
 		d := s.startDaemon(t)
-		h := s.newHarness(t, d.mnt, registriesConf(s.private.host), "REGISTRY_AUTH_FILE="+s.goodAuth)
-		mark := s.private.mark()
+		h := s.newHarness(t, d.mnt, registriesConf(s.private.Host), "REGISTRY_AUTH_FILE="+s.goodAuth)
+		mark := s.private.Mark()
 		r, err := h.pull(t, img.ref, "--list", listScript, "--rmi")
 		if err != nil {
 			t.Fatal(err)
 		}
-		checkPull(t, img, s.private.blobGets(mark), never)
+		checkPull(t, img, s.private.BlobGets(mark), never)
 		sameListing(t, "private", r.Listing, refs[imgGzip])
 	})
 
@@ -332,9 +334,9 @@ func TestPrivateRegistry(t *testing.T) {
 			t.Fatal("the lookup with a wrong password hangs")
 		}
 		p := s.newPodman(t, d.mnt, "REGISTRY_AUTH_FILE="+s.goodAuth)
-		mark := s.private.mark()
+		mark := s.private.Mark()
 		p.must(t, "pull", img.ref)
-		checkPull(t, img, s.private.blobGets(mark), never)
+		checkPull(t, img, s.private.BlobGets(mark), never)
 		sameListing(t, "private", p.listing(t, img.ref), refs[imgGzip])
 	})
 

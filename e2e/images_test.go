@@ -25,6 +25,8 @@ import (
 	"github.com/layerstore/layerstore/chunked"
 	"github.com/layerstore/layerstore/internal/testlayer"
 	"github.com/layerstore/layerstore/internal/testregistry"
+
+	"github.com/layerstore/layerstore/internal/dockerregistry"
 )
 
 // image is an image pushed for the tests, as the registry describes it for this host's platform.
@@ -134,7 +136,7 @@ type builder struct {
 }
 
 // pushAll builds every test image and pushes it to reg under e2e/NAME:v1.
-func (b *builder) pushAll(ctx context.Context, reg *registry, busybox string) (map[string]*image, error) {
+func (b *builder) pushAll(ctx context.Context, reg *dockerregistry.Registry, busybox string) (map[string]*image, error) {
 	base, content, lower, upper, err := rootfsLayers(busybox)
 	if err != nil {
 		return nil, err
@@ -153,7 +155,7 @@ func (b *builder) pushAll(ctx context.Context, reg *registry, busybox string) (m
 	}
 	images := map[string]*image{}
 	push := func(label string, p ...testregistry.Platform) error {
-		ref := reg.host + "/e2e/" + label + ":v1"
+		ref := reg.Host + "/e2e/" + label + ":v1"
 		r, err := name.ParseReference(ref, name.Insecure)
 		if err != nil {
 			return err
@@ -225,14 +227,14 @@ func (b *builder) pushAll(ctx context.Context, reg *registry, busybox string) (m
 	}
 
 	// zstd:chunked by the real producers, from an OCI layout of the gzip image.
-	src, err := b.ociLayout(reg.host + "/e2e/" + imgGzip + ":v1")
+	src, err := b.ociLayout(reg.Host + "/e2e/" + imgGzip + ":v1")
 	if err != nil {
 		return nil, err
 	}
-	if err := b.skopeoZstdChunked(ctx, src, "docker://"+reg.host+"/e2e/"+imgZstdLegacy+":v1"); err != nil {
+	if err := b.skopeoZstdChunked(ctx, src, "docker://"+reg.Host+"/e2e/"+imgZstdLegacy+":v1"); err != nil {
 		return nil, err
 	}
-	if out, err := run(ctx, b.env, b.harness, "convert", "--compress", "zstd:chunked", src, "docker://"+reg.host+"/e2e/"+imgZstdModern+":v1"); err != nil {
+	if out, err := run(ctx, b.env, b.harness, "convert", "--compress", "zstd:chunked", src, "docker://"+reg.Host+"/e2e/"+imgZstdModern+":v1"); err != nil {
 		return nil, fmt.Errorf("harness convert: %v\n%s", err, out)
 	}
 
@@ -241,7 +243,7 @@ func (b *builder) pushAll(ctx context.Context, reg *registry, busybox string) (m
 		if strings.HasPrefix(n, "whiteout") {
 			ref0 = imgWhiteoutGzip
 		}
-		img, err := describe(ctx, n, reg.host+"/e2e/"+n+":v1", nil)
+		img, err := describe(ctx, n, reg.Host+"/e2e/"+n+":v1", nil)
 		if err != nil {
 			return nil, err
 		}

@@ -17,6 +17,8 @@ import (
 
 	"github.com/klauspost/compress/zstd"
 	"github.com/opencontainers/go-digest"
+
+	"github.com/layerstore/layerstore/internal/dockerregistry"
 )
 
 // listScript prints one line per entry under /bin, /t and /w of an image, in the image's own
@@ -81,7 +83,7 @@ type podman struct {
 func (s *suite) newPodman(t *testing.T, store string, extraEnv ...string) *podman {
 	t.Helper()
 	dir := t.TempDir()
-	p := &podman{dir: dir, env: s.runtimeEnv(t, dir, store, registriesConf(s.open.host, s.private.host), extraEnv...)}
+	p := &podman{dir: dir, env: s.runtimeEnv(t, dir, store, registriesConf(s.open.Host, s.private.Host), extraEnv...)}
 	t.Cleanup(func() {
 		// Containers are run with --rm; this unmounts what podman left and frees the storage.
 		run(context.Background(), p.env, "podman", "system", "reset", "--force")
@@ -183,7 +185,7 @@ func (h *harness) pull(t *testing.T, ref string, args ...string) (pullResult, er
 
 // checkPull checks the registry log of one pull: no layer the runtime could take from the store
 // downloaded in full, and every other layer downloaded normally.
-func checkPull(t *testing.T, img *image, g map[digest.Digest]gets, lazy func(digest.Digest) bool) {
+func checkPull(t *testing.T, img *image, g map[digest.Digest]dockerregistry.Gets, lazy func(digest.Digest) bool) {
 	t.Helper()
 	for _, d := range img.layers {
 		switch {
@@ -196,7 +198,7 @@ func checkPull(t *testing.T, img *image, g map[digest.Digest]gets, lazy func(dig
 	t.Logf("%s: registry requests per layer: %s", img.name, describeGets(img, g))
 }
 
-func describeGets(img *image, g map[digest.Digest]gets) string {
+func describeGets(img *image, g map[digest.Digest]dockerregistry.Gets) string {
 	var parts []string
 	for _, d := range img.layers {
 		kind := "plain"

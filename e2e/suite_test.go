@@ -20,6 +20,8 @@ import (
 	"github.com/layerstore/layerstore/fs"
 	"github.com/layerstore/layerstore/internal/control"
 	"github.com/layerstore/layerstore/layer"
+
+	"github.com/layerstore/layerstore/internal/dockerregistry"
 )
 
 // The private registry's account.
@@ -32,8 +34,8 @@ const (
 type suite struct {
 	dir               string
 	bin               string // layerstore, layerstore-auth-helper and harness
-	open              *registry
-	private           *registry // htpasswd auth
+	open              *dockerregistry.Registry
+	private           *dockerregistry.Registry // htpasswd auth
 	images            map[string]*image
 	privImg           *image            // the eStargz image on the private registry
 	regConf           string            // registries.conf marking both registries insecure
@@ -114,7 +116,7 @@ func setUp() (_ *suite, err error) {
 		return nil, fmt.Errorf("htpasswd: %v\n%s", err, out)
 	}
 	for _, r := range []struct {
-		reg  **registry
+		reg  **dockerregistry.Registry
 		name string
 		auth string
 	}{{&s.open, "open", ""}, {&s.private, "private", htpasswd}} {
@@ -122,18 +124,18 @@ func setUp() (_ *suite, err error) {
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			return nil, err
 		}
-		if *r.reg, err = startRegistry(ctx, d, r.auth); err != nil {
+		if *r.reg, err = dockerregistry.Start(ctx, dockerregistry.Config{DataDir: filepath.Join(d, "data"), ConfDir: d, Htpasswd: r.auth}); err != nil {
 			return nil, err
 		}
 	}
 	s.regConf = filepath.Join(dir, "registries.conf")
-	if err := os.WriteFile(s.regConf, []byte(registriesConf(s.open.host, s.private.host)), 0o644); err != nil {
+	if err := os.WriteFile(s.regConf, []byte(registriesConf(s.open.Host, s.private.Host)), 0o644); err != nil {
 		return nil, err
 	}
 	s.goodAuth = filepath.Join(dir, "auth-good.json")
 	s.badAuth = filepath.Join(dir, "auth-bad.json")
 	for path, pass := range map[string]string{s.goodAuth: password, s.badAuth: "wrong-password"} {
-		if err := os.WriteFile(path, []byte(authJSON(s.private.host, user, pass)), 0o600); err != nil {
+		if err := os.WriteFile(path, []byte(authJSON(s.private.Host, user, pass)), 0o600); err != nil {
 			return nil, err
 		}
 	}
@@ -169,9 +171,9 @@ func (s *suite) tearDown() {
 	if s == nil {
 		return
 	}
-	for _, r := range []*registry{s.open, s.private} {
+	for _, r := range []*dockerregistry.Registry{s.open, s.private} {
 		if r != nil {
-			r.stop()
+			r.Stop()
 		}
 	}
 	if s.dir != "" {

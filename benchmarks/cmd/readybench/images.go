@@ -18,6 +18,7 @@ import (
 	"github.com/opencontainers/go-digest"
 
 	"github.com/layerstore/layerstore/chunked"
+	"github.com/layerstore/layerstore/internal/dockerregistry"
 )
 
 // imageCache owns the -images directory: the root filesystems, layer tars, file profiles and
@@ -89,7 +90,7 @@ func (c *imageCache) step(what string, s stamp, start time.Time) {
 }
 
 // ensure builds what is missing and pushes every image in every format to reg.
-func (c *imageCache) ensure(ctx context.Context, reg *registry) error {
+func (c *imageCache) ensure(ctx context.Context, reg *dockerregistry.Registry) error {
 	start := time.Now()
 	for _, d := range []string{"rootfs", "layers", "profiles", "blobs"} {
 		if err := os.MkdirAll(filepath.Join(c.dir, d), 0o755); err != nil {
@@ -196,13 +197,13 @@ func (c *imageCache) layerTar(r layerRecipe) (layerTar, stamp, error) {
 }
 
 // push writes img in format f, made of blobs, to the registry as bench/<image>:<format>.
-func (c *imageCache) push(ctx context.Context, reg *registry, img imageSpec, f string, blobs []layerBlob) (*pushedImage, error) {
+func (c *imageCache) push(ctx context.Context, reg *dockerregistry.Registry, img imageSpec, f string, blobs []layerBlob) (*pushedImage, error) {
 	repo := "bench/" + img.name + ":" + f
 	i, err := buildImage(blobs, img.cmd)
 	if err != nil {
 		return nil, err
 	}
-	ref, err := name.ParseReference(reg.host+"/"+repo, name.Insecure)
+	ref, err := name.ParseReference(reg.Host+"/"+repo, name.Insecure)
 	if err != nil {
 		return nil, err
 	}
@@ -214,7 +215,7 @@ func (c *imageCache) push(ctx context.Context, reg *registry, img imageSpec, f s
 
 // zstdChunked converts the gzip image to zstd:chunked with the e2e harness (the current
 // c/storage compressor), unless the registry holds a conversion of the same gzip image.
-func (c *imageCache) zstdChunked(ctx context.Context, reg *registry, img imageSpec, start time.Time) error {
+func (c *imageCache) zstdChunked(ctx context.Context, reg *dockerregistry.Registry, img imageSpec, start time.Time) error {
 	src := c.cat.Images[img.name][fmtGzip]
 	repo := "bench/" + img.name + ":" + fmtZstd
 	if old := c.cat.Images[img.name][fmtZstd]; old != nil && old.From == src.Manifest {
@@ -230,12 +231,12 @@ func (c *imageCache) zstdChunked(ctx context.Context, reg *registry, img imageSp
 	fmt.Fprintf(os.Stderr, "converting %s to zstd:chunked (e2e harness)\n", img.name)
 	t0 := time.Now()
 	regConf := filepath.Join(c.binDir, "registries.conf")
-	if err := os.WriteFile(regConf, []byte(registriesConf(reg.host)), 0o644); err != nil {
+	if err := os.WriteFile(regConf, []byte(registriesConf(reg.Host)), 0o644); err != nil {
 		return err
 	}
 	logPath := filepath.Join(c.dir, "build.log")
 	cmd := []string{c.harness, "convert", "--timeout", "30m", "--compress", "zstd:chunked", "--src-tls-verify=false", "--dest-tls-verify=false",
-		"docker://" + reg.host + "/" + src.Repo, "docker://" + reg.host + "/" + repo}
+		"docker://" + reg.Host + "/" + src.Repo, "docker://" + reg.Host + "/" + repo}
 	if err := command(ctx, logPath, "env", append([]string{"CONTAINERS_REGISTRIES_CONF=" + regConf}, cmd...)...); err != nil {
 		return fmt.Errorf("zstd:chunked conversion of %s: %w", img.name, err)
 	}
@@ -263,8 +264,8 @@ func (c *imageCache) buildHarness(ctx context.Context) error {
 }
 
 // describe reads what the registry says of repo for this host's platform.
-func describe(ctx context.Context, reg *registry, repo string) (*pushedImage, error) {
-	ref, err := name.ParseReference(reg.host+"/"+repo, name.Insecure)
+func describe(ctx context.Context, reg *dockerregistry.Registry, repo string) (*pushedImage, error) {
+	ref, err := name.ParseReference(reg.Host+"/"+repo, name.Insecure)
 	if err != nil {
 		return nil, err
 	}

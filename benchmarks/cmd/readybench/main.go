@@ -31,8 +31,10 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/layerstore/layerstore/benchmarks/internal/benchenv"
 	"github.com/layerstore/layerstore/benchmarks/internal/shaper"
 	"github.com/layerstore/layerstore/fs"
+	"github.com/layerstore/layerstore/internal/dockerregistry"
 )
 
 type options struct {
@@ -49,7 +51,6 @@ type options struct {
 	daemonBin   string
 	seed        uint64
 	verbose     bool
-	passthrough bool
 	noPrefetch  bool
 }
 
@@ -69,11 +70,7 @@ func main() {
 	flag.StringVar(&o.daemonBin, "daemon", "", "layerstore binary to run (default: go build ./cmd/layerstore)")
 	flag.Uint64Var(&o.seed, "seed", 0, "seed of the shuffled run order (default: from the clock; printed in the report)")
 	flag.BoolVar(&o.verbose, "v", false, "print how long each step of every run took")
-	// Off by default: with passthrough, a process that mapped a file before it was local
-	// cannot exec a program needing the same file (the dynamic loader) once it is: the open
-	// fails with EIO (see benchmarks/README.md), which breaks the gcc workload.
 	flag.BoolVar(&o.noPrefetch, "no-prefetch", false, "run layerstore without its background fetch (a diagnostic: what the fetch costs the workload on a slow link)")
-	flag.BoolVar(&o.passthrough, "passthrough", false, "run layerstore with [fuse] passthrough on (breaks multi-process workloads on layerstore 1a5f843)")
 	flag.Parse()
 	if err := o.parse(links, only, full); err != nil {
 		fmt.Fprintln(os.Stderr, "readybench:", err)
@@ -138,7 +135,7 @@ func run(ctx context.Context, o options) error {
 			return fmt.Errorf("%s not found: apt-get install -y %s", t.tool, t.pkg)
 		}
 	}
-	modDir, err := moduleDir()
+	modDir, err := benchenv.ModuleDir()
 	if err != nil {
 		return err
 	}
@@ -157,6 +154,7 @@ func run(ctx context.Context, o options) error {
 	if err != nil {
 		return err
 	}
+	machine := append(benchenv.Machine(modDir, work), toolVersions()...)
 	defer func() {
 		unmountUnder(work)
 		if o.keep {
@@ -186,18 +184,18 @@ func run(ctx context.Context, o options) error {
 		}
 	}
 
-	reg, err := startRegistry(ctx, filepath.Join(o.images, "registry"), work)
+	reg, err := dockerregistry.Start(ctx, dockerregistry.Config{DataDir: filepath.Join(o.images, "registry"), ConfDir: work})
 	if err != nil {
 		return err
 	}
-	defer reg.stop()
+	defer reg.Stop()
 	images := &imageCache{dir: o.images, modDir: modDir, binDir: bin}
 	if err := images.ensure(ctx, reg); err != nil {
 		return fmt.Errorf("building the images: %w", err)
 	}
 	fmt.Fprintf(os.Stderr, "images ready (%.0fs)\n", time.Since(started).Seconds())
 
-	proxy, err := shaper.Listen("127.0.0.1:0", reg.host, o.links[0])
+	proxy, err := shaper.Listen("127.0.0.1:0", reg.Host, o.links[0])
 	if err != nil {
 		return err
 	}
@@ -207,9 +205,9 @@ func run(ctx context.Context, o options) error {
 		return err
 	}
 	b := &bench{opts: o, work: work, reg: reg, proxy: proxy, images: images, warm: map[string]string{},
-		stores: map[string]store{"layerstore": &layerstoreStore{bin: daemon, registriesConf: regConf, passthrough: o.passthrough, prefetch: !o.noPrefetch}}}
+		stores: map[string]store{"layerstore": &layerstoreStore{bin: daemon, registriesConf: regConf, prefetch: !o.noPrefetch}}}
 	if o.peer != "" {
-		p := &peerStore{bin: o.peer, registryHost: proxy.Addr()}
+		p := &peerStore{bin: o.peer}
 		if p.name() == "layerstore" {
 			return errors.New("-peer: the peer's binary must not be called layerstore")
 		}
@@ -228,18 +226,6 @@ func run(ctx context.Context, o options) error {
 		return err
 	}
 	rep := &report{opts: o, b: b, cells: cells, results: results, started: started,
-		measureSeconds: time.Since(measureStart).Seconds(), machine: machineInfo(modDir, daemon)}
+		measureSeconds: time.Since(measureStart).Seconds(), machine: machine}
 	return rep.write(ctx, modDir)
-}
-
-func moduleDir() (string, error) {
-	out, err := exec.Command("go", "env", "GOMOD").Output()
-	if err != nil {
-		return "", fmt.Errorf("go env GOMOD: %w", err)
-	}
-	mod := strings.TrimSpace(string(out))
-	if mod == "" || mod == os.DevNull {
-		return "", errors.New("run from inside the layerstore module")
-	}
-	return filepath.Dir(mod), nil
 }

@@ -1,19 +1,17 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"slices"
 	"strings"
 	"time"
 
-	"golang.org/x/sys/unix"
+	"github.com/layerstore/layerstore/benchmarks/internal/benchenv"
 )
 
 // report is the Markdown results file and its plots.
@@ -27,45 +25,19 @@ type report struct {
 	machine        []string
 }
 
-// machineInfo describes the machine and the software measured.
-func machineInfo(modDir, daemon string) []string {
-	var u unix.Utsname
-	_ = unix.Uname(&u)
-	cpu := "?"
-	if f, err := os.Open("/proc/cpuinfo"); err == nil {
-		sc := bufio.NewScanner(f)
-		for sc.Scan() {
-			if k, v, ok := strings.Cut(sc.Text(), ":"); ok && strings.TrimSpace(k) == "model name" {
-				cpu = strings.TrimSpace(v)
-				break
-			}
-		}
-		f.Close()
-	}
-	mem := "?"
-	if b, err := os.ReadFile("/proc/meminfo"); err == nil {
-		mem = strings.Join(strings.Fields(strings.SplitN(string(b), "\n", 2)[0])[1:], " ")
-	}
-	version := func(dir string, name string, args ...string) string {
-		cmd := exec.Command(name, args...)
-		cmd.Dir = dir
-		out, err := cmd.Output()
+// toolVersions names the runtime pieces measured, beside benchenv's machine lines.
+func toolVersions() []string {
+	version := func(name string, args ...string) string {
+		out, err := exec.Command(name, args...).Output()
 		if err != nil {
 			return "?"
 		}
-		return strings.TrimSpace(string(out))
+		return strings.SplitN(strings.TrimSpace(string(out)), "\n", 2)[0]
 	}
 	return []string{
-		"date: " + time.Now().Format(time.RFC3339),
-		fmt.Sprintf("CPU: %s, %d cores", cpu, runtime.NumCPU()),
-		"memory: " + mem,
-		"kernel: " + unix.ByteSliceToString(u.Release[:]),
-		"podman: " + version("", "podman", "--version"),
-		"runc: " + strings.SplitN(version("", "runc", "--version"), "\n", 2)[0],
-		"docker-registry: " + version("", "docker-registry", "--version"),
-		"Go: " + runtime.Version(),
-		"layerstore: " + version(modDir, "git", "describe", "--always", "--dirty") + " (" + filepath.Base(daemon) + ")",
-		"load average at start: " + loadavg(),
+		"podman: " + version("podman", "--version"),
+		"runc: " + version("runc", "--version"),
+		"docker-registry: " + version("docker-registry", "--version"),
 	}
 }
 
@@ -74,14 +46,6 @@ func onOff(b bool) string {
 		return "on"
 	}
 	return "off"
-}
-
-func loadavg() string {
-	b, err := os.ReadFile("/proc/loadavg")
-	if err != nil {
-		return "?"
-	}
-	return strings.Join(strings.Fields(string(b))[:3], " ")
 }
 
 // stats are the percentiles of one measure over a cell's samples.
@@ -129,24 +93,25 @@ func (r *report) markdown(plots map[string]string) string {
 	for _, m := range r.machine {
 		w("- %s\n", m)
 	}
-	w("- load average at the end: %s\n", loadavg())
+	w("- load average at the end: %s\n", benchenv.Loadavg())
 	w("- command: `go run ./benchmarks/cmd/readybench %s`\n", strings.Join(os.Args[1:], " "))
-	w("- layerstore: `layerstore serve` with background fetch %s and FUSE passthrough %s%s\n", onOff(!o.noPrefetch), onOff(o.passthrough),
-		map[bool]string{false: " (off by default here: with it, a process that mapped a file before it was local cannot exec a program needing that file once it is, EIO; see benchmarks/README.md)", true: ""}[o.passthrough])
+	w("- layerstore: `layerstore serve` with background fetch %s and FUSE passthrough on\n", onOff(!o.noPrefetch))
 	w("- samples per cell: %d, run order shuffled with seed %d\n", o.samples, o.seed)
 	w("- wall time: %.0f s in all, of which %.0f s measuring (warm-cache preparation included)\n\n", time.Since(r.started).Seconds(), r.measureSeconds)
 
 	w("**Headline: total = `podman pull` + `podman run` until the workload's ready line** (stargz-snapshotter's\n")
-	w("pull + create + run), from empty podman storage. *Cold*: a fresh store with an empty cache, and\n")
-	w("`echo 3 > /proc/sys/vm/drop_caches` before the pull. *Warm*: podman storage still empty, but the store\n")
-	w("restarted on a cache filled by an earlier complete run (every layer fetched), and no cache drop; for a\n")
-	w("full pull, the image's blobs read into the page cache on the registry's side just before. Every byte\n")
+	w("pull + create + run), from empty podman storage, after `sync; echo 3 > /proc/sys/vm/drop_caches`\n")
+	w("(always: a page cache left full by earlier runs makes podman's pull about 1.6x slower on this VM).\n")
+	w("*Cold*: a fresh store with an empty cache. *Warm*: the store restarted on a cache filled by an earlier\n")
+	w("complete run (every layer fetched); for a full pull, the image's blobs read\n")
+	w("into the page cache on the registry's side just before. Every byte\n")
 	w("between podman or the store and the registry goes through the shaping proxy (one link shared by\n")
 	w("all connections; bandwidth per direction, RTT/2 one-way delay each way, 1.5 RTT before a new\n")
 	w("connection's first request arrives). p50 is the median; p95 is nearest-rank (with 5 samples, the\n")
 	w("largest). \"lazy/full\" is the lazy p50 total over the gzip full pull's p50 total in the same image,\n")
 	w("link and cache state. \"via link\" is the median of the bytes the registry sent through the link\n")
-	w("during pull and run (a store's background fetch until the container was ready included).\n\n")
+	w("from the start of the pull to the ready line (a store's background fetch included). \"from store\" is\n")
+	w("the number of layers podman took from the store (its `additionallayer` marks).\n\n")
 
 	w("## Images\n\n")
 	w("Built offline from Debian %s (`debootstrap --variant=minbase`, then `apt-get install --no-install-recommends`\n", suite)

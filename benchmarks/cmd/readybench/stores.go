@@ -5,15 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"syscall"
 	"time"
 
 	"github.com/opencontainers/go-digest"
-	"golang.org/x/sys/unix"
 
 	"github.com/layerstore/layerstore/benchmarks/internal/benchd"
+	"github.com/layerstore/layerstore/benchmarks/internal/peer"
 )
 
 // store is an additional layer store under test: layerstore, or a peer given with -peer.
@@ -39,12 +37,11 @@ type mountedStore interface {
 
 var errCannotTell = errors.New("the store does not report its layers")
 
-// layerstoreStore runs `layerstore serve` as a user would (background fetch on), with FUSE
-// passthrough as -passthrough says.
+// layerstoreStore runs `layerstore serve` as a user would: background fetch (unless
+// -no-prefetch) and FUSE passthrough on.
 type layerstoreStore struct {
 	bin            string
 	registriesConf string
-	passthrough    bool
 	prefetch       bool
 }
 
@@ -57,7 +54,7 @@ func (s *layerstoreStore) start(ctx context.Context, dir, cacheDir string) (moun
 		return nil, err
 	}
 	d, err := benchd.Start(ctx, benchd.Config{Bin: s.bin, Dir: dir, CacheDir: cacheDir,
-		RegistriesConf: s.registriesConf, Prefetch: s.prefetch, Passthrough: s.passthrough})
+		RegistriesConf: s.registriesConf, Prefetch: s.prefetch, Passthrough: true})
 	if err != nil {
 		return nil, err
 	}
@@ -81,16 +78,12 @@ func (r *runningLayerstore) waitComplete(ctx context.Context, layers []digest.Di
 	return nil
 }
 
-// peerStore runs another additional layer store binary with the command line of
-// stargz-store (containerd/stargz-snapshotter's store for CRI-O and podman):
-//
-//	PEER --root CACHEDIR --config DIR/config.toml MOUNTPOINT
-//
-// with a config marking the registry's (shaped) address as plain HTTP. It is written to that
-// documented interface but has not been run here: no stargz-store binary was available.
+// peerStore runs another additional layer store with stargz-store's command line
+// (benchmarks/internal/peer), configured as stargz-store ships: prefetch of the prioritized
+// files and background fetch on, passthrough off. Its cache (its --root) is the cache
+// directory, so that a warm run restarts it on the cache an earlier run filled.
 type peerStore struct {
-	bin          string
-	registryHost string
+	bin string
 }
 
 var _ store = (*peerStore)(nil)
@@ -98,89 +91,24 @@ var _ store = (*peerStore)(nil)
 func (s *peerStore) name() string { return filepath.Base(s.bin) }
 
 func (s *peerStore) start(ctx context.Context, dir, cacheDir string) (mountedStore, error) {
-	mnt := filepath.Join(dir, "mnt")
-	for _, d := range []string{mnt, cacheDir} {
-		if err := os.MkdirAll(d, 0o755); err != nil {
-			return nil, err
-		}
-	}
-	conf := filepath.Join(dir, "config.toml")
-	c := fmt.Sprintf("[[resolver.host.%q.mirrors]]\nhost = %q\ninsecure = true\n", s.registryHost, s.registryHost)
-	if err := os.WriteFile(conf, []byte(c), 0o644); err != nil {
+	if err := os.MkdirAll(cacheDir, 0o755); err != nil {
 		return nil, err
 	}
-	logPath := filepath.Join(dir, "peer.log")
-	lf, err := os.Create(logPath)
+	p, err := peer.Start(ctx, peer.Config{Bin: s.bin, Dir: cacheDir, Mountpoint: filepath.Join(dir, "mnt"),
+		Prefetch: true, Background: true})
 	if err != nil {
 		return nil, err
 	}
-	cmd := exec.Command(s.bin, "--root", cacheDir, "--config", conf, mnt)
-	cmd.Stdout, cmd.Stderr = lf, lf
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := cmd.Start(); err != nil {
-		lf.Close()
-		return nil, err
-	}
-	r := &runningPeer{cmd: cmd, mnt: mnt, log: lf, logPath: logPath, exited: make(chan struct{})}
-	go func() { cmd.Wait(); close(r.exited) }()
-	deadline := time.Now().Add(30 * time.Second)
-	for !isFUSE(mnt) {
-		select {
-		case <-r.exited:
-			r.stop()
-			return nil, fmt.Errorf("%s exited: %s", s.bin, tail(logPath, 2000))
-		case <-ctx.Done():
-			r.stop()
-			return nil, ctx.Err()
-		case <-time.After(20 * time.Millisecond):
-		}
-		if time.Now().After(deadline) {
-			r.stop()
-			return nil, fmt.Errorf("%s: no FUSE mount on %s after 30s: %s", s.bin, mnt, tail(logPath, 2000))
-		}
-	}
-	return r, nil
+	return &runningPeer{p}, nil
 }
 
-type runningPeer struct {
-	cmd     *exec.Cmd
-	mnt     string
-	log     *os.File
-	logPath string
-	exited  chan struct{}
-}
+type runningPeer struct{ p *peer.Store }
 
 var _ mountedStore = (*runningPeer)(nil)
 
-func (r *runningPeer) mountpoint() string { return r.mnt }
+func (r *runningPeer) mountpoint() string { return r.p.Cfg.Mountpoint }
+func (r *runningPeer) stop()              { r.p.Stop() }
 
 func (r *runningPeer) waitComplete(context.Context, []digest.Digest, time.Duration) error {
 	return errCannotTell
-}
-
-// stop: SIGTERM, SIGKILL after 10 s, then a lazy unmount of whatever is left.
-func (r *runningPeer) stop() {
-	select {
-	case <-r.exited:
-	default:
-		r.cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-r.exited:
-		case <-time.After(10 * time.Second):
-			r.cmd.Process.Kill()
-			<-r.exited
-		}
-	}
-	for range 5 {
-		if !isFUSE(r.mnt) {
-			break
-		}
-		unix.Unmount(r.mnt, unix.MNT_DETACH)
-	}
-	r.log.Close()
-}
-
-func isFUSE(p string) bool {
-	var st unix.Statfs_t
-	return unix.Statfs(p, &st) == nil && st.Type == benchd.FuseSuperMagic
 }
