@@ -18,8 +18,9 @@
 // fetcher can make), verifies them, serves them and writes them to the cache. Concurrent
 // reads of one chunk share one fetch. In the background every resolved layer is fetched
 // completely, prioritized files first, in large coalesced requests verified on every core;
-// background work yields to reads a runtime is waiting for, can be bounded in concurrency and
-// bandwidth, and stops for layers whose users all went away.
+// background work yields to reads a runtime is waiting for, starts its requests (prioritized
+// files aside) only once the runtime has been quiet for a while (WithPrefetchQuiet), can be
+// bounded in concurrency and bandwidth, and stops for layers whose users all went away.
 //
 // The package never reads configuration files or global state: everything is an option with
 // a documented default.
