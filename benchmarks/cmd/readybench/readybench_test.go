@@ -21,7 +21,7 @@ func TestParseStrace(t *testing.T) {
 	files := map[string]string{
 		"t.100": `1.000 execve("/usr/sbin/chroot", ["chroot", "/m"], 0x7ffc /* 5 vars */) = 0
 1.001 openat(AT_FDCWD, "/etc/ld.so.cache", O_RDONLY|O_CLOEXEC) = 3
-1.002 chroot("/work/m") = 0
+1.002 chroot("/m") = 0
 1.003 execve("/usr/bin/env", ["env", "-i"], 0x7ffc /* 5 vars */) = 0
 1.004 openat(AT_FDCWD, "/lib/x86_64-linux-gnu/libc.so.6", O_RDONLY|O_CLOEXEC) = 3
 1.006 newfstatat(AT_FDCWD, "/usr/lib/python3.11/os.py", {st_mode=S_IFREG|0644, st_size=39504, ...}, 0) = 0
