@@ -62,6 +62,7 @@ type sample struct {
 	Bytes     int64   // delivered from the registry through the link until the ready line
 	FromStore int     // layers c/storage took from the store
 	FullGets  int     // full GETs of lazily pullable layers (must be 0 for layerstore)
+	Requests  int     // blob GETs the registry answered from the start of the pull to the ready line
 	Seconds   float64 // wall time of the whole run, set-up and clean-up included
 	Phases    string  // how long each step of the run took
 }
@@ -284,6 +285,9 @@ func (b *bench) runOnce(ctx context.Context, c cell) (s sample, err error) {
 	}
 	_, down1 := b.proxy.Bytes()
 	s.Pull, s.Run, s.Exit, s.Bytes, s.FromStore = pull.Seconds(), toReady.Seconds(), toExit.Seconds(), down1-down0, pm.fromStore()
+	for _, g := range b.reg.BlobGets(mark) {
+		s.Requests += g.Full + g.Ranged
+	}
 	ph.mark("pull+run")
 	pm.remove(name)
 	ph.mark("podman rm")

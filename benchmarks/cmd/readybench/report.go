@@ -111,7 +111,8 @@ func (r *report) markdown(plots map[string]string) string {
 	w("largest). \"lazy/full\" is the lazy p50 total over the gzip full pull's p50 total in the same image,\n")
 	w("link and cache state. \"via link\" is the median of the bytes the registry sent through the link\n")
 	w("from the start of the pull to the ready line (a store's background fetch included). \"from store\" is\n")
-	w("the number of layers podman took from the store (its `additionallayer` marks).\n\n")
+	w("the number of layers podman took from the store (its `additionallayer` marks); \"blob GETs\" the median of\n")
+	w("the blob requests (whole or ranged) the registry answered from the start of the pull to the ready line.\n\n")
 
 	w("## Images\n\n")
 	w("Built offline from Debian %s (`debootstrap --variant=minbase`, then `apt-get install --no-install-recommends`\n", suite)
@@ -173,8 +174,8 @@ func (r *report) markdown(plots map[string]string) string {
 		if p := plots[l.String()]; p != "" {
 			w("![time to ready over %s](%s)\n\n", l, p)
 		}
-		w("| image | format | mode | cache | n | pull p50 | pull p95 | run p50 | run p95 | **total p50** | total p95 | lazy/full | from store | via link |\n")
-		w("|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+		w("| image | format | mode | cache | n | pull p50 | pull p95 | run p50 | run p95 | **total p50** | total p95 | lazy/full | from store | via link | blob GETs |\n")
+		w("|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 		for _, c := range r.cells {
 			if c.link.String() != l.String() {
 				continue
@@ -194,8 +195,9 @@ func (r *report) markdown(plots map[string]string) string {
 			if full := measureOf(ss, func(s sample) float64 { return float64(s.FullGets) }); full.p95 > 0 {
 				fromStr += fmt.Sprintf(" (%.0f full GETs)", full.p95)
 			}
-			w("| %s | %s | %s | %s | %d | %.2f | %.2f | %.2f | %.2f | **%.2f** | %.2f | %s | %s | %s |\n",
-				c.image.name, c.format, c.mode(), c.cache(), len(ss), pull.p50, pull.p95, run.p50, run.p95, total.p50, total.p95, ratio, fromStr, mb(int64(bytes.p50)))
+			gets := measureOf(ss, func(s sample) float64 { return float64(s.Requests) })
+			w("| %s | %s | %s | %s | %d | %.2f | %.2f | %.2f | %.2f | **%.2f** | %.2f | %s | %s | %s | %.0f |\n",
+				c.image.name, c.format, c.mode(), c.cache(), len(ss), pull.p50, pull.p95, run.p50, run.p95, total.p50, total.p95, ratio, fromStr, mb(int64(bytes.p50)), gets.p50)
 		}
 		w("\n")
 	}
