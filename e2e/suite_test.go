@@ -19,6 +19,7 @@ import (
 
 	"github.com/layerstore/layerstore/fs"
 	"github.com/layerstore/layerstore/internal/control"
+	"github.com/layerstore/layerstore/internal/syncbuf"
 	"github.com/layerstore/layerstore/layer"
 
 	"github.com/layerstore/layerstore/internal/dockerregistry"
@@ -233,7 +234,7 @@ type daemon struct {
 	mnt    string
 	socket string
 	cmd    *exec.Cmd
-	log    *lockedBuffer
+	log    *syncbuf.Buffer
 	done   chan struct{}
 	env    []string
 }
@@ -275,7 +276,7 @@ func (d *daemon) start(t *testing.T) {
 	}
 	defer notify.Close()
 	if d.log == nil {
-		d.log = &lockedBuffer{}
+		d.log = &syncbuf.Buffer{}
 	}
 	d.cmd = exec.Command(filepath.Join(d.s.bin, "layerstore"), "serve", "--config", filepath.Join(d.dir, "config.toml"), d.mnt)
 	d.cmd.Env = append(d.env, "NOTIFY_SOCKET="+notifyPath)

@@ -14,7 +14,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -23,6 +22,7 @@ import (
 
 	"github.com/layerstore/layerstore/fs"
 	"github.com/layerstore/layerstore/internal/control"
+	"github.com/layerstore/layerstore/internal/syncbuf"
 	"github.com/layerstore/layerstore/internal/testlayer"
 	"github.com/layerstore/layerstore/internal/testregistry"
 	"github.com/layerstore/layerstore/layer"
@@ -34,7 +34,7 @@ type daemon struct {
 	cmd    *exec.Cmd
 	mnt    string
 	socket string
-	log    *syncWriter
+	log    *syncbuf.Buffer
 	exited chan error
 }
 
@@ -116,7 +116,7 @@ func (e *serveEnv) start() *daemon {
 func (e *serveEnv) startCmd(cmd *exec.Cmd) *daemon {
 	t := e.t
 	t.Helper()
-	d := &daemon{t: t, cmd: cmd, mnt: e.mnt, socket: e.socket, log: &syncWriter{}, exited: make(chan error, 1)}
+	d := &daemon{t: t, cmd: cmd, mnt: e.mnt, socket: e.socket, log: &syncbuf.Buffer{}, exited: make(chan error, 1)}
 	d.cmd.Env = append(d.cmd.Env, "NOTIFY_SOCKET="+e.notify.LocalAddr().String())
 	d.cmd.Stderr = d.log
 	if err := d.cmd.Start(); err != nil {
@@ -156,24 +156,6 @@ func (e *serveEnv) startCmd(cmd *exec.Cmd) *daemon {
 		t.Fatalf("READY=1 before the mount answers: statfs type %#x, %v", st.Type, err)
 	}
 	return d
-}
-
-// syncWriter lets the test read the log while the process writes it.
-type syncWriter struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (w *syncWriter) Write(p []byte) (int, error) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.b.Write(p)
-}
-
-func (w *syncWriter) String() string {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.b.String()
 }
 
 func (e *serveEnv) layerDir(key digest.Digest) string {

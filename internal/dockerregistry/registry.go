@@ -4,7 +4,6 @@
 package dockerregistry
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -15,11 +14,12 @@ import (
 	"path/filepath"
 	"regexp"
 	"strconv"
-	"sync"
 	"syscall"
 	"time"
 
 	"github.com/opencontainers/go-digest"
+
+	"github.com/layerstore/layerstore/internal/syncbuf"
 )
 
 // Config says where a registry keeps its files.
@@ -35,8 +35,8 @@ type Registry struct {
 
 	dataDir string
 	cmd     *exec.Cmd
-	log     lockedBuffer // access log (stdout)
-	errs    lockedBuffer // the registry's own log
+	log     syncbuf.Buffer // access log (stdout)
+	errs    syncbuf.Buffer // the registry's own log
 	done    chan struct{}
 }
 
@@ -165,29 +165,3 @@ func freePort() (int, error) {
 	defer l.Close()
 	return l.Addr().(*net.TCPAddr).Port, nil
 }
-
-// lockedBuffer is written by the registry process and read by its users.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) Len() int {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Len()
-}
-
-func (l *lockedBuffer) From(off int) string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return string(l.b.Bytes()[off:])
-}
-
-func (l *lockedBuffer) String() string { return l.From(0) }
