@@ -20,17 +20,21 @@ type fetchCall struct {
 }
 
 // fetch returns the verified chunks of one file, fetching those nobody is fetching yet in one
-// batch of range requests. Reads a runtime waits for (demand) make background work yield and
-// return before their chunks are written to the cache; background batches write first.
+// batch of range requests, together with the chunks that follow the last of them in the blob
+// (readAhead) that nobody is fetching either. Reads a runtime waits for (demand) make
+// background work yield and return before their chunks are written to the cache; background
+// batches write first.
 func (l *Layer) fetch(ctx context.Context, file chunked.EntryID, idx []int, demand bool) ([]verify.Chunk, error) {
 	keys := make([]chunkKey, len(idx))
 	for i, c := range idx {
 		keys[i] = chunkKey{file, c}
 	}
-	return l.fetchKeys(ctx, keys, demand)
+	return l.fetchKeys(ctx, keys, l.readAhead(file, idx[len(idx)-1]), demand)
 }
 
-func (l *Layer) fetchKeys(ctx context.Context, keys []chunkKey, demand bool) ([]verify.Chunk, error) {
+// fetchKeys fetches keys, which the caller waits for, and extra, which it does not: extra
+// chunks somebody is already fetching are left to them.
+func (l *Layer) fetchKeys(ctx context.Context, keys, extra []chunkKey, demand bool) ([]verify.Chunk, error) {
 	calls := make([]*fetchCall, len(keys))
 	var mine []chunkKey
 	var mineCalls []*fetchCall
@@ -45,6 +49,16 @@ func (l *Layer) fetchKeys(ctx context.Context, keys []chunkKey, demand bool) ([]
 		calls[i] = c
 		mine = append(mine, k)
 		mineCalls = append(mineCalls, c)
+	}
+	if len(mine) > 0 {
+		for _, k := range extra {
+			if l.inflight[k] == nil {
+				c := &fetchCall{done: make(chan struct{})}
+				l.inflight[k] = c
+				mine = append(mine, k)
+				mineCalls = append(mineCalls, c)
+			}
+		}
 	}
 	l.mu.Unlock()
 
@@ -170,6 +184,54 @@ func parallel(n int, fn func(int)) {
 	close(next)
 	wg.Wait()
 }
+
+// readAhead returns the chunks that follow chunk i of file in the blob, within the read-ahead
+// window past its end: the rest of the file, then the next files in TOC order (the order of
+// their content in the blob), skipping files complete in the cache. A cold read costs a round
+// trip; the files beside it in the blob (the same directory's) are often read next, and a
+// small window costs little bandwidth. It stops at the first chunk not further in the blob.
+func (l *Layer) readAhead(file chunked.EntryID, i int) []chunkKey {
+	window := l.m.opts.readAhead
+	if window <= 0 {
+		return nil
+	}
+	cs := l.idx.Chunks(file)
+	pos, limit := cs[i].Offset, cs[i].End+window
+	var out []chunkKey
+	// take adds the chunks of id from the from-th on; false once one is not next in the blob.
+	take := func(id chunked.EntryID, from int) bool {
+		cs := l.idx.Chunks(id)
+		for j := from; j < len(cs); j++ {
+			c := cs[j]
+			if c.End == c.Offset {
+				continue // no bytes (zeros)
+			}
+			if c.Offset < pos || c.End > limit {
+				return false
+			}
+			pos = c.Offset
+			out = append(out, chunkKey{id, j})
+		}
+		return true
+	}
+	if !take(file, i+1) {
+		return out
+	}
+	for id, scanned := file+1, 0; int(id) < l.idx.Len() && scanned < readAheadEntries; id, scanned = id+1, scanned+1 {
+		e := l.idx.Entry(id)
+		if e.Type != chunked.TypeReg || e.Inode != id || e.Size == 0 || e.Digest.IsZero() || l.m.cache.Has(e.Digest) {
+			continue
+		}
+		if !take(id, 0) {
+			break
+		}
+	}
+	return out
+}
+
+// readAheadEntries bounds the TOC entries readAhead looks at (directories and links between
+// files hold no bytes).
+const readAheadEntries = 256
 
 // forgetFailed removes failed calls at once, so that the next read tries again.
 func (l *Layer) forgetFailed(keys []chunkKey, calls []*fetchCall) {

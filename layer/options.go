@@ -15,6 +15,7 @@ const (
 	DefaultPrefetchConcurrency = 4
 	DefaultPrefetchBatch       = 8 << 20
 	DefaultPrefetchQuiet       = time.Second
+	DefaultReadAhead           = 128 << 10
 	DefaultOpenFiles           = 512
 )
 
@@ -30,6 +31,7 @@ type options struct {
 	prefetchBatch       int64
 	prefetchBandwidth   int64
 	prefetchQuiet       time.Duration
+	readAhead           int64
 	openFiles           int
 	requireDiffID       bool
 }
@@ -46,6 +48,7 @@ func defaultOptions() options {
 		prefetchConcurrency: DefaultPrefetchConcurrency,
 		prefetchBatch:       DefaultPrefetchBatch,
 		prefetchQuiet:       DefaultPrefetchQuiet,
+		readAhead:           DefaultReadAhead,
 		openFiles:           DefaultOpenFiles,
 	}
 }
@@ -124,6 +127,20 @@ func WithPrefetchBatch(bytes int64) Option {
 			return errors.New("prefetch batch must be at least 64 KiB")
 		}
 		o.prefetchBatch = bytes
+		return nil
+	}
+}
+
+// WithReadAhead sets how many compressed bytes past a cold read's last chunk the same
+// request also fetches: the rest of the file and the files after it in the blob, which are
+// often read next (a directory's files, a program's libraries). The default is 128 KiB; zero
+// fetches only what reads ask for.
+func WithReadAhead(bytes int64) Option {
+	return func(o *options) error {
+		if bytes < 0 {
+			return errors.New("negative read-ahead")
+		}
+		o.readAhead = bytes
 		return nil
 	}
 }
