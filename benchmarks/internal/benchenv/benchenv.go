@@ -19,7 +19,7 @@ import (
 )
 
 // Machine returns the report's header lines: date, CPU, cores, memory, kernel, Go, the
-// layerstore version of the module at modDir (`git describe --always --dirty`), the
+// layerstore version of the module at modDir (`git describe --always`, "-dirty" for changes outside the results), the
 // filesystem holding work and the load average now.
 func Machine(modDir, work string) []string {
 	var u unix.Utsname
@@ -31,7 +31,7 @@ func Machine(modDir, work string) []string {
 		"memory: " + memTotal(),
 		"kernel: " + unix.ByteSliceToString(u.Release[:]),
 		"Go: " + runtime.Version(),
-		"layerstore: " + Version(modDir) + " (`git describe --always --dirty`)",
+		"layerstore: " + Version(modDir) + " (`git describe --always`)",
 		"work directory: " + FSOf(work),
 		"load average at start: " + Loadavg(),
 	}
@@ -60,15 +60,23 @@ func memTotal() string {
 	return strings.Join(strings.Fields(strings.SplitN(string(b), "\n", 2)[0])[1:], " ")
 }
 
-// Version is `git describe --always --dirty` of the module at modDir, or "?".
+// Version names the checked-out commit, with "-dirty" when tracked files other than the
+// results differ from it (a benchmark writing its results must not mark the next one dirty).
 func Version(modDir string) string {
-	cmd := exec.Command("git", "describe", "--always", "--dirty")
-	cmd.Dir = modDir
-	out, err := cmd.Output()
+	git := func(args ...string) (string, error) {
+		cmd := exec.Command("git", args...)
+		cmd.Dir = modDir
+		out, err := cmd.Output()
+		return strings.TrimSpace(string(out)), err
+	}
+	v, err := git("describe", "--always")
 	if err != nil {
 		return "?"
 	}
-	return strings.TrimSpace(string(out))
+	if changed, err := git("status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)benchmarks/results"); err != nil || changed != "" {
+		v += "-dirty"
+	}
+	return v
 }
 
 // Loadavg returns the 1, 5 and 15 minute load averages: other work on the machine skews
