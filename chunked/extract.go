@@ -10,6 +10,10 @@ import (
 	"github.com/klauspost/compress/zstd"
 )
 
+// maxTOCRatio bounds the uncompressed size of a TOC, per compressed byte, that ExtractTOC
+// allocates before decompressing it (TOC JSON compresses 5-10 times).
+const maxTOCRatio = 64
+
 // tocTarName is the tar entry holding an eStargz TOC.
 const tocTarName = "stargz.index.json"
 
@@ -30,7 +34,13 @@ func ExtractTOC(l *Layout, raw []byte, limits Limits) ([]byte, error) {
 		return nil, invalidf("TOC: %v", err)
 	}
 	defer dec.Close()
-	out, err := readCapped(dec, lim.MaxTOCSize, l.TOCUncompressed)
+	// The stated size sizes the buffer only when the compressed TOC could plausibly hold it:
+	// a manifest alone must not make the daemon allocate up to the limit.
+	hint := l.TOCUncompressed
+	if hint > maxTOCRatio*int64(len(raw)) {
+		hint = 0
+	}
+	out, err := readCapped(dec, lim.MaxTOCSize, hint)
 	if errors.Is(err, zstd.ErrDecoderSizeExceeded) || errors.Is(err, zstd.ErrWindowSizeExceeded) {
 		return nil, limitf("TOC: %v", err)
 	}
