@@ -242,13 +242,37 @@ func (r *Registry) record(layers []Layer) {
 
 // Image builds an OCI image of p's platform and layers, with /bin/sh as its command.
 func Image(p Platform) (v1.Image, error) {
+	layers := make([]ImageLayer, len(p.Layers))
+	for i, l := range p.Layers {
+		layers[i] = ImageLayer{CompressedLayer: &compressed{l}, Annotations: l.Annotations}
+	}
+	return ImageOf(layers, func(cf *v1.ConfigFile) {
+		cf.OS, cf.Architecture, cf.Variant = p.OS, p.Architecture, p.Variant
+		cf.Config.Cmd = []string{"/bin/sh"}
+	})
+}
+
+// ImageLayer is a compressed layer (its DiffID known) of an image ImageOf builds, with its
+// manifest annotations.
+type ImageLayer struct {
+	partial.CompressedLayer
+	Annotations map[string]string
+}
+
+// ImageOf builds an OCI image of layers (bottom first); configure sets the config's platform,
+// command and the like.
+func ImageOf(layers []ImageLayer, configure func(*v1.ConfigFile)) (v1.Image, error) {
 	var adds []mutate.Addendum
-	for _, l := range p.Layers {
-		cl, err := partial.CompressedToLayer(&compressed{l})
+	for _, l := range layers {
+		cl, err := partial.CompressedToLayer(l.CompressedLayer)
 		if err != nil {
 			return nil, err
 		}
-		adds = append(adds, mutate.Addendum{Layer: cl, Annotations: l.Annotations, MediaType: types.MediaType(l.MediaType)})
+		mt, err := l.MediaType()
+		if err != nil {
+			return nil, err
+		}
+		adds = append(adds, mutate.Addendum{Layer: cl, Annotations: l.Annotations, MediaType: mt})
 	}
 	base := mutate.MediaType(empty.Image, types.OCIManifestSchema1)
 	base = mutate.ConfigMediaType(base, types.OCIConfigJSON)
@@ -261,8 +285,7 @@ func Image(p Platform) (v1.Image, error) {
 		return nil, err
 	}
 	cf = cf.DeepCopy()
-	cf.OS, cf.Architecture, cf.Variant = p.OS, p.Architecture, p.Variant
-	cf.Config.Cmd = []string{"/bin/sh"}
+	configure(cf)
 	return mutate.ConfigFile(img, cf)
 }
 

@@ -16,14 +16,13 @@ import (
 
 	"github.com/containerd/stargz-snapshotter/estargz"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
-	"github.com/google/go-containerregistry/pkg/v1/empty"
-	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/partial"
 	"github.com/google/go-containerregistry/pkg/v1/types"
 	"github.com/klauspost/compress/gzip"
 	"github.com/opencontainers/go-digest"
 
 	"github.com/layerstore/layerstore/chunked"
+	"github.com/layerstore/layerstore/internal/testregistry"
 )
 
 // layerBlob is a compressed layer in the cache's blobs directory.
@@ -173,30 +172,16 @@ func estargzBlob(ctx context.Context, tarPath, out string, opts ...estargz.Optio
 // buildImage makes an OCI image of the host's platform from blobs (bottom first) whose
 // config runs cmd.
 func buildImage(blobs []layerBlob, cmd []string) (v1.Image, error) {
-	var adds []mutate.Addendum
-	for _, b := range blobs {
-		l, err := partial.CompressedToLayer(&fileLayer{b})
-		if err != nil {
-			return nil, err
-		}
-		adds = append(adds, mutate.Addendum{Layer: l, Annotations: b.Annotations, MediaType: types.MediaType(b.MediaType)})
+	layers := make([]testregistry.ImageLayer, len(blobs))
+	for i, b := range blobs {
+		layers[i] = testregistry.ImageLayer{CompressedLayer: &fileLayer{b}, Annotations: b.Annotations}
 	}
-	base := mutate.MediaType(empty.Image, types.OCIManifestSchema1)
-	base = mutate.ConfigMediaType(base, types.OCIConfigJSON)
-	img, err := mutate.Append(base, adds...)
-	if err != nil {
-		return nil, err
-	}
-	cf, err := img.ConfigFile()
-	if err != nil {
-		return nil, err
-	}
-	cf = cf.DeepCopy()
-	cf.OS, cf.Architecture = runtime.GOOS, runtime.GOARCH
-	cf.Config.Cmd = cmd
-	cf.Config.Env = imageEnv
-	cf.Config.WorkingDir = "/"
-	return mutate.ConfigFile(img, cf)
+	return testregistry.ImageOf(layers, func(cf *v1.ConfigFile) {
+		cf.OS, cf.Architecture = runtime.GOOS, runtime.GOARCH
+		cf.Config.Cmd = cmd
+		cf.Config.Env = imageEnv
+		cf.Config.WorkingDir = "/"
+	})
 }
 
 // fileLayer is a compressed layer blob on disk whose DiffID is known.
