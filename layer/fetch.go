@@ -15,26 +15,47 @@ import (
 // fetchCall is one chunk being fetched; every reader of the chunk waits for the same call.
 type fetchCall struct {
 	done chan struct{}
-	c    verify.Chunk
+	data []byte       // the chunk's verified content
+	c    verify.Chunk // set when fetched here (not taken from the cache), for storing
 	err  error
 }
 
-// fetch returns the verified chunks of one file, fetching those nobody is fetching yet in one
-// batch of range requests, together with the chunks that follow the last of them in the blob
-// (readAhead) that nobody is fetching either. Reads a runtime waits for (demand) make
-// background work yield and return before their chunks are written to the cache; background
-// batches write first.
-func (l *Layer) fetch(ctx context.Context, file chunked.EntryID, idx []int, demand bool) ([]verify.Chunk, error) {
+// fetch returns the verified content of chunks idx of one file, fetching those nobody is
+// fetching yet in one batch of range requests, together with the chunks that follow the last
+// of them in the blob (readAhead) that nobody is fetching either. A demand read (one a runtime
+// waits for) makes background work yield and returns before its chunks are written to the
+// cache; background batches write first. h, when not nil, is the caller's handle on the
+// file's cache entry, where it found the chunks missing.
+func (l *Layer) fetch(ctx context.Context, file chunked.EntryID, idx []int, h *handle, demand bool) ([][]byte, error) {
 	keys := make([]chunkKey, len(idx))
 	for i, c := range idx {
 		keys[i] = chunkKey{file, c}
 	}
-	return l.fetchKeys(ctx, keys, l.readAhead(file, idx[len(idx)-1]), demand)
+	var stored func(chunkKey) []byte
+	if h != nil {
+		stored = func(k chunkKey) []byte {
+			ref := l.ref(k)
+			if ref.Size == 0 || len(h.f.Missing(ref.FileOffset, ref.Size)) > 0 {
+				return nil
+			}
+			b, err := h.f.ReadChunk(ref)
+			if err != nil {
+				return nil
+			}
+			return b
+		}
+	}
+	return l.fetchKeys(ctx, keys, func() []chunkKey { return l.readAhead(file, idx[len(idx)-1]) }, stored, demand)
 }
 
-// fetchKeys fetches keys, which the caller waits for, and extra, which it does not: extra
-// chunks somebody is already fetching are left to them.
-func (l *Layer) fetchKeys(ctx context.Context, keys, extra []chunkKey, demand bool) ([]verify.Chunk, error) {
+// fetchKeys fetches keys, which the caller waits for, and the chunks extra returns (when not
+// nil), which it does not: extra chunks somebody is already fetching are left to them.
+//
+// A chunk the caller found missing may have been stored, and so no longer be in flight, by
+// the time it is claimed here: stored (when not nil) looks for each claimed key in the cache
+// again, after the claim, so that such a chunk is not fetched twice. (Storing writes to the
+// cache before it forgets the call.)
+func (l *Layer) fetchKeys(ctx context.Context, keys []chunkKey, extra func() []chunkKey, stored func(chunkKey) []byte, demand bool) ([][]byte, error) {
 	calls := make([]*fetchCall, len(keys))
 	var mine []chunkKey
 	var mineCalls []*fetchCall
@@ -50,8 +71,14 @@ func (l *Layer) fetchKeys(ctx context.Context, keys, extra []chunkKey, demand bo
 		mine = append(mine, k)
 		mineCalls = append(mineCalls, c)
 	}
-	if len(mine) > 0 {
-		for _, k := range extra {
+	l.mu.Unlock()
+	if stored != nil {
+		mine, mineCalls = l.takeStored(mine, mineCalls, stored)
+	}
+	if len(mine) > 0 && extra != nil {
+		more := extra()
+		l.mu.Lock()
+		for _, k := range more {
 			if l.inflight[k] == nil {
 				c := &fetchCall{done: make(chan struct{})}
 				l.inflight[k] = c
@@ -59,8 +86,8 @@ func (l *Layer) fetchKeys(ctx context.Context, keys, extra []chunkKey, demand bo
 				mineCalls = append(mineCalls, c)
 			}
 		}
+		l.mu.Unlock()
 	}
-	l.mu.Unlock()
 
 	if len(mine) > 0 {
 		if demand {
@@ -77,7 +104,7 @@ func (l *Layer) fetchKeys(ctx context.Context, keys, extra []chunkKey, demand bo
 			l.store(mine, mineCalls)
 		}
 	}
-	out := make([]verify.Chunk, len(keys))
+	out := make([][]byte, len(keys))
 	for i, c := range calls {
 		select {
 		case <-c.done:
@@ -87,9 +114,29 @@ func (l *Layer) fetchKeys(ctx context.Context, keys, extra []chunkKey, demand bo
 		if c.err != nil {
 			return nil, c.err
 		}
-		out[i] = c.c
+		out[i] = c.data
 	}
 	return out, nil
+}
+
+// takeStored completes the calls whose chunks stored finds, forgets them, and returns the
+// other keys and calls.
+func (l *Layer) takeStored(keys []chunkKey, calls []*fetchCall, stored func(chunkKey) []byte) ([]chunkKey, []*fetchCall) {
+	var restKeys, doneKeys []chunkKey
+	var restCalls, doneCalls []*fetchCall
+	for i, k := range keys {
+		if b := stored(k); b != nil {
+			calls[i].data = b
+			close(calls[i].done)
+			doneKeys, doneCalls = append(doneKeys, k), append(doneCalls, calls[i])
+			continue
+		}
+		restKeys, restCalls = append(restKeys, k), append(restCalls, calls[i])
+	}
+	if len(doneKeys) > 0 {
+		l.forget(doneKeys, doneCalls, func(*fetchCall) bool { return true })
+	}
+	return restKeys, restCalls
 }
 
 // run fetches and verifies the chunks of calls, and completes the calls. It does not depend on
@@ -151,7 +198,7 @@ func (l *Layer) run(ctx context.Context, keys []chunkKey, calls []*fetchCall, de
 			l.m.counters.verifyFailures.Add(1)
 			l.m.opts.log.Warn("chunk refused", "layer", l.desc.Digest, "err", err)
 		}
-		calls[i].c, calls[i].err = c, err
+		calls[i].c, calls[i].data, calls[i].err = c, c.Bytes(), err
 		close(calls[i].done)
 	})
 }
@@ -235,10 +282,15 @@ const readAheadEntries = 256
 
 // forgetFailed removes failed calls at once, so that the next read tries again.
 func (l *Layer) forgetFailed(keys []chunkKey, calls []*fetchCall) {
+	l.forget(keys, calls, func(c *fetchCall) bool { return c.err != nil })
+}
+
+// forget removes the calls of keys that match from the chunks in flight.
+func (l *Layer) forget(keys []chunkKey, calls []*fetchCall, match func(*fetchCall) bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	for i, k := range keys {
-		if calls[i].err != nil && l.inflight[k] == calls[i] {
+		if match(calls[i]) && l.inflight[k] == calls[i] {
 			delete(l.inflight, k)
 		}
 	}
@@ -289,13 +341,7 @@ func (l *Layer) store(keys []chunkKey, calls []*fetchCall) {
 			}
 		}
 	}
-	l.mu.Lock()
-	for i, k := range keys {
-		if l.inflight[k] == calls[i] {
-			delete(l.inflight, k)
-		}
-	}
-	l.mu.Unlock()
+	l.forget(keys, calls, func(*fetchCall) bool { return true })
 }
 
 // wholeFile returns the chunks of file f in order when calls (at indexes idx) hold every one

@@ -222,12 +222,12 @@ func (l *Layer) ReadFile(ctx context.Context, id chunked.EntryID, p []byte, off 
 	if len(missing) == 0 {
 		return len(p), nil
 	}
-	got, err := l.fetch(ctx, id, missing, true)
+	got, err := l.fetch(ctx, id, missing, h, true)
 	if err != nil {
 		return 0, err
 	}
-	for _, c := range got {
-		copyChunk(p, off, c.Ref().FileOffset, c.Bytes())
+	for k, b := range got {
+		copyChunk(p, off, chunks[missing[k]].FileOffset, b)
 	}
 	return len(p), nil
 }

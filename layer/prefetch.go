@@ -167,7 +167,7 @@ func (l *Layer) prefetchBatch(ctx context.Context, keys []chunkKey) error {
 		return err
 	}
 	defer release()
-	_, err = l.fetchKeys(ctx, keys, nil, false)
+	_, err = l.fetchKeys(ctx, keys, nil, nil, false)
 	return err
 }
 
