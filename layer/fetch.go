@@ -99,7 +99,7 @@ func (l *Layer) fetchKeys(ctx context.Context, keys []chunkKey, extra func() []c
 		}
 		l.forgetFailed(mine, mineCalls)
 		if demand {
-			go l.store(mine, mineCalls)
+			l.storeLater(mine, mineCalls)
 		} else {
 			l.store(mine, mineCalls)
 		}
@@ -342,6 +342,24 @@ func (l *Layer) store(keys []chunkKey, calls []*fetchCall) {
 		}
 	}
 	l.forget(keys, calls, func(*fetchCall) bool { return true })
+}
+
+// storeLater stores in the background, so that a demand read returns first; Close waits for
+// it. Once the manager is closing it stores at once.
+func (l *Layer) storeLater(keys []chunkKey, calls []*fetchCall) {
+	m := l.m
+	m.mu.Lock()
+	if m.closed {
+		m.mu.Unlock()
+		l.store(keys, calls)
+		return
+	}
+	m.stores.Add(1) // under m.mu, before Close can wait
+	m.mu.Unlock()
+	go func() {
+		defer m.stores.Done()
+		l.store(keys, calls)
+	}()
 }
 
 // wholeFile returns the chunks of file f in order when calls (at indexes idx) hold every one

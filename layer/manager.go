@@ -43,7 +43,8 @@ type Manager struct {
 
 	counters counters
 	stop     chan struct{}
-	done     sync.WaitGroup
+	done     sync.WaitGroup // the janitor
+	stores   sync.WaitGroup // chunks of demand reads being written to the cache (storeLater)
 }
 
 type layerKey struct {
@@ -112,6 +113,7 @@ func (m *Manager) Close() error {
 	for _, l := range layers {
 		l.wait()
 	}
+	m.stores.Wait()
 	m.files.closeAll()
 	return nil
 }
