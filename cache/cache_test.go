@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"crypto/sha256"
 	"errors"
+	"fmt"
 	"io"
 	"math/rand/v2"
 	"os"
@@ -385,6 +386,104 @@ func TestReadChunkPoisoned(t *testing.T) {
 	}
 	if b, err := h.ReadChunk(honest[1].Ref()); err != nil || !bytes.Equal(b, honest[1].Bytes()) {
 		t.Errorf("ReadChunk after completion = %v", err)
+	}
+}
+
+// TestReadChunkAt: parts of a chunk read piece by piece are the chunk's bytes, whether the
+// range was stored whole (known to hash to the digest), made present by chunks of another
+// chunking (hashed on the first read), or poisoned (refused on every read); a file reset by a
+// failed completion knows none of its former ranges.
+func TestReadChunkAt(t *testing.T) {
+	fs := realFiles(t)
+	big, sparse := fs["usr/share/big.bin"], fs["usr/share/sparse.img"]
+	c := newCache(t, t.TempDir())
+	h := open(t, c, big)
+	honest, liar, other := big.chunks["estargz"], sparse.chunks["estargz"], big.chunks["zstd"]
+	putAll(t, h, []verify.Chunk{honest[0], liar[1]})
+	// Chunks of the other chunking that cover honest[2] (and maybe more).
+	r2 := chunkRange(honest[2])
+	for _, ch := range other {
+		if r := chunkRange(ch); r.End() > r2.Off && r.Off < r2.End() {
+			putAll(t, h, []verify.Chunk{ch})
+		}
+	}
+	readParts := func(ch verify.Chunk) error {
+		ref := ch.Ref()
+		for _, piece := range []int64{4096, 1000, ref.Size} {
+			for off := ref.FileOffset; off < ref.FileOffset+ref.Size; off += piece {
+				p := make([]byte, min(piece, ref.FileOffset+ref.Size-off))
+				if n, err := h.ReadChunkAt(ref, p, off); err != nil || n != len(p) {
+					return fmt.Errorf("%d bytes at %d: n=%d: %w", len(p), off, n, err)
+				}
+				if !bytes.Equal(p, big.content[off:off+int64(len(p))]) {
+					return fmt.Errorf("%d bytes at %d differ from the file", len(p), off)
+				}
+			}
+		}
+		return nil
+	}
+	for _, ch := range []verify.Chunk{honest[0], honest[2], honest[0], honest[2]} {
+		if err := readParts(ch); err != nil {
+			t.Errorf("chunk at %d: %v", ch.Ref().FileOffset, err)
+		}
+	}
+	for range 2 {
+		if _, err := h.ReadChunkAt(honest[1].Ref(), make([]byte, 10), honest[1].Ref().FileOffset); !errors.Is(err, ErrCorrupt) {
+			t.Errorf("part of a poisoned range = %v, want ErrCorrupt", err)
+		}
+	}
+	ref := honest[0].Ref()
+	if _, err := h.ReadChunkAt(ref, make([]byte, 10), ref.FileOffset+ref.Size-5); !errors.Is(err, ErrBadChunk) {
+		t.Errorf("a read past the chunk's end = %v, want ErrBadChunk", err)
+	}
+	// Completion catches the poison and drops every range, known ones included.
+	var err error
+	for _, ch := range other {
+		if err = h.Put(ch); err != nil {
+			break
+		}
+	}
+	if !errors.Is(err, ErrCorrupt) {
+		t.Fatalf("completing a poisoned file: %v", err)
+	}
+	if _, err := h.ReadChunkAt(ref, make([]byte, 10), ref.FileOffset); !errors.Is(err, ErrMissing) {
+		t.Errorf("a known range after the reset = %v, want ErrMissing", err)
+	}
+	// Poison over the formerly known range, by a chunk of other bounds: still refused.
+	var poison *verify.Chunk
+	for _, ch := range append(sparse.chunks["zstd"], sparse.chunks["estargz"]...) {
+		if r := chunkRange(ch); r.Off <= ref.FileOffset && r.End() > ref.FileOffset && r != chunkRange(honest[0]) &&
+			r.End() <= big.size() && !bytes.Equal(ch.Bytes(), big.content[r.Off:r.End()]) {
+			poison = &ch
+			break
+		}
+	}
+	if poison == nil {
+		t.Fatal("no chunk of sparse.img overlaps the first chunk of big.bin with other bounds")
+	}
+	putAll(t, h, []verify.Chunk{*poison})
+	for _, ch := range other { // the rest of the range, honest bytes
+		if r := chunkRange(ch); r.Off < ref.FileOffset+ref.Size && r.End() > poison.Ref().FileOffset+poison.Ref().Size {
+			putAll(t, h, []verify.Chunk{ch})
+		}
+	}
+	if _, err := h.ReadChunkAt(ref, make([]byte, 10), ref.FileOffset); !errors.Is(err, ErrCorrupt) {
+		t.Errorf("a poisoned range once known = %v, want ErrCorrupt", err)
+	}
+	for _, ch := range other {
+		if err = h.Put(ch); err != nil {
+			break
+		}
+	}
+	if !errors.Is(err, ErrCorrupt) {
+		t.Fatalf("completing a poisoned file: %v", err)
+	}
+	putAll(t, h, other)
+	if !h.Complete() {
+		t.Fatal("not complete after honest refill")
+	}
+	if err := readParts(honest[1]); err != nil {
+		t.Errorf("after completion: %v", err)
 	}
 }
 

@@ -28,9 +28,13 @@
 // Trust in partial files: a recorded range was verified against the TOC of the layer that
 // supplied it, but only completion proves it belongs to the file's digest, and any image's
 // TOC can name any digest. A reader whose trust comes from its own layer's TOC reads partial
-// content with [File.ReadChunk], which checks the bytes against that TOC's chunk digest;
-// [File.ReadAt] serves recorded bytes unchecked. A lying TOC can therefore delay caching of a
-// file (completion drops it) but not make an honest reader see its bytes through ReadChunk.
+// content with [File.ReadChunk] or [File.ReadChunkAt], which check the bytes against that
+// TOC's chunk digest; [File.ReadAt] serves recorded bytes unchecked. A lying TOC can therefore
+// delay caching of a file (completion drops it) but not make an honest reader see its bytes
+// through ReadChunk. Present bytes are never rewritten, so the check is made once per range
+// and digest while the file is loaded: a range stored whole from a verified chunk, or hashed
+// by a read, is remembered with its digest (in memory; forgotten when the file is reset,
+// unloaded or completed), and later reads of parts of it are served without hashing.
 //
 // # On-disk layout
 //

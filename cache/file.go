@@ -44,6 +44,11 @@ type entry struct {
 	ranges    rangeSet
 	jlen      int64 // valid length of the journal; the next record goes there
 	verifying bool  // a finish is hashing the content
+	// hashed holds the present ranges of the partial file known to hash to a chunk digest:
+	// written whole from a verified chunk, or hashed by a read since the file was loaded.
+	// Present bytes are never rewritten while the file is loaded, so a reader asking for the
+	// same range and digest needs no hashing (see File.ReadChunkAt). Cleared with ranges.
+	hashed map[Range]chunked.Sum
 }
 
 func (e *entry) dataPathLocked() string {
@@ -86,7 +91,7 @@ func (e *entry) load() error {
 		if err := errors.Join(removeIfExists(p+journalExt), removeIfExists(p)); err != nil {
 			return fmt.Errorf("cache: discarding partial file of %v: %w", e.sum, err)
 		}
-		e.ranges, e.jlen = nil, journalRec
+		e.ranges, e.hashed, e.jlen = nil, nil, journalRec
 		e.setBytesLocked(0)
 	}
 	e.loaded = true
@@ -124,6 +129,7 @@ func (e *entry) openPartialLocked() error {
 	if err == nil {
 		var size int64
 		var good int
+		e.hashed = nil
 		size, e.ranges, good, err = parseJournal(b)
 		if err == nil && size != e.size {
 			err = fmt.Errorf("journal says %d bytes, want %d", size, e.size)
@@ -150,7 +156,7 @@ func (e *entry) openPartialLocked() error {
 		if d != nil {
 			_ = d.Close()
 		}
-		e.ranges = nil
+		e.ranges, e.hashed = nil, nil
 		return err
 	}
 	e.data, e.journal = d, j
@@ -165,7 +171,7 @@ func (e *entry) createPartialLocked() error {
 	if err := removeIfExists(p + journalExt); err != nil {
 		return err
 	}
-	e.ranges, e.jlen = nil, journalRec
+	e.ranges, e.hashed, e.jlen = nil, nil, journalRec
 	e.setBytesLocked(0)
 	if err := ensureDir(filepath.Dir(p)); err != nil {
 		return err
@@ -233,7 +239,7 @@ func (e *entry) unloadLocked() {
 	if e.journal != nil {
 		_ = e.journal.Close()
 	}
-	e.data, e.journal, e.loaded, e.ranges = nil, nil, false, nil
+	e.data, e.journal, e.loaded, e.ranges, e.hashed = nil, nil, false, nil, nil
 }
 
 // put writes the parts of a verified chunk not yet present, makes them durable, records
@@ -245,10 +251,10 @@ func (e *entry) put(c verify.Chunk) error {
 			e.sum, ref.FileOffset, ref.Size, len(b), e.size, ErrBadChunk)
 	}
 	off := ref.FileOffset
-	full, err := e.write(off, b)
+	full, err := e.write(off, b, ref.Digest)
 	for errors.Is(err, errNoPartial) {
 		if err = e.ensurePartial(); err == nil {
-			full, err = e.write(off, b)
+			full, err = e.write(off, b, ref.Digest)
 		}
 	}
 	if err != nil {
@@ -261,8 +267,9 @@ func (e *entry) put(c verify.Chunk) error {
 	return err
 }
 
-// write stores the missing parts of b at off; it reports whether the file is then full.
-func (e *entry) write(off int64, b []byte) (full bool, err error) {
+// write stores the missing parts of b at off; it reports whether the file is then full. When
+// all of b was missing, the range is known to hash to sum, b's digest.
+func (e *entry) write(off int64, b []byte, sum chunked.Sum) (full bool, err error) {
 	e.mu.RLock()
 	defer e.mu.RUnlock()
 	if !e.loaded {
@@ -315,7 +322,18 @@ func (e *entry) write(off int64, b []byte) (full bool, err error) {
 	delta := e.ranges.bytes() - before
 	e.bytes.Add(delta)
 	e.c.usage.Add(delta)
+	if whole := (Range{Off: off, Len: int64(len(b))}); len(gaps) == 1 && gaps[0] == whole {
+		e.knowLocked(whole, sum)
+	}
 	return len(e.ranges.missing(0, e.size)) == 0, nil
+}
+
+// knowLocked records that present range r hashes to sum (rmu held, mu held shared).
+func (e *entry) knowLocked(r Range, sum chunked.Sum) {
+	if e.hashed == nil {
+		e.hashed = map[Range]chunked.Sum{}
+	}
+	e.hashed[r] = sum
 }
 
 func (c *Cache) crashPoint(name string) error {
@@ -395,7 +413,7 @@ func (e *entry) commitLocked() error {
 	e.complete = true
 	_ = e.journal.Close() // every record was synced
 	e.journal = nil
-	e.ranges = nil
+	e.ranges, e.hashed = nil, nil
 	if err := removeIfExists(src + journalExt); err != nil {
 		e.c.opts.logger.Warn("cache: removing journal", "file", e.sum, "err", err)
 	}

@@ -58,18 +58,23 @@ func (f *File) ReadAt(p []byte, off int64) (int, error) {
 		return 0, ErrClosed
 	}
 	e := f.e
+	e.mu.RLock()
+	defer e.mu.RUnlock()
+	return e.readAtLocked(p, off)
+}
+
+// readAtLocked is ReadAt with e.mu held shared.
+func (e *entry) readAtLocked(p []byte, off int64) (int, error) {
 	if off < 0 {
 		return 0, fmt.Errorf("cache: negative offset %d", off)
 	}
 	if off >= e.size {
 		return 0, io.EOF
 	}
-	end := min(off+int64(len(p)), e.size)
-	e.mu.RLock()
-	defer e.mu.RUnlock()
 	if !e.loaded {
 		return 0, ErrClosed
 	}
+	end := min(off+int64(len(p)), e.size)
 	var missing []Range
 	readEnd := end
 	if !e.complete {
@@ -165,20 +170,55 @@ func (f *File) Close() error {
 // without hashing. Missing bytes give a [*MissingError]; present bytes that do not match
 // give an error wrapping [ErrCorrupt] (the stored bytes are left for completion to judge).
 func (f *File) ReadChunk(ref chunked.Chunk) ([]byte, error) {
-	if ref.Size <= 0 || ref.FileOffset < 0 || ref.FileOffset > f.e.size-ref.Size {
-		return nil, fmt.Errorf("%v: chunk at %d of %d bytes: %w", f.e.sum, ref.FileOffset, ref.Size, ErrBadChunk)
-	}
-	b := make([]byte, ref.Size)
-	n, err := f.ReadAt(b, ref.FileOffset)
-	if err != nil && !(errors.Is(err, io.EOF) && int64(n) == ref.Size) {
+	b := make([]byte, max(ref.Size, 0))
+	if _, err := f.ReadChunkAt(ref, b, ref.FileOffset); err != nil {
 		return nil, err
 	}
-	if f.Complete() {
-		return b, nil
+	return b, nil
+}
+
+// ReadChunkAt reads into p the part of chunk ref at file offset off, on ReadChunk's terms;
+// [off, off+len(p)) must lie within the chunk. When the chunk's range is known to hash to
+// ref.Digest (it was stored whole from a verified chunk, or hashed by an earlier read) only
+// the part asked for is read, without hashing: a file read piece by piece through FUSE costs
+// one hash per chunk rather than one per read.
+func (f *File) ReadChunkAt(ref chunked.Chunk, p []byte, off int64) (int, error) {
+	e := f.e
+	if ref.Size <= 0 || ref.FileOffset < 0 || ref.FileOffset > e.size-ref.Size ||
+		off < ref.FileOffset || off+int64(len(p)) > ref.FileOffset+ref.Size {
+		return 0, fmt.Errorf("%v: %d bytes at %d of the chunk at %d of %d bytes: %w",
+			e.sum, len(p), off, ref.FileOffset, ref.Size, ErrBadChunk)
+	}
+	f.hmu.RLock()
+	defer f.hmu.RUnlock()
+	if f.closed {
+		return 0, ErrClosed
+	}
+	e.mu.RLock()
+	defer e.mu.RUnlock()
+	whole := Range{Off: ref.FileOffset, Len: ref.Size}
+	e.rmu.Lock()
+	sum, known := e.hashed[whole]
+	known = e.complete || known && sum == ref.Digest
+	e.rmu.Unlock()
+	if known {
+		n, err := e.readAtLocked(p, off)
+		if errors.Is(err, io.EOF) && n == len(p) {
+			err = nil
+		}
+		return n, err
+	}
+	b := make([]byte, ref.Size)
+	n, err := e.readAtLocked(b, ref.FileOffset)
+	if err != nil && !(errors.Is(err, io.EOF) && int64(n) == ref.Size) {
+		return 0, err
 	}
 	if got := chunked.Sum(sha256.Sum256(b)); got != ref.Digest {
-		return nil, fmt.Errorf("%v: bytes at %d+%d hash to %v, want %v: %w",
-			f.e.sum, ref.FileOffset, ref.Size, got, ref.Digest, ErrCorrupt)
+		return 0, fmt.Errorf("%v: bytes at %d+%d hash to %v, want %v: %w",
+			e.sum, ref.FileOffset, ref.Size, got, ref.Digest, ErrCorrupt)
 	}
-	return b, nil
+	e.rmu.Lock()
+	e.knowLocked(whole, ref.Digest)
+	e.rmu.Unlock()
+	return copy(p, b[off-ref.FileOffset:]), nil
 }

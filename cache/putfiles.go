@@ -290,7 +290,7 @@ func (e *entry) adopt() error {
 		}
 	}
 	e.rmu.Lock()
-	e.ranges = nil
+	e.ranges, e.hashed = nil, nil
 	e.rmu.Unlock()
 	e.complete = true
 	e.setBytesLocked(e.size)

@@ -212,8 +212,11 @@ func (l *Layer) ReadFile(ctx context.Context, id chunked.EntryID, p []byte, off 
 	var missing []int
 	for i := first; i <= last; i++ {
 		if h != nil {
-			if b, err := h.f.ReadChunk(chunks[i]); err == nil {
-				copyChunk(p, off, chunks[i].FileOffset, b)
+			// Only the part of the chunk the read wants: the kernel reads a large file in
+			// pieces far smaller than its chunks.
+			c := chunks[i]
+			lo, hi := max(off, c.FileOffset), min(off+int64(len(p)), c.FileOffset+c.Size)
+			if _, err := h.f.ReadChunkAt(c, p[lo-off:hi-off], lo); err == nil {
 				continue
 			}
 		}
