@@ -171,7 +171,7 @@ func run(ctx context.Context, o options) error {
 		return err
 	}
 
-	rep := &report{opts: o, machine: machineInfo(modDir, work)}
+	rep := &report{opts: o, machine: machineInfo(modDir, work, o.daemonBin)}
 	if !o.skipFetch {
 		if err := b.fetchScenario(ctx, rep); err != nil {
 			return err

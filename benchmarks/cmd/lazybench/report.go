@@ -336,12 +336,12 @@ func (r *report) fioColdSection(b *strings.Builder) {
 	}
 }
 
-// machineInfo is the report's header: the machine, and fio's version.
-func machineInfo(modDir, work string) []string {
+// machineInfo is the report's header: the machine and the daemon (see benchenv.Machine), and fio's version.
+func machineInfo(modDir, work, daemon string) []string {
 	fioV := "not installed"
 	if out, err := exec.Command("fio", "--version").Output(); err == nil {
 		fioV = strings.TrimSpace(string(out))
 	}
-	return append(benchenv.Machine(modDir, work), "fio: "+fioV,
+	return append(benchenv.Machine(modDir, work, daemon), "fio: "+fioV,
 		"work directory (caches, native fio file): a temporary directory there")
 }

@@ -154,7 +154,7 @@ func run(ctx context.Context, o options) error {
 	if err != nil {
 		return err
 	}
-	machine := append(benchenv.Machine(modDir, work), toolVersions()...)
+	machine := append(benchenv.Machine(modDir, work, o.daemonBin), toolVersions()...)
 	defer func() {
 		unmountUnder(work)
 		if o.keep {

@@ -154,7 +154,7 @@ func run(ctx context.Context, o options) error {
 		return err
 	}
 	started := time.Now()
-	rep := &report{opts: o, machine: benchenv.Machine(modDir, work)}
+	rep := &report{opts: o, machine: benchenv.Machine(modDir, work, o.daemonBin)}
 	b := &bench{opts: o, work: work, bin: o.daemonBin}
 	if b.bin == "" {
 		b.bin = filepath.Join(work, "layerstore")

@@ -19,9 +19,8 @@ import (
 )
 
 // Machine returns the report's header lines: date, CPU, cores, memory, kernel, Go, the
-// layerstore version of the module at modDir (`git describe --always`, "-dirty" for changes outside the results), the
-// filesystem holding work and the load average now.
-func Machine(modDir, work string) []string {
+// layerstore version (see DaemonVersion), the filesystem holding work and the load average now.
+func Machine(modDir, work, daemon string) []string {
 	var u unix.Utsname
 	_ = unix.Uname(&u)
 	return []string{
@@ -31,7 +30,7 @@ func Machine(modDir, work string) []string {
 		"memory: " + memTotal(),
 		"kernel: " + unix.ByteSliceToString(u.Release[:]),
 		"Go: " + runtime.Version(),
-		"layerstore: " + Version(modDir) + " (`git describe --always`)",
+		"layerstore: " + DaemonVersion(modDir, daemon),
 		"work directory: " + FSOf(work),
 		"load average at start: " + Loadavg(),
 	}
@@ -58,6 +57,21 @@ func memTotal() string {
 		return "?"
 	}
 	return strings.Join(strings.Fields(strings.SplitN(string(b), "\n", 2)[0])[1:], " ")
+}
+
+// DaemonVersion names the layerstore that runs: the binary daemon's own version when a
+// benchmark is given one (-daemon; `layerstore version`, set at build time), since the module
+// may have moved on since it was built; otherwise the module's (Version), which the benchmark
+// builds the daemon from.
+func DaemonVersion(modDir, daemon string) string {
+	if daemon == "" {
+		return Version(modDir) + " (`git describe --always`)"
+	}
+	out, err := exec.Command(daemon, "version").Output()
+	if v := strings.TrimPrefix(strings.TrimSpace(string(out)), "layerstore "); err == nil && v != "" && v != "dev" {
+		return v + " (`layerstore version` of the -daemon binary)"
+	}
+	return "unknown: the -daemon binary was built without a version (the module is at " + Version(modDir) + ")"
 }
 
 // Version names the checked-out commit, with "-dirty" when tracked files other than the
