@@ -13,8 +13,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/go-json-experiment/json"
-	"github.com/go-json-experiment/json/jsontext"
 	"github.com/klauspost/compress/zstd"
 	"github.com/layerstore/layerstore/chunked"
 	"github.com/layerstore/layerstore/internal/testlayer"
@@ -405,63 +403,6 @@ func readAllRecords(data []byte, lim chunked.Limits) (files int, size int64, err
 	}
 }
 
-// referenceRecords decodes data as the tar-split reader did before it decoded records token
-// by token: json.UnmarshalDecode into the record type, one object after another. It returns
-// the records decoded and the error that stopped it (nil at a clean end).
-func referenceRecords(data []byte) ([]chunked.TarSplitRecord, error) {
-	dec := jsontext.NewDecoder(bytes.NewReader(data))
-	var out []chunked.TarSplitRecord
-	for {
-		if dec.PeekKind() == 0 {
-			if _, err := dec.ReadToken(); err == io.EOF {
-				return out, nil
-			}
-		}
-		var r chunked.TarSplitRecord
-		if err := json.UnmarshalDecode(dec, &r); err != nil {
-			return out, err
-		}
-		out = append(out, r)
-	}
-}
-
-// checkAgainstReference checks that TarSplitReader reads the records the reference decoder
-// reads, and fails where it fails, but for what only the reader checks (positions, types,
-// sizes, limits, names differing from a field's only by case).
-func checkAgainstReference(t *testing.T, data []byte) {
-	t.Helper()
-	want, werr := referenceRecords(data)
-	ts := chunked.NewTarSplitReader(bytes.NewReader(data), fuzzLimits)
-	for i := 0; ; i++ {
-		r, err := ts.Next()
-		if err == io.EOF {
-			if werr != nil || i != len(want) {
-				t.Fatalf("reader ended cleanly after %d records; the reference read %d and stopped with %v", i, len(want), werr)
-			}
-			return
-		}
-		if err != nil {
-			if i < len(want) && !errors.Is(err, chunked.ErrLimit) && !strings.Contains(err.Error(), "only by case") {
-				w := want[i]
-				valid := w.Position == int64(i) && (w.Type == chunked.TarSplitSegment ||
-					w.Type == chunked.TarSplitFile && w.Size >= 0 && w.FileName() != "")
-				if valid {
-					t.Fatalf("record %d: reader failed with %v; the reference read %+v", i, err, w)
-				}
-			}
-			return
-		}
-		if i >= len(want) {
-			t.Fatalf("record %d read; the reference stopped after %d with %v", i, len(want), werr)
-		}
-		w := want[i]
-		if r.Type != w.Type || r.Name != w.Name || !bytes.Equal(r.NameRaw, w.NameRaw) || r.Size != w.Size ||
-			!bytes.Equal(r.Payload, w.Payload) || r.Position != w.Position {
-			t.Fatalf("record %d: reader %+v, reference %+v", i, *r, w)
-		}
-	}
-}
-
 func FuzzTarSplit(f *testing.F) {
 	f.Add(tarSplit(f, fuzzFixtures(f)))
 	for _, tc := range tarSplitCases {
@@ -472,7 +413,6 @@ func FuzzTarSplit(f *testing.F) {
 	// Known bug (skips until fixed): a file record that no header consumes.
 	f.Add([]byte(tsLine(1, "a", 1<<40, nil, 0)))
 	f.Fuzz(func(t *testing.T, data []byte) {
-		checkAgainstReference(t, data)
 		nfiles, _, rerr := readAllRecords(data, fuzzLimits)
 		if rerr != io.EOF && !errors.Is(rerr, chunked.ErrInvalid) && !errors.Is(rerr, chunked.ErrLimit) {
 			t.Errorf("Next error %v wraps neither ErrInvalid nor ErrLimit", rerr)
@@ -621,6 +561,7 @@ var tarSplitCases = []struct {
 	{"nulls", `{"type":1,"name":"a","name_raw":null,"payload":null,"size":null,"position":0}`, io.EOF},
 	{"unknown names", `{"type":1,"name":"a","crc":[1,{"x":null}],"position":0}`, io.EOF},
 	{"name differing by case", `{"type":1,"name":"a","Size":5,"position":0}`, chunked.ErrInvalid},
+	{"payload differing by case", `{"type":2,"payload":"","PayLoad":"cmF3","position":0}`, chunked.ErrInvalid},
 	{"fractional number", `{"type":1.0,"name":"a","position":0}`, chunked.ErrInvalid},
 	{"exponent", `{"type":1,"name":"a","size":1e3,"position":0}`, chunked.ErrInvalid},
 	{"int64 overflow", `{"type":1,"name":"a","size":9223372036854775808,"position":0}`, chunked.ErrInvalid},

@@ -2,13 +2,10 @@ package chunked
 
 import (
 	"archive/tar"
-	"bytes"
-	"encoding/base64"
 	"errors"
 	"fmt"
 	"io"
-	"strconv"
-	"strings"
+	"reflect"
 
 	"github.com/go-json-experiment/json"
 	"github.com/go-json-experiment/json/jsontext"
@@ -34,6 +31,15 @@ type TarSplitRecord struct {
 	Position int64  `json:"position"`
 }
 
+// rawTarSplitRecord is a record as decoded, with the members no field matched.
+type rawTarSplitRecord struct {
+	TarSplitRecord
+	Unknown jsontext.Value `json:",embed"` // the members no field matched (see refuseCaseVariants)
+}
+
+// tarSplitNames are the record's member names, in lower case.
+var tarSplitNames = jsonNames(reflect.TypeFor[TarSplitRecord]())
+
 // FileName returns the name of a file record.
 func (r *TarSplitRecord) FileName() string {
 	if len(r.NameRaw) > 0 {
@@ -46,13 +52,12 @@ func (r *TarSplitRecord) FileName() string {
 // be well-formed JSON objects with sequential positions, segments are bounded, and the stream is
 // capped at [Limits].MaxTarSplitSize bytes.
 type TarSplitReader struct {
-	dec     *jsontext.Decoder
-	lr      *io.LimitedReader
-	lim     Limits
-	next    int64
-	rec     TarSplitRecord
-	payload []byte // reused for rec.Payload
-	size    int64
+	dec  *jsontext.Decoder
+	lr   *io.LimitedReader
+	lim  Limits
+	next int64
+	rec  rawTarSplitRecord
+	size int64
 }
 
 // NewTarSplitReader reads records from r.
@@ -72,13 +77,18 @@ func (t *TarSplitReader) Next() (*TarSplitRecord, error) {
 			return nil, io.EOF
 		}
 	}
-	if err := t.decode(); err != nil {
+	t.rec = rawTarSplitRecord{}
+	if err := json.UnmarshalDecode(t.dec, &t.rec); err != nil {
 		if t.lr.N <= 0 {
 			return nil, limitf("tar-split exceeds %d bytes", t.lim.MaxTarSplitSize)
 		}
 		return nil, invalidf("tar-split record %d: %v", t.next, err)
 	}
-	r := &t.rec
+	// tar-split's own reader (encoding/json) would take "Payload" for "payload".
+	if err := refuseCaseVariants(t.rec.Unknown, tarSplitNames); err != nil {
+		return nil, fmt.Errorf("tar-split record %d: %w", t.next, err)
+	}
+	r := &t.rec.TarSplitRecord
 	switch {
 	case r.Position != t.next:
 		return nil, invalidf("tar-split record %d has position %d", t.next, r.Position)
@@ -96,149 +106,6 @@ func (t *TarSplitReader) Next() (*TarSplitRecord, error) {
 		t.size += r.Size
 	}
 	return r, nil
-}
-
-// decode reads one record into t.rec, token by token: a tar-split has two records per file, and
-// decoding them through reflection took most of the time of opening a layer of a million
-// files. It reads what json.Unmarshal into TarSplitRecord would, as strictly (the decoder
-// refuses duplicate names and invalid UTF-8; numbers must be integers; byte fields are
-// standard base64; null leaves a field empty), and also refuses names that differ from a
-// record field's only by case: tar-split's own reader matches them, so such a record could
-// read differently there. Other names are ignored.
-func (t *TarSplitReader) decode() error {
-	t.rec = TarSplitRecord{}
-	r, dec := &t.rec, t.dec
-	if tok, err := dec.ReadToken(); err != nil {
-		return err
-	} else if tok.Kind() != '{' {
-		return fmt.Errorf("got %v, want an object", tok.Kind())
-	}
-	for dec.PeekKind() == '"' {
-		nv, err := dec.ReadValue()
-		if err != nil {
-			return err
-		}
-		field, err := tarSplitField(nv) // before the next read voids nv
-		if err != nil {
-			return err
-		}
-		v, err := dec.ReadValue()
-		if err != nil {
-			return err
-		}
-		switch field {
-		case "type":
-			var n int64
-			n, err = intValue(v)
-			r.Type = int(n)
-		case "name":
-			r.Name, err = stringValue(v)
-		case "name_raw":
-			r.NameRaw, err = bytesValue(v, nil)
-		case "size":
-			r.Size, err = intValue(v)
-		case "payload":
-			t.payload, err = bytesValue(v, t.payload[:0])
-			r.Payload = t.payload
-		case "position":
-			r.Position, err = intValue(v)
-		}
-		if err != nil {
-			return fmt.Errorf("%q: %w", field, err)
-		}
-	}
-	if tok, err := dec.ReadToken(); err != nil {
-		return err
-	} else if tok.Kind() != '}' {
-		return fmt.Errorf("got %v, want the end of the object", tok.Kind())
-	}
-	return nil
-}
-
-// tarSplitField returns the record field an object name (a JSON string) names, "" for a name
-// to ignore.
-func tarSplitField(name jsontext.Value) (string, error) {
-	if raw := name[1 : len(name)-1]; !bytes.ContainsRune(raw, '\\') {
-		for _, f := range tarSplitNames {
-			if string(raw) == f { // no allocation
-				return f, nil
-			}
-		}
-	}
-	s, err := stringValue(name)
-	if err != nil {
-		return "", err
-	}
-	for _, f := range tarSplitNames {
-		if s == f {
-			return f, nil
-		}
-		if strings.EqualFold(s, f) {
-			return "", fmt.Errorf("name %q differs from %q only by case", s, f)
-		}
-	}
-	return "", nil
-}
-
-// tarSplitNames are the names of a tar-split record's fields.
-var tarSplitNames = []string{"type", "name", "name_raw", "size", "payload", "position"}
-
-// intValue returns the integer a JSON number holds (0 for null).
-func intValue(v jsontext.Value) (int64, error) {
-	switch v.Kind() {
-	case 'n':
-		return 0, nil
-	case '0':
-		n, err := strconv.ParseInt(string(v), 10, 64)
-		if err != nil {
-			return 0, fmt.Errorf("%s is not a 64-bit integer", v)
-		}
-		return n, nil
-	}
-	return 0, fmt.Errorf("got %v, want a number", v.Kind())
-}
-
-// stringValue returns the string a JSON string holds ("" for null).
-func stringValue(v jsontext.Value) (string, error) {
-	switch v.Kind() {
-	case 'n':
-		return "", nil
-	case '"':
-		if !bytes.ContainsRune(v, '\\') {
-			return string(v[1 : len(v)-1]), nil
-		}
-		var s string
-		return s, json.Unmarshal(v, &s)
-	}
-	return "", fmt.Errorf("got %v, want a string", v.Kind())
-}
-
-// bytesValue appends to buf the bytes a JSON string of standard base64 holds (none for null):
-// padded, and without the line breaks package base64 would skip, as package json reads them.
-func bytesValue(v jsontext.Value, buf []byte) ([]byte, error) {
-	switch v.Kind() {
-	case 'n':
-		return nil, nil
-	case '"':
-	default:
-		return nil, fmt.Errorf("got %v, want a base64 string", v.Kind())
-	}
-	s := []byte(v[1 : len(v)-1])
-	if bytes.ContainsRune(s, '\\') {
-		var u string
-		if err := json.Unmarshal(v, &u); err != nil {
-			return nil, err
-		}
-		s = []byte(u)
-	}
-	if bytes.ContainsAny(s, "\r\n") {
-		return nil, errors.New("base64 with a line break")
-	}
-	out, err := base64.StdEncoding.AppendDecode(buf, s)
-	if err != nil {
-		return nil, fmt.Errorf("base64: %v", err)
-	}
-	return out, nil
 }
 
 // TarSize returns the size of the tar stream the records read so far describe: once the

@@ -54,35 +54,48 @@ type rawEntry struct {
 	ChunkSize   int64             `json:"chunkSize"`
 	ChunkDigest string            `json:"chunkDigest"`
 	ChunkType   string            `json:"chunkType"`
+	// UserName and GroupName (eStargz) are not used, but matched here, so that the common
+	// case has no unknown members to check.
+	UserName  string `json:"userName"`
+	GroupName string `json:"groupName"`
 	// Unknown holds members no field matched; see checkKeys.
-	Unknown jsontext.Value `json:",unknown"`
+	Unknown jsontext.Value `json:",embed"`
 }
 
 // knownKeys are the entry keys the formats define, in lower case.
-var knownKeys = func() map[string]bool {
-	m := map[string]bool{"username": true, "groupname": true}
-	t := reflect.TypeFor[rawEntry]()
+var knownKeys = jsonNames(reflect.TypeFor[rawEntry]())
+
+// jsonNames returns the JSON member names of struct type t's fields, in lower case.
+func jsonNames(t reflect.Type) map[string]bool {
+	m := map[string]bool{}
 	for i := range t.NumField() {
 		if name, _, _ := strings.Cut(t.Field(i).Tag.Get("json"), ","); name != "" {
 			m[strings.ToLower(name)] = true
 		}
 	}
 	return m
-}()
+}
 
 // checkKeys refuses members that differ from a defined key only by case ("Digest", "MODE"):
 // c/storage matches keys case-insensitively, so such a TOC could read differently there.
 // Other unknown members are ignored, for forward compatibility.
 func checkKeys(r *rawEntry) error {
-	if len(r.Unknown) == 0 {
+	return refuseCaseVariants(r.Unknown, knownKeys)
+}
+
+// refuseCaseVariants refuses the members of unknown (a JSON object of the members no field
+// matched) whose names differ from one of known (lower case) only by case. Readers built on
+// encoding/json match names case-insensitively, so such a member could read differently there.
+func refuseCaseVariants(unknown jsontext.Value, known map[string]bool) error {
+	if len(unknown) == 0 {
 		return nil
 	}
 	var members map[string]jsontext.Value
-	if err := json.Unmarshal(r.Unknown, &members); err != nil {
+	if err := json.Unmarshal(unknown, &members); err != nil {
 		return invalidf("%v", err)
 	}
 	for k := range members {
-		if knownKeys[strings.ToLower(k)] && k != "userName" && k != "groupName" {
+		if known[strings.ToLower(k)] {
 			return invalidf("key %q differs from a defined key only by case", k)
 		}
 	}

@@ -221,6 +221,8 @@ var tocErrCases = []tocErrCase{
 	{name: "bad modtime", toc: tocOf(ent("f", "fifo", "modtime", "yesterday")), want: chunked.ErrInvalid, entry: at(0, "f"), msg: "yesterday"},
 	{name: "bad accesstime", toc: tocOf(ent("f", "fifo", "accesstime", "2024-13-01T00:00:00Z")), want: chunked.ErrInvalid, entry: at(0, "f"), msg: "time"},
 	{name: "md5 digest", toc: tocOf(ent("f", "reg", "digest", "md5:"+strings.Repeat("a", 32))), want: chunked.ErrInvalid, entry: at(0, "f"), msg: "sha256"},
+	{name: "key differing by case (Digest)", toc: tocOf(ent("f", "reg", "size", 1, "offset", 0, "chunkDigest", dg('1'), "Digest", dg('2'))), want: chunked.ErrInvalid, entry: at(0, "f"), msg: "only by case"},
+	{name: "key differing by case (MODE)", toc: tocOf(ent("d", "dir", "MODE", 0o4755)), want: chunked.ErrInvalid, entry: at(0, "d"), msg: "only by case"},
 	{name: "uppercase digest", toc: tocOf(ent("f", "reg", "digest", "sha256:"+strings.Repeat("A", 64))), want: chunked.ErrInvalid, entry: at(0, "f"), msg: "digest"},
 	{name: "short digest", toc: tocOf(ent("f", "reg", "digest", "sha256:"+strings.Repeat("a", 63))), want: chunked.ErrInvalid, entry: at(0, "f"), msg: "digest"},
 	{name: "non-hex digest", toc: tocOf(ent("f", "reg", "digest", "sha256:"+strings.Repeat("g", 64))), want: chunked.ErrInvalid, entry: at(0, "f"), msg: "digest"},
