@@ -16,8 +16,10 @@
 // A [Layer] serves reads of its files from the cache when the verified bytes are there, and
 // otherwise fetches the chunks a read needs (coalesced into as few range requests as the
 // fetcher can make), with those that follow them in the blob within a small read-ahead window
-// (WithReadAhead), verifies them, serves them and writes them to the cache. Concurrent
-// reads of one chunk share one fetch. In the background every resolved layer is fetched
+// (WithReadAhead), verifies them, serves them and writes them to the cache. A file read in
+// sequence (the chunk before the one read is in the cache) has its next chunk fetched
+// meanwhile, so that the reader does not wait for a round trip and a verification per chunk.
+// Concurrent reads of one chunk share one fetch. In the background every resolved layer is fetched
 // completely, prioritized files first, in large coalesced requests verified on every core;
 // background work yields to reads a runtime is waiting for, starts its requests (prioritized
 // files aside) only once the runtime has been quiet for a while (WithPrefetchQuiet), can be

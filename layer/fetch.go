@@ -344,22 +344,22 @@ func (l *Layer) store(keys []chunkKey, calls []*fetchCall) {
 	l.forget(keys, calls, func(*fetchCall) bool { return true })
 }
 
-// storeLater stores in the background, so that a demand read returns first; Close waits for
-// it. Once the manager is closing it stores at once.
+// storeLater stores in the background, so that a demand read returns first.
 func (l *Layer) storeLater(keys []chunkKey, calls []*fetchCall) {
-	m := l.m
-	m.mu.Lock()
-	if m.closed {
-		m.mu.Unlock()
-		l.store(keys, calls)
-		return
+	l.m.goTracked(func() { l.store(keys, calls) })
+}
+
+// fetchAhead fetches chunk i of file in the background, unless somebody is fetching it: a
+// reader going through a file in sequence then finds the next chunk fetched and verified, or
+// on its way, when it gets there, rather than paying a round trip and a verification per chunk.
+func (l *Layer) fetchAhead(file chunked.EntryID, i int) {
+	k := chunkKey{file, i}
+	l.mu.Lock()
+	busy := l.inflight[k] != nil
+	l.mu.Unlock()
+	if !busy {
+		l.m.goTracked(func() { _, _ = l.fetchKeys(context.Background(), []chunkKey{k}, nil, nil, true) })
 	}
-	m.stores.Add(1) // under m.mu, before Close can wait
-	m.mu.Unlock()
-	go func() {
-		defer m.stores.Done()
-		l.store(keys, calls)
-	}()
 }
 
 // wholeFile returns the chunks of file f in order when calls (at indexes idx) hold every one

@@ -93,3 +93,75 @@ func waitStored(t *testing.T, l *Layer) {
 	}
 	t.Fatal("chunks still in flight after a second")
 }
+
+// TestFetchAhead: a file read in sequence (the chunk before the one read is in the cache) has
+// its next chunk fetched meanwhile, so that reading it asks the registry nothing; a read out of
+// sequence fetches nothing ahead.
+func TestFetchAhead(t *testing.T) {
+	for _, f := range newEnv(t).fixtures {
+		key := servedKey(f)
+		if key == "" {
+			continue
+		}
+		t.Run(f.Name, func(t *testing.T) {
+			e := newEnv(t) // an empty cache
+			ref := e.push("ahead/"+f.Name+":v1", fixtureLayer(f))
+			m := e.manager(WithPrefetch(false), WithReadAhead(0))
+			l, err := m.lookup(t.Context(), ref, key)
+			if err != nil {
+				t.Fatal(err)
+			}
+			id, ok := fileOfChunks(l.Index(), 4)
+			if !ok {
+				t.Skip("no file of four chunks with content")
+			}
+			cs := l.Index().Chunks(id)
+			read := func(i int) {
+				t.Helper()
+				if _, err := l.ReadFile(t.Context(), id, make([]byte, cs[i].Size), cs[i].FileOffset); err != nil {
+					t.Fatal(err)
+				}
+				m.tracked.Wait() // the fetch ahead, if any, then the stores it started
+				m.tracked.Wait()
+			}
+			requests := func() int { st := e.reg.Stats(f.Desc.Digest); return st.Ranged + st.Full }
+
+			// Out of sequence: chunk 3 first (2 is not here): only its own request.
+			before := requests()
+			read(3)
+			if n := requests() - before; n != 1 {
+				t.Errorf("a read out of sequence made %d requests, want 1", n)
+			}
+			// In sequence: 0, then 1 (0 is here) fetches 2 ahead.
+			read(0)
+			read(1)
+			before = requests()
+			read(2)
+			if n := requests() - before; n != 0 {
+				t.Errorf("chunk 2, after 0 and 1 were read: %d requests, want none", n)
+			}
+		})
+	}
+}
+
+// fileOfChunks returns a regular file with at least n chunks, each with bytes in the blob.
+func fileOfChunks(x *chunked.Index, n int) (chunked.EntryID, bool) {
+	for id := range chunked.EntryID(x.Len()) {
+		e := x.Entry(id)
+		if e.Type != chunked.TypeReg || e.Inode != id || e.Digest.IsZero() {
+			continue
+		}
+		cs := x.Chunks(id)
+		if len(cs) < n {
+			continue
+		}
+		ok := true
+		for _, c := range cs[:n] {
+			ok = ok && c.End > c.Offset
+		}
+		if ok {
+			return id, true
+		}
+	}
+	return 0, false
+}

@@ -222,6 +222,14 @@ func (l *Layer) ReadFile(ctx context.Context, id chunked.EntryID, p []byte, off 
 		}
 		missing = append(missing, i)
 	}
+	if h != nil && last > 0 && last+1 < len(chunks) {
+		// Read in sequence (the previous chunk is here, the next one is not): fetch the
+		// next one meanwhile.
+		prev, next := chunks[last-1], chunks[last+1]
+		if len(h.f.Missing(prev.FileOffset, prev.Size)) == 0 && len(h.f.Missing(next.FileOffset, next.Size)) > 0 {
+			l.fetchAhead(id, last+1)
+		}
+	}
 	if len(missing) == 0 {
 		return len(p), nil
 	}

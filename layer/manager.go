@@ -44,7 +44,7 @@ type Manager struct {
 	counters counters
 	stop     chan struct{}
 	done     sync.WaitGroup // the janitor
-	stores   sync.WaitGroup // chunks of demand reads being written to the cache (storeLater)
+	tracked  sync.WaitGroup // work of reads that goes on after them (goTracked)
 }
 
 type layerKey struct {
@@ -113,9 +113,26 @@ func (m *Manager) Close() error {
 	for _, l := range layers {
 		l.wait()
 	}
-	m.stores.Wait()
+	m.tracked.Wait()
 	m.files.closeAll()
 	return nil
+}
+
+// goTracked runs fn in the background, and Close waits for it; once the manager is closing,
+// it runs fn at once.
+func (m *Manager) goTracked(fn func()) {
+	m.mu.Lock()
+	if m.closed {
+		m.mu.Unlock()
+		fn()
+		return
+	}
+	m.tracked.Add(1) // under m.mu, before Close can wait
+	m.mu.Unlock()
+	go func() {
+		defer m.tracked.Done()
+		fn()
+	}()
 }
 
 // Lookup implements fs.Store: it returns the layer key names in the image ref, resolving it
