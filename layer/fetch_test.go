@@ -1,8 +1,8 @@
 package layer
 
 import (
+	"iter"
 	"testing"
-	"time"
 
 	"github.com/layerstore/layerstore/chunked"
 )
@@ -33,7 +33,7 @@ func TestFetchTakesStoredChunk(t *testing.T) {
 			if _, err := l.ReadFile(t.Context(), id, want, 0); err != nil {
 				t.Fatal(err)
 			}
-			waitStored(t, l)
+			m.tracked.Wait() // the read's chunks are stored
 			h, err := m.files.acquire(e0.Digest, e0.Size)
 			if err != nil {
 				t.Fatal(err)
@@ -67,31 +67,12 @@ func TestFetchTakesStoredChunk(t *testing.T) {
 func largestFile(x *chunked.Index) (chunked.EntryID, bool) {
 	var best chunked.EntryID
 	found := false
-	for id := range chunked.EntryID(x.Len()) {
-		e := x.Entry(id)
-		if e.Type != chunked.TypeReg || e.Inode != id || e.Digest.IsZero() || e.Size == 0 {
-			continue
-		}
-		if !found || e.Size > x.Entry(best).Size {
+	for id := range regularFiles(x) {
+		if !found || x.Entry(id).Size > x.Entry(best).Size {
 			best, found = id, true
 		}
 	}
 	return best, found
-}
-
-// waitStored waits until the chunks fetched for reads are written to the cache.
-func waitStored(t *testing.T, l *Layer) {
-	t.Helper()
-	for range 1000 {
-		l.mu.Lock()
-		n := len(l.inflight)
-		l.mu.Unlock()
-		if n == 0 {
-			return
-		}
-		time.Sleep(time.Millisecond)
-	}
-	t.Fatal("chunks still in flight after a second")
 }
 
 // TestFetchAhead: a file read in sequence (the chunk before the one read is in the cache) has
@@ -121,8 +102,7 @@ func TestFetchAhead(t *testing.T) {
 				if _, err := l.ReadFile(t.Context(), id, make([]byte, cs[i].Size), cs[i].FileOffset); err != nil {
 					t.Fatal(err)
 				}
-				m.tracked.Wait() // the fetch ahead, if any, then the stores it started
-				m.tracked.Wait()
+				m.tracked.Wait() // the fetch ahead, if any, and every store
 			}
 			requests := func() int { st := e.reg.Stats(f.Desc.Digest); return st.Ranged + st.Full }
 
@@ -146,11 +126,7 @@ func TestFetchAhead(t *testing.T) {
 
 // fileOfChunks returns a regular file with at least n chunks, each with bytes in the blob.
 func fileOfChunks(x *chunked.Index, n int) (chunked.EntryID, bool) {
-	for id := range chunked.EntryID(x.Len()) {
-		e := x.Entry(id)
-		if e.Type != chunked.TypeReg || e.Inode != id || e.Digest.IsZero() {
-			continue
-		}
+	for id := range regularFiles(x) {
 		cs := x.Chunks(id)
 		if len(cs) < n {
 			continue
@@ -164,4 +140,17 @@ func fileOfChunks(x *chunked.Index, n int) (chunked.EntryID, bool) {
 		}
 	}
 	return 0, false
+}
+
+// regularFiles yields the regular files of x that have content in the cache's sense: their
+// own inode, a size and a digest.
+func regularFiles(x *chunked.Index) iter.Seq[chunked.EntryID] {
+	return func(yield func(chunked.EntryID) bool) {
+		for id := range chunked.EntryID(x.Len()) {
+			e := x.Entry(id)
+			if e.Type == chunked.TypeReg && e.Inode == id && e.Size > 0 && !e.Digest.IsZero() && !yield(id) {
+				return
+			}
+		}
+	}
 }

@@ -54,11 +54,8 @@ func TestReadAhead(t *testing.T) {
 func adjacentFiles(x *chunked.Index, window int64) (a, b chunked.EntryID, ok bool) {
 	var prev chunked.EntryID
 	have := false
-	for id := range chunked.EntryID(x.Len()) {
+	for id := range regularFiles(x) {
 		e := x.Entry(id)
-		if e.Type != chunked.TypeReg || e.Inode != id || e.Size == 0 || e.Digest.IsZero() {
-			continue
-		}
 		if cs := x.Chunks(id); len(cs) == 1 && cs[0].End > cs[0].Offset {
 			if have {
 				p := x.Chunks(prev)[0]
