@@ -5,6 +5,7 @@ import (
 	"errors"
 	"runtime"
 	"sync"
+	"time"
 
 	"github.com/layerstore/layerstore/cache"
 	"github.com/layerstore/layerstore/chunked"
@@ -13,11 +14,21 @@ import (
 )
 
 // fetchCall is one chunk being fetched; every reader of the chunk waits for the same call.
+// A failed call stays in flight for the negative TTL (failedUntil), so that readers asking
+// again meanwhile fail at once: the kernel retries a failed readahead with a small read, which
+// would otherwise wait a whole read timeout again on a registry that hangs.
 type fetchCall struct {
-	done chan struct{}
-	data []byte       // the chunk's verified content
-	c    verify.Chunk // set when fetched here (not taken from the cache), for storing
-	err  error
+	done        chan struct{}
+	data        []byte       // the chunk's verified content
+	c           verify.Chunk // set when fetched here (not taken from the cache), for storing
+	err         error
+	failedUntil time.Time // guarded by Layer.mu; set once err is
+}
+
+// claimable reports whether a new fetch may replace c: c failed and its failure has been
+// remembered long enough. Called with l.mu held.
+func (c *fetchCall) claimable(now time.Time) bool {
+	return !c.failedUntil.IsZero() && !now.Before(c.failedUntil)
 }
 
 // fetch returns the verified content of chunks idx of one file, fetching those nobody is
@@ -59,9 +70,10 @@ func (l *Layer) fetchKeys(ctx context.Context, keys []chunkKey, extra func() []c
 	calls := make([]*fetchCall, len(keys))
 	var mine []chunkKey
 	var mineCalls []*fetchCall
+	now := l.m.opts.now()
 	l.mu.Lock()
 	for i, k := range keys {
-		if c := l.inflight[k]; c != nil {
+		if c := l.inflight[k]; c != nil && !c.claimable(now) {
 			calls[i] = c
 			continue
 		}
@@ -79,7 +91,7 @@ func (l *Layer) fetchKeys(ctx context.Context, keys []chunkKey, extra func() []c
 		more := extra()
 		l.mu.Lock()
 		for _, k := range more {
-			if l.inflight[k] == nil {
+			if c := l.inflight[k]; c == nil || c.claimable(now) {
 				c := &fetchCall{done: make(chan struct{})}
 				l.inflight[k] = c
 				mine = append(mine, k)
@@ -142,7 +154,7 @@ func (l *Layer) takeStored(keys []chunkKey, calls []*fetchCall, stored func(chun
 // run fetches and verifies the chunks of calls, and completes the calls. It does not depend on
 // the caller's context: other readers may be waiting for the same chunks.
 func (l *Layer) run(ctx context.Context, keys []chunkKey, calls []*fetchCall, demand bool) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.m.opts.readTimeout)
+	ctx, cancel := l.m.bound(ctx, l.m.opts.readTimeout)
 	defer cancel()
 	refs := make([]chunked.Chunk, len(keys))
 	var ranges []fetcher.Range
@@ -280,9 +292,23 @@ func (l *Layer) readAhead(file chunked.EntryID, i int) []chunkKey {
 // files hold no bytes).
 const readAheadEntries = 256
 
-// forgetFailed removes failed calls at once, so that the next read tries again.
+// forgetFailed marks failed calls to be replaced after the negative TTL (at once when it is
+// zero): until then, readers of their chunks get the same error without a request.
 func (l *Layer) forgetFailed(keys []chunkKey, calls []*fetchCall) {
-	l.forget(keys, calls, func(c *fetchCall) bool { return c.err != nil })
+	until := l.m.opts.now().Add(l.m.opts.negativeTTL)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for i, k := range keys {
+		c := calls[i]
+		if c.err == nil || l.inflight[k] != c {
+			continue
+		}
+		if l.m.opts.negativeTTL <= 0 {
+			delete(l.inflight, k)
+			continue
+		}
+		c.failedUntil = until
+	}
 }
 
 // forget removes the calls of keys that match from the chunks in flight.
@@ -341,7 +367,7 @@ func (l *Layer) store(keys []chunkKey, calls []*fetchCall) {
 			}
 		}
 	}
-	l.forget(keys, calls, func(*fetchCall) bool { return true })
+	l.forget(keys, calls, func(c *fetchCall) bool { return c.err == nil })
 }
 
 // storeLater stores in the background, so that a demand read returns first.
@@ -358,7 +384,7 @@ func (l *Layer) fetchAhead(file chunked.EntryID, i int) {
 	busy := l.inflight[k] != nil
 	l.mu.Unlock()
 	if !busy {
-		l.m.goTracked(func() { _, _ = l.fetchKeys(context.Background(), []chunkKey{k}, nil, nil, true) })
+		l.m.goTracked(func() { _, _ = l.fetchKeys(l.m.ctx, []chunkKey{k}, nil, nil, true) })
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"sync"
 	"testing"
 	"time"
 
@@ -68,6 +69,26 @@ func (e *env) push(repoTag string, layers ...testregistry.Layer) string {
 		e.t.Fatal(err)
 	}
 	return e.reg.Host + "/" + repoTag
+}
+
+// testClock is a clock tests move by hand.
+type testClock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func newTestClock() *testClock { return &testClock{t: time.Unix(1e9, 0)} }
+
+func (c *testClock) now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.t
+}
+
+func (c *testClock) advance(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.t = c.t.Add(d)
 }
 
 func hostArch() string { return runtime.GOARCH }

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"strconv"
 	"sync"
@@ -23,6 +22,7 @@ import (
 // concurrent use and keep working after the manager forgot the layer.
 type Layer struct {
 	m      *Manager
+	id     identity
 	desc   fetcher.Layer
 	tocKey digest.Digest
 	v      *verify.Layer
@@ -33,8 +33,10 @@ type Layer struct {
 	users atomic.Int64 // runtime references over every key and reference
 
 	mu       sync.Mutex
-	refs     []string // the image references the layer was resolved through
+	refs     []string        // the image references the layer was resolved through
+	repos    map[string]bool // their repositories, each known to serve the blob
 	inflight map[chunkKey]*fetchCall
+	blobCopy *blobCopy // the verified blob, while export reads it
 
 	onDemand, prefetched atomic.Int64 // compressed bytes fetched for reads and in the background
 	prefetch             prefetchState
@@ -45,9 +47,10 @@ type chunkKey struct {
 	i    int
 }
 
-func newLayer(m *Manager, ref string, desc fetcher.Layer, v *verify.Layer, blob *fetcher.Blob) *Layer {
+func newLayer(m *Manager, id identity, ref string, desc fetcher.Layer, v *verify.Layer, blob *fetcher.Blob) *Layer {
 	return &Layer{
 		m:        m,
+		id:       id,
 		desc:     desc,
 		tocKey:   v.Layout().TOCDigest,
 		v:        v,
@@ -55,6 +58,7 @@ func newLayer(m *Manager, ref string, desc fetcher.Layer, v *verify.Layer, blob 
 		blob:     blob,
 		size:     tarSize(v, desc.Annotations),
 		refs:     []string{ref},
+		repos:    map[string]bool{repository(ref): true},
 		inflight: map[chunkKey]*fetchCall{},
 	}
 }
@@ -72,15 +76,24 @@ func tarSize(v *verify.Layer, annotations map[string]string) int64 {
 	return -1
 }
 
+// addRef records that ref resolved to the layer, and that its repository serves the blob.
 func (l *Layer) addRef(ref string) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	l.repos[repository(ref)] = true
 	for _, r := range l.refs {
 		if r == ref {
 			return
 		}
 	}
 	l.refs = append(l.refs, ref)
+}
+
+// hasRepo reports whether repo is known to serve the layer's blob.
+func (l *Layer) hasRepo(repo string) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.repos[repo]
 }
 
 // Index implements fs.Layer.
@@ -136,23 +149,6 @@ func (l *Layer) Info(key digest.Digest) []byte {
 		panic(err) // a struct of strings and integers always marshals
 	}
 	return b
-}
-
-// ReadBlob implements fs.Layer: the raw blob, read from the registry (export is rare).
-func (l *Layer) ReadBlob(ctx context.Context, p []byte, off int64) (int, error) {
-	if off >= l.desc.Size {
-		return 0, nil
-	}
-	if rest := l.desc.Size - off; int64(len(p)) > rest {
-		p = p[:rest]
-	}
-	n, err := l.blob.ReadAt(ctx, p, off)
-	if errors.Is(err, io.EOF) {
-		err = nil
-	}
-	l.onDemand.Add(int64(n))
-	l.m.counters.onDemandBytes.Add(int64(n))
-	return n, err
 }
 
 // Backing implements fs.Layer: the cache's file, when its content is complete.

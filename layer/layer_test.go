@@ -226,12 +226,15 @@ func TestNotLazyAndUnknown(t *testing.T) {
 }
 
 // TestTamperedChunk: a flipped byte served by the registry never reaches a reader; the
-// failure is counted; the same bytes served correctly later are read fine.
+// failure is counted and remembered for the negative TTL (a read meanwhile, as the kernel's
+// retry of a failed readahead, fails at once without a request); the same bytes served
+// correctly later are read fine.
 func TestTamperedChunk(t *testing.T) {
 	e := newEnv(t)
 	f := e.fixtures[0]
 	ref := e.push("tamper:v1", fixtureLayer(f))
-	m := e.manager(WithPrefetch(false))
+	clock := newTestClock()
+	m := e.manager(WithPrefetch(false), WithClock(clock.now), WithNegativeTTL(time.Second))
 	l, err := m.lookup(t.Context(), ref, f.Desc.Digest)
 	if err != nil {
 		t.Fatal(err)
@@ -251,6 +254,14 @@ func TestTamperedChunk(t *testing.T) {
 		t.Errorf("verify failures %d, want 1", n)
 	}
 	e.reg.Untamper(f.Desc.Digest)
+	before := e.reg.Stats(f.Desc.Digest)
+	if _, err := l.ReadFile(t.Context(), id, buf, 0); !errors.Is(err, verify.ErrDigestMismatch) && !errors.Is(err, verify.ErrCorrupt) {
+		t.Fatalf("read within the negative TTL: %v, want the remembered failure", err)
+	}
+	if after := e.reg.Stats(f.Desc.Digest); after != before {
+		t.Errorf("read within the negative TTL sent requests: %+v, then %+v", before, after)
+	}
+	clock.advance(2 * time.Second)
 	if _, err := l.ReadFile(t.Context(), id, buf, 0); err != nil {
 		t.Fatalf("read after the registry recovered: %v", err)
 	}
@@ -311,10 +322,8 @@ func TestSharedResolution(t *testing.T) {
 func TestNegativeTTL(t *testing.T) {
 	e := newEnv(t)
 	f := e.fixtures[0]
-	now := time.Unix(1e9, 0)
-	var mu sync.Mutex
-	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
-	m := e.manager(WithPrefetch(false), WithClock(clock), WithNegativeTTL(time.Second))
+	clock := newTestClock()
+	m := e.manager(WithPrefetch(false), WithClock(clock.now), WithNegativeTTL(time.Second))
 	ref := e.reg.Host + "/later:v1"
 	if _, err := m.lookup(t.Context(), ref, f.Desc.Digest); err == nil {
 		t.Fatal("lookup before the push succeeded")
@@ -323,9 +332,7 @@ func TestNegativeTTL(t *testing.T) {
 	if _, err := m.lookup(t.Context(), ref, f.Desc.Digest); err == nil {
 		t.Fatal("failure was not remembered")
 	}
-	mu.Lock()
-	now = now.Add(2 * time.Second)
-	mu.Unlock()
+	clock.advance(2 * time.Second)
 	if _, err := m.lookup(t.Context(), ref, f.Desc.Digest); err != nil {
 		t.Fatalf("after the negative TTL: %v", err)
 	}

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/opencontainers/go-digest"
+	"go.podman.io/image/v5/docker/reference"
 	"golang.org/x/sync/singleflight"
 
 	"github.com/layerstore/layerstore/cache"
@@ -38,13 +39,36 @@ type Manager struct {
 
 	mu       sync.Mutex
 	resolved map[layerKey]*resolution
-	byBlob   map[digest.Digest]*Layer // live layers, shared by every reference naming them
+	live     map[identity]*Layer // live layers, shared by every reference describing them alike
 	closed   bool
 
+	// resolving bounds the resolutions in flight (manifests, TOCs, verification), whoever
+	// asks: a burst of lookups of distinct layers queues here instead of taking every core.
+	resolving chan struct{}
+
 	counters counters
-	stop     chan struct{}
-	done     sync.WaitGroup // the janitor
-	tracked  sync.WaitGroup // work of reads that goes on after them (goTracked)
+	// ctx ends when Close begins: every fetch, resolution and background fetch derives from
+	// it, so that a stopping daemon stops fetching.
+	ctx     context.Context
+	cancel  context.CancelFunc
+	stop    chan struct{}
+	done    sync.WaitGroup // the janitor
+	tracked sync.WaitGroup // work of reads that goes on after them (goTracked)
+}
+
+// maxResolutions bounds the resolutions in flight at once. c/image pulls up to 6 layers of an
+// image at a time; a node pulling a few images at once stays below it.
+const maxResolutions = 16
+
+// identity is what a live layer is shared by: everything the requesting manifest says of it
+// that verification depends on (the format, blob digest and size, the TOC digest and where
+// the TOC and tar-split are, the tar-split checksum) and the DiffID its config claims. A blob
+// digest alone is never an identity: the blob is not hashed whole, so a manifest naming
+// another layer's blob digest with its own TOC gets a layer of its own, verified against its
+// own TOC, and never the other one's.
+type identity struct {
+	layout chunked.Layout
+	diffID digest.Digest
 }
 
 type layerKey struct {
@@ -77,14 +101,16 @@ func New(reg Registry, c *cache.Cache, opts ...Option) (*Manager, error) {
 		}
 	}
 	m := &Manager{
-		reg:      reg,
-		cache:    c,
-		opts:     o,
-		files:    newHandles(c, o.openFiles),
-		resolved: map[layerKey]*resolution{},
-		byBlob:   map[digest.Digest]*Layer{},
-		stop:     make(chan struct{}),
+		reg:       reg,
+		cache:     c,
+		opts:      o,
+		files:     newHandles(c, o.openFiles),
+		resolved:  map[layerKey]*resolution{},
+		live:      map[identity]*Layer{},
+		resolving: make(chan struct{}, maxResolutions),
+		stop:      make(chan struct{}),
 	}
+	m.ctx, m.cancel = context.WithCancel(context.Background())
 	m.sched = newScheduler(o.prefetchConcurrency, o.prefetchBandwidth, o.prefetchQuiet)
 	m.done.Add(1)
 	go m.janitor()
@@ -100,11 +126,12 @@ func (m *Manager) Close() error {
 		return nil
 	}
 	m.closed = true
-	layers := make([]*Layer, 0, len(m.byBlob))
-	for _, l := range m.byBlob {
+	layers := make([]*Layer, 0, len(m.live))
+	for _, l := range m.live {
 		layers = append(layers, l)
 	}
 	m.mu.Unlock()
+	m.cancel()
 	close(m.stop)
 	for _, l := range layers {
 		l.stopPrefetch()
@@ -114,8 +141,19 @@ func (m *Manager) Close() error {
 		l.wait()
 	}
 	m.tracked.Wait()
+	for _, l := range layers {
+		l.dropBlobCopy(time.Time{})
+	}
 	m.files.closeAll()
 	return nil
+}
+
+// bound returns a context for work that must not end with the caller's request (others may
+// be waiting for the same result) but must end with the manager, after d.
+func (m *Manager) bound(ctx context.Context, d time.Duration) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), d)
+	stop := context.AfterFunc(m.ctx, cancel)
+	return ctx, func() { stop(); cancel() }
 }
 
 // goTracked runs fn in the background, and Close waits for it; once the manager is closing,
@@ -155,8 +193,14 @@ func (m *Manager) lookup(ctx context.Context, ref string, key digest.Digest) (*L
 		if l, err, ok := m.remembered(k); ok {
 			return l, err
 		}
-		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), m.opts.resolveTimeout)
+		ctx, cancel := m.bound(ctx, m.opts.resolveTimeout)
 		defer cancel()
+		select {
+		case m.resolving <- struct{}{}:
+			defer func() { <-m.resolving }()
+		case <-ctx.Done():
+			return nil, fmt.Errorf("waiting for a resolution slot: %w", ctx.Err())
+		}
 		l, err := m.resolve(ctx, ref, key)
 		m.remember(k, l, err)
 		return l, err
@@ -250,12 +294,23 @@ func (m *Manager) resolve(ctx context.Context, ref string, key digest.Digest) (*
 		log.Info("layer not served lazily", "reason", reason)
 		return fmt.Errorf("layer %s of %s: %w (%s)", desc.Digest, ref, iofs.ErrNotExist, reason)
 	}
+	id := identity{layout: *layout, diffID: desc.DiffID}
+	repo := repository(ref)
 	m.mu.Lock()
-	l := m.byBlob[desc.Digest]
+	l := m.live[id]
 	m.mu.Unlock()
 	if l != nil {
 		if err := unsized(l.size); err != nil {
 			return nil, err
+		}
+		if !l.hasRepo(repo) {
+			// Verified through another repository, perhaps with credentials this one does
+			// not have: the blob must be readable here too, as a pull would need.
+			if err := m.probe(ctx, img, desc); err != nil {
+				m.counters.failures.Add(1)
+				log.Warn("layer not readable through this repository", "err", err)
+				return nil, err
+			}
 		}
 		l.addRef(ref)
 		return l, nil
@@ -278,13 +333,13 @@ func (m *Manager) resolve(ctx context.Context, ref string, key digest.Digest) (*
 		return nil, err
 	}
 	m.mu.Lock()
-	if existing := m.byBlob[desc.Digest]; existing != nil {
+	if existing := m.live[id]; existing != nil {
 		m.mu.Unlock()
-		existing.addRef(ref)
+		existing.addRef(ref) // this resolution read the TOC through ref's repository
 		return existing, nil
 	}
-	l = newLayer(m, ref, *desc, v, blob)
-	m.byBlob[desc.Digest] = l
+	l = newLayer(m, id, ref, *desc, v, blob)
+	m.live[id] = l
 	m.mu.Unlock()
 	log.Info("layer served lazily", "format", v.Layout().Format, "toc", l.tocKey,
 		"entries", v.Index().Len(), "size", desc.Size, "guarantee", v.Guarantee(),
@@ -401,14 +456,49 @@ func (m *Manager) expire() {
 			live[r.layer] = true
 		}
 	}
-	for d, l := range m.byBlob {
+	var kept []*Layer
+	for id, l := range m.live {
 		if !live[l] {
-			delete(m.byBlob, d)
+			delete(m.live, id)
 			gone = append(gone, l)
+			continue
 		}
+		kept = append(kept, l)
 	}
 	m.mu.Unlock()
 	for _, l := range gone {
 		l.stopPrefetch()
+		l.dropBlobCopy(time.Time{})
 	}
+	for _, l := range kept {
+		l.dropBlobCopy(now.Add(-m.opts.keepTTL))
+	}
+}
+
+// probe checks that the blob of desc can be read through img's sources (its last byte): what
+// a layer verified through another repository needs before it is served for this one.
+// Registries answer a blob only to those who may pull it from the repository asked.
+func (m *Manager) probe(ctx context.Context, img *fetcher.Image, desc *fetcher.Layer) error {
+	blob, err := m.reg.Blob(ctx, img, desc)
+	if err == nil {
+		var b [1]byte
+		_, err = blob.ReadAt(ctx, b[:], desc.Size-1)
+	}
+	if err == nil {
+		return nil
+	}
+	if errors.Is(err, fetcher.ErrNotFound) {
+		return fmt.Errorf("blob %s of %s: %w (%w)", desc.Digest, img.Ref, iofs.ErrNotExist, err)
+	}
+	return fmt.Errorf("blob %s of %s: %w", desc.Digest, img.Ref, err)
+}
+
+// repository returns the repository a reference names (registry and path, without tag or
+// digest); the reference itself when it does not parse.
+func repository(ref string) string {
+	n, err := reference.ParseNormalizedNamed(ref)
+	if err != nil {
+		return ref
+	}
+	return n.Name()
 }

@@ -43,7 +43,7 @@ func (l *Layer) startPrefetch() {
 	if p.done != nil {
 		return
 	}
-	ctx, cancel := context.WithCancel(context.Background())
+	ctx, cancel := context.WithCancel(l.m.ctx)
 	p.cancel, p.done, p.state = cancel, make(chan struct{}), StateFetching
 	l.m.sched.touch()
 	go func() {
@@ -173,18 +173,32 @@ func (l *Layer) prefetchBatch(ctx context.Context, keys []chunkKey) error {
 
 func (l *Layer) ref(k chunkKey) chunked.Chunk { return l.idx.Chunks(k.file)[k.i] }
 
-// batchLen returns how many of keys (in blob order) make one background request.
+// batchLen returns how many of keys (in blob order) make one background request: their
+// compressed span within the batch size, and their uncompressed content within
+// maxBatchContent, since every chunk of a batch is held in memory, decompressed, until the
+// batch is stored (a layer of zeros compresses a thousandfold).
 func (l *Layer) batchLen(keys []chunkKey) int {
 	start := l.ref(keys[0]).Offset
+	content := l.ref(keys[0]).Size
 	// A batch of prioritized files stays within them, so that it goes out at once.
 	prio := l.ref(keys[0]).End <= l.idx.PrefetchEnd()
 	n := 1
-	for n < len(keys) && l.ref(keys[n]).End-start <= l.m.opts.prefetchBatch &&
-		(!prio || l.ref(keys[n]).End <= l.idx.PrefetchEnd()) {
+	for n < len(keys) {
+		c := l.ref(keys[n])
+		if c.End-start > l.m.opts.prefetchBatch || content+c.Size > maxBatchContent ||
+			(prio && c.End > l.idx.PrefetchEnd()) {
+			break
+		}
+		content += c.Size
 		n++
 	}
 	return n
 }
+
+// maxBatchContent bounds the uncompressed bytes of one background request. With the default
+// concurrency of 4, background fetching holds at most 128 MiB of content (or 4 chunks, when
+// one chunk alone is larger).
+const maxBatchContent = 32 << 20
 
 // plan lists the chunks of every file whose content is not complete in the cache, once per
 // distinct content, in blob order, with their compressed size in all.

@@ -48,8 +48,8 @@ type Counters struct {
 // Status returns a snapshot of every live layer, the cache and the counters.
 func (m *Manager) Status() Status {
 	m.mu.Lock()
-	layers := make([]*Layer, 0, len(m.byBlob))
-	for _, l := range m.byBlob {
+	layers := make([]*Layer, 0, len(m.live))
+	for _, l := range m.live {
 		layers = append(layers, l)
 	}
 	m.mu.Unlock()
