@@ -256,6 +256,7 @@ func (l *Layer) readAhead(file chunked.EntryID, i int) []chunkKey {
 	}
 	cs := l.idx.Chunks(file)
 	pos, limit := cs[i].Offset, cs[i].End+window
+	content := int64(0) // uncompressed: a window of zeros may hold a thousand times its size
 	var out []chunkKey
 	// take adds the chunks of id from the from-th on; false once one is not next in the blob.
 	take := func(id chunked.EntryID, from int) bool {
@@ -265,10 +266,11 @@ func (l *Layer) readAhead(file chunked.EntryID, i int) []chunkKey {
 			if c.End == c.Offset {
 				continue // no bytes (zeros)
 			}
-			if c.Offset < pos || c.End > limit {
+			if c.Offset < pos || c.End > limit || content+c.Size > readAheadContent*window {
 				return false
 			}
 			pos = c.Offset
+			content += c.Size
 			out = append(out, chunkKey{id, j})
 		}
 		return true
@@ -289,8 +291,11 @@ func (l *Layer) readAhead(file chunked.EntryID, i int) []chunkKey {
 }
 
 // readAheadEntries bounds the TOC entries readAhead looks at (directories and links between
-// files hold no bytes).
-const readAheadEntries = 256
+// files hold no bytes), and readAheadContent the uncompressed bytes it adds, in windows.
+const (
+	readAheadEntries = 256
+	readAheadContent = 16
+)
 
 // forgetFailed marks failed calls to be replaced after the negative TTL (at once when it is
 // zero): until then, readers of their chunks get the same error without a request.

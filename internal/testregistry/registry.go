@@ -56,6 +56,15 @@ type Registry struct {
 	stats  map[digest.Digest]*BlobStats
 	tamper map[digest.Digest]int64
 	fail   map[digest.Digest]int // status code to answer
+	// Hostile behaviour (see Serve and Hang).
+	served map[repoBlob][]byte // nil value: the repository does not have the blob
+	hang   map[digest.Digest]bool
+	closed chan struct{}
+}
+
+type repoBlob struct {
+	repo string
+	d    digest.Digest
 }
 
 // Start starts a registry on a free port of 127.0.0.1.
@@ -71,6 +80,9 @@ func Start() (*Registry, error) {
 		stats:  map[digest.Digest]*BlobStats{},
 		tamper: map[digest.Digest]int64{},
 		fail:   map[digest.Digest]int{},
+		served: map[repoBlob][]byte{},
+		hang:   map[digest.Digest]bool{},
+		closed: make(chan struct{}),
 	}
 	r.srv = &http.Server{Handler: r, ReadHeaderTimeout: 10 * time.Second}
 	go r.srv.Serve(ln)
@@ -78,7 +90,16 @@ func Start() (*Registry, error) {
 }
 
 // Close stops the registry.
-func (r *Registry) Close() error { return r.srv.Close() }
+func (r *Registry) Close() error {
+	r.mu.Lock()
+	select {
+	case <-r.closed:
+	default:
+		close(r.closed)
+	}
+	r.mu.Unlock()
+	return r.srv.Close()
+}
 
 // ServeHTTP serves blob GETs of pushed layers itself and everything else through the
 // in-process registry.
@@ -89,11 +110,25 @@ func (r *Registry) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 		return
 	}
 	d := digest.Digest(req.URL.Path[i+len("/blobs/"):])
+	repo := strings.TrimPrefix(req.URL.Path[:i], "/v2/")
 	r.mu.Lock()
 	b, ok := r.blobs[d]
+	if sb, hostile := r.served[repoBlob{repo, d}]; hostile {
+		b, ok = sb, sb != nil
+		if !ok {
+			r.mu.Unlock()
+			http.Error(w, "blob unknown to repository", http.StatusNotFound)
+			return
+		}
+	}
 	st := r.stats[d]
+	if ok && st == nil {
+		st = &BlobStats{}
+		r.stats[d] = st
+	}
 	flip, tampered := r.tamper[d]
 	code := r.fail[d]
+	hang := r.hang[d]
 	if ok {
 		if req.Header.Get("Range") == "" {
 			st.Full++
@@ -104,6 +139,13 @@ func (r *Registry) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	r.mu.Unlock()
 	if !ok {
 		r.inner.ServeHTTP(w, req)
+		return
+	}
+	if hang {
+		select {
+		case <-req.Context().Done():
+		case <-r.closed:
+		}
 		return
 	}
 	if code != 0 {
@@ -162,6 +204,47 @@ func (r *Registry) Fail(d digest.Digest, code int) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.fail[d] = code
+}
+
+// Serve makes GETs of blob d in repository repo ("name", without the host) answer b instead
+// of the pushed blob, as a hostile registry would; a nil b makes the repository answer 404,
+// as a registry does for a blob pushed only to other repositories.
+func (r *Registry) Serve(repo string, d digest.Digest, b []byte) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.served[repoBlob{repo, d}] = b
+}
+
+// Hang makes GETs of blob d wait, without an answer, until the client gives up or the
+// registry closes; false restores it.
+func (r *Registry) Hang(d digest.Digest, on bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.hang[d] = on
+}
+
+// PutManifest stores body, a manifest of the given media type, as repoTag ("repo:tag"),
+// whatever it names: a hostile registry's manifest.
+func (r *Registry) PutManifest(ctx context.Context, repoTag, mediaType string, body []byte) error {
+	repo, tag, ok := strings.Cut(repoTag, ":")
+	if !ok {
+		return fmt.Errorf("testregistry: %q has no tag", repoTag)
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPut, "http://"+r.Host+"/v2/"+repo+"/manifests/"+tag, bytes.NewReader(body))
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Content-Type", mediaType)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode/100 != 2 {
+		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+		return fmt.Errorf("testregistry: PUT manifest %s: %s: %s", repoTag, resp.Status, msg)
+	}
+	return nil
 }
 
 // Platform is an image of an index.
