@@ -25,6 +25,30 @@
 // files aside) only once the runtime has been quiet for a while (WithPrefetchQuiet), can be
 // bounded in concurrency and bandwidth, and stops for layers whose users all went away.
 //
+// A read whose fetch failed (a registry error, a timeout, a chunk that did not verify) leaves
+// its failure in place for the negative TTL: the kernel retries a failed readahead with a
+// small read at once, and that read, like any other of the same chunks meanwhile, gets the
+// same error without a request. The blob file (export: podman save and push) is served from
+// a copy of the whole blob, fetched in batch-sized requests and hashed before any byte of it
+// is served; a blob whose sha256 is not its digest fails every read with
+// verify.ErrDigestMismatch. The copy lives in an anonymous file on the cache's filesystem and
+// goes once unread for the keep TTL.
+//
+// # Memory
+//
+// What untrusted input can make the package hold, beyond the index: a background request holds
+// at most 8 MiB of compressed bytes and 32 MiB of decompressed content (or one chunk, when a
+// chunk alone is larger), so background fetching holds at most concurrency x 32 MiB (128 MiB
+// by default); a cold read holds the chunks it reads and at most 16 read-ahead windows of
+// content (2 MiB by default); a blob copy holds one batch-sized buffer.
+//
+// # Lifetime
+//
+// The manager owns one context, cancelled when Close begins: resolutions, fetches of reads
+// (which run on the manager's context, not the reader's, since other readers may wait for
+// them), fetch-ahead, blob copies and background fetches all derive from it, so that a
+// stopping daemon stops fetching at once instead of after a read timeout.
+//
 // The package never reads configuration files or global state: everything is an option with
 // a documented default.
 package layer
