@@ -30,6 +30,13 @@ type Cache struct {
 	// ("put:data-synced", "finish:verified"); an error stops the operation there, as a
 	// crash would.
 	hook func(point string) error
+	// now, noSpaceBackoff and the reporter's interval are fixed by New; tests change them
+	// before any use.
+	now            func() time.Time
+	noSpaceBackoff time.Duration
+
+	full   noSpace  // the filesystem was found full: writes are refused for a while
+	report reporter // events that recur with every write, logged at a bounded rate
 
 	// usage is the number of content bytes present in all entries (sum of entry.bytes).
 	usage atomic.Int64
@@ -63,7 +70,9 @@ func New(root string, opts ...Option) (*Cache, error) {
 	if err != nil {
 		return nil, fmt.Errorf("cache: %w", err)
 	}
-	c := &Cache{root: root, opts: o, lock: lock, entries: map[chunked.Sum]*entry{}}
+	c := &Cache{root: root, opts: o, lock: lock, entries: map[chunked.Sum]*entry{},
+		now: time.Now, noSpaceBackoff: noSpaceBackoff,
+		report: reporter{logger: o.logger, every: reportEvery}}
 	if err := c.scan(); err != nil {
 		_ = lock.Close()
 		return nil, fmt.Errorf("cache: scanning %s: %w", root, err)
@@ -236,17 +245,27 @@ func (c *Cache) maybeEvict() {
 // evictLocked removes least-recently-used unpinned entries until usage is within the bound
 // or nothing more can go.
 func (c *Cache) evictLocked() {
+	c.evictUntilLocked(func(int64) bool { return c.usage.Load() <= c.opts.maxSize })
+}
+
+// evictUntilLocked removes least-recently-used unpinned entries until enough, given the
+// content bytes removed so far, says so or nothing more can go. It returns how many entries
+// it removed and their content bytes.
+func (c *Cache) evictUntilLocked(enough func(freed int64) bool) (files int, freed int64) {
 	if c.closed {
-		return
+		return 0, 0
 	}
-	for el := c.lru.Back(); el != nil && c.usage.Load() > c.opts.maxSize; {
+	for el := c.lru.Back(); el != nil && !enough(freed); {
 		e := el.Value.(*entry)
 		el = el.Prev()
 		if e.refs == 0 {
+			freed += e.bytes.Load()
 			c.dropLocked(e)
 			c.evictions.Add(1)
+			files++
 		}
 	}
+	return files, freed
 }
 
 // dropLocked forgets an unpinned entry and removes its files (journal first, so that a crash

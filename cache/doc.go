@@ -95,6 +95,22 @@
 // after a restart. Open files are never evicted, so usage can exceed the bound while they
 // are open.
 //
+// # A full filesystem
+//
+// The bound counts content, and the filesystem may hold less (other data on it, a bound
+// larger than the disk). A write that meets ENOSPC or EDQUOT (a chunk's bytes, a journal, a
+// new partial file, a file of a PutFiles group) evicts least recently used files that no
+// handle holds open, as the bound does but whatever the usage, until at least the write's
+// size and 1/64 of the content are removed, and is tried once more. If nothing could be
+// evicted or the write fails again, it fails with an error wrapping [ErrNoSpace] and the cache
+// remembers its filesystem full for 5 s: every write during that time fails at once with
+// [ErrNoSpace] without touching the disk (a Put of bytes already present still succeeds), and
+// the first write after it tries again. A failed write records nothing (the ranges and the
+// journal name only bytes written and synced, see Crash safety), so the content reads as
+// missing and can be stored later. Evicting removes names: a complete file still open
+// elsewhere (a passthrough backing file) keeps its blocks until it is closed. These events
+// are logged at most once per 30 s each, with the count of those not logged.
+//
 // # Concurrency
 //
 // A Cache and its Files are safe for concurrent use; many goroutines may Put and ReadAt on
@@ -106,7 +122,9 @@
 // rename. PutFiles pins the files of its group and marks them as being stored, so that no
 // two groups write the same temporary file; it takes each file's exclusive lock only to
 // rename it and to mark it complete. The lock order is File, Cache, file, range record; see
-// [Cache].
+// [Cache]. The memory of a full filesystem and the rate-limited log have leaf locks; making
+// room takes Cache.mu, so a write that meets a full disk drops the file's locks first and
+// takes them again for its second try.
 //
 // syncfs writes back everything dirty on the cache's filesystem, not only the group's files:
 // on a filesystem shared with busy writers a group commit waits for their data too. Keep the

@@ -24,6 +24,11 @@ var (
 	// ErrLocked reports a root directory already used by another [Cache] (in this process or
 	// another one).
 	ErrLocked = errors.New("cache: root directory in use")
+	// ErrNoSpace reports a write refused because the cache's filesystem is full (or its
+	// quota exhausted) even after evicting every file not in use that it could, or because
+	// such a failure happened moments ago and writes are refused for a while. Nothing of
+	// the write is recorded as present; the content can be fetched again later.
+	ErrNoSpace = errors.New("cache: no space left on the cache's filesystem")
 )
 
 // MissingError lists the ranges a read needed that are not present. It unwraps to

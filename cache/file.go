@@ -111,6 +111,9 @@ func (e *entry) ensurePartial() error {
 	if e.complete || e.data != nil {
 		return nil
 	}
+	if err := e.c.refuseIfFull(); err != nil {
+		return err
+	}
 	if err := e.createPartialLocked(); err != nil {
 		return fmt.Errorf("cache: creating partial file for %v: %w", e.sum, err)
 	}
@@ -243,7 +246,8 @@ func (e *entry) unloadLocked() {
 }
 
 // put writes the parts of a verified chunk not yet present, makes them durable, records
-// them, and completes the file when that fills it.
+// them, and completes the file when that fills it. A full filesystem makes room first (see
+// withRoom); a write that fails records nothing.
 func (e *entry) put(c verify.Chunk) error {
 	ref, b := c.Ref(), c.Bytes()
 	if ref.Size <= 0 || int64(len(b)) != ref.Size || ref.FileOffset < 0 || ref.FileOffset > e.size-ref.Size {
@@ -251,12 +255,16 @@ func (e *entry) put(c verify.Chunk) error {
 			e.sum, ref.FileOffset, ref.Size, len(b), e.size, ErrBadChunk)
 	}
 	off := ref.FileOffset
-	full, err := e.write(off, b, ref.Digest)
-	for errors.Is(err, errNoPartial) {
-		if err = e.ensurePartial(); err == nil {
-			full, err = e.write(off, b, ref.Digest)
+	var full bool
+	err := e.c.withRoom(ref.Size+journalRec, func() (err error) {
+		full, err = e.write(off, b, ref.Digest)
+		for errors.Is(err, errNoPartial) {
+			if err = e.ensurePartial(); err == nil {
+				full, err = e.write(off, b, ref.Digest)
+			}
 		}
-	}
+		return err
+	})
 	if err != nil {
 		return err
 	}
@@ -287,6 +295,9 @@ func (e *entry) write(off int64, b []byte, sum chunked.Sum) (full bool, err erro
 	}
 	if e.data == nil {
 		return false, errNoPartial
+	}
+	if err := e.c.refuseIfFull(); err != nil {
+		return false, fmt.Errorf("cache: writing %v: %w", e.sum, err)
 	}
 	// Present bytes are never rewritten, so concurrent readers see stable content.
 	for _, g := range gaps {

@@ -157,26 +157,36 @@ func (c *Cache) commitFiles(ps []*pending) {
 	var written []string
 	for _, p := range ps {
 		dir := filepath.Dir(completePath(c.root, p.f.Sum))
-		if !shards[dir] {
-			if err := ensureDir(dir); err != nil {
-				p.err = fmt.Errorf("cache: %w", err)
-				continue
-			}
-			shards[dir] = true
-		}
 		p.tmp = completePath(c.root, p.f.Sum) + tmpExt
-		if err := writeContent(p.tmp, p.f.Chunks); err != nil {
-			p.err = fmt.Errorf("cache: writing %v: %w", p.f.Sum, err)
-			_ = removeIfExists(p.tmp)
-			continue
+		// The group's files are pinned: making room evicts others only.
+		p.err = c.withRoom(p.f.Size, func() error {
+			if err := c.refuseIfFull(); err != nil {
+				return fmt.Errorf("cache: writing %v: %w", p.f.Sum, err)
+			}
+			if !shards[dir] {
+				if err := ensureDir(dir); err != nil {
+					return fmt.Errorf("cache: %w", err)
+				}
+				shards[dir] = true
+			}
+			if err := writeContent(p.tmp, p.f.Chunks); err != nil {
+				_ = removeIfExists(p.tmp)
+				return fmt.Errorf("cache: writing %v: %w", p.f.Sum, err)
+			}
+			return nil
+		})
+		if p.err == nil {
+			written = append(written, p.tmp)
 		}
-		written = append(written, p.tmp)
 	}
 	if len(written) == 0 {
 		return
 	}
 	// The content of every temporary file is durable before any takes its final name.
 	if err := syncFS(c.root, written); err != nil {
+		if isNoSpace(err) {
+			err = fmt.Errorf("%w: %w", ErrNoSpace, err)
+		}
 		c.failGroup(ps, fmt.Errorf("cache: syncing: %w", err))
 		return
 	}

@@ -262,7 +262,8 @@ func (l *Layer) keep(file chunked.EntryID, c verify.Chunk) {
 		return
 	}
 	defer l.m.files.release(h)
-	if err := h.f.Put(c); err != nil && !errors.Is(err, cache.ErrClosed) {
+	// A full cache disk fails every write: the cache logs that at a bounded rate.
+	if err := h.f.Put(c); err != nil && !errors.Is(err, cache.ErrClosed) && !errors.Is(err, cache.ErrNoSpace) {
 		l.m.opts.log.Warn("caching a chunk failed", "file", e.Name, "err", err)
 	}
 }

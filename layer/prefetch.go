@@ -148,6 +148,9 @@ func (l *Layer) runPrefetch(ctx context.Context) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
+	if err := l.unstored(); err != nil {
+		return err
+	}
 	if l.v.CanProveDiffID() {
 		if err := l.v.CheckDiffID(ctx, l.payload); err != nil {
 			if errors.Is(err, verify.ErrDigestMismatch) {

@@ -1,12 +1,14 @@
 package layer
 
 import (
+	"fmt"
 	"slices"
 	"strings"
 
 	"github.com/opencontainers/go-digest"
 
 	"github.com/layerstore/layerstore/cache"
+	"github.com/layerstore/layerstore/chunked"
 )
 
 // Status is a snapshot of the manager for the control socket.
@@ -97,4 +99,27 @@ func (l *Layer) Status() LayerStatus {
 		s.Error = err.Error()
 	}
 	return s
+}
+
+// unstored returns an error when a regular file of the layer is not complete in the cache:
+// the layer is fully local only when the cache holds every file, whatever the background
+// fetch did (the cache refuses content when its filesystem is full, and evicts).
+func (l *Layer) unstored() error {
+	var missing, files int
+	seen := map[chunked.Sum]bool{}
+	for id := range chunked.EntryID(l.idx.Len()) {
+		e := l.idx.Entry(id)
+		if e.Type != chunked.TypeReg || e.Inode != id || e.Size == 0 || e.Digest.IsZero() || seen[e.Digest] {
+			continue
+		}
+		seen[e.Digest] = true
+		files++
+		if !l.m.cache.Has(e.Digest) {
+			missing++
+		}
+	}
+	if missing > 0 {
+		return fmt.Errorf("%d of %d files not stored in the cache (its filesystem full, or the cache smaller than the layer)", missing, files)
+	}
+	return nil
 }

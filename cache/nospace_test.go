@@ -1,0 +1,238 @@
+//go:build linux
+
+package cache
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// tmpfsEnv names the directory on which a test re-executed by inTmpfs mounts its tmpfs.
+const tmpfsEnv = "LAYERSTORE_TEST_TMPFS_DIR"
+
+// inTmpfs runs fn with dir on a tmpfs of the given size (mount's size= option), in a child
+// process of the test binary in a private mount namespace (unshare -m), so that the mount is
+// never seen outside it and goes away with the child. It skips when not root or without
+// unshare(1). fn runs only in the child; the parent reports the child's output.
+func inTmpfs(t *testing.T, size string, fn func(t *testing.T, dir string)) {
+	t.Helper()
+	if dir := os.Getenv(tmpfsEnv); dir != "" {
+		if err := syscall.Mount("tmpfs", dir, "tmpfs", 0, "size="+size+",mode=0700"); err != nil {
+			t.Fatalf("mounting a tmpfs in the private namespace: %v", err)
+		}
+		t.Cleanup(func() { _ = syscall.Unmount(dir, 0) })
+		fn(t, dir)
+		return
+	}
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to mount a tmpfs in a private mount namespace")
+	}
+	unshare, err := exec.LookPath("unshare")
+	if err != nil {
+		t.Skip("needs unshare(1) (util-linux)")
+	}
+	dir := filepath.Join(t.TempDir(), "fs")
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, unshare, "-m", "--propagation", "private", os.Args[0],
+		"-test.run", "^"+regexp.QuoteMeta(t.Name())+"$", "-test.count", "1", "-test.v", "-test.timeout", "2m")
+	cmd.Env = append(os.Environ(), tmpfsEnv+"="+dir)
+	out, err := cmd.CombinedOutput()
+	t.Logf("in a private mount namespace:\n%s", out)
+	if err != nil {
+		t.Fatalf("child: %v", err)
+	}
+	if !strings.Contains(string(out), "--- PASS: "+t.Name()) {
+		t.Fatal("child did not pass")
+	}
+}
+
+// fillFS writes a file in dir until its filesystem is full; removing the file frees it.
+func fillFS(t *testing.T, dir string) (path string) {
+	t.Helper()
+	path = filepath.Join(dir, "filler")
+	f, err := os.Create(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	buf := make([]byte, 4096)
+	for {
+		if _, err := f.Write(buf); err != nil {
+			if !errors.Is(err, syscall.ENOSPC) {
+				t.Fatal(err)
+			}
+			return path
+		}
+	}
+}
+
+// countingHandler counts the records logged at or above Warn.
+type countingHandler struct {
+	mu    sync.Mutex
+	warns int
+	lines []string
+}
+
+func (h *countingHandler) Enabled(context.Context, slog.Level) bool { return true }
+func (h *countingHandler) Handle(_ context.Context, r slog.Record) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if r.Level >= slog.LevelWarn {
+		h.warns++
+	}
+	line := r.Level.String() + " " + r.Message
+	r.Attrs(func(a slog.Attr) bool { line += " " + a.String(); return true })
+	h.lines = append(h.lines, line)
+	return nil
+}
+func (h *countingHandler) WithAttrs([]slog.Attr) slog.Handler { return h }
+func (h *countingHandler) WithGroup(string) slog.Handler      { return h }
+
+func (h *countingHandler) count() (warns int, lines []string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.warns, append([]string(nil), h.lines...)
+}
+
+// TestNoSpaceEvicts: on a full filesystem, with files not in use stored, a Put evicts them
+// (although the cache is far below its size bound) and succeeds.
+func TestNoSpaceEvicts(t *testing.T) {
+	inTmpfs(t, "4m", func(t *testing.T, dir string) {
+		fs := realFiles(t)
+		big, sparse := fs["usr/share/big.bin"], fs["usr/share/sparse.img"]
+		logs := &countingHandler{}
+		c := newCache(t, filepath.Join(dir, "cache"), WithLogger(slog.New(logs)))
+		fill(t, c, big) // complete, closed: evictable
+		fillFS(t, dir)
+
+		h := open(t, c, sparse)
+		for _, ch := range sparse.chunks["estargz"] {
+			if err := h.Put(ch); err != nil {
+				t.Fatalf("Put on a full filesystem with %s evictable: %v", big.name, err)
+			}
+		}
+		if !h.Complete() {
+			t.Fatal("not complete after all its chunks")
+		}
+		if c.Has(big.sum) {
+			t.Error("the file not in use was not evicted")
+		}
+		if st := c.Stats(); st.Evictions != 1 || st.Bytes != sparse.size() {
+			t.Errorf("stats %+v, want one eviction and only %s stored", st, sparse.name)
+		}
+		if warns, lines := logs.count(); warns != 0 || len(lines) != 1 {
+			t.Errorf("logged %q, want one line (the eviction), no warning", lines)
+		}
+	})
+}
+
+// TestNoSpaceNothingToEvict: on a full filesystem with nothing evictable, Put fails with
+// ErrNoSpace and records nothing (in memory and after a restart); further writes fail at once
+// for the backoff, even once the disk has room, with a bounded number of log lines; PutFiles
+// too; after the backoff, writes go to the disk again.
+func TestNoSpaceNothingToEvict(t *testing.T) {
+	inTmpfs(t, "4m", func(t *testing.T, dir string) {
+		fs := realFiles(t)
+		big, tool := fs["usr/share/big.bin"], fs["usr/bin/tool"]
+		cs := big.chunks["estargz"]
+		root := filepath.Join(dir, "cache")
+		c := newCache(t, root)
+		h := open(t, c, big)
+		putAll(t, h, cs[:1]) // the partial file exists: later Puts only write data
+		filler := fillFS(t, dir)
+
+		err := h.Put(cs[1])
+		if !errors.Is(err, ErrNoSpace) || !errors.Is(err, syscall.ENOSPC) {
+			t.Fatalf("Put on a full filesystem = %v, want ErrNoSpace wrapping ENOSPC", err)
+		}
+		if got, want := h.Missing(0, big.size()), []Range{{Off: chunkRange(cs[1]).Off, Len: big.size() - chunkRange(cs[1]).Off}}; !equalRanges(got, want) {
+			t.Errorf("missing %v after the failed Put, want %v", got, want)
+		}
+		if c.Usage() != chunkRange(cs[0]).Len {
+			t.Errorf("usage %d, want only the first chunk", c.Usage())
+		}
+		// After a restart, the journal records only the first chunk.
+		h.Close()
+		c.Close()
+		logs := &countingHandler{}
+		c = newCache(t, root, WithLogger(slog.New(logs)))
+		clock := time.Now()
+		c.now = func() time.Time { return clock }
+		if c.Usage() != chunkRange(cs[0]).Len {
+			t.Errorf("after a restart, usage %d, want only the first chunk", c.Usage())
+		}
+		h = open(t, c, big)
+		buf := make([]byte, chunkRange(cs[1]).Len)
+		if _, err := h.ReadAt(buf, chunkRange(cs[1]).Off); !errors.Is(err, ErrMissing) {
+			t.Errorf("after a restart, reading the chunk that failed = %v, want ErrMissing", err)
+		}
+
+		// The first Put meets the full disk; the others, for the backoff, do not try.
+		for i := range 200 {
+			if err := h.Put(cs[1+i%(len(cs)-1)]); !errors.Is(err, ErrNoSpace) {
+				t.Fatalf("Put %d = %v, want ErrNoSpace", i, err)
+			}
+		}
+		errs := c.PutFiles([]Content{{Sum: tool.sum, Size: tool.size(), Chunks: tool.chunks["zstd"]}})
+		if !errors.Is(errs[0], ErrNoSpace) {
+			t.Errorf("PutFiles = %v, want ErrNoSpace", errs[0])
+		}
+		if err := os.Remove(filler); err != nil {
+			t.Fatal(err)
+		}
+		if err := h.Put(cs[1]); !errors.Is(err, ErrNoSpace) {
+			t.Errorf("Put within the backoff, with room again = %v, want ErrNoSpace at once", err)
+		}
+		// A chunk already present is no write: it succeeds.
+		if err := h.Put(cs[0]); err != nil {
+			t.Errorf("Put of a present chunk within the backoff = %v", err)
+		}
+		if warns, lines := logs.count(); warns != 1 {
+			t.Errorf("logged %d warnings for 203 refused writes, want 1: %q", warns, lines)
+		}
+		if len(h.Missing(0, big.size())) != 1 {
+			t.Errorf("missing %v, want all but the first chunk", h.Missing(0, big.size()))
+		}
+
+		clock = clock.Add(noSpaceBackoff)
+		putAll(t, h, cs[1:])
+		if !h.Complete() {
+			t.Fatal("not complete after the backoff")
+		}
+		if errs := c.PutFiles([]Content{{Sum: tool.sum, Size: tool.size(), Chunks: tool.chunks["zstd"]}}); errs[0] != nil {
+			t.Errorf("PutFiles after the backoff = %v", errs[0])
+		}
+		// The next line about the full disk counts the writes refused meanwhile.
+		clock = clock.Add(reportEvery)
+		c.report.log(clock, slog.LevelWarn, msgFull)
+		if _, lines := logs.count(); !strings.Contains(lines[len(lines)-1], "repeated=") {
+			t.Errorf("last line %q, want the count of refused writes", lines[len(lines)-1])
+		}
+	})
+}
+
+func equalRanges(a, b []Range) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}

@@ -1,0 +1,195 @@
+package layer
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/layerstore/layerstore/cache"
+)
+
+// TestPrefetchNotStored: a layer whose files the cache does not keep (a cache smaller than
+// the layer: each file is evicted once stored) is not reported fully local after its
+// background fetch, whatever the format.
+func TestPrefetchNotStored(t *testing.T) {
+	e := newEnv(t)
+	for _, f := range e.fixtures {
+		t.Run(f.Name, func(t *testing.T) {
+			if servedKey(f) == "" {
+				t.Skip("served to no runtime")
+			}
+			c, err := cache.New(t.TempDir(), cache.WithMaxSize(1))
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { c.Close() })
+			logs := &countingHandler{}
+			m, err := New(testClient(t, e.reg), c, WithLogger(slog.New(logs)), WithPrefetchQuiet(0))
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { m.Close() })
+			ref := e.push("notstored/"+f.Name+":v1", fixtureLayer(f))
+			l, err := m.lookup(t.Context(), ref, servedKey(f))
+			if err != nil {
+				t.Fatal(err)
+			}
+			l.wait()
+			if st := l.Status(); st.State != StateFailed || !strings.Contains(st.Error, "not stored") {
+				t.Errorf("state %s (%s), want failed: files not stored", st.State, st.Error)
+			}
+			if _, lines := logs.count(); slicesContain(lines, "layer fully local") {
+				t.Errorf("logged the layer fully local: %q", lines)
+			}
+		})
+	}
+}
+
+// TestPrefetchNoSpace: on a full cache disk the background fetch of a layer logs a bounded
+// number of lines (not one per file) and the layer is not reported fully local.
+func TestPrefetchNoSpace(t *testing.T) {
+	inTmpfs(t, "1m", func(t *testing.T, dir string) {
+		e := newEnv(t)
+		f := e.fixtures[0]
+		for _, fx := range e.fixtures {
+			if strings.HasPrefix(fx.Name, "estargz") { // no DiffID to prove: completion rests on the cache alone
+				f = fx
+				break
+			}
+		}
+		cacheLogs, logs := &countingHandler{}, &countingHandler{}
+		c, err := cache.New(filepath.Join(dir, "cache"), cache.WithLogger(slog.New(cacheLogs)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		fillFS(t, dir)
+		m, err := New(testClient(t, e.reg), c, WithLogger(slog.New(logs)), WithPrefetchQuiet(0))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { m.Close() })
+		ref := e.push("nospace/"+f.Name+":v1", fixtureLayer(f))
+		l, err := m.lookup(t.Context(), ref, servedKey(f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		l.wait()
+		if st := l.Status(); st.State != StateFailed || !strings.Contains(st.Error, "not stored") {
+			t.Errorf("state %s (%s), want failed: files not stored", st.State, st.Error)
+		}
+		warns, lines := logs.count()
+		cacheWarns, cacheLines := cacheLogs.count()
+		t.Logf("layer: %q\ncache: %q", lines, cacheLines)
+		if warns > 1 || cacheWarns > 1 {
+			t.Errorf("%d warnings from the layer and %d from the cache for one layer on a full disk, want at most one each", warns, cacheWarns)
+		}
+	})
+}
+
+func slicesContain(lines []string, s string) bool {
+	for _, l := range lines {
+		if strings.Contains(l, s) {
+			return true
+		}
+	}
+	return false
+}
+
+// countingHandler counts the records logged at or above Warn and keeps every line.
+type countingHandler struct {
+	mu    sync.Mutex
+	warns int
+	lines []string
+}
+
+func (h *countingHandler) Enabled(context.Context, slog.Level) bool { return true }
+func (h *countingHandler) Handle(_ context.Context, r slog.Record) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if r.Level >= slog.LevelWarn {
+		h.warns++
+	}
+	line := r.Level.String() + " " + r.Message
+	r.Attrs(func(a slog.Attr) bool { line += " " + a.String(); return true })
+	h.lines = append(h.lines, line)
+	return nil
+}
+func (h *countingHandler) WithAttrs([]slog.Attr) slog.Handler { return h }
+func (h *countingHandler) WithGroup(string) slog.Handler      { return h }
+
+func (h *countingHandler) count() (warns int, lines []string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.warns, append([]string(nil), h.lines...)
+}
+
+// tmpfsEnv names the directory on which a test re-executed by inTmpfs mounts its tmpfs.
+const tmpfsEnv = "LAYERSTORE_TEST_TMPFS_DIR"
+
+// inTmpfs runs fn with dir on a tmpfs of the given size, in a child process of the test
+// binary in a private mount namespace (unshare -m), so that the mount is never seen outside
+// it and goes away with the child. It skips when not root or without unshare(1).
+func inTmpfs(t *testing.T, size string, fn func(t *testing.T, dir string)) {
+	t.Helper()
+	if dir := os.Getenv(tmpfsEnv); dir != "" {
+		if err := syscall.Mount("tmpfs", dir, "tmpfs", 0, "size="+size+",mode=0700"); err != nil {
+			t.Fatalf("mounting a tmpfs in the private namespace: %v", err)
+		}
+		t.Cleanup(func() { _ = syscall.Unmount(dir, 0) })
+		fn(t, dir)
+		return
+	}
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to mount a tmpfs in a private mount namespace")
+	}
+	unshare, err := exec.LookPath("unshare")
+	if err != nil {
+		t.Skip("needs unshare(1) (util-linux)")
+	}
+	dir := filepath.Join(t.TempDir(), "fs")
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, unshare, "-m", "--propagation", "private", os.Args[0],
+		"-test.run", "^"+regexp.QuoteMeta(t.Name())+"$", "-test.count", "1", "-test.v", "-test.timeout", "2m")
+	cmd.Env = append(os.Environ(), tmpfsEnv+"="+dir)
+	out, err := cmd.CombinedOutput()
+	t.Logf("in a private mount namespace:\n%s", out)
+	if err != nil {
+		t.Fatalf("child: %v", err)
+	}
+	if !strings.Contains(string(out), "--- PASS: "+t.Name()) {
+		t.Fatal("child did not pass")
+	}
+}
+
+// fillFS writes a file in dir until its filesystem is full.
+func fillFS(t *testing.T, dir string) {
+	t.Helper()
+	f, err := os.Create(filepath.Join(dir, "filler"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	buf := make([]byte, 4096)
+	for {
+		if _, err := f.Write(buf); err != nil {
+			if !errors.Is(err, syscall.ENOSPC) {
+				t.Fatal(err)
+			}
+			return
+		}
+	}
+}
