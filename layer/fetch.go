@@ -361,8 +361,10 @@ func (l *Layer) store(keys []chunkKey, calls []*fetchCall) {
 	if len(whole) > 0 {
 		for i, err := range l.m.cache.PutFiles(whole) {
 			switch {
-			case err == nil || errors.Is(err, cache.ErrClosed) || errors.Is(err, cache.ErrNoSpace):
-				// A full cache disk is logged by the cache, at a bounded rate.
+			case err == nil || errors.Is(err, cache.ErrClosed):
+			case errors.Is(err, cache.ErrNoSpace):
+				// Logged by the cache, at a bounded rate; the background fetch stops.
+				l.cacheFull.Store(true)
 			case errors.Is(err, cache.ErrBadChunk):
 				// Not a tiling the cache takes whole: store the chunks one by one.
 				for _, c := range whole[i].Chunks {

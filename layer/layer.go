@@ -39,6 +39,7 @@ type Layer struct {
 	blobCopy *blobCopy // the verified blob, while export reads it
 
 	onDemand, prefetched atomic.Int64 // compressed bytes fetched for reads and in the background
+	cacheFull            atomic.Bool  // a store found the cache's filesystem full (cache.ErrNoSpace)
 	prefetch             prefetchState
 }
 
@@ -263,7 +264,12 @@ func (l *Layer) keep(file chunked.EntryID, c verify.Chunk) {
 	}
 	defer l.m.files.release(h)
 	// A full cache disk fails every write: the cache logs that at a bounded rate.
-	if err := h.f.Put(c); err != nil && !errors.Is(err, cache.ErrClosed) && !errors.Is(err, cache.ErrNoSpace) {
+	err = h.f.Put(c)
+	switch {
+	case err == nil || errors.Is(err, cache.ErrClosed):
+	case errors.Is(err, cache.ErrNoSpace):
+		l.cacheFull.Store(true)
+	default:
 		l.m.opts.log.Warn("caching a chunk failed", "file", e.Name, "err", err)
 	}
 }

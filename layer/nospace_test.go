@@ -84,8 +84,8 @@ func TestPrefetchNoSpace(t *testing.T) {
 			t.Fatal(err)
 		}
 		l.wait()
-		if st := l.Status(); st.State != StateFailed || !strings.Contains(st.Error, "not stored") {
-			t.Errorf("state %s (%s), want failed: files not stored", st.State, st.Error)
+		if st := l.Status(); st.State != StateFailed || !strings.Contains(st.Error, cache.ErrNoSpace.Error()) {
+			t.Errorf("state %s (%s), want failed: no space", st.State, st.Error)
 		}
 		warns, lines := logs.count()
 		cacheWarns, cacheLines := cacheLogs.count()

@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/layerstore/layerstore/cache"
 	"github.com/layerstore/layerstore/chunked"
 	"github.com/layerstore/layerstore/verify"
 )
@@ -170,8 +171,14 @@ func (l *Layer) prefetchBatch(ctx context.Context, keys []chunkKey) error {
 		return err
 	}
 	defer release()
-	_, err = l.fetchKeys(ctx, keys, nil, nil, false)
-	return err
+	if _, err := l.fetchKeys(ctx, keys, nil, nil, false); err != nil {
+		return err
+	}
+	if l.cacheFull.Swap(false) {
+		// Fetching the rest would only download what the cache cannot keep.
+		return fmt.Errorf("storing fetched content: %w", cache.ErrNoSpace)
+	}
+	return nil
 }
 
 func (l *Layer) ref(k chunkKey) chunked.Chunk { return l.idx.Chunks(k.file)[k.i] }
