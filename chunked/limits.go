@@ -5,7 +5,9 @@ type Limits struct {
 	// MaxTOCSize caps the compressed and the uncompressed size of a TOC, in bytes.
 	// The default is 512 MiB (c/storage caps at 150 MiB; layers of a million entries need more).
 	MaxTOCSize int64
-	// MaxEntries caps the number of TOC entries (chunk entries included). The default is 8 Mi.
+	// MaxEntries caps the number of entries: the TOC's (chunk entries included) plus the
+	// directories the index adds for paths whose parents the TOC does not list. The default
+	// is 8 Mi.
 	MaxEntries int
 	// MaxChunkSize caps the uncompressed size of one chunk, in bytes: a layer with a larger
 	// chunk is refused at parse time, so that no read can ask for more memory than this.
@@ -29,6 +31,10 @@ const (
 	DefaultMaxXattrBytes   = 64 << 10
 	// maxNameLen bounds entry names and link targets (PATH_MAX).
 	maxNameLen = 4096
+	// maxDepth bounds the components of an entry name or a hardlink target. PATH_MAX fits
+	// 2048 one-byte components; 256 is far deeper than real trees go, and keeps what one entry
+	// can add to the index (its missing ancestors) to 256 directories.
+	maxDepth = 256
 )
 
 // WithDefaults returns l with every zero field set to its default.

@@ -494,7 +494,11 @@ func cleanName(name string) (string, error) {
 			return "", invalidf("name escapes the layer root")
 		}
 	}
-	return path.Clean("/" + name)[1:], nil
+	clean := path.Clean("/" + name)[1:]
+	if depth := strings.Count(clean, "/") + 1; depth > maxDepth {
+		return "", limitf("name of %d components exceeds %d", depth, maxDepth)
+	}
+	return clean, nil
 }
 
 func u32(what string, v int64) (uint32, error) {
@@ -559,29 +563,44 @@ func (b *builder) finish() error {
 		}
 		return ""
 	}
-	ensureDir := func(p string) EntryID {
+	// Implicit directories count against the entry limit with the TOC's entries (the root,
+	// which every index has, does not).
+	implicit := 0
+	ensureDir := func(p string) error {
 		for {
 			if _, ok := paths[p]; ok {
-				break
+				return nil
+			}
+			if p != "" {
+				if b.raw+implicit >= b.lim.MaxEntries {
+					return &EntryError{Index: -1, Name: p, Err: limitf(
+						"the TOC's %d entries and the directories they imply exceed %d", b.raw, b.lim.MaxEntries)}
+				}
+				implicit++
 			}
 			id := EntryID(len(x.entries))
 			x.entries = append(x.entries, Entry{Name: p, Type: TypeDir, Mode: 0o755, Inode: id, attr: id, Flags: FlagImplicit})
 			paths[p] = id
 			if p == "" {
-				break
+				return nil
 			}
 			p = dirOf(p)
 		}
-		return paths[p]
 	}
-	ensureDir("")
+	if err := ensureDir(""); err != nil {
+		return err
+	}
 	for id := range x.tocCount {
 		if e := &x.entries[id]; e.Visible() && e.Name != "" {
-			ensureDir(dirOf(e.Name))
+			if err := ensureDir(dirOf(e.Name)); err != nil {
+				return err
+			}
 		}
 	}
 	for _, d := range b.opaqueDir {
-		ensureDir(d)
+		if err := ensureDir(d); err != nil {
+			return err
+		}
 		dir := &x.entries[paths[d]]
 		if dir.Type != TypeDir {
 			return &EntryError{Index: -1, Name: d + "/" + opaqueMarker, Err: invalidf("opaque marker in a non-directory")}

@@ -1,0 +1,97 @@
+package chunked_test
+
+import (
+	"errors"
+	"fmt"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/layerstore/layerstore/chunked"
+)
+
+// deepTOC returns a TOC of n fifos, each at its own path of depth components ("dI/a/a/.../f").
+func deepTOC(n, depth int) string {
+	deep := strings.Repeat("a/", depth-2)
+	es := make([]string, n)
+	for i := range es {
+		es[i] = ent(fmt.Sprintf("d%d/%sf", i, deep), "fifo")
+	}
+	return tocOf(es...)
+}
+
+// parseMeasured parses js and returns the bytes allocated meanwhile and the heap the result
+// keeps alive.
+func parseMeasured(t *testing.T, js []byte, lim chunked.Limits) (x *chunked.Index, err error, total, live uint64, took time.Duration) {
+	t.Helper()
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	start := time.Now()
+	x, err = chunked.Parse(testLayout(chunked.EStargz), js, lim)
+	took = time.Since(start)
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	runtime.KeepAlive(x)
+	return x, err, after.TotalAlloc - before.TotalAlloc, after.HeapAlloc - min(after.HeapAlloc, before.HeapAlloc), took
+}
+
+// TestParseDeepNestingBounded: a TOC of a few thousand deeply nested entries, each needing
+// thousands of implicit directories, is refused at once, without building the directories.
+func TestParseDeepNestingBounded(t *testing.T) {
+	js := []byte(deepTOC(4000, 2000))
+	x, err, total, live, took := parseMeasured(t, js, chunked.Limits{})
+	t.Logf("%d-byte TOC: %v; allocated %d MiB, %d MiB live, in %v", len(js), err, total>>20, live>>20, took)
+	if x != nil {
+		t.Logf("index of %d entries", x.Len())
+	}
+	if !errors.Is(err, chunked.ErrLimit) {
+		t.Errorf("Parse = %v, want ErrLimit", err)
+	}
+	if total > 4*uint64(len(js)) {
+		t.Errorf("Parse of a %d-byte TOC allocated %d MiB", len(js), total>>20)
+	}
+}
+
+// TestParseImplicitDirectoriesCounted: the directories an index adds for parents the TOC does
+// not list count against MaxEntries.
+func TestParseImplicitDirectoriesCounted(t *testing.T) {
+	const n, depth, limit = 100, 200, 10000 // n*(depth-1) implicit directories
+	js := []byte(deepTOC(n, depth))
+	_, err, total, _, took := parseMeasured(t, js, chunked.Limits{MaxEntries: limit})
+	t.Logf("%d-byte TOC of %d entries: %v; allocated %d KiB in %v", len(js), n, err, total>>10, took)
+	if !errors.Is(err, chunked.ErrLimit) || !strings.Contains(err.Error(), "directories they imply") {
+		t.Errorf("Parse = %v, want ErrLimit for the implied directories", err)
+	}
+	// The entries array and the path map of the limit's entries (about 1 KiB each with the
+	// growth of both), no more.
+	if total > limit<<10+4*uint64(len(js)) {
+		t.Errorf("Parse allocated %d KiB", total>>10)
+	}
+	// Within the limit, the same tree is built.
+	x, err := chunked.Parse(testLayout(chunked.EStargz), js, chunked.Limits{MaxEntries: n * depth})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := x.Len(), n+n*(depth-1)+1; got != want {
+		t.Errorf("Len = %d, want %d", got, want)
+	}
+}
+
+// TestParseDepthCap: names and hardlink targets of more than 256 components are refused; 256
+// are accepted.
+func TestParseDepthCap(t *testing.T) {
+	at := func(depth int) string { return strings.Repeat("a/", depth-1) + "f" }
+	if _, err := chunked.Parse(testLayout(chunked.EStargz), []byte(tocOf(ent(at(256), "fifo"))), chunked.Limits{}); err != nil {
+		t.Errorf("Parse of a name of 256 components: %v", err)
+	}
+	for _, js := range []string{
+		tocOf(ent(at(257), "fifo")),
+		tocOf(ent("f", "fifo"), ent("l", "hardlink", "linkName", at(257))),
+	} {
+		if _, err := chunked.Parse(testLayout(chunked.EStargz), []byte(js), chunked.Limits{}); !errors.Is(err, chunked.ErrLimit) || !strings.Contains(err.Error(), "257 components exceeds 256") {
+			t.Errorf("Parse of a name of 257 components = %v, want ErrLimit", err)
+		}
+	}
+}
