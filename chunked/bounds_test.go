@@ -95,3 +95,37 @@ func TestParseDepthCap(t *testing.T) {
 		}
 	}
 }
+
+// TestParseChunkSpanCapped: however far the next chunk or the end of the data lies, and
+// whatever endOffset a zstd:chunked TOC gives, a chunk's span is at most MaxSpan of what it
+// decompresses to.
+func TestParseChunkSpanCapped(t *testing.T) {
+	const far = 8 << 30 // the TOC, and the end of the data, 8 GiB into the blob
+	for _, tc := range []struct {
+		format chunked.Format
+		toc    string
+	}{
+		{chunked.EStargz, tocOf(file("a", 1, 0), file("b", 10, 100, "innerOffset", 20), file("c", 1, far/2))},
+		{chunked.StargzZstd, tocOf(file("a", 1, 0), file("b", 10, 100, "innerOffset", 20), file("c", 1, far/2))},
+		{chunked.ZstdChunked, tocOf(
+			ent("a", "reg", "size", 1, "offset", 0, "endOffset", far-8, "digest", dg('a')),
+			ent("b", "reg", "size", 10, "offset", 100, "endOffset", far-8, "digest", dg('b')),
+			ent("c", "reg", "size", 1, "offset", far/2, "digest", dg('c')))},
+	} {
+		l := &chunked.Layout{Format: tc.format, TOC: chunked.Range{Offset: far, Length: 100}}
+		x, err := chunked.Parse(l, []byte(tc.toc), chunked.Limits{})
+		if err != nil {
+			t.Fatalf("%v: %v", tc.format, err)
+		}
+		for _, p := range []string{"a", "b", "c"} {
+			for _, c := range x.Chunks(lookup(t, x, p)) {
+				if span, limit := c.End-c.Offset, chunked.MaxSpan(c.InnerOffset+c.Size); span <= 0 || span > limit {
+					t.Errorf("%v: %s: chunk spans %d bytes (%d-%d), want at most %d", tc.format, p, span, c.Offset, c.End, limit)
+				}
+			}
+		}
+	}
+	if got := chunked.MaxSpan(chunked.DefaultMaxChunkSize); got > chunked.DefaultMaxChunkSize+chunked.DefaultMaxChunkSize/50 {
+		t.Errorf("MaxSpan(%d) = %d", chunked.DefaultMaxChunkSize, got)
+	}
+}

@@ -122,6 +122,7 @@ func (e *Entry) Visible() bool { return e.Flags&(FlagHidden|FlagShadowed) == 0 }
 type Chunk struct {
 	// Offset and End delimit the compressed bytes to fetch: decompressing them yields
 	// InnerOffset bytes to skip, then the chunk's Size bytes (and possibly more, ignored).
+	// End-Offset is at most MaxSpan(InnerOffset+Size).
 	Offset, End int64
 	InnerOffset int64
 	// FileOffset is the chunk's position in the file; Size its uncompressed length.

@@ -173,7 +173,7 @@ func TestParseShadowedEntries(t *testing.T) {
 		want chunked.Chunk
 	}{
 		{0, chunked.Chunk{Offset: 100, End: 200, Size: 5, Digest: sumOf('a')}},
-		{2, chunked.Chunk{Offset: 200, End: tocOffset, Size: 7, Digest: sumOf('b')}},
+		{2, chunked.Chunk{Offset: 200, End: 200 + chunked.MaxSpan(7), Size: 7, Digest: sumOf('b')}},
 	} {
 		if got := x.Chunks(tc.id); !slices.Equal(got, []chunked.Chunk{tc.want}) {
 			t.Errorf("Chunks(%d) = %+v, want [%+v]", tc.id, got, tc.want)
@@ -523,7 +523,7 @@ func TestParseStargzChunkEnds(t *testing.T) {
 					{Offset: 300, End: 500, Size: 4, Digest: sumOf('1')},
 					{Offset: 300, End: 500, InnerOffset: 4, FileOffset: 4, Size: 4, Digest: sumOf('2')},
 				}},
-				{"late", []chunked.Chunk{{Offset: 500, End: end, Size: 2, Digest: sumOf('1')}}},
+				{"late", []chunked.Chunk{{Offset: 500, End: min(end, 500+chunked.MaxSpan(2)), Size: 2, Digest: sumOf('1')}}},
 				{"early", []chunked.Chunk{{Offset: 50, End: 100, Size: 2, Digest: sumOf('1')}}},
 				{"empty", nil},
 			} {
@@ -560,7 +560,7 @@ func TestParseZstdChunkEnds(t *testing.T) {
 					{Offset: 410, End: 900, FileOffset: 2500, Size: 500, Digest: sumOf('3')},
 				}},
 				{"noend", []chunked.Chunk{{Offset: 1000, End: 2000, Size: 1, Digest: sumOf('c')}}},
-				{"last", []chunked.Chunk{{Offset: 2000, End: payloadEnd(f), Size: 1, Digest: sumOf('d')}}},
+				{"last", []chunked.Chunk{{Offset: 2000, End: min(payloadEnd(f), 2000+chunked.MaxSpan(1)), Size: 1, Digest: sumOf('d')}}},
 				{"empty", nil},
 			} {
 				if got := x.Chunks(lookup(t, x, tc.path)); !slices.Equal(got, tc.want) {

@@ -56,3 +56,15 @@ func (l Limits) WithDefaults() Limits {
 	}
 	return l
 }
+
+// MaxSpan returns the most blob bytes one chunk's fetch covers, for a chunk whose decompression
+// yields n bytes (its InnerOffset plus its Size). [Chunk].End never lies further from
+// [Chunk].Offset, whatever the TOC says, so that no TOC makes a chunk fetch ask for more.
+//
+// Compressors fall back to stored blocks on incompressible data: deflate adds 5 bytes per
+// 64 KiB block (zlib's deflateBound about 0.03%), zstd 3 bytes per 128 KiB block
+// (ZSTD_compressBound 1/256, plus 64 bytes for small inputs); the gzip and zstd frame headers
+// and trailers add a few dozen bytes. n/64 and 64 KiB leave ample room for all of them. What
+// an eStargz member holds after the chunk (the next tar headers) need not be fetched: reading
+// stops once the chunk's bytes are out.
+func MaxSpan(n int64) int64 { return n + n/64 + 64<<10 }

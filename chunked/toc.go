@@ -709,7 +709,8 @@ func (b *builder) resolveLink(paths map[string]EntryID, target string) (EntryID,
 }
 
 // fillEnds sets the compressed end of chunks whose format does not record it: the next
-// larger chunk offset in the blob, or the end of the data.
+// larger chunk offset in the blob, or the end of the data; then caps every chunk's span at
+// [MaxSpan].
 func (b *builder) fillEnds() error {
 	x := b.x
 	var offs []int64 // sorted distinct chunk offsets, when some chunk needs them
@@ -732,6 +733,7 @@ func (b *builder) fillEnds() error {
 		if c.End <= c.Offset || c.End > x.payloadEnd {
 			return invalidf("chunk at blob offset %d ends at %d (data ends at %d)", c.Offset, c.End, x.payloadEnd)
 		}
+		c.End = min(c.End, c.Offset+MaxSpan(c.InnerOffset+c.Size))
 	}
 	return nil
 }
