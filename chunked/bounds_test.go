@@ -1,8 +1,10 @@
 package chunked_test
 
 import (
+	"encoding/base64"
 	"errors"
 	"fmt"
+	"io"
 	"runtime"
 	"strings"
 	"testing"
@@ -127,5 +129,41 @@ func TestParseChunkSpanCapped(t *testing.T) {
 	}
 	if got := chunked.MaxSpan(chunked.DefaultMaxChunkSize); got > chunked.DefaultMaxChunkSize+chunked.DefaultMaxChunkSize/50 {
 		t.Errorf("MaxSpan(%d) = %d", chunked.DefaultMaxChunkSize, got)
+	}
+}
+
+// repeatByte is an endless stream of one byte.
+type repeatByte byte
+
+func (b repeatByte) Read(p []byte) (int, error) {
+	for i := range p {
+		p[i] = byte(b)
+	}
+	return len(p), nil
+}
+
+// TestTarSplitRecordBounded: one tar-split record (a line of JSON) of hundreds of megabytes, as
+// a tiny zstd frame can hold, is refused before the decoder has buffered it.
+func TestTarSplitRecordBounded(t *testing.T) {
+	const n = 200 << 20
+	r := io.MultiReader(strings.NewReader(`{"type":2,"payload":"`), io.LimitReader(repeatByte('A'), n),
+		strings.NewReader(`","position":0}`+"\n"))
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	_, err := chunked.NewTarSplitReader(r, chunked.Limits{}).Next()
+	runtime.ReadMemStats(&after)
+	total := after.TotalAlloc - before.TotalAlloc
+	t.Logf("a record of %d MiB: %v; allocated %d MiB", n>>20, err, total>>20)
+	if !errors.Is(err, chunked.ErrLimit) {
+		t.Errorf("Next = %v, want ErrLimit", err)
+	}
+	if total > 128<<20 {
+		t.Errorf("Next allocated %d MiB", total>>20)
+	}
+	// The largest segment allowed still reads.
+	seg := make([]byte, 16<<20)
+	line := `{"type":2,"payload":"` + base64.StdEncoding.EncodeToString(seg) + `","position":0}` + "\n"
+	if rec, err := chunked.NewTarSplitReader(strings.NewReader(line), chunked.Limits{}).Next(); err != nil || len(rec.Payload) != len(seg) {
+		t.Errorf("Next of a %d-byte segment: %v", len(seg), err)
 	}
 }
