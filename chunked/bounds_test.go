@@ -1,6 +1,8 @@
 package chunked_test
 
 import (
+	"archive/tar"
+	"context"
 	"encoding/base64"
 	"errors"
 	"fmt"
@@ -31,7 +33,7 @@ func parseMeasured(t *testing.T, js []byte, lim chunked.Limits) (x *chunked.Inde
 	runtime.GC()
 	runtime.ReadMemStats(&before)
 	start := time.Now()
-	x, err = chunked.Parse(testLayout(chunked.EStargz), js, lim)
+	x, err = chunked.Parse(context.Background(), testLayout(chunked.EStargz), js, lim)
 	took = time.Since(start)
 	runtime.GC()
 	runtime.ReadMemStats(&after)
@@ -72,7 +74,7 @@ func TestParseImplicitDirectoriesCounted(t *testing.T) {
 		t.Errorf("Parse allocated %d KiB", total>>10)
 	}
 	// Within the limit, the same tree is built.
-	x, err := chunked.Parse(testLayout(chunked.EStargz), js, chunked.Limits{MaxEntries: n * depth})
+	x, err := chunked.Parse(context.Background(), testLayout(chunked.EStargz), js, chunked.Limits{MaxEntries: n * depth})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -85,14 +87,14 @@ func TestParseImplicitDirectoriesCounted(t *testing.T) {
 // are accepted.
 func TestParseDepthCap(t *testing.T) {
 	at := func(depth int) string { return strings.Repeat("a/", depth-1) + "f" }
-	if _, err := chunked.Parse(testLayout(chunked.EStargz), []byte(tocOf(ent(at(256), "fifo"))), chunked.Limits{}); err != nil {
+	if _, err := chunked.Parse(context.Background(), testLayout(chunked.EStargz), []byte(tocOf(ent(at(256), "fifo"))), chunked.Limits{}); err != nil {
 		t.Errorf("Parse of a name of 256 components: %v", err)
 	}
 	for _, js := range []string{
 		tocOf(ent(at(257), "fifo")),
 		tocOf(ent("f", "fifo"), ent("l", "hardlink", "linkName", at(257))),
 	} {
-		if _, err := chunked.Parse(testLayout(chunked.EStargz), []byte(js), chunked.Limits{}); !errors.Is(err, chunked.ErrLimit) || !strings.Contains(err.Error(), "257 components exceeds 256") {
+		if _, err := chunked.Parse(context.Background(), testLayout(chunked.EStargz), []byte(js), chunked.Limits{}); !errors.Is(err, chunked.ErrLimit) || !strings.Contains(err.Error(), "257 components exceeds 256") {
 			t.Errorf("Parse of a name of 257 components = %v, want ErrLimit", err)
 		}
 	}
@@ -115,7 +117,7 @@ func TestParseChunkSpanCapped(t *testing.T) {
 			ent("c", "reg", "size", 1, "offset", far/2, "digest", dg('c')))},
 	} {
 		l := &chunked.Layout{Format: tc.format, TOC: chunked.Range{Offset: far, Length: 100}}
-		x, err := chunked.Parse(l, []byte(tc.toc), chunked.Limits{})
+		x, err := chunked.Parse(context.Background(), l, []byte(tc.toc), chunked.Limits{})
 		if err != nil {
 			t.Fatalf("%v: %v", tc.format, err)
 		}
@@ -165,5 +167,92 @@ func TestTarSplitRecordBounded(t *testing.T) {
 	line := `{"type":2,"payload":"` + base64.StdEncoding.EncodeToString(seg) + `","position":0}` + "\n"
 	if rec, err := chunked.NewTarSplitReader(strings.NewReader(line), chunked.Limits{}).Next(); err != nil || len(rec.Payload) != len(seg) {
 		t.Errorf("Next of a %d-byte segment: %v", len(seg), err)
+	}
+}
+
+// flatTOC returns a TOC of n fifos in 100 directories.
+func flatTOC(n int) string {
+	es := make([]string, n)
+	for i := range es {
+		es[i] = ent(fmt.Sprintf("d%d/f%d", i%100, i), "fifo", "mode", 0o644, "modtime", "2024-01-02T03:04:05Z")
+	}
+	return tocOf(es...)
+}
+
+// TestParseCanceled: Parse stops soon after its context is done, with the context's error.
+func TestParseCanceled(t *testing.T) {
+	js := []byte(flatTOC(300000))
+	start := time.Now()
+	if _, err := chunked.Parse(context.Background(), testLayout(chunked.EStargz), js, chunked.Limits{}); err != nil {
+		t.Fatal(err)
+	}
+	full := time.Since(start)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	start = time.Now()
+	_, err := chunked.Parse(ctx, testLayout(chunked.EStargz), js, chunked.Limits{})
+	t.Logf("full parse %v; canceled %v: %v", full, time.Since(start), err)
+	if !errors.Is(err, context.Canceled) {
+		t.Errorf("Parse with a canceled context = %v, want context.Canceled", err)
+	}
+	// Canceled while it runs, at each of its looks at the context, in each of its phases.
+	small := []byte(flatTOC(20000))
+	for n := int64(1); ; n++ {
+		ctx := &cancelAfter{Context: context.Background(), n: n}
+		_, err := chunked.Parse(ctx, testLayout(chunked.EStargz), small, chunked.Limits{})
+		if err == nil {
+			if n < 10 {
+				t.Errorf("Parse looked at its context %d times, want more", n-1)
+			}
+			break
+		}
+		if !errors.Is(err, context.Canceled) {
+			t.Fatalf("Parse canceled at its look %d = %v, want context.Canceled", n, err)
+		}
+	}
+	// Canceled from another goroutine.
+	ctx, cancel = context.WithCancel(context.Background())
+	time.AfterFunc(full/10, cancel)
+	start = time.Now()
+	_, err = chunked.Parse(ctx, testLayout(chunked.EStargz), js, chunked.Limits{})
+	if took := time.Since(start); !errors.Is(err, context.Canceled) || took > full/2 {
+		t.Errorf("Parse canceled after %v = %v after %v, want context.Canceled sooner", full/10, err, took)
+	}
+}
+
+// cancelAfter is a context that is canceled from the n-th look at its Err on.
+type cancelAfter struct {
+	context.Context
+	n, looks int64
+}
+
+func (c *cancelAfter) Err() error {
+	if c.looks++; c.looks >= c.n {
+		return context.Canceled
+	}
+	return nil
+}
+
+// TestIterateTarSplitCanceled: IterateTarSplit stops soon after its context is done, with the
+// context's error.
+func TestIterateTarSplitCanceled(t *testing.T) {
+	var b strings.Builder
+	const n = 20000
+	for i := range n {
+		b.WriteString(tsLine(2, "", 0, make([]byte, 512), int64(i))) // zero blocks: end of archive
+	}
+	data := b.String()
+	for _, looks := range []int64{1, 2, 4} {
+		records := 0
+		err := chunked.IterateTarSplit(&cancelAfter{Context: context.Background(), n: looks},
+			chunked.NewTarSplitReader(strings.NewReader(data), chunked.Limits{}),
+			func(int, *tar.Header) error { return nil }, func(int, *chunked.TarSplitRecord) error { records++; return nil })
+		if !errors.Is(err, context.Canceled) {
+			t.Errorf("IterateTarSplit canceled at its look %d = %v, want context.Canceled", looks, err)
+		}
+	}
+	if err := chunked.IterateTarSplit(context.Background(), chunked.NewTarSplitReader(strings.NewReader(data), chunked.Limits{}),
+		func(int, *tar.Header) error { return nil }, func(int, *chunked.TarSplitRecord) error { return nil }); err != nil {
+		t.Errorf("IterateTarSplit = %v", err)
 	}
 }

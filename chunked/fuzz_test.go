@@ -3,6 +3,7 @@ package chunked_test
 import (
 	"archive/tar"
 	"bytes"
+	"context"
 	"encoding/base64"
 	"errors"
 	"fmt"
@@ -337,7 +338,7 @@ func FuzzParseTOC(f *testing.F) {
 	f.Add(byte(chunked.EStargz), []byte(tocOf(ent(".prefetch.landmark", "reg", "offset", -5))))
 	f.Fuzz(func(t *testing.T, format byte, js []byte) {
 		fm := fuzzFormat(format)
-		x, err := chunked.Parse(testLayout(fm), js, fuzzLimits)
+		x, err := chunked.Parse(context.Background(), testLayout(fm), js, fuzzLimits)
 		if err != nil {
 			if x != nil {
 				t.Errorf("Parse returned an index with the error %v", err)
@@ -418,7 +419,7 @@ func FuzzTarSplit(f *testing.F) {
 			t.Errorf("Next error %v wraps neither ErrInvalid nor ErrLimit", rerr)
 		}
 		headers, files := 0, 0
-		err := chunked.IterateTarSplit(chunked.NewTarSplitReader(bytes.NewReader(data), fuzzLimits),
+		err := chunked.IterateTarSplit(context.Background(), chunked.NewTarSplitReader(bytes.NewReader(data), fuzzLimits),
 			func(k int, h *tar.Header) error {
 				if k != headers || h == nil {
 					t.Errorf("header %d (%v), want %d", k, h, headers)
@@ -504,7 +505,7 @@ func TestIterateTarSplitFixture(t *testing.T) {
 	}
 	var got []*tar.Header
 	var names []string
-	err := chunked.IterateTarSplit(chunked.NewTarSplitReader(bytes.NewReader(data), chunked.Limits{}),
+	err := chunked.IterateTarSplit(context.Background(), chunked.NewTarSplitReader(bytes.NewReader(data), chunked.Limits{}),
 		func(k int, h *tar.Header) error { got = append(got, h); return nil },
 		func(k int, r *chunked.TarSplitRecord) error { names = append(names, r.FileName()); return nil })
 	if err != nil {
@@ -613,7 +614,7 @@ func TestIterateTarSplitErrors(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			headers, files := 0, 0
-			err := chunked.IterateTarSplit(chunked.NewTarSplitReader(strings.NewReader(tc.data), chunked.Limits{}),
+			err := chunked.IterateTarSplit(context.Background(), chunked.NewTarSplitReader(strings.NewReader(tc.data), chunked.Limits{}),
 				func(k int, h *tar.Header) error { headers++; return tc.onHeader },
 				func(k int, r *chunked.TarSplitRecord) error { files++; return tc.onFile })
 			if tc.want == nil && err != nil || !errors.Is(err, tc.want) {
@@ -632,7 +633,7 @@ func TestIterateTarSplitTerminates(t *testing.T) {
 	data := tsLine(1, "a", 1<<50, nil, 0)
 	done := make(chan error, 1)
 	go func() {
-		done <- chunked.IterateTarSplit(chunked.NewTarSplitReader(strings.NewReader(data), chunked.Limits{}),
+		done <- chunked.IterateTarSplit(context.Background(), chunked.NewTarSplitReader(strings.NewReader(data), chunked.Limits{}),
 			func(int, *tar.Header) error { return nil }, func(int, *chunked.TarSplitRecord) error { return nil })
 	}()
 	select {

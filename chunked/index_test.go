@@ -1,6 +1,7 @@
 package chunked_test
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"math"
@@ -13,7 +14,7 @@ import (
 
 func parseOK(t *testing.T, f chunked.Format, js string) *chunked.Index {
 	t.Helper()
-	x, err := chunked.Parse(testLayout(f), []byte(js), chunked.Limits{})
+	x, err := chunked.Parse(context.Background(), testLayout(f), []byte(js), chunked.Limits{})
 	if err != nil {
 		t.Fatalf("Parse: %v\nTOC: %.500s", err, js)
 	}
@@ -61,7 +62,7 @@ func TestParseAccepts(t *testing.T) {
 		{"zero-size file without offset", chunked.Limits{}, tocOf(ent("f", "reg"))},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			x, err := chunked.Parse(testLayout(chunked.EStargz), []byte(tc.toc), tc.limits)
+			x, err := chunked.Parse(context.Background(), testLayout(chunked.EStargz), []byte(tc.toc), tc.limits)
 			if err != nil {
 				t.Fatalf("Parse: %v", err)
 			}
@@ -86,7 +87,7 @@ func TestParsePayloadEnd(t *testing.T) {
 	}
 	for _, off := range []int64{0, 7} {
 		l := &chunked.Layout{Format: chunked.ZstdChunked, TOC: chunked.Range{Offset: off, Length: 1}}
-		if _, err := chunked.Parse(l, []byte(tocOf()), chunked.Limits{}); !errors.Is(err, chunked.ErrInvalid) {
+		if _, err := chunked.Parse(context.Background(), l, []byte(tocOf()), chunked.Limits{}); !errors.Is(err, chunked.ErrInvalid) {
 			t.Errorf("zstd TOC at offset %d: Parse = %v, want ErrInvalid", off, err)
 		}
 	}

@@ -2,6 +2,7 @@ package chunked
 
 import (
 	"archive/tar"
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -148,9 +149,10 @@ func (t *TarSplitReader) TarSize() int64 { return t.size }
 // IterateTarSplit walks a tar-split stream as the tar it describes, with every file payload
 // read as zeros (and skipped without reading when possible). It calls onHeader for each tar
 // header, numbered from 0, and onFile for each file record, numbered from 0. In a well-formed
-// tar-split, header k and file record k describe the same entry.
-func IterateTarSplit(ts *TarSplitReader, onHeader func(k int, h *tar.Header) error, onFile func(k int, r *TarSplitRecord) error) error {
-	v := &virtualTar{ts: ts, onFile: onFile}
+// tar-split, header k and file record k describe the same entry. It stops with ctx's error
+// soon after ctx is done.
+func IterateTarSplit(ctx context.Context, ts *TarSplitReader, onHeader func(k int, h *tar.Header) error, onFile func(k int, r *TarSplitRecord) error) error {
+	v := &virtualTar{ctx: ctx, ts: ts, onFile: onFile}
 	tr := tar.NewReader(v)
 	for k := 0; ; k++ {
 		h, err := tr.Next()
@@ -182,7 +184,9 @@ func IterateTarSplit(ts *TarSplitReader, onHeader func(k int, h *tar.Header) err
 
 // virtualTar is the tar stream a tar-split describes, with zero payloads.
 type virtualTar struct {
+	ctx    context.Context
 	ts     *TarSplitReader
+	nrec   int // records read
 	onFile func(int, *TarSplitRecord) error
 	files  int
 	seg    []byte
@@ -196,6 +200,12 @@ func (v *virtualTar) fill() error {
 		if v.err != nil {
 			return v.err
 		}
+		if v.nrec%ctxCheckEvery == 0 {
+			if v.err = v.ctx.Err(); v.err != nil {
+				return v.err
+			}
+		}
+		v.nrec++
 		r, err := v.ts.Next()
 		if err != nil {
 			if err != io.EOF {

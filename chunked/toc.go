@@ -2,6 +2,7 @@ package chunked
 
 import (
 	"bytes"
+	"context"
 	"encoding/base64"
 	"encoding/hex"
 	"errors"
@@ -103,13 +104,15 @@ func refuseCaseVariants(unknown jsontext.Value, known map[string]bool) error {
 }
 
 // Parse builds the index of a layer from its TOC JSON (as returned by [ExtractTOC]). layout
-// gives the format and where file data ends; limits bound what is accepted.
-func Parse(layout *Layout, tocJSON []byte, limits Limits) (*Index, error) {
+// gives the format and where file data ends; limits bound what is accepted. Parsing stops
+// with ctx's error soon after ctx is done.
+func Parse(ctx context.Context, layout *Layout, tocJSON []byte, limits Limits) (*Index, error) {
 	lim := limits.WithDefaults()
 	if int64(len(tocJSON)) > lim.MaxTOCSize {
 		return nil, limitf("TOC of %d bytes exceeds %d", len(tocJSON), lim.MaxTOCSize)
 	}
 	b := &builder{
+		ctx: ctx,
 		lim: lim,
 		x: &Index{
 			format:      layout.Format,
@@ -132,6 +135,7 @@ func Parse(layout *Layout, tocJSON []byte, limits Limits) (*Index, error) {
 }
 
 type builder struct {
+	ctx       context.Context
 	lim       Limits
 	x         *Index
 	raw       int   // TOC entries read so far (chunks included)
@@ -141,6 +145,17 @@ type builder struct {
 	version   int
 	hasTimes  bool
 	opaqueDir []string
+}
+
+// ctxCheckEvery is how many entries the parse handles between two looks at its context.
+const ctxCheckEvery = 1 << 12
+
+// canceled returns the context's error on every ctxCheckEvery-th i.
+func (b *builder) canceled(i int) error {
+	if i%ctxCheckEvery != 0 {
+		return nil
+	}
+	return b.ctx.Err()
 }
 
 func (b *builder) decode(data []byte) error {
@@ -208,6 +223,9 @@ func (b *builder) decodeEntries(dec *jsontext.Decoder) error {
 	}
 	var r rawEntry
 	for dec.PeekKind() == '{' {
+		if err := b.canceled(b.raw); err != nil {
+			return err
+		}
 		if b.raw >= b.lim.MaxEntries {
 			return limitf("TOC has more than %d entries", b.lim.MaxEntries)
 		}
@@ -544,6 +562,9 @@ func (b *builder) finish() error {
 	}
 	paths := make(map[string]EntryID, len(x.entries))
 	for id := range x.entries {
+		if err := b.canceled(id); err != nil {
+			return err
+		}
 		e := &x.entries[id]
 		key, err := b.classifyName(e)
 		if err != nil {
@@ -591,6 +612,9 @@ func (b *builder) finish() error {
 		return err
 	}
 	for id := range x.tocCount {
+		if err := b.canceled(id); err != nil {
+			return err
+		}
 		if e := &x.entries[id]; e.Visible() && e.Name != "" {
 			if err := ensureDir(dirOf(e.Name)); err != nil {
 				return err
@@ -613,6 +637,9 @@ func (b *builder) finish() error {
 	}
 	x.children = make([]EntryID, 0, len(paths)-1)
 	for id := range x.entries {
+		if err := b.canceled(id); err != nil {
+			return err
+		}
 		e := &x.entries[id]
 		if !e.Visible() {
 			continue
@@ -654,6 +681,9 @@ func (b *builder) finish() error {
 				owner.attr = id
 			}
 		}
+	}
+	if err := b.ctx.Err(); err != nil {
+		return err
 	}
 	x.sortChildren()
 	return nil
