@@ -381,10 +381,19 @@ func TestParseHardlinks(t *testing.T) {
 			t.Errorf("%s: inode %d with Nlink %d, want g's %d with 3", p, e.Inode, x.Entry(e.Inode).Nlink, g)
 		}
 	}
-	// A hardlink to a shadowed path follows the path's last entry.
+	// A hardlink links to the entry its target path holds where the hardlink is: a later
+	// entry at that path replaces the path, not the link (see TestHardlinksAsExtracted).
 	x = parseOK(t, chunked.EStargz, tocOf(file("f", 1, 0), ent("l", "hardlink", "linkName", "f"), ent("f", "fifo")))
-	if got := x.Entry(lookup(t, x, "l")).Inode; got != 2 {
-		t.Errorf("Inode(l) = %d, want the last f (2)", got)
+	if got := x.Entry(lookup(t, x, "l")).Inode; got != 0 {
+		t.Errorf("Inode(l) = %d, want the first f (0)", got)
+	}
+	if e := x.Entry(0); e.Nlink != 1 || e.Visible() {
+		t.Errorf("the first f: Nlink %d, visible %v; want 1, shadowed", e.Nlink, e.Visible())
+	}
+	// A chain of hardlinks, however long, links to the file.
+	x = parseOK(t, chunked.EStargz, tocOf(manyLinks...))
+	if got := x.Entry(lookup(t, x, "l69")).Inode; got != lookup(t, x, "f") || x.Entry(got).Nlink != 71 {
+		t.Errorf("Inode(l69) = %d with Nlink %d, want f's with 71", got, x.Entry(got).Nlink)
 	}
 }
 

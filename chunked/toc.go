@@ -573,6 +573,13 @@ func (b *builder) finish() error {
 		if e.Flags&FlagHidden != 0 {
 			continue
 		}
+		// A hardlink links to what its target path holds at this point of the layer, as
+		// extraction makes it: a later entry at that path replaces the path, not the link.
+		if e.Type == TypeHardlink {
+			if e.Inode, err = b.resolveLink(paths, e.LinkName); err != nil {
+				return &EntryError{Index: -1, Name: e.Name, Err: err}
+			}
+		}
 		if old, ok := paths[key]; ok {
 			x.entries[old].Flags |= FlagShadowed
 		}
@@ -659,20 +666,11 @@ func (b *builder) finish() error {
 		x.children = append(x.children, EntryID(id))
 	}
 	for _, id := range x.children {
-		e := &x.entries[id]
-		switch e.Type {
+		switch e := &x.entries[id]; e.Type {
 		case TypeDir:
 			x.entries[e.Parent].Nlink++
 		case TypeHardlink:
-			target, err := b.resolveLink(paths, e.LinkName)
-			if err != nil {
-				return &EntryError{Index: -1, Name: e.Name, Err: err}
-			}
-			e.Inode = target
-		}
-	}
-	for _, id := range x.children {
-		if e := &x.entries[id]; e.Type == TypeHardlink {
+			// The owner counts its visible names: itself unless a later entry replaced it.
 			owner := &x.entries[e.Inode]
 			owner.Nlink++
 			// Extractors apply a hardlink's header to the inode it shares (c/storage chowns,
@@ -716,26 +714,21 @@ func (b *builder) classifyName(e *Entry) (string, error) {
 	return e.Name, nil
 }
 
-// resolveLink follows a hardlink to the entry that owns the inode.
+// resolveLink returns the entry that owns the inode at path target, given paths, the entries
+// before the hardlink by path. A hardlink there is resolved already.
 func (b *builder) resolveLink(paths map[string]EntryID, target string) (EntryID, error) {
-	const maxHops = 64
-	for range maxHops {
-		id, ok := paths[target]
-		if !ok {
-			return 0, invalidf("hardlink target %q does not exist", target)
-		}
-		t := &b.x.entries[id]
-		switch {
-		case t.Flags&FlagWhiteout != 0:
-			return 0, invalidf("hardlink to the whiteout %q", target)
-		case t.Type == TypeDir:
-			return 0, invalidf("hardlink to the directory %q", target)
-		case t.Type != TypeHardlink:
-			return id, nil
-		}
-		target = t.LinkName
+	id, ok := paths[target]
+	if !ok {
+		return 0, invalidf("hardlink target %q does not exist before the hardlink", target)
 	}
-	return 0, invalidf("hardlink chain longer than %d or cyclic", maxHops)
+	switch t := &b.x.entries[id]; {
+	case t.Flags&FlagWhiteout != 0:
+		return 0, invalidf("hardlink to the whiteout %q", target)
+	case t.Type == TypeDir:
+		return 0, invalidf("hardlink to the directory %q", target)
+	default:
+		return t.Inode, nil
+	}
 }
 
 // fillEnds sets the compressed end of chunks whose format does not record it: the next
