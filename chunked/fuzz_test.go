@@ -155,7 +155,8 @@ func checkChunks(t testing.TB, x *chunked.Index, id chunked.EntryID, end int64) 
 	e := x.Entry(id)
 	var off int64
 	for i, c := range x.Chunks(id) {
-		if c.FileOffset != off || c.Size <= 0 || c.InnerOffset < 0 || c.Offset < 0 || c.End <= c.Offset || c.End > end {
+		if c.FileOffset != off || c.Size <= 0 || c.InnerOffset < 0 || c.Offset < 0 || c.End <= c.Offset || c.End > end ||
+			c.End-c.Offset > chunked.MaxSpan(c.InnerOffset+c.Size) {
 			t.Errorf("%q chunk %d at file offset %d: %+v (data ends at %d)", e.Name, i, off, c, end)
 			return
 		}
@@ -338,6 +339,14 @@ func FuzzParseTOC(f *testing.F) {
 		}
 	}
 	f.Add(byte(chunked.EStargz), []byte(tocOf(ent(".wh.x", "reg"), ent("d/.wh..wh..opq", "reg"), ent("l", "hardlink", "linkName", "d/f"), file("d/f", 3, 0))))
+	// Bounds: nesting that implies more directories than fuzzLimits allows, a name one
+	// component too deep, a chunk whose next offset lies far away.
+	f.Add(byte(chunked.EStargz), []byte(deepTOC(60, 200)))
+	f.Add(byte(chunked.EStargz), []byte(tocOf(ent(strings.Repeat("a/", 256)+"f", "fifo"))))
+	f.Add(byte(chunked.ZstdChunked), []byte(tocOf(ent("f", "reg", "size", 1, "offset", 0, "endOffset", tocOffset-8, "digest", dg('a')))))
+	// Hardlinks to paths written again after them.
+	f.Add(byte(chunked.EStargz), []byte(tocOf(file("f", 1, 0), ent("l", "hardlink", "linkName", "f"), ent("f", "fifo"),
+		ent("l2", "hardlink", "linkName", "f"), ent("l3", "hardlink", "linkName", "l"), ent("l", "hardlink", "linkName", "l2"))))
 	// Known bugs (they skip until fixed): a ".." whiteout, a landmark outside the data.
 	f.Add(byte(chunked.EStargz), []byte(tocOf(ent("d/.wh...", "reg"))))
 	f.Add(byte(chunked.EStargz), []byte(tocOf(ent(".prefetch.landmark", "reg", "offset", -5))))
