@@ -1,6 +1,7 @@
 package chunked_test
 
 import (
+	"context"
 	"fmt"
 	"runtime"
 	"testing"
@@ -19,7 +20,7 @@ func BenchmarkParse(b *testing.B) {
 			var before, after runtime.MemStats
 			runtime.GC()
 			runtime.ReadMemStats(&before)
-			x, err := chunked.Parse(layout, js, chunked.Limits{})
+			x, err := chunked.Parse(context.Background(), layout, js, chunked.Limits{})
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -29,7 +30,7 @@ func BenchmarkParse(b *testing.B) {
 			x = nil
 			b.SetBytes(int64(len(js)))
 			for b.Loop() {
-				if _, err := chunked.Parse(layout, js, chunked.Limits{}); err != nil {
+				if _, err := chunked.Parse(context.Background(), layout, js, chunked.Limits{}); err != nil {
 					b.Fatal(err)
 				}
 			}

@@ -4,6 +4,7 @@ import (
 	"archive/tar"
 	"bytes"
 	"compress/gzip"
+	"context"
 	"errors"
 	"runtime"
 	"sync"
@@ -52,7 +53,7 @@ func TestParseFixtures(t *testing.T) {
 	for _, f := range fixtures(t) {
 		t.Run(f.Name, func(t *testing.T) {
 			l, _, js := fixtureTOC(t, f)
-			x, err := chunked.Parse(l, js, chunked.Limits{})
+			x, err := chunked.Parse(context.Background(), l, js, chunked.Limits{})
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -3,6 +3,7 @@ package chunked_test
 import (
 	"archive/tar"
 	"bytes"
+	"context"
 	"encoding/base64"
 	"errors"
 	"fmt"
@@ -97,8 +98,8 @@ func checkIndex(t testing.TB, x *chunked.Index) {
 			}
 		case chunked.TypeHardlink:
 			ino := x.Entry(e.Inode)
-			if e.Inode == id || ino.Type == chunked.TypeHardlink || ino.Type == chunked.TypeDir || !ino.Visible() ||
-				ino.Flags&chunked.FlagWhiteout != 0 {
+			if e.Inode == id || ino.Type == chunked.TypeHardlink || ino.Type == chunked.TypeDir || ino.Flags&chunked.FlagHidden != 0 ||
+				ino.Flags&chunked.FlagWhiteout != 0 || e.Inode > id {
 				t.Errorf("hardlink %q has inode %d: %v %q flags %b", e.Name, e.Inode, ino.Type, ino.Name, ino.Flags)
 			}
 			links[e.Inode]++
@@ -120,8 +121,13 @@ func checkIndex(t testing.TB, x *chunked.Index) {
 		} else if want := 2 + subdirs[id]; e.Nlink != want {
 			t.Errorf("directory %q: Nlink %d, want %d", e.Name, e.Nlink, want)
 		}
-		if e.Visible() && e.Type != chunked.TypeDir && e.Type != chunked.TypeHardlink {
-			if want := 1 + links[id]; e.Nlink != want {
+		if e.Type != chunked.TypeDir && e.Type != chunked.TypeHardlink && (e.Visible() || links[id] > 0) {
+			// A replaced entry that hardlinks still name counts those names only.
+			want := links[id]
+			if e.Visible() {
+				want++
+			}
+			if e.Nlink != want {
 				t.Errorf("%v %q: Nlink %d, want %d", e.Type, e.Name, e.Nlink, want)
 			}
 		}
@@ -149,7 +155,8 @@ func checkChunks(t testing.TB, x *chunked.Index, id chunked.EntryID, end int64) 
 	e := x.Entry(id)
 	var off int64
 	for i, c := range x.Chunks(id) {
-		if c.FileOffset != off || c.Size <= 0 || c.InnerOffset < 0 || c.Offset < 0 || c.End <= c.Offset || c.End > end {
+		if c.FileOffset != off || c.Size <= 0 || c.InnerOffset < 0 || c.Offset < 0 || c.End <= c.Offset || c.End > end ||
+			c.End-c.Offset > chunked.MaxSpan(c.InnerOffset+c.Size) {
 			t.Errorf("%q chunk %d at file offset %d: %+v (data ends at %d)", e.Name, i, off, c, end)
 			return
 		}
@@ -332,12 +339,20 @@ func FuzzParseTOC(f *testing.F) {
 		}
 	}
 	f.Add(byte(chunked.EStargz), []byte(tocOf(ent(".wh.x", "reg"), ent("d/.wh..wh..opq", "reg"), ent("l", "hardlink", "linkName", "d/f"), file("d/f", 3, 0))))
+	// Bounds: nesting that implies more directories than fuzzLimits allows, a name one
+	// component too deep, a chunk whose next offset lies far away.
+	f.Add(byte(chunked.EStargz), []byte(deepTOC(60, 200)))
+	f.Add(byte(chunked.EStargz), []byte(tocOf(ent(strings.Repeat("a/", 256)+"f", "fifo"))))
+	f.Add(byte(chunked.ZstdChunked), []byte(tocOf(ent("f", "reg", "size", 1, "offset", 0, "endOffset", tocOffset-8, "digest", dg('a')))))
+	// Hardlinks to paths written again after them.
+	f.Add(byte(chunked.EStargz), []byte(tocOf(file("f", 1, 0), ent("l", "hardlink", "linkName", "f"), ent("f", "fifo"),
+		ent("l2", "hardlink", "linkName", "f"), ent("l3", "hardlink", "linkName", "l"), ent("l", "hardlink", "linkName", "l2"))))
 	// Known bugs (they skip until fixed): a ".." whiteout, a landmark outside the data.
 	f.Add(byte(chunked.EStargz), []byte(tocOf(ent("d/.wh...", "reg"))))
 	f.Add(byte(chunked.EStargz), []byte(tocOf(ent(".prefetch.landmark", "reg", "offset", -5))))
 	f.Fuzz(func(t *testing.T, format byte, js []byte) {
 		fm := fuzzFormat(format)
-		x, err := chunked.Parse(testLayout(fm), js, fuzzLimits)
+		x, err := chunked.Parse(context.Background(), testLayout(fm), js, fuzzLimits)
 		if err != nil {
 			if x != nil {
 				t.Errorf("Parse returned an index with the error %v", err)
@@ -418,7 +433,7 @@ func FuzzTarSplit(f *testing.F) {
 			t.Errorf("Next error %v wraps neither ErrInvalid nor ErrLimit", rerr)
 		}
 		headers, files := 0, 0
-		err := chunked.IterateTarSplit(chunked.NewTarSplitReader(bytes.NewReader(data), fuzzLimits),
+		err := chunked.IterateTarSplit(context.Background(), chunked.NewTarSplitReader(bytes.NewReader(data), fuzzLimits),
 			func(k int, h *tar.Header) error {
 				if k != headers || h == nil {
 					t.Errorf("header %d (%v), want %d", k, h, headers)
@@ -504,7 +519,7 @@ func TestIterateTarSplitFixture(t *testing.T) {
 	}
 	var got []*tar.Header
 	var names []string
-	err := chunked.IterateTarSplit(chunked.NewTarSplitReader(bytes.NewReader(data), chunked.Limits{}),
+	err := chunked.IterateTarSplit(context.Background(), chunked.NewTarSplitReader(bytes.NewReader(data), chunked.Limits{}),
 		func(k int, h *tar.Header) error { got = append(got, h); return nil },
 		func(k int, r *chunked.TarSplitRecord) error { names = append(names, r.FileName()); return nil })
 	if err != nil {
@@ -613,7 +628,7 @@ func TestIterateTarSplitErrors(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			headers, files := 0, 0
-			err := chunked.IterateTarSplit(chunked.NewTarSplitReader(strings.NewReader(tc.data), chunked.Limits{}),
+			err := chunked.IterateTarSplit(context.Background(), chunked.NewTarSplitReader(strings.NewReader(tc.data), chunked.Limits{}),
 				func(k int, h *tar.Header) error { headers++; return tc.onHeader },
 				func(k int, r *chunked.TarSplitRecord) error { files++; return tc.onFile })
 			if tc.want == nil && err != nil || !errors.Is(err, tc.want) {
@@ -632,7 +647,7 @@ func TestIterateTarSplitTerminates(t *testing.T) {
 	data := tsLine(1, "a", 1<<50, nil, 0)
 	done := make(chan error, 1)
 	go func() {
-		done <- chunked.IterateTarSplit(chunked.NewTarSplitReader(strings.NewReader(data), chunked.Limits{}),
+		done <- chunked.IterateTarSplit(context.Background(), chunked.NewTarSplitReader(strings.NewReader(data), chunked.Limits{}),
 			func(int, *tar.Header) error { return nil }, func(int, *chunked.TarSplitRecord) error { return nil })
 	}()
 	select {

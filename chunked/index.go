@@ -95,10 +95,12 @@ type Entry struct {
 	DevMinor uint32
 	// Parent is the directory holding the entry (the root is its own parent).
 	Parent EntryID
-	// Inode is the entry that owns the content and metadata: the entry itself, or the final
-	// target of a hardlink.
+	// Inode is the entry that owns the content and metadata: the entry itself, or for a
+	// hardlink the owner of what its target path held at the hardlink's place in the layer, as
+	// extraction links it (that entry may be replaced, FlagShadowed, at its own path later).
 	Inode EntryID
-	// Nlink is the link count of the inode (meaningful on the inode's owner).
+	// Nlink is the link count of the inode (meaningful on the inode's owner): its visible
+	// names.
 	Nlink uint32
 	// Digest is the digest of the whole content of a regular file; zero when the TOC has
 	// none (empty files).
@@ -122,6 +124,7 @@ func (e *Entry) Visible() bool { return e.Flags&(FlagHidden|FlagShadowed) == 0 }
 type Chunk struct {
 	// Offset and End delimit the compressed bytes to fetch: decompressing them yields
 	// InnerOffset bytes to skip, then the chunk's Size bytes (and possibly more, ignored).
+	// End-Offset is at most MaxSpan(InnerOffset+Size).
 	Offset, End int64
 	InnerOffset int64
 	// FileOffset is the chunk's position in the file; Size its uncompressed length.

@@ -1,6 +1,7 @@
 package chunked_test
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"math"
@@ -13,7 +14,7 @@ import (
 
 func parseOK(t *testing.T, f chunked.Format, js string) *chunked.Index {
 	t.Helper()
-	x, err := chunked.Parse(testLayout(f), []byte(js), chunked.Limits{})
+	x, err := chunked.Parse(context.Background(), testLayout(f), []byte(js), chunked.Limits{})
 	if err != nil {
 		t.Fatalf("Parse: %v\nTOC: %.500s", err, js)
 	}
@@ -61,7 +62,7 @@ func TestParseAccepts(t *testing.T) {
 		{"zero-size file without offset", chunked.Limits{}, tocOf(ent("f", "reg"))},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			x, err := chunked.Parse(testLayout(chunked.EStargz), []byte(tc.toc), tc.limits)
+			x, err := chunked.Parse(context.Background(), testLayout(chunked.EStargz), []byte(tc.toc), tc.limits)
 			if err != nil {
 				t.Fatalf("Parse: %v", err)
 			}
@@ -86,7 +87,7 @@ func TestParsePayloadEnd(t *testing.T) {
 	}
 	for _, off := range []int64{0, 7} {
 		l := &chunked.Layout{Format: chunked.ZstdChunked, TOC: chunked.Range{Offset: off, Length: 1}}
-		if _, err := chunked.Parse(l, []byte(tocOf()), chunked.Limits{}); !errors.Is(err, chunked.ErrInvalid) {
+		if _, err := chunked.Parse(context.Background(), l, []byte(tocOf()), chunked.Limits{}); !errors.Is(err, chunked.ErrInvalid) {
 			t.Errorf("zstd TOC at offset %d: Parse = %v, want ErrInvalid", off, err)
 		}
 	}
@@ -173,7 +174,7 @@ func TestParseShadowedEntries(t *testing.T) {
 		want chunked.Chunk
 	}{
 		{0, chunked.Chunk{Offset: 100, End: 200, Size: 5, Digest: sumOf('a')}},
-		{2, chunked.Chunk{Offset: 200, End: tocOffset, Size: 7, Digest: sumOf('b')}},
+		{2, chunked.Chunk{Offset: 200, End: 200 + chunked.MaxSpan(7), Size: 7, Digest: sumOf('b')}},
 	} {
 		if got := x.Chunks(tc.id); !slices.Equal(got, []chunked.Chunk{tc.want}) {
 			t.Errorf("Chunks(%d) = %+v, want [%+v]", tc.id, got, tc.want)
@@ -380,10 +381,19 @@ func TestParseHardlinks(t *testing.T) {
 			t.Errorf("%s: inode %d with Nlink %d, want g's %d with 3", p, e.Inode, x.Entry(e.Inode).Nlink, g)
 		}
 	}
-	// A hardlink to a shadowed path follows the path's last entry.
+	// A hardlink links to the entry its target path holds where the hardlink is: a later
+	// entry at that path replaces the path, not the link (see TestHardlinksAsExtracted).
 	x = parseOK(t, chunked.EStargz, tocOf(file("f", 1, 0), ent("l", "hardlink", "linkName", "f"), ent("f", "fifo")))
-	if got := x.Entry(lookup(t, x, "l")).Inode; got != 2 {
-		t.Errorf("Inode(l) = %d, want the last f (2)", got)
+	if got := x.Entry(lookup(t, x, "l")).Inode; got != 0 {
+		t.Errorf("Inode(l) = %d, want the first f (0)", got)
+	}
+	if e := x.Entry(0); e.Nlink != 1 || e.Visible() {
+		t.Errorf("the first f: Nlink %d, visible %v; want 1, shadowed", e.Nlink, e.Visible())
+	}
+	// A chain of hardlinks, however long, links to the file.
+	x = parseOK(t, chunked.EStargz, tocOf(manyLinks...))
+	if got := x.Entry(lookup(t, x, "l69")).Inode; got != lookup(t, x, "f") || x.Entry(got).Nlink != 71 {
+		t.Errorf("Inode(l69) = %d with Nlink %d, want f's with 71", got, x.Entry(got).Nlink)
 	}
 }
 
@@ -523,7 +533,7 @@ func TestParseStargzChunkEnds(t *testing.T) {
 					{Offset: 300, End: 500, Size: 4, Digest: sumOf('1')},
 					{Offset: 300, End: 500, InnerOffset: 4, FileOffset: 4, Size: 4, Digest: sumOf('2')},
 				}},
-				{"late", []chunked.Chunk{{Offset: 500, End: end, Size: 2, Digest: sumOf('1')}}},
+				{"late", []chunked.Chunk{{Offset: 500, End: min(end, 500+chunked.MaxSpan(2)), Size: 2, Digest: sumOf('1')}}},
 				{"early", []chunked.Chunk{{Offset: 50, End: 100, Size: 2, Digest: sumOf('1')}}},
 				{"empty", nil},
 			} {
@@ -560,7 +570,7 @@ func TestParseZstdChunkEnds(t *testing.T) {
 					{Offset: 410, End: 900, FileOffset: 2500, Size: 500, Digest: sumOf('3')},
 				}},
 				{"noend", []chunked.Chunk{{Offset: 1000, End: 2000, Size: 1, Digest: sumOf('c')}}},
-				{"last", []chunked.Chunk{{Offset: 2000, End: payloadEnd(f), Size: 1, Digest: sumOf('d')}}},
+				{"last", []chunked.Chunk{{Offset: 2000, End: min(payloadEnd(f), 2000+chunked.MaxSpan(1)), Size: 1, Digest: sumOf('d')}}},
 				{"empty", nil},
 			} {
 				if got := x.Chunks(lookup(t, x, tc.path)); !slices.Equal(got, tc.want) {

@@ -2,6 +2,7 @@ package chunked
 
 import (
 	"archive/tar"
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -19,6 +20,10 @@ const (
 
 // maxSegment bounds one raw tar-split segment (headers with their PAX records and padding).
 const maxSegment = 16 << 20
+
+// maxRecord bounds the JSON text of one tar-split record: a segment of maxSegment bytes in
+// base64, with room for the other members. The decoder holds a whole record in memory.
+const maxRecord = maxSegment/3*4 + 1<<20
 
 // TarSplitRecord is one line of a tar-split stream.
 type TarSplitRecord struct {
@@ -54,6 +59,7 @@ func (r *TarSplitRecord) FileName() string {
 type TarSplitReader struct {
 	dec  *jsontext.Decoder
 	lr   *io.LimitedReader
+	rl   *recordLimiter
 	lim  Limits
 	next int64
 	rec  rawTarSplitRecord
@@ -64,11 +70,36 @@ type TarSplitReader struct {
 func NewTarSplitReader(r io.Reader, limits Limits) *TarSplitReader {
 	lim := limits.WithDefaults()
 	lr := &io.LimitedReader{R: r, N: lim.MaxTarSplitSize + 1}
-	return &TarSplitReader{dec: jsontext.NewDecoder(lr), lr: lr, lim: lim}
+	rl := &recordLimiter{r: lr}
+	return &TarSplitReader{dec: jsontext.NewDecoder(rl), lr: lr, rl: rl, lim: lim}
+}
+
+// recordLimiter lets the decoder read at most up to limit, so that one record cannot make it
+// buffer more than maxRecord bytes.
+type recordLimiter struct {
+	r           io.Reader
+	read, limit int64
+	over        bool
+}
+
+var errRecordTooLong = errors.New("tar-split record too long")
+
+func (l *recordLimiter) Read(p []byte) (int, error) {
+	if l.read >= l.limit {
+		l.over = true
+		return 0, errRecordTooLong
+	}
+	if int64(len(p)) > l.limit-l.read {
+		p = p[:l.limit-l.read]
+	}
+	n, err := l.r.Read(p)
+	l.read += int64(n)
+	return n, err
 }
 
 // Next returns the next record, valid until the following call, or io.EOF at the end.
 func (t *TarSplitReader) Next() (*TarSplitRecord, error) {
+	t.rl.limit = t.dec.InputOffset() + maxRecord
 	if t.dec.PeekKind() == 0 {
 		if _, err := t.dec.ReadToken(); err == io.EOF {
 			if t.lr.N <= 0 {
@@ -81,6 +112,9 @@ func (t *TarSplitReader) Next() (*TarSplitRecord, error) {
 	if err := json.UnmarshalDecode(t.dec, &t.rec); err != nil {
 		if t.lr.N <= 0 {
 			return nil, limitf("tar-split exceeds %d bytes", t.lim.MaxTarSplitSize)
+		}
+		if t.rl.over {
+			return nil, limitf("tar-split record %d exceeds %d bytes", t.next, maxRecord)
 		}
 		return nil, invalidf("tar-split record %d: %v", t.next, err)
 	}
@@ -115,9 +149,10 @@ func (t *TarSplitReader) TarSize() int64 { return t.size }
 // IterateTarSplit walks a tar-split stream as the tar it describes, with every file payload
 // read as zeros (and skipped without reading when possible). It calls onHeader for each tar
 // header, numbered from 0, and onFile for each file record, numbered from 0. In a well-formed
-// tar-split, header k and file record k describe the same entry.
-func IterateTarSplit(ts *TarSplitReader, onHeader func(k int, h *tar.Header) error, onFile func(k int, r *TarSplitRecord) error) error {
-	v := &virtualTar{ts: ts, onFile: onFile}
+// tar-split, header k and file record k describe the same entry. It stops with ctx's error
+// soon after ctx is done.
+func IterateTarSplit(ctx context.Context, ts *TarSplitReader, onHeader func(k int, h *tar.Header) error, onFile func(k int, r *TarSplitRecord) error) error {
+	v := &virtualTar{ctx: ctx, ts: ts, onFile: onFile}
 	tr := tar.NewReader(v)
 	for k := 0; ; k++ {
 		h, err := tr.Next()
@@ -149,7 +184,9 @@ func IterateTarSplit(ts *TarSplitReader, onHeader func(k int, h *tar.Header) err
 
 // virtualTar is the tar stream a tar-split describes, with zero payloads.
 type virtualTar struct {
+	ctx    context.Context
 	ts     *TarSplitReader
+	nrec   int // records read
 	onFile func(int, *TarSplitRecord) error
 	files  int
 	seg    []byte
@@ -163,6 +200,12 @@ func (v *virtualTar) fill() error {
 		if v.err != nil {
 			return v.err
 		}
+		if v.nrec%ctxCheckEvery == 0 {
+			if v.err = v.ctx.Err(); v.err != nil {
+				return v.err
+			}
+		}
+		v.nrec++
 		r, err := v.ts.Next()
 		if err != nil {
 			if err != io.EOF {

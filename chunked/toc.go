@@ -2,6 +2,7 @@ package chunked
 
 import (
 	"bytes"
+	"context"
 	"encoding/base64"
 	"encoding/hex"
 	"errors"
@@ -103,13 +104,15 @@ func refuseCaseVariants(unknown jsontext.Value, known map[string]bool) error {
 }
 
 // Parse builds the index of a layer from its TOC JSON (as returned by [ExtractTOC]). layout
-// gives the format and where file data ends; limits bound what is accepted.
-func Parse(layout *Layout, tocJSON []byte, limits Limits) (*Index, error) {
+// gives the format and where file data ends; limits bound what is accepted. Parsing stops
+// with ctx's error soon after ctx is done.
+func Parse(ctx context.Context, layout *Layout, tocJSON []byte, limits Limits) (*Index, error) {
 	lim := limits.WithDefaults()
 	if int64(len(tocJSON)) > lim.MaxTOCSize {
 		return nil, limitf("TOC of %d bytes exceeds %d", len(tocJSON), lim.MaxTOCSize)
 	}
 	b := &builder{
+		ctx: ctx,
 		lim: lim,
 		x: &Index{
 			format:      layout.Format,
@@ -132,6 +135,7 @@ func Parse(layout *Layout, tocJSON []byte, limits Limits) (*Index, error) {
 }
 
 type builder struct {
+	ctx       context.Context
 	lim       Limits
 	x         *Index
 	raw       int   // TOC entries read so far (chunks included)
@@ -141,6 +145,17 @@ type builder struct {
 	version   int
 	hasTimes  bool
 	opaqueDir []string
+}
+
+// ctxCheckEvery is how many entries the parse handles between two looks at its context.
+const ctxCheckEvery = 1 << 12
+
+// canceled returns the context's error on every ctxCheckEvery-th i.
+func (b *builder) canceled(i int) error {
+	if i%ctxCheckEvery != 0 {
+		return nil
+	}
+	return b.ctx.Err()
 }
 
 func (b *builder) decode(data []byte) error {
@@ -208,6 +223,9 @@ func (b *builder) decodeEntries(dec *jsontext.Decoder) error {
 	}
 	var r rawEntry
 	for dec.PeekKind() == '{' {
+		if err := b.canceled(b.raw); err != nil {
+			return err
+		}
 		if b.raw >= b.lim.MaxEntries {
 			return limitf("TOC has more than %d entries", b.lim.MaxEntries)
 		}
@@ -494,7 +512,11 @@ func cleanName(name string) (string, error) {
 			return "", invalidf("name escapes the layer root")
 		}
 	}
-	return path.Clean("/" + name)[1:], nil
+	clean := path.Clean("/" + name)[1:]
+	if depth := strings.Count(clean, "/") + 1; depth > maxDepth {
+		return "", limitf("name of %d components exceeds %d", depth, maxDepth)
+	}
+	return clean, nil
 }
 
 func u32(what string, v int64) (uint32, error) {
@@ -540,6 +562,9 @@ func (b *builder) finish() error {
 	}
 	paths := make(map[string]EntryID, len(x.entries))
 	for id := range x.entries {
+		if err := b.canceled(id); err != nil {
+			return err
+		}
 		e := &x.entries[id]
 		key, err := b.classifyName(e)
 		if err != nil {
@@ -547,6 +572,13 @@ func (b *builder) finish() error {
 		}
 		if e.Flags&FlagHidden != 0 {
 			continue
+		}
+		// A hardlink links to what its target path holds at this point of the layer, as
+		// extraction makes it: a later entry at that path replaces the path, not the link.
+		if e.Type == TypeHardlink {
+			if e.Inode, err = b.resolveLink(paths, e.LinkName); err != nil {
+				return &EntryError{Index: -1, Name: e.Name, Err: err}
+			}
 		}
 		if old, ok := paths[key]; ok {
 			x.entries[old].Flags |= FlagShadowed
@@ -559,29 +591,47 @@ func (b *builder) finish() error {
 		}
 		return ""
 	}
-	ensureDir := func(p string) EntryID {
+	// Implicit directories count against the entry limit with the TOC's entries (the root,
+	// which every index has, does not).
+	implicit := 0
+	ensureDir := func(p string) error {
 		for {
 			if _, ok := paths[p]; ok {
-				break
+				return nil
+			}
+			if p != "" {
+				if b.raw+implicit >= b.lim.MaxEntries {
+					return &EntryError{Index: -1, Name: p, Err: limitf(
+						"the TOC's %d entries and the directories they imply exceed %d", b.raw, b.lim.MaxEntries)}
+				}
+				implicit++
 			}
 			id := EntryID(len(x.entries))
 			x.entries = append(x.entries, Entry{Name: p, Type: TypeDir, Mode: 0o755, Inode: id, attr: id, Flags: FlagImplicit})
 			paths[p] = id
 			if p == "" {
-				break
+				return nil
 			}
 			p = dirOf(p)
 		}
-		return paths[p]
 	}
-	ensureDir("")
+	if err := ensureDir(""); err != nil {
+		return err
+	}
 	for id := range x.tocCount {
+		if err := b.canceled(id); err != nil {
+			return err
+		}
 		if e := &x.entries[id]; e.Visible() && e.Name != "" {
-			ensureDir(dirOf(e.Name))
+			if err := ensureDir(dirOf(e.Name)); err != nil {
+				return err
+			}
 		}
 	}
 	for _, d := range b.opaqueDir {
-		ensureDir(d)
+		if err := ensureDir(d); err != nil {
+			return err
+		}
 		dir := &x.entries[paths[d]]
 		if dir.Type != TypeDir {
 			return &EntryError{Index: -1, Name: d + "/" + opaqueMarker, Err: invalidf("opaque marker in a non-directory")}
@@ -594,6 +644,9 @@ func (b *builder) finish() error {
 	}
 	x.children = make([]EntryID, 0, len(paths)-1)
 	for id := range x.entries {
+		if err := b.canceled(id); err != nil {
+			return err
+		}
 		e := &x.entries[id]
 		if !e.Visible() {
 			continue
@@ -613,20 +666,11 @@ func (b *builder) finish() error {
 		x.children = append(x.children, EntryID(id))
 	}
 	for _, id := range x.children {
-		e := &x.entries[id]
-		switch e.Type {
+		switch e := &x.entries[id]; e.Type {
 		case TypeDir:
 			x.entries[e.Parent].Nlink++
 		case TypeHardlink:
-			target, err := b.resolveLink(paths, e.LinkName)
-			if err != nil {
-				return &EntryError{Index: -1, Name: e.Name, Err: err}
-			}
-			e.Inode = target
-		}
-	}
-	for _, id := range x.children {
-		if e := &x.entries[id]; e.Type == TypeHardlink {
+			// The owner counts its visible names: itself unless a later entry replaced it.
 			owner := &x.entries[e.Inode]
 			owner.Nlink++
 			// Extractors apply a hardlink's header to the inode it shares (c/storage chowns,
@@ -635,6 +679,9 @@ func (b *builder) finish() error {
 				owner.attr = id
 			}
 		}
+	}
+	if err := b.ctx.Err(); err != nil {
+		return err
 	}
 	x.sortChildren()
 	return nil
@@ -667,30 +714,26 @@ func (b *builder) classifyName(e *Entry) (string, error) {
 	return e.Name, nil
 }
 
-// resolveLink follows a hardlink to the entry that owns the inode.
+// resolveLink returns the entry that owns the inode at path target, given paths, the entries
+// before the hardlink by path. A hardlink there is resolved already.
 func (b *builder) resolveLink(paths map[string]EntryID, target string) (EntryID, error) {
-	const maxHops = 64
-	for range maxHops {
-		id, ok := paths[target]
-		if !ok {
-			return 0, invalidf("hardlink target %q does not exist", target)
-		}
-		t := &b.x.entries[id]
-		switch {
-		case t.Flags&FlagWhiteout != 0:
-			return 0, invalidf("hardlink to the whiteout %q", target)
-		case t.Type == TypeDir:
-			return 0, invalidf("hardlink to the directory %q", target)
-		case t.Type != TypeHardlink:
-			return id, nil
-		}
-		target = t.LinkName
+	id, ok := paths[target]
+	if !ok {
+		return 0, invalidf("hardlink target %q does not exist before the hardlink", target)
 	}
-	return 0, invalidf("hardlink chain longer than %d or cyclic", maxHops)
+	switch t := &b.x.entries[id]; {
+	case t.Flags&FlagWhiteout != 0:
+		return 0, invalidf("hardlink to the whiteout %q", target)
+	case t.Type == TypeDir:
+		return 0, invalidf("hardlink to the directory %q", target)
+	default:
+		return t.Inode, nil
+	}
 }
 
 // fillEnds sets the compressed end of chunks whose format does not record it: the next
-// larger chunk offset in the blob, or the end of the data.
+// larger chunk offset in the blob, or the end of the data; then caps every chunk's span at
+// [MaxSpan].
 func (b *builder) fillEnds() error {
 	x := b.x
 	var offs []int64 // sorted distinct chunk offsets, when some chunk needs them
@@ -713,6 +756,7 @@ func (b *builder) fillEnds() error {
 		if c.End <= c.Offset || c.End > x.payloadEnd {
 			return invalidf("chunk at blob offset %d ends at %d (data ends at %d)", c.Offset, c.End, x.payloadEnd)
 		}
+		c.End = min(c.End, c.Offset+MaxSpan(c.InnerOffset+c.Size))
 	}
 	return nil
 }

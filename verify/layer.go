@@ -119,7 +119,7 @@ func open(ctx context.Context, desc chunked.Descriptor, diffID digest.Digest, sr
 	if err != nil {
 		return l, err
 	}
-	if l.index, err = parseTOC(layout, m.toc, o.limits); err != nil {
+	if l.index, err = parseTOC(ctx, layout, m.toc, o.limits); err != nil {
 		return l, err
 	}
 	if err := l.openTarSplit(ctx, src, m.tarSplit); err != nil {
@@ -181,7 +181,7 @@ func readMetadata(ctx context.Context, src Source, layout *chunked.Layout, lim c
 }
 
 // parseTOC checks the TOC digest the way the format defines it, then parses.
-func parseTOC(layout *chunked.Layout, raw []byte, lim chunked.Limits) (*chunked.Index, error) {
+func parseTOC(ctx context.Context, layout *chunked.Layout, raw []byte, lim chunked.Limits) (*chunked.Index, error) {
 	if !layout.Format.StargzTOC() {
 		if err := checkDigest("TOC", layout.TOCDigest, raw); err != nil {
 			return nil, err
@@ -200,7 +200,7 @@ func parseTOC(layout *chunked.Layout, raw []byte, lim chunked.Limits) (*chunked.
 			return nil, err
 		}
 	}
-	return chunked.Parse(layout, js, lim)
+	return chunked.Parse(ctx, layout, js, lim)
 }
 
 func readRange(ctx context.Context, src Source, off, n int64) ([]byte, error) {
@@ -279,7 +279,7 @@ func (l *Layer) openTarSplit(ctx context.Context, src Source, raw []byte) error 
 		return err
 	}
 	l.tarSplit = bytes.Clone(raw) // kept for CheckDiffID, without the TOC bytes beside it
-	size, err := l.compareTarSplit(raw)
+	size, err := l.compareTarSplit(ctx, raw)
 	if err != nil {
 		l.tarSplit = nil
 		return err

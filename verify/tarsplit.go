@@ -25,16 +25,20 @@ var tarTypes = map[byte]chunked.Type{
 }
 
 // tarSplitRecords returns a reader of the records of a compressed tar-split, and a function that
-// releases it after checking that the stream decompressed to the size the layout states.
-func (l *Layer) tarSplitRecords(compressed []byte) (*chunked.TarSplitReader, func() error, error) {
+// releases it. Called with check set, once the records are read, it first checks that the
+// stream decompresses to the size the layout states; without, it decompresses nothing more.
+func (l *Layer) tarSplitRecords(compressed []byte) (*chunked.TarSplitReader, func(check bool) error, error) {
 	d, err := zstd.NewReader(bytes.NewReader(compressed), zstd.WithDecoderConcurrency(1),
 		zstd.WithDecoderMaxWindow(1<<27))
 	if err != nil {
 		return nil, nil, fmt.Errorf("%w: tar-split: %v", chunked.ErrInvalid, err)
 	}
 	cr := &countingReader{r: d}
-	done := func() error {
+	done := func(check bool) error {
 		defer d.Close()
+		if !check {
+			return nil
+		}
 		if _, err := io.Copy(io.Discard, cr); err != nil {
 			return fmt.Errorf("%w: tar-split: %v", chunked.ErrInvalid, err)
 		}
@@ -60,7 +64,7 @@ func (c *countingReader) Read(p []byte) (int, error) {
 // compareTarSplit checks that the tar-split describes exactly the TOC's entries, in order, with
 // the same metadata (type, name, link target, mode, size, owner, times, device, xattrs). It
 // returns the size of the tar stream the tar-split describes.
-func (l *Layer) compareTarSplit(raw []byte) (int64, error) {
+func (l *Layer) compareTarSplit(ctx context.Context, raw []byte) (int64, error) {
 	x := l.index
 	ts, done, err := l.tarSplitRecords(raw)
 	if err != nil {
@@ -68,7 +72,7 @@ func (l *Layer) compareTarSplit(raw []byte) (int64, error) {
 	}
 	n := x.TOCLen()
 	headers := 0
-	err = chunked.IterateTarSplit(ts,
+	err = chunked.IterateTarSplit(ctx, ts,
 		func(k int, h *tar.Header) error {
 			headers++
 			if k >= n {
@@ -83,14 +87,14 @@ func (l *Layer) compareTarSplit(raw []byte) (int64, error) {
 		func(k int, r *chunked.TarSplitRecord) error {
 			return fileRecordMatches(x, k, r)
 		})
+	if err == nil && headers != n {
+		err = fmt.Errorf("%w: tar-split has %d entries, the TOC %d", chunked.ErrInvalid, headers, n)
+	}
 	if err != nil {
-		done() //nolint:errcheck // the first error wins
+		done(false) //nolint:errcheck // releases only
 		return 0, err
 	}
-	if headers != n {
-		return 0, fmt.Errorf("%w: tar-split has %d entries, the TOC %d", chunked.ErrInvalid, headers, n)
-	}
-	return ts.TarSize(), done()
+	return ts.TarSize(), done(true)
 }
 
 func fileRecordMatches(x *chunked.Index, k int, r *chunked.TarSplitRecord) error {
@@ -185,9 +189,14 @@ func (l *Layer) checkDiffID(ctx context.Context, payload PayloadFunc) error {
 	if err != nil {
 		return err
 	}
-	defer done() //nolint:errcheck // checked at Open
+	defer done(false) //nolint:errcheck // checked at Open
 	h := sha256.New()
-	for files := 0; ; {
+	for files, n := 0, 0; ; n++ {
+		if n%4096 == 0 {
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+		}
 		r, err := ts.Next()
 		if err == io.EOF {
 			break

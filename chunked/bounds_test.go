@@ -1,0 +1,258 @@
+package chunked_test
+
+import (
+	"archive/tar"
+	"context"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"io"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/layerstore/layerstore/chunked"
+)
+
+// deepTOC returns a TOC of n fifos, each at its own path of depth components ("dI/a/a/.../f").
+func deepTOC(n, depth int) string {
+	deep := strings.Repeat("a/", depth-2)
+	es := make([]string, n)
+	for i := range es {
+		es[i] = ent(fmt.Sprintf("d%d/%sf", i, deep), "fifo")
+	}
+	return tocOf(es...)
+}
+
+// parseMeasured parses js and returns the bytes allocated meanwhile and the heap the result
+// keeps alive.
+func parseMeasured(t *testing.T, js []byte, lim chunked.Limits) (x *chunked.Index, err error, total, live uint64, took time.Duration) {
+	t.Helper()
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	start := time.Now()
+	x, err = chunked.Parse(context.Background(), testLayout(chunked.EStargz), js, lim)
+	took = time.Since(start)
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	runtime.KeepAlive(x)
+	return x, err, after.TotalAlloc - before.TotalAlloc, after.HeapAlloc - min(after.HeapAlloc, before.HeapAlloc), took
+}
+
+// TestParseDeepNestingBounded: a TOC of a few thousand deeply nested entries, each needing
+// thousands of implicit directories, is refused at once, without building the directories.
+func TestParseDeepNestingBounded(t *testing.T) {
+	js := []byte(deepTOC(4000, 2000))
+	x, err, total, live, took := parseMeasured(t, js, chunked.Limits{})
+	t.Logf("%d-byte TOC: %v; allocated %d MiB, %d MiB live, in %v", len(js), err, total>>20, live>>20, took)
+	if x != nil {
+		t.Logf("index of %d entries", x.Len())
+	}
+	if !errors.Is(err, chunked.ErrLimit) {
+		t.Errorf("Parse = %v, want ErrLimit", err)
+	}
+	if total > 4*uint64(len(js)) {
+		t.Errorf("Parse of a %d-byte TOC allocated %d MiB", len(js), total>>20)
+	}
+}
+
+// TestParseImplicitDirectoriesCounted: the directories an index adds for parents the TOC does
+// not list count against MaxEntries.
+func TestParseImplicitDirectoriesCounted(t *testing.T) {
+	const n, depth, limit = 100, 200, 10000 // n*(depth-1) implicit directories
+	js := []byte(deepTOC(n, depth))
+	_, err, total, _, took := parseMeasured(t, js, chunked.Limits{MaxEntries: limit})
+	t.Logf("%d-byte TOC of %d entries: %v; allocated %d KiB in %v", len(js), n, err, total>>10, took)
+	if !errors.Is(err, chunked.ErrLimit) || !strings.Contains(err.Error(), "directories they imply") {
+		t.Errorf("Parse = %v, want ErrLimit for the implied directories", err)
+	}
+	// The entries array and the path map of the limit's entries (about 1 KiB each with the
+	// growth of both), no more.
+	if total > limit<<10+4*uint64(len(js)) {
+		t.Errorf("Parse allocated %d KiB", total>>10)
+	}
+	// Within the limit, the same tree is built.
+	x, err := chunked.Parse(context.Background(), testLayout(chunked.EStargz), js, chunked.Limits{MaxEntries: n * depth})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := x.Len(), n+n*(depth-1)+1; got != want {
+		t.Errorf("Len = %d, want %d", got, want)
+	}
+}
+
+// TestParseDepthCap: names and hardlink targets of more than 256 components are refused; 256
+// are accepted.
+func TestParseDepthCap(t *testing.T) {
+	at := func(depth int) string { return strings.Repeat("a/", depth-1) + "f" }
+	if _, err := chunked.Parse(context.Background(), testLayout(chunked.EStargz), []byte(tocOf(ent(at(256), "fifo"))), chunked.Limits{}); err != nil {
+		t.Errorf("Parse of a name of 256 components: %v", err)
+	}
+	for _, js := range []string{
+		tocOf(ent(at(257), "fifo")),
+		tocOf(ent("f", "fifo"), ent("l", "hardlink", "linkName", at(257))),
+	} {
+		if _, err := chunked.Parse(context.Background(), testLayout(chunked.EStargz), []byte(js), chunked.Limits{}); !errors.Is(err, chunked.ErrLimit) || !strings.Contains(err.Error(), "257 components exceeds 256") {
+			t.Errorf("Parse of a name of 257 components = %v, want ErrLimit", err)
+		}
+	}
+}
+
+// TestParseChunkSpanCapped: however far the next chunk or the end of the data lies, and
+// whatever endOffset a zstd:chunked TOC gives, a chunk's span is at most MaxSpan of what it
+// decompresses to.
+func TestParseChunkSpanCapped(t *testing.T) {
+	const far = 8 << 30 // the TOC, and the end of the data, 8 GiB into the blob
+	for _, tc := range []struct {
+		format chunked.Format
+		toc    string
+	}{
+		{chunked.EStargz, tocOf(file("a", 1, 0), file("b", 10, 100, "innerOffset", 20), file("c", 1, far/2))},
+		{chunked.StargzZstd, tocOf(file("a", 1, 0), file("b", 10, 100, "innerOffset", 20), file("c", 1, far/2))},
+		{chunked.ZstdChunked, tocOf(
+			ent("a", "reg", "size", 1, "offset", 0, "endOffset", far-8, "digest", dg('a')),
+			ent("b", "reg", "size", 10, "offset", 100, "endOffset", far-8, "digest", dg('b')),
+			ent("c", "reg", "size", 1, "offset", far/2, "digest", dg('c')))},
+	} {
+		l := &chunked.Layout{Format: tc.format, TOC: chunked.Range{Offset: far, Length: 100}}
+		x, err := chunked.Parse(context.Background(), l, []byte(tc.toc), chunked.Limits{})
+		if err != nil {
+			t.Fatalf("%v: %v", tc.format, err)
+		}
+		for _, p := range []string{"a", "b", "c"} {
+			for _, c := range x.Chunks(lookup(t, x, p)) {
+				if span, limit := c.End-c.Offset, chunked.MaxSpan(c.InnerOffset+c.Size); span <= 0 || span > limit {
+					t.Errorf("%v: %s: chunk spans %d bytes (%d-%d), want at most %d", tc.format, p, span, c.Offset, c.End, limit)
+				}
+			}
+		}
+	}
+	if got := chunked.MaxSpan(chunked.DefaultMaxChunkSize); got > chunked.DefaultMaxChunkSize+chunked.DefaultMaxChunkSize/50 {
+		t.Errorf("MaxSpan(%d) = %d", chunked.DefaultMaxChunkSize, got)
+	}
+}
+
+// repeatByte is an endless stream of one byte.
+type repeatByte byte
+
+func (b repeatByte) Read(p []byte) (int, error) {
+	for i := range p {
+		p[i] = byte(b)
+	}
+	return len(p), nil
+}
+
+// TestTarSplitRecordBounded: one tar-split record (a line of JSON) of hundreds of megabytes, as
+// a tiny zstd frame can hold, is refused before the decoder has buffered it.
+func TestTarSplitRecordBounded(t *testing.T) {
+	const n = 200 << 20
+	r := io.MultiReader(strings.NewReader(`{"type":2,"payload":"`), io.LimitReader(repeatByte('A'), n),
+		strings.NewReader(`","position":0}`+"\n"))
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	_, err := chunked.NewTarSplitReader(r, chunked.Limits{}).Next()
+	runtime.ReadMemStats(&after)
+	total := after.TotalAlloc - before.TotalAlloc
+	t.Logf("a record of %d MiB: %v; allocated %d MiB", n>>20, err, total>>20)
+	if !errors.Is(err, chunked.ErrLimit) {
+		t.Errorf("Next = %v, want ErrLimit", err)
+	}
+	if total > 128<<20 {
+		t.Errorf("Next allocated %d MiB", total>>20)
+	}
+	// The largest segment allowed still reads.
+	seg := make([]byte, 16<<20)
+	line := `{"type":2,"payload":"` + base64.StdEncoding.EncodeToString(seg) + `","position":0}` + "\n"
+	if rec, err := chunked.NewTarSplitReader(strings.NewReader(line), chunked.Limits{}).Next(); err != nil || len(rec.Payload) != len(seg) {
+		t.Errorf("Next of a %d-byte segment: %v", len(seg), err)
+	}
+}
+
+// flatTOC returns a TOC of n fifos in 100 directories.
+func flatTOC(n int) string {
+	es := make([]string, n)
+	for i := range es {
+		es[i] = ent(fmt.Sprintf("d%d/f%d", i%100, i), "fifo", "mode", 0o644, "modtime", "2024-01-02T03:04:05Z")
+	}
+	return tocOf(es...)
+}
+
+// TestParseCanceled: Parse stops soon after its context is done, with the context's error.
+func TestParseCanceled(t *testing.T) {
+	js := []byte(flatTOC(300000))
+	start := time.Now()
+	if _, err := chunked.Parse(context.Background(), testLayout(chunked.EStargz), js, chunked.Limits{}); err != nil {
+		t.Fatal(err)
+	}
+	full := time.Since(start)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	start = time.Now()
+	_, err := chunked.Parse(ctx, testLayout(chunked.EStargz), js, chunked.Limits{})
+	t.Logf("full parse %v; canceled %v: %v", full, time.Since(start), err)
+	if !errors.Is(err, context.Canceled) {
+		t.Errorf("Parse with a canceled context = %v, want context.Canceled", err)
+	}
+	// Canceled while it runs, at each of its looks at the context, in each of its phases.
+	small := []byte(flatTOC(20000))
+	for n := int64(1); ; n++ {
+		ctx := &cancelAfter{Context: context.Background(), n: n}
+		_, err := chunked.Parse(ctx, testLayout(chunked.EStargz), small, chunked.Limits{})
+		if err == nil {
+			if n < 10 {
+				t.Errorf("Parse looked at its context %d times, want more", n-1)
+			}
+			break
+		}
+		if !errors.Is(err, context.Canceled) {
+			t.Fatalf("Parse canceled at its look %d = %v, want context.Canceled", n, err)
+		}
+	}
+	// Canceled from another goroutine.
+	ctx, cancel = context.WithCancel(context.Background())
+	time.AfterFunc(full/10, cancel)
+	start = time.Now()
+	_, err = chunked.Parse(ctx, testLayout(chunked.EStargz), js, chunked.Limits{})
+	if took := time.Since(start); !errors.Is(err, context.Canceled) || took > full/2 {
+		t.Errorf("Parse canceled after %v = %v after %v, want context.Canceled sooner", full/10, err, took)
+	}
+}
+
+// cancelAfter is a context that is canceled from the n-th look at its Err on.
+type cancelAfter struct {
+	context.Context
+	n, looks int64
+}
+
+func (c *cancelAfter) Err() error {
+	if c.looks++; c.looks >= c.n {
+		return context.Canceled
+	}
+	return nil
+}
+
+// TestIterateTarSplitCanceled: IterateTarSplit stops soon after its context is done, with the
+// context's error.
+func TestIterateTarSplitCanceled(t *testing.T) {
+	var b strings.Builder
+	const n = 20000
+	for i := range n {
+		b.WriteString(tsLine(2, "", 0, make([]byte, 512), int64(i))) // zero blocks: end of archive
+	}
+	data := b.String()
+	for _, looks := range []int64{1, 2, 4} {
+		records := 0
+		err := chunked.IterateTarSplit(&cancelAfter{Context: context.Background(), n: looks},
+			chunked.NewTarSplitReader(strings.NewReader(data), chunked.Limits{}),
+			func(int, *tar.Header) error { return nil }, func(int, *chunked.TarSplitRecord) error { records++; return nil })
+		if !errors.Is(err, context.Canceled) {
+			t.Errorf("IterateTarSplit canceled at its look %d = %v, want context.Canceled", looks, err)
+		}
+	}
+	if err := chunked.IterateTarSplit(context.Background(), chunked.NewTarSplitReader(strings.NewReader(data), chunked.Limits{}),
+		func(int, *tar.Header) error { return nil }, func(int, *chunked.TarSplitRecord) error { return nil }); err != nil {
+		t.Errorf("IterateTarSplit = %v", err)
+	}
+}
