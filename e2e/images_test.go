@@ -278,7 +278,10 @@ func (b *builder) ociLayout(ref string) (string, error) {
 // c/image 5.23 would reuse a blob recorded in its cache in another compression, so skopeo runs
 // in a private mount namespace with an empty /var/lib/containers.
 func (b *builder) skopeoZstdChunked(ctx context.Context, src, dst string) error {
-	script := `mount -t tmpfs layerstore-e2e /var/lib/containers && exec skopeo copy --dest-tls-verify=false --dest-compress --dest-compress-format zstd:chunked "$0" "$1"`
+	// Where /var/lib/containers does not exist yet (no container tool ran), an empty /var/lib
+	// stands in for the namespace's life: the host's is left as it is.
+	script := `{ [ -d /var/lib/containers ] || { mount -t tmpfs layerstore-e2e /var/lib && mkdir /var/lib/containers; }; } && ` +
+		`mount -t tmpfs layerstore-e2e /var/lib/containers && exec skopeo copy --dest-tls-verify=false --dest-compress --dest-compress-format zstd:chunked "$0" "$1"`
 	out, err := run(ctx, b.env, "unshare", "--mount", "--propagation", "private", "sh", "-c", script, src, dst)
 	if err != nil {
 		return fmt.Errorf("skopeo: %v\n%s", err, out)
