@@ -80,7 +80,7 @@ func newEndpoint(rt http.RoundTripper, blobURL string) (*endpoint, error) {
 	if (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 		return nil, fmt.Errorf("fetcher: blob URL %s is not an http(s) URL", redact(u))
 	}
-	return &endpoint{rt: rt, url: u}, nil
+	return &endpoint{rt: bounded(rt), url: u}, nil
 }
 
 // newBlob returns a Blob reading from eps, the first one first: see [Blob.Fetch].
@@ -97,6 +97,7 @@ func newBlob(eps []*endpoint, size int64, opts ...Option) (*Blob, error) {
 			return nil, fmt.Errorf("fetcher: %w", err)
 		}
 	}
+	o.storageRT = bounded(o.storageRT)
 	return &Blob{eps: eps, size: size, o: o, inflight: make(map[Range]*call)}, nil
 }
 

@@ -296,6 +296,9 @@ func (b *Blob) send(ctx context.Context, ep *endpoint, u *url.URL, rng string) (
 			// Authenticating to the endpoint failed; the error is typed already.
 			return nil, &Error{URL: redact(u), StatusCode: ae.status, Err: ae.err}
 		}
+		if errors.Is(err, ErrBadResponse) { // an encoded answer, refused by boundedTransport
+			return nil, &Error{URL: redact(u), Err: scrub(err, u)}
+		}
 		var ce *tls.CertificateVerificationError
 		if errors.As(err, &ce) { // retrying will not help
 			return nil, &Error{URL: redact(u), Err: fmt.Errorf("%w: %w", ErrBadResponse, scrub(err, u))}

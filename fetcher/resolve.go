@@ -420,6 +420,9 @@ func manifestOf(im v1.Image, ref name.Digest, p *v1.Platform) (*Manifest, error)
 
 // registryError maps go-containerregistry's errors onto the package sentinels.
 func registryError(what string, err error) error {
+	if errors.Is(err, ErrBadResponse) { // refused by boundedTransport
+		return fmt.Errorf("%s: %w", what, err)
+	}
 	var te *transport.Error
 	if errors.As(err, &te) {
 		switch {
