@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/netip"
 	"net/url"
 	"sort"
 	"sync"
@@ -42,6 +43,9 @@ type endpoint struct {
 
 	mu       sync.Mutex
 	location *url.URL // guarded by mu: cached redirect target, nil when none
+
+	originMu sync.Mutex
+	origin   []netip.Addr // guarded by originMu: the registry's addresses, nil until looked up
 }
 
 // call is one span being fetched; done is closed once buf or err is set.
