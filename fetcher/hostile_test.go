@@ -155,7 +155,9 @@ func TestHostileBodiesBounded(t *testing.T) {
 			if c.want != "EOF" && !errors.Is(rerr, ErrBadResponse) {
 				t.Errorf("error = %v, want ErrBadResponse", rerr)
 			}
-			if limit := uint64(maxBodySize + 12<<20); alloc > limit {
+			// Reading a body of up to the cap whole (io.ReadAll doubles its buffer) costs about
+			// twice the cap; the race detector adds its own.
+			if limit := uint64(2*maxBodySize + 16<<20); alloc > limit {
 				t.Errorf("the lookup allocated %d MiB, want at most %d MiB", alloc>>20, limit>>20)
 			}
 		})
