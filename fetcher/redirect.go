@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"net/url"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 )
@@ -142,15 +143,54 @@ func checkDialed(ctx context.Context, dialed, remote string) error {
 	return checkHopAddr(p.origin, ap.Addr())
 }
 
-// guardDials returns a copy of rt whose dials for redirected requests check the address
-// dialed: before connecting with the transport's default dialer, right after connecting
-// with its own DialContext. rt itself when it is not an *http.Transport: the addresses its
-// names resolve to are then checked only before the hop is sent.
+// guardDials returns a transport like rt whose dials for redirected requests check the
+// address dialed: before connecting with the transport's default dialer, right after
+// connecting with its own DialContext. Connections are pooled apart for each set of address
+// classes the registries are at, so that one dialed for a registry on loopback is never
+// reused for a hop away from a public registry. rt itself when it is not an *http.Transport:
+// the addresses its names resolve to are then checked only before the hop is sent.
 func guardDials(rt http.RoundTripper) http.RoundTripper {
 	t, ok := rt.(*http.Transport)
 	if !ok {
 		return rt
 	}
+	return &guardedTransport{base: t, pools: map[uint8]*http.Transport{}}
+}
+
+type guardedTransport struct {
+	base  *http.Transport
+	mu    sync.Mutex
+	pools map[uint8]*http.Transport // guarded by mu; by the classes of the registry's addresses
+}
+
+func (g *guardedTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+	var classes uint8
+	if p, _ := req.Context().Value(hopPolicyKey{}).(*hopPolicy); p != nil {
+		for _, a := range p.origin {
+			classes |= 1 << classOf(a)
+		}
+	}
+	g.mu.Lock()
+	t := g.pools[classes]
+	if t == nil {
+		t = guardedClone(g.base)
+		g.pools[classes] = t
+	}
+	g.mu.Unlock()
+	return t.RoundTrip(req)
+}
+
+// CloseIdleConnections closes the idle connections of every pool.
+func (g *guardedTransport) CloseIdleConnections() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for _, t := range g.pools {
+		t.CloseIdleConnections()
+	}
+}
+
+// guardedClone returns a copy of t whose dials check the address dialed.
+func guardedClone(t *http.Transport) *http.Transport {
 	t = t.Clone()
 	t.DisableCompression = true
 	inner := t.DialContext

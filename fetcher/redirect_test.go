@@ -330,3 +330,38 @@ func TestRedirectHTTPSToHTTPRefused(t *testing.T) {
 		t.Errorf("the http service saw %d requests, want none", n)
 	}
 }
+
+// TestRedirectPoolsApart: a connection to storage opened for a hop away from a registry on
+// loopback is not reused for a hop away from a registry at a public address.
+func TestRedirectPoolsApart(t *testing.T) {
+	data := testBlob(1000)
+	st := newStorage(t, data, 100)
+	_, stPort, _ := net.SplitHostPort(strings.TrimPrefix(st.srv.URL, "http://"))
+	rebind := &http.Transport{DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+		return (&net.Dialer{}).DialContext(ctx, network, strings.Replace(addr, "storage.test", "127.0.0.1", 1))
+	}}
+	storage := WithStorageTransport(rebind) // one transport, one set of pools, for both blobs
+	reg := newTestRegistry(t, data)
+	reg.fault = func(w http.ResponseWriter, r *http.Request, n int) bool {
+		http.Redirect(w, r, "http://storage.test:"+stPort+"/blob?sig=s"+strconv.Itoa(n), http.StatusTemporaryRedirect)
+		return true
+	}
+	local, err := New(authTransport{plainTransport(t)}, reg.blobURL, int64(len(data)), WithHostLimiter(NewHostLimiter(8)), storage)
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkFetch(t, local, data, Range{Offset: 0, Length: 10}) // allowed: the registry is on loopback
+	public, err := New(authTransport{plainTransport(t)}, strings.Replace(reg.blobURL, "127.0.0.1", "localhost", 1), int64(len(data)),
+		WithHostLimiter(NewHostLimiter(8)), storage,
+		withLookup(map[string]string{"localhost": "203.0.113.7", "storage.test": "203.0.113.8"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	before, _ := st.stats()
+	if _, err := public.ReadAt(t.Context(), make([]byte, 10), 0); !errors.Is(err, ErrBadResponse) {
+		t.Fatalf("error = %v, want ErrBadResponse refusing the loopback address", err)
+	}
+	if after, _ := st.stats(); after != before {
+		t.Errorf("the loopback service saw %d requests from the public registry's hop, want none", after-before)
+	}
+}
