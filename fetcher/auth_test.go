@@ -250,6 +250,8 @@ func TestAuthCredsStore(t *testing.T) {
 	}
 }
 
+// TestAuthMemoryKeychain: pushed credentials serve exactly their repository, before the files'
+// entries for it; they expire.
 func TestAuthMemoryKeychain(t *testing.T) {
 	isolate(t)
 	a := newAuthWorld(t)
@@ -259,17 +261,12 @@ func TestAuthMemoryKeychain(t *testing.T) {
 	t.Setenv("REGISTRY_AUTH_FILE", file)
 	now := time.Unix(1000, 0)
 	mem := NewMemoryKeychain(WithKeychainClock(func() time.Time { return now }))
-	// The memory keychain comes before the files, even its registry entry before a file's
-	// repository entry.
-	mem.Set("basic.example.com", Credentials{Username: "user", Password: regPass}, time.Hour)
-	mem.Set("basic.example.com/team/app", Credentials{Username: "user", Password: appPass}, time.Minute)
+	mem.Set("basic.example.com/team/app:v1", Credentials{Username: "user", Password: appPass}, time.Minute)
 	path, dropIn := emptyConf(t)
 	c := a.client(t, path, dropIn, WithMemoryKeychain(mem), WithResolverOptions(WithTagTTL(0)))
 	check(t, c, "basic.example.com/team/app:v1")
-	check(t, c, "basic.example.com/other/app:v1")
 
-	// The repository entry expires: the registry entry applies (the wrong password for
-	// team/app), not the file's.
+	// The entry expires: the file's applies (the wrong password).
 	now = now.Add(2 * time.Minute)
 	if _, err := c.Resolve(t.Context(), "basic.example.com/team/app:v1"); !errors.Is(err, ErrUnauthorized) {
 		t.Fatalf("after expiry: %v, want ErrUnauthorized", err)
@@ -277,9 +274,63 @@ func TestAuthMemoryKeychain(t *testing.T) {
 	if _, ok := mem.entries["basic.example.com/team/app"]; ok {
 		t.Error("the expired entry was not dropped")
 	}
-	mem.Set("basic.example.com", Credentials{}, 0) // removes it
+}
+
+// TestAuthPushedCredentialsDoNotSpill: credentials pushed for one repository serve neither the
+// repositories under it nor the others of its registry, and a pushed registry entry never
+// beats a file's entry for the repository.
+func TestAuthPushedCredentialsDoNotSpill(t *testing.T) {
+	isolate(t)
+	a := newAuthWorld(t)
+	img := testImage(t, 1)
+	a.basic.push(t, "team/app/sub:v1", img)
+	mem := NewMemoryKeychain()
+	path, dropIn := emptyConf(t)
+	c := a.client(t, path, dropIn, WithMemoryKeychain(mem))
+
+	// Pushed for basic.example.com/team (a reference "basic.example.com/team:other"), with the
+	// registry's password: not for team/app nor team/app/sub.
+	mem.Set("basic.example.com/team:other", Credentials{Username: "user", Password: appPass}, 0)
+	mem.Set("basic.example.com/other/app:v1", Credentials{Username: "user", Password: regPass}, 0)
+	for _, ref := range []string{"basic.example.com/team/app:v1", "basic.example.com/team/app/sub:v1"} {
+		if _, err := c.Resolve(t.Context(), ref); !errors.Is(err, ErrUnauthorized) {
+			t.Errorf("%s: %v, want ErrUnauthorized (credentials pushed for another repository were used)", ref, err)
+		}
+	}
+	check(t, c, "basic.example.com/other/app:v1")
+
+	// A pushed registry entry does not beat the file's repository entry.
+	writeJSON(t, filepath.Join(os.Getenv("XDG_CONFIG_HOME"), "containers", "auth.json"), map[string]any{"auths": map[string]any{
+		"bearer.example.com/team/app": authEntry("user", appPass)}})
+	mem.Set("bearer.example.com", Credentials{Username: "user", Password: regPass}, 0)
+	check(t, c, "bearer.example.com/team/app:v1")
+}
+
+// TestAuthMostSpecificAcrossFiles: a later file's entry for the repository beats an earlier
+// file's entry for the registry or a namespace; equally specific entries go by file order.
+func TestAuthMostSpecificAcrossFiles(t *testing.T) {
+	home := isolate(t)
+	a := newAuthWorld(t)
+	writeJSON(t, filepath.Join(os.Getenv("XDG_RUNTIME_DIR"), "containers", "auth.json"), map[string]any{"auths": map[string]any{
+		"basic.example.com":       authEntry("user", "wrong"),
+		"bearer.example.com/team": authEntry("user", "wrong"),
+	}})
+	writeJSON(t, filepath.Join(home, ".docker", "config.json"), map[string]any{"auths": map[string]any{
+		"basic.example.com/team/app": authEntry("user", appPass),
+		"https://bearer.example.com": authEntry("user", "wrong"),
+	}})
+	kubelet := filepath.Join(t.TempDir(), "config.json")
+	writeJSON(t, kubelet, map[string]any{"auths": map[string]any{
+		"bearer.example.com/team/app": authEntry("user", appPass),
+		"basic.example.com":           authEntry("user", regPass),
+	}})
+	path, dropIn := emptyConf(t)
+	c := a.client(t, path, dropIn, WithAuthFiles(kubelet))
+	check(t, c, "basic.example.com/team/app:v1")  // docker config's repository entry
+	check(t, c, "bearer.example.com/team/app:v1") // the extra file's repository entry
+	// Both registry entries are equally specific: the runtime auth.json comes first.
 	if _, err := c.Resolve(t.Context(), "basic.example.com/other/app:v1"); !errors.Is(err, ErrUnauthorized) {
-		t.Fatalf("without the memory entry, the file's entry is used: %v, want ErrUnauthorized", err)
+		t.Errorf("other/app: %v, want ErrUnauthorized (the first file's registry entry)", err)
 	}
 }
 
@@ -289,17 +340,16 @@ func TestMemoryKeychainLookup(t *testing.T) {
 	m.Set("quay.io", Credentials{Username: "registry"}, 0)
 	m.Set("quay.io/team", Credentials{Username: "namespace"}, 0)
 	m.Set("quay.io/team/app", Credentials{Username: "repository"}, time.Second)
-	m.Set("index.docker.io/library/", Credentials{Username: "hub"}, 0)
+	m.Set("index.docker.io/library/busybox/", Credentials{Username: "hub"}, 0)
 	for _, tc := range []struct{ key, want string }{
 		{"quay.io/team/app", "repository"},
-		{"quay.io/team/app/sub", "repository"},
-		{"quay.io/team/other", "namespace"},
-		{"quay.io/other/app", "registry"},
-		{"quay.io", "registry"},
+		{"quay.io/team/app/sub", ""},
+		{"quay.io/team/other", ""},
+		{"quay.io/other/app", ""},
 		{"docker.io/library/busybox", "hub"},
 		{"registry-1.docker.io/library/busybox", "hub"},
+		{"docker.io/library/alpine", ""},
 		{"quay.io.evil.com/team/app", ""},
-		{"docker.io/other/busybox", ""},
 	} {
 		c, ok := m.Lookup(tc.key)
 		if c.Username != tc.want || ok != (tc.want != "") {
@@ -307,8 +357,8 @@ func TestMemoryKeychainLookup(t *testing.T) {
 		}
 	}
 	now = now.Add(time.Second)
-	if c, _ := m.Lookup("quay.io/team/app"); c.Username != "namespace" {
-		t.Errorf("after expiry: %q, want the namespace entry", c.Username)
+	if c, ok := m.Lookup("quay.io/team/app"); ok {
+		t.Errorf("after expiry: %q, want none", c.Username)
 	}
 	a, err := m.Resolve(name.MustParseReference("index.docker.io/library/busybox:1").Context())
 	if err != nil {
@@ -369,7 +419,7 @@ func TestMemoryKeychainReferenceKeys(t *testing.T) {
 		{"127.0.0.1:5000/other", ""},
 		{"127.0.0.1:5000", ""},
 		{"reg/a/b", "ab"},
-		{"reg/a/b/c", "ab"},
+		{"reg/a/b/c", ""},
 		{"reg/a", ""},
 		{"reg:5000/x", "x"},
 		{"reg/x", ""},

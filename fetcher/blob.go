@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/netip"
 	"net/url"
 	"sort"
 	"sync"
@@ -42,6 +43,9 @@ type endpoint struct {
 
 	mu       sync.Mutex
 	location *url.URL // guarded by mu: cached redirect target, nil when none
+
+	originMu sync.Mutex
+	origin   []netip.Addr // guarded by originMu: the registry's addresses, nil until looked up
 }
 
 // call is one span being fetched; done is closed once buf or err is set.
@@ -80,7 +84,7 @@ func newEndpoint(rt http.RoundTripper, blobURL string) (*endpoint, error) {
 	if (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 		return nil, fmt.Errorf("fetcher: blob URL %s is not an http(s) URL", redact(u))
 	}
-	return &endpoint{rt: rt, url: u}, nil
+	return &endpoint{rt: bounded(rt), url: u}, nil
 }
 
 // newBlob returns a Blob reading from eps, the first one first: see [Blob.Fetch].
@@ -97,6 +101,7 @@ func newBlob(eps []*endpoint, size int64, opts ...Option) (*Blob, error) {
 			return nil, fmt.Errorf("fetcher: %w", err)
 		}
 	}
+	o.storageRT = bounded(o.storageRT)
 	return &Blob{eps: eps, size: size, o: o, inflight: make(map[Range]*call)}, nil
 }
 

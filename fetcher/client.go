@@ -327,6 +327,7 @@ func containersRef(ref name.Reference) (reference.Named, error) {
 func defaultTransport() *http.Transport {
 	t := http.DefaultTransport.(*http.Transport).Clone()
 	t.MaxIdleConnsPerHost = 2 * DefaultConcurrencyPerHost
+	t.DisableCompression = true
 	return t
 }
 

@@ -8,9 +8,10 @@
 //     wins) into an [Image]: the manifest for the host platform (picked from an image index by
 //     OS, architecture and variant), its layer descriptors with their annotations, and the
 //     config's DiffIDs. Resolutions by tag are reused for the tag TTL ([WithTagTTL], default 5
-//     minutes), resolutions by digest for the Client's life; failures are never remembered;
-//     concurrent resolutions of one reference share their requests. OCI and Docker schema2
-//     media types are both read.
+//     minutes), resolutions by digest until they are the least recently used of more than
+//     [MaxResolutions] (expired ones are dropped whenever one is kept); failures are never
+//     remembered; concurrent resolutions of one reference share their requests. OCI and Docker
+//     schema2 media types are both read.
 //   - [Client.Platforms] fetches the index's other platforms' manifests.
 //   - [Client.Blob] returns a [Blob] reading one layer with range requests.
 //
@@ -24,7 +25,8 @@
 // podman reads them. containers/image keeps parsed files in a process-wide cache keyed by their
 // paths: a Client re-reads its files when it is made (so Clients on different files, tests
 // among them, each see their own as they are), and [Client.Reload] re-reads them and forgets
-// every resolution; a daemon calls it on SIGHUP. Short names are not resolved: references come
+// every resolution (an invalid file leaves the previous configuration in force); the daemon
+// calls it on SIGHUP. Short names are not resolved: references come
 // fully qualified from the runtime.
 //
 // For each reference, the entry with the longest matching prefix ("*.example.com" wildcards
@@ -54,19 +56,24 @@
 // resolution and the Blobs made from it: one ping of the registry and, when the registry asks
 // for bearer tokens (go-containerregistry's transport does the token exchange, scope pull on
 // the repository), one token, renewed when the registry refuses it. Credentials are those of
-// the source's own registry and repository (a mirror's, not its upstream's), found in order:
+// the source's own registry and repository (a mirror's, not its upstream's), from:
 //
-//  1. the [MemoryKeychain] given with [WithMemoryKeychain] (credentials from the auth helper);
-//  2. the files and helpers of containers-auth.json(5), read by containers/image: the file
-//     REGISTRY_AUTH_FILE names (read when the Client is made) if set, otherwise
-//     ${XDG_RUNTIME_DIR}/containers/auth.json (or /run/containers/$UID/auth.json),
-//     ${XDG_CONFIG_HOME:-~/.config}/containers/auth.json, ${DOCKER_CONFIG:-~/.docker}/config.json
-//     and ~/.dockercfg, with their credHelpers, and registries.conf's credential-helpers;
-//  3. the extra files of [WithAuthFiles] (the kubelet's config.json, say);
-//  4. the credsStore of the Docker config files among those (docker-credential-<name> get).
+//  1. the [MemoryKeychain] given with [WithMemoryKeychain] (credentials from the auth helper),
+//     for exactly the repository they were set for;
+//  2. the files of containers-auth.json(5), each on its own: the file REGISTRY_AUTH_FILE names
+//     (read when the Client is made) if set, otherwise ${XDG_RUNTIME_DIR}/containers/auth.json
+//     (or /run/containers/$UID/auth.json), ${XDG_CONFIG_HOME:-~/.config}/containers/auth.json
+//     and ${DOCKER_CONFIG:-~/.docker}/config.json, with their credHelpers and registries.conf's
+//     credential-helpers, read by containers/image;
+//  3. the extra files of [WithAuthFiles] (the kubelet's config.json, say), the same way;
+//  4. ~/.dockercfg, then the credsStore of the Docker config files among those
+//     (docker-credential-<name> get), which hold registry entries only.
 //
-// The first that has credentials wins; within each, an entry for the repository beats one for
-// a namespace, which beats one for the registry. None means anonymous access. Credentials are
+// Across all of them the most specific entry wins: one for the repository beats one for a
+// namespace, which beats one for the registry (a credHelpers entry is a registry entry); among
+// entries equally specific, the source first in that list. containers/image would take the
+// first file with any match: on a node shared by every pull, a broad entry of one file must not
+// shadow a narrower one of another. None means anonymous access. Credentials are
 // read when a source first authenticates: credentials changed later apply from the next
 // resolution. Secrets are never logged nor put in errors ([Credentials] hides them from fmt and
 // slog), but containers/image logs through logrus at debug level which files it used.
@@ -95,7 +102,15 @@
 //     through the storage transport ([WithStorageTransport], default http.DefaultTransport; a
 //     Client's own transport for its Blobs), so the registry's credentials never reach it. The
 //     final redirected URL is cached; when the storage answers 403 (signed URL expired) or 404
-//     on the cached URL, the registry is asked once for a fresh redirect.
+//     on the cached URL, the registry is asked once for a fresh redirect. A hop from https to
+//     plain http is refused, and so is a hop to an address that is not public (loopback,
+//     link-local, unspecified, private, other special ranges; IPv4-mapped and NAT64 addresses
+//     count as their IPv4 address) unless the registry's host resolves to an address of that
+//     same class: a registry on loopback may redirect to loopback, one on a public address to
+//     public addresses only. The target's name is resolved and checked before the hop is sent,
+//     and the address dialed is checked again when the storage transport is an
+//     *http.Transport (the Client's is), so that DNS rebinding does not get round the check.
+//     A refused redirect is an [ErrBadResponse], not retried.
 //   - Retries: connection errors, timeouts, truncated bodies, 408, 429 and 5xx are retried up to
 //     [WithMaxAttempts] attempts in all (default 4), with capped exponential backoff and jitter
 //     ([WithBackoff], default 100 ms doubling up to 10 s). Retry-After (seconds or HTTP-date) on
@@ -110,6 +125,16 @@
 //     (default: one process-wide limiter with 8 slots per host; see [WithHostLimiter]),
 //     including the hops to storage it was redirected to. Concurrent calls asking for the same
 //     coalesced span share one request.
+//
+// # Bounds on what registries send
+//
+// Every request asks for the body as stored (Accept-Encoding: identity), so that net/http never
+// inflates an answer; a successful answer with another Content-Encoding is refused
+// ([ErrBadResponse]) rather than read. Bodies read whole (manifests, configs, token, ping and
+// error answers: every request without a Range header) are capped at 4 MiB, the cap
+// containers/image puts on manifests and configs, whatever size a descriptor claims; a body
+// over it fails with [ErrBadResponse], after at most 4 MiB was read. Range answers are read no
+// further than the ranges asked for.
 //
 // Errors are [*Error] values (for a Blob) or errors (for a resolution) wrapping the package
 // sentinels ([ErrNotFound], [ErrUnauthorized], [ErrTransient], [ErrBadResponse],

@@ -83,12 +83,13 @@ func NewMemoryKeychain(opts ...MemoryKeychainOption) *MemoryKeychain {
 	return m
 }
 
-// Set keeps c for key for ttl (zero or less: until replaced). key takes the forms of
-// containers-auth.json(5): a registry ("quay.io", "localhost:5000"), a namespace in it
-// ("quay.io/team") or a repository ("quay.io/team/app"), or a whole reference such as c/image
-// hands the auth helper ("quay.io/team/app:v1", "localhost:5000/app@sha256:..."), whose tag and
-// digest are ignored; "docker.io", "index.docker.io" and "registry-1.docker.io" name the same
-// registry. Setting empty credentials removes the key.
+// Set keeps c for key for ttl (zero or less: until replaced). key is a repository
+// ("quay.io/team/app") or a whole reference such as c/image hands the auth helper
+// ("quay.io/team/app:v1", "localhost:5000/app@sha256:..."), whose tag and digest are ignored;
+// "docker.io", "index.docker.io" and "registry-1.docker.io" name the same registry. The
+// credentials apply to exactly that repository: not to the repositories under it, nor to the
+// others of its namespace or registry (they were handed over for one image). Setting empty
+// credentials removes the key.
 func (m *MemoryKeychain) Set(key string, c Credentials, ttl time.Duration) {
 	key = normalizeKey(key)
 	m.mu.Lock()
@@ -104,55 +105,46 @@ func (m *MemoryKeychain) Set(key string, c Credentials, ttl time.Duration) {
 	m.entries[key] = e
 }
 
-// Lookup returns the credentials for key (a registry, namespace or repository): those set for
-// key itself, else for its closest parent namespace, else for its registry. Expired
+// Lookup returns the credentials set for exactly the repository key names. Expired
 // credentials are ignored, and dropped.
 func (m *MemoryKeychain) Lookup(key string) (Credentials, bool) {
-	c, _, ok := m.lookup(normalizeKey(key))
-	return c, ok
+	return m.lookup(normalizeKey(key))
 }
 
-// lookup is Lookup of a normalized key; it also returns the key that matched.
-func (m *MemoryKeychain) lookup(key string) (Credentials, string, bool) {
+// lookup is Lookup of a normalized key.
+func (m *MemoryKeychain) lookup(key string) (Credentials, bool) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	now := m.now()
-	for k := range keyLookupOrder(key) {
-		e, ok := m.entries[k]
-		if !ok {
-			continue
-		}
-		if !e.expires.IsZero() && !now.Before(e.expires) {
-			delete(m.entries, k)
-			continue
-		}
-		return e.c, k, true
+	e, ok := m.entries[key]
+	if !ok {
+		return Credentials{}, false
 	}
-	return Credentials{}, "", false
+	if !e.expires.IsZero() && !m.now().Before(e.expires) {
+		delete(m.entries, key)
+		return Credentials{}, false
+	}
+	return e.c, true
 }
 
-// Resolve implements authn.Keychain: the credentials for the resource's repository (or
-// registry), or anonymous access.
+// Resolve implements authn.Keychain: the credentials for the resource's repository, or
+// anonymous access.
 func (m *MemoryKeychain) Resolve(r authn.Resource) (authn.Authenticator, error) {
-	if c, _, ok := m.lookup(resourceKey(r)); ok {
+	if c, ok := m.lookup(resourceKey(r)); ok {
 		return c.authenticator(), nil
 	}
 	return authn.Anonymous, nil
 }
 
-// keyLookupOrder yields key and its parents, most specific first: "r/a/b", "r/a", "r".
-func keyLookupOrder(key string) func(func(string) bool) {
-	return func(yield func(string) bool) {
-		for {
-			if !yield(key) {
-				return
-			}
-			i := strings.LastIndexByte(key, '/')
-			if i < 0 {
-				return
-			}
-			key = key[:i]
+// keyLevels returns key and its parents, most specific first: "r/a/b", "r/a", "r".
+func keyLevels(key string) []string {
+	levels := []string{key}
+	for {
+		i := strings.LastIndexByte(key, '/')
+		if i < 0 {
+			return levels
 		}
+		key = key[:i]
+		levels = append(levels, key)
 	}
 }
 

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"log/slog"
 	"net/http"
+	"net/netip"
 	"time"
 )
 
@@ -31,6 +32,7 @@ type Option func(*options) error
 
 type options struct {
 	storageRT      http.RoundTripper
+	lookup         func(ctx context.Context, host string) ([]netip.Addr, error) // resolves redirect hosts
 	maxGap         int64
 	maxSpan        int64
 	maxRanges      int
@@ -46,7 +48,8 @@ type options struct {
 
 func defaultOptions() options {
 	return options{
-		storageRT:      http.DefaultTransport,
+		storageRT:      defaultStorageTransport,
+		lookup:         lookupAddrs,
 		maxGap:         DefaultMaxGap,
 		maxSpan:        DefaultMaxSpan,
 		maxRanges:      DefaultMaxRangesPerRequest,
@@ -62,17 +65,22 @@ func defaultOptions() options {
 }
 
 // WithStorageTransport sets the transport used for hops of a redirect to a host other than the
-// registry's (blob storage, CDN). It must not add the registry's credentials. The default is
-// http.DefaultTransport.
+// registry's (blob storage, CDN). It must not add the registry's credentials. When it is an
+// *http.Transport, a copy of it is used whose dials check the address dialed (see the package
+// documentation on redirects). The default is such a copy of http.DefaultTransport.
 func WithStorageTransport(rt http.RoundTripper) Option {
+	guarded := guardDials(rt)
 	return func(o *options) error {
 		if rt == nil {
 			return errors.New("storage transport must not be nil")
 		}
-		o.storageRT = rt
+		o.storageRT = guarded
 		return nil
 	}
 }
+
+// defaultStorageTransport is http.DefaultTransport with its dials checked for redirects.
+var defaultStorageTransport = guardDials(http.DefaultTransport)
 
 // WithMaxGap sets how far apart (in bytes) two ranges may be and still be fetched as one span,
 // the gap being downloaded and thrown away. Zero merges only adjacent or overlapping ranges.

@@ -2,9 +2,13 @@ package fetcher
 
 import (
 	"bytes"
+	"context"
 	"errors"
+	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/netip"
+	"net/url"
 	"strconv"
 	"strings"
 	"sync"
@@ -168,5 +172,196 @@ func TestTooManyRedirects(t *testing.T) {
 	}
 	if got := reg.count(); got != maxRedirects+1 {
 		t.Errorf("registry saw %d requests, want %d", got, maxRedirects+1)
+	}
+}
+
+func TestRedirectPolicy(t *testing.T) {
+	a := netip.MustParseAddr
+	public, private, loop := a("203.0.113.7"), a("10.1.2.3"), a("127.0.0.1")
+	cases := []struct {
+		origin []netip.Addr
+		target string
+		ok     bool
+	}{
+		{[]netip.Addr{public}, "198.51.100.1", true},
+		{[]netip.Addr{public}, "2001:db8::1", true},
+		{[]netip.Addr{public}, "127.0.0.1", false},
+		{[]netip.Addr{public}, "127.1.2.3", false},
+		{[]netip.Addr{public}, "::1", false},
+		{[]netip.Addr{public}, "::ffff:127.0.0.1", false},
+		{[]netip.Addr{public}, "64:ff9b::a9fe:a9fe", false}, // NAT64 of 169.254.169.254
+		{[]netip.Addr{public}, "169.254.169.254", false},
+		{[]netip.Addr{public}, "fe80::1", false},
+		{[]netip.Addr{public}, "0.0.0.0", false},
+		{[]netip.Addr{public}, "0.1.2.3", false},
+		{[]netip.Addr{public}, "::", false},
+		{[]netip.Addr{public}, "10.0.0.1", false},
+		{[]netip.Addr{public}, "172.16.0.1", false},
+		{[]netip.Addr{public}, "192.168.1.1", false},
+		{[]netip.Addr{public}, "100.64.0.1", false},
+		{[]netip.Addr{public}, "fd00::1", false},
+		{[]netip.Addr{public}, "::ffff:10.0.0.1", false},
+		{[]netip.Addr{public}, "224.0.0.1", false},
+		{[]netip.Addr{public}, "255.255.255.255", false},
+		{nil, "127.0.0.1", false}, // the registry's addresses unknown
+		{nil, "198.51.100.1", true},
+		{[]netip.Addr{loop}, "127.0.0.1", true},
+		{[]netip.Addr{a("::1")}, "127.0.0.1", true},
+		{[]netip.Addr{loop}, "::ffff:127.0.0.1", true},
+		{[]netip.Addr{loop}, "169.254.169.254", false},
+		{[]netip.Addr{loop}, "10.0.0.1", false},
+		{[]netip.Addr{loop}, "198.51.100.1", true},
+		{[]netip.Addr{private}, "192.168.0.9", true},
+		{[]netip.Addr{private}, "127.0.0.1", false},
+		{[]netip.Addr{private, loop}, "127.0.0.1", true},
+		{[]netip.Addr{a("169.254.1.1")}, "169.254.169.254", true},
+	}
+	for _, c := range cases {
+		err := checkHopAddr(c.origin, a(c.target))
+		if (err == nil) != c.ok {
+			t.Errorf("registry at %v, hop to %s: error %v, want allowed=%v", c.origin, c.target, err, c.ok)
+		}
+		if err != nil && !errors.Is(err, ErrBadResponse) {
+			t.Errorf("error %v does not wrap ErrBadResponse", err)
+		}
+	}
+	for _, c := range []struct {
+		secure bool
+		to     string
+		ok     bool
+	}{
+		{true, "https://storage.example/b", true},
+		{true, "http://storage.example/b", false},
+		{false, "http://storage.example/b", true},
+		{false, "https://storage.example/b", true},
+	} {
+		u, _ := url.Parse(c.to)
+		if err := checkHopScheme(c.secure, u); (err == nil) != c.ok {
+			t.Errorf("from https=%v to %s: error %v, want allowed=%v", c.secure, c.to, err, c.ok)
+		}
+	}
+}
+
+// withLookup makes names resolve as addrs says when hops are checked (dials are not affected).
+func withLookup(addrs map[string]string) Option {
+	return func(o *options) error {
+		o.lookup = func(ctx context.Context, host string) ([]netip.Addr, error) {
+			if a, ok := addrs[host]; ok {
+				return []netip.Addr{netip.MustParseAddr(a)}, nil
+			}
+			return lookupAddrs(ctx, host)
+		}
+		return nil
+	}
+}
+
+// TestRedirectToLoopbackRefused: a registry that appears to be at a public address redirects
+// a blob request to a service on 127.0.0.1, by address and by a name that resolves to a public
+// address when checked and to 127.0.0.1 when dialed. Both are refused without a request
+// reaching the service, and the registry is not asked again.
+func TestRedirectToLoopbackRefused(t *testing.T) {
+	data := testBlob(1000)
+	st := newStorage(t, data, 100)
+	_, stPort, _ := net.SplitHostPort(strings.TrimPrefix(st.srv.URL, "http://"))
+	rebind := &http.Transport{DisableKeepAlives: true,
+		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			addr = strings.Replace(addr, "storage.test", "127.0.0.1", 1)
+			return (&net.Dialer{}).DialContext(ctx, network, addr)
+		}}
+	t.Cleanup(rebind.CloseIdleConnections)
+	for _, c := range []struct {
+		name, target string
+		storage      *http.Transport
+	}{
+		{"by address", st.srv.URL, plainTransport(t)},
+		{"by a rebinding name, dialed by the transport's DialContext", "http://storage.test:" + stPort, rebind},
+		{"by a rebinding name, dialed by the default dialer", "http://localhost:" + stPort, plainTransport(t)},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			reg := newTestRegistry(t, data)
+			reg.fault = func(w http.ResponseWriter, r *http.Request, n int) bool {
+				http.Redirect(w, r, c.target+"/blob?sig=secret-"+strconv.Itoa(n), http.StatusTemporaryRedirect)
+				return true
+			}
+			blobURL := strings.Replace(reg.blobURL, "127.0.0.1", "localhost", 1)
+			b, err := New(authTransport{plainTransport(t)}, blobURL, int64(len(data)),
+				WithHostLimiter(NewHostLimiter(8)), WithStorageTransport(c.storage),
+				withLookup(map[string]string{"localhost": "203.0.113.7", "storage.test": "203.0.113.8"}))
+			if err != nil {
+				t.Fatal(err)
+			}
+			before, _ := st.stats()
+			_, err = b.ReadAt(t.Context(), make([]byte, 10), 0)
+			if !errors.Is(err, ErrBadResponse) || !strings.Contains(err.Error(), "is a loopback address and the registry is not at one") {
+				t.Fatalf("error = %v, want ErrBadResponse refusing the loopback address", err)
+			}
+			t.Log(err)
+			if strings.Contains(err.Error(), "secret") {
+				t.Errorf("error %q quotes the signed URL's query", err)
+			}
+			if after, _ := st.stats(); after != before {
+				t.Errorf("the loopback service saw %d requests, want none", after-before)
+			}
+			if got := reg.count(); got != 1 {
+				t.Errorf("registry saw %d requests, want 1 (no retries)", got)
+			}
+		})
+	}
+}
+
+// TestRedirectHTTPSToHTTPRefused: a registry on https redirecting to plain http is refused.
+func TestRedirectHTTPSToHTTPRefused(t *testing.T) {
+	data := testBlob(1000)
+	st := newStorage(t, data, 100)
+	srv := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		http.Redirect(w, r, st.srv.URL+"/blob?sig=secret", http.StatusTemporaryRedirect)
+	}))
+	t.Cleanup(srv.Close)
+	b, err := New(srv.Client().Transport, srv.URL+"/v2/r/blobs/sha256:"+strings.Repeat("0", 64), int64(len(data)),
+		WithHostLimiter(NewHostLimiter(8)), WithStorageTransport(plainTransport(t)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = b.ReadAt(t.Context(), make([]byte, 10), 0)
+	if !errors.Is(err, ErrBadResponse) || !strings.Contains(err.Error(), "from https to plain http") {
+		t.Fatalf("error = %v, want ErrBadResponse refusing the hop to plain http", err)
+	}
+	if n, _ := st.stats(); n != 0 {
+		t.Errorf("the http service saw %d requests, want none", n)
+	}
+}
+
+// TestRedirectPoolsApart: a connection to storage opened for a hop away from a registry on
+// loopback is not reused for a hop away from a registry at a public address.
+func TestRedirectPoolsApart(t *testing.T) {
+	data := testBlob(1000)
+	st := newStorage(t, data, 100)
+	_, stPort, _ := net.SplitHostPort(strings.TrimPrefix(st.srv.URL, "http://"))
+	rebind := &http.Transport{DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+		return (&net.Dialer{}).DialContext(ctx, network, strings.Replace(addr, "storage.test", "127.0.0.1", 1))
+	}}
+	storage := WithStorageTransport(rebind) // one transport, one set of pools, for both blobs
+	reg := newTestRegistry(t, data)
+	reg.fault = func(w http.ResponseWriter, r *http.Request, n int) bool {
+		http.Redirect(w, r, "http://storage.test:"+stPort+"/blob?sig=s"+strconv.Itoa(n), http.StatusTemporaryRedirect)
+		return true
+	}
+	local, err := New(authTransport{plainTransport(t)}, reg.blobURL, int64(len(data)), WithHostLimiter(NewHostLimiter(8)), storage)
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkFetch(t, local, data, Range{Offset: 0, Length: 10}) // allowed: the registry is on loopback
+	public, err := New(authTransport{plainTransport(t)}, strings.Replace(reg.blobURL, "127.0.0.1", "localhost", 1), int64(len(data)),
+		WithHostLimiter(NewHostLimiter(8)), storage,
+		withLookup(map[string]string{"localhost": "203.0.113.7", "storage.test": "203.0.113.8"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	before, _ := st.stats()
+	if _, err := public.ReadAt(t.Context(), make([]byte, 10), 0); !errors.Is(err, ErrBadResponse) {
+		t.Fatalf("error = %v, want ErrBadResponse refusing the loopback address", err)
+	}
+	if after, _ := st.stats(); after != before {
+		t.Errorf("the loopback service saw %d requests from the public registry's hop, want none", after-before)
 	}
 }

@@ -254,6 +254,10 @@ func (b *Blob) get(ctx context.Context, ep *endpoint, rng string) (*http.Respons
 				return nil, nil, &Error{URL: redact(u), StatusCode: resp.StatusCode,
 					Err: fmt.Errorf("%w: redirect to a malformed location", ErrBadResponse)}
 			}
+			if err := b.checkHop(ctx, ep, u.Scheme == "https", next); err != nil {
+				// The location is not quoted: it may carry a signature.
+				return nil, nil, &Error{URL: redact(u), StatusCode: resp.StatusCode, Err: err}
+			}
 			u, redirected, cached = next, true, false
 			continue
 		case http.StatusForbidden, http.StatusNotFound:
@@ -278,7 +282,7 @@ func (b *Blob) get(ctx context.Context, ep *endpoint, rng string) (*http.Respons
 // send sends one GET. Hops to another origin than the registry's go through the storage
 // transport, so the registry's credentials stay with the registry.
 func (b *Blob) send(ctx context.Context, ep *endpoint, u *url.URL, rng string) (*http.Response, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u.String(), nil)
+	req, err := http.NewRequestWithContext(b.hopContext(ctx, ep, u), http.MethodGet, u.String(), nil)
 	if err != nil {
 		return nil, &Error{URL: redact(u), Err: fmt.Errorf("%w: %w", ErrBadResponse, scrub(err, u))}
 	}
@@ -295,6 +299,9 @@ func (b *Blob) send(ctx context.Context, ep *endpoint, u *url.URL, rng string) (
 		if errors.As(err, &ae) {
 			// Authenticating to the endpoint failed; the error is typed already.
 			return nil, &Error{URL: redact(u), StatusCode: ae.status, Err: ae.err}
+		}
+		if errors.Is(err, ErrBadResponse) { // an encoded answer, refused by boundedTransport
+			return nil, &Error{URL: redact(u), Err: scrub(err, u)}
 		}
 		var ce *tls.CertificateVerificationError
 		if errors.As(err, &ce) { // retrying will not help

@@ -1,6 +1,7 @@
 package fetcher
 
 import (
+	"container/list"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -55,8 +56,9 @@ type Image struct {
 }
 
 // Resolver turns references into images. Resolutions by tag are kept for the tag TTL,
-// resolutions by digest for as long as the resolver lives; failures are never kept.
-// Concurrent resolutions of one reference share one set of requests.
+// resolutions by digest until they are the least recently used of more than
+// [MaxResolutions]; failures are never kept. Concurrent resolutions of one reference share one
+// set of requests.
 type Resolver struct {
 	sources  func(name.Reference) ([]*source, error) // where a reference is read, in order
 	platform v1.Platform
@@ -67,11 +69,14 @@ type Resolver struct {
 	log      *slog.Logger
 
 	group singleflight.Group
-	mu    sync.Mutex // guards cache
-	cache map[string]resolved
+	max   int        // the most resolutions kept
+	mu    sync.Mutex // guards cache and lru
+	cache map[string]*list.Element
+	lru   *list.List // of *resolved, most recently used first
 }
 
 type resolved struct {
+	key     string
 	img     *Image
 	expires time.Time // zero: never (pulled by digest)
 }
@@ -132,6 +137,10 @@ const (
 	// DefaultManifestAttempts is how many times a registry is asked for a manifest.
 	DefaultManifestAttempts = 3
 
+	// MaxResolutions is how many resolutions a Resolver keeps at most; beyond, the least
+	// recently used are dropped. Expired ones are dropped whenever one is added.
+	MaxResolutions = 1024
+
 	manifestBackoff = 250 * time.Millisecond
 )
 
@@ -159,7 +168,9 @@ func newResolver(sources func(name.Reference) ([]*source, error), opts ...Resolv
 		now:      time.Now,
 		sleep:    sleepContext,
 		log:      discardLogger(),
-		cache:    map[string]resolved{},
+		max:      MaxResolutions,
+		cache:    map[string]*list.Element{},
+		lru:      list.New(),
 	}
 	for _, o := range opts {
 		if err := o(r); err != nil {
@@ -174,6 +185,49 @@ func (r *Resolver) forget() {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	clear(r.cache)
+	r.lru.Init()
+}
+
+// cached returns the kept resolution of key, if it has not expired.
+func (r *Resolver) cached(key string) (*Image, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	e, ok := r.cache[key]
+	if !ok {
+		return nil, false
+	}
+	c := e.Value.(*resolved)
+	if !c.expires.IsZero() && !r.now().Before(c.expires) {
+		r.lru.Remove(e)
+		delete(r.cache, key)
+		return nil, false
+	}
+	r.lru.MoveToFront(e)
+	return c.img, true
+}
+
+// keep keeps c, dropping the expired resolutions and then the least recently used beyond
+// r.max.
+func (r *Resolver) keep(c *resolved) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if e, ok := r.cache[c.key]; ok {
+		r.lru.Remove(e)
+	}
+	r.cache[c.key] = r.lru.PushFront(c)
+	now := r.now()
+	for e := r.lru.Front(); e != nil; {
+		next := e.Next()
+		if old := e.Value.(*resolved); !old.expires.IsZero() && !now.Before(old.expires) {
+			r.lru.Remove(e)
+			delete(r.cache, old.key)
+		}
+		e = next
+	}
+	for r.lru.Len() > r.max {
+		old := r.lru.Remove(r.lru.Back()).(*resolved)
+		delete(r.cache, old.key)
+	}
 }
 
 func hostPlatform() v1.Platform {
@@ -194,24 +248,19 @@ func (r *Resolver) Resolve(ctx context.Context, ref string) (*Image, error) {
 		return nil, err
 	}
 	key := parsed.String()
-	r.mu.Lock()
-	c, ok := r.cache[key]
-	r.mu.Unlock()
-	if ok && (c.expires.IsZero() || r.now().Before(c.expires)) {
-		return c.img, nil
+	if img, ok := r.cached(key); ok {
+		return img, nil
 	}
 	v, err, _ := r.group.Do(key, func() (any, error) {
 		img, err := r.resolve(ctx, ref, parsed)
 		if err != nil {
 			return nil, err
 		}
-		c := resolved{img: img}
+		c := &resolved{key: key, img: img}
 		if _, byTag := parsed.(name.Tag); byTag {
 			c.expires = r.now().Add(r.tagTTL)
 		}
-		r.mu.Lock()
-		r.cache[key] = c
-		r.mu.Unlock()
+		r.keep(c)
 		return img, nil
 	})
 	if err != nil {
@@ -420,6 +469,9 @@ func manifestOf(im v1.Image, ref name.Digest, p *v1.Platform) (*Manifest, error)
 
 // registryError maps go-containerregistry's errors onto the package sentinels.
 func registryError(what string, err error) error {
+	if errors.Is(err, ErrBadResponse) { // refused by boundedTransport
+		return fmt.Errorf("%s: %w", what, err)
+	}
 	var te *transport.Error
 	if errors.As(err, &te) {
 		switch {

@@ -6,6 +6,7 @@ import (
 	"log"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -235,5 +236,55 @@ func TestResolveErrors(t *testing.T) {
 	}
 	if _, err := NewResolver(http.DefaultTransport, WithTagTTL(-1)); err == nil {
 		t.Fatal("negative TTL accepted")
+	}
+}
+
+// TestResolveCachePruned: expired resolutions are dropped when another is kept, and no more
+// than the bound are kept, the least recently used going first.
+func TestResolveCachePruned(t *testing.T) {
+	reg := newManifestRegistry(t)
+	img := testImage(t, 1)
+	for i := range 6 {
+		reg.push(t, "app:t"+strconv.Itoa(i), img)
+	}
+	now := time.Unix(1000, 0)
+	res, _ := NewResolver(http.DefaultTransport, WithTagTTL(time.Minute), WithResolverClock(func() time.Time { return now }))
+	resolve := func(tag string) {
+		t.Helper()
+		if _, err := res.Resolve(t.Context(), reg.host+"/app:"+tag); err != nil {
+			t.Fatal(err)
+		}
+	}
+	kept := func() int {
+		res.mu.Lock()
+		defer res.mu.Unlock()
+		return len(res.cache)
+	}
+	resolve("t0")
+	resolve("t1")
+	now = now.Add(2 * time.Minute) // t0 and t1 expire
+	resolve("t2")
+	if got := kept(); got != 1 {
+		t.Fatalf("%d resolutions kept after the others expired, want 1", got)
+	}
+
+	res.max = 3
+	resolve("t3")
+	resolve("t4")
+	resolve("t2") // used again: t3 is now the least recently used
+	resolve("t5")
+	if got := kept(); got != 3 {
+		t.Fatalf("%d resolutions kept, want the bound, 3", got)
+	}
+	base := reg.manifests.Load()
+	resolve("t2")
+	resolve("t4")
+	resolve("t5")
+	if got := reg.manifests.Load() - base; got != 0 {
+		t.Errorf("the 3 most recently used were asked for again (%d manifest GETs)", got)
+	}
+	resolve("t3")
+	if got := reg.manifests.Load() - base; got == 0 {
+		t.Errorf("the least recently used resolution was kept beyond the bound")
 	}
 }

@@ -30,7 +30,7 @@ type source struct {
 }
 
 func newSource(ref name.Reference, base http.RoundTripper, kc authn.Keychain) *source {
-	return &source{ref: ref, base: base, keychain: kc, sem: make(chan struct{}, 1)}
+	return &source{ref: ref, base: bounded(base), keychain: kc, sem: make(chan struct{}, 1)}
 }
 
 // transport returns the source's authenticated transport, making it on first use: it pings the

@@ -26,7 +26,8 @@ const serveUsage = `usage: layerstore serve [flags] MOUNTPOINT
 Mount the additional layer store at MOUNTPOINT and serve it until SIGTERM or SIGINT. While
 running containers use the store it cannot be unmounted: the daemon serves on until they stop,
 then unmounts and exits; a second signal detaches the store at once instead (the files still
-open in it fail).
+open in it fail). SIGHUP reloads registries.conf and its drop-ins, and the credential files for
+the next resolutions; an invalid registries.conf is logged and the previous one kept.
 
 flags:
 `
@@ -94,6 +95,7 @@ func newLogger(w io.Writer, level slog.Level) *slog.Logger {
 type stack struct {
 	cache   *cache.Cache
 	keys    *fetcher.MemoryKeychain
+	client  *fetcher.Client
 	manager *layer.Manager
 	mount   *fs.Server
 }
@@ -110,11 +112,10 @@ func openStack(cfg *Config, mountpoint string, log *slog.Logger) (_ *stack, err 
 	if err != nil {
 		return nil, fmt.Errorf("cache: %w", err)
 	}
-	client, err := newClient(cfg, s.keys, log)
-	if err != nil {
+	if s.client, err = newClient(cfg, s.keys, log); err != nil {
 		return nil, err
 	}
-	if s.manager, err = layer.New(client, s.cache, layerOptions(cfg, log)...); err != nil {
+	if s.manager, err = layer.New(s.client, s.cache, layerOptions(cfg, log)...); err != nil {
 		return nil, err
 	}
 	if err := fs.ClearDeadMount(mountpoint); err != nil {
@@ -153,6 +154,10 @@ func (s *stack) Close() error {
 
 // serve runs the daemon until ctx is done or the mount goes away.
 func serve(ctx context.Context, cfg *Config, mountpoint string, log *slog.Logger) error {
+	// SIGHUP reloads (see reload); from now on it never ends the daemon.
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
 	ln, err := control.Listen(cfg.ControlSocket)
 	if err != nil {
 		return err
@@ -179,22 +184,41 @@ func serve(ctx context.Context, cfg *Config, mountpoint string, log *slog.Logger
 	defer signal.Stop(again)
 	gone := make(chan struct{})
 	go func() { s.mount.Wait(); close(gone) }()
-	select {
-	case <-ctx.Done():
-		log.Info("stopping", "mountpoint", mountpoint)
-		_ = sdnotify.Notify("STOPPING=1")
-		// The signal that cancelled ctx may be queued here too: it is not a second one.
+wait:
+	for {
 		select {
-		case <-again:
-		default:
+		case <-hup:
+			s.reload(log)
+		case <-ctx.Done():
+			log.Info("stopping", "mountpoint", mountpoint)
+			_ = sdnotify.Notify("STOPPING=1")
+			// The signal that cancelled ctx may be queued here too: it is not a second one.
+			select {
+			case <-again:
+			default:
+			}
+			s.unmount(log, again, gone)
+			break wait
+		case <-gone:
+			log.Warn("the mount went away; exiting", "mountpoint", mountpoint)
+			s.mount = nil
+			break wait
 		}
-		s.unmount(log, again, gone)
-	case <-gone:
-		log.Warn("the mount went away; exiting", "mountpoint", mountpoint)
-		s.mount = nil
 	}
 	s.Close()
 	return nil
+}
+
+// reload reads registries.conf and its drop-ins again and forgets the resolutions, so that the
+// next ones follow the files as they are now, with the credentials the auth files hold now.
+// Layers already served keep their sources. An invalid registries.conf is logged and the
+// previous one kept.
+func (s *stack) reload(log *slog.Logger) {
+	if err := s.client.Reload(); err != nil {
+		log.Error("SIGHUP: reloading the registries configuration failed; keeping the previous one", "err", err)
+		return
+	}
+	log.Info("SIGHUP: reloaded the registries configuration; credentials are read again for the next resolutions")
 }
 
 // unmountRetry is how often a busy store is unmounted again.

@@ -397,3 +397,84 @@ func TestStopWhileBusy(t *testing.T) {
 		}
 	})
 }
+
+// TestReloadOnSIGHUP: SIGHUP never ends the daemon; it reloads registries.conf, whose changes
+// apply to the next lookups, and keeps the previous configuration when the new one is invalid.
+func TestReloadOnSIGHUP(t *testing.T) {
+	e := newServeEnv(t)
+	f := e.fixture
+	for _, ref := range []string{"serve/other:v1", "serve/third:v1", "serve/fourth:v1"} {
+		if _, err := e.reg.Push(t.Context(), ref, []testregistry.Layer{{
+			Blob: f.Blob, MediaType: f.Desc.MediaType, Annotations: f.Desc.Annotations, DiffID: f.DiffID}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	d := e.start()
+	toc := digest.Digest(f.Desc.Annotations["io.github.containers.zstd-chunked.manifest-checksum"])
+	diffOf := func(ref string) string {
+		return filepath.Join(e.mnt, base64.StdEncoding.EncodeToString([]byte(e.reg.Host+"/"+ref)), toc.String(), "diff")
+	}
+	tool := filepath.Join(e.layerDir(toc), "diff", "usr/bin/tool")
+	want := sha(t, tool)
+	conf := filepath.Join(e.dir, "registries.conf")
+	// waitLog waits for the log to hold wantLog more than n times.
+	waitLog := func(wantLog string, n int) {
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for strings.Count(d.log.String(), wantLog) <= n {
+			select {
+			case err := <-d.exited:
+				d.exited <- err
+				t.Fatalf("the daemon exited on SIGHUP: %v", err)
+			default:
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("no %q in the log after SIGHUP", wantLog)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	hup := func(wantLog string) {
+		t.Helper()
+		n := strings.Count(d.log.String(), wantLog)
+		if err := d.cmd.Process.Signal(syscall.SIGHUP); err != nil {
+			t.Fatal(err)
+		}
+		waitLog(wantLog, n)
+	}
+
+	// Blocking the registry applies to the next lookup.
+	mustWrite(t, conf, fmt.Sprintf("[[registry]]\nlocation = %q\ninsecure = true\nblocked = true\n", e.reg.Host))
+	hup("reloaded the registries configuration")
+	if _, err := os.Stat(diffOf("serve/other:v1")); err == nil {
+		t.Error("a reference of the blocked registry was resolved after the reload")
+	}
+	waitLog("registry blocked", 0)
+
+	// An invalid file keeps the previous configuration (still blocked).
+	mustWrite(t, conf, "[[registry]\nthis is not TOML\n")
+	hup("keeping the previous one")
+	if _, err := os.Stat(diffOf("serve/third:v1")); err == nil {
+		t.Error("the invalid registries.conf replaced the blocking one")
+	}
+
+	// Unblocked again (for a reference whose failure the store does not remember); the daemon
+	// served throughout.
+	mustWrite(t, conf, fmt.Sprintf("[[registry]]\nlocation = %q\ninsecure = true\n", e.reg.Host))
+	hup("reloaded the registries configuration")
+	if _, err := os.Stat(diffOf("serve/fourth:v1")); err != nil {
+		t.Errorf("after unblocking: %v", err)
+	}
+	if got := sha(t, tool); got != want {
+		t.Errorf("usr/bin/tool after the reloads: %s, want %s", got, want)
+	}
+	d.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case err := <-d.exited:
+		if err != nil {
+			t.Errorf("daemon exited with %v", err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("daemon did not stop on SIGTERM")
+	}
+}
