@@ -198,6 +198,9 @@ func TestUnitFile(t *testing.T) {
 			t.Errorf("WantedBy=%q lacks %s", wanted, target)
 		}
 	}
+	if reload := u["Service"]["ExecReload"]; len(reload) != 1 || reload[0] != "/bin/kill -HUP $MAINPID" {
+		t.Errorf("ExecReload=%q, want SIGHUP to the daemon (it reloads, see TestReloadOnSIGHUP)", reload)
+	}
 	if post := u["Service"]["ExecStopPost"]; len(post) != 1 || !strings.Contains(post[0], "umount --lazy "+unitStore) {
 		t.Errorf("ExecStopPost=%q: want the safety net detaching a dead mount at %s", post, unitStore)
 	}
