@@ -18,13 +18,36 @@
 //
 // # Mounting
 //
-// [Mount] mounts with allow_other and default_permissions (the kernel checks permissions
-// against the modes and owners of the tree), as subtype "layerstore", and returns once the
-// mountpoint answers from the new server. The mount itself is read-write at the VFS level:
-// the runtime's create(<key>/use) and rmdir(<ref>/<key>) must reach the daemon, and a
-// read-only mount would fail them with EROFS in the kernel. Every other modification answers
-// EROFS from the daemon. [ClearDeadMount] removes the dead mount a crashed daemon leaves
-// behind, so that a restarted daemon can mount again.
+// [Mount] mounts with default_permissions (the kernel checks permissions against the modes
+// and owners of the tree), as subtype "layerstore", and returns once the mountpoint answers
+// from the new server. The mount itself is read-write at the VFS level: the runtime's
+// create(<key>/use) and rmdir(<ref>/<key>) must reach the daemon, and a read-only mount would
+// fail them with EROFS in the kernel. Every other modification answers EROFS from the daemon.
+// [ClearDeadMount] removes the dead mount a crashed daemon leaves behind, so that a restarted
+// daemon can mount again.
+//
+// # Who may use the mount
+//
+// Only root: the runtime, and overlayfs on behalf of containers. The daemon resolves layers
+// with the node's registry credentials, so a local user who could look up a reference would
+// read private images and make the daemon connect wherever a reference names. Two checks
+// keep other users out:
+//
+//   - The mount is made without allow_other: the kernel refuses every access of a process
+//     whose uids and gids are not all those of the mounter (root of the initial user
+//     namespace) with EACCES before it reaches the daemon. Root in another user namespace
+//     is another user.
+//   - Behind it, the daemon refuses (EACCES) every request that would make the Store resolve
+//     or count a layer, or open a file, unless the request's uid is 0: lookups in the store
+//     root and in reference directories, create of use, rmdir, and open of info, blob and
+//     the diff trees' files.
+//
+// Containers of any uid, in user namespaces or not, keep working: overlayfs looks up, opens
+// and reads its lower layers with the credentials of the process that mounted the overlay
+// (the runtime, root), so those requests arrive as uid 0. The exception is a page fault in a
+// file a container's process mapped: overlayfs hands the mapping to the file of this mount,
+// and the kernel reads the missing pages with the faulting process's credentials, whatever
+// its uid. Reads are therefore not checked; they only reach files that root opened.
 //
 // # Inode numbers and kernel caching
 //
@@ -34,6 +57,12 @@
 // number). Numbers are stable for as long as the Store keeps handing out the same layer
 // (the same *chunked.Index) for (ref, key). Two references to the same
 // layer get different blocks on purpose: the kernel allows a directory inode only one path.
+//
+// Reference directories take numbers from a counter starting at 2^63, above every block: a
+// name keeps its number while go-fuse holds its node, and the number goes when the kernel
+// forgets the node; a number is never handed out twice. go-fuse and the kernel identify a
+// node by its number, so two names sharing one would serve one reference under the other's
+// name (numbers derived from a hash of the name could collide).
 //
 // The diff tree and blob never change for a given layer directory inode, so entries,
 // attributes, failed lookups and file pages there are cached by the kernel for a long time

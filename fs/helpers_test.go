@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hanwen/go-fuse/v2/fuse"
 	"github.com/opencontainers/go-digest"
 
 	"github.com/layerstore/layerstore/chunked"
@@ -121,6 +122,7 @@ type testLayer struct {
 	mu        sync.Mutex
 	infoExtra string                  // JSON members added to Info, to make it change
 	reads     map[chunked.EntryID]int // ReadFile calls
+	readers   map[uint32]int          // ReadFile calls by the uid of the FUSE request
 	backings  map[chunked.EntryID]int // Backing calls
 	opened    []*os.File              // files Backing returned
 }
@@ -146,6 +148,7 @@ func newTestLayer(t *testing.T, f testlayer.Fixture) *testLayer {
 		blobKey:  f.Desc.Digest,
 		backing:  map[chunked.EntryID]string{},
 		reads:    map[chunked.EntryID]int{},
+		readers:  map[uint32]int{},
 		backings: map[chunked.EntryID]int{},
 	}
 }
@@ -175,6 +178,9 @@ func (l *testLayer) baseInfo(key digest.Digest) []byte {
 func (l *testLayer) ReadFile(ctx context.Context, id chunked.EntryID, p []byte, off int64) (int, error) {
 	l.mu.Lock()
 	l.reads[id]++
+	if c, ok := fuse.FromContext(ctx); ok {
+		l.readers[c.Uid]++
+	}
 	l.mu.Unlock()
 	if l.readErr != nil {
 		return 0, l.readErr

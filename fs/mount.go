@@ -21,14 +21,11 @@ const fuseSuperMagic = 0x65735546
 const fsName = "layerstore"
 
 // Options configure Mount. Start from DefaultOptions: the zero Options is valid, but leaves
-// AllowOther and Passthrough off. Zero durations and a nil Logger take their defaults.
+// Passthrough off. Zero durations and a nil Logger take their defaults.
 type Options struct {
 	// Logger receives the causes of EIO answers (warn) and mount events (info). The default
 	// discards everything.
 	Logger *slog.Logger
-	// AllowOther lets users other than root (the mounter) use the mount; the contract
-	// requires it. On in DefaultOptions.
-	AllowOther bool
 	// EntryTimeout is how long the kernel keeps entries of the immutable parts of the
 	// namespace (diff trees, blob, the names diff, info and blob, reference directories),
 	// failed lookups in diff trees included. The default is one hour. Layer directories and
@@ -44,6 +41,9 @@ type Options struct {
 	// Debug logs every FUSE request and answer at debug level.
 	Debug bool
 
+	// allowOther mounts with allow_other, so that requests of other users reach the daemon,
+	// to test that the daemon refuses them itself.
+	allowOther bool
 	// forceBackingFiles makes the daemon offer backing files even when the kernel did not
 	// grant passthrough, to test go-fuse's fallback when registering one fails.
 	forceBackingFiles bool
@@ -55,11 +55,10 @@ const (
 	DefaultAttrTimeout  = time.Hour
 )
 
-// DefaultOptions returns the options the daemon runs with: allow_other, passthrough, one
-// hour timeouts for the immutable tree, no logging.
+// DefaultOptions returns the options the daemon runs with: passthrough, one hour timeouts
+// for the immutable tree, no logging.
 func DefaultOptions() Options {
 	return Options{
-		AllowOther:   true,
 		EntryTimeout: DefaultEntryTimeout,
 		AttrTimeout:  DefaultAttrTimeout,
 		Passthrough:  true,
@@ -94,9 +93,9 @@ type Server struct {
 // service manager it is ready. A dead mount left at mountpoint by a crashed daemon makes it
 // fail: call ClearDeadMount first.
 //
-// The mount uses allow_other (per Options), default_permissions, nosuid and nodev, and
-// 1 MiB reads. It is mounted with mount(2) directly (the daemon runs as root), falling back
-// to fusermount when that fails.
+// The mount uses default_permissions, nosuid and nodev, and 1 MiB reads, and not
+// allow_other: the kernel lets only root use it (see the package doc). It is mounted with
+// mount(2) directly (the daemon runs as root), falling back to fusermount when that fails.
 func Mount(mountpoint string, store Store, opts Options) (*Server, error) {
 	opts, err := opts.withDefaults()
 	if err != nil {
@@ -121,7 +120,7 @@ func Mount(mountpoint string, store Store, opts Options) (*Server, error) {
 	negative := opts.EntryTimeout
 	fo := &fusefs.Options{
 		MountOptions: fuse.MountOptions{
-			AllowOther:   opts.AllowOther,
+			AllowOther:   opts.allowOther,
 			Options:      []string{"default_permissions", "nosuid", "nodev"},
 			FsName:       fsName,
 			Name:         fsName,
@@ -216,7 +215,7 @@ func (s *Server) Wait() { s.fuse.Wait() }
 func (s *Server) passthroughOn() bool { return s.fsys.passthrough.Load() }
 
 // Usable says why this process cannot mount the store, or nil when it can: mounting needs
-// root (mount(2) of /dev/fuse, allow_other) and a /dev/fuse it can open.
+// root (mount(2) of /dev/fuse) and a /dev/fuse it can open.
 func Usable() error {
 	if os.Geteuid() != 0 {
 		return errors.New("not running as root")

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/base64"
 	"errors"
-	"hash/fnv"
 	"io"
 	"log/slog"
 	"runtime"
@@ -23,8 +22,8 @@ import (
 )
 
 // Inode numbers (see the package doc). The root is 1. A resolved layer directory owns the
-// block [n<<32, (n+1)<<32) for some n >= 1; reference directories hash their name into
-// [1<<63, 2^64-1), above every block.
+// block [n<<32, (n+1)<<32) for some n >= 1; reference directories take numbers from a
+// counter starting at 1<<63, above every block.
 const (
 	rootIno      = 1
 	blockShift   = 32
@@ -33,7 +32,7 @@ const (
 	inoBlob      = 2  // offset of blob
 	inoEntries   = 16 // offset of diff entry 0
 	maxEntries   = 1<<blockShift - inoEntries
-	refInoBit    = 1 << 63
+	firstRefIno  = 1 << 63
 	pollHackIno  = ^uint64(0) // taken by go-fuse
 	dirMode      = 0o755
 	readOnlyMode = 0o444
@@ -55,6 +54,10 @@ type filesystem struct {
 	// goes when its index is garbage collected, which happens only once no node uses it.
 	blocks    map[blockKey]uint64
 	nextBlock uint64
+	// refInos maps the name of each reference directory go-fuse holds a node for to its
+	// inode number; nextRefIno is the next number never handed out.
+	refInos    map[string]uint64
+	nextRefIno uint64
 }
 
 type blockKey struct {
@@ -71,6 +74,9 @@ func newFilesystem(store Store, log *slog.Logger, entryTO, attrTO time.Duration)
 		attrTO:  attrTO,
 		started: time.Now(),
 		blocks:  map[blockKey]uint64{},
+
+		refInos:    map[string]uint64{},
+		nextRefIno: firstRefIno,
 	}
 }
 
@@ -138,14 +144,43 @@ func parseKey(name string) (digest.Digest, bool) {
 	return d, true
 }
 
-func refIno(name string) uint64 {
-	h := fnv.New64a()
-	_, _ = io.WriteString(h, name)
-	ino := refInoBit | h.Sum64()
-	if ino == pollHackIno {
-		ino--
+// refIno returns the inode number of the reference directory called name: the number its
+// node has while go-fuse holds one, a number never handed out before otherwise. Two names
+// never share a number, so the kernel and go-fuse (which both identify nodes by number)
+// never take one reference directory for another.
+func (fsys *filesystem) refIno(name string) uint64 {
+	fsys.mu.Lock()
+	defer fsys.mu.Unlock()
+	if ino, ok := fsys.refInos[name]; ok {
+		return ino
 	}
+	// 2^63 numbers: a daemon would need a new name every nanosecond for 292 years to
+	// reach pollHackIno.
+	ino := fsys.nextRefIno
+	fsys.nextRefIno++
+	fsys.refInos[name] = ino
 	return ino
+}
+
+// forgetRefIno drops the number of the reference directory name once go-fuse forgot its
+// node numbered ino. A lookup racing with the forget may have revived the number for the
+// same name; the next lookup then takes a new number, which the kernel handles like a
+// directory replaced under its name. Numbers are never reused, so no other name gets it.
+func (fsys *filesystem) forgetRefIno(name string, ino uint64) {
+	fsys.mu.Lock()
+	defer fsys.mu.Unlock()
+	if fsys.refInos[name] == ino {
+		delete(fsys.refInos, name)
+	}
+}
+
+// privileged reports whether the FUSE request of ctx comes from root: the runtime, or a
+// container's process reaching the store through overlayfs, which accesses its lower
+// layers with the credentials of whoever mounted the overlay. Only such requests may make
+// the Store resolve a layer or count a use, or open anything under the mount.
+func privileged(ctx context.Context) bool {
+	c, ok := fuse.FromContext(ctx)
+	return ok && c.Uid == 0
 }
 
 // rootNode is the store root: one directory per base64-encoded reference, found by lookup
@@ -157,22 +192,23 @@ type rootNode struct {
 }
 
 var (
-	_ fusefs.NodeLookuper  = (*rootNode)(nil)
-	_ fusefs.NodeGetattrer = (*rootNode)(nil)
-	_ fusefs.NodeReaddirer = (*rootNode)(nil)
-	_ fusefs.NodeLookuper  = (*refDir)(nil)
-	_ fusefs.NodeGetattrer = (*refDir)(nil)
-	_ fusefs.NodeReaddirer = (*refDir)(nil)
-	_ fusefs.NodeRmdirer   = (*refDir)(nil)
-	_ fusefs.NodeLookuper  = (*layerDir)(nil)
-	_ fusefs.NodeGetattrer = (*layerDir)(nil)
-	_ fusefs.NodeReaddirer = (*layerDir)(nil)
-	_ fusefs.NodeCreater   = (*layerDir)(nil)
-	_ fusefs.NodeGetattrer = (*infoFile)(nil)
-	_ fusefs.NodeOpener    = (*infoFile)(nil)
-	_ fusefs.NodeGetattrer = (*blobFile)(nil)
-	_ fusefs.NodeOpener    = (*blobFile)(nil)
-	_ fusefs.NodeReader    = (*blobFile)(nil)
+	_ fusefs.NodeLookuper    = (*rootNode)(nil)
+	_ fusefs.NodeGetattrer   = (*rootNode)(nil)
+	_ fusefs.NodeReaddirer   = (*rootNode)(nil)
+	_ fusefs.NodeLookuper    = (*refDir)(nil)
+	_ fusefs.NodeGetattrer   = (*refDir)(nil)
+	_ fusefs.NodeReaddirer   = (*refDir)(nil)
+	_ fusefs.NodeRmdirer     = (*refDir)(nil)
+	_ fusefs.NodeOnForgetter = (*refDir)(nil)
+	_ fusefs.NodeLookuper    = (*layerDir)(nil)
+	_ fusefs.NodeGetattrer   = (*layerDir)(nil)
+	_ fusefs.NodeReaddirer   = (*layerDir)(nil)
+	_ fusefs.NodeCreater     = (*layerDir)(nil)
+	_ fusefs.NodeGetattrer   = (*infoFile)(nil)
+	_ fusefs.NodeOpener      = (*infoFile)(nil)
+	_ fusefs.NodeGetattrer   = (*blobFile)(nil)
+	_ fusefs.NodeOpener      = (*blobFile)(nil)
+	_ fusefs.NodeReader      = (*blobFile)(nil)
 )
 
 func (n *rootNode) Getattr(_ context.Context, _ fusefs.FileHandle, out *fuse.AttrOut) syscall.Errno {
@@ -185,17 +221,21 @@ func (n *rootNode) Readdir(context.Context) (fusefs.DirStream, syscall.Errno) {
 }
 
 func (n *rootNode) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fusefs.Inode, syscall.Errno) {
+	if !privileged(ctx) {
+		uncached(out)
+		return nil, syscall.EACCES
+	}
 	ref, ok := decodeRef(name)
 	if !ok {
 		uncached(out)
 		return nil, syscall.ENOENT
 	}
-	ino := refIno(name)
+	ino := n.fsys.refIno(name)
 	n.fsys.synthAttr(&out.Attr, ino, syscall.S_IFDIR|dirMode, 0)
 	// A reference directory is a pure function of its name: cache it like the diff trees.
 	out.SetEntryTimeout(n.fsys.entryTO)
 	out.SetAttrTimeout(n.fsys.attrTO)
-	return n.NewInode(ctx, &refDir{fsys: n.fsys, ref: ref}, fusefs.StableAttr{Mode: syscall.S_IFDIR, Ino: ino}), 0
+	return n.NewInode(ctx, &refDir{fsys: n.fsys, ref: ref, name: name}, fusefs.StableAttr{Mode: syscall.S_IFDIR, Ino: ino}), 0
 }
 
 // refDir is <mnt>/<base64(ref)>: one directory per layer key, found by lookup only.
@@ -204,7 +244,11 @@ type refDir struct {
 	readOnly
 	fsys *filesystem
 	ref  string
+	name string // base64(ref), the directory's name
 }
+
+// OnForget releases the directory's inode number once go-fuse no longer holds its node.
+func (n *refDir) OnForget() { n.fsys.forgetRefIno(n.name, n.StableAttr().Ino) }
 
 func (n *refDir) Getattr(_ context.Context, _ fusefs.FileHandle, out *fuse.AttrOut) syscall.Errno {
 	n.fsys.synthAttr(&out.Attr, n.StableAttr().Ino, syscall.S_IFDIR|dirMode, 0)
@@ -220,6 +264,9 @@ func (n *refDir) Readdir(context.Context) (fusefs.DirStream, syscall.Errno) {
 // the kernel: each access to <ref>/<key> asks the Store again.
 func (n *refDir) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fusefs.Inode, syscall.Errno) {
 	uncached(out)
+	if !privileged(ctx) {
+		return nil, syscall.EACCES
+	}
 	key, ok := parseKey(name)
 	if !ok {
 		return nil, syscall.ENOENT
@@ -249,7 +296,10 @@ func (n *refDir) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*
 
 // Rmdir of a layer directory is how the runtime drops its use of a layer: the Store counts
 // one user less, and the answer is ENOENT, as the contract asks.
-func (n *refDir) Rmdir(_ context.Context, name string) syscall.Errno {
+func (n *refDir) Rmdir(ctx context.Context, name string) syscall.Errno {
+	if !privileged(ctx) {
+		return syscall.EACCES
+	}
 	if key, ok := parseKey(name); ok {
 		n.fsys.store.Release(n.ref, key)
 	}
@@ -316,7 +366,10 @@ func (n *layerDir) Lookup(ctx context.Context, name string, out *fuse.EntryOut) 
 
 // Create of use is how the runtime takes a use of a layer: the Store counts one user more,
 // and the answer is ENOENT (a store where the create succeeds is one without GC support).
-func (n *layerDir) Create(_ context.Context, name string, _, _ uint32, _ *fuse.EntryOut) (*fusefs.Inode, fusefs.FileHandle, uint32, syscall.Errno) {
+func (n *layerDir) Create(ctx context.Context, name string, _, _ uint32, _ *fuse.EntryOut) (*fusefs.Inode, fusefs.FileHandle, uint32, syscall.Errno) {
+	if !privileged(ctx) {
+		return nil, nil, 0, syscall.EACCES
+	}
 	if name != "use" {
 		return nil, nil, 0, syscall.EROFS
 	}
@@ -341,7 +394,10 @@ func (n *infoFile) Getattr(_ context.Context, _ fusefs.FileHandle, out *fuse.Att
 	return 0
 }
 
-func (n *infoFile) Open(_ context.Context, flags uint32) (fusefs.FileHandle, uint32, syscall.Errno) {
+func (n *infoFile) Open(ctx context.Context, flags uint32) (fusefs.FileHandle, uint32, syscall.Errno) {
+	if !privileged(ctx) {
+		return nil, 0, syscall.EACCES
+	}
 	if writeAccess(flags) {
 		return nil, 0, syscall.EROFS
 	}
@@ -374,7 +430,10 @@ func (n *blobFile) Getattr(_ context.Context, _ fusefs.FileHandle, out *fuse.Att
 	return 0
 }
 
-func (n *blobFile) Open(_ context.Context, flags uint32) (fusefs.FileHandle, uint32, syscall.Errno) {
+func (n *blobFile) Open(ctx context.Context, flags uint32) (fusefs.FileHandle, uint32, syscall.Errno) {
+	if !privileged(ctx) {
+		return nil, 0, syscall.EACCES
+	}
 	if writeAccess(flags) {
 		return nil, 0, syscall.EROFS
 	}

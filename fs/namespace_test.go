@@ -12,6 +12,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/opencontainers/go-digest"
 )
@@ -293,5 +294,59 @@ func TestInfoFollowsTheLayer(t *testing.T) {
 		if err != nil || !bytes.Equal(got, want) {
 			t.Errorf("step %d: info = %s, %v; want %s", i, got, err, want)
 		}
+	}
+}
+
+// TestReferenceInodeNumbers checks that every reference directory gets its own inode
+// number and serves its own reference only: go-fuse and the kernel identify nodes by
+// number, so two names sharing one would serve one reference under the other's name.
+func TestReferenceInodeNumbers(t *testing.T) {
+	store := newTestStore()
+	l := newTestLayer(t, fixture(t, "estargz"))
+	refs := []string{testRef, "docker.io/library/a:1", "docker.io/library/b:1", "quay.io/x/y@sha256:" + strings.Repeat("12", 32)}
+	store.add(refs[0], l)
+	mnt, _ := mountTest(t, store, DefaultOptions())
+	seen := map[uint64]string{}
+	for _, ref := range refs {
+		fi, err := os.Stat(filepath.Join(mnt, refDirName(ref)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ino := fi.Sys().(*syscall.Stat_t).Ino
+		if other, ok := seen[ino]; ok {
+			t.Errorf("%s and %s share inode %d", ref, other, ino)
+		}
+		seen[ino] = ref
+		if ino < firstRefIno {
+			t.Errorf("%s: inode %#x is in the range of the layer blocks", ref, ino)
+		}
+	}
+	for _, ref := range refs[1:] {
+		_, err := os.Stat(layerPath(mnt, ref, l.tocKey, "diff"))
+		wantErrno(t, "stat a layer of "+ref+" served only for "+refs[0], err, syscall.ENOENT)
+		if n := store.count(store.lookups, ref, l.tocKey); n != 1 {
+			t.Errorf("the store saw %d lookups of %s, want 1", n, ref)
+		}
+	}
+}
+
+// TestRefInoAllocation checks the allocation of reference directory numbers: stable for a
+// name while its node lives, never handed out twice, dropped when the node is forgotten.
+func TestRefInoAllocation(t *testing.T) {
+	fsys := newFilesystem(newTestStore(), nil, time.Second, time.Second)
+	a, b := fsys.refIno("a"), fsys.refIno("b")
+	if a == b || fsys.refIno("a") != a || fsys.refIno("b") != b {
+		t.Fatalf("refIno: a=%d, b=%d, then a=%d, b=%d", a, b, fsys.refIno("a"), fsys.refIno("b"))
+	}
+	fsys.forgetRefIno("a", b) // a node of another number: no effect
+	if fsys.refIno("a") != a {
+		t.Fatal("forgetting another number dropped a's")
+	}
+	fsys.forgetRefIno("a", a)
+	if len(fsys.refInos) != 1 {
+		t.Errorf("%d names kept after forgetting a, want 1", len(fsys.refInos))
+	}
+	if a2 := fsys.refIno("a"); a2 == a || a2 == b {
+		t.Errorf("a forgotten and looked up again got %d, a number handed out before (a=%d, b=%d)", a2, a, b)
 	}
 }

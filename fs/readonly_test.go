@@ -2,7 +2,6 @@ package fs
 
 import (
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -84,45 +83,5 @@ func TestReadOnly(t *testing.T) {
 	}
 	if data, err := os.ReadFile(file); err != nil || string(data) != "layerstore\n" {
 		t.Errorf("etc/hostname after the attempts = %q, %v", data, err)
-	}
-}
-
-// TestKernelPermissions checks that the kernel enforces the tree's modes and owners
-// (default_permissions): processes of other users run commands on the mount.
-// home/user is 0750 1000:2000 and home/user/notes.txt 0640 1000:2000 in the reference layer.
-func TestKernelPermissions(t *testing.T) {
-	for _, bin := range []string{"/bin/ls", "/bin/cat"} {
-		if _, err := os.Stat(bin); err != nil {
-			t.Skipf("skipping: %s is needed to run as another user: %v", bin, err)
-		}
-	}
-	store := newTestStore()
-	l := newTestLayer(t, fixture(t, "zstdchunked-modern"))
-	store.add(testRef, l)
-	mnt, _ := mountTest(t, store, DefaultOptions())
-	dir := layerPath(mnt, testRef, l.tocKey, "diff", "home", "user")
-	notes := filepath.Join(dir, "notes.txt")
-	for _, c := range []struct {
-		uid, gid uint32
-		argv     []string
-		allowed  bool
-	}{
-		{1000, 1000, []string{"/bin/ls", dir}, true},     // owner
-		{3000, 2000, []string{"/bin/ls", dir}, true},     // group r-x
-		{3000, 3000, []string{"/bin/ls", dir}, false},    // other ---
-		{1000, 1000, []string{"/bin/cat", notes}, true},  // owner rw-
-		{3000, 2000, []string{"/bin/cat", notes}, true},  // group r--
-		{3000, 3000, []string{"/bin/cat", notes}, false}, // other: cannot even traverse
-		{3000, 3000, []string{"/bin/cat", filepath.Join(mnt, refDirName(testRef), l.tocKey.String(), "info")}, true},
-	} {
-		cmd := exec.CommandContext(t.Context(), c.argv[0], c.argv[1:]...)
-		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: c.uid, Gid: c.gid}}
-		out, err := cmd.CombinedOutput()
-		if c.allowed && err != nil {
-			t.Errorf("uid %d gid %d: %q failed: %v: %s", c.uid, c.gid, c.argv, err, out)
-		}
-		if !c.allowed && (err == nil || !strings.Contains(string(out), "Permission denied")) {
-			t.Errorf("uid %d gid %d: %q = %v: %s; want permission denied", c.uid, c.gid, c.argv, err, out)
-		}
 	}
 }

@@ -197,7 +197,14 @@ func (n *entryNode) Listxattr(_ context.Context, dest []byte) (uint32, syscall.E
 // whole file locally and no open handle of the file reads through the daemon, the handle
 // offers it to the kernel, which then reads it without calling the daemon; otherwise reads
 // go to Layer.ReadFile and their pages stay cached.
-func (n *entryNode) Open(_ context.Context, flags uint32) (fusefs.FileHandle, uint32, syscall.Errno) {
+//
+// Only root opens: overlayfs opens its lower files with the credentials of whoever mounted
+// it. Reads are not checked: the pages of a file mapped by a container's process are read
+// with that process's credentials.
+func (n *entryNode) Open(ctx context.Context, flags uint32) (fusefs.FileHandle, uint32, syscall.Errno) {
+	if !privileged(ctx) {
+		return nil, 0, syscall.EACCES
+	}
 	if writeAccess(flags) {
 		return nil, 0, syscall.EROFS
 	}

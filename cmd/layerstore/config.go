@@ -55,7 +55,6 @@ type Config struct {
 
 	FUSE struct {
 		Passthrough *bool `toml:"passthrough"`
-		AllowOther  *bool `toml:"allow-other"`
 	} `toml:"fuse"`
 
 	CredentialTTL Duration `toml:"credential-ttl"`

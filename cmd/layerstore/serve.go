@@ -126,7 +126,6 @@ func openStack(cfg *Config, mountpoint string, log *slog.Logger) (_ *stack, err 
 	}
 	s.mount, err = fs.Mount(mountpoint, s.manager, fs.Options{
 		Logger:      log,
-		AllowOther:  orBool(cfg.FUSE.AllowOther, true),
 		Passthrough: orBool(cfg.FUSE.Passthrough, true),
 	})
 	if err != nil {

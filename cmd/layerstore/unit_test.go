@@ -472,7 +472,7 @@ func TestShippedConfig(t *testing.T) {
 	want.Prefetch.BatchSize = Size(layer.DefaultPrefetchBatch)
 	quiet := Duration(layer.DefaultPrefetchQuiet)
 	want.Prefetch.Quiet = &quiet
-	want.FUSE.Passthrough, want.FUSE.AllowOther = &fo.Passthrough, &fo.AllowOther
+	want.FUSE.Passthrough = &fo.Passthrough
 	for _, d := range configDiff(reflect.ValueOf(*got), reflect.ValueOf(want), "") {
 		t.Errorf("%s: %s (the daemon's default)", shippedConfigPath, d)
 	}
