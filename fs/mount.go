@@ -86,6 +86,7 @@ type Server struct {
 	fuse       *fuse.Server
 	mountpoint string
 	fsys       *filesystem
+	root       *rootNode
 }
 
 // Mount mounts store at mountpoint, an existing directory, and serves it until Unmount. It
@@ -145,11 +146,12 @@ func Mount(mountpoint string, store Store, opts Options) (*Server, error) {
 	if !opts.Passthrough {
 		fo.MountOptions.DisabledCapabilities |= fuse.CAP_PASSTHROUGH
 	}
-	srv, err := fusefs.Mount(mountpoint, &rootNode{fsys: fsys}, fo)
+	root := &rootNode{fsys: fsys}
+	srv, err := fusefs.Mount(mountpoint, root, fo)
 	if err != nil {
 		return nil, fmt.Errorf("fs: mount %s: %w", mountpoint, err)
 	}
-	s := &Server{fuse: srv, mountpoint: mountpoint, fsys: fsys}
+	s := &Server{fuse: srv, mountpoint: mountpoint, fsys: fsys, root: root}
 	if err := s.checkServing(&before); err != nil {
 		_ = srv.Unmount()
 		return nil, err
