@@ -21,7 +21,7 @@ var nonRootFiles = []string{"t/etc/hostname", "t/usr/bin/tool", "t/usr/share/big
 // through the store, the image's own busybox included (executed from the store), while the
 // same users on the host are refused by the mount. Containers run as uid 1000, as uid 1000
 // in a user namespace given explicitly (--uidmap, which needs no /etc/subuid), and with
-// --userns=auto where /etc/subuid has entries for the "containers" user.
+// --userns=auto (with subordinate ids for the "containers" user: withContainersUser).
 func TestNonRootContainers(t *testing.T) {
 	s := need(t)
 	refs := s.references(t)
@@ -52,27 +52,26 @@ func TestNonRootContainers(t *testing.T) {
 	}
 	script := "/bin/busybox id -u; /bin/busybox sha256sum /" + strings.Join(nonRootFiles, " /")
 
-	subuid, _ := os.ReadFile("/etc/subuid")
 	for _, c := range []struct {
 		name, uid string
 		args      []string
-		skip      string
+		auto      bool
 	}{
 		{name: "user-1000", uid: "1000", args: []string{"--user", "1000:1000"}},
 		{name: "uidmap", uid: "1000", args: []string{"--uidmap", "0:300000:65536", "--gidmap", "0:300000:65536", "--user", "1000:1000"}},
-		{name: "userns-auto", uid: "0", args: []string{"--userns=auto"},
-			skip: map[bool]string{true: "", false: "/etc/subuid has no entries for the containers user, which --userns=auto needs"}[strings.Contains("\n"+string(subuid), "\ncontainers:")]},
+		{name: "userns-auto", uid: "0", args: []string{"--userns=auto"}, auto: true},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			if c.skip != "" {
-				t.Skip("skipping: " + c.skip)
-			}
 			p.containers++
 			name := fmt.Sprintf("nonroot-%d", p.containers)
 			args := append([]string{"run", "--name", name, "--net=none"}, c.args...)
 			args = append(args, img.ref, "/bin/busybox", "sh", "-c", script)
+			cmd := append([]string{"podman"}, args...)
+			if c.auto {
+				cmd = withContainersUser(t, cmd)
+			}
 			start := time.Now()
-			out, stderr, err := output(t.Context(), p.env, false, "podman", args...)
+			out, stderr, err := output(t.Context(), p.env, false, cmd[0], cmd[1:]...)
 			t.Logf("podman run %s: %s", strings.Join(c.args, " "), time.Since(start).Round(time.Millisecond))
 			if err != nil {
 				t.Fatalf("podman run %s: %v\n%s%s", strings.Join(c.args, " "), err, out, stderr)
@@ -107,4 +106,45 @@ func TestNonRootContainers(t *testing.T) {
 			}
 		}
 	}
+}
+
+// withContainersUser returns argv run so that --userns=auto finds subordinate ids for the
+// "containers" user, as podman's documentation sets them up: where the machine's /etc/subuid
+// has none, argv runs in a private mount namespace in which /etc/subuid, /etc/subgid,
+// /etc/passwd and /etc/group are copies that add them (the machine's files are untouched).
+func withContainersUser(t *testing.T, argv []string) []string {
+	t.Helper()
+	subuid, _ := os.ReadFile("/etc/subuid")
+	subgid, _ := os.ReadFile("/etc/subgid")
+	if strings.Contains("\n"+string(subuid), "\ncontainers:") && strings.Contains("\n"+string(subgid), "\ncontainers:") {
+		return argv
+	}
+	dir := t.TempDir()
+	script := ""
+	for _, f := range []struct{ name, add string }{
+		{"subuid", "containers:2147483647:2147483648\n"},
+		{"subgid", "containers:2147483647:2147483648\n"},
+		{"passwd", "containers:x:999:999:containers:/nonexistent:/usr/sbin/nologin\n"},
+		{"group", "containers:x:999:\n"},
+	} {
+		target := "/etc/" + f.name
+		old, err := os.ReadFile(target)
+		if err != nil {
+			t.Skipf("skipping: --userns=auto needs %s to exist: %v", target, err)
+		}
+		if f.name == "passwd" || f.name == "group" {
+			if strings.Contains("\n"+string(old), "\ncontainers:") {
+				continue
+			}
+		}
+		if len(old) > 0 && old[len(old)-1] != '\n' {
+			old = append(old, '\n')
+		}
+		copyPath := filepath.Join(dir, f.name)
+		if err := os.WriteFile(copyPath, append(old, f.add...), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		script += fmt.Sprintf("mount --bind %q %q && ", copyPath, target)
+	}
+	return append([]string{"unshare", "--mount", "--propagation", "private", "sh", "-c", script + `exec "$@"`, "sh"}, argv...)
 }
