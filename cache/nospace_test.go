@@ -7,58 +7,15 @@ import (
 	"errors"
 	"log/slog"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"regexp"
 	"strings"
 	"sync"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/layerstore/layerstore/internal/testtmpfs"
 )
-
-// tmpfsEnv names the directory on which a test re-executed by inTmpfs mounts its tmpfs.
-const tmpfsEnv = "LAYERSTORE_TEST_TMPFS_DIR"
-
-// inTmpfs runs fn with dir on a tmpfs of the given size (mount's size= option), in a child
-// process of the test binary in a private mount namespace (unshare -m), so that the mount is
-// never seen outside it and goes away with the child. It skips when not root or without
-// unshare(1). fn runs only in the child; the parent reports the child's output.
-func inTmpfs(t *testing.T, size string, fn func(t *testing.T, dir string)) {
-	t.Helper()
-	if dir := os.Getenv(tmpfsEnv); dir != "" {
-		if err := syscall.Mount("tmpfs", dir, "tmpfs", 0, "size="+size+",mode=0700"); err != nil {
-			t.Fatalf("mounting a tmpfs in the private namespace: %v", err)
-		}
-		t.Cleanup(func() { _ = syscall.Unmount(dir, 0) })
-		fn(t, dir)
-		return
-	}
-	if os.Geteuid() != 0 {
-		t.Skip("needs root to mount a tmpfs in a private mount namespace")
-	}
-	unshare, err := exec.LookPath("unshare")
-	if err != nil {
-		t.Skip("needs unshare(1) (util-linux)")
-	}
-	dir := filepath.Join(t.TempDir(), "fs")
-	if err := os.Mkdir(dir, 0o700); err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, unshare, "-m", "--propagation", "private", os.Args[0],
-		"-test.run", "^"+regexp.QuoteMeta(t.Name())+"$", "-test.count", "1", "-test.v", "-test.timeout", "2m")
-	cmd.Env = append(os.Environ(), tmpfsEnv+"="+dir)
-	out, err := cmd.CombinedOutput()
-	t.Logf("in a private mount namespace:\n%s", out)
-	if err != nil {
-		t.Fatalf("child: %v", err)
-	}
-	if !strings.Contains(string(out), "--- PASS: "+t.Name()) {
-		t.Fatal("child did not pass")
-	}
-}
 
 // fillFS writes a file in dir until its filesystem is full; removing the file frees it.
 func fillFS(t *testing.T, dir string) (path string) {
@@ -111,7 +68,7 @@ func (h *countingHandler) count() (warns int, lines []string) {
 // TestNoSpaceEvicts: on a full filesystem, with files not in use stored, a Put evicts them
 // (although the cache is far below its size bound) and succeeds.
 func TestNoSpaceEvicts(t *testing.T) {
-	inTmpfs(t, "4m", func(t *testing.T, dir string) {
+	testtmpfs.Run(t, "4m", func(t *testing.T, dir string) {
 		fs := realFiles(t)
 		big, sparse := fs["usr/share/big.bin"], fs["usr/share/sparse.img"]
 		logs := &countingHandler{}
@@ -145,7 +102,7 @@ func TestNoSpaceEvicts(t *testing.T) {
 // for the backoff, even once the disk has room, with a bounded number of log lines; PutFiles
 // too; after the backoff, writes go to the disk again.
 func TestNoSpaceNothingToEvict(t *testing.T) {
-	inTmpfs(t, "4m", func(t *testing.T, dir string) {
+	testtmpfs.Run(t, "4m", func(t *testing.T, dir string) {
 		fs := realFiles(t)
 		big, tool := fs["usr/share/big.bin"], fs["usr/bin/tool"]
 		cs := big.chunks["estargz"]

@@ -5,16 +5,14 @@ import (
 	"errors"
 	"log/slog"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"regexp"
 	"strings"
 	"sync"
 	"syscall"
 	"testing"
-	"time"
 
 	"github.com/layerstore/layerstore/cache"
+	"github.com/layerstore/layerstore/internal/testtmpfs"
 )
 
 // TestPrefetchNotStored: a layer whose files the cache does not keep (a cache smaller than
@@ -57,7 +55,7 @@ func TestPrefetchNotStored(t *testing.T) {
 // TestPrefetchNoSpace: on a full cache disk the background fetch of a layer logs a bounded
 // number of lines (not one per file) and the layer is not reported fully local.
 func TestPrefetchNoSpace(t *testing.T) {
-	inTmpfs(t, "1m", func(t *testing.T, dir string) {
+	testtmpfs.Run(t, "1m", func(t *testing.T, dir string) {
 		e := newEnv(t)
 		f := e.fixtures[0]
 		for _, fx := range e.fixtures {
@@ -131,48 +129,6 @@ func (h *countingHandler) count() (warns int, lines []string) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	return h.warns, append([]string(nil), h.lines...)
-}
-
-// tmpfsEnv names the directory on which a test re-executed by inTmpfs mounts its tmpfs.
-const tmpfsEnv = "LAYERSTORE_TEST_TMPFS_DIR"
-
-// inTmpfs runs fn with dir on a tmpfs of the given size, in a child process of the test
-// binary in a private mount namespace (unshare -m), so that the mount is never seen outside
-// it and goes away with the child. It skips when not root or without unshare(1).
-func inTmpfs(t *testing.T, size string, fn func(t *testing.T, dir string)) {
-	t.Helper()
-	if dir := os.Getenv(tmpfsEnv); dir != "" {
-		if err := syscall.Mount("tmpfs", dir, "tmpfs", 0, "size="+size+",mode=0700"); err != nil {
-			t.Fatalf("mounting a tmpfs in the private namespace: %v", err)
-		}
-		t.Cleanup(func() { _ = syscall.Unmount(dir, 0) })
-		fn(t, dir)
-		return
-	}
-	if os.Geteuid() != 0 {
-		t.Skip("needs root to mount a tmpfs in a private mount namespace")
-	}
-	unshare, err := exec.LookPath("unshare")
-	if err != nil {
-		t.Skip("needs unshare(1) (util-linux)")
-	}
-	dir := filepath.Join(t.TempDir(), "fs")
-	if err := os.Mkdir(dir, 0o700); err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, unshare, "-m", "--propagation", "private", os.Args[0],
-		"-test.run", "^"+regexp.QuoteMeta(t.Name())+"$", "-test.count", "1", "-test.v", "-test.timeout", "2m")
-	cmd.Env = append(os.Environ(), tmpfsEnv+"="+dir)
-	out, err := cmd.CombinedOutput()
-	t.Logf("in a private mount namespace:\n%s", out)
-	if err != nil {
-		t.Fatalf("child: %v", err)
-	}
-	if !strings.Contains(string(out), "--- PASS: "+t.Name()) {
-		t.Fatal("child did not pass")
-	}
 }
 
 // fillFS writes a file in dir until its filesystem is full.
