@@ -38,6 +38,20 @@ type daemon struct {
 	exited chan error
 }
 
+// stop sends SIGTERM, as systemctl stop does, and waits for a clean exit.
+func (d *daemon) stop() {
+	d.t.Helper()
+	d.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case err := <-d.exited:
+		if err != nil {
+			d.t.Errorf("daemon exited with %v on SIGTERM", err)
+		}
+	case <-time.After(20 * time.Second):
+		d.t.Fatal("daemon did not stop on SIGTERM")
+	}
+}
+
 type serveEnv struct {
 	t       *testing.T
 	bin     string
@@ -246,15 +260,7 @@ func TestServe(t *testing.T) {
 		t.Errorf("no log line for the resolved layer:\n%s", d.log.String())
 	}
 	// SIGTERM unmounts and exits cleanly.
-	d.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case err := <-d.exited:
-		if err != nil {
-			t.Errorf("daemon exited with %v", err)
-		}
-	case <-time.After(20 * time.Second):
-		t.Fatal("daemon did not stop on SIGTERM")
-	}
+	d.stop()
 	if isMount(t, e.mnt) {
 		t.Error("still mounted after SIGTERM")
 	}
@@ -468,13 +474,5 @@ func TestReloadOnSIGHUP(t *testing.T) {
 	if got := sha(t, tool); got != want {
 		t.Errorf("usr/bin/tool after the reloads: %s, want %s", got, want)
 	}
-	d.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case err := <-d.exited:
-		if err != nil {
-			t.Errorf("daemon exited with %v", err)
-		}
-	case <-time.After(20 * time.Second):
-		t.Fatal("daemon did not stop on SIGTERM")
-	}
+	d.stop()
 }

@@ -19,7 +19,6 @@ import (
 	"strings"
 	"syscall"
 	"testing"
-	"time"
 
 	"github.com/BurntSushi/toml"
 	"github.com/opencontainers/go-digest"
@@ -299,15 +298,7 @@ func TestUnitExecStart(t *testing.T) {
 	}
 
 	// systemctl stop: SIGTERM to the main process, which unmounts and exits 0.
-	d.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case err := <-d.exited:
-		if err != nil {
-			t.Errorf("daemon exited with %v on SIGTERM", err)
-		}
-	case <-time.After(20 * time.Second):
-		t.Fatal("daemon did not stop on SIGTERM")
-	}
+	d.stop()
 	if isMount(t, e.mnt) {
 		t.Error("still mounted after SIGTERM")
 	}
