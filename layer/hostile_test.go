@@ -500,3 +500,30 @@ func heapInUse() int64 {
 	metrics.Read(s)
 	return int64(s[0].Value.Uint64())
 }
+
+// TestHangingRegistryFailsOnce: a read that waited its whole read timeout on a registry that
+// hangs fails, and the read that follows at once (the kernel retries a failed readahead with
+// a small read, the reader stuck in D state meanwhile) fails without waiting or asking again.
+func TestHangingRegistryFailsOnce(t *testing.T) {
+	e := newEnv(t)
+	f := e.fixtures[3]
+	ref := e.push("hang-once:v1", fixtureLayer(f))
+	m := e.manager(WithPrefetch(false), WithReadTimeout(300*time.Millisecond), WithNegativeTTL(time.Hour))
+	l, err := m.lookup(t.Context(), ref, f.Desc.Digest)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.reg.Hang(f.Desc.Digest, true)
+	defer e.reg.Hang(f.Desc.Digest, false)
+	id, _ := l.Index().LookupPath("usr/share/big.bin")
+	if _, err := l.ReadFile(t.Context(), id, make([]byte, 128<<10), 0); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("read of a hanging registry: %v, want the read timeout", err)
+	}
+	before := e.reg.Stats(f.Desc.Digest)
+	if _, err := l.ReadFile(t.Context(), id, make([]byte, 4096), 0); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("the retry: %v, want the remembered failure", err)
+	}
+	if after := e.reg.Stats(f.Desc.Digest); after != before {
+		t.Errorf("the retry asked the registry again: %+v, then %+v", before, after)
+	}
+}
