@@ -459,9 +459,13 @@ func manifestOf(im v1.Image, ref name.Digest, p *v1.Platform) (*Manifest, error)
 	}
 	m := &Manifest{Digest: digest.Digest(ref.DigestStr()), Platform: p}
 	for i, l := range mf.Layers {
+		d, diffID := digest.Digest(l.Digest.String()), digest.Digest(cf.RootFS.DiffIDs[i].String())
+		if d.Validate() != nil || diffID.Validate() != nil || l.Size < 0 {
+			return nil, fmt.Errorf("%s: layer %d: digest %q, DiffID %q, size %d: %w", ref, i, d, diffID, l.Size, ErrBadResponse)
+		}
 		m.Layers = append(m.Layers, Layer{
-			MediaType: string(l.MediaType), Digest: digest.Digest(l.Digest.String()), Size: l.Size,
-			Annotations: l.Annotations, DiffID: digest.Digest(cf.RootFS.DiffIDs[i].String()),
+			MediaType: string(l.MediaType), Digest: d, Size: l.Size,
+			Annotations: l.Annotations, DiffID: diffID,
 		})
 	}
 	return m, nil
