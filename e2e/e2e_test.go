@@ -78,11 +78,16 @@ func TestLegacyPodman(t *testing.T) {
 
 			archive := filepath.Join(t.TempDir(), "image.tar")
 			// docker-archive cannot hold zstd layers in podman 4.3; oci-archive keeps them.
+			d.waitComplete(t, img)
+			mark = s.open.Mark()
 			p.must(t, "save", "--format", "oci-archive", "-o", archive, img.ref)
 			checkArchive(t, archive, img.diffIDs)
+			logExport(t, "save", img, s.open.BlobGets(mark))
 			pushed := s.open.Host + "/pushed/legacy-" + n + ":v1"
+			mark = s.open.Mark()
 			p.must(t, "push", img.ref, pushed)
 			checkPushed(t, pushed, img)
+			logExport(t, "push", img, s.open.BlobGets(mark))
 
 			p.must(t, "rmi", img.ref)
 			for l := range served(img.legacy) {
@@ -351,4 +356,14 @@ func TestPrivateRegistry(t *testing.T) {
 			t.Errorf("pull without credentials: no auth error:\n%s", out)
 		}
 	})
+}
+
+// logExport logs the blob GETs an export (podman save or push) sent for the layers the store
+// serves: what reading their blob files cost.
+func logExport(t *testing.T, what string, img *image, gets map[digest.Digest]dockerregistry.Gets) {
+	t.Helper()
+	for l := range served(img.legacy) {
+		g := gets[l]
+		t.Logf("%s: layer %.19s: %d requests (%d whole), %d bytes", what, l, g.Full+g.Ranged, g.Full, g.Bytes)
+	}
 }

@@ -338,6 +338,26 @@ func (d *daemon) users(t *testing.T, blob digest.Digest) int64 {
 	return -1
 }
 
+// waitComplete waits (up to a minute) until the background fetch of every layer of img the
+// store serves has ended, so that what follows counts only its own requests.
+func (d *daemon) waitComplete(t *testing.T, img *image) {
+	t.Helper()
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(50 * time.Millisecond) {
+		busy := false
+		for _, l := range d.status(t).Layers {
+			if img.legacy[l.Digest] && l.State == layer.StateFetching {
+				busy = true
+			}
+		}
+		if !busy {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("background fetch of %s still running after a minute", img.ref)
+		}
+	}
+}
+
 // layerDir is where a runtime looks for the layer with key of the image ref.
 func (d *daemon) layerDir(ref string, key digest.Digest) string {
 	return filepath.Join(d.mnt, base64.StdEncoding.EncodeToString([]byte(ref)), key.String())
