@@ -59,7 +59,14 @@ type Registry struct {
 	// Hostile behaviour (see Serve and Hang).
 	served map[repoBlob][]byte // nil value: the repository does not have the blob
 	hang   map[digest.Digest]bool
+	encode map[digest.Digest]encoded
 	closed chan struct{}
+}
+
+// encoded is a body answered with a Content-Encoding (see Encode).
+type encoded struct {
+	encoding string
+	body     []byte
 }
 
 type repoBlob struct {
@@ -82,6 +89,7 @@ func Start() (*Registry, error) {
 		fail:   map[digest.Digest]int{},
 		served: map[repoBlob][]byte{},
 		hang:   map[digest.Digest]bool{},
+		encode: map[digest.Digest]encoded{},
 		closed: make(chan struct{}),
 	}
 	r.srv = &http.Server{Handler: r, ReadHeaderTimeout: 10 * time.Second}
@@ -112,6 +120,13 @@ func (r *Registry) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	d := digest.Digest(req.URL.Path[i+len("/blobs/"):])
 	repo := strings.TrimPrefix(req.URL.Path[:i], "/v2/")
 	r.mu.Lock()
+	if enc, ok := r.encode[d]; ok {
+		r.mu.Unlock()
+		w.Header().Set("Content-Encoding", enc.encoding)
+		w.Header().Set("Content-Length", fmt.Sprint(len(enc.body)))
+		_, _ = w.Write(enc.body)
+		return
+	}
 	b, ok := r.blobs[d]
 	if sb, hostile := r.served[repoBlob{repo, d}]; hostile {
 		b, ok = sb, sb != nil
@@ -221,6 +236,15 @@ func (r *Registry) Hang(d digest.Digest, on bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.hang[d] = on
+}
+
+// Encode makes GETs of blob d, in any repository and whether or not it was pushed, answer
+// body with the header Content-Encoding: encoding, whatever the request accepts: a hostile
+// registry sending a compression bomb. The requests are not counted in Stats.
+func (r *Registry) Encode(d digest.Digest, encoding string, body []byte) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.encode[d] = encoded{encoding, body}
 }
 
 // PutManifest stores body, a manifest of the given media type, as repoTag ("repo:tag"),
