@@ -1,9 +1,11 @@
 package fetcher
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"net/http"
+	"net/netip"
 	"strings"
 )
 
@@ -16,17 +18,27 @@ const maxBodySize = 4 << 20
 // refuses a successful answer that is encoded all the same; and it caps the body of a request
 // without a Range header (manifests, configs, tokens: read whole by their readers) at
 // maxBodySize. Range requests are bounded by the Blob, which reads no more than it asked for.
-type boundedTransport struct{ inner http.RoundTripper }
+//
+// It also applies the redirect rules (redirect.go) to the hops net/http follows by itself:
+// those of manifest, config and token requests, which go-containerregistry sends through an
+// http.Client. (Blob reads follow their redirects themselves, and check them there.)
+type boundedTransport struct {
+	inner  http.RoundTripper
+	lookup func(ctx context.Context, host string) ([]netip.Addr, error)
+}
 
 // bounded returns rt under a boundedTransport, rt itself when it is one already.
 func bounded(rt http.RoundTripper) http.RoundTripper {
 	if _, ok := rt.(*boundedTransport); ok {
 		return rt
 	}
-	return &boundedTransport{inner: rt}
+	return &boundedTransport{inner: rt, lookup: lookupAddrs}
 }
 
 func (t *boundedTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+	if err := t.checkFollowed(req); err != nil {
+		return nil, err
+	}
 	if req.Header.Get("Accept-Encoding") != "identity" {
 		req = req.Clone(req.Context())
 		req.Header.Set("Accept-Encoding", "identity")
@@ -69,4 +81,40 @@ func (b *cappedBody) Read(p []byte) (int, error) {
 	}
 	b.left -= int64(n)
 	return n, err
+}
+
+// checkFollowed checks a hop an http.Client follows: req.Response is the redirect that led to
+// it. The hop must not leave https anywhere in the chain, and the addresses its host resolves
+// to must be public or of the class of the first request's host. (The dial is not checked
+// again here, as it is for blob reads: a name that resolves elsewhere by then escapes this
+// check, and reaches what a normal pull's client would reach.)
+func (t *boundedTransport) checkFollowed(req *http.Request) error {
+	if req.Response == nil || req.Response.Request == nil {
+		return nil
+	}
+	first, secure := req.Response.Request, false
+	for r := first; r != nil; {
+		first, secure = r, secure || r.URL.Scheme == "https"
+		if r.Response == nil {
+			break
+		}
+		r = r.Response.Request
+	}
+	if sameOrigin(req.URL, first.URL) {
+		return nil
+	}
+	if err := checkHopScheme(secure, req.URL); err != nil {
+		return err
+	}
+	addrs, err := t.lookup(req.Context(), req.URL.Hostname())
+	if err != nil {
+		return nil // the dial fails the same way
+	}
+	origin, _ := t.lookup(req.Context(), first.URL.Hostname()) // none: public targets only
+	for _, a := range addrs {
+		if err := checkHopAddr(origin, a); err != nil {
+			return err
+		}
+	}
+	return nil
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -12,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -363,5 +365,71 @@ func TestRedirectPoolsApart(t *testing.T) {
 	}
 	if after, _ := st.stats(); after != before {
 		t.Errorf("the loopback service saw %d requests from the public registry's hop, want none", after-before)
+	}
+}
+
+// TestFollowedRedirectsChecked: the hops an http.Client follows by itself (manifests,
+// configs, tokens, behind go-containerregistry) obey the same rules as blob redirects: a
+// registry that appears public cannot send the daemon to loopback, and https never leads to
+// plain http; a registry on loopback may redirect to loopback.
+func TestFollowedRedirectsChecked(t *testing.T) {
+	var hits atomic.Int64
+	inside := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		hits.Add(1)
+		_, _ = io.WriteString(w, "metadata")
+	}))
+	t.Cleanup(inside.Close)
+	redirector := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		http.Redirect(w, r, inside.URL+"/latest/meta-data", http.StatusFound)
+	})
+	plain := httptest.NewServer(redirector)
+	t.Cleanup(plain.Close)
+	secure := httptest.NewTLSServer(redirector)
+	t.Cleanup(secure.Close)
+
+	base := secure.Client().Transport.(*http.Transport).Clone()
+	base.DialContext = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		addr = strings.Replace(addr, "registry.test", "127.0.0.1", 1)
+		return (&net.Dialer{}).DialContext(ctx, network, addr)
+	}
+	t.Cleanup(base.CloseIdleConnections)
+	publicRegistry := func(_ context.Context, host string) ([]netip.Addr, error) {
+		if host == "registry.test" {
+			return []netip.Addr{netip.MustParseAddr("203.0.113.7")}, nil
+		}
+		return lookupAddrs(context.Background(), host)
+	}
+	_, plainPort, _ := net.SplitHostPort(strings.TrimPrefix(plain.URL, "http://"))
+	for _, c := range []struct {
+		name, url, refusal string
+	}{
+		{"public registry to loopback", "http://registry.test:" + plainPort + "/v2/r/manifests/t", "is a loopback address and the registry is not at one"},
+		{"https to http", secure.URL + "/v2/r/manifests/t", "from https to plain http"},
+		{"loopback registry to loopback", plain.URL + "/v2/r/manifests/t", ""},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			client := &http.Client{Transport: &boundedTransport{inner: base, lookup: publicRegistry}}
+			before := hits.Load()
+			resp, err := client.Get(c.url)
+			if c.refusal == "" {
+				if err != nil {
+					t.Fatal(err)
+				}
+				resp.Body.Close()
+				if hits.Load() != before+1 {
+					t.Error("the allowed hop did not arrive")
+				}
+				return
+			}
+			if err == nil {
+				resp.Body.Close()
+			}
+			if !errors.Is(err, ErrBadResponse) || !strings.Contains(err.Error(), c.refusal) {
+				t.Fatalf("error %v, want a refusal: %s", err, c.refusal)
+			}
+			if hits.Load() != before {
+				t.Error("the refused hop reached the service")
+			}
+		})
 	}
 }
