@@ -110,7 +110,9 @@
 //     public addresses only. The target's name is resolved and checked before the hop is sent,
 //     and the address dialed is checked again when the storage transport is an
 //     *http.Transport (the Client's is), so that DNS rebinding does not get round the check.
-//     A refused redirect is an [ErrBadResponse], not retried.
+//     A refused redirect is an [ErrBadResponse], not retried. The redirects of manifest,
+//     config and token requests, which net/http follows for go-containerregistry, obey the
+//     same rules, checked by name before each hop.
 //   - Retries: connection errors, timeouts, truncated bodies, 408, 429 and 5xx are retried up to
 //     [WithMaxAttempts] attempts in all (default 4), with capped exponential backoff and jitter
 //     ([WithBackoff], default 100 ms doubling up to 10 s). Retry-After (seconds or HTTP-date) on
