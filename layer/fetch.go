@@ -13,6 +13,23 @@ import (
 	"github.com/layerstore/layerstore/verify"
 )
 
+// fetchKind is why chunks are fetched, which decides how the fetch shares the link and the
+// processors with the others.
+type fetchKind int
+
+const (
+	// onDemand: a read a runtime waits for. Background work yields while it runs, and it
+	// returns before its chunks are written to the cache.
+	onDemand fetchKind = iota
+	// ahead: the next chunk of a file read in sequence, fetched before the reader asks
+	// (fetchAhead). Nobody waits for it yet: it does not hold background work up, and stores
+	// before it forgets its calls, as background work does.
+	ahead
+	// background: the whole layer, fetched and verified behind the reads (prefetch.go). It
+	// yields to on-demand fetches, and verifies at most one chunk per processor at a time.
+	background
+)
+
 // fetchCall is one chunk being fetched; every reader of the chunk waits for the same call.
 // A failed call stays in flight for the negative TTL (failedUntil), so that readers asking
 // again meanwhile fail at once: the kernel retries a failed readahead with a small read, which
@@ -37,7 +54,7 @@ func (c *fetchCall) claimable(now time.Time) bool {
 // waits for) makes background work yield and returns before its chunks are written to the
 // cache; background batches write first. h, when not nil, is the caller's handle on the
 // file's cache entry, where it found the chunks missing.
-func (l *Layer) fetch(ctx context.Context, file chunked.EntryID, idx []int, h *handle, demand bool) ([][]byte, error) {
+func (l *Layer) fetch(ctx context.Context, file chunked.EntryID, idx []int, h *handle) ([][]byte, error) {
 	keys := make([]chunkKey, len(idx))
 	for i, c := range idx {
 		keys[i] = chunkKey{file, c}
@@ -56,7 +73,7 @@ func (l *Layer) fetch(ctx context.Context, file chunked.EntryID, idx []int, h *h
 			return b
 		}
 	}
-	return l.fetchKeys(ctx, keys, func() []chunkKey { return l.readAhead(file, idx[len(idx)-1]) }, stored, demand)
+	return l.fetchKeys(ctx, keys, func() []chunkKey { return l.readAhead(file, idx[len(idx)-1]) }, stored, onDemand)
 }
 
 // fetchKeys fetches keys, which the caller waits for, and the chunks extra returns (when not
@@ -66,7 +83,7 @@ func (l *Layer) fetch(ctx context.Context, file chunked.EntryID, idx []int, h *h
 // the time it is claimed here: stored (when not nil) looks for each claimed key in the cache
 // again, after the claim, so that such a chunk is not fetched twice. (Storing writes to the
 // cache before it forgets the call.)
-func (l *Layer) fetchKeys(ctx context.Context, keys []chunkKey, extra func() []chunkKey, stored func(chunkKey) []byte, demand bool) ([][]byte, error) {
+func (l *Layer) fetchKeys(ctx context.Context, keys []chunkKey, extra func() []chunkKey, stored func(chunkKey) []byte, kind fetchKind) ([][]byte, error) {
 	calls := make([]*fetchCall, len(keys))
 	var mine []chunkKey
 	var mineCalls []*fetchCall
@@ -102,15 +119,15 @@ func (l *Layer) fetchKeys(ctx context.Context, keys []chunkKey, extra func() []c
 	}
 
 	if len(mine) > 0 {
-		if demand {
+		if kind == onDemand {
 			l.m.sched.demandStart()
 		}
-		l.run(ctx, mine, mineCalls, demand)
-		if demand {
+		l.run(ctx, mine, mineCalls, kind)
+		if kind == onDemand {
 			l.m.sched.demandEnd()
 		}
 		l.forgetFailed(mine, mineCalls)
-		if demand {
+		if kind == onDemand {
 			l.storeLater(mine, mineCalls)
 		} else {
 			l.store(mine, mineCalls)
@@ -153,7 +170,7 @@ func (l *Layer) takeStored(keys []chunkKey, calls []*fetchCall, stored func(chun
 
 // run fetches and verifies the chunks of calls, and completes the calls. It does not depend on
 // the caller's context: other readers may be waiting for the same chunks.
-func (l *Layer) run(ctx context.Context, keys []chunkKey, calls []*fetchCall, demand bool) {
+func (l *Layer) run(ctx context.Context, keys []chunkKey, calls []*fetchCall, kind fetchKind) {
 	ctx, cancel := l.m.bound(ctx, l.m.opts.readTimeout)
 	defer cancel()
 	refs := make([]chunked.Chunk, len(keys))
@@ -176,7 +193,7 @@ func (l *Layer) run(ctx context.Context, keys []chunkKey, calls []*fetchCall, de
 	for _, r := range ranges {
 		fetched += r.Length
 	}
-	if demand {
+	if kind != background {
 		l.onDemand.Add(fetched)
 		l.m.counters.onDemandBytes.Add(fetched)
 	} else {
@@ -193,15 +210,15 @@ func (l *Layer) run(ctx context.Context, keys []chunkKey, calls []*fetchCall, de
 		}
 	}
 	parallel(len(keys), func(i int) {
-		if !demand {
+		if kind == background {
 			// Background decompression would take every core: it steps aside, chunk by
 			// chunk, while a read a runtime waits for is being fetched and verified, and
 			// keeps at most one runnable goroutine per core, so that the goroutines serving
 			// FUSE requests find a processor soon.
 			_ = l.m.sched.yield(ctx)
-			backgroundCPU <- struct{}{}
+			l.m.backgroundCPU <- struct{}{}
 			defer func() {
-				<-backgroundCPU
+				<-l.m.backgroundCPU
 				runtime.Gosched()
 			}()
 		}
@@ -214,10 +231,6 @@ func (l *Layer) run(ctx context.Context, keys []chunkKey, calls []*fetchCall, de
 		close(calls[i].done)
 	})
 }
-
-// backgroundCPU bounds the chunks being verified for background fetches, over every layer
-// and manager of the process, to one per processor.
-var backgroundCPU = make(chan struct{}, runtime.GOMAXPROCS(0))
 
 // parallel calls fn for 0..n-1 on up to GOMAXPROCS goroutines.
 func parallel(n int, fn func(int)) {
@@ -392,7 +405,7 @@ func (l *Layer) fetchAhead(file chunked.EntryID, i int) {
 	busy := l.inflight[k] != nil
 	l.mu.Unlock()
 	if !busy {
-		l.m.goTracked(func() { _, _ = l.fetchKeys(l.m.ctx, []chunkKey{k}, nil, nil, true) })
+		l.m.goTracked(func() { _, _ = l.fetchKeys(l.m.ctx, []chunkKey{k}, nil, nil, ahead) })
 	}
 }
 

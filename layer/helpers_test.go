@@ -42,7 +42,7 @@ func newEnv(t *testing.T) *env {
 
 func (e *env) manager(opts ...Option) *Manager {
 	e.t.Helper()
-	m, err := New(testClient(e.t, e.reg), e.cache, opts...)
+	m, err := New(ClientRegistry(testClient(e.t, e.reg)), e.cache, opts...)
 	if err != nil {
 		e.t.Fatal(err)
 	}

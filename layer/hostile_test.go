@@ -258,7 +258,7 @@ func TestCloseCancelsFetches(t *testing.T) {
 	e := newEnv(t)
 	f := e.fixtures[3]
 	ref := e.push("hang:v1", fixtureLayer(f))
-	m, err := New(testClient(t, e.reg), e.cache, WithPrefetch(false), WithReadTimeout(time.Hour))
+	m, err := New(ClientRegistry(testClient(t, e.reg)), e.cache, WithPrefetch(false), WithReadTimeout(time.Hour))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -336,7 +336,7 @@ func (r *blockingRegistry) Platforms(context.Context, *fetcher.Image) ([]*fetche
 	return nil, errors.New("no platforms")
 }
 
-func (r *blockingRegistry) Blob(context.Context, *fetcher.Image, *fetcher.Layer) (*fetcher.Blob, error) {
+func (r *blockingRegistry) Blob(context.Context, *fetcher.Image, *fetcher.Layer) (Blob, error) {
 	return nil, errors.New("no blobs")
 }
 

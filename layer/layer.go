@@ -27,7 +27,7 @@ type Layer struct {
 	tocKey digest.Digest
 	v      *verify.Layer
 	idx    *chunked.Index
-	blob   *fetcher.Blob
+	blob   Blob
 	size   int64 // of the uncompressed tar, -1 when unknown (see tarSize)
 
 	users atomic.Int64 // runtime references over every key and reference
@@ -48,7 +48,7 @@ type chunkKey struct {
 	i    int
 }
 
-func newLayer(m *Manager, id identity, ref string, desc fetcher.Layer, v *verify.Layer, blob *fetcher.Blob) *Layer {
+func newLayer(m *Manager, id identity, ref string, desc fetcher.Layer, v *verify.Layer, blob Blob) *Layer {
 	return &Layer{
 		m:        m,
 		id:       id,
@@ -230,7 +230,7 @@ func (l *Layer) ReadFile(ctx context.Context, id chunked.EntryID, p []byte, off 
 	if len(missing) == 0 {
 		return len(p), nil
 	}
-	got, err := l.fetch(ctx, id, missing, h, true)
+	got, err := l.fetch(ctx, id, missing, h)
 	if err != nil {
 		return 0, err
 	}

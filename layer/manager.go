@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	iofs "io/fs"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -20,11 +21,33 @@ import (
 	"github.com/layerstore/layerstore/verify"
 )
 
-// Registry is what the manager needs from the registries: package fetcher's Client.
+// Registry is what the manager needs from the registries: package fetcher's Client, through
+// [ClientRegistry].
 type Registry interface {
 	Resolve(ctx context.Context, ref string) (*fetcher.Image, error)
 	Platforms(ctx context.Context, img *fetcher.Image) ([]*fetcher.Manifest, error)
-	Blob(ctx context.Context, img *fetcher.Image, l *fetcher.Layer) (*fetcher.Blob, error)
+	Blob(ctx context.Context, img *fetcher.Image, l *fetcher.Layer) (Blob, error)
+}
+
+// Blob is what a layer needs of its blob in the registry: package fetcher's Blob. Both
+// methods fill their buffers completely or fail; concurrent calls must be safe.
+type Blob interface {
+	verify.Source // ReadAt
+	// Fetch returns the bytes of ranges, in order, in as few requests as it can.
+	Fetch(ctx context.Context, ranges []fetcher.Range) ([][]byte, error)
+}
+
+// ClientRegistry returns c as a [Registry].
+func ClientRegistry(c *fetcher.Client) Registry { return clientRegistry{c} }
+
+type clientRegistry struct{ *fetcher.Client }
+
+func (r clientRegistry) Blob(ctx context.Context, img *fetcher.Image, l *fetcher.Layer) (Blob, error) {
+	b, err := r.Client.Blob(ctx, img, l)
+	if err != nil {
+		return nil, err // not a nil *fetcher.Blob in a non-nil Blob
+	}
+	return b, nil
 }
 
 // Manager resolves and serves layers. It implements fs.Store. It is safe for concurrent use.
@@ -45,6 +68,9 @@ type Manager struct {
 	// resolving bounds the resolutions in flight (manifests, TOCs, verification), whoever
 	// asks: a burst of lookups of distinct layers queues here instead of taking every core.
 	resolving chan struct{}
+	// backgroundCPU bounds the chunks being verified for background fetches, over every
+	// layer, to one per processor.
+	backgroundCPU chan struct{}
 
 	counters counters
 	// ctx ends when Close begins: every fetch, resolution and background fetch derives from
@@ -108,7 +134,9 @@ func New(reg Registry, c *cache.Cache, opts ...Option) (*Manager, error) {
 		resolved:  map[layerKey]*resolution{},
 		live:      map[identity]*Layer{},
 		resolving: make(chan struct{}, maxResolutions),
-		stop:      make(chan struct{}),
+
+		backgroundCPU: make(chan struct{}, runtime.GOMAXPROCS(0)),
+		stop:          make(chan struct{}),
 	}
 	m.ctx, m.cancel = context.WithCancel(context.Background())
 	m.sched = newScheduler(o.prefetchConcurrency, o.prefetchBandwidth, o.prefetchQuiet)

@@ -31,7 +31,7 @@ func TestPrefetchNotStored(t *testing.T) {
 			}
 			t.Cleanup(func() { c.Close() })
 			logs := &countingHandler{}
-			m, err := New(testClient(t, e.reg), c, WithLogger(slog.New(logs)), WithPrefetchQuiet(0))
+			m, err := New(ClientRegistry(testClient(t, e.reg)), c, WithLogger(slog.New(logs)), WithPrefetchQuiet(0))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -71,7 +71,7 @@ func TestPrefetchNoSpace(t *testing.T) {
 		}
 		t.Cleanup(func() { c.Close() })
 		fillFS(t, dir)
-		m, err := New(testClient(t, e.reg), c, WithLogger(slog.New(logs)), WithPrefetchQuiet(0))
+		m, err := New(ClientRegistry(testClient(t, e.reg)), c, WithLogger(slog.New(logs)), WithPrefetchQuiet(0))
 		if err != nil {
 			t.Fatal(err)
 		}

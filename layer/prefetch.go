@@ -171,7 +171,7 @@ func (l *Layer) prefetchBatch(ctx context.Context, keys []chunkKey) error {
 		return err
 	}
 	defer release()
-	if _, err := l.fetchKeys(ctx, keys, nil, nil, false); err != nil {
+	if _, err := l.fetchKeys(ctx, keys, nil, nil, background); err != nil {
 		return err
 	}
 	if l.cacheFull.Swap(false) {

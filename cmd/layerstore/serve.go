@@ -115,7 +115,7 @@ func openStack(cfg *Config, mountpoint string, log *slog.Logger) (_ *stack, err 
 	if s.client, err = newClient(cfg, s.keys, log); err != nil {
 		return nil, err
 	}
-	if s.manager, err = layer.New(s.client, s.cache, layerOptions(cfg, log)...); err != nil {
+	if s.manager, err = layer.New(layer.ClientRegistry(s.client), s.cache, layerOptions(cfg, log)...); err != nil {
 		return nil, err
 	}
 	if err := fs.ClearDeadMount(mountpoint); err != nil {
