@@ -62,21 +62,23 @@ func (l *Layer) ReadBlob(ctx context.Context, p []byte, off int64) (int, error) 
 func (l *Layer) blobCopyFor() *blobCopy {
 	now := l.m.opts.now()
 	l.mu.Lock()
-	defer l.mu.Unlock()
 	if bc := l.blobCopy; bc != nil {
 		select {
 		case <-bc.done:
 			if bc.err == nil || now.Sub(bc.failedAt) < l.m.opts.negativeTTL {
+				l.mu.Unlock()
 				return bc
 			}
 		default:
+			l.mu.Unlock()
 			return bc
 		}
 	}
 	bc := &blobCopy{done: make(chan struct{})}
 	bc.used.Store(now.UnixNano())
 	l.blobCopy = bc
-	l.m.goTracked(func() { l.copyBlob(bc) })
+	l.mu.Unlock()
+	l.m.goTracked(func() { l.copyBlob(bc) }) // takes Manager.mu: not under Layer.mu
 	return bc
 }
 

@@ -49,6 +49,31 @@
 // them), fetch-ahead, blob copies and background fetches all derive from it, so that a
 // stopping daemon stops fetching at once instead of after a read timeout.
 //
+// # Concurrency
+//
+// Every exported method is safe for concurrent use. The locks, none of which is held while
+// another is taken (each is a leaf), nor across I/O, a fetch or a wait:
+//
+//   - Manager.mu: the resolutions, the live layers, closed; Manager.goTracked takes it.
+//   - Layer.mu: the references and repositories of a layer, its chunks in flight (and the
+//     failures remembered on them), its blob copy.
+//   - Layer.prefetch.mu: the state of its background fetch.
+//   - handles.mu: the open cache files and their LRU.
+//   - scheduler.mu: the background bandwidth's token bucket (the rest are atomics and the
+//     slots channel).
+//
+// A fetchCall's fields are written once, before its done channel is closed, and read after.
+//
+// Goroutines: the janitor (one per manager, every second: forgets expired resolutions and the
+// layers none names, drops blob copies unread for the keep TTL); each resolution in
+// singleflight's goroutine; each layer's background fetch (a feeder and one worker per
+// background slot, each batch verified on up to one goroutine per processor); and the tracked
+// work of reads that outlives them (Manager.goTracked): storing the chunks of an on-demand
+// fetch, fetch-ahead, blob copies. Close cancels the manager's context (every fetch ends),
+// stops the janitor and every background fetch, waits for them and for the tracked work, and
+// then closes the cache files it holds; layers already handed out keep answering reads, from
+// the cache, or with an error.
+//
 // The package never reads configuration files or global state: everything is an option with
 // a documented default.
 package layer
