@@ -49,6 +49,6 @@
 // them), fetch-ahead, blob copies and background fetches all derive from it, so that a
 // stopping daemon stops fetching at once instead of after a read timeout.
 //
-// The package never reads configuration files or global state: everything is an option with
-// a documented default.
+// The package reads no configuration files and keeps no global state: everything is an
+// option of a Manager, with a documented default.
 package layer
