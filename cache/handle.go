@@ -12,12 +12,17 @@ import (
 )
 
 // File is a handle on one cached file, returned by [Cache.Open]. While it is open the file
-// is pinned: never evicted. All methods are safe for concurrent use; Close waits for calls
-// in progress on the same handle.
+// is pinned: never evicted. All methods are safe for concurrent use.
+//
+// The methods that read or write content (Put, ReadAt, ReadChunk, ReadChunkAt) fail with
+// [ErrClosed] once the handle is closed, and Close waits for those in progress on the same
+// handle: a closed handle never writes into a file it no longer pins. Missing, Complete and
+// Path only look at the file's state, under the file's own lock, and answer on a closed
+// handle too; what they say then may change at any time, since nothing pins the file.
 type File struct {
 	e *entry
 
-	hmu    sync.RWMutex // held shared by every method, exclusively by Close
+	hmu    sync.RWMutex // held shared by Put, ReadAt and ReadChunkAt, exclusively by Close
 	closed bool
 }
 

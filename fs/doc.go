@@ -1,5 +1,5 @@
-// Package fs serves a containers/storage additional layer store over FUSE, as the
-// contract in the design notes (ALS-CONTRACT.md) describes it. It owns three things:
+// Package fs serves a containers/storage additional layer store over FUSE, as the contract
+// in docs/als-contract.md describes it. It owns three things:
 //
 //   - the namespace <mnt>/<base64(ref)>/<key>/{diff,info,blob,use}: decoding the
 //     reference and the layer key, the info and blob files, and the use/rmdir protocol by

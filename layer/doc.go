@@ -74,6 +74,6 @@
 // then closes the cache files it holds; layers already handed out keep answering reads, from
 // the cache, or with an error.
 //
-// The package never reads configuration files or global state: everything is an option with
-// a documented default.
+// The package reads no configuration files and keeps no global state: everything is an
+// option of a Manager, with a documented default.
 package layer

@@ -256,7 +256,7 @@ func checkMount(ctx context.Context, store string) check {
 var versionRE = regexp.MustCompile(`(?i)version:?\s+v?(\d+)\.(\d+)(\.\d+)?`)
 
 // checkRuntime finds name (podman or crio) in PATH, asks its version and says which lookup
-// generation it uses (ALS-CONTRACT.md).
+// generation it uses (docs/als-contract.md).
 func checkRuntime(ctx context.Context, name string) check {
 	bin, err := exec.LookPath(name)
 	if err != nil {

@@ -162,7 +162,7 @@ func (b *bench) caseLarge(ctx context.Context, repoTag string, l *builtLayer, fe
 	return s, b.finish(ctx, d, &s)
 }
 
-// lookup is what a runtime does for each layer of a pull (ALS-CONTRACT.md): stat diff, info
+// lookup is what a runtime does for each layer of a pull (docs/als-contract.md): stat diff, info
 // and blob, then read info.
 func lookup(dir string) error {
 	for _, f := range []string{"diff", "info", "blob"} {
