@@ -3,17 +3,16 @@
 package cache
 
 import (
-	"context"
 	"errors"
 	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/layerstore/layerstore/internal/testlog"
 	"github.com/layerstore/layerstore/internal/testtmpfs"
 )
 
@@ -37,41 +36,13 @@ func fillFS(t *testing.T, dir string) (path string) {
 	}
 }
 
-// countingHandler counts the records logged at or above Warn.
-type countingHandler struct {
-	mu    sync.Mutex
-	warns int
-	lines []string
-}
-
-func (h *countingHandler) Enabled(context.Context, slog.Level) bool { return true }
-func (h *countingHandler) Handle(_ context.Context, r slog.Record) error {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	if r.Level >= slog.LevelWarn {
-		h.warns++
-	}
-	line := r.Level.String() + " " + r.Message
-	r.Attrs(func(a slog.Attr) bool { line += " " + a.String(); return true })
-	h.lines = append(h.lines, line)
-	return nil
-}
-func (h *countingHandler) WithAttrs([]slog.Attr) slog.Handler { return h }
-func (h *countingHandler) WithGroup(string) slog.Handler      { return h }
-
-func (h *countingHandler) count() (warns int, lines []string) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	return h.warns, append([]string(nil), h.lines...)
-}
-
 // TestNoSpaceEvicts: on a full filesystem, with files not in use stored, a Put evicts them
 // (although the cache is far below its size bound) and succeeds.
 func TestNoSpaceEvicts(t *testing.T) {
 	testtmpfs.Run(t, "4m", func(t *testing.T, dir string) {
 		fs := realFiles(t)
 		big, sparse := fs["usr/share/big.bin"], fs["usr/share/sparse.img"]
-		logs := &countingHandler{}
+		logs := &testlog.Handler{}
 		c := newCache(t, filepath.Join(dir, "cache"), WithLogger(slog.New(logs)))
 		fill(t, c, big) // complete, closed: evictable
 		fillFS(t, dir)
@@ -91,7 +62,7 @@ func TestNoSpaceEvicts(t *testing.T) {
 		if st := c.Stats(); st.Evictions != 1 || st.Bytes != sparse.size() {
 			t.Errorf("stats %+v, want one eviction and only %s stored", st, sparse.name)
 		}
-		if warns, lines := logs.count(); warns != 0 || len(lines) != 1 {
+		if warns, lines := logs.Count(); warns != 0 || len(lines) != 1 {
 			t.Errorf("logged %q, want one line (the eviction), no warning", lines)
 		}
 	})
@@ -125,7 +96,7 @@ func TestNoSpaceNothingToEvict(t *testing.T) {
 		// After a restart, the journal records only the first chunk.
 		h.Close()
 		c.Close()
-		logs := &countingHandler{}
+		logs := &testlog.Handler{}
 		c = newCache(t, root, WithLogger(slog.New(logs)))
 		clock := time.Now()
 		c.now = func() time.Time { return clock }
@@ -158,7 +129,7 @@ func TestNoSpaceNothingToEvict(t *testing.T) {
 		if err := h.Put(cs[0]); err != nil {
 			t.Errorf("Put of a present chunk within the backoff = %v", err)
 		}
-		if warns, lines := logs.count(); warns != 1 {
+		if warns, lines := logs.Count(); warns != 1 {
 			t.Errorf("logged %d warnings for 203 refused writes, want 1: %q", warns, lines)
 		}
 		if len(h.Missing(0, big.size())) != 1 {
@@ -176,7 +147,7 @@ func TestNoSpaceNothingToEvict(t *testing.T) {
 		// The next line about the full disk counts the writes refused meanwhile.
 		clock = clock.Add(reportEvery)
 		c.report.log(clock, slog.LevelWarn, msgFull)
-		if _, lines := logs.count(); !strings.Contains(lines[len(lines)-1], "repeated=") {
+		if _, lines := logs.Count(); !strings.Contains(lines[len(lines)-1], "repeated=") {
 			t.Errorf("last line %q, want the count of refused writes", lines[len(lines)-1])
 		}
 	})

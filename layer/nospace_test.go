@@ -1,17 +1,16 @@
 package layer
 
 import (
-	"context"
 	"errors"
 	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 
 	"github.com/layerstore/layerstore/cache"
+	"github.com/layerstore/layerstore/internal/testlog"
 	"github.com/layerstore/layerstore/internal/testtmpfs"
 )
 
@@ -30,7 +29,7 @@ func TestPrefetchNotStored(t *testing.T) {
 				t.Fatal(err)
 			}
 			t.Cleanup(func() { c.Close() })
-			logs := &countingHandler{}
+			logs := &testlog.Handler{}
 			m, err := New(ClientRegistry(testClient(t, e.reg)), c, WithLogger(slog.New(logs)), WithPrefetchQuiet(0))
 			if err != nil {
 				t.Fatal(err)
@@ -45,7 +44,7 @@ func TestPrefetchNotStored(t *testing.T) {
 			if st := l.Status(); st.State != StateFailed || !strings.Contains(st.Error, "not stored") {
 				t.Errorf("state %s (%s), want failed: files not stored", st.State, st.Error)
 			}
-			if _, lines := logs.count(); slicesContain(lines, "layer fully local") {
+			if _, lines := logs.Count(); slicesContain(lines, "layer fully local") {
 				t.Errorf("logged the layer fully local: %q", lines)
 			}
 		})
@@ -64,7 +63,7 @@ func TestPrefetchNoSpace(t *testing.T) {
 				break
 			}
 		}
-		cacheLogs, logs := &countingHandler{}, &countingHandler{}
+		cacheLogs, logs := &testlog.Handler{}, &testlog.Handler{}
 		c, err := cache.New(filepath.Join(dir, "cache"), cache.WithLogger(slog.New(cacheLogs)))
 		if err != nil {
 			t.Fatal(err)
@@ -85,8 +84,8 @@ func TestPrefetchNoSpace(t *testing.T) {
 		if st := l.Status(); st.State != StateFailed || !strings.Contains(st.Error, cache.ErrNoSpace.Error()) {
 			t.Errorf("state %s (%s), want failed: no space", st.State, st.Error)
 		}
-		warns, lines := logs.count()
-		cacheWarns, cacheLines := cacheLogs.count()
+		warns, lines := logs.Count()
+		cacheWarns, cacheLines := cacheLogs.Count()
 		t.Logf("layer: %q\ncache: %q", lines, cacheLines)
 		if warns > 1 || cacheWarns > 1 {
 			t.Errorf("%d warnings from the layer and %d from the cache for one layer on a full disk, want at most one each", warns, cacheWarns)
@@ -101,34 +100,6 @@ func slicesContain(lines []string, s string) bool {
 		}
 	}
 	return false
-}
-
-// countingHandler counts the records logged at or above Warn and keeps every line.
-type countingHandler struct {
-	mu    sync.Mutex
-	warns int
-	lines []string
-}
-
-func (h *countingHandler) Enabled(context.Context, slog.Level) bool { return true }
-func (h *countingHandler) Handle(_ context.Context, r slog.Record) error {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	if r.Level >= slog.LevelWarn {
-		h.warns++
-	}
-	line := r.Level.String() + " " + r.Message
-	r.Attrs(func(a slog.Attr) bool { line += " " + a.String(); return true })
-	h.lines = append(h.lines, line)
-	return nil
-}
-func (h *countingHandler) WithAttrs([]slog.Attr) slog.Handler { return h }
-func (h *countingHandler) WithGroup(string) slog.Handler      { return h }
-
-func (h *countingHandler) count() (warns int, lines []string) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	return h.warns, append([]string(nil), h.lines...)
 }
 
 // fillFS writes a file in dir until its filesystem is full.
