@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -15,26 +16,6 @@ import (
 	"github.com/layerstore/layerstore/internal/testlog"
 	"github.com/layerstore/layerstore/internal/testtmpfs"
 )
-
-// fillFS writes a file in dir until its filesystem is full; removing the file frees it.
-func fillFS(t *testing.T, dir string) (path string) {
-	t.Helper()
-	path = filepath.Join(dir, "filler")
-	f, err := os.Create(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	buf := make([]byte, 4096)
-	for {
-		if _, err := f.Write(buf); err != nil {
-			if !errors.Is(err, syscall.ENOSPC) {
-				t.Fatal(err)
-			}
-			return path
-		}
-	}
-}
 
 // TestNoSpaceEvicts: on a full filesystem, with files not in use stored, a Put evicts them
 // (although the cache is far below its size bound) and succeeds.
@@ -45,7 +26,7 @@ func TestNoSpaceEvicts(t *testing.T) {
 		logs := &testlog.Handler{}
 		c := newCache(t, filepath.Join(dir, "cache"), WithLogger(slog.New(logs)))
 		fill(t, c, big) // complete, closed: evictable
-		fillFS(t, dir)
+		testtmpfs.Fill(t, dir)
 
 		h := open(t, c, sparse)
 		for _, ch := range sparse.chunks["estargz"] {
@@ -81,13 +62,13 @@ func TestNoSpaceNothingToEvict(t *testing.T) {
 		c := newCache(t, root)
 		h := open(t, c, big)
 		putAll(t, h, cs[:1]) // the partial file exists: later Puts only write data
-		filler := fillFS(t, dir)
+		filler := testtmpfs.Fill(t, dir)
 
 		err := h.Put(cs[1])
 		if !errors.Is(err, ErrNoSpace) || !errors.Is(err, syscall.ENOSPC) {
 			t.Fatalf("Put on a full filesystem = %v, want ErrNoSpace wrapping ENOSPC", err)
 		}
-		if got, want := h.Missing(0, big.size()), []Range{{Off: chunkRange(cs[1]).Off, Len: big.size() - chunkRange(cs[1]).Off}}; !equalRanges(got, want) {
+		if got, want := h.Missing(0, big.size()), []Range{{Off: chunkRange(cs[1]).Off, Len: big.size() - chunkRange(cs[1]).Off}}; !slices.Equal(got, want) {
 			t.Errorf("missing %v after the failed Put, want %v", got, want)
 		}
 		if c.Usage() != chunkRange(cs[0]).Len {
@@ -151,16 +132,4 @@ func TestNoSpaceNothingToEvict(t *testing.T) {
 			t.Errorf("last line %q, want the count of refused writes", lines[len(lines)-1])
 		}
 	})
-}
-
-func equalRanges(a, b []Range) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
 }

@@ -1,12 +1,9 @@
 package layer
 
 import (
-	"errors"
 	"log/slog"
-	"os"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 
 	"github.com/layerstore/layerstore/cache"
@@ -69,7 +66,7 @@ func TestPrefetchNoSpace(t *testing.T) {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { c.Close() })
-		fillFS(t, dir)
+		testtmpfs.Fill(t, dir)
 		m, err := New(ClientRegistry(testClient(t, e.reg)), c, WithLogger(slog.New(logs)), WithPrefetchQuiet(0))
 		if err != nil {
 			t.Fatal(err)
@@ -100,23 +97,4 @@ func slicesContain(lines []string, s string) bool {
 		}
 	}
 	return false
-}
-
-// fillFS writes a file in dir until its filesystem is full.
-func fillFS(t *testing.T, dir string) {
-	t.Helper()
-	f, err := os.Create(filepath.Join(dir, "filler"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	buf := make([]byte, 4096)
-	for {
-		if _, err := f.Write(buf); err != nil {
-			if !errors.Is(err, syscall.ENOSPC) {
-				t.Fatal(err)
-			}
-			return
-		}
-	}
 }

@@ -6,6 +6,7 @@ package testtmpfs
 
 import (
 	"context"
+	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -56,5 +57,26 @@ func Run(t *testing.T, size string, fn func(t *testing.T, dir string)) {
 	}
 	if !strings.Contains(string(out), "--- PASS: "+t.Name()) {
 		t.Fatal("child did not pass")
+	}
+}
+
+// Fill writes a file in dir until its filesystem is full and returns its path: removing the
+// file frees the room again.
+func Fill(t *testing.T, dir string) string {
+	t.Helper()
+	path := filepath.Join(dir, "filler")
+	f, err := os.Create(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	buf := make([]byte, 4096)
+	for {
+		if _, err := f.Write(buf); err != nil {
+			if !errors.Is(err, syscall.ENOSPC) {
+				t.Fatal(err)
+			}
+			return path
+		}
 	}
 }
