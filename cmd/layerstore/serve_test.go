@@ -96,7 +96,7 @@ func newServeEnv(t *testing.T) *serveEnv {
 		t.Fatal(err)
 	}
 	conf := filepath.Join(dir, "registries.conf")
-	mustWrite(t, conf, fmt.Sprintf("[[registry]]\nlocation = %q\ninsecure = true\n", reg.Host))
+	mustWrite(t, conf, testregistry.RegistriesConf(reg.Host))
 	e := &serveEnv{t: t, bin: bin, dir: dir, reg: reg, fixture: f, ref: reg.Host + "/serve/app:v1",
 		socket: filepath.Join(dir, "control.sock"), mnt: filepath.Join(dir, "store")}
 	e.config = filepath.Join(dir, "config.toml")
@@ -450,7 +450,7 @@ func TestReloadOnSIGHUP(t *testing.T) {
 	}
 
 	// Blocking the registry applies to the next lookup.
-	mustWrite(t, conf, fmt.Sprintf("[[registry]]\nlocation = %q\ninsecure = true\nblocked = true\n", e.reg.Host))
+	mustWrite(t, conf, testregistry.RegistriesConf(e.reg.Host)+"blocked = true\n")
 	hup("reloaded the registries configuration")
 	if _, err := os.Stat(diffOf("serve/other:v1")); err == nil {
 		t.Error("a reference of the blocked registry was resolved after the reload")
@@ -466,7 +466,7 @@ func TestReloadOnSIGHUP(t *testing.T) {
 
 	// Unblocked again (for a reference whose failure the store does not remember); the daemon
 	// served throughout.
-	mustWrite(t, conf, fmt.Sprintf("[[registry]]\nlocation = %q\ninsecure = true\n", e.reg.Host))
+	mustWrite(t, conf, testregistry.RegistriesConf(e.reg.Host))
 	hup("reloaded the registries configuration")
 	if _, err := os.Stat(diffOf("serve/fourth:v1")); err != nil {
 		t.Errorf("after unblocking: %v", err)
