@@ -23,6 +23,7 @@ import (
 	"github.com/layerstore/layerstore/fs"
 	"github.com/layerstore/layerstore/internal/control"
 	"github.com/layerstore/layerstore/internal/syncbuf"
+	"github.com/layerstore/layerstore/internal/testfuse"
 	"github.com/layerstore/layerstore/internal/testlayer"
 	"github.com/layerstore/layerstore/internal/testregistry"
 	"github.com/layerstore/layerstore/layer"
@@ -65,16 +66,9 @@ type serveEnv struct {
 	ref     string
 }
 
-func requireFUSE(t *testing.T) {
-	t.Helper()
-	if err := fs.Usable(); err != nil {
-		t.Skipf("skipping: the daemon tests mount FUSE filesystems: %v", err)
-	}
-}
-
 func newServeEnv(t *testing.T) *serveEnv {
 	t.Helper()
-	requireFUSE(t)
+	testfuse.Require(t)
 	dir := t.TempDir()
 	bin := filepath.Join(dir, "layerstore")
 	build := exec.Command("go", "build", "-o", bin, ".")
@@ -166,7 +160,7 @@ func (e *serveEnv) startCmd(cmd *exec.Cmd) *daemon {
 		}
 	}
 	var st syscall.Statfs_t
-	if err := syscall.Statfs(e.mnt, &st); err != nil || st.Type != 0x65735546 { // FUSE_SUPER_MAGIC
+	if err := syscall.Statfs(e.mnt, &st); err != nil || st.Type != fs.SuperMagic {
 		t.Fatalf("READY=1 before the mount answers: statfs type %#x, %v", st.Type, err)
 	}
 	return d
