@@ -16,6 +16,7 @@ import (
 	"github.com/opencontainers/go-digest"
 
 	"github.com/layerstore/layerstore/internal/dockerregistry"
+	"github.com/layerstore/layerstore/internal/testregistry"
 )
 
 // references returns the listing of every reference image pulled normally by podman.
@@ -105,7 +106,7 @@ func TestLegacyPodman(t *testing.T) {
 func TestModernRuntime(t *testing.T) {
 	s := need(t)
 	d := s.startDaemon(t)
-	ref := s.newHarness(t, "", registriesConf(s.open.Host))
+	ref := s.newHarness(t, "", testregistry.RegistriesConf(s.open.Host))
 	refs := map[string]string{}
 	for _, n := range []string{imgGzip, imgWhiteoutGzip} {
 		r, err := ref.pull(t, s.images[n].ref, "--list", listScript, "--rmi")
@@ -117,7 +118,7 @@ func TestModernRuntime(t *testing.T) {
 	if legacy := s.references(t); legacy[imgGzip] != refs[imgGzip] || legacy[imgWhiteoutGzip] != refs[imgWhiteoutGzip] {
 		t.Fatalf("the modern runtime's normal pull differs from podman's:\n%s\n---\n%s", refs[imgGzip], legacy[imgGzip])
 	}
-	h := s.newHarness(t, d.mnt, registriesConf(s.open.Host))
+	h := s.newHarness(t, d.mnt, testregistry.RegistriesConf(s.open.Host))
 	for _, n := range lazyImages {
 		t.Run(n, func(t *testing.T) {
 			img := s.images[n]
@@ -291,7 +292,7 @@ func TestPrivateRegistry(t *testing.T) {
 	})
 
 	// Top-level keys come before the first table.
-	helperConf := "additional-layer-store-auth-helper = \"layerstore-auth-helper\"\n" + registriesConf(s.private.Host)
+	helperConf := "additional-layer-store-auth-helper = \"layerstore-auth-helper\"\n" + testregistry.RegistriesConf(s.private.Host)
 	t.Run("modern/auth-helper", func(t *testing.T) {
 		d := s.startDaemon(t) // no credentials of its own
 		h := s.newHarness(t, d.mnt, helperConf, "REGISTRY_AUTH_FILE="+s.goodAuth,
@@ -312,7 +313,7 @@ func TestPrivateRegistry(t *testing.T) {
 	t.Run("modern/no-helper", func(t *testing.T) {
 		// The same without the helper: the daemon cannot authenticate, the runtime pulls normally.
 		d := s.startDaemon(t)
-		h := s.newHarness(t, d.mnt, registriesConf(s.private.Host), "REGISTRY_AUTH_FILE="+s.goodAuth)
+		h := s.newHarness(t, d.mnt, testregistry.RegistriesConf(s.private.Host), "REGISTRY_AUTH_FILE="+s.goodAuth)
 		mark := s.private.Mark()
 		r, err := h.pull(t, img.ref, "--list", listScript, "--rmi")
 		if err != nil {

@@ -23,6 +23,7 @@ import (
 	"github.com/layerstore/layerstore/layer"
 
 	"github.com/layerstore/layerstore/internal/dockerregistry"
+	"github.com/layerstore/layerstore/internal/testregistry"
 )
 
 // The private registry's account.
@@ -130,7 +131,7 @@ func setUp() (_ *suite, err error) {
 		}
 	}
 	s.regConf = filepath.Join(dir, "registries.conf")
-	if err := os.WriteFile(s.regConf, []byte(registriesConf(s.open.Host, s.private.Host)), 0o644); err != nil {
+	if err := os.WriteFile(s.regConf, []byte(testregistry.RegistriesConf(s.open.Host, s.private.Host)), 0o644); err != nil {
 		return nil, err
 	}
 	s.goodAuth = filepath.Join(dir, "auth-good.json")
@@ -213,14 +214,6 @@ func (s *suite) env(extra ...string) []string {
 	}
 	slices.Reverse(out)
 	return out
-}
-
-func registriesConf(hosts ...string) string {
-	var b strings.Builder
-	for _, h := range hosts {
-		fmt.Fprintf(&b, "[[registry]]\nlocation = %q\ninsecure = true\n\n", h)
-	}
-	return b.String()
 }
 
 func authJSON(host, user, pass string) string {

@@ -12,6 +12,8 @@ import (
 
 	fusefs "github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
+
+	"github.com/layerstore/layerstore/internal/testfuse"
 )
 
 // deadMount mounts a FUSE filesystem of type fstype at dir and closes its device at once,
@@ -48,7 +50,7 @@ func mounted(t *testing.T, dir string) bool {
 }
 
 func TestClearDeadMount(t *testing.T) {
-	requireFUSE(t)
+	testfuse.Require(t)
 	t.Run("healthy directory", func(t *testing.T) {
 		dir := t.TempDir()
 		if err := os.WriteFile(filepath.Join(dir, "keep"), nil, 0o644); err != nil {

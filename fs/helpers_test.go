@@ -21,6 +21,7 @@ import (
 	"github.com/opencontainers/go-digest"
 
 	"github.com/layerstore/layerstore/chunked"
+	"github.com/layerstore/layerstore/internal/testfuse"
 	"github.com/layerstore/layerstore/internal/testlayer"
 	"github.com/layerstore/layerstore/verify"
 )
@@ -271,20 +272,12 @@ func layerPath(mnt, ref string, key digest.Digest, elem ...string) string {
 	return filepath.Join(append([]string{mnt, refDirName(ref), key.String()}, elem...)...)
 }
 
-// requireFUSE skips the test when this process cannot mount FUSE filesystems.
-func requireFUSE(t *testing.T) {
-	t.Helper()
-	if err := Usable(); err != nil {
-		t.Skipf("skipping: FUSE mounts are not possible here: %v", err)
-	}
-}
-
 // mountTest mounts store on a fresh directory and unmounts it when the test ends. A
 // watchdog aborts the FUSE connection if the test outlives its budget, so that a hung
 // server fails the test instead of blocking it forever.
 func mountTest(t *testing.T, store Store, opts Options) (string, *Server) {
 	t.Helper()
-	requireFUSE(t)
+	testfuse.Require(t)
 	mnt := t.TempDir()
 	// Let other users reach the mount (t.TempDir makes 0700 directories).
 	for _, d := range []string{filepath.Dir(mnt), mnt} {

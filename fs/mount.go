@@ -14,8 +14,9 @@ import (
 	"github.com/hanwen/go-fuse/v2/fuse"
 )
 
-// fuseSuperMagic is the f_type statfs reports for FUSE filesystems.
-const fuseSuperMagic = 0x65735546
+// SuperMagic is the filesystem type statfs(2) reports for every FUSE mount (the kernel's
+// FUSE_SUPER_MAGIC): a path whose statfs reports another type is served by no FUSE server.
+const SuperMagic = 0x65735546
 
 // fsName is the filesystem name and subtype of the mount ("layerstore", "fuse.layerstore").
 const fsName = "layerstore"
@@ -179,7 +180,7 @@ func (s *Server) checkServing(before *syscall.Stat_t) error {
 	if err := syscall.Statfs(s.mountpoint, &sfs); err != nil {
 		return fmt.Errorf("fs: statfs %s after mount: %w", s.mountpoint, err)
 	}
-	if st.Dev == before.Dev || sfs.Type != fuseSuperMagic || st.Ino != rootIno {
+	if st.Dev == before.Dev || sfs.Type != SuperMagic || st.Ino != rootIno {
 		return fmt.Errorf("fs: %s does not answer from the new mount (dev %d, was %d; fs type %#x)",
 			s.mountpoint, st.Dev, before.Dev, sfs.Type)
 	}

@@ -98,7 +98,7 @@ func hostArch() string { return runtime.GOARCH }
 func testClient(t *testing.T, reg *testregistry.Registry) *fetcher.Client {
 	t.Helper()
 	conf := filepath.Join(t.TempDir(), "registries.conf")
-	if err := os.WriteFile(conf, []byte("[[registry]]\nlocation = \""+reg.Host+"\"\ninsecure = true\n"), 0o644); err != nil {
+	if err := os.WriteFile(conf, []byte(testregistry.RegistriesConf(reg.Host)), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	c, err := fetcher.NewClient(fetcher.WithRegistriesConf(conf, conf+".d"),

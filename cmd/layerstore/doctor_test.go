@@ -19,6 +19,8 @@ import (
 	fusefs "github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
 	"github.com/opencontainers/go-digest"
+
+	"github.com/layerstore/layerstore/internal/testfuse"
 )
 
 // writeFile writes content to dir/name, creating dir, and returns the path.
@@ -329,7 +331,7 @@ var _ fusefs.NodeStatfser = (*stuckRoot)(nil)
 // TestDoctorHungMount: a FUSE server that does not answer makes the mount check fail in
 // bounded time instead of hanging doctor.
 func TestDoctorHungMount(t *testing.T) {
-	requireFUSE(t)
+	testfuse.Require(t)
 	dir := t.TempDir()
 	root := &stuckRoot{release: make(chan struct{})}
 	srv, err := fusefs.Mount(dir, root, &fusefs.Options{MountOptions: fuse.MountOptions{DirectMountStrict: true}})

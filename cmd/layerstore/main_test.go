@@ -4,10 +4,12 @@ import (
 	"bytes"
 	"strings"
 	"testing"
+
+	"github.com/layerstore/layerstore/internal/testfuse"
 )
 
 func TestDemo(t *testing.T) {
-	requireFUSE(t)
+	testfuse.Require(t)
 	var out, errb bytes.Buffer
 	if code := run(t.Context(), []string{"demo"}, &out, &errb); code != 0 {
 		t.Fatalf("demo exited %d: %s", code, errb.String())

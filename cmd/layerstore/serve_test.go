@@ -23,6 +23,7 @@ import (
 	"github.com/layerstore/layerstore/fs"
 	"github.com/layerstore/layerstore/internal/control"
 	"github.com/layerstore/layerstore/internal/syncbuf"
+	"github.com/layerstore/layerstore/internal/testfuse"
 	"github.com/layerstore/layerstore/internal/testlayer"
 	"github.com/layerstore/layerstore/internal/testregistry"
 	"github.com/layerstore/layerstore/layer"
@@ -65,16 +66,9 @@ type serveEnv struct {
 	ref     string
 }
 
-func requireFUSE(t *testing.T) {
-	t.Helper()
-	if err := fs.Usable(); err != nil {
-		t.Skipf("skipping: the daemon tests mount FUSE filesystems: %v", err)
-	}
-}
-
 func newServeEnv(t *testing.T) *serveEnv {
 	t.Helper()
-	requireFUSE(t)
+	testfuse.Require(t)
 	dir := t.TempDir()
 	bin := filepath.Join(dir, "layerstore")
 	build := exec.Command("go", "build", "-o", bin, ".")
@@ -96,7 +90,7 @@ func newServeEnv(t *testing.T) *serveEnv {
 		t.Fatal(err)
 	}
 	conf := filepath.Join(dir, "registries.conf")
-	mustWrite(t, conf, fmt.Sprintf("[[registry]]\nlocation = %q\ninsecure = true\n", reg.Host))
+	mustWrite(t, conf, testregistry.RegistriesConf(reg.Host))
 	e := &serveEnv{t: t, bin: bin, dir: dir, reg: reg, fixture: f, ref: reg.Host + "/serve/app:v1",
 		socket: filepath.Join(dir, "control.sock"), mnt: filepath.Join(dir, "store")}
 	e.config = filepath.Join(dir, "config.toml")
@@ -166,7 +160,7 @@ func (e *serveEnv) startCmd(cmd *exec.Cmd) *daemon {
 		}
 	}
 	var st syscall.Statfs_t
-	if err := syscall.Statfs(e.mnt, &st); err != nil || st.Type != 0x65735546 { // FUSE_SUPER_MAGIC
+	if err := syscall.Statfs(e.mnt, &st); err != nil || st.Type != fs.SuperMagic {
 		t.Fatalf("READY=1 before the mount answers: statfs type %#x, %v", st.Type, err)
 	}
 	return d
@@ -450,7 +444,7 @@ func TestReloadOnSIGHUP(t *testing.T) {
 	}
 
 	// Blocking the registry applies to the next lookup.
-	mustWrite(t, conf, fmt.Sprintf("[[registry]]\nlocation = %q\ninsecure = true\nblocked = true\n", e.reg.Host))
+	mustWrite(t, conf, testregistry.RegistriesConf(e.reg.Host)+"blocked = true\n")
 	hup("reloaded the registries configuration")
 	if _, err := os.Stat(diffOf("serve/other:v1")); err == nil {
 		t.Error("a reference of the blocked registry was resolved after the reload")
@@ -466,7 +460,7 @@ func TestReloadOnSIGHUP(t *testing.T) {
 
 	// Unblocked again (for a reference whose failure the store does not remember); the daemon
 	// served throughout.
-	mustWrite(t, conf, fmt.Sprintf("[[registry]]\nlocation = %q\ninsecure = true\n", e.reg.Host))
+	mustWrite(t, conf, testregistry.RegistriesConf(e.reg.Host))
 	hup("reloaded the registries configuration")
 	if _, err := os.Stat(diffOf("serve/fourth:v1")); err != nil {
 		t.Errorf("after unblocking: %v", err)

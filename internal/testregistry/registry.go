@@ -74,6 +74,20 @@ type repoBlob struct {
 	d    digest.Digest
 }
 
+// RegistriesConf returns a registries.conf (v2) that lets containers/image, and the daemon,
+// reach each of hosts ("127.0.0.1:PORT", a Registry's Host) over plain http: the test
+// registries serve no TLS.
+func RegistriesConf(hosts ...string) string {
+	var b strings.Builder
+	for i, h := range hosts {
+		if i > 0 {
+			b.WriteString("\n")
+		}
+		fmt.Fprintf(&b, "[[registry]]\nlocation = %q\ninsecure = true\n", h)
+	}
+	return b.String()
+}
+
 // Start starts a registry on a free port of 127.0.0.1.
 func Start() (*Registry, error) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")

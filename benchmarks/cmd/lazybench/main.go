@@ -167,7 +167,7 @@ func run(ctx context.Context, o options) error {
 	defer reg.Close()
 	b.reg = reg
 	b.regsConf = filepath.Join(work, "registries.conf")
-	if err := os.WriteFile(b.regsConf, []byte(fmt.Sprintf("[[registry]]\nlocation = %q\ninsecure = true\n", reg.Host)), 0o644); err != nil {
+	if err := os.WriteFile(b.regsConf, []byte(testregistry.RegistriesConf(reg.Host)), 0o644); err != nil {
 		return err
 	}
 

@@ -19,6 +19,7 @@ import (
 
 	"github.com/layerstore/layerstore/chunked"
 	"github.com/layerstore/layerstore/internal/dockerregistry"
+	"github.com/layerstore/layerstore/internal/testregistry"
 )
 
 // imageCache owns the -images directory: the root filesystems, layer tars, file profiles and
@@ -231,7 +232,7 @@ func (c *imageCache) zstdChunked(ctx context.Context, reg *dockerregistry.Regist
 	fmt.Fprintf(os.Stderr, "converting %s to zstd:chunked (e2e harness)\n", img.name)
 	t0 := time.Now()
 	regConf := filepath.Join(c.binDir, "registries.conf")
-	if err := os.WriteFile(regConf, []byte(registriesConf(reg.Host)), 0o644); err != nil {
+	if err := os.WriteFile(regConf, []byte(testregistry.RegistriesConf(reg.Host)), 0o644); err != nil {
 		return err
 	}
 	logPath := filepath.Join(c.dir, "build.log")
@@ -292,14 +293,6 @@ func describe(ctx context.Context, reg *dockerregistry.Registry, repo string) (*
 		p.Layers = append(p.Layers, pl)
 	}
 	return p, nil
-}
-
-func registriesConf(hosts ...string) string {
-	var b strings.Builder
-	for _, h := range hosts {
-		fmt.Fprintf(&b, "[[registry]]\nlocation = %q\ninsecure = true\n\n", h)
-	}
-	return b.String()
 }
 
 // uncompressed is the size of img's layer tars.

@@ -35,6 +35,7 @@ import (
 	"github.com/layerstore/layerstore/benchmarks/internal/shaper"
 	"github.com/layerstore/layerstore/fs"
 	"github.com/layerstore/layerstore/internal/dockerregistry"
+	"github.com/layerstore/layerstore/internal/testregistry"
 )
 
 type options struct {
@@ -201,7 +202,7 @@ func run(ctx context.Context, o options) error {
 	}
 	defer proxy.Close()
 	regConf := filepath.Join(work, "registries.conf")
-	if err := os.WriteFile(regConf, []byte(registriesConf(proxy.Addr())), 0o644); err != nil {
+	if err := os.WriteFile(regConf, []byte(testregistry.RegistriesConf(proxy.Addr())), 0o644); err != nil {
 		return err
 	}
 	b := &bench{opts: o, work: work, reg: reg, proxy: proxy, images: images, warm: map[string]string{},

@@ -12,6 +12,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/layerstore/layerstore/internal/testregistry"
 )
 
 // podman is Debian's podman with private configuration and an empty storage of its own.
@@ -54,7 +56,7 @@ network_config_dir = %q
 	files := map[string]string{
 		"containers.conf": containersConf,
 		"storage.conf":    storageConf,
-		"registries.conf": registriesConf(registryHost),
+		"registries.conf": testregistry.RegistriesConf(registryHost),
 		"home/auth.json":  "{}", // podman 4.3 wants the file to exist
 	}
 	for n, c := range files {
