@@ -36,10 +36,12 @@ var committed = map[string]chunked.Format{
 	"zstdchunked-legacy":     chunked.ZstdChunkedLegacy,
 }
 
-// FixtureDir returns the directory of the committed fixtures.
+// FixtureDir returns the directory of the committed fixtures, in the source tree this file
+// is in (below the module's internal/).
 func FixtureDir() string {
 	_, file, _, _ := runtime.Caller(0)
-	return filepath.Join(filepath.Dir(file), "..", "..", "chunked", "testdata", "fixtures")
+	root := file[:strings.LastIndex(file, string(filepath.Separator)+"internal"+string(filepath.Separator))]
+	return filepath.Join(root, "chunked", "testdata", "fixtures")
 }
 
 // Fixtures returns every fixture: the committed zstd:chunked ones and eStargz variants built
