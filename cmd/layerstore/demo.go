@@ -19,8 +19,7 @@ import (
 
 	"github.com/layerstore/layerstore/chunked"
 	"github.com/layerstore/layerstore/fs"
-	"github.com/layerstore/layerstore/internal/testlayer"
-	"github.com/layerstore/layerstore/internal/testregistry"
+	"github.com/layerstore/layerstore/internal/demo"
 	"github.com/layerstore/layerstore/layer"
 )
 
@@ -30,7 +29,7 @@ var demoFiles = []string{"etc/hostname", "usr/bin/tool", "usr/share/doc/deep/er/
 // demoImage is one image the demo pushes and reads.
 type demoImage struct {
 	tag   string
-	layer testregistry.Layer
+	layer demo.Layer
 	key   digest.Digest // what a modern runtime looks the layer up by
 	lazy  bool
 }
@@ -43,7 +42,7 @@ func runDemo(ctx context.Context, out io.Writer) error {
 		return fmt.Errorf("FUSE is not usable here, so no store can be mounted: %w\n"+
 			"the demo mounts a FUSE filesystem: run it as root on a machine with /dev/fuse", err)
 	}
-	reg, err := testregistry.Start()
+	reg, err := demo.StartRegistry()
 	if err != nil {
 		return err
 	}
@@ -53,9 +52,9 @@ func runDemo(ctx context.Context, out io.Writer) error {
 		return err
 	}
 	fmt.Fprintf(out, "sample image: the reference layer (%d entries) plus %d MiB of libraries, in each format\n",
-		len(testlayer.Entries()), bulk>>20)
+		len(demo.Entries()), bulk>>20)
 	for _, im := range images {
-		if _, err := reg.Push(ctx, "demo/app:"+im.tag, []testregistry.Layer{im.layer}); err != nil {
+		if _, err := reg.Push(ctx, "demo/app:"+im.tag, []demo.Layer{im.layer}); err != nil {
 			return err
 		}
 	}
@@ -117,7 +116,7 @@ func runDemo(ctx context.Context, out io.Writer) error {
 			}
 		}
 		read := time.Since(start)
-		stats := reg.Stats(digest.FromBytes(im.layer.Blob))
+		stats := reg.Stats(im.layer.Digest())
 		fetched, requests := stats.Bytes, stats.Ranged
 		if stats.Full > 0 {
 			return fmt.Errorf("%s: the blob was fetched in full", im.tag)
@@ -146,7 +145,7 @@ only the TOCs and content not seen before are fetched.
 		return err
 	}
 	ref := reg.Host + "/demo/app:tampered"
-	if _, err := reg.Push(ctx, "demo/app:tampered", []testregistry.Layer{tampered.layer}); err != nil {
+	if _, err := reg.Push(ctx, "demo/app:tampered", []demo.Layer{tampered.layer}); err != nil {
 		return err
 	}
 	_, err = os.ReadFile(filepath.Join(mnt, base64.StdEncoding.EncodeToString([]byte(ref)), tampered.key.String(), "diff", "usr/bin/secret"))
@@ -160,8 +159,8 @@ only the TOCs and content not seen before are fetched.
 
 func since(t time.Time) time.Duration { return time.Since(t).Round(time.Millisecond) }
 
-func layerStatus(m *layer.Manager, l testregistry.Layer) layer.LayerStatus {
-	d := digest.FromBytes(l.Blob)
+func layerStatus(m *layer.Manager, l demo.Layer) layer.LayerStatus {
+	d := l.Digest()
 	for _, st := range m.Status().Layers {
 		if st.Digest == d {
 			return st
@@ -171,7 +170,7 @@ func layerStatus(m *layer.Manager, l testregistry.Layer) layer.LayerStatus {
 }
 
 // waitLocal waits for the background fetch of a layer and returns how long it took.
-func waitLocal(ctx context.Context, m *layer.Manager, l testregistry.Layer) (time.Duration, error) {
+func waitLocal(ctx context.Context, m *layer.Manager, l demo.Layer) (time.Duration, error) {
 	deadline := time.Now().Add(2 * time.Minute)
 	for time.Now().Before(deadline) {
 		st := layerStatus(m, l)
@@ -202,61 +201,53 @@ func demoImages() ([]demoImage, int64, error) {
 		{"estargz", nil},
 		{"estargz-prioritized", []estargz.Option{estargz.WithPrioritizedFiles(demoFiles)}},
 	} {
-		f, err := testlayer.BuildEStargz(v.tag, tarBlob, v.opts...)
+		l, err := demo.EStargz(tarBlob, v.opts...)
 		if err != nil {
-			return nil, 0, err
+			return nil, 0, fmt.Errorf("%s: %w", v.tag, err)
 		}
-		images = append(images, demoImage{tag: v.tag, layer: fixtureLayer(f), key: digest.Digest(f.Desc.Annotations[chunked.AnnotationStargzTOCDigest]), lazy: true})
+		images = append(images, demoImage{tag: v.tag, layer: l, key: digest.Digest(l.Annotations[chunked.AnnotationStargzTOCDigest]), lazy: true})
 	}
-	// zstd:chunked as c/storage writes it (the committed fixture: the reference layer only).
-	fixtures, err := testlayer.Fixtures()
+	// zstd:chunked as c/storage writes it (the reference layer only).
+	zc, err := demo.ZstdChunked()
 	if err != nil {
 		return nil, 0, err
 	}
-	for _, f := range fixtures {
-		if f.Format == chunked.ZstdChunked && f.Name == "zstdchunked-modern" {
-			images = append(images, demoImage{tag: "zstdchunked", layer: fixtureLayer(f), key: digest.Digest(f.Desc.Annotations[chunked.AnnotationChecksum]), lazy: true})
-		}
-	}
-	gz, err := testregistry.GzipLayer(tarBlob)
+	images = append(images, demoImage{tag: "zstdchunked", layer: zc, key: digest.Digest(zc.Annotations[chunked.AnnotationChecksum]), lazy: true})
+	gz, err := demo.Gzip(tarBlob)
 	if err != nil {
 		return nil, 0, err
 	}
-	images = append(images, demoImage{tag: "gzip", layer: gz, key: digest.FromBytes(gz.Blob)})
+	images = append(images, demoImage{tag: "gzip", layer: gz, key: gz.Digest()})
 	return images, bulk, nil
 }
 
 // tamperedImage is a layer of one file whose bytes the registry corrupts when serving it.
-func tamperedImage(reg *testregistry.Registry) (demoImage, error) {
+func tamperedImage(reg *demo.Registry) (demoImage, error) {
 	b := make([]byte, 1<<20)
 	rand.NewChaCha8([32]byte{'t'}).Read(b)
-	tarBlob := testlayer.Build([]testlayer.Entry{{Header: tar.Header{Typeflag: tar.TypeReg, Name: "usr/bin/secret",
-		Mode: 0o755, Size: int64(len(b)), ModTime: testlayer.Epoch}, Data: b}})
-	f, err := testlayer.BuildEStargz("tampered", tarBlob)
+	tarBlob := demo.BuildTar([]demo.Entry{{Header: tar.Header{Typeflag: tar.TypeReg, Name: "usr/bin/secret",
+		Mode: 0o755, Size: int64(len(b)), ModTime: demo.Epoch}, Data: b}})
+	l, err := demo.EStargz(tarBlob)
 	if err != nil {
-		return demoImage{}, err
+		return demoImage{}, fmt.Errorf("tampered: %w", err)
 	}
-	reg.Tamper(f.Desc.Digest, int64(len(b)/2)) // inside the file's data, before the TOC
-	return demoImage{tag: "tampered", layer: fixtureLayer(f), key: digest.Digest(f.Desc.Annotations[chunked.AnnotationStargzTOCDigest]), lazy: true}, nil
-}
-
-func fixtureLayer(f testlayer.Fixture) testregistry.Layer {
-	return testregistry.Layer{Blob: f.Blob, MediaType: f.Desc.MediaType, Annotations: f.Desc.Annotations, DiffID: f.DiffID}
+	reg.Tamper(l.Digest(), int64(len(b)/2)) // inside the file's data, before the TOC
+	return demoImage{tag: "tampered", layer: l, key: digest.Digest(l.Annotations[chunked.AnnotationStargzTOCDigest]), lazy: true}, nil
 }
 
 // demoTar is the reference layer with "shared libraries" appended: incompressible files
 // that a workload reading three small files never touches.
 func demoTar() ([]byte, int64) {
-	var es []testlayer.Entry
-	es = append(es, testlayer.Entries()...)
+	var es []demo.Entry
+	es = append(es, demo.Entries()...)
 	rnd := rand.NewChaCha8([32]byte{'d', 'e', 'm', 'o'})
 	var bulk int64
 	for i := range 6 {
 		b := make([]byte, 4<<20)
 		rnd.Read(b)
 		bulk += int64(len(b))
-		es = append(es, testlayer.Entry{Header: tar.Header{Typeflag: tar.TypeReg, Name: fmt.Sprintf("usr/lib/libdemo%d.so", i),
-			Mode: 0o755, Size: int64(len(b)), ModTime: testlayer.Epoch}, Data: b})
+		es = append(es, demo.Entry{Header: tar.Header{Typeflag: tar.TypeReg, Name: fmt.Sprintf("usr/lib/libdemo%d.so", i),
+			Mode: 0o755, Size: int64(len(b)), ModTime: demo.Epoch}, Data: b})
 	}
-	return testlayer.Build(es), bulk
+	return demo.BuildTar(es), bulk
 }

@@ -9,13 +9,13 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
-	"strconv"
 	"strings"
 
 	"github.com/containerd/stargz-snapshotter/estargz"
 	"github.com/containerd/stargz-snapshotter/estargz/zstdchunked"
 	"github.com/klauspost/compress/zstd"
 	"github.com/layerstore/layerstore/chunked"
+	"github.com/layerstore/layerstore/internal/demo"
 	digest "github.com/opencontainers/go-digest"
 )
 
@@ -36,10 +36,12 @@ var committed = map[string]chunked.Format{
 	"zstdchunked-legacy":     chunked.ZstdChunkedLegacy,
 }
 
-// FixtureDir returns the directory of the committed fixtures.
+// FixtureDir returns the directory of the committed fixtures, in the source tree this file
+// is in (below the module's internal/).
 func FixtureDir() string {
 	_, file, _, _ := runtime.Caller(0)
-	return filepath.Join(filepath.Dir(file), "..", "..", "chunked", "testdata", "fixtures")
+	root := file[:strings.LastIndex(file, string(filepath.Separator)+"internal"+string(filepath.Separator))]
+	return filepath.Join(root, "chunked", "testdata", "fixtures")
 }
 
 // Fixtures returns every fixture: the committed zstd:chunked ones and eStargz variants built
@@ -85,40 +87,21 @@ func Fixtures() ([]Fixture, error) {
 	return append(fs, f), nil
 }
 
-// BuildEStargz converts a tar stream with estargz.Build (64 KiB chunks, so that large files
-// have several, and one worker, so that blobs are reproducible).
+// BuildEStargz converts a tar stream with estargz.Build (see demo.EStargz); a name containing
+// "zstd" gives the zstd layer media type.
 func BuildEStargz(name string, tarBlob []byte, opts ...estargz.Option) (Fixture, error) {
-	opts = append([]estargz.Option{estargz.WithChunkSize(64 << 10), estargz.WithParallelism(1)}, opts...)
-	b, err := estargz.Build(io.NewSectionReader(bytes.NewReader(tarBlob), 0, int64(len(tarBlob))), opts...)
+	l, err := demo.EStargz(tarBlob, opts...)
 	if err != nil {
 		return Fixture{}, fmt.Errorf("%s: %w", name, err)
 	}
-	defer b.Close()
-	blob, err := io.ReadAll(b)
-	if err != nil {
-		return Fixture{}, err
-	}
-	usize, err := b.UncompressedSize()
-	if err != nil {
-		return Fixture{}, err
-	}
-	mediaType := "application/vnd.oci.image.layer.v1.tar+gzip"
 	if strings.Contains(name, "zstd") {
-		mediaType = "application/vnd.oci.image.layer.v1.tar+zstd"
+		l.MediaType = "application/vnd.oci.image.layer.v1.tar+zstd"
 	}
 	return Fixture{
-		Name: name,
-		Blob: blob,
-		Desc: chunked.Descriptor{
-			MediaType: mediaType,
-			Digest:    digest.FromBytes(blob),
-			Size:      int64(len(blob)),
-			Annotations: map[string]string{
-				chunked.AnnotationStargzTOCDigest:  b.TOCDigest().String(),
-				chunked.AnnotationUncompressedSize: strconv.FormatInt(usize, 10),
-			},
-		},
-		DiffID: b.DiffID(),
+		Name:   name,
+		Blob:   l.Blob,
+		Desc:   chunked.Descriptor{MediaType: l.MediaType, Digest: l.Digest(), Size: int64(len(l.Blob)), Annotations: l.Annotations},
+		DiffID: l.DiffID,
 	}, nil
 }
 

@@ -1,12 +1,12 @@
-// Package testregistry runs a registry on 127.0.0.1 for tests and the demo: go-containerregistry's
+// Package testregistry runs a registry on 127.0.0.1 for tests and benchmarks: go-containerregistry's
 // in-process registry, with layer blobs served by net/http (single and multi-range requests)
-// and every blob request recorded, so that tests can tell lazy pulls from full ones and
-// serve tampered bytes.
+// and every blob request recorded, so that tests can tell lazy pulls from full ones, and with
+// the faults of hostile registries (tampered bytes, errors, hangs, foreign blobs, encoded
+// bodies). The demo's registry, without the faults, is internal/demo's.
 package testregistry
 
 import (
 	"bytes"
-	"compress/gzip"
 	"context"
 	"fmt"
 	"io"
@@ -23,26 +23,18 @@ import (
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/empty"
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
-	"github.com/google/go-containerregistry/pkg/v1/partial"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/google/go-containerregistry/pkg/v1/types"
 	"github.com/opencontainers/go-digest"
+
+	"github.com/layerstore/layerstore/internal/demo"
 )
 
 // Layer is a layer blob with what its descriptor and the image config say about it.
-type Layer struct {
-	Blob        []byte
-	MediaType   string
-	Annotations map[string]string
-	DiffID      digest.Digest
-}
+type Layer = demo.Layer
 
 // BlobStats counts the GET requests for one blob.
-type BlobStats struct {
-	Full   int   // requests without a Range header
-	Ranged int   // range requests
-	Bytes  int64 // body bytes sent
-}
+type BlobStats = demo.BlobStats
 
 // Registry is a running registry. It is safe for concurrent use.
 type Registry struct {
@@ -363,11 +355,7 @@ func (r *Registry) record(layers []Layer) {
 
 // Image builds an OCI image of p's platform and layers, with /bin/sh as its command.
 func Image(p Platform) (v1.Image, error) {
-	layers := make([]ImageLayer, len(p.Layers))
-	for i, l := range p.Layers {
-		layers[i] = ImageLayer{CompressedLayer: &compressed{l}, Annotations: l.Annotations}
-	}
-	return ImageOf(layers, func(cf *v1.ConfigFile) {
+	return demo.Image(p.Layers, func(cf *v1.ConfigFile) {
 		cf.OS, cf.Architecture, cf.Variant = p.OS, p.Architecture, p.Variant
 		cf.Config.Cmd = []string{"/bin/sh"}
 	})
@@ -375,68 +363,13 @@ func Image(p Platform) (v1.Image, error) {
 
 // ImageLayer is a compressed layer (its DiffID known) of an image ImageOf builds, with its
 // manifest annotations.
-type ImageLayer struct {
-	partial.CompressedLayer
-	Annotations map[string]string
-}
+type ImageLayer = demo.ImageLayer
 
 // ImageOf builds an OCI image of layers (bottom first); configure sets the config's platform,
 // command and the like.
 func ImageOf(layers []ImageLayer, configure func(*v1.ConfigFile)) (v1.Image, error) {
-	var adds []mutate.Addendum
-	for _, l := range layers {
-		cl, err := partial.CompressedToLayer(l.CompressedLayer)
-		if err != nil {
-			return nil, err
-		}
-		mt, err := l.MediaType()
-		if err != nil {
-			return nil, err
-		}
-		adds = append(adds, mutate.Addendum{Layer: cl, Annotations: l.Annotations, MediaType: mt})
-	}
-	base := mutate.MediaType(empty.Image, types.OCIManifestSchema1)
-	base = mutate.ConfigMediaType(base, types.OCIConfigJSON)
-	img, err := mutate.Append(base, adds...)
-	if err != nil {
-		return nil, err
-	}
-	cf, err := img.ConfigFile()
-	if err != nil {
-		return nil, err
-	}
-	cf = cf.DeepCopy()
-	configure(cf)
-	return mutate.ConfigFile(img, cf)
-}
-
-// compressed is a layer blob whose DiffID is known.
-type compressed struct{ l Layer }
-
-func (c *compressed) Digest() (v1.Hash, error) {
-	return v1.NewHash(digest.FromBytes(c.l.Blob).String())
-}
-func (c *compressed) Compressed() (io.ReadCloser, error) {
-	return io.NopCloser(bytes.NewReader(c.l.Blob)), nil
-}
-func (c *compressed) Size() (int64, error)                { return int64(len(c.l.Blob)), nil }
-func (c *compressed) MediaType() (types.MediaType, error) { return types.MediaType(c.l.MediaType), nil }
-func (c *compressed) DiffID() (v1.Hash, error) {
-	if c.l.DiffID == "" {
-		return v1.Hash{}, fmt.Errorf("layer without DiffID")
-	}
-	return v1.NewHash(c.l.DiffID.String())
+	return demo.ImageOf(layers, configure)
 }
 
 // GzipLayer is a plain (not lazily pullable) gzip layer of a tar stream.
-func GzipLayer(tarStream []byte) (Layer, error) {
-	var b bytes.Buffer
-	zw := gzip.NewWriter(&b)
-	if _, err := zw.Write(tarStream); err != nil {
-		return Layer{}, err
-	}
-	if err := zw.Close(); err != nil {
-		return Layer{}, err
-	}
-	return Layer{Blob: b.Bytes(), MediaType: "application/vnd.oci.image.layer.v1.tar+gzip", DiffID: digest.FromBytes(tarStream)}, nil
-}
+func GzipLayer(tarStream []byte) (Layer, error) { return demo.Gzip(tarStream) }
