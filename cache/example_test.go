@@ -10,7 +10,7 @@ import (
 	"path/filepath"
 
 	"github.com/layerstore/layerstore/cache"
-	"github.com/layerstore/layerstore/internal/testlayer"
+	"github.com/layerstore/layerstore/internal/testutil/testlayer"
 	"github.com/layerstore/layerstore/verify"
 )
 

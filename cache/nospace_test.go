@@ -13,8 +13,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/layerstore/layerstore/internal/testlog"
-	"github.com/layerstore/layerstore/internal/testtmpfs"
+	"github.com/layerstore/layerstore/internal/testutil/testlog"
+	"github.com/layerstore/layerstore/internal/testutil/testtmpfs"
 )
 
 // TestNoSpaceEvicts: on a full filesystem, with files not in use stored, a Put evicts them

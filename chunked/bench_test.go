@@ -7,7 +7,7 @@ import (
 	"testing"
 
 	"github.com/layerstore/layerstore/chunked"
-	"github.com/layerstore/layerstore/internal/testlayer"
+	"github.com/layerstore/layerstore/internal/testutil/testlayer"
 )
 
 // BenchmarkParse measures building the index of synthetic layers, and the heap the index

@@ -11,7 +11,7 @@ import (
 	"testing"
 
 	"github.com/layerstore/layerstore/chunked"
-	"github.com/layerstore/layerstore/internal/testlayer"
+	"github.com/layerstore/layerstore/internal/testutil/testlayer"
 )
 
 var (

@@ -16,7 +16,7 @@ import (
 
 	"github.com/klauspost/compress/zstd"
 	"github.com/layerstore/layerstore/chunked"
-	"github.com/layerstore/layerstore/internal/testlayer"
+	"github.com/layerstore/layerstore/internal/testutil/testlayer"
 )
 
 // Limits small enough to keep every fuzz execution fast.

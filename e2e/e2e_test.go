@@ -15,8 +15,8 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/opencontainers/go-digest"
 
-	"github.com/layerstore/layerstore/internal/dockerregistry"
-	"github.com/layerstore/layerstore/internal/testregistry"
+	"github.com/layerstore/layerstore/internal/testutil/dockerregistry"
+	"github.com/layerstore/layerstore/internal/testutil/testregistry"
 )
 
 // references returns the listing of every reference image pulled normally by podman.

@@ -23,10 +23,10 @@ import (
 	"github.com/opencontainers/go-digest"
 
 	"github.com/layerstore/layerstore/chunked"
-	"github.com/layerstore/layerstore/internal/testlayer"
-	"github.com/layerstore/layerstore/internal/testregistry"
+	"github.com/layerstore/layerstore/internal/testutil/testlayer"
+	"github.com/layerstore/layerstore/internal/testutil/testregistry"
 
-	"github.com/layerstore/layerstore/internal/dockerregistry"
+	"github.com/layerstore/layerstore/internal/testutil/dockerregistry"
 )
 
 // image is an image pushed for the tests, as the registry describes it for this host's platform.

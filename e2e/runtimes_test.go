@@ -18,8 +18,8 @@ import (
 	"github.com/klauspost/compress/zstd"
 	"github.com/opencontainers/go-digest"
 
-	"github.com/layerstore/layerstore/internal/dockerregistry"
-	"github.com/layerstore/layerstore/internal/testregistry"
+	"github.com/layerstore/layerstore/internal/testutil/dockerregistry"
+	"github.com/layerstore/layerstore/internal/testutil/testregistry"
 )
 
 // listScript prints one line per entry under /bin, /t and /w of an image, in the image's own

@@ -19,11 +19,11 @@ import (
 
 	"github.com/layerstore/layerstore/fs"
 	"github.com/layerstore/layerstore/internal/control"
-	"github.com/layerstore/layerstore/internal/syncbuf"
+	"github.com/layerstore/layerstore/internal/testutil/syncbuf"
 	"github.com/layerstore/layerstore/layer"
 
-	"github.com/layerstore/layerstore/internal/dockerregistry"
-	"github.com/layerstore/layerstore/internal/testregistry"
+	"github.com/layerstore/layerstore/internal/testutil/dockerregistry"
+	"github.com/layerstore/layerstore/internal/testutil/testregistry"
 )
 
 // The private registry's account.

@@ -13,7 +13,7 @@ import (
 	fusefs "github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
 
-	"github.com/layerstore/layerstore/internal/testfuse"
+	"github.com/layerstore/layerstore/internal/testutil/testfuse"
 )
 
 // deadMount mounts a FUSE filesystem of type fstype at dir and closes its device at once,

@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/layerstore/layerstore/chunked"
-	"github.com/layerstore/layerstore/internal/testlayer"
+	"github.com/layerstore/layerstore/internal/testutil/testlayer"
 )
 
 const backedFile = "usr/share/big.bin"

@@ -18,7 +18,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/layerstore/layerstore/chunked"
-	"github.com/layerstore/layerstore/internal/testlayer"
+	"github.com/layerstore/layerstore/internal/testutil/testlayer"
 )
 
 // scanned is what a walk of a mounted diff tree found.

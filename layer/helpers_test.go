@@ -10,8 +10,8 @@ import (
 
 	"github.com/layerstore/layerstore/cache"
 	"github.com/layerstore/layerstore/fetcher"
-	"github.com/layerstore/layerstore/internal/testlayer"
-	"github.com/layerstore/layerstore/internal/testregistry"
+	"github.com/layerstore/layerstore/internal/testutil/testlayer"
+	"github.com/layerstore/layerstore/internal/testutil/testregistry"
 )
 
 type env struct {

@@ -7,8 +7,8 @@ import (
 	"testing"
 
 	"github.com/layerstore/layerstore/cache"
-	"github.com/layerstore/layerstore/internal/testlog"
-	"github.com/layerstore/layerstore/internal/testtmpfs"
+	"github.com/layerstore/layerstore/internal/testutil/testlog"
+	"github.com/layerstore/layerstore/internal/testutil/testtmpfs"
 )
 
 // TestPrefetchNotStored: a layer whose files the cache does not keep (a cache smaller than

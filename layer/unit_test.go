@@ -16,7 +16,7 @@ import (
 	"github.com/layerstore/layerstore/cache"
 	"github.com/layerstore/layerstore/chunked"
 	"github.com/layerstore/layerstore/fetcher"
-	"github.com/layerstore/layerstore/internal/testlayer"
+	"github.com/layerstore/layerstore/internal/testutil/testlayer"
 )
 
 // Unit tests of the manager's machinery without an HTTP registry: a fake Registry serves one

@@ -13,7 +13,7 @@ import (
 
 	"github.com/klauspost/compress/zstd"
 	"github.com/layerstore/layerstore/chunked"
-	"github.com/layerstore/layerstore/internal/testlayer"
+	"github.com/layerstore/layerstore/internal/testutil/testlayer"
 	"github.com/layerstore/layerstore/verify"
 	digest "github.com/opencontainers/go-digest"
 )

@@ -21,8 +21,8 @@ import (
 	"github.com/opencontainers/go-digest"
 
 	"github.com/layerstore/layerstore/chunked"
-	"github.com/layerstore/layerstore/internal/testlayer"
-	"github.com/layerstore/layerstore/internal/testregistry"
+	"github.com/layerstore/layerstore/internal/testutil/testlayer"
+	"github.com/layerstore/layerstore/internal/testutil/testregistry"
 )
 
 // bombDaemonEnv names a daemon binary TestMemoryBombs measures instead of the one built from

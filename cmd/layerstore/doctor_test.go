@@ -20,7 +20,7 @@ import (
 	"github.com/hanwen/go-fuse/v2/fuse"
 	"github.com/opencontainers/go-digest"
 
-	"github.com/layerstore/layerstore/internal/testfuse"
+	"github.com/layerstore/layerstore/internal/testutil/testfuse"
 )
 
 // writeFile writes content to dir/name, creating dir, and returns the path.

@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/layerstore/layerstore/internal/testfuse"
+	"github.com/layerstore/layerstore/internal/testutil/testfuse"
 )
 
 // TestDemo runs the demo as the installed package does: the daemon built as the RPM builds

@@ -22,10 +22,10 @@ import (
 
 	"github.com/layerstore/layerstore/fs"
 	"github.com/layerstore/layerstore/internal/control"
-	"github.com/layerstore/layerstore/internal/syncbuf"
-	"github.com/layerstore/layerstore/internal/testfuse"
-	"github.com/layerstore/layerstore/internal/testlayer"
-	"github.com/layerstore/layerstore/internal/testregistry"
+	"github.com/layerstore/layerstore/internal/testutil/syncbuf"
+	"github.com/layerstore/layerstore/internal/testutil/testfuse"
+	"github.com/layerstore/layerstore/internal/testutil/testlayer"
+	"github.com/layerstore/layerstore/internal/testutil/testregistry"
 	"github.com/layerstore/layerstore/layer"
 )
 

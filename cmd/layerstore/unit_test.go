@@ -27,7 +27,7 @@ import (
 	"github.com/layerstore/layerstore/fetcher"
 	"github.com/layerstore/layerstore/fs"
 	"github.com/layerstore/layerstore/internal/control"
-	"github.com/layerstore/layerstore/internal/testlayer"
+	"github.com/layerstore/layerstore/internal/testutil/testlayer"
 	"github.com/layerstore/layerstore/layer"
 )
 

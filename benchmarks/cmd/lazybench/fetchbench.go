@@ -18,7 +18,7 @@ import (
 	"github.com/layerstore/layerstore/benchmarks/internal/benchd"
 	"github.com/layerstore/layerstore/cache"
 	"github.com/layerstore/layerstore/fetcher"
-	"github.com/layerstore/layerstore/internal/testregistry"
+	"github.com/layerstore/layerstore/internal/testutil/testregistry"
 	"github.com/layerstore/layerstore/layer"
 )
 

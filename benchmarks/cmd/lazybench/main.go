@@ -33,7 +33,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/layerstore/layerstore/benchmarks/internal/benchenv"
-	"github.com/layerstore/layerstore/internal/testregistry"
+	"github.com/layerstore/layerstore/internal/testutil/testregistry"
 )
 
 type options struct {

@@ -16,7 +16,7 @@ import (
 	"github.com/opencontainers/go-digest"
 
 	"github.com/layerstore/layerstore/benchmarks/internal/shaper"
-	"github.com/layerstore/layerstore/internal/dockerregistry"
+	"github.com/layerstore/layerstore/internal/testutil/dockerregistry"
 )
 
 // cell is one measured configuration: an image in a format, pulled by podman alone (full) or

@@ -22,7 +22,7 @@ import (
 	"github.com/opencontainers/go-digest"
 
 	"github.com/layerstore/layerstore/chunked"
-	"github.com/layerstore/layerstore/internal/testregistry"
+	"github.com/layerstore/layerstore/internal/testutil/testregistry"
 )
 
 // layerBlob is a compressed layer in the cache's blobs directory.

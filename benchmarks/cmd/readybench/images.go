@@ -18,8 +18,8 @@ import (
 	"github.com/opencontainers/go-digest"
 
 	"github.com/layerstore/layerstore/chunked"
-	"github.com/layerstore/layerstore/internal/dockerregistry"
-	"github.com/layerstore/layerstore/internal/testregistry"
+	"github.com/layerstore/layerstore/internal/testutil/dockerregistry"
+	"github.com/layerstore/layerstore/internal/testutil/testregistry"
 )
 
 // imageCache owns the -images directory: the root filesystems, layer tars, file profiles and

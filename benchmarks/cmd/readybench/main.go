@@ -34,8 +34,8 @@ import (
 	"github.com/layerstore/layerstore/benchmarks/internal/benchenv"
 	"github.com/layerstore/layerstore/benchmarks/internal/shaper"
 	"github.com/layerstore/layerstore/fs"
-	"github.com/layerstore/layerstore/internal/dockerregistry"
-	"github.com/layerstore/layerstore/internal/testregistry"
+	"github.com/layerstore/layerstore/internal/testutil/dockerregistry"
+	"github.com/layerstore/layerstore/internal/testutil/testregistry"
 )
 
 type options struct {

@@ -13,7 +13,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/layerstore/layerstore/internal/testregistry"
+	"github.com/layerstore/layerstore/internal/testutil/testregistry"
 )
 
 // podman is Debian's podman with private configuration and an empty storage of its own.

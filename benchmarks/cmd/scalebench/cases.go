@@ -17,7 +17,7 @@ import (
 	"github.com/opencontainers/go-digest"
 
 	"github.com/layerstore/layerstore/benchmarks/internal/benchd"
-	"github.com/layerstore/layerstore/internal/testregistry"
+	"github.com/layerstore/layerstore/internal/testutil/testregistry"
 )
 
 // sample is one run of a case on a fresh daemon.

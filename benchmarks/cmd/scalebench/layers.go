@@ -25,7 +25,7 @@ import (
 
 	"github.com/layerstore/layerstore/benchmarks/internal/harness"
 	"github.com/layerstore/layerstore/chunked"
-	"github.com/layerstore/layerstore/internal/testregistry"
+	"github.com/layerstore/layerstore/internal/testutil/testregistry"
 )
 
 // Layer formats built here.

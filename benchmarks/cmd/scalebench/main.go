@@ -41,7 +41,7 @@ import (
 	"time"
 
 	"github.com/layerstore/layerstore/benchmarks/internal/benchenv"
-	"github.com/layerstore/layerstore/internal/testregistry"
+	"github.com/layerstore/layerstore/internal/testutil/testregistry"
 )
 
 type options struct {

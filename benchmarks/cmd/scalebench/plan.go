@@ -4,7 +4,7 @@ import (
 	"context"
 	"fmt"
 
-	"github.com/layerstore/layerstore/internal/testregistry"
+	"github.com/layerstore/layerstore/internal/testutil/testregistry"
 )
 
 // benchCase is one measurement, run -runs times.

@@ -11,7 +11,7 @@ import (
 	"runtime/debug"
 
 	"github.com/layerstore/layerstore/chunked/testdata/gen/fixture"
-	"github.com/layerstore/layerstore/internal/testlayer"
+	"github.com/layerstore/layerstore/internal/testutil/testlayer"
 )
 
 // Compressor has the signature of c/storage's pkg/chunked/compressor.ZstdCompressor.

@@ -13,7 +13,7 @@ import (
 	"strings"
 
 	"github.com/layerstore/layerstore/chunked/testdata/gen/fixture"
-	"github.com/layerstore/layerstore/internal/testlayer"
+	"github.com/layerstore/layerstore/internal/testutil/testlayer"
 )
 
 func main() {

@@ -19,7 +19,7 @@ import (
 
 	"github.com/opencontainers/go-digest"
 
-	"github.com/layerstore/layerstore/internal/syncbuf"
+	"github.com/layerstore/layerstore/internal/testutil/syncbuf"
 )
 
 // Config says where a registry keeps its files.
