@@ -17,7 +17,7 @@ import (
 
 	"github.com/opencontainers/go-digest"
 
-	"github.com/layerstore/layerstore/fs"
+	storefs "github.com/layerstore/layerstore/fs"
 	"github.com/layerstore/layerstore/internal/control"
 	"github.com/layerstore/layerstore/internal/testutil/syncbuf"
 	"github.com/layerstore/layerstore/layer"
@@ -86,7 +86,7 @@ func setUp() (_ *suite, err error) {
 	if os.Geteuid() != 0 {
 		return nil, skipError{"not root"}
 	}
-	if err := fs.Usable(); err != nil {
+	if err := storefs.Usable(); err != nil {
 		return nil, skipError{err.Error()}
 	}
 	for _, tool := range []string{"podman", "skopeo", "docker-registry", "runc", "htpasswd", "unshare"} {

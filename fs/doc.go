@@ -1,4 +1,4 @@
-// Package fs serves a containers/storage additional layer store over FUSE, as the contract
+// Package storefs serves the additional layer store's namespace over FUSE, as the contract
 // in docs/als-contract.md describes it. It owns three things:
 //
 //   - the namespace <mnt>/<base64(ref)>/<key>/{diff,info,blob,use}: decoding the
@@ -71,4 +71,4 @@
 // resolves again on the next access), every create of use reaches Store.Use and every rmdir
 // reaches Store.Release. The content of info may change during a layer's life (a DiffID
 // proven after the pull), so its attributes and pages are not cached either.
-package fs
+package storefs

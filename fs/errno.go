@@ -1,4 +1,4 @@
-package fs
+package storefs
 
 import (
 	"context"
@@ -17,7 +17,7 @@ import (
 //   - everything else answers EIO, logged once here at warn level with op and args saying
 //     which call failed. Callers never log the same error again.
 //
-// go-fuse's own fs.ToErrno does not unwrap, which is why it is not used.
+// go-fuse's own fusefs.ToErrno does not unwrap, which is why it is not used.
 func errno(log *slog.Logger, err error, op string, args ...any) syscall.Errno {
 	switch {
 	case err == nil:

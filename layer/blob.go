@@ -27,7 +27,7 @@ type blobCopy struct {
 	used     atomic.Int64 // unix nanoseconds of the last read
 }
 
-// ReadBlob implements fs.Layer: the raw blob, from the verified copy, which the first read
+// ReadBlob implements storefs.Layer: the raw blob, from the verified copy, which the first read
 // makes. A blob whose bytes do not hash to its digest fails every read (with
 // verify.ErrDigestMismatch) and is fetched again after the negative TTL.
 func (l *Layer) ReadBlob(ctx context.Context, p []byte, off int64) (int, error) {

@@ -1,6 +1,6 @@
 // Package layer owns resolved layers: it ties a registry, the verified index of a layer, the
 // local cache and background prefetch together behind the store the FUSE namespace serves
-// (package fs).
+// (package storefs).
 //
 // A [Manager] answers the runtime's lookups of (image reference, layer key). The key is the
 // layer's TOC digest (modern runtimes) or its compressed blob digest (older ones). Resolution

@@ -18,7 +18,7 @@ import (
 	"github.com/layerstore/layerstore/verify"
 )
 
-// Layer is a resolved, verified layer. It implements fs.Layer; its methods are safe for
+// Layer is a resolved, verified layer. It implements storefs.Layer; its methods are safe for
 // concurrent use and keep working after the manager forgot the layer.
 type Layer struct {
 	m      *Manager
@@ -97,10 +97,10 @@ func (l *Layer) hasRepo(repo string) bool {
 	return l.repos[repo]
 }
 
-// Index implements fs.Layer.
+// Index implements storefs.Layer.
 func (l *Layer) Index() *chunked.Index { return l.idx }
 
-// BlobSize implements fs.Layer.
+// BlobSize implements storefs.Layer.
 func (l *Layer) BlobSize() int64 { return l.desc.Size }
 
 // Digest returns the layer's compressed blob digest.
@@ -123,7 +123,7 @@ const (
 	compressionZstd = 4
 )
 
-// Info implements fs.Layer. Seen through its TOC digest (a modern runtime), the layer says
+// Info implements storefs.Layer. Seen through its TOC digest (a modern runtime), the layer says
 // which DiffID the runtime must expect and claims only what is proven; seen through its blob
 // digest (an older runtime, which needs both digests), it names the blob and the DiffID.
 func (l *Layer) Info(key digest.Digest) []byte {
@@ -152,7 +152,7 @@ func (l *Layer) Info(key digest.Digest) []byte {
 	return b
 }
 
-// Backing implements fs.Layer: the cache's file, when its content is complete.
+// Backing implements storefs.Layer: the cache's file, when its content is complete.
 func (l *Layer) Backing(id chunked.EntryID) *os.File {
 	e := l.idx.Entry(id)
 	if e.Type != chunked.TypeReg || e.Size == 0 || e.Digest.IsZero() || !l.m.cache.Has(e.Digest) {
@@ -175,7 +175,7 @@ func (l *Layer) Backing(id chunked.EntryID) *os.File {
 	return f
 }
 
-// ReadFile implements fs.Layer: it reads verified content of regular file id, from the cache
+// ReadFile implements storefs.Layer: it reads verified content of regular file id, from the cache
 // where present and from the registry otherwise.
 func (l *Layer) ReadFile(ctx context.Context, id chunked.EntryID, p []byte, off int64) (int, error) {
 	e := l.idx.Entry(id)

@@ -17,7 +17,7 @@ import (
 	"github.com/layerstore/layerstore/cache"
 	"github.com/layerstore/layerstore/chunked"
 	"github.com/layerstore/layerstore/fetcher"
-	fusefs "github.com/layerstore/layerstore/fs"
+	storefs "github.com/layerstore/layerstore/fs"
 	"github.com/layerstore/layerstore/verify"
 )
 
@@ -50,7 +50,7 @@ func (r clientRegistry) Blob(ctx context.Context, img *fetcher.Image, l *fetcher
 	return b, nil
 }
 
-// Manager resolves and serves layers. It implements fs.Store. It is safe for concurrent use.
+// Manager resolves and serves layers. It implements storefs.Store. It is safe for concurrent use.
 type Manager struct {
 	reg   Registry
 	cache *cache.Cache
@@ -116,7 +116,7 @@ type counters struct {
 	onDemandBytes, prefetchBytes            atomic.Int64
 }
 
-var _ fusefs.Store = (*Manager)(nil)
+var _ storefs.Store = (*Manager)(nil)
 
 // New returns a manager resolving layers through reg and keeping their content in c.
 func New(reg Registry, c *cache.Cache, opts ...Option) (*Manager, error) {
@@ -201,9 +201,9 @@ func (m *Manager) goTracked(fn func()) {
 	}()
 }
 
-// Lookup implements fs.Store: it returns the layer key names in the image ref, resolving it
+// Lookup implements storefs.Store: it returns the layer key names in the image ref, resolving it
 // if needed. Layers that are not served lazily give an error wrapping io/fs.ErrNotExist.
-func (m *Manager) Lookup(ctx context.Context, ref string, key digest.Digest) (fusefs.Layer, error) {
+func (m *Manager) Lookup(ctx context.Context, ref string, key digest.Digest) (storefs.Layer, error) {
 	l, err := m.lookup(ctx, ref, key)
 	if err != nil {
 		return nil, err
@@ -425,7 +425,7 @@ func tocKey(a map[string]string) digest.Digest {
 	}
 }
 
-// Use implements fs.Store: the runtime took a reference to the layer.
+// Use implements storefs.Store: the runtime took a reference to the layer.
 func (m *Manager) Use(ref string, key digest.Digest) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -437,7 +437,7 @@ func (m *Manager) Use(ref string, key digest.Digest) {
 	r.layer.users.Add(1)
 }
 
-// Release implements fs.Store: the runtime dropped a reference. When the last user of a layer
+// Release implements storefs.Store: the runtime dropped a reference. When the last user of a layer
 // goes away its background fetch stops.
 func (m *Manager) Release(ref string, key digest.Digest) {
 	m.mu.Lock()

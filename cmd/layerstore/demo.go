@@ -18,7 +18,7 @@ import (
 	"github.com/opencontainers/go-digest"
 
 	"github.com/layerstore/layerstore/chunked"
-	"github.com/layerstore/layerstore/fs"
+	storefs "github.com/layerstore/layerstore/fs"
 	"github.com/layerstore/layerstore/internal/demo"
 	"github.com/layerstore/layerstore/layer"
 )
@@ -38,7 +38,7 @@ type demoImage struct {
 // directory, reads a few files of each image through the mount and prints what was fetched.
 // Nothing leaves 127.0.0.1; everything is removed afterwards.
 func runDemo(ctx context.Context, out io.Writer) error {
-	if err := fs.Usable(); err != nil {
+	if err := storefs.Usable(); err != nil {
 		return fmt.Errorf("FUSE is not usable here, so no store can be mounted: %w\n"+
 			"the demo mounts a FUSE filesystem: run it as root on a machine with /dev/fuse", err)
 	}

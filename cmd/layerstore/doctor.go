@@ -24,7 +24,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	fusefs "github.com/layerstore/layerstore/fs"
+	storefs "github.com/layerstore/layerstore/fs"
 	"github.com/layerstore/layerstore/internal/control"
 	"github.com/layerstore/layerstore/layer"
 )
@@ -246,7 +246,7 @@ func checkMount(ctx context.Context, store string) check {
 		return check{name, statusFail, store + " does not answer (" + cause(err).Error() + "): a hung FUSE server stalls every pull", restart}
 	case err != nil:
 		return check{name, statusFail, err.Error(), restart}
-	case uint64(sfs.Type) != fusefs.SuperMagic:
+	case uint64(sfs.Type) != storefs.SuperMagic:
 		return check{name, statusFail, fmt.Sprintf("%s is not a FUSE mount (filesystem type %#x): the daemon does not serve it and runtimes pull every layer normally", store, sfs.Type),
 			"start the daemon: systemctl start layerstore (or layerstore serve " + store + ")"}
 	}

@@ -15,7 +15,7 @@ import (
 
 	"github.com/layerstore/layerstore/cache"
 	"github.com/layerstore/layerstore/fetcher"
-	"github.com/layerstore/layerstore/fs"
+	storefs "github.com/layerstore/layerstore/fs"
 	"github.com/layerstore/layerstore/internal/control"
 	"github.com/layerstore/layerstore/internal/sdnotify"
 	"github.com/layerstore/layerstore/layer"
@@ -97,7 +97,7 @@ type stack struct {
 	keys    *fetcher.MemoryKeychain
 	client  *fetcher.Client
 	manager *layer.Manager
-	mount   *fs.Server
+	mount   *storefs.Server
 }
 
 // openStack builds the stack and mounts it at mountpoint, clearing a dead mount first.
@@ -118,13 +118,13 @@ func openStack(cfg *Config, mountpoint string, log *slog.Logger) (_ *stack, err 
 	if s.manager, err = layer.New(layer.ClientRegistry(s.client), s.cache, layerOptions(cfg, log)...); err != nil {
 		return nil, err
 	}
-	if err := fs.ClearDeadMount(mountpoint); err != nil {
+	if err := storefs.ClearDeadMount(mountpoint); err != nil {
 		return nil, err
 	}
 	if err := os.MkdirAll(mountpoint, 0o755); err != nil {
 		return nil, err
 	}
-	s.mount, err = fs.Mount(mountpoint, s.manager, fs.Options{
+	s.mount, err = storefs.Mount(mountpoint, s.manager, storefs.Options{
 		Logger:      log,
 		Passthrough: orBool(cfg.FUSE.Passthrough, true),
 	})

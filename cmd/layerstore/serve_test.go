@@ -20,7 +20,7 @@ import (
 
 	"github.com/opencontainers/go-digest"
 
-	"github.com/layerstore/layerstore/fs"
+	storefs "github.com/layerstore/layerstore/fs"
 	"github.com/layerstore/layerstore/internal/control"
 	"github.com/layerstore/layerstore/internal/testutil/syncbuf"
 	"github.com/layerstore/layerstore/internal/testutil/testfuse"
@@ -160,7 +160,7 @@ func (e *serveEnv) startCmd(cmd *exec.Cmd) *daemon {
 		}
 	}
 	var st syscall.Statfs_t
-	if err := syscall.Statfs(e.mnt, &st); err != nil || st.Type != fs.SuperMagic {
+	if err := syscall.Statfs(e.mnt, &st); err != nil || st.Type != storefs.SuperMagic {
 		t.Fatalf("READY=1 before the mount answers: statfs type %#x, %v", st.Type, err)
 	}
 	return d

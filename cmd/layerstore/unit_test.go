@@ -25,7 +25,7 @@ import (
 
 	"github.com/layerstore/layerstore/cache"
 	"github.com/layerstore/layerstore/fetcher"
-	"github.com/layerstore/layerstore/fs"
+	storefs "github.com/layerstore/layerstore/fs"
 	"github.com/layerstore/layerstore/internal/control"
 	"github.com/layerstore/layerstore/internal/testutil/testlayer"
 	"github.com/layerstore/layerstore/layer"
@@ -457,7 +457,7 @@ func TestShippedConfig(t *testing.T) {
 	l.ReadTimeout = Duration(layer.DefaultReadTimeout)
 	l.KeepTTL = Duration(layer.DefaultKeepTTL)
 	l.NegativeTTL = Duration(layer.DefaultNegativeTTL)
-	prefetch, fo := true, fs.DefaultOptions()
+	prefetch, fo := true, storefs.DefaultOptions()
 	want.Prefetch.Enabled = &prefetch
 	want.Prefetch.Concurrency = layer.DefaultPrefetchConcurrency
 	want.Prefetch.BatchSize = Size(layer.DefaultPrefetchBatch)

@@ -295,7 +295,7 @@ func (b *bench) fetchInProcess(ctx context.Context, repo string, l *builtLayer, 
 	fetching.Store(true)
 	var wg sync.WaitGroup
 	if len(probes) > 0 {
-		// The reads go to the layer as package fs would send them: Backing at open, then
+		// The reads go to the layer as package storefs would send them: Backing at open, then
 		// ReadFile.
 		wg.Go(func() {
 			run.Probes = readProbesWith(probes, &fetching, b.opts.probeGap, func(p probe, buf []byte) error {

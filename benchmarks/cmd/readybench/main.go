@@ -33,7 +33,7 @@ import (
 
 	"github.com/layerstore/layerstore/benchmarks/internal/benchenv"
 	"github.com/layerstore/layerstore/benchmarks/internal/shaper"
-	"github.com/layerstore/layerstore/fs"
+	storefs "github.com/layerstore/layerstore/fs"
 	"github.com/layerstore/layerstore/internal/testutil/dockerregistry"
 	"github.com/layerstore/layerstore/internal/testutil/testregistry"
 )
@@ -127,7 +127,7 @@ func run(ctx context.Context, o options) error {
 	if os.Geteuid() != 0 {
 		return errors.New("needs root: FUSE and overlay mounts, drop_caches, podman")
 	}
-	if err := fs.Usable(); err != nil {
+	if err := storefs.Usable(); err != nil {
 		return err
 	}
 	for _, t := range []struct{ tool, pkg string }{{"podman", "podman"}, {"docker-registry", "docker-registry"},

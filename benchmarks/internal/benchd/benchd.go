@@ -20,7 +20,7 @@ import (
 	"github.com/opencontainers/go-digest"
 	"golang.org/x/sys/unix"
 
-	"github.com/layerstore/layerstore/fs"
+	storefs "github.com/layerstore/layerstore/fs"
 	"github.com/layerstore/layerstore/internal/control"
 	"github.com/layerstore/layerstore/layer"
 )
@@ -88,7 +88,7 @@ func Start(ctx context.Context, cfg Config) (*Daemon, error) {
 	deadline := time.Now().Add(20 * time.Second)
 	for {
 		var st unix.Statfs_t
-		if unix.Statfs(cfg.Mountpoint, &st) == nil && st.Type == fs.SuperMagic {
+		if unix.Statfs(cfg.Mountpoint, &st) == nil && st.Type == storefs.SuperMagic {
 			if _, err := d.Client.Status(ctx); err == nil {
 				return d, nil
 			}
@@ -127,7 +127,7 @@ func (d *Daemon) Stop() {
 	}
 	for range 5 {
 		var st unix.Statfs_t
-		if unix.Statfs(d.Cfg.Mountpoint, &st) != nil || st.Type != fs.SuperMagic {
+		if unix.Statfs(d.Cfg.Mountpoint, &st) != nil || st.Type != storefs.SuperMagic {
 			break
 		}
 		_ = unix.Unmount(d.Cfg.Mountpoint, unix.MNT_DETACH)

@@ -25,7 +25,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/layerstore/layerstore/benchmarks/internal/benchd"
-	"github.com/layerstore/layerstore/fs"
+	storefs "github.com/layerstore/layerstore/fs"
 )
 
 // Config is one start of the peer.
@@ -89,7 +89,7 @@ func Start(ctx context.Context, cfg Config) (*Store, error) {
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		var st unix.Statfs_t
-		if unix.Statfs(cfg.Mountpoint, &st) == nil && st.Type == fs.SuperMagic {
+		if unix.Statfs(cfg.Mountpoint, &st) == nil && st.Type == storefs.SuperMagic {
 			return s, nil
 		}
 		select {
@@ -124,7 +124,7 @@ func (s *Store) Stop() {
 	}
 	for range 5 {
 		var st unix.Statfs_t
-		if unix.Statfs(s.Cfg.Mountpoint, &st) != nil || st.Type != fs.SuperMagic {
+		if unix.Statfs(s.Cfg.Mountpoint, &st) != nil || st.Type != storefs.SuperMagic {
 			break
 		}
 		_ = unix.Unmount(s.Cfg.Mountpoint, unix.MNT_DETACH)

@@ -7,8 +7,8 @@ import (
 )
 
 // Require skips t unless this process can mount FUSE filesystems: it must be root (mount(2)
-// of /dev/fuse) and able to open /dev/fuse. It asks what fs.Usable asks the daemon, here for
-// the tests of package fs as well, which cannot import a package that imports fs.
+// of /dev/fuse) and able to open /dev/fuse. It asks what storefs.Usable asks the daemon, here
+// for the tests of package storefs as well, which cannot import a package that imports storefs.
 func Require(t testing.TB) {
 	t.Helper()
 	if os.Geteuid() != 0 {
