@@ -13,6 +13,7 @@ import (
 	"testing"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/layerstore/layerstore/chunked"
 	digest "github.com/opencontainers/go-digest"
 )
 
@@ -527,7 +528,7 @@ func TestClientConfigErrors(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := c.Blob(t.Context(), &Image{}, &Layer{Digest: digest.Digest("sha256:" + strings.Repeat("0", 64))}); err == nil {
+	if _, err := c.Blob(t.Context(), &Image{}, &Descriptor{Descriptor: chunked.Descriptor{Digest: digest.Digest("sha256:" + strings.Repeat("0", 64))}}); err == nil {
 		t.Error("Blob of an image with no source succeeded")
 	}
 }

@@ -20,6 +20,7 @@ import (
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/google/go-containerregistry/pkg/v1/remote/transport"
+	"github.com/layerstore/layerstore/chunked"
 	digest "github.com/opencontainers/go-digest"
 	"golang.org/x/sync/singleflight"
 )
@@ -29,16 +30,13 @@ import (
 type Manifest struct {
 	Digest   digest.Digest
 	Platform *v1.Platform // nil for a manifest that was not reached through an index
-	Layers   []Layer
+	Layers   []Descriptor
 }
 
-// Layer is a layer descriptor as the manifest states it, with its DiffID from the config.
-type Layer struct {
-	MediaType   string
-	Digest      digest.Digest
-	Size        int64
-	Annotations map[string]string
-	DiffID      digest.Digest
+// Descriptor is a layer descriptor as the manifest states it, with its DiffID from the config.
+type Descriptor struct {
+	chunked.Descriptor
+	DiffID digest.Digest
 }
 
 // Image is a resolved reference. Manifests[0] is the one for the host platform (or the only
@@ -463,9 +461,9 @@ func manifestOf(im v1.Image, ref name.Digest, p *v1.Platform) (*Manifest, error)
 		if d.Validate() != nil || diffID.Validate() != nil || l.Size < 0 {
 			return nil, fmt.Errorf("%s: layer %d: digest %q, DiffID %q, size %d: %w", ref, i, d, diffID, l.Size, ErrBadResponse)
 		}
-		m.Layers = append(m.Layers, Layer{
-			MediaType: string(l.MediaType), Digest: d, Size: l.Size,
-			Annotations: l.Annotations, DiffID: diffID,
+		m.Layers = append(m.Layers, Descriptor{
+			Descriptor: chunked.Descriptor{MediaType: string(l.MediaType), Digest: d, Size: l.Size, Annotations: l.Annotations},
+			DiffID:     diffID,
 		})
 	}
 	return m, nil

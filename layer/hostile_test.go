@@ -336,7 +336,7 @@ func (r *blockingRegistry) Platforms(context.Context, *fetcher.Image) ([]*fetche
 	return nil, errors.New("no platforms")
 }
 
-func (r *blockingRegistry) Blob(context.Context, *fetcher.Image, *fetcher.Layer) (Blob, error) {
+func (r *blockingRegistry) Blob(context.Context, *fetcher.Image, *fetcher.Descriptor) (Blob, error) {
 	return nil, errors.New("no blobs")
 }
 

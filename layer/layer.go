@@ -23,7 +23,7 @@ import (
 type Layer struct {
 	m      *Manager
 	id     identity
-	desc   fetcher.Layer
+	desc   fetcher.Descriptor
 	tocKey digest.Digest
 	v      *verify.Layer
 	idx    *chunked.Index
@@ -48,7 +48,7 @@ type chunkKey struct {
 	i    int
 }
 
-func newLayer(m *Manager, id identity, ref string, desc fetcher.Layer, v *verify.Layer, blob Blob) *Layer {
+func newLayer(m *Manager, id identity, ref string, desc fetcher.Descriptor, v *verify.Layer, blob Blob) *Layer {
 	return &Layer{
 		m:        m,
 		id:       id,

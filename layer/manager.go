@@ -26,7 +26,7 @@ import (
 type Registry interface {
 	Resolve(ctx context.Context, ref string) (*fetcher.Image, error)
 	Platforms(ctx context.Context, img *fetcher.Image) ([]*fetcher.Manifest, error)
-	Blob(ctx context.Context, img *fetcher.Image, l *fetcher.Layer) (Blob, error)
+	Blob(ctx context.Context, img *fetcher.Image, l *fetcher.Descriptor) (Blob, error)
 }
 
 // Blob is what a layer needs of its blob in the registry: package fetcher's Blob. Both
@@ -42,7 +42,7 @@ func ClientRegistry(c *fetcher.Client) Registry { return clientRegistry{c} }
 
 type clientRegistry struct{ *fetcher.Client }
 
-func (r clientRegistry) Blob(ctx context.Context, img *fetcher.Image, l *fetcher.Layer) (Blob, error) {
+func (r clientRegistry) Blob(ctx context.Context, img *fetcher.Image, l *fetcher.Descriptor) (Blob, error) {
 	b, err := r.Client.Blob(ctx, img, l)
 	if err != nil {
 		return nil, err // not a nil *fetcher.Blob in a non-nil Blob
@@ -297,8 +297,7 @@ func (m *Manager) resolve(ctx context.Context, ref string, key digest.Digest) (*
 		return nil, err
 	}
 	log := m.opts.log.With("ref", ref, "layer", desc.Digest)
-	cd := chunked.Descriptor{MediaType: desc.MediaType, Digest: desc.Digest, Size: desc.Size, Annotations: desc.Annotations}
-	layout, err := chunked.Classify(cd)
+	layout, err := chunked.Classify(desc.Descriptor)
 	if err == nil && m.opts.requireDiffID && layout.Format != chunked.ZstdChunked {
 		err = fmt.Errorf("%w: the DiffID policy requires zstd:chunked with a tar-split", chunked.ErrNotLazy)
 	}
@@ -348,7 +347,7 @@ func (m *Manager) resolve(ctx context.Context, ref string, key digest.Digest) (*
 		m.counters.failures.Add(1)
 		return nil, err
 	}
-	v, err := verify.Open(ctx, cd, desc.DiffID, blob)
+	v, err := verify.Open(ctx, desc.Descriptor, desc.DiffID, blob)
 	if err != nil {
 		m.counters.failures.Add(1)
 		if errors.Is(err, verify.ErrDigestMismatch) || errors.Is(err, chunked.ErrInvalid) {
@@ -381,7 +380,7 @@ func (m *Manager) resolve(ctx context.Context, ref string, key digest.Digest) (*
 // find returns the descriptor of the layer key names in img, looking through the other
 // platforms of an index when the host's manifest does not have it, and whether key is the
 // TOC digest (a modern runtime's lookup) rather than the blob digest.
-func (m *Manager) find(ctx context.Context, img *fetcher.Image, key digest.Digest) (*fetcher.Layer, bool, error) {
+func (m *Manager) find(ctx context.Context, img *fetcher.Image, key digest.Digest) (*fetcher.Descriptor, bool, error) {
 	if d, modern := findIn(&img.Manifest, key); d != nil {
 		return d, modern, nil
 	}
@@ -397,7 +396,7 @@ func (m *Manager) find(ctx context.Context, img *fetcher.Image, key digest.Diges
 	return nil, false, fmt.Errorf("no layer %s in %s: %w", key, img.Ref, iofs.ErrNotExist)
 }
 
-func findIn(mf *fetcher.Manifest, key digest.Digest) (*fetcher.Layer, bool) {
+func findIn(mf *fetcher.Manifest, key digest.Digest) (*fetcher.Descriptor, bool) {
 	for i := range mf.Layers {
 		l := &mf.Layers[i]
 		if tocKey(l.Annotations) == key {
@@ -506,7 +505,7 @@ func (m *Manager) expire() {
 // probe checks that the blob of desc can be read through img's sources (its last byte): what
 // a layer verified through another repository needs before it is served for this one.
 // Registries answer a blob only to those who may pull it from the repository asked.
-func (m *Manager) probe(ctx context.Context, img *fetcher.Image, desc *fetcher.Layer) error {
+func (m *Manager) probe(ctx context.Context, img *fetcher.Image, desc *fetcher.Descriptor) error {
 	blob, err := m.reg.Blob(ctx, img, desc)
 	if err == nil {
 		var b [1]byte

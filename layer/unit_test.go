@@ -91,9 +91,8 @@ type memRegistry struct {
 }
 
 func (r *memRegistry) Resolve(_ context.Context, ref string) (*fetcher.Image, error) {
-	return &fetcher.Image{Ref: ref, Manifest: fetcher.Manifest{Layers: []fetcher.Layer{{
-		MediaType: r.f.Desc.MediaType, Digest: r.f.Desc.Digest, Size: r.f.Desc.Size,
-		Annotations: r.f.Desc.Annotations, DiffID: r.f.DiffID,
+	return &fetcher.Image{Ref: ref, Manifest: fetcher.Manifest{Layers: []fetcher.Descriptor{{
+		Descriptor: r.f.Desc, DiffID: r.f.DiffID,
 	}}}}, nil
 }
 
@@ -101,7 +100,7 @@ func (r *memRegistry) Platforms(context.Context, *fetcher.Image) ([]*fetcher.Man
 	return nil, nil
 }
 
-func (r *memRegistry) Blob(context.Context, *fetcher.Image, *fetcher.Layer) (Blob, error) {
+func (r *memRegistry) Blob(context.Context, *fetcher.Image, *fetcher.Descriptor) (Blob, error) {
 	return r.blob, nil
 }
 
