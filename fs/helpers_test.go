@@ -110,10 +110,10 @@ func (s *testStore) totalLookups() int {
 }
 
 // testLayer is a Layer over a fixture blob in memory, reading content chunk by chunk
-// through verify.Layer.ReadChunk like the real layer package does.
+// through verify.Verifier.ReadChunk like the real layer package does.
 type testLayer struct {
 	fixture testlayer.Fixture
-	v       *verify.Layer
+	v       *verify.Verifier
 	src     verify.Source
 	tocKey  digest.Digest
 	blobKey digest.Digest

@@ -25,7 +25,7 @@ type Layer struct {
 	id     identity
 	desc   fetcher.Descriptor
 	tocKey digest.Digest
-	v      *verify.Layer
+	v      *verify.Verifier
 	idx    *chunked.Index
 	blob   Blob
 	size   int64 // of the uncompressed tar, -1 when unknown (see tarSize)
@@ -48,7 +48,7 @@ type chunkKey struct {
 	i    int
 }
 
-func newLayer(m *Manager, id identity, ref string, desc fetcher.Descriptor, v *verify.Layer, blob Blob) *Layer {
+func newLayer(m *Manager, id identity, ref string, desc fetcher.Descriptor, v *verify.Verifier, blob Blob) *Layer {
 	return &Layer{
 		m:        m,
 		id:       id,
@@ -67,7 +67,7 @@ func newLayer(m *Manager, id identity, ref string, desc fetcher.Descriptor, v *v
 // tarSize is the size of the layer's uncompressed tar when it is known without reading the
 // whole layer: from the verified tar-split of zstd:chunked, else from the eStargz producers'
 // uncompressed-size annotation (a claim of the manifest). Otherwise -1.
-func tarSize(v *verify.Layer, annotations map[string]string) int64 {
+func tarSize(v *verify.Verifier, annotations map[string]string) int64 {
 	if n := v.TarSize(); n >= 0 {
 		return n
 	}

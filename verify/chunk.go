@@ -13,7 +13,7 @@ import (
 	digest "github.com/opencontainers/go-digest"
 )
 
-// Chunk is verified uncompressed chunk data. Only [Layer.VerifyChunk] makes non-empty ones.
+// Chunk is verified uncompressed chunk data. Only [Verifier.VerifyChunk] makes non-empty ones.
 type Chunk struct {
 	ref  chunked.Chunk
 	data []byte
@@ -29,7 +29,7 @@ func (c Chunk) Ref() chunked.Chunk { return c.ref }
 // chunk's Offset (at least up to its End), and checks the result against the TOC's digest.
 // Decompression never produces more than the chunk's InnerOffset+Size bytes. On any mismatch
 // nothing is returned but an error wrapping [ErrDigestMismatch] or [ErrCorrupt].
-func (l *Layer) VerifyChunk(file chunked.EntryID, i int, compressed []byte) (Chunk, error) {
+func (l *Verifier) VerifyChunk(file chunked.EntryID, i int, compressed []byte) (Chunk, error) {
 	c, err := l.verifyChunk(file, i, compressed)
 	if err != nil {
 		return Chunk{}, &LayerError{Layer: l.layout.BlobDigest, Format: l.layout.Format, Err: err}
@@ -37,7 +37,7 @@ func (l *Layer) VerifyChunk(file chunked.EntryID, i int, compressed []byte) (Chu
 	return c, nil
 }
 
-func (l *Layer) verifyChunk(file chunked.EntryID, i int, compressed []byte) (Chunk, error) {
+func (l *Verifier) verifyChunk(file chunked.EntryID, i int, compressed []byte) (Chunk, error) {
 	cs := l.index.Chunks(file)
 	name := l.index.Entry(file).Name
 	if i < 0 || i >= len(cs) {

@@ -26,7 +26,7 @@ func fixtures(t testing.TB) []testlayer.Fixture {
 func source(blob []byte) verify.Source { return verify.ReaderAtSource(bytes.NewReader(blob)) }
 
 // open opens a fixture that must verify.
-func open(t testing.TB, f testlayer.Fixture) (*verify.Layer, verify.Source) {
+func open(t testing.TB, f testlayer.Fixture) (*verify.Verifier, verify.Source) {
 	t.Helper()
 	src := source(f.Blob)
 	l, err := verify.Open(t.Context(), f.Desc, f.DiffID, src)
@@ -37,7 +37,7 @@ func open(t testing.TB, f testlayer.Fixture) (*verify.Layer, verify.Source) {
 }
 
 // viewTree renders what a verified layer shows, reading every file through verified chunks.
-func viewTree(t *testing.T, l *verify.Layer, src verify.Source) testlayer.Tree {
+func viewTree(t *testing.T, l *verify.Verifier, src verify.Source) testlayer.Tree {
 	t.Helper()
 	x := l.Index()
 	tree := testlayer.Tree{}
@@ -121,7 +121,7 @@ func TestConformance(t *testing.T) {
 }
 
 // payloads serves file contents through verified chunks.
-func payloads(l *verify.Layer, src verify.Source) verify.PayloadFunc {
+func payloads(l *verify.Verifier, src verify.Source) verify.PayloadFunc {
 	return func(ctx context.Context, id chunked.EntryID) (io.ReadCloser, error) {
 		var buf bytes.Buffer
 		for i := range l.Index().Chunks(id) {

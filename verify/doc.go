@@ -1,7 +1,7 @@
 // Package verify owns the chain of trust from an image manifest to every byte served.
 //
 // [Open] takes a layer descriptor (whose annotations the manifest authenticates), the layer's
-// DiffID from the image config and random access to the blob, and returns a [Layer] only if:
+// DiffID from the image config and random access to the blob, and returns a [Verifier] only if:
 //
 //   - the TOC digest matches the annotation, computed the way the format defines it, before
 //     the TOC is parsed: over the compressed bytes for zstd:chunked, over the uncompressed JSON
@@ -11,11 +11,11 @@
 //   - for zstd:chunked with a tar-split, the tar-split matches the digest the TOC names, and
 //     the TOC and the tar-split describe the same entries with the same metadata.
 //
-// Chunk data leaves the package only as [Chunk] values, built by [Layer.VerifyChunk] after the
+// Chunk data leaves the package only as [Chunk] values, built by [Verifier.VerifyChunk] after the
 // chunk was decompressed with a hard size cap and its sha256 matched the TOC's digest. There
 // is no option to skip any of this.
 //
 // The strongest guarantee, that the layer's tree is exactly the DiffID's tar, needs every
-// payload: [Layer.CheckDiffID] rebuilds the tar stream from the tar-split and the payloads and
-// compares its digest with the DiffID (modern zstd:chunked only; see [Layer.Guarantee]).
+// payload: [Verifier.CheckDiffID] rebuilds the tar stream from the tar-split and the payloads and
+// compares its digest with the DiffID (modern zstd:chunked only; see [Verifier.Guarantee]).
 package verify

@@ -73,8 +73,9 @@ func (g Guarantee) String() string {
 	return "none"
 }
 
-// Layer is a layer whose TOC has been verified. Its methods are safe for concurrent use.
-type Layer struct {
+// Verifier is a layer whose TOC has been verified; it verifies the layer's chunks and DiffID
+// against that TOC. Its methods are safe for concurrent use.
+type Verifier struct {
 	layout    *chunked.Layout
 	index     *chunked.Index
 	diffID    digest.Digest
@@ -88,7 +89,7 @@ type Layer struct {
 // the TOC digest before parsing, and for zstd:chunked with a tar-split, the tar-split digest and
 // its agreement with the TOC. Errors are [*LayerError]s wrapping [chunked.ErrNotLazy],
 // [chunked.ErrInvalid], [chunked.ErrLimit], [ErrDigestMismatch] or the source's error.
-func Open(ctx context.Context, desc chunked.Descriptor, diffID digest.Digest, src Source, opts ...Option) (*Layer, error) {
+func Open(ctx context.Context, desc chunked.Descriptor, diffID digest.Digest, src Source, opts ...Option) (*Verifier, error) {
 	o := options{limits: chunked.Limits{}.WithDefaults()}
 	for _, opt := range opts {
 		if err := opt(&o); err != nil {
@@ -106,12 +107,12 @@ func Open(ctx context.Context, desc chunked.Descriptor, diffID digest.Digest, sr
 	return l, nil
 }
 
-func open(ctx context.Context, desc chunked.Descriptor, diffID digest.Digest, src Source, o options) (*Layer, error) {
+func open(ctx context.Context, desc chunked.Descriptor, diffID digest.Digest, src Source, o options) (*Verifier, error) {
 	layout, err := chunked.Classify(desc)
 	if err != nil {
 		return nil, err
 	}
-	l := &Layer{layout: layout, diffID: diffID, limits: o.limits, tarSize: -1}
+	l := &Verifier{layout: layout, diffID: diffID, limits: o.limits, tarSize: -1}
 	if err := diffID.Validate(); err != nil {
 		return l, fmt.Errorf("%w: DiffID %q: %v", chunked.ErrInvalid, diffID, err)
 	}
@@ -219,27 +220,27 @@ func readRange(ctx context.Context, src Source, off, n int64) ([]byte, error) {
 }
 
 // Index returns the layer's verified index.
-func (l *Layer) Index() *chunked.Index { return l.index }
+func (l *Verifier) Index() *chunked.Index { return l.index }
 
 // Layout returns where the parts of the blob are.
-func (l *Layer) Layout() chunked.Layout { return *l.layout }
+func (l *Verifier) Layout() chunked.Layout { return *l.layout }
 
 // DiffID returns the DiffID the layer was opened with.
-func (l *Layer) DiffID() digest.Digest { return l.diffID }
+func (l *Verifier) DiffID() digest.Digest { return l.diffID }
 
 // Guarantee returns what has been proven so far.
-func (l *Layer) Guarantee() Guarantee { return Guarantee(l.guarantee.Load()) }
+func (l *Verifier) Guarantee() Guarantee { return Guarantee(l.guarantee.Load()) }
 
 // TarSize returns the size of the layer's uncompressed tar as its verified tar-split describes
 // it, or -1 for layers without a tar-split.
-func (l *Layer) TarSize() int64 { return l.tarSize }
+func (l *Verifier) TarSize() int64 { return l.tarSize }
 
-// CanProveDiffID reports whether [Layer.CheckDiffID] can raise the guarantee to
+// CanProveDiffID reports whether [Verifier.CheckDiffID] can raise the guarantee to
 // [DiffIDVerified]: the layer must be zstd:chunked with a tar-split.
-func (l *Layer) CanProveDiffID() bool { return l.tarSplit != nil }
+func (l *Verifier) CanProveDiffID() bool { return l.tarSplit != nil }
 
 // ReadChunk fetches chunk i of a file from src and verifies it.
-func (l *Layer) ReadChunk(ctx context.Context, src Source, file chunked.EntryID, i int) (Chunk, error) {
+func (l *Verifier) ReadChunk(ctx context.Context, src Source, file chunked.EntryID, i int) (Chunk, error) {
 	cs := l.index.Chunks(file)
 	if i < 0 || i >= len(cs) {
 		return Chunk{}, fmt.Errorf("chunk %d of %q: %w", i, l.index.Entry(file).Name, errors.ErrUnsupported)
@@ -253,7 +254,7 @@ func (l *Layer) ReadChunk(ctx context.Context, src Source, file chunked.EntryID,
 
 // openTarSplit checks the tar-split of a modern zstd:chunked layer (raw, or read from src when
 // nil) against its digest, and that it describes the TOC's entries.
-func (l *Layer) openTarSplit(ctx context.Context, src Source, raw []byte) error {
+func (l *Verifier) openTarSplit(ctx context.Context, src Source, raw []byte) error {
 	want := digest.Digest(l.index.TarSplitDigest().String())
 	if ann := l.layout.TarSplitChecksum; ann != "" {
 		if want != "" && want != ann {

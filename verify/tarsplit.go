@@ -27,7 +27,7 @@ var tarTypes = map[byte]chunked.Type{
 // tarSplitRecords returns a reader of the records of a compressed tar-split, and a function that
 // releases it. Called with check set, once the records are read, it first checks that the
 // stream decompresses to the size the layout states; without, it decompresses nothing more.
-func (l *Layer) tarSplitRecords(compressed []byte) (*chunked.TarSplitReader, func(check bool) error, error) {
+func (l *Verifier) tarSplitRecords(compressed []byte) (*chunked.TarSplitReader, func(check bool) error, error) {
 	d, err := zstd.NewReader(bytes.NewReader(compressed), zstd.WithDecoderConcurrency(1),
 		zstd.WithDecoderMaxWindow(1<<27))
 	if err != nil {
@@ -64,7 +64,7 @@ func (c *countingReader) Read(p []byte) (int, error) {
 // compareTarSplit checks that the tar-split describes exactly the TOC's entries, in order, with
 // the same metadata (type, name, link target, mode, size, owner, times, device, xattrs). It
 // returns the size of the tar stream the tar-split describes.
-func (l *Layer) compareTarSplit(ctx context.Context, raw []byte) (int64, error) {
+func (l *Verifier) compareTarSplit(ctx context.Context, raw []byte) (int64, error) {
 	x := l.index
 	ts, done, err := l.tarSplitRecords(raw)
 	if err != nil {
@@ -173,7 +173,7 @@ type PayloadFunc func(ctx context.Context, file chunked.EntryID) (io.ReadCloser,
 // CheckDiffID rebuilds the layer's tar stream from its tar-split and the payloads, and checks
 // that it hashes to the DiffID. On success the layer's guarantee becomes [DiffIDVerified].
 // Layers without a tar-split return [ErrNoDiffIDProof].
-func (l *Layer) CheckDiffID(ctx context.Context, payload PayloadFunc) error {
+func (l *Verifier) CheckDiffID(ctx context.Context, payload PayloadFunc) error {
 	if err := l.checkDiffID(ctx, payload); err != nil {
 		return &LayerError{Layer: l.layout.BlobDigest, Format: l.layout.Format, Err: err}
 	}
@@ -181,7 +181,7 @@ func (l *Layer) CheckDiffID(ctx context.Context, payload PayloadFunc) error {
 	return nil
 }
 
-func (l *Layer) checkDiffID(ctx context.Context, payload PayloadFunc) error {
+func (l *Verifier) checkDiffID(ctx context.Context, payload PayloadFunc) error {
 	if l.tarSplit == nil {
 		return ErrNoDiffIDProof
 	}
