@@ -114,17 +114,17 @@ func isStatic(path string) bool {
 	return true
 }
 
-type layerMaker func(name string, tarStream []byte) (testregistry.Layer, error)
+type layerMaker func(name string, tarStream []byte) (testregistry.Blob, error)
 
-func gzipLayer(_ string, t []byte) (testregistry.Layer, error) { return testregistry.GzipLayer(t) }
+func gzipLayer(_ string, t []byte) (testregistry.Blob, error) { return testregistry.GzipLayer(t) }
 
 func stargzLayer(opts ...estargz.Option) layerMaker {
-	return func(name string, t []byte) (testregistry.Layer, error) {
+	return func(name string, t []byte) (testregistry.Blob, error) {
 		f, err := testlayer.BuildEStargz(name, t, opts...)
 		if err != nil {
-			return testregistry.Layer{}, err
+			return testregistry.Blob{}, err
 		}
-		return testregistry.Layer{Blob: f.Blob, MediaType: f.Desc.MediaType, Annotations: f.Desc.Annotations, DiffID: f.DiffID}, nil
+		return testregistry.Blob{Blob: f.Blob, MediaType: f.Desc.MediaType, Annotations: f.Desc.Annotations, DiffID: f.DiffID}, nil
 	}
 }
 
@@ -142,8 +142,8 @@ func (b *builder) pushAll(ctx context.Context, reg *dockerregistry.Registry, bus
 		return nil, err
 	}
 	host := v1.Platform{OS: runtime.GOOS, Architecture: runtime.GOARCH}
-	layers := func(kind string, mk layerMaker, tars ...[]byte) ([]testregistry.Layer, error) {
-		var ls []testregistry.Layer
+	layers := func(kind string, mk layerMaker, tars ...[]byte) ([]testregistry.Blob, error) {
+		var ls []testregistry.Blob
 		for i, t := range tars {
 			l, err := mk(fmt.Sprintf("%s-layer%d", kind, i), t)
 			if err != nil {
@@ -175,7 +175,7 @@ func (b *builder) pushAll(ctx context.Context, reg *dockerregistry.Registry, bus
 		}
 		return err
 	}
-	plat := func(ls []testregistry.Layer) testregistry.Platform {
+	plat := func(ls []testregistry.Blob) testregistry.Platform {
 		return testregistry.Platform{OS: host.OS, Architecture: host.Architecture, Layers: ls}
 	}
 	specs := []struct {

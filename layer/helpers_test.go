@@ -50,12 +50,12 @@ func (e *env) manager(opts ...Option) *Manager {
 	return m
 }
 
-func fixtureLayer(f testlayer.Fixture) testregistry.Layer {
-	return testregistry.Layer{Blob: f.Blob, MediaType: f.Desc.MediaType, Annotations: f.Desc.Annotations, DiffID: f.DiffID}
+func fixtureLayer(f testlayer.Fixture) testregistry.Blob {
+	return testregistry.Blob{Blob: f.Blob, MediaType: f.Desc.MediaType, Annotations: f.Desc.Annotations, DiffID: f.DiffID}
 }
 
 // gzipLayer is a plain gzip layer of the reference tar.
-func gzipLayer(t *testing.T) testregistry.Layer {
+func gzipLayer(t *testing.T) testregistry.Blob {
 	l, err := testregistry.GzipLayer(testlayer.Tar())
 	if err != nil {
 		t.Fatal(err)
@@ -63,7 +63,7 @@ func gzipLayer(t *testing.T) testregistry.Layer {
 	return l
 }
 
-func (e *env) push(repoTag string, layers ...testregistry.Layer) string {
+func (e *env) push(repoTag string, layers ...testregistry.Blob) string {
 	e.t.Helper()
 	if _, err := e.reg.Push(e.t.Context(), repoTag, layers); err != nil {
 		e.t.Fatal(err)

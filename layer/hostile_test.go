@@ -31,7 +31,7 @@ import (
 
 // evilLayer is an eStargz layer of the reference tree with etc/hostname changed, claiming the
 // DiffID diffID.
-func evilLayer(t *testing.T, diffID digest.Digest) testregistry.Layer {
+func evilLayer(t *testing.T, diffID digest.Digest) testregistry.Blob {
 	t.Helper()
 	es := testlayer.Entries()
 	for i := range es {

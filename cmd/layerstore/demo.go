@@ -29,7 +29,7 @@ var demoFiles = []string{"etc/hostname", "usr/bin/tool", "usr/share/doc/deep/er/
 // demoImage is one image the demo pushes and reads.
 type demoImage struct {
 	tag   string
-	layer demo.Layer
+	layer demo.Blob
 	key   digest.Digest // what a modern runtime looks the layer up by
 	lazy  bool
 }
@@ -54,7 +54,7 @@ func runDemo(ctx context.Context, out io.Writer) error {
 	fmt.Fprintf(out, "sample image: the reference layer (%d entries) plus %d MiB of libraries, in each format\n",
 		len(demo.Entries()), bulk>>20)
 	for _, im := range images {
-		if _, err := reg.Push(ctx, "demo/app:"+im.tag, []demo.Layer{im.layer}); err != nil {
+		if _, err := reg.Push(ctx, "demo/app:"+im.tag, []demo.Blob{im.layer}); err != nil {
 			return err
 		}
 	}
@@ -145,7 +145,7 @@ only the TOCs and content not seen before are fetched.
 		return err
 	}
 	ref := reg.Host + "/demo/app:tampered"
-	if _, err := reg.Push(ctx, "demo/app:tampered", []demo.Layer{tampered.layer}); err != nil {
+	if _, err := reg.Push(ctx, "demo/app:tampered", []demo.Blob{tampered.layer}); err != nil {
 		return err
 	}
 	_, err = os.ReadFile(filepath.Join(mnt, base64.StdEncoding.EncodeToString([]byte(ref)), tampered.key.String(), "diff", "usr/bin/secret"))
@@ -159,7 +159,7 @@ only the TOCs and content not seen before are fetched.
 
 func since(t time.Time) time.Duration { return time.Since(t).Round(time.Millisecond) }
 
-func layerStatus(m *layer.Manager, l demo.Layer) layer.LayerStatus {
+func layerStatus(m *layer.Manager, l demo.Blob) layer.LayerStatus {
 	d := l.Digest()
 	for _, st := range m.Status().Layers {
 		if st.Digest == d {
@@ -170,7 +170,7 @@ func layerStatus(m *layer.Manager, l demo.Layer) layer.LayerStatus {
 }
 
 // waitLocal waits for the background fetch of a layer and returns how long it took.
-func waitLocal(ctx context.Context, m *layer.Manager, l demo.Layer) (time.Duration, error) {
+func waitLocal(ctx context.Context, m *layer.Manager, l demo.Blob) (time.Duration, error) {
 	deadline := time.Now().Add(2 * time.Minute)
 	for time.Now().Before(deadline) {
 		st := layerStatus(m, l)

@@ -134,7 +134,7 @@ func (r *Registry) Tamper(d digest.Digest, off int64) {
 
 // Push pushes an image of the host's platform made of layers (bottom first) as repoTag
 // ("repo:tag", the host is added) and returns the manifest digest.
-func (r *Registry) Push(ctx context.Context, repoTag string, layers []Layer) (digest.Digest, error) {
+func (r *Registry) Push(ctx context.Context, repoTag string, layers []Blob) (digest.Digest, error) {
 	r.mu.Lock()
 	for _, l := range layers {
 		d := l.Digest()
@@ -164,7 +164,7 @@ func (r *Registry) Push(ctx context.Context, repoTag string, layers []Layer) (di
 
 // Image builds an OCI image of layers (bottom first); configure sets the config's platform,
 // command and the like.
-func Image(layers []Layer, configure func(*v1.ConfigFile)) (v1.Image, error) {
+func Image(layers []Blob, configure func(*v1.ConfigFile)) (v1.Image, error) {
 	ils := make([]ImageLayer, len(layers))
 	for i, l := range layers {
 		ils[i] = ImageLayer{CompressedLayer: compressed{l}, Annotations: l.Annotations}
@@ -209,8 +209,8 @@ func ImageOf(layers []ImageLayer, configure func(*v1.ConfigFile)) (v1.Image, err
 	return mutate.ConfigFile(img, cf)
 }
 
-// compressed is a Layer as go-containerregistry reads it.
-type compressed struct{ l Layer }
+// compressed is a Blob as go-containerregistry reads it.
+type compressed struct{ l Blob }
 
 var _ partial.CompressedLayer = compressed{}
 

@@ -30,8 +30,8 @@ import (
 	"github.com/layerstore/layerstore/internal/demo"
 )
 
-// Layer is a layer blob with what its descriptor and the image config say about it.
-type Layer = demo.Layer
+// Blob is a layer blob with what its descriptor and the image config say about it.
+type Blob = demo.Blob
 
 // BlobStats counts the GET requests for one blob.
 type BlobStats = demo.BlobStats
@@ -280,12 +280,12 @@ func (r *Registry) PutManifest(ctx context.Context, repoTag, mediaType string, b
 // Platform is an image of an index.
 type Platform struct {
 	OS, Architecture, Variant string
-	Layers                    []Layer
+	Layers                    []Blob
 }
 
 // Push pushes an image of the host's platform made of layers as repoTag ("repo:tag", the host
 // is added) and returns the manifest digest.
-func (r *Registry) Push(ctx context.Context, repoTag string, layers []Layer) (digest.Digest, error) {
+func (r *Registry) Push(ctx context.Context, repoTag string, layers []Blob) (digest.Digest, error) {
 	img, err := r.image(Platform{OS: runtime.GOOS, Architecture: runtime.GOARCH, Layers: layers})
 	if err != nil {
 		return "", err
@@ -341,7 +341,7 @@ func (r *Registry) image(p Platform) (v1.Image, error) {
 }
 
 // record makes the registry serve and count the layers' blobs.
-func (r *Registry) record(layers []Layer) {
+func (r *Registry) record(layers []Blob) {
 	r.mu.Lock()
 	for _, l := range layers {
 		d := digest.FromBytes(l.Blob)
@@ -372,4 +372,4 @@ func ImageOf(layers []ImageLayer, configure func(*v1.ConfigFile)) (v1.Image, err
 }
 
 // GzipLayer is a plain (not lazily pullable) gzip layer of a tar stream.
-func GzipLayer(tarStream []byte) (Layer, error) { return demo.Gzip(tarStream) }
+func GzipLayer(tarStream []byte) (Blob, error) { return demo.Gzip(tarStream) }
