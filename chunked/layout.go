@@ -72,7 +72,7 @@ type Descriptor struct {
 	Annotations map[string]string
 }
 
-// Range is a byte range of a blob.
+// Range is a byte range of a blob: Length bytes from Offset.
 type Range struct {
 	Offset int64
 	Length int64

@@ -11,6 +11,8 @@ import (
 	"sort"
 	"sync"
 	"sync/atomic"
+
+	"github.com/layerstore/layerstore/chunked"
 )
 
 // Blob reads byte ranges of one registry blob, from one or several sources (a registry and its
@@ -29,7 +31,7 @@ type Blob struct {
 	waiting  atomic.Int64 // callers waiting on another caller's request (tests look at it)
 
 	mu       sync.Mutex
-	inflight map[Range]*call // guarded by mu: spans being fetched, for sharing
+	inflight map[chunked.Range]*call // guarded by mu: spans being fetched, for sharing
 }
 
 // endpoint is one place a blob can be read from: the registry, or one of its mirrors. The
@@ -102,7 +104,7 @@ func newBlob(eps []*endpoint, size int64, opts ...Option) (*Blob, error) {
 		}
 	}
 	o.storageRT = bounded(o.storageRT)
-	return &Blob{eps: eps, size: size, o: o, inflight: make(map[Range]*call)}, nil
+	return &Blob{eps: eps, size: size, o: o, inflight: make(map[chunked.Range]*call)}, nil
 }
 
 // Size is the blob's size in bytes.
@@ -126,7 +128,7 @@ func (b *Blob) ReadAt(ctx context.Context, p []byte, off int64) (int, error) {
 		return 0, io.EOF
 	}
 	n := min(int64(len(p)), b.size-off)
-	res, err := b.Fetch(ctx, []Range{{Offset: off, Length: n}})
+	res, err := b.Fetch(ctx, []chunked.Range{{Offset: off, Length: n}})
 	if err != nil {
 		return 0, err
 	}
@@ -143,7 +145,7 @@ func (b *Blob) ReadAt(ctx context.Context, p []byte, off int64) (int, error) {
 // The returned slices are read-only: to spare a copy of every byte, they are views of the
 // buffers the responses were read into, which they may share with each other (overlapping or
 // neighbouring ranges) and with the results of concurrent calls that shared a request.
-func (b *Blob) Fetch(ctx context.Context, ranges []Range) ([][]byte, error) {
+func (b *Blob) Fetch(ctx context.Context, ranges []chunked.Range) ([][]byte, error) {
 	for _, r := range ranges {
 		if r.Offset < 0 || r.Length < 0 || r.Offset > b.size || r.Length > b.size-r.Offset {
 			return nil, fmt.Errorf("fetcher: %w: %d bytes at %d in a blob of %d",
@@ -164,16 +166,16 @@ func (b *Blob) Fetch(ctx context.Context, ranges []Range) ([][]byte, error) {
 			out[k] = []byte{}
 			continue
 		}
-		j := sort.Search(len(spans), func(j int) bool { return spans[j].end() > r.Offset })
-		if r.end() <= spans[j].end() {
+		j := sort.Search(len(spans), func(j int) bool { return spans[j].End() > r.Offset })
+		if r.End() <= spans[j].End() {
 			// Within one span (always, unless the range is longer than the maximum span): no
 			// copy. The capacity is cut so that an append cannot write into the span.
-			lo, hi := r.Offset-spans[j].Offset, r.end()-spans[j].Offset
+			lo, hi := r.Offset-spans[j].Offset, r.End()-spans[j].Offset
 			out[k] = bufs[j][lo:hi:hi]
 			continue
 		}
 		buf := make([]byte, r.Length)
-		for pos := r.Offset; pos < r.end(); j++ {
+		for pos := r.Offset; pos < r.End(); j++ {
 			pos += int64(copy(buf[pos-r.Offset:], bufs[j][pos-spans[j].Offset:]))
 		}
 		out[k] = buf
@@ -183,7 +185,7 @@ func (b *Blob) Fetch(ctx context.Context, ranges []Range) ([][]byte, error) {
 
 // fetchShared returns the bytes of spans, joining requests other callers already have in
 // flight for identical spans and fetching the rest itself.
-func (b *Blob) fetchShared(ctx context.Context, spans []Range) ([][]byte, error) {
+func (b *Blob) fetchShared(ctx context.Context, spans []chunked.Range) ([][]byte, error) {
 	out := make([][]byte, len(spans))
 	pending := make([]int, len(spans))
 	for i := range pending {
@@ -252,7 +254,7 @@ func isContextErr(err error) bool {
 
 // runOwned fetches the spans idx (sorted), grouped into requests, and completes their calls.
 // Every call in calls is completed before it returns.
-func (b *Blob) runOwned(ctx context.Context, spans []Range, idx []int, calls map[int]*call) {
+func (b *Blob) runOwned(ctx context.Context, spans []chunked.Range, idx []int, calls map[int]*call) {
 	per := b.o.maxRanges
 	if b.eps[b.cur.Load()].noMulti.Load() {
 		per = 1
@@ -265,7 +267,7 @@ func (b *Blob) runOwned(ctx context.Context, spans []Range, idx []int, calls map
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			batchSpans := make([]Range, len(batch))
+			batchSpans := make([]chunked.Range, len(batch))
 			for k, i := range batch {
 				batchSpans[k] = spans[i]
 			}

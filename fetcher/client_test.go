@@ -14,6 +14,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/google/go-containerregistry/pkg/v1/types"
+	"github.com/layerstore/layerstore/chunked"
 )
 
 // TestClientMirrorWithAuth reads an image through a mirror asking for bearer tokens, and one
@@ -57,7 +58,7 @@ location = "mirror.example.com"
 	b0 := readLayer(t, c, got, 0, layerBytes(t, img, 0))
 	b1 := readLayer(t, c, got, 1, layerBytes(t, img, 1))
 	// Read the first layer again in pieces, with several ranges at once.
-	if _, err := b0.Fetch(t.Context(), []Range{{0, 10}, {100, 20}, {200, 56}}); err != nil {
+	if _, err := b0.Fetch(t.Context(), []chunked.Range{{Offset: 0, Length: 10}, {Offset: 100, Length: 20}, {Offset: 200, Length: 56}}); err != nil {
 		t.Fatal(err)
 	}
 

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/google/go-containerregistry/pkg/registry"
+	"github.com/layerstore/layerstore/chunked"
 )
 
 const testRepo = "test/layer"
@@ -173,7 +174,7 @@ func newTestBlob(t *testing.T, reg *testRegistry, opts ...Option) (*Blob, *sleep
 }
 
 // checkFetch fetches ranges and compares each with data.
-func checkFetch(t *testing.T, b *Blob, data []byte, ranges ...Range) {
+func checkFetch(t *testing.T, b *Blob, data []byte, ranges ...chunked.Range) {
 	t.Helper()
 	got, err := b.Fetch(t.Context(), ranges)
 	if err != nil {
@@ -183,7 +184,7 @@ func checkFetch(t *testing.T, b *Blob, data []byte, ranges ...Range) {
 		t.Fatalf("Fetch(%v) returned %d slices, want %d", ranges, len(got), len(ranges))
 	}
 	for i, r := range ranges {
-		if !bytes.Equal(got[i], data[r.Offset:r.end()]) {
+		if !bytes.Equal(got[i], data[r.Offset:r.End()]) {
 			t.Errorf("Fetch range %v: bytes differ from the blob's", r)
 		}
 	}

@@ -8,63 +8,60 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+
+	"github.com/layerstore/layerstore/chunked"
 )
-
-// Range is a byte range of a blob: Length bytes from Offset.
-type Range struct{ Offset, Length int64 }
-
-func (r Range) end() int64 { return r.Offset + r.Length }
 
 // coalesce returns the sorted, disjoint spans to fetch for ranges: overlapping and adjacent
 // ranges merge, ranges less than gap bytes apart merge while the result stays within maxSpan,
 // and spans longer than maxSpan are cut into pieces of at most maxSpan.
-func coalesce(ranges []Range, gap, maxSpan int64) []Range {
-	rs := make([]Range, 0, len(ranges))
+func coalesce(ranges []chunked.Range, gap, maxSpan int64) []chunked.Range {
+	rs := make([]chunked.Range, 0, len(ranges))
 	for _, r := range ranges {
 		if r.Length > 0 {
 			rs = append(rs, r)
 		}
 	}
-	slices.SortFunc(rs, func(a, b Range) int {
+	slices.SortFunc(rs, func(a, b chunked.Range) int {
 		if a.Offset != b.Offset {
 			return cmp.Compare(a.Offset, b.Offset)
 		}
 		return cmp.Compare(a.Length, b.Length)
 	})
-	var merged []Range
+	var merged []chunked.Range
 	for _, r := range rs {
 		if n := len(merged); n > 0 {
 			last := &merged[n-1]
-			end := last.end()
+			end := last.End()
 			if r.Offset <= end {
-				last.Length = max(end, r.end()) - last.Offset
+				last.Length = max(end, r.End()) - last.Offset
 				continue
 			}
-			if r.Offset-end < gap && r.end()-last.Offset <= maxSpan {
-				last.Length = r.end() - last.Offset
+			if r.Offset-end < gap && r.End()-last.Offset <= maxSpan {
+				last.Length = r.End() - last.Offset
 				continue
 			}
 		}
 		merged = append(merged, r)
 	}
-	spans := make([]Range, 0, len(merged))
+	spans := make([]chunked.Range, 0, len(merged))
 	for _, m := range merged {
-		for off := m.Offset; off < m.end(); off += maxSpan {
-			spans = append(spans, Range{Offset: off, Length: min(maxSpan, m.end()-off)})
+		for off := m.Offset; off < m.End(); off += maxSpan {
+			spans = append(spans, chunked.Range{Offset: off, Length: min(maxSpan, m.End()-off)})
 		}
 	}
 	return spans
 }
 
 // rangeHeader is the value of a Range header asking for spans.
-func rangeHeader(spans []Range) string {
+func rangeHeader(spans []chunked.Range) string {
 	var b strings.Builder
 	b.WriteString("bytes=")
 	for i, s := range spans {
 		if i > 0 {
 			b.WriteByte(',')
 		}
-		fmt.Fprintf(&b, "%d-%d", s.Offset, s.end()-1)
+		fmt.Fprintf(&b, "%d-%d", s.Offset, s.End()-1)
 	}
 	return b.String()
 }
@@ -98,12 +95,12 @@ func parseContentRange(v string) (first, last, size int64, err error) {
 
 // spanSet receives the bytes of the spans of one request.
 type spanSet struct {
-	spans  []Range // sorted, disjoint
+	spans  []chunked.Range // sorted, disjoint
 	bufs   [][]byte
 	filled []bool
 }
 
-func newSpanSet(spans []Range) *spanSet {
+func newSpanSet(spans []chunked.Range) *spanSet {
 	s := &spanSet{spans: spans, bufs: make([][]byte, len(spans)), filled: make([]bool, len(spans))}
 	for i, sp := range spans {
 		s.bufs[i] = make([]byte, sp.Length)
@@ -117,12 +114,12 @@ func newSpanSet(spans []Range) *spanSet {
 func (s *spanSet) copyPart(r io.Reader, first, last int64) (int, error) {
 	pos, n := first, 0
 	for i, sp := range s.spans {
-		if sp.end() <= first || sp.Offset > last {
+		if sp.End() <= first || sp.Offset > last {
 			continue
 		}
-		if sp.Offset < first || sp.end()-1 > last {
+		if sp.Offset < first || sp.End()-1 > last {
 			return n, fmt.Errorf("%w: part bytes %d-%d cuts requested range %d-%d",
-				ErrBadResponse, first, last, sp.Offset, sp.end()-1)
+				ErrBadResponse, first, last, sp.Offset, sp.End()-1)
 		}
 		if s.filled[i] {
 			continue
@@ -133,7 +130,7 @@ func (s *spanSet) copyPart(r io.Reader, first, last int64) (int, error) {
 		if _, err := io.ReadFull(r, s.bufs[i]); err != nil {
 			return n, truncated(err)
 		}
-		pos = sp.end()
+		pos = sp.End()
 		s.filled[i] = true
 		n++
 	}
@@ -141,8 +138,8 @@ func (s *spanSet) copyPart(r io.Reader, first, last int64) (int, error) {
 }
 
 // missing returns the spans not yet filled.
-func (s *spanSet) missing() []Range {
-	var out []Range
+func (s *spanSet) missing() []chunked.Range {
+	var out []chunked.Range
 	for i, sp := range s.spans {
 		if !s.filled[i] {
 			out = append(out, sp)

@@ -4,26 +4,28 @@ import (
 	"errors"
 	"slices"
 	"testing"
+
+	"github.com/layerstore/layerstore/chunked"
 )
 
 func TestCoalesce(t *testing.T) {
 	tests := []struct {
 		name         string
-		in           []Range
+		in           []chunked.Range
 		gap, maxSpan int64
-		want         []Range
+		want         []chunked.Range
 	}{
-		{"adjacent", []Range{{0, 10}, {10, 10}, {20, 5}}, 0, 100, []Range{{0, 25}}},
-		{"overlapping", []Range{{0, 10}, {5, 10}}, 0, 100, []Range{{0, 15}}},
-		{"contained", []Range{{0, 50}, {10, 5}}, 0, 100, []Range{{0, 50}}},
-		{"unsorted", []Range{{50, 10}, {0, 10}}, 0, 100, []Range{{0, 10}, {50, 10}}},
-		{"within gap", []Range{{0, 10}, {15, 10}}, 6, 100, []Range{{0, 25}}},
-		{"gap is exclusive", []Range{{0, 10}, {15, 10}}, 5, 100, []Range{{0, 10}, {15, 10}}},
-		{"gap merge stops at max span", []Range{{0, 10}, {15, 10}}, 10, 20, []Range{{0, 10}, {15, 10}}},
-		{"long range split", []Range{{0, 25}}, 0, 10, []Range{{0, 10}, {10, 10}, {20, 5}}},
-		{"adjacent merge then split", []Range{{0, 8}, {8, 8}}, 0, 10, []Range{{0, 10}, {10, 6}}},
-		{"empty ranges dropped", []Range{{5, 0}, {0, 3}}, 0, 10, []Range{{0, 3}}},
-		{"none", nil, 0, 10, []Range{}},
+		{"adjacent", []chunked.Range{{Offset: 0, Length: 10}, {Offset: 10, Length: 10}, {Offset: 20, Length: 5}}, 0, 100, []chunked.Range{{Offset: 0, Length: 25}}},
+		{"overlapping", []chunked.Range{{Offset: 0, Length: 10}, {Offset: 5, Length: 10}}, 0, 100, []chunked.Range{{Offset: 0, Length: 15}}},
+		{"contained", []chunked.Range{{Offset: 0, Length: 50}, {Offset: 10, Length: 5}}, 0, 100, []chunked.Range{{Offset: 0, Length: 50}}},
+		{"unsorted", []chunked.Range{{Offset: 50, Length: 10}, {Offset: 0, Length: 10}}, 0, 100, []chunked.Range{{Offset: 0, Length: 10}, {Offset: 50, Length: 10}}},
+		{"within gap", []chunked.Range{{Offset: 0, Length: 10}, {Offset: 15, Length: 10}}, 6, 100, []chunked.Range{{Offset: 0, Length: 25}}},
+		{"gap is exclusive", []chunked.Range{{Offset: 0, Length: 10}, {Offset: 15, Length: 10}}, 5, 100, []chunked.Range{{Offset: 0, Length: 10}, {Offset: 15, Length: 10}}},
+		{"gap merge stops at max span", []chunked.Range{{Offset: 0, Length: 10}, {Offset: 15, Length: 10}}, 10, 20, []chunked.Range{{Offset: 0, Length: 10}, {Offset: 15, Length: 10}}},
+		{"long range split", []chunked.Range{{Offset: 0, Length: 25}}, 0, 10, []chunked.Range{{Offset: 0, Length: 10}, {Offset: 10, Length: 10}, {Offset: 20, Length: 5}}},
+		{"adjacent merge then split", []chunked.Range{{Offset: 0, Length: 8}, {Offset: 8, Length: 8}}, 0, 10, []chunked.Range{{Offset: 0, Length: 10}, {Offset: 10, Length: 6}}},
+		{"empty ranges dropped", []chunked.Range{{Offset: 5, Length: 0}, {Offset: 0, Length: 3}}, 0, 10, []chunked.Range{{Offset: 0, Length: 3}}},
+		{"none", nil, 0, 10, []chunked.Range{}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -36,7 +38,7 @@ func TestCoalesce(t *testing.T) {
 }
 
 func TestRangeHeader(t *testing.T) {
-	if got, want := rangeHeader([]Range{{0, 10}, {100, 1}}), "bytes=0-9,100-100"; got != want {
+	if got, want := rangeHeader([]chunked.Range{{Offset: 0, Length: 10}, {Offset: 100, Length: 1}}), "bytes=0-9,100-100"; got != want {
 		t.Errorf("rangeHeader = %q, want %q", got, want)
 	}
 }

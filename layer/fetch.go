@@ -9,7 +9,6 @@ import (
 
 	"github.com/layerstore/layerstore/cache"
 	"github.com/layerstore/layerstore/chunked"
-	"github.com/layerstore/layerstore/fetcher"
 	"github.com/layerstore/layerstore/verify"
 )
 
@@ -174,11 +173,11 @@ func (l *Layer) run(ctx context.Context, keys []chunkKey, calls []*fetchCall, ki
 	ctx, cancel := l.m.bound(ctx, l.m.opts.readTimeout)
 	defer cancel()
 	refs := make([]chunked.Chunk, len(keys))
-	var ranges []fetcher.Range
+	var ranges []chunked.Range
 	for i, k := range keys {
 		refs[i] = l.idx.Chunks(k.file)[k.i]
 		if n := refs[i].End - refs[i].Offset; n > 0 {
-			ranges = append(ranges, fetcher.Range{Offset: refs[i].Offset, Length: n})
+			ranges = append(ranges, chunked.Range{Offset: refs[i].Offset, Length: n})
 		}
 	}
 	bufs, err := l.blob.Fetch(ctx, ranges)

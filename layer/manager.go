@@ -34,7 +34,7 @@ type Registry interface {
 type Blob interface {
 	verify.Source // ReadAt
 	// Fetch returns the bytes of ranges, in order, in as few requests as it can.
-	Fetch(ctx context.Context, ranges []fetcher.Range) ([][]byte, error)
+	Fetch(ctx context.Context, ranges []chunked.Range) ([][]byte, error)
 }
 
 // ClientRegistry returns c as a [Registry].

@@ -48,7 +48,7 @@ func (b *memBlob) ReadAt(_ context.Context, p []byte, off int64) (int, error) {
 	return n, nil
 }
 
-func (b *memBlob) Fetch(ctx context.Context, ranges []fetcher.Range) ([][]byte, error) {
+func (b *memBlob) Fetch(ctx context.Context, ranges []chunked.Range) ([][]byte, error) {
 	b.mu.Lock()
 	b.fetches++
 	gate := b.gate
