@@ -121,12 +121,12 @@ func TestPartialRead(t *testing.T) {
 	if n != k-100 || !bytes.Equal(buf[:n], tf.content[100:k]) {
 		t.Errorf("ReadAt over a hole read %d bytes, want the %d present ones", n, k-100)
 	}
-	if want := []Range{{k, k}, {3 * k, 100}}; !slices.Equal(me.Ranges, want) || me.File != tf.sum {
+	if want := []chunked.Range{{Offset: k, Length: k}, {Offset: 3 * k, Length: 100}}; !slices.Equal(me.Ranges, want) || me.File != tf.sum {
 		t.Errorf("missing = %v, want %v", me.Ranges, want)
 	}
 
 	n, err = h.ReadAt(buf, k+5)
-	if n != 0 || !errors.As(err, &me) || !slices.Equal(me.Ranges, []Range{{k + 5, k - 5}, {3 * k, k + 5}}) {
+	if n != 0 || !errors.As(err, &me) || !slices.Equal(me.Ranges, []chunked.Range{{Offset: k + 5, Length: k - 5}, {Offset: 3 * k, Length: k + 5}}) {
 		t.Errorf("ReadAt at a hole = %d, %v", n, err)
 	}
 	if n, err := h.ReadAt(buf[:k], 2*k); n != k || err != nil || !bytes.Equal(buf[:k], tf.content[2*k:3*k]) {
@@ -139,7 +139,7 @@ func TestPartialRead(t *testing.T) {
 	if n, err := h.ReadAt(buf, last.FileOffset); n != int(last.Size) || err != io.EOF {
 		t.Errorf("ReadAt across the end = %d, %v", n, err)
 	}
-	wantMissing := []Range{{k, k}, {3 * k, last.FileOffset - 3*k}}
+	wantMissing := []chunked.Range{{Offset: k, Length: k}, {Offset: 3 * k, Length: last.FileOffset - 3*k}}
 	if got := h.Missing(0, tf.size()); !slices.Equal(got, wantMissing) {
 		t.Errorf("Missing = %v, want %v", got, wantMissing)
 	}
@@ -247,7 +247,7 @@ func TestCorruptWholeFile(t *testing.T) {
 	if c.Usage() != 0 {
 		t.Errorf("usage = %d after dropping", c.Usage())
 	}
-	if got := h.Missing(0, tool.size()); !slices.Equal(got, []Range{{0, tool.size()}}) {
+	if got := h.Missing(0, tool.size()); !slices.Equal(got, []chunked.Range{{Offset: 0, Length: tool.size()}}) {
 		t.Errorf("missing = %v, want everything", got)
 	}
 	if _, err := os.Stat(completePath(c.root, other.sum)); !errors.Is(err, os.ErrNotExist) {
@@ -403,7 +403,7 @@ func TestReadChunkAt(t *testing.T) {
 	// Chunks of the other chunking that cover honest[2] (and maybe more).
 	r2 := chunkRange(honest[2])
 	for _, ch := range other {
-		if r := chunkRange(ch); r.End() > r2.Off && r.Off < r2.End() {
+		if r := chunkRange(ch); r.End() > r2.Offset && r.Offset < r2.End() {
 			putAll(t, h, []verify.Chunk{ch})
 		}
 	}
@@ -452,8 +452,8 @@ func TestReadChunkAt(t *testing.T) {
 	// Poison over the formerly known range, by a chunk of other bounds: still refused.
 	var poison *verify.Chunk
 	for _, ch := range append(sparse.chunks["zstd"], sparse.chunks["estargz"]...) {
-		if r := chunkRange(ch); r.Off <= ref.FileOffset && r.End() > ref.FileOffset && r != chunkRange(honest[0]) &&
-			r.End() <= big.size() && !bytes.Equal(ch.Bytes(), big.content[r.Off:r.End()]) {
+		if r := chunkRange(ch); r.Offset <= ref.FileOffset && r.End() > ref.FileOffset && r != chunkRange(honest[0]) &&
+			r.End() <= big.size() && !bytes.Equal(ch.Bytes(), big.content[r.Offset:r.End()]) {
 			poison = &ch
 			break
 		}
@@ -463,7 +463,7 @@ func TestReadChunkAt(t *testing.T) {
 	}
 	putAll(t, h, []verify.Chunk{*poison})
 	for _, ch := range other { // the rest of the range, honest bytes
-		if r := chunkRange(ch); r.Off < ref.FileOffset+ref.Size && r.End() > poison.Ref().FileOffset+poison.Ref().Size {
+		if r := chunkRange(ch); r.Offset < ref.FileOffset+ref.Size && r.End() > poison.Ref().FileOffset+poison.Ref().Size {
 			putAll(t, h, []verify.Chunk{ch})
 		}
 	}

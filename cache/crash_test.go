@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"slices"
 	"testing"
+
+	"github.com/layerstore/layerstore/chunked"
 )
 
 var errCrash = errors.New("simulated crash")
@@ -49,20 +51,20 @@ func TestCrashBeforeRecord(t *testing.T) {
 		t.Fatal(err)
 	}
 	r1 := chunkRange(cs[1])
-	if !bytes.Equal(raw[r1.Off:r1.End()], big.content[r1.Off:r1.End()]) {
+	if !bytes.Equal(raw[r1.Offset:r1.End()], big.content[r1.Offset:r1.End()]) {
 		t.Fatal("test premise: unrecorded chunk not in the data file")
 	}
 
 	c = newCache(t, root)
-	if c.Usage() != chunkRange(cs[0]).Len {
+	if c.Usage() != chunkRange(cs[0]).Length {
 		t.Errorf("usage = %d, want only the recorded chunk", c.Usage())
 	}
 	h = open(t, c, big)
-	want := []Range{{r1.Off, big.size() - r1.Off}}
+	want := []chunked.Range{{Offset: r1.Offset, Length: big.size() - r1.Offset}}
 	if got := h.Missing(0, big.size()); !slices.Equal(got, want) {
 		t.Errorf("missing after crash = %v, want %v", got, want)
 	}
-	if _, err := h.ReadAt(make([]byte, 10), r1.Off); !errors.Is(err, ErrMissing) {
+	if _, err := h.ReadAt(make([]byte, 10), r1.Offset); !errors.Is(err, ErrMissing) {
 		t.Errorf("ReadAt of unrecorded range = %v, want ErrMissing", err)
 	}
 	putAll(t, h, cs[1:])
@@ -144,16 +146,16 @@ func TestDamagedJournal(t *testing.T) {
 	big := realFiles(t)["usr/share/big.bin"]
 	cs := big.chunks["estargz"]
 	r0, r1 := chunkRange(cs[0]), chunkRange(cs[1])
-	all := []Range{{0, big.size()}}
+	all := []chunked.Range{{Offset: 0, Length: big.size()}}
 	for _, tc := range []struct {
 		name   string
 		damage func(t *testing.T, journal, data string)
-		want   []Range // missing after the damage
+		want   []chunked.Range // missing after the damage
 	}{
 		{"torn last record", func(t *testing.T, j, _ string) { truncate(t, j, -7) },
-			[]Range{{r1.Off, big.size() - r1.Off}}},
+			[]chunked.Range{{Offset: r1.Offset, Length: big.size() - r1.Offset}}},
 		{"garbage appended", func(t *testing.T, j, _ string) { appendBytes(t, j, []byte("garbage")) },
-			[]Range{{r1.End(), big.size() - r1.End()}}},
+			[]chunked.Range{{Offset: r1.End(), Length: big.size() - r1.End()}}},
 		{"flipped bit in first record", func(t *testing.T, j, _ string) { flipByte(t, j, journalRec+3) }, all},
 		{"truncated header", func(t *testing.T, j, _ string) { truncate(t, j, 5-fileSize(t, j)) }, all},
 		{"empty journal", func(t *testing.T, j, _ string) { truncate(t, j, -fileSize(t, j)) }, all},
@@ -188,7 +190,7 @@ func TestDamagedJournal(t *testing.T) {
 			c.Close()
 			c = newCache(t, root)
 			h = open(t, c, big)
-			if got := h.Missing(chunkRange(cs[5]).Off, r0.Len); got != nil {
+			if got := h.Missing(chunkRange(cs[5]).Offset, r0.Length); got != nil {
 				t.Errorf("chunk recorded after repair lost: missing %v", got)
 			}
 			putAll(t, h, cs)

@@ -35,7 +35,7 @@ var (
 // [ErrMissing].
 type MissingError struct {
 	File   chunked.Sum
-	Ranges []Range // sorted, disjoint, within the file
+	Ranges []chunked.Range // sorted, disjoint, within the file
 }
 
 func (e *MissingError) Error() string {
@@ -43,7 +43,7 @@ func (e *MissingError) Error() string {
 		return fmt.Sprintf("%v: %v", e.File, ErrMissing)
 	}
 	return fmt.Sprintf("%v: %d byte(s) in %d range(s) from offset %d: %v",
-		e.File, rangeSet(e.Ranges).bytes(), len(e.Ranges), e.Ranges[0].Off, ErrMissing)
+		e.File, rangeSet(e.Ranges).bytes(), len(e.Ranges), e.Ranges[0].Offset, ErrMissing)
 }
 
 func (e *MissingError) Unwrap() error { return ErrMissing }

@@ -48,7 +48,7 @@ type entry struct {
 	// written whole from a verified chunk, or hashed by a read since the file was loaded.
 	// Present bytes are never rewritten while the file is loaded, so a reader asking for the
 	// same range and digest needs no hashing (see File.ReadChunkAt). Cleared with ranges.
-	hashed map[Range]chunked.Sum
+	hashed map[chunked.Range]chunked.Sum
 }
 
 func (e *entry) dataPathLocked() string {
@@ -301,7 +301,7 @@ func (e *entry) write(off int64, b []byte, sum chunked.Sum) (full bool, err erro
 	}
 	// Present bytes are never rewritten, so concurrent readers see stable content.
 	for _, g := range gaps {
-		if _, err := e.data.WriteAt(b[g.Off-off:g.End()-off], g.Off); err != nil {
+		if _, err := e.data.WriteAt(b[g.Offset-off:g.End()-off], g.Offset); err != nil {
 			return false, fmt.Errorf("cache: writing %v: %w", e.sum, err)
 		}
 	}
@@ -333,16 +333,16 @@ func (e *entry) write(off int64, b []byte, sum chunked.Sum) (full bool, err erro
 	delta := e.ranges.bytes() - before
 	e.bytes.Add(delta)
 	e.c.usage.Add(delta)
-	if whole := (Range{Off: off, Len: int64(len(b))}); len(gaps) == 1 && gaps[0] == whole {
+	if whole := (chunked.Range{Offset: off, Length: int64(len(b))}); len(gaps) == 1 && gaps[0] == whole {
 		e.knowLocked(whole, sum)
 	}
 	return len(e.ranges.missing(0, e.size)) == 0, nil
 }
 
 // knowLocked records that present range r hashes to sum (rmu held, mu held shared).
-func (e *entry) knowLocked(r Range, sum chunked.Sum) {
+func (e *entry) knowLocked(r chunked.Range, sum chunked.Sum) {
 	if e.hashed == nil {
-		e.hashed = map[Range]chunked.Sum{}
+		e.hashed = map[chunked.Range]chunked.Sum{}
 	}
 	e.hashed[r] = sum
 }

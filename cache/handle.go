@@ -80,7 +80,7 @@ func (e *entry) readAtLocked(p []byte, off int64) (int, error) {
 		return 0, ErrClosed
 	}
 	end := min(off+int64(len(p)), e.size)
-	var missing []Range
+	var missing []chunked.Range
 	readEnd := end
 	if !e.complete {
 		e.rmu.Lock()
@@ -110,7 +110,7 @@ func (e *entry) readAtLocked(p []byte, off int64) (int, error) {
 
 // Missing returns the ranges of [off, off+n) (clipped to the file) that are not present,
 // sorted; none for a complete file.
-func (f *File) Missing(off, n int64) []Range {
+func (f *File) Missing(off, n int64) []chunked.Range {
 	e := f.e
 	off, end := max(off, 0), min(off+n, e.size)
 	if n <= 0 || off >= end {
@@ -143,14 +143,14 @@ func (f *File) Path() (string, error) {
 	if e.complete {
 		return completePath(e.c.root, e.sum), nil
 	}
-	var missing []Range
+	var missing []chunked.Range
 	if e.loaded {
 		e.rmu.Lock()
 		missing = e.ranges.missing(0, e.size)
 		e.rmu.Unlock()
 	}
 	if len(missing) == 0 {
-		missing = []Range{{Off: 0, Len: e.size}} // full but not verified yet
+		missing = []chunked.Range{{Offset: 0, Length: e.size}} // full but not verified yet
 	}
 	return "", &MissingError{File: e.sum, Ranges: missing}
 }
@@ -201,7 +201,7 @@ func (f *File) ReadChunkAt(ref chunked.Chunk, p []byte, off int64) (int, error) 
 	}
 	e.mu.RLock()
 	defer e.mu.RUnlock()
-	whole := Range{Off: ref.FileOffset, Len: ref.Size}
+	whole := chunked.Range{Offset: ref.FileOffset, Length: ref.Size}
 	e.rmu.Lock()
 	sum, known := e.hashed[whole]
 	known = e.complete || known && sum == ref.Digest

@@ -125,4 +125,6 @@ func fill(t *testing.T, c *Cache, f *testFile) {
 	h.Close()
 }
 
-func chunkRange(c verify.Chunk) Range { return Range{Off: c.Ref().FileOffset, Len: c.Ref().Size} }
+func chunkRange(c verify.Chunk) chunked.Range {
+	return chunked.Range{Offset: c.Ref().FileOffset, Length: c.Ref().Size}
+}

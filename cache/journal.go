@@ -4,6 +4,8 @@ import (
 	"encoding/binary"
 	"errors"
 	"hash/crc32"
+
+	"github.com/layerstore/layerstore/chunked"
 )
 
 // The journal of a partial file ("<hex>.ranges") is a header followed by records, each
@@ -35,10 +37,10 @@ func journalHeader(size int64) []byte {
 	return binary.LittleEndian.AppendUint32(b, crc32.Checksum(b, crcTable))
 }
 
-func appendRecord(b []byte, r Range) []byte {
+func appendRecord(b []byte, r chunked.Range) []byte {
 	start := len(b)
-	b = binary.LittleEndian.AppendUint64(b, uint64(r.Off))
-	b = binary.LittleEndian.AppendUint64(b, uint64(r.Len))
+	b = binary.LittleEndian.AppendUint64(b, uint64(r.Offset))
+	b = binary.LittleEndian.AppendUint64(b, uint64(r.Length))
 	return binary.LittleEndian.AppendUint32(b, crc32.Checksum(b[start:], crcTable))
 }
 
@@ -63,7 +65,7 @@ func parseJournal(b []byte) (size int64, set rangeSet, good int, err error) {
 		if n == 0 || off > uint64(size) || n > uint64(size)-off {
 			break
 		}
-		set = set.add(Range{Off: int64(off), Len: int64(n)})
+		set = set.add(chunked.Range{Offset: int64(off), Length: int64(n)})
 		good += journalRec
 	}
 	return size, set, good, nil

@@ -4,20 +4,22 @@ import (
 	"errors"
 	"slices"
 	"testing"
+
+	"github.com/layerstore/layerstore/chunked"
 )
 
 func TestJournalRoundTrip(t *testing.T) {
 	b := journalHeader(1000)
-	b = appendRecord(b, Range{0, 100})
-	b = appendRecord(b, Range{500, 500})
+	b = appendRecord(b, chunked.Range{Offset: 0, Length: 100})
+	b = appendRecord(b, chunked.Range{Offset: 500, Length: 500})
 	size, set, good, err := parseJournal(b)
-	if err != nil || size != 1000 || good != len(b) || !slices.Equal(set, rangeSet{{0, 100}, {500, 500}}) {
+	if err != nil || size != 1000 || good != len(b) || !slices.Equal(set, rangeSet{{Offset: 0, Length: 100}, {Offset: 500, Length: 500}}) {
 		t.Fatalf("parse = %d, %v, %d, %v", size, set, good, err)
 	}
 }
 
 func TestJournalDamage(t *testing.T) {
-	valid := appendRecord(appendRecord(journalHeader(1000), Range{0, 100}), Range{200, 100})
+	valid := appendRecord(appendRecord(journalHeader(1000), chunked.Range{Offset: 0, Length: 100}), chunked.Range{Offset: 200, Length: 100})
 	flip := func(i int) []byte { b := slices.Clone(valid); b[i] ^= 1; return b }
 	for _, tc := range []struct {
 		name    string
@@ -30,11 +32,11 @@ func TestJournalDamage(t *testing.T) {
 		{"short header", valid[:5], true, nil, 0},
 		{"bad magic", flip(0), true, nil, 0},
 		{"bad header crc", flip(9), true, nil, 0},
-		{"torn last record", valid[:len(valid)-3], false, rangeSet{{0, 100}}, 40},
+		{"torn last record", valid[:len(valid)-3], false, rangeSet{{Offset: 0, Length: 100}}, 40},
 		{"bad first record", flip(21), false, nil, 20},
-		{"bad second record", flip(41), false, rangeSet{{0, 100}}, 40},
-		{"record past end", appendRecord(journalHeader(10), Range{5, 6}), false, nil, 20},
-		{"empty record", appendRecord(journalHeader(10), Range{5, 0}), false, nil, 20},
+		{"bad second record", flip(41), false, rangeSet{{Offset: 0, Length: 100}}, 40},
+		{"record past end", appendRecord(journalHeader(10), chunked.Range{Offset: 5, Length: 6}), false, nil, 20},
+		{"empty record", appendRecord(journalHeader(10), chunked.Range{Offset: 5, Length: 0}), false, nil, 20},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, set, good, err := parseJournal(tc.b)
@@ -49,7 +51,7 @@ func TestJournalDamage(t *testing.T) {
 }
 
 func FuzzParseJournal(f *testing.F) {
-	f.Add(appendRecord(appendRecord(journalHeader(1000), Range{0, 100}), Range{200, 100}))
+	f.Add(appendRecord(appendRecord(journalHeader(1000), chunked.Range{Offset: 0, Length: 100}), chunked.Range{Offset: 200, Length: 100}))
 	f.Add(journalHeader(0))
 	f.Add([]byte("LSCJRNL1"))
 	f.Fuzz(func(t *testing.T, b []byte) {
@@ -61,7 +63,7 @@ func FuzzParseJournal(f *testing.F) {
 			t.Fatalf("good = %d of %d", good, len(b))
 		}
 		for _, r := range set {
-			if r.Off < 0 || r.Len <= 0 || r.End() > size {
+			if r.Offset < 0 || r.Length <= 0 || r.End() > size {
 				t.Fatalf("range %v outside a %d-byte file", r, size)
 			}
 		}

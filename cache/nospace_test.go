@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/layerstore/layerstore/chunked"
 	"github.com/layerstore/layerstore/internal/testutil/testlog"
 	"github.com/layerstore/layerstore/internal/testutil/testtmpfs"
 )
@@ -68,10 +69,10 @@ func TestNoSpaceNothingToEvict(t *testing.T) {
 		if !errors.Is(err, ErrNoSpace) || !errors.Is(err, syscall.ENOSPC) {
 			t.Fatalf("Put on a full filesystem = %v, want ErrNoSpace wrapping ENOSPC", err)
 		}
-		if got, want := h.Missing(0, big.size()), []Range{{Off: chunkRange(cs[1]).Off, Len: big.size() - chunkRange(cs[1]).Off}}; !slices.Equal(got, want) {
+		if got, want := h.Missing(0, big.size()), []chunked.Range{{Offset: chunkRange(cs[1]).Offset, Length: big.size() - chunkRange(cs[1]).Offset}}; !slices.Equal(got, want) {
 			t.Errorf("missing %v after the failed Put, want %v", got, want)
 		}
-		if c.Usage() != chunkRange(cs[0]).Len {
+		if c.Usage() != chunkRange(cs[0]).Length {
 			t.Errorf("usage %d, want only the first chunk", c.Usage())
 		}
 		// After a restart, the journal records only the first chunk.
@@ -81,12 +82,12 @@ func TestNoSpaceNothingToEvict(t *testing.T) {
 		c = newCache(t, root, WithLogger(slog.New(logs)))
 		clock := time.Now()
 		c.now = func() time.Time { return clock }
-		if c.Usage() != chunkRange(cs[0]).Len {
+		if c.Usage() != chunkRange(cs[0]).Length {
 			t.Errorf("after a restart, usage %d, want only the first chunk", c.Usage())
 		}
 		h = open(t, c, big)
-		buf := make([]byte, chunkRange(cs[1]).Len)
-		if _, err := h.ReadAt(buf, chunkRange(cs[1]).Off); !errors.Is(err, ErrMissing) {
+		buf := make([]byte, chunkRange(cs[1]).Length)
+		if _, err := h.ReadAt(buf, chunkRange(cs[1]).Offset); !errors.Is(err, ErrMissing) {
 			t.Errorf("after a restart, reading the chunk that failed = %v, want ErrMissing", err)
 		}
 

@@ -330,7 +330,7 @@ func TestOpenWritesNothing(t *testing.T) {
 	h.Close()
 	c.Close()
 	c = newCache(t, root)
-	if got := c.Usage(); got != chunkRange(big.chunks["zstd"][0]).Len {
+	if got := c.Usage(); got != chunkRange(big.chunks["zstd"][0]).Length {
 		t.Errorf("usage after restart = %d, want the stored chunk", got)
 	}
 }

@@ -1,34 +1,30 @@
 package cache
 
-import "sort"
+import (
+	"sort"
 
-// Range is the byte range [Off, Off+Len) of a file.
-type Range struct {
-	Off, Len int64
-}
-
-// End returns the offset just past the range.
-func (r Range) End() int64 { return r.Off + r.Len }
+	"github.com/layerstore/layerstore/chunked"
+)
 
 // rangeSet is a sorted list of disjoint, non-adjacent, non-empty ranges.
-type rangeSet []Range
+type rangeSet []chunked.Range
 
 // add returns the set with r included, merging overlapping and adjacent ranges.
-func (s rangeSet) add(r Range) rangeSet {
-	if r.Len <= 0 {
+func (s rangeSet) add(r chunked.Range) rangeSet {
+	if r.Length <= 0 {
 		return s
 	}
 	// First range that overlaps or touches r.
-	i := sort.Search(len(s), func(i int) bool { return s[i].End() >= r.Off })
+	i := sort.Search(len(s), func(i int) bool { return s[i].End() >= r.Offset })
 	j := i
-	lo, hi := r.Off, r.End()
-	for j < len(s) && s[j].Off <= hi {
-		lo, hi = min(lo, s[j].Off), max(hi, s[j].End())
+	lo, hi := r.Offset, r.End()
+	for j < len(s) && s[j].Offset <= hi {
+		lo, hi = min(lo, s[j].Offset), max(hi, s[j].End())
 		j++
 	}
-	merged := Range{Off: lo, Len: hi - lo}
+	merged := chunked.Range{Offset: lo, Length: hi - lo}
 	if i == j {
-		s = append(s, Range{})
+		s = append(s, chunked.Range{})
 		copy(s[i+1:], s[i:])
 		s[i] = merged
 		return s
@@ -38,16 +34,16 @@ func (s rangeSet) add(r Range) rangeSet {
 }
 
 // missing returns the parts of [off, end) not in the set.
-func (s rangeSet) missing(off, end int64) []Range {
-	var out []Range
+func (s rangeSet) missing(off, end int64) []chunked.Range {
+	var out []chunked.Range
 	i := sort.Search(len(s), func(i int) bool { return s[i].End() > off })
 	for ; off < end; i++ {
-		if i == len(s) || s[i].Off >= end {
-			out = append(out, Range{Off: off, Len: end - off})
+		if i == len(s) || s[i].Offset >= end {
+			out = append(out, chunked.Range{Offset: off, Length: end - off})
 			break
 		}
-		if s[i].Off > off {
-			out = append(out, Range{Off: off, Len: s[i].Off - off})
+		if s[i].Offset > off {
+			out = append(out, chunked.Range{Offset: off, Length: s[i].Offset - off})
 		}
 		off = s[i].End()
 	}
@@ -57,7 +53,7 @@ func (s rangeSet) missing(off, end int64) []Range {
 // presentEnd returns the end of the present run that contains off, or off if off is missing.
 func (s rangeSet) presentEnd(off int64) int64 {
 	i := sort.Search(len(s), func(i int) bool { return s[i].End() > off })
-	if i < len(s) && s[i].Off <= off {
+	if i < len(s) && s[i].Offset <= off {
 		return s[i].End()
 	}
 	return off
@@ -67,7 +63,7 @@ func (s rangeSet) presentEnd(off int64) int64 {
 func (s rangeSet) bytes() int64 {
 	var n int64
 	for _, r := range s {
-		n += r.Len
+		n += r.Length
 	}
 	return n
 }

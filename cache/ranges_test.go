@@ -4,22 +4,24 @@ import (
 	"math/rand/v2"
 	"slices"
 	"testing"
+
+	"github.com/layerstore/layerstore/chunked"
 )
 
 func TestRangeSet(t *testing.T) {
 	for _, tc := range []struct {
 		name string
-		add  []Range
+		add  []chunked.Range
 		want rangeSet
 	}{
 		{"empty", nil, nil},
-		{"one", []Range{{10, 5}}, rangeSet{{10, 5}}},
-		{"disjoint unsorted", []Range{{20, 5}, {0, 5}, {10, 5}}, rangeSet{{0, 5}, {10, 5}, {20, 5}}},
-		{"adjacent merge", []Range{{0, 5}, {5, 5}}, rangeSet{{0, 10}}},
-		{"overlap", []Range{{0, 6}, {4, 6}}, rangeSet{{0, 10}}},
-		{"bridge", []Range{{0, 2}, {4, 2}, {8, 2}, {1, 8}}, rangeSet{{0, 10}}},
-		{"contained", []Range{{0, 10}, {2, 3}}, rangeSet{{0, 10}}},
-		{"zero length ignored", []Range{{3, 0}}, nil},
+		{"one", []chunked.Range{{Offset: 10, Length: 5}}, rangeSet{{Offset: 10, Length: 5}}},
+		{"disjoint unsorted", []chunked.Range{{Offset: 20, Length: 5}, {Offset: 0, Length: 5}, {Offset: 10, Length: 5}}, rangeSet{{Offset: 0, Length: 5}, {Offset: 10, Length: 5}, {Offset: 20, Length: 5}}},
+		{"adjacent merge", []chunked.Range{{Offset: 0, Length: 5}, {Offset: 5, Length: 5}}, rangeSet{{Offset: 0, Length: 10}}},
+		{"overlap", []chunked.Range{{Offset: 0, Length: 6}, {Offset: 4, Length: 6}}, rangeSet{{Offset: 0, Length: 10}}},
+		{"bridge", []chunked.Range{{Offset: 0, Length: 2}, {Offset: 4, Length: 2}, {Offset: 8, Length: 2}, {Offset: 1, Length: 8}}, rangeSet{{Offset: 0, Length: 10}}},
+		{"contained", []chunked.Range{{Offset: 0, Length: 10}, {Offset: 2, Length: 3}}, rangeSet{{Offset: 0, Length: 10}}},
+		{"zero length ignored", []chunked.Range{{Offset: 3, Length: 0}}, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var s rangeSet
@@ -34,18 +36,18 @@ func TestRangeSet(t *testing.T) {
 }
 
 func TestRangeSetMissing(t *testing.T) {
-	s := rangeSet{{10, 10}, {30, 10}}
+	s := rangeSet{{Offset: 10, Length: 10}, {Offset: 30, Length: 10}}
 	for _, tc := range []struct {
 		off, end int64
-		want     []Range
+		want     []chunked.Range
 		pe       int64
 	}{
-		{0, 50, []Range{{0, 10}, {20, 10}, {40, 10}}, 0},
+		{0, 50, []chunked.Range{{Offset: 0, Length: 10}, {Offset: 20, Length: 10}, {Offset: 40, Length: 10}}, 0},
 		{10, 20, nil, 20},
-		{15, 35, []Range{{20, 10}}, 20},
-		{20, 30, []Range{{20, 10}}, 20},
+		{15, 35, []chunked.Range{{Offset: 20, Length: 10}}, 20},
+		{20, 30, []chunked.Range{{Offset: 20, Length: 10}}, 20},
 		{35, 40, nil, 40},
-		{45, 50, []Range{{45, 5}}, 45},
+		{45, 50, []chunked.Range{{Offset: 45, Length: 5}}, 45},
 	} {
 		if got := s.missing(tc.off, tc.end); !slices.Equal(got, tc.want) {
 			t.Errorf("missing(%d, %d) = %v, want %v", tc.off, tc.end, got, tc.want)
@@ -66,7 +68,7 @@ func TestRangeSetRandom(t *testing.T) {
 		for range rng.IntN(12) {
 			off := rng.Int64N(n)
 			l := rng.Int64N(n - off)
-			s = s.add(Range{off, l})
+			s = s.add(chunked.Range{Offset: off, Length: l})
 			for i := off; i < off+l; i++ {
 				bits[i] = true
 			}
@@ -76,7 +78,7 @@ func TestRangeSetRandom(t *testing.T) {
 			got[i] = true
 		}
 		for _, r := range s.missing(0, n) {
-			for i := r.Off; i < r.End(); i++ {
+			for i := r.Offset; i < r.End(); i++ {
 				got[i] = false
 			}
 		}
@@ -84,7 +86,7 @@ func TestRangeSetRandom(t *testing.T) {
 			t.Fatalf("set %v disagrees with bitmap", s)
 		}
 		for i := 1; i < len(s); i++ {
-			if s[i].Off <= s[i-1].End() {
+			if s[i].Offset <= s[i-1].End() {
 				t.Fatalf("set %v not disjoint and non-adjacent", s)
 			}
 		}
