@@ -123,8 +123,8 @@ func TestParseChunkSpanCapped(t *testing.T) {
 		}
 		for _, p := range []string{"a", "b", "c"} {
 			for _, c := range x.Chunks(lookup(t, x, p)) {
-				if span, limit := c.End-c.Offset, chunked.MaxSpan(c.InnerOffset+c.Size); span <= 0 || span > limit {
-					t.Errorf("%v: %s: chunk spans %d bytes (%d-%d), want at most %d", tc.format, p, span, c.Offset, c.End, limit)
+				if span, limit := c.Length, chunked.MaxSpan(c.InnerOffset+c.Size); span <= 0 || span > limit {
+					t.Errorf("%v: %s: chunk spans %d bytes (%d-%d), want at most %d", tc.format, p, span, c.Offset, c.End(), limit)
 				}
 			}
 		}

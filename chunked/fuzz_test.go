@@ -155,8 +155,8 @@ func checkChunks(t testing.TB, x *chunked.Index, id chunked.EntryID, end int64) 
 	e := x.Entry(id)
 	var off int64
 	for i, c := range x.Chunks(id) {
-		if c.FileOffset != off || c.Size <= 0 || c.InnerOffset < 0 || c.Offset < 0 || c.End <= c.Offset || c.End > end ||
-			c.End-c.Offset > chunked.MaxSpan(c.InnerOffset+c.Size) {
+		if c.FileOffset != off || c.Size <= 0 || c.InnerOffset < 0 || c.Offset < 0 || c.Length <= 0 || c.End() > end ||
+			c.Length > chunked.MaxSpan(c.InnerOffset+c.Size) {
 			t.Errorf("%q chunk %d at file offset %d: %+v (data ends at %d)", e.Name, i, off, c, end)
 			return
 		}

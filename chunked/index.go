@@ -122,10 +122,10 @@ func (e *Entry) Visible() bool { return e.Flags&(FlagHidden|FlagShadowed) == 0 }
 
 // Chunk is a piece of a regular file's content and where it is in the blob.
 type Chunk struct {
-	// Offset and End delimit the compressed bytes to fetch: decompressing them yields
-	// InnerOffset bytes to skip, then the chunk's Size bytes (and possibly more, ignored).
-	// End-Offset is at most MaxSpan(InnerOffset+Size).
-	Offset, End int64
+	// Range is the compressed bytes to fetch: decompressing them yields InnerOffset bytes
+	// to skip, then the chunk's Size bytes (and possibly more, ignored). Its Length is at
+	// most MaxSpan(InnerOffset+Size).
+	Range
 	InnerOffset int64
 	// FileOffset is the chunk's position in the file; Size its uncompressed length.
 	FileOffset int64

@@ -173,8 +173,8 @@ func TestParseShadowedEntries(t *testing.T) {
 		id   chunked.EntryID
 		want chunked.Chunk
 	}{
-		{0, chunked.Chunk{Offset: 100, End: 200, Size: 5, Digest: sumOf('a')}},
-		{2, chunked.Chunk{Offset: 200, End: 200 + chunked.MaxSpan(7), Size: 7, Digest: sumOf('b')}},
+		{0, chunked.Chunk{Range: chunked.Range{Offset: 100, Length: 100}, Size: 5, Digest: sumOf('a')}},
+		{2, chunked.Chunk{Range: chunked.Range{Offset: 200, Length: chunked.MaxSpan(7)}, Size: 7, Digest: sumOf('b')}},
 	} {
 		if got := x.Chunks(tc.id); !slices.Equal(got, []chunked.Chunk{tc.want}) {
 			t.Errorf("Chunks(%d) = %+v, want [%+v]", tc.id, got, tc.want)
@@ -313,7 +313,7 @@ func TestParseArtefacts(t *testing.T) {
 		}
 	}
 	// The hidden entries' chunks still delimit their neighbours'.
-	if got := x.Chunks(lookup(t, x, "a"))[0].End; got != 1234 {
+	if got := x.Chunks(lookup(t, x, "a"))[0].End(); got != 1234 {
 		t.Errorf("a ends at %d, want 1234 (the landmark's offset)", got)
 	}
 	x = parseOK(t, chunked.EStargz, tocOf(file(".no.prefetch.landmark", 1, 0), file("a", 1, 50)))
@@ -526,15 +526,15 @@ func TestParseStargzChunkEnds(t *testing.T) {
 				path string
 				want []chunked.Chunk
 			}{
-				{"a", []chunked.Chunk{{Offset: 100, End: 300, Size: 3, Digest: sumOf('1')}}},
-				{"b", []chunked.Chunk{{Offset: 100, End: 300, InnerOffset: 3, Size: 4, Digest: sumOf('1')}}},
-				{"c", []chunked.Chunk{{Offset: 100, End: 300, InnerOffset: 7, Size: 5, Digest: sumOf('1')}}},
+				{"a", []chunked.Chunk{{Range: chunked.Range{Offset: 100, Length: 200}, Size: 3, Digest: sumOf('1')}}},
+				{"b", []chunked.Chunk{{Range: chunked.Range{Offset: 100, Length: 200}, InnerOffset: 3, Size: 4, Digest: sumOf('1')}}},
+				{"c", []chunked.Chunk{{Range: chunked.Range{Offset: 100, Length: 200}, InnerOffset: 7, Size: 5, Digest: sumOf('1')}}},
 				{"big", []chunked.Chunk{
-					{Offset: 300, End: 500, Size: 4, Digest: sumOf('1')},
-					{Offset: 300, End: 500, InnerOffset: 4, FileOffset: 4, Size: 4, Digest: sumOf('2')},
+					{Range: chunked.Range{Offset: 300, Length: 200}, Size: 4, Digest: sumOf('1')},
+					{Range: chunked.Range{Offset: 300, Length: 200}, InnerOffset: 4, FileOffset: 4, Size: 4, Digest: sumOf('2')},
 				}},
-				{"late", []chunked.Chunk{{Offset: 500, End: min(end, 500+chunked.MaxSpan(2)), Size: 2, Digest: sumOf('1')}}},
-				{"early", []chunked.Chunk{{Offset: 50, End: 100, Size: 2, Digest: sumOf('1')}}},
+				{"late", []chunked.Chunk{{Range: chunked.Range{Offset: 500, Length: min(end-500, chunked.MaxSpan(2))}, Size: 2, Digest: sumOf('1')}}},
+				{"early", []chunked.Chunk{{Range: chunked.Range{Offset: 50, Length: 50}, Size: 2, Digest: sumOf('1')}}},
 				{"empty", nil},
 			} {
 				if got := x.Chunks(lookup(t, x, tc.path)); !slices.Equal(got, tc.want) {
@@ -563,14 +563,14 @@ func TestParseZstdChunkEnds(t *testing.T) {
 				path string
 				want []chunked.Chunk
 			}{
-				{"one", []chunked.Chunk{{Offset: 100, End: 120, Size: 5, Digest: sumOf('a')}}},
+				{"one", []chunked.Chunk{{Range: chunked.Range{Offset: 100, Length: 20}, Size: 5, Digest: sumOf('a')}}},
 				{"multi", []chunked.Chunk{
-					{Offset: 200, End: 400, Size: 1000, Digest: sumOf('1')},
-					{Offset: 400, End: 410, FileOffset: 1000, Size: 1500, Digest: sumOf('2'), Zeros: true},
-					{Offset: 410, End: 900, FileOffset: 2500, Size: 500, Digest: sumOf('3')},
+					{Range: chunked.Range{Offset: 200, Length: 200}, Size: 1000, Digest: sumOf('1')},
+					{Range: chunked.Range{Offset: 400, Length: 10}, FileOffset: 1000, Size: 1500, Digest: sumOf('2'), Zeros: true},
+					{Range: chunked.Range{Offset: 410, Length: 490}, FileOffset: 2500, Size: 500, Digest: sumOf('3')},
 				}},
-				{"noend", []chunked.Chunk{{Offset: 1000, End: 2000, Size: 1, Digest: sumOf('c')}}},
-				{"last", []chunked.Chunk{{Offset: 2000, End: min(payloadEnd(f), 2000+chunked.MaxSpan(1)), Size: 1, Digest: sumOf('d')}}},
+				{"noend", []chunked.Chunk{{Range: chunked.Range{Offset: 1000, Length: 1000}, Size: 1, Digest: sumOf('c')}}},
+				{"last", []chunked.Chunk{{Range: chunked.Range{Offset: 2000, Length: min(payloadEnd(f)-2000, chunked.MaxSpan(1))}, Size: 1, Digest: sumOf('d')}}},
 				{"empty", nil},
 			} {
 				if got := x.Chunks(lookup(t, x, tc.path)); !slices.Equal(got, tc.want) {

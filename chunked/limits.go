@@ -58,8 +58,8 @@ func (l Limits) WithDefaults() Limits {
 }
 
 // MaxSpan returns the most blob bytes one chunk's fetch covers, for a chunk whose decompression
-// yields n bytes (its InnerOffset plus its Size). [Chunk].End never lies further from
-// [Chunk].Offset, whatever the TOC says, so that no TOC makes a chunk fetch ask for more.
+// yields n bytes (its InnerOffset plus its Size). A [Chunk]'s Length never exceeds it,
+// whatever the TOC says, so that no TOC makes a chunk fetch ask for more.
 //
 // Compressors fall back to stored blocks on incompressible data: deflate adds 5 bytes per
 // 64 KiB block (zlib's deflateBound about 0.03%), zstd 3 bytes per 128 KiB block

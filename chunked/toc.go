@@ -340,7 +340,7 @@ func (b *builder) addEntry(r *rawEntry) error {
 			if e.Digest.IsZero() {
 				return invalidf("regular file without a digest")
 			}
-			return b.appendChunk(Chunk{Offset: r.Offset, Size: r.Size, Digest: e.Digest})
+			return b.appendChunk(Chunk{Range: Range{Offset: r.Offset}, Size: r.Size, Digest: e.Digest})
 		}
 	}
 	return b.chunkFrom(r)
@@ -370,7 +370,7 @@ func (b *builder) chunkFrom(r *rawEntry) error {
 	if size == 0 {
 		size = file.Size - r.ChunkOffset
 	}
-	c := Chunk{Offset: r.Offset, InnerOffset: r.InnerOffset, FileOffset: r.ChunkOffset, Size: size}
+	c := Chunk{Range: Range{Offset: r.Offset}, InnerOffset: r.InnerOffset, FileOffset: r.ChunkOffset, Size: size}
 	switch r.ChunkType {
 	case "":
 	case "zeros":
@@ -430,7 +430,13 @@ func (b *builder) closeFile() error {
 			if i+1 < len(cs) {
 				end = cs[i+1].Offset
 			}
-			cs[i].End = end
+			if end == 0 {
+				continue // as if not recorded: fillEnds finds it
+			}
+			if end <= cs[i].Offset {
+				return &EntryError{Index: b.curRaw, Name: e.Name, Err: invalidf("chunk at blob offset %d ends at %d (data ends at %d)", cs[i].Offset, end, b.x.payloadEnd)}
+			}
+			cs[i].Length = end - cs[i].Offset
 		}
 	}
 	b.cur = -1
@@ -737,7 +743,7 @@ func (b *builder) resolveLink(paths map[string]EntryID, target string) (EntryID,
 func (b *builder) fillEnds() error {
 	x := b.x
 	var offs []int64 // sorted distinct chunk offsets, when some chunk needs them
-	if slices.ContainsFunc(x.chunks, func(c Chunk) bool { return c.End == 0 }) {
+	if slices.ContainsFunc(x.chunks, func(c Chunk) bool { return c.Length == 0 }) {
 		offs = make([]int64, len(x.chunks))
 		for i, c := range x.chunks {
 			offs[i] = c.Offset
@@ -747,16 +753,17 @@ func (b *builder) fillEnds() error {
 	}
 	for i := range x.chunks {
 		c := &x.chunks[i]
-		if c.End == 0 {
-			c.End = x.payloadEnd
+		end := c.End()
+		if c.Length == 0 {
+			end = x.payloadEnd
 			if j, _ := slices.BinarySearch(offs, c.Offset+1); j < len(offs) {
-				c.End = offs[j]
+				end = offs[j]
 			}
 		}
-		if c.End <= c.Offset || c.End > x.payloadEnd {
-			return invalidf("chunk at blob offset %d ends at %d (data ends at %d)", c.Offset, c.End, x.payloadEnd)
+		if end <= c.Offset || end > x.payloadEnd {
+			return invalidf("chunk at blob offset %d ends at %d (data ends at %d)", c.Offset, end, x.payloadEnd)
 		}
-		c.End = min(c.End, c.Offset+MaxSpan(c.InnerOffset+c.Size))
+		c.Length = min(end, c.Offset+MaxSpan(c.InnerOffset+c.Size)) - c.Offset
 	}
 	return nil
 }

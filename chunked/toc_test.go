@@ -268,6 +268,9 @@ var tocErrCases = []tocErrCase{
 	{name: "zstd chunks going backwards", format: chunked.ZstdChunked, toc: tocOf(
 		ent("f", "reg", "size", 20, "offset", 100, "endOffset", 300, "chunkSize", 10, "chunkDigest", dg('1')),
 		ent("f", "chunk", "chunkOffset", 10, "chunkSize", 10, "offset", 50, "chunkDigest", dg('2'))), want: chunked.ErrInvalid, msg: "ends at 50"},
+	{name: "zstd chunks at one offset", format: chunked.ZstdChunked, toc: tocOf(
+		ent("f", "reg", "size", 20, "offset", 100, "endOffset", 300, "chunkSize", 10, "chunkDigest", dg('1')),
+		ent("f", "chunk", "chunkOffset", 10, "chunkSize", 10, "offset", 100, "chunkDigest", dg('2'))), want: chunked.ErrInvalid, msg: "ends at 100"},
 
 	// Limits.
 	{name: "more entries than MaxEntries", limits: chunked.Limits{MaxEntries: 2}, toc: tocOf(ent("a", "dir"), ent("b", "dir"), ent("c", "dir")), want: chunked.ErrLimit, msg: "more than 2 entries"},

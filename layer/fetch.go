@@ -176,8 +176,8 @@ func (l *Layer) run(ctx context.Context, keys []chunkKey, calls []*fetchCall, ki
 	var ranges []chunked.Range
 	for i, k := range keys {
 		refs[i] = l.idx.Chunks(k.file)[k.i]
-		if n := refs[i].End - refs[i].Offset; n > 0 {
-			ranges = append(ranges, chunked.Range{Offset: refs[i].Offset, Length: n})
+		if refs[i].Length > 0 {
+			ranges = append(ranges, refs[i].Range)
 		}
 	}
 	bufs, err := l.blob.Fetch(ctx, ranges)
@@ -203,7 +203,7 @@ func (l *Layer) run(ctx context.Context, keys []chunkKey, calls []*fetchCall, ki
 	raws := make([][]byte, len(keys))
 	j := 0
 	for i := range keys {
-		if refs[i].End > refs[i].Offset {
+		if refs[i].Length > 0 {
 			raws[i] = bufs[j]
 			j++
 		}
@@ -267,7 +267,7 @@ func (l *Layer) readAhead(file chunked.EntryID, i int) []chunkKey {
 		return nil
 	}
 	cs := l.idx.Chunks(file)
-	pos, limit := cs[i].Offset, cs[i].End+window
+	pos, limit := cs[i].Offset, cs[i].End()+window
 	content := int64(0) // uncompressed: a window of zeros may hold a thousand times its size
 	var out []chunkKey
 	// take adds the chunks of id from the from-th on; false once one is not next in the blob.
@@ -275,10 +275,10 @@ func (l *Layer) readAhead(file chunked.EntryID, i int) []chunkKey {
 		cs := l.idx.Chunks(id)
 		for j := from; j < len(cs); j++ {
 			c := cs[j]
-			if c.End == c.Offset {
+			if c.Length == 0 {
 				continue // no bytes (zeros)
 			}
-			if c.Offset < pos || c.End > limit || content+c.Size > readAheadContent*window {
+			if c.Offset < pos || c.End() > limit || content+c.Size > readAheadContent*window {
 				return false
 			}
 			pos = c.Offset

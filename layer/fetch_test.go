@@ -133,7 +133,7 @@ func fileOfChunks(x *chunked.Index, n int) (chunked.EntryID, bool) {
 		}
 		ok := true
 		for _, c := range cs[:n] {
-			ok = ok && c.End > c.Offset
+			ok = ok && c.Length > 0
 		}
 		if ok {
 			return id, true

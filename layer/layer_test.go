@@ -245,7 +245,7 @@ func TestTamperedChunk(t *testing.T) {
 	}
 	id = l.Index().Entry(id).Inode
 	c := l.Index().Chunks(id)[0]
-	e.reg.Tamper(f.Desc.Digest, c.Offset+(c.End-c.Offset)/2)
+	e.reg.Tamper(f.Desc.Digest, c.Offset+c.Length/2)
 	buf := make([]byte, 4096)
 	if _, err := l.ReadFile(t.Context(), id, buf, 0); !errors.Is(err, verify.ErrDigestMismatch) && !errors.Is(err, verify.ErrCorrupt) {
 		t.Fatalf("read of tampered chunk: %v", err)

@@ -165,8 +165,8 @@ func (l *Layer) runPrefetch(ctx context.Context) error {
 
 func (l *Layer) prefetchBatch(ctx context.Context, keys []chunkKey) error {
 	first, last := l.ref(keys[0]), l.ref(keys[len(keys)-1])
-	urgent := last.End <= l.idx.PrefetchEnd()
-	release, err := l.m.sched.acquire(ctx, last.End-first.Offset, urgent)
+	urgent := last.End() <= l.idx.PrefetchEnd()
+	release, err := l.m.sched.acquire(ctx, last.End()-first.Offset, urgent)
 	if err != nil {
 		return err
 	}
@@ -191,12 +191,12 @@ func (l *Layer) batchLen(keys []chunkKey) int {
 	start := l.ref(keys[0]).Offset
 	content := l.ref(keys[0]).Size
 	// A batch of prioritized files stays within them, so that it goes out at once.
-	prio := l.ref(keys[0]).End <= l.idx.PrefetchEnd()
+	prio := l.ref(keys[0]).End() <= l.idx.PrefetchEnd()
 	n := 1
 	for n < len(keys) {
 		c := l.ref(keys[n])
-		if c.End-start > l.m.opts.prefetchBatch || content+c.Size > maxBatchContent ||
-			(prio && c.End > l.idx.PrefetchEnd()) {
+		if c.End()-start > l.m.opts.prefetchBatch || content+c.Size > maxBatchContent ||
+			(prio && c.End() > l.idx.PrefetchEnd()) {
 			break
 		}
 		content += c.Size
@@ -225,7 +225,7 @@ func (l *Layer) plan() ([]chunkKey, int64) {
 		seen[e.Digest] = true
 		for i, c := range l.idx.Chunks(id) {
 			keys = append(keys, chunkKey{id, i})
-			total += c.End - c.Offset
+			total += c.Length
 		}
 	}
 	slices.SortFunc(keys, func(a, b chunkKey) int { return cmp.Compare(l.ref(a).Offset, l.ref(b).Offset) })

@@ -56,10 +56,10 @@ func adjacentFiles(x *chunked.Index, window int64) (a, b chunked.EntryID, ok boo
 	have := false
 	for id := range regularFiles(x) {
 		e := x.Entry(id)
-		if cs := x.Chunks(id); len(cs) == 1 && cs[0].End > cs[0].Offset {
+		if cs := x.Chunks(id); len(cs) == 1 && cs[0].Length > 0 {
 			if have {
 				p := x.Chunks(prev)[0]
-				if cs[0].Offset >= p.Offset && cs[0].End <= p.End+window && x.Entry(prev).Digest != e.Digest {
+				if cs[0].Offset >= p.Offset && cs[0].End() <= p.End()+window && x.Entry(prev).Digest != e.Digest {
 					return prev, id, true
 				}
 			}

@@ -36,7 +36,7 @@ func BenchmarkVerifyChunk(b *testing.B) {
 			b.SetBytes(total)
 			for b.Loop() {
 				for _, r := range refs {
-					if _, err := l.VerifyChunk(r.id, r.i, f.Blob[r.c.Offset:r.c.End]); err != nil {
+					if _, err := l.VerifyChunk(r.id, r.i, f.Blob[r.c.Offset:r.c.End()]); err != nil {
 						b.Fatal(err)
 					}
 				}

@@ -26,7 +26,7 @@ func (c Chunk) Bytes() []byte { return c.data }
 func (c Chunk) Ref() chunked.Chunk { return c.ref }
 
 // VerifyChunk decompresses chunk i of a file from compressed, the blob bytes starting at the
-// chunk's Offset (at least up to its End), and checks the result against the TOC's digest.
+// chunk's Offset (at least its Length bytes), and checks the result against the TOC's digest.
 // Decompression never produces more than the chunk's InnerOffset+Size bytes. On any mismatch
 // nothing is returned but an error wrapping [ErrDigestMismatch] or [ErrCorrupt].
 func (l *Verifier) VerifyChunk(file chunked.EntryID, i int, compressed []byte) (Chunk, error) {
@@ -44,7 +44,7 @@ func (l *Verifier) verifyChunk(file chunked.EntryID, i int, compressed []byte) (
 		return Chunk{}, fmt.Errorf("%q has no chunk %d", name, i)
 	}
 	ref := cs[i]
-	if want := ref.End - ref.Offset; int64(len(compressed)) > want {
+	if want := ref.Length; int64(len(compressed)) > want {
 		compressed = compressed[:want]
 	}
 	data := make([]byte, ref.Size)

@@ -54,7 +54,7 @@ func ExampleOpen() {
 	// A chunk's compressed bytes, fetched from wherever: VerifyChunk decompresses them and
 	// checks them against the TOC's digest before handing out the content.
 	ref := x.Chunks(id)[0]
-	c, err := l.VerifyChunk(id, 0, blob[ref.Offset:ref.End])
+	c, err := l.VerifyChunk(id, 0, blob[ref.Offset:ref.End()])
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -245,7 +245,7 @@ func (l *Verifier) ReadChunk(ctx context.Context, src Source, file chunked.Entry
 	if i < 0 || i >= len(cs) {
 		return Chunk{}, fmt.Errorf("chunk %d of %q: %w", i, l.index.Entry(file).Name, errors.ErrUnsupported)
 	}
-	raw, err := readRange(ctx, src, cs[i].Offset, cs[i].End-cs[i].Offset)
+	raw, err := readRange(ctx, src, cs[i].Offset, cs[i].Length)
 	if err != nil {
 		return Chunk{}, &LayerError{Layer: l.layout.BlobDigest, Format: l.layout.Format, Err: err}
 	}

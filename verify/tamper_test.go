@@ -67,7 +67,7 @@ func TestTamperChunks(t *testing.T) {
 					continue
 				}
 				for i, c := range x.Chunks(id) {
-					orig := f.Blob[c.Offset:c.End]
+					orig := f.Blob[c.Offset:c.End()]
 					good, err := l.VerifyChunk(id, i, orig)
 					if err != nil {
 						t.Fatalf("untampered chunk %d of %s: %v", i, x.Entry(id).Name, err)
