@@ -13,7 +13,7 @@
 // removes everything when done, failed or interrupted. It needs root (FUSE mounts,
 // drop_caches) and fio. See benchmarks/README.md.
 //
-//	go run ./benchmarks/cmd/lazybench [flags]
+//	cd benchmarks && go run ./cmd/lazybench [flags]
 package main
 
 import (

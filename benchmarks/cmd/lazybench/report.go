@@ -47,7 +47,7 @@ func list(xs []float64, format string) string {
 func (r *report) markdown() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "# lazybench results\n\n")
-	fmt.Fprintf(&b, "Command: `%s`\n\n", strings.TrimSpace("go run ./benchmarks/cmd/lazybench "+strings.Join(os.Args[1:], " ")))
+	fmt.Fprintf(&b, "Command: `%s`\n\n", strings.TrimSpace("go run ./cmd/lazybench "+strings.Join(os.Args[1:], " ")))
 	fmt.Fprintf(&b, "## Machine\n\n")
 	for _, m := range r.machine {
 		fmt.Fprintf(&b, "- %s\n", m)

@@ -12,7 +12,7 @@
 // storage for every run; the report (Markdown and gnuplot PNGs). It needs root (FUSE,
 // overlay mounts, drop_caches). See benchmarks/README.md.
 //
-//	go run ./benchmarks/cmd/readybench [flags]
+//	cd benchmarks && go run ./cmd/readybench [flags]
 package main
 
 import (

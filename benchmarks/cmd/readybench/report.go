@@ -94,7 +94,7 @@ func (r *report) markdown(plots map[string]string) string {
 		w("- %s\n", m)
 	}
 	w("- load average at the end: %s\n", benchenv.Loadavg())
-	w("- command: `go run ./benchmarks/cmd/readybench %s`\n", strings.Join(os.Args[1:], " "))
+	w("- command: `go run ./cmd/readybench %s`\n", strings.Join(os.Args[1:], " "))
 	w("- layerstore: `layerstore serve` with background fetch %s and FUSE passthrough on\n", onOff(!o.noPrefetch))
 	w("- samples per cell: %d, run order shuffled with seed %d\n", o.samples, o.seed)
 	w("- wall time: %.0f s in all, of which %.0f s measuring (warm-cache preparation included)\n\n", time.Since(r.started).Seconds(), r.measureSeconds)

@@ -22,7 +22,7 @@
 // `layerstore serve` through benchmarks/internal/benchd, and removes its work directory when
 // done, failed or interrupted. It needs root (FUSE mounts). See benchmarks/README.md.
 //
-//	go run ./benchmarks/cmd/scalebench [flags]
+//	cd benchmarks && go run ./cmd/scalebench [flags]
 package main
 
 import (

@@ -100,7 +100,7 @@ func mibf(n float64) string { return fmt.Sprintf("%.1f", n/(1<<20)) }
 func (r *report) markdown() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "# scalebench results\n\n")
-	fmt.Fprintf(&b, "Command: `%s`\n\n", strings.TrimSpace("go run ./benchmarks/cmd/scalebench "+strings.Join(os.Args[1:], " ")))
+	fmt.Fprintf(&b, "Command: `%s`\n\n", strings.TrimSpace("go run ./cmd/scalebench "+strings.Join(os.Args[1:], " ")))
 	fmt.Fprintf(&b, "## Machine\n\n")
 	for _, m := range r.machine {
 		fmt.Fprintf(&b, "- %s\n", m)

@@ -1,15 +1,15 @@
 // Package benchenv describes where a benchmark ran, for the header of its report: the machine
 // (CPU, cores, memory, kernel, load), the Go toolchain, the layerstore version and the
-// filesystem of the work directory; and finds the layerstore module the benchmark runs from.
+// filesystem of the work directory; and finds the layerstore module the benchmark measures.
 package benchenv
 
 import (
 	"bufio"
+	"bytes"
 	"errors"
 	"fmt"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"runtime"
 	"slices"
 	"strings"
@@ -123,17 +123,20 @@ func FSOf(p string) string {
 	return desc
 }
 
-// ModuleDir returns the root of the layerstore module the benchmark runs in.
+// ModuleDir returns the root of the layerstore module: the daemon is built, and the
+// results written, there. The benchmarks are their own module, which finds it by its
+// replace directive; run them from inside the benchmarks module.
 func ModuleDir() (string, error) {
-	out, err := exec.Command("go", "env", "GOMOD").Output()
-	if err != nil {
-		return "", fmt.Errorf("go env GOMOD: %w", err)
+	out, err := exec.Command("go", "list", "-m", "-f", "{{.Dir}}", "github.com/layerstore/layerstore").Output()
+	dir := strings.TrimSpace(string(out))
+	if err != nil || dir == "" {
+		var ee *exec.ExitError
+		if errors.As(err, &ee) {
+			err = fmt.Errorf("%w: %s", err, bytes.TrimSpace(ee.Stderr))
+		}
+		return "", fmt.Errorf("finding the layerstore module (run from inside benchmarks/): %v", err)
 	}
-	mod := strings.TrimSpace(string(out))
-	if mod == "" || mod == os.DevNull {
-		return "", errors.New("run from inside the layerstore module")
-	}
-	return filepath.Dir(mod), nil
+	return dir, nil
 }
 
 // Median of xs; 0 for none.
