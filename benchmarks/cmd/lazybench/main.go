@@ -196,22 +196,7 @@ func run(ctx context.Context, o options) error {
 			return err
 		}
 	}
-	text := rep.markdown()
-	fmt.Print(text)
-	out := o.out
-	if out == "" {
-		out = filepath.Join(modDir, "benchmarks", "results", time.Now().Format("2006-01-02")+"-lazybench.md")
-	}
-	if out != "-" {
-		if err := os.MkdirAll(filepath.Dir(out), 0o755); err != nil {
-			return err
-		}
-		if err := os.WriteFile(out, []byte(text), 0o644); err != nil {
-			return err
-		}
-		fmt.Fprintln(os.Stderr, "results written to", out)
-	}
-	return nil
+	return benchenv.WriteReport(benchenv.ReportPath(modDir, "lazybench", o.out), rep.markdown())
 }
 
 // fetchScenario measures the background fetch of the rootfs layer and its baseline.

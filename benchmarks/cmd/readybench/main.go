@@ -141,10 +141,10 @@ func run(ctx context.Context, o options) error {
 		return err
 	}
 	if o.images == "" {
-		o.images = filepath.Join(modDir, "benchmarks", "work", "images")
+		o.images = filepath.Join(benchenv.WorkDir(modDir), "images")
 	}
 	if o.workdir == "" {
-		o.workdir = filepath.Join(modDir, "benchmarks", "work")
+		o.workdir = benchenv.WorkDir(modDir)
 	}
 	for _, d := range []string{o.images, o.workdir} {
 		if err := os.MkdirAll(d, 0o755); err != nil {

@@ -132,10 +132,10 @@ func run(ctx context.Context, o options) error {
 		return err
 	}
 	if o.workdir == "" {
-		o.workdir = filepath.Join(modDir, "benchmarks", "work")
+		o.workdir = benchenv.WorkDir(modDir)
 	}
 	if o.blobs == "" {
-		o.blobs = filepath.Join(modDir, "benchmarks", "work", "scalebench-blobs")
+		o.blobs = filepath.Join(benchenv.WorkDir(modDir), "scalebench-blobs")
 	}
 	if err := os.MkdirAll(o.workdir, 0o755); err != nil {
 		return err
@@ -189,22 +189,7 @@ func run(ctx context.Context, o options) error {
 		}
 	}
 	rep.duration = time.Since(started)
-	text := rep.markdown()
-	fmt.Print(text)
-	out := o.out
-	if out == "" {
-		out = filepath.Join(modDir, "benchmarks", "results", time.Now().Format("2006-01-02")+"-scalebench.md")
-	}
-	if out != "-" {
-		if err := os.MkdirAll(filepath.Dir(out), 0o755); err != nil {
-			return err
-		}
-		if err := os.WriteFile(out, []byte(text), 0o644); err != nil {
-			return err
-		}
-		logf("results written to %s", out)
-	}
-	return nil
+	return benchenv.WriteReport(benchenv.ReportPath(modDir, "scalebench", o.out), rep.markdown())
 }
 
 // runCase prepares c and runs it o.runs times, recording the samples, or the error that
