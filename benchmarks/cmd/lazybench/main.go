@@ -23,15 +23,14 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"os/signal"
 	"path/filepath"
 	"regexp"
 	"strings"
-	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/layerstore/layerstore/benchmarks/internal/benchd"
 	"github.com/layerstore/layerstore/benchmarks/internal/benchenv"
 	"github.com/layerstore/layerstore/internal/testutil/testregistry"
 )
@@ -108,15 +107,7 @@ func main() {
 		o.fioOnly = re
 	}
 
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	ctx, cancel := context.WithTimeout(ctx, o.timeout)
-	err := run(ctx, o)
-	cancel()
-	stop()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "lazybench:", err)
-		os.Exit(1)
-	}
+	benchenv.Run("lazybench", o.timeout, func(ctx context.Context) error { return run(ctx, o) })
 }
 
 func run(ctx context.Context, o options) error {
@@ -153,11 +144,8 @@ func run(ctx context.Context, o options) error {
 	b.bin = o.daemonBin
 	if b.bin == "" && !(o.inproc && o.skipFio) {
 		b.bin = filepath.Join(work, "layerstore")
-		fmt.Fprintln(os.Stderr, "building the daemon")
-		cmd := exec.CommandContext(ctx, "go", "build", "-o", b.bin, "./cmd/layerstore")
-		cmd.Dir, cmd.Stdout, cmd.Stderr = modDir, os.Stderr, os.Stderr
-		if err := cmd.Run(); err != nil {
-			return fmt.Errorf("building the daemon: %w", err)
+		if err := benchd.Build(ctx, modDir, b.bin); err != nil {
+			return err
 		}
 	}
 	reg, err := testregistry.Start()

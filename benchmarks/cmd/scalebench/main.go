@@ -31,15 +31,13 @@ import (
 	"flag"
 	"fmt"
 	"os"
-	"os/exec"
-	"os/signal"
 	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
 
+	"github.com/layerstore/layerstore/benchmarks/internal/benchd"
 	"github.com/layerstore/layerstore/benchmarks/internal/benchenv"
 	"github.com/layerstore/layerstore/internal/testutil/testregistry"
 )
@@ -80,15 +78,7 @@ func main() {
 		fmt.Fprintln(os.Stderr, "scalebench:", err)
 		os.Exit(2)
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	ctx, cancel := context.WithTimeout(ctx, o.timeout)
-	err := run(ctx, o)
-	cancel()
-	stop()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "scalebench:", err)
-		os.Exit(1)
-	}
+	benchenv.Run("scalebench", o.timeout, func(ctx context.Context) error { return run(ctx, o) })
 }
 
 func (o *options) parse(only, entries string) error {
@@ -158,11 +148,8 @@ func run(ctx context.Context, o options) error {
 	b := &bench{opts: o, work: work, bin: o.daemonBin}
 	if b.bin == "" {
 		b.bin = filepath.Join(work, "layerstore")
-		logf("building the daemon")
-		cmd := exec.CommandContext(ctx, "go", "build", "-o", b.bin, "./cmd/layerstore")
-		cmd.Dir, cmd.Stdout, cmd.Stderr = modDir, os.Stderr, os.Stderr
-		if err := cmd.Run(); err != nil {
-			return fmt.Errorf("building the daemon: %w", err)
+		if err := benchd.Build(ctx, modDir, b.bin); err != nil {
+			return err
 		}
 	}
 	rep.daemon = daemonInfo(b.bin, o.daemonBin != "")

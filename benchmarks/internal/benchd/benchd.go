@@ -1,4 +1,4 @@
-// Package benchd starts and stops the real `layerstore serve` for the benchmarks: a config
+// Package benchd builds, starts and stops the real `layerstore serve` for the benchmarks: a config
 // file per start, the mount awaited (statfs says FUSE and the control socket answers), the
 // daemon's CPU time and layer status read while it runs, and a stop by PID that never leaves
 // a mount behind (package fuseproc). A Daemon's methods are safe for concurrent use.
@@ -21,6 +21,18 @@ import (
 	"github.com/layerstore/layerstore/internal/control"
 	"github.com/layerstore/layerstore/layer"
 )
+
+// Build compiles the daemon of the layerstore module at modDir (`go build ./cmd/layerstore`)
+// into out.
+func Build(ctx context.Context, modDir, out string) error {
+	fmt.Fprintln(os.Stderr, "building the daemon")
+	cmd := exec.CommandContext(ctx, "go", "build", "-o", out, "./cmd/layerstore")
+	cmd.Dir, cmd.Stdout, cmd.Stderr = modDir, os.Stderr, os.Stderr
+	if err := cmd.Run(); err != nil {
+		return fmt.Errorf("building the daemon: %w", err)
+	}
+	return nil
+}
 
 // Config is one start of `layerstore serve`.
 type Config struct {

@@ -9,14 +9,17 @@ package benchenv
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"os"
 	"os/exec"
+	"os/signal"
 	"path/filepath"
 	"runtime"
 	"slices"
 	"strings"
+	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -151,6 +154,20 @@ func ModuleDir() (string, error) {
 		return "", fmt.Errorf("finding the layerstore module (run from inside benchmarks/): %v", err)
 	}
 	return dir, nil
+}
+
+// Run runs a benchmark's body until it returns, ^C or SIGTERM arrives or timeout (its
+// -timeout) passes, and exits with status 1 and the error when it fails.
+func Run(name string, timeout time.Duration, run func(context.Context) error) {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	err := run(ctx)
+	cancel()
+	stop()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "%s: FAIL: %v\n", name, err)
+		os.Exit(1)
+	}
 }
 
 // WorkDir is where the benchmarks keep what they build and reuse (layer blobs, images) and
