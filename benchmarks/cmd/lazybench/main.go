@@ -13,7 +13,7 @@
 // removes everything when done, failed or interrupted. It needs root (FUSE mounts,
 // drop_caches) and fio. See benchmarks/README.md.
 //
-//	go run ./benchmarks/cmd/lazybench [flags]
+//	cd benchmarks && go run ./cmd/lazybench [flags]
 package main
 
 import (
@@ -23,15 +23,14 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"os/signal"
 	"path/filepath"
 	"regexp"
 	"strings"
-	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/layerstore/layerstore/benchmarks/internal/benchd"
 	"github.com/layerstore/layerstore/benchmarks/internal/benchenv"
 	"github.com/layerstore/layerstore/internal/testutil/testregistry"
 )
@@ -108,15 +107,7 @@ func main() {
 		o.fioOnly = re
 	}
 
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	ctx, cancel := context.WithTimeout(ctx, o.timeout)
-	err := run(ctx, o)
-	cancel()
-	stop()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "lazybench:", err)
-		os.Exit(1)
-	}
+	benchenv.Run("lazybench", o.timeout, func(ctx context.Context) error { return run(ctx, o) })
 }
 
 func run(ctx context.Context, o options) error {
@@ -153,11 +144,8 @@ func run(ctx context.Context, o options) error {
 	b.bin = o.daemonBin
 	if b.bin == "" && !(o.inproc && o.skipFio) {
 		b.bin = filepath.Join(work, "layerstore")
-		fmt.Fprintln(os.Stderr, "building the daemon")
-		cmd := exec.CommandContext(ctx, "go", "build", "-o", b.bin, "./cmd/layerstore")
-		cmd.Dir, cmd.Stdout, cmd.Stderr = modDir, os.Stderr, os.Stderr
-		if err := cmd.Run(); err != nil {
-			return fmt.Errorf("building the daemon: %w", err)
+		if err := benchd.Build(ctx, modDir, b.bin); err != nil {
+			return err
 		}
 	}
 	reg, err := testregistry.Start()
@@ -196,22 +184,7 @@ func run(ctx context.Context, o options) error {
 			return err
 		}
 	}
-	text := rep.markdown()
-	fmt.Print(text)
-	out := o.out
-	if out == "" {
-		out = filepath.Join(modDir, "benchmarks", "results", time.Now().Format("2006-01-02")+"-lazybench.md")
-	}
-	if out != "-" {
-		if err := os.MkdirAll(filepath.Dir(out), 0o755); err != nil {
-			return err
-		}
-		if err := os.WriteFile(out, []byte(text), 0o644); err != nil {
-			return err
-		}
-		fmt.Fprintln(os.Stderr, "results written to", out)
-	}
-	return nil
+	return benchenv.WriteReport(benchenv.ReportPath(modDir, "lazybench", o.out), rep.markdown())
 }
 
 // fetchScenario measures the background fetch of the rootfs layer and its baseline.

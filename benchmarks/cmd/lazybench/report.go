@@ -2,8 +2,6 @@ package main
 
 import (
 	"fmt"
-	"os"
-	"os/exec"
 	"slices"
 	"strings"
 
@@ -46,13 +44,7 @@ func list(xs []float64, format string) string {
 
 func (r *report) markdown() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "# lazybench results\n\n")
-	fmt.Fprintf(&b, "Command: `%s`\n\n", strings.TrimSpace("go run ./benchmarks/cmd/lazybench "+strings.Join(os.Args[1:], " ")))
-	fmt.Fprintf(&b, "## Machine\n\n")
-	for _, m := range r.machine {
-		fmt.Fprintf(&b, "- %s\n", m)
-	}
-	fmt.Fprintf(&b, "- load average at the end: %s\n", benchenv.Loadavg())
+	b.WriteString(benchenv.Header("lazybench results", "lazybench", r.machine))
 	if r.layer != nil {
 		r.fetchSection(&b)
 	}
@@ -338,10 +330,6 @@ func (r *report) fioColdSection(b *strings.Builder) {
 
 // machineInfo is the report's header: the machine and the daemon (see benchenv.Machine), and fio's version.
 func machineInfo(modDir, work, daemon string) []string {
-	fioV := "not installed"
-	if out, err := exec.Command("fio", "--version").Output(); err == nil {
-		fioV = strings.TrimSpace(string(out))
-	}
-	return append(benchenv.Machine(modDir, work, daemon), "fio: "+fioV,
+	return append(benchenv.Machine(modDir, work, daemon), "fio: "+benchenv.ToolVersion("fio", "--version"),
 		"work directory (caches, native fio file): a temporary directory there")
 }

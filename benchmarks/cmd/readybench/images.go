@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"runtime"
 	"strings"
@@ -17,6 +16,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/opencontainers/go-digest"
 
+	"github.com/layerstore/layerstore/benchmarks/internal/harness"
 	"github.com/layerstore/layerstore/chunked"
 	"github.com/layerstore/layerstore/internal/testutil/dockerregistry"
 	"github.com/layerstore/layerstore/internal/testutil/testregistry"
@@ -255,11 +255,9 @@ func (c *imageCache) zstdChunked(ctx context.Context, reg *dockerregistry.Regist
 func (c *imageCache) buildHarness(ctx context.Context) error {
 	fmt.Fprintln(os.Stderr, "building the e2e harness (c/image, c/storage)")
 	c.harness = filepath.Join(c.binDir, "harness")
-	cmd := exec.CommandContext(ctx, "go", "build", "-C", filepath.Join(c.modDir, "e2e", "harness"), "-o", c.harness,
-		"-tags", "exclude_graphdriver_btrfs exclude_graphdriver_devicemapper containers_image_openpgp", ".")
-	if out, err := cmd.CombinedOutput(); err != nil {
+	if err := harness.Build(ctx, c.modDir, c.harness); err != nil {
 		c.harness = ""
-		return fmt.Errorf("building the harness: %v\n%s", err, out)
+		return err
 	}
 	return nil
 }

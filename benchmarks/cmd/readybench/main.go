@@ -12,7 +12,7 @@
 // storage for every run; the report (Markdown and gnuplot PNGs). It needs root (FUSE,
 // overlay mounts, drop_caches). See benchmarks/README.md.
 //
-//	go run ./benchmarks/cmd/readybench [flags]
+//	cd benchmarks && go run ./cmd/readybench [flags]
 package main
 
 import (
@@ -22,15 +22,14 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"os/signal"
 	"path/filepath"
 	"regexp"
 	"runtime"
 	"slices"
 	"strings"
-	"syscall"
 	"time"
 
+	"github.com/layerstore/layerstore/benchmarks/internal/benchd"
 	"github.com/layerstore/layerstore/benchmarks/internal/benchenv"
 	"github.com/layerstore/layerstore/benchmarks/internal/shaper"
 	storefs "github.com/layerstore/layerstore/fs"
@@ -78,15 +77,7 @@ func main() {
 		os.Exit(2)
 	}
 
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	ctx, cancel := context.WithTimeout(ctx, o.timeout)
-	err := run(ctx, o)
-	cancel()
-	stop()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "readybench: FAIL:", err)
-		os.Exit(1)
-	}
+	benchenv.Run("readybench", o.timeout, func(ctx context.Context) error { return run(ctx, o) })
 }
 
 func (o *options) parse(links, only, full string) error {
@@ -141,10 +132,10 @@ func run(ctx context.Context, o options) error {
 		return err
 	}
 	if o.images == "" {
-		o.images = filepath.Join(modDir, "benchmarks", "work", "images")
+		o.images = filepath.Join(benchenv.WorkDir(modDir), "images")
 	}
 	if o.workdir == "" {
-		o.workdir = filepath.Join(modDir, "benchmarks", "work")
+		o.workdir = benchenv.WorkDir(modDir)
 	}
 	for _, d := range []string{o.images, o.workdir} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
@@ -177,11 +168,8 @@ func run(ctx context.Context, o options) error {
 	daemon := o.daemonBin
 	if daemon == "" {
 		daemon = filepath.Join(bin, "layerstore")
-		fmt.Fprintln(os.Stderr, "building the daemon")
-		cmd := exec.CommandContext(ctx, "go", "build", "-o", daemon, "./cmd/layerstore")
-		cmd.Dir, cmd.Stdout, cmd.Stderr = modDir, os.Stderr, os.Stderr
-		if err := cmd.Run(); err != nil {
-			return fmt.Errorf("building the daemon: %w", err)
+		if err := benchd.Build(ctx, modDir, daemon); err != nil {
+			return err
 		}
 	}
 

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"math"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -27,17 +26,10 @@ type report struct {
 
 // toolVersions names the runtime pieces measured, beside benchenv's machine lines.
 func toolVersions() []string {
-	version := func(name string, args ...string) string {
-		out, err := exec.Command(name, args...).Output()
-		if err != nil {
-			return "?"
-		}
-		return strings.SplitN(strings.TrimSpace(string(out)), "\n", 2)[0]
-	}
 	return []string{
-		"podman: " + version("podman", "--version"),
-		"runc: " + version("runc", "--version"),
-		"docker-registry: " + version("docker-registry", "--version"),
+		"podman: " + benchenv.ToolVersion("podman", "--version"),
+		"runc: " + benchenv.ToolVersion("runc", "--version"),
+		"docker-registry: " + benchenv.ToolVersion("docker-registry", "--version"),
 	}
 }
 
@@ -89,16 +81,12 @@ func (r *report) markdown(plots map[string]string) string {
 	var b strings.Builder
 	w := func(format string, args ...any) { fmt.Fprintf(&b, format, args...) }
 	o := r.opts
-	w("# readybench: time to ready with podman, lazy vs full pull\n\n")
-	for _, m := range r.machine {
-		w("- %s\n", m)
-	}
-	w("- load average at the end: %s\n", benchenv.Loadavg())
-	w("- command: `go run ./benchmarks/cmd/readybench %s`\n", strings.Join(os.Args[1:], " "))
+	b.WriteString(benchenv.Header("readybench: time to ready with podman, lazy vs full pull", "readybench", r.machine))
 	w("- layerstore: `layerstore serve` with background fetch %s and FUSE passthrough on\n", onOff(!o.noPrefetch))
 	w("- samples per cell: %d, run order shuffled with seed %d\n", o.samples, o.seed)
 	w("- wall time: %.0f s in all, of which %.0f s measuring (warm-cache preparation included)\n\n", time.Since(r.started).Seconds(), r.measureSeconds)
 
+	w("## Method\n\n")
 	w("**Headline: total = `podman pull` + `podman run` until the workload's ready line** (stargz-snapshotter's\n")
 	w("pull + create + run), from empty podman storage, after `sync; echo 3 > /proc/sys/vm/drop_caches`\n")
 	w("(always: a page cache left full by earlier runs makes podman's pull about 1.6x slower on this VM).\n")
@@ -245,12 +233,9 @@ func (r *report) markdown(plots map[string]string) string {
 
 // write prints the report and writes it (and its plots) to -out.
 func (r *report) write(ctx context.Context, modDir string) error {
-	out := r.opts.out
-	if out == "" {
-		out = filepath.Join(modDir, "benchmarks", "results", time.Now().Format("2006-01-02")+"-readybench.md")
-	}
+	out := benchenv.ReportPath(modDir, "readybench", r.opts.out)
 	plots := map[string]string{}
-	if out != "-" {
+	if out != "" {
 		if err := os.MkdirAll(filepath.Dir(out), 0o755); err != nil {
 			return err
 		}
@@ -259,14 +244,5 @@ func (r *report) write(ctx context.Context, modDir string) error {
 			return err
 		}
 	}
-	text := r.markdown(plots)
-	fmt.Print(text)
-	if out == "-" {
-		return nil
-	}
-	if err := os.WriteFile(out, []byte(text), 0o644); err != nil {
-		return err
-	}
-	fmt.Fprintln(os.Stderr, "results written to", out)
-	return nil
+	return benchenv.WriteReport(out, r.markdown(plots))
 }

@@ -22,7 +22,7 @@
 // `layerstore serve` through benchmarks/internal/benchd, and removes its work directory when
 // done, failed or interrupted. It needs root (FUSE mounts). See benchmarks/README.md.
 //
-//	go run ./benchmarks/cmd/scalebench [flags]
+//	cd benchmarks && go run ./cmd/scalebench [flags]
 package main
 
 import (
@@ -31,15 +31,13 @@ import (
 	"flag"
 	"fmt"
 	"os"
-	"os/exec"
-	"os/signal"
 	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
 
+	"github.com/layerstore/layerstore/benchmarks/internal/benchd"
 	"github.com/layerstore/layerstore/benchmarks/internal/benchenv"
 	"github.com/layerstore/layerstore/internal/testutil/testregistry"
 )
@@ -80,15 +78,7 @@ func main() {
 		fmt.Fprintln(os.Stderr, "scalebench:", err)
 		os.Exit(2)
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	ctx, cancel := context.WithTimeout(ctx, o.timeout)
-	err := run(ctx, o)
-	cancel()
-	stop()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "scalebench:", err)
-		os.Exit(1)
-	}
+	benchenv.Run("scalebench", o.timeout, func(ctx context.Context) error { return run(ctx, o) })
 }
 
 func (o *options) parse(only, entries string) error {
@@ -132,10 +122,10 @@ func run(ctx context.Context, o options) error {
 		return err
 	}
 	if o.workdir == "" {
-		o.workdir = filepath.Join(modDir, "benchmarks", "work")
+		o.workdir = benchenv.WorkDir(modDir)
 	}
 	if o.blobs == "" {
-		o.blobs = filepath.Join(modDir, "benchmarks", "work", "scalebench-blobs")
+		o.blobs = filepath.Join(benchenv.WorkDir(modDir), "scalebench-blobs")
 	}
 	if err := os.MkdirAll(o.workdir, 0o755); err != nil {
 		return err
@@ -158,11 +148,8 @@ func run(ctx context.Context, o options) error {
 	b := &bench{opts: o, work: work, bin: o.daemonBin}
 	if b.bin == "" {
 		b.bin = filepath.Join(work, "layerstore")
-		logf("building the daemon")
-		cmd := exec.CommandContext(ctx, "go", "build", "-o", b.bin, "./cmd/layerstore")
-		cmd.Dir, cmd.Stdout, cmd.Stderr = modDir, os.Stderr, os.Stderr
-		if err := cmd.Run(); err != nil {
-			return fmt.Errorf("building the daemon: %w", err)
+		if err := benchd.Build(ctx, modDir, b.bin); err != nil {
+			return err
 		}
 	}
 	rep.daemon = daemonInfo(b.bin, o.daemonBin != "")
@@ -189,22 +176,7 @@ func run(ctx context.Context, o options) error {
 		}
 	}
 	rep.duration = time.Since(started)
-	text := rep.markdown()
-	fmt.Print(text)
-	out := o.out
-	if out == "" {
-		out = filepath.Join(modDir, "benchmarks", "results", time.Now().Format("2006-01-02")+"-scalebench.md")
-	}
-	if out != "-" {
-		if err := os.MkdirAll(filepath.Dir(out), 0o755); err != nil {
-			return err
-		}
-		if err := os.WriteFile(out, []byte(text), 0o644); err != nil {
-			return err
-		}
-		logf("results written to %s", out)
-	}
-	return nil
+	return benchenv.WriteReport(benchenv.ReportPath(modDir, "scalebench", o.out), rep.markdown())
 }
 
 // runCase prepares c and runs it o.runs times, recording the samples, or the error that

@@ -3,7 +3,6 @@ package main
 import (
 	"debug/buildinfo"
 	"fmt"
-	"os"
 	"strings"
 	"time"
 
@@ -99,13 +98,7 @@ func mibf(n float64) string { return fmt.Sprintf("%.1f", n/(1<<20)) }
 
 func (r *report) markdown() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "# scalebench results\n\n")
-	fmt.Fprintf(&b, "Command: `%s`\n\n", strings.TrimSpace("go run ./benchmarks/cmd/scalebench "+strings.Join(os.Args[1:], " ")))
-	fmt.Fprintf(&b, "## Machine\n\n")
-	for _, m := range r.machine {
-		fmt.Fprintf(&b, "- %s\n", m)
-	}
-	fmt.Fprintf(&b, "- load average at the end: %s\n", benchenv.Loadavg())
+	b.WriteString(benchenv.Header("scalebench results", "scalebench", r.machine))
 	fmt.Fprintf(&b, "- daemon: %s\n", r.daemon)
 	fmt.Fprintf(&b, "- whole run: %.0f s until this report (building or loading the layers included, compiling and the final clean-up not)\n", r.duration.Seconds())
 	r.layerSection(&b)

@@ -1,29 +1,38 @@
-// Package benchd starts and stops the real `layerstore serve` for the benchmarks: a config
+// Package benchd builds, starts and stops the real `layerstore serve` for the benchmarks: a config
 // file per start, the mount awaited (statfs says FUSE and the control socket answers), the
 // daemon's CPU time and layer status read while it runs, and a stop by PID that never leaves
-// a mount behind.
+// a mount behind (package fuseproc). A Daemon's methods are safe for concurrent use.
 package benchd
 
 import (
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"syscall"
 	"time"
 
 	"github.com/opencontainers/go-digest"
-	"golang.org/x/sys/unix"
 
-	storefs "github.com/layerstore/layerstore/fs"
+	"github.com/layerstore/layerstore/benchmarks/internal/fuseproc"
 	"github.com/layerstore/layerstore/internal/control"
 	"github.com/layerstore/layerstore/layer"
 )
+
+// Build compiles the daemon of the layerstore module at modDir (`go build ./cmd/layerstore`)
+// into out.
+func Build(ctx context.Context, modDir, out string) error {
+	fmt.Fprintln(os.Stderr, "building the daemon")
+	cmd := exec.CommandContext(ctx, "go", "build", "-o", out, "./cmd/layerstore")
+	cmd.Dir, cmd.Stdout, cmd.Stderr = modDir, os.Stderr, os.Stderr
+	if err := cmd.Run(); err != nil {
+		return fmt.Errorf("building the daemon: %w", err)
+	}
+	return nil
+}
 
 // Config is one start of `layerstore serve`.
 type Config struct {
@@ -36,18 +45,17 @@ type Config struct {
 	Passthrough    bool
 }
 
-// Daemon is a running `layerstore serve`.
+// Daemon is a running `layerstore serve`; Stop ends it, Tail is the end of its log, CPU its
+// CPU time so far.
 type Daemon struct {
-	Cfg     Config
-	Cmd     *exec.Cmd
-	LogPath string
-	Socket  string
-	Client  *control.Client
-	log     *os.File
-	exited  chan struct{}
+	*fuseproc.Proc
+	Cfg    Config
+	Socket string
+	Client *control.Client
 }
 
-// Start writes the config file, starts the daemon and waits until its mount answers.
+// Start writes the config file, starts the daemon and waits until its mount and its control
+// socket answer.
 func Start(ctx context.Context, cfg Config) (*Daemon, error) {
 	if cfg.CacheDir == "" {
 		cfg.CacheDir = filepath.Join(cfg.Dir, "cache")
@@ -65,83 +73,24 @@ func Start(ctx context.Context, cfg Config) (*Daemon, error) {
 	if err := os.MkdirAll(cfg.Mountpoint, 0o755); err != nil {
 		return nil, err
 	}
-	logPath := filepath.Join(cfg.Dir, fmt.Sprintf("daemon-%d.log", time.Now().UnixNano()))
-	lf, err := os.Create(logPath)
-	if err != nil {
-		return nil, err
-	}
 	args := []string{"serve", "--config", confPath}
 	if cfg.RegistriesConf != "" {
 		args = append(args, "--registries-conf", cfg.RegistriesConf)
 	}
-	cmd := exec.Command(cfg.Bin, append(args, cfg.Mountpoint)...)
-	cmd.Stdout, cmd.Stderr = lf, lf
-	// Its own process group, so that a ^C to the harness reaches the daemon only through
-	// stop, which unmounts first.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := cmd.Start(); err != nil {
-		lf.Close()
+	client := control.NewClient(socket)
+	p, err := fuseproc.Start(ctx, fuseproc.Spec{
+		What:       "daemon",
+		Cmd:        exec.Command(cfg.Bin, append(args, cfg.Mountpoint)...),
+		Log:        filepath.Join(cfg.Dir, fmt.Sprintf("daemon-%d.log", time.Now().UnixNano())),
+		Mountpoint: cfg.Mountpoint,
+		Stop:       syscall.SIGTERM,
+		Timeout:    20 * time.Second,
+		Ready:      func(ctx context.Context) error { _, err := client.Status(ctx); return err },
+	})
+	if err != nil {
 		return nil, err
 	}
-	d := &Daemon{Cfg: cfg, Cmd: cmd, log: lf, LogPath: logPath, Socket: socket, Client: control.NewClient(socket), exited: make(chan struct{})}
-	go func() { _ = cmd.Wait(); close(d.exited) }()
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		var st unix.Statfs_t
-		if unix.Statfs(cfg.Mountpoint, &st) == nil && st.Type == storefs.SuperMagic {
-			if _, err := d.Client.Status(ctx); err == nil {
-				return d, nil
-			}
-		}
-		select {
-		case <-d.exited:
-			d.Stop()
-			return nil, fmt.Errorf("daemon exited: %s", d.Tail())
-		case <-ctx.Done():
-			d.Stop()
-			return nil, ctx.Err()
-		case <-time.After(10 * time.Millisecond):
-		}
-		if time.Now().After(deadline) {
-			d.Stop()
-			return nil, fmt.Errorf("daemon not ready after 20s: %s", d.Tail())
-		}
-	}
-}
-
-// Stop ends the daemon by its PID: SIGTERM (it unmounts), then SIGKILL after 10 s; a mount
-// left behind is detached. Safe to call twice.
-func (d *Daemon) Stop() {
-	if d.Cmd.Process != nil {
-		select {
-		case <-d.exited:
-		default:
-			_ = d.Cmd.Process.Signal(syscall.SIGTERM)
-			select {
-			case <-d.exited:
-			case <-time.After(10 * time.Second):
-				_ = d.Cmd.Process.Kill()
-				<-d.exited
-			}
-		}
-	}
-	for range 5 {
-		var st unix.Statfs_t
-		if unix.Statfs(d.Cfg.Mountpoint, &st) != nil || st.Type != storefs.SuperMagic {
-			break
-		}
-		_ = unix.Unmount(d.Cfg.Mountpoint, unix.MNT_DETACH)
-	}
-	d.log.Close()
-}
-
-// Tail is the end of the daemon's log, for error messages.
-func (d *Daemon) Tail() string {
-	b, _ := os.ReadFile(d.LogPath)
-	if len(b) > 2000 {
-		b = b[len(b)-2000:]
-	}
-	return string(b)
+	return &Daemon{Proc: p, Cfg: cfg, Socket: socket, Client: client}, nil
 }
 
 // Passthrough reports what the daemon logged about passthrough at mount.
@@ -155,33 +104,6 @@ func (d *Daemon) Passthrough() string {
 		}
 	}
 	return "?"
-}
-
-// CPU returns the daemon's user and system CPU time so far.
-func (d *Daemon) CPU() (float64, error) {
-	return ProcCPU(d.Cmd.Process.Pid)
-}
-
-// ProcCPU reads utime+stime of a process from /proc (in USER_HZ, 100 on Linux).
-func ProcCPU(pid int) (float64, error) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return 0, err
-	}
-	// The command name is in parentheses and may hold spaces: fields start after ")".
-	s := string(b)
-	i := strings.LastIndexByte(s, ')')
-	if i < 0 {
-		return 0, errors.New("bad /proc stat")
-	}
-	f := strings.Fields(s[i+1:])
-	// Fields after ")" start at field 3 (state); utime is field 14, stime 15.
-	ut, err1 := strconv.ParseFloat(f[11], 64)
-	st, err2 := strconv.ParseFloat(f[12], 64)
-	if err := errors.Join(err1, err2); err != nil {
-		return 0, err
-	}
-	return (ut + st) / 100, nil
 }
 
 // LayerStatus returns the status of the layer with blob digest dg, if the daemon has it.
@@ -220,7 +142,7 @@ func (d *Daemon) WaitComplete(ctx context.Context, dg digest.Digest, poll time.D
 		select {
 		case <-ctx.Done():
 			return ls, ctx.Err()
-		case <-d.exited:
+		case <-d.Exited():
 			return ls, fmt.Errorf("daemon exited: %s", d.Tail())
 		case <-time.After(poll):
 		}

@@ -1,18 +1,25 @@
-// Package benchenv describes where a benchmark ran, for the header of its report: the machine
-// (CPU, cores, memory, kernel, load), the Go toolchain, the layerstore version and the
-// filesystem of the work directory; and finds the layerstore module the benchmark runs from.
+// Package benchenv is what the benchmarks share about where they run and what they report:
+// the machine (CPU, cores, memory, kernel, load), the Go toolchain, the layerstore version,
+// the tools measured and the filesystem of the work directory, for a report's header; the
+// layerstore module the benchmark measures and its work directory; and the report's file,
+// benchmarks/results/<date>-<name>.md by default. Its functions keep no state and are safe
+// for concurrent use.
 package benchenv
 
 import (
 	"bufio"
+	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"os"
 	"os/exec"
+	"os/signal"
 	"path/filepath"
 	"runtime"
 	"slices"
 	"strings"
+	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -34,6 +41,16 @@ func Machine(modDir, work, daemon string) []string {
 		"work directory: " + FSOf(work),
 		"load average at start: " + Loadavg(),
 	}
+}
+
+// ToolVersion is the first line of what `name args...` prints (a tool's version), or "not
+// installed" when it cannot run.
+func ToolVersion(name string, args ...string) string {
+	out, err := exec.Command(name, args...).Output()
+	if err != nil {
+		return "not installed"
+	}
+	return strings.SplitN(strings.TrimSpace(string(out)), "\n", 2)[0]
 }
 
 func cpuModel() string {
@@ -123,17 +140,82 @@ func FSOf(p string) string {
 	return desc
 }
 
-// ModuleDir returns the root of the layerstore module the benchmark runs in.
+// ModuleDir returns the root of the layerstore module: the daemon is built, and the
+// results written, there. The benchmarks are their own module, which finds it by its
+// replace directive; run them from inside the benchmarks module.
 func ModuleDir() (string, error) {
-	out, err := exec.Command("go", "env", "GOMOD").Output()
+	out, err := exec.Command("go", "list", "-m", "-f", "{{.Dir}}", "github.com/layerstore/layerstore").Output()
+	dir := strings.TrimSpace(string(out))
+	if err != nil || dir == "" {
+		var ee *exec.ExitError
+		if errors.As(err, &ee) {
+			err = fmt.Errorf("%w: %s", err, bytes.TrimSpace(ee.Stderr))
+		}
+		return "", fmt.Errorf("finding the layerstore module (run from inside benchmarks/): %v", err)
+	}
+	return dir, nil
+}
+
+// Run runs a benchmark's body until it returns, ^C or SIGTERM arrives or timeout (its
+// -timeout) passes, and exits with status 1 and the error when it fails.
+func Run(name string, timeout time.Duration, run func(context.Context) error) {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	err := run(ctx)
+	cancel()
+	stop()
 	if err != nil {
-		return "", fmt.Errorf("go env GOMOD: %w", err)
+		fmt.Fprintf(os.Stderr, "%s: FAIL: %v\n", name, err)
+		os.Exit(1)
 	}
-	mod := strings.TrimSpace(string(out))
-	if mod == "" || mod == os.DevNull {
-		return "", errors.New("run from inside the layerstore module")
+}
+
+// WorkDir is where the benchmarks keep what they build and reuse (layer blobs, images) and
+// their temporary directories by default: benchmarks/work in the module at modDir.
+func WorkDir(modDir string) string { return filepath.Join(modDir, "benchmarks", "work") }
+
+// Header is the top of benchmark name's report: the title, the command line that ran it and
+// the machine (the lines of Machine and the like, then the load average now, at the end). A
+// report may add lines about the machine or the run right after it.
+func Header(title, name string, machine []string) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "# %s\n\n", title)
+	fmt.Fprintf(&b, "Command: `%s`\n\n", strings.TrimSpace("cd benchmarks && go run ./cmd/"+name+" "+strings.Join(os.Args[1:], " ")))
+	fmt.Fprintf(&b, "## Machine\n\n")
+	for _, m := range machine {
+		fmt.Fprintf(&b, "- %s\n", m)
 	}
-	return filepath.Dir(mod), nil
+	fmt.Fprintf(&b, "- load average at the end: %s\n", Loadavg())
+	return b.String()
+}
+
+// ReportPath is the file benchmark name writes its report to: out (its -out flag) when set,
+// none ("") for "-", by default benchmarks/results/<date>-<name>.md in the module at modDir.
+func ReportPath(modDir, name, out string) string {
+	switch out {
+	case "":
+		return filepath.Join(modDir, "benchmarks", "results", time.Now().Format("2006-01-02")+"-"+name+".md")
+	case "-":
+		return ""
+	}
+	return out
+}
+
+// WriteReport prints the report text on stdout and writes it to path (see ReportPath),
+// creating its directory; "" writes no file.
+func WriteReport(path, text string) error {
+	fmt.Print(text)
+	if path == "" {
+		return nil
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return err
+	}
+	if err := os.WriteFile(path, []byte(text), 0o644); err != nil {
+		return err
+	}
+	fmt.Fprintln(os.Stderr, "results written to", path)
+	return nil
 }
 
 // Median of xs; 0 for none.

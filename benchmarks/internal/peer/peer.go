@@ -2,8 +2,8 @@
 // by side figures: a binary with stargz-store's command line (`BIN --root DIR --config FILE
 // [--addr SOCKET] MOUNTPOINT`), such as stargz-store itself. It owns that process: its config
 // file (prefetch, background fetch, passthrough), the wait for its mount, its CPU time, and a
-// stop by PID that never leaves a mount behind (SIGINT is what stargz-store handles; SIGTERM
-// would leave a dead mount).
+// stop by PID that never leaves a mount behind (package fuseproc; SIGINT is what
+// stargz-store handles, SIGTERM would leave a dead mount).
 //
 // A store of this family serves a layer at <mountpoint>/<base64 ref>/<key>/diff, where key is
 // the TOC digest (stargz-store 0.16 and later) or the blob digest (earlier versions, and what
@@ -18,14 +18,11 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/opencontainers/go-digest"
-	"golang.org/x/sys/unix"
 
-	"github.com/layerstore/layerstore/benchmarks/internal/benchd"
-	storefs "github.com/layerstore/layerstore/fs"
+	"github.com/layerstore/layerstore/benchmarks/internal/fuseproc"
 )
 
 // Config is one start of the peer.
@@ -40,13 +37,10 @@ type Config struct {
 	Passthrough bool
 }
 
-// Store is a running peer.
+// Store is a running peer; Stop ends it, Tail is the end of its log, CPU its CPU time so far.
 type Store struct {
-	Cfg     Config
-	Cmd     *exec.Cmd
-	LogPath string
-	log     *os.File
-	exited  chan struct{}
+	*fuseproc.Proc
+	Cfg Config
 }
 
 // Start writes the config, starts the peer and waits until its mount answers.
@@ -73,75 +67,18 @@ func Start(ctx context.Context, cfg Config) (*Store, error) {
 	if help, _ := exec.Command(cfg.Bin, "--help").CombinedOutput(); strings.Contains(string(help), "-addr") {
 		args = append(args, "--addr", filepath.Join(cfg.Dir, "store.sock"))
 	}
-	lf, err := os.Create(filepath.Join(cfg.Dir, fmt.Sprintf("peer-%d.log", time.Now().UnixNano())))
+	p, err := fuseproc.Start(ctx, fuseproc.Spec{
+		What:       "peer",
+		Cmd:        exec.Command(cfg.Bin, append(args, cfg.Mountpoint)...),
+		Log:        filepath.Join(cfg.Dir, fmt.Sprintf("peer-%d.log", time.Now().UnixNano())),
+		Mountpoint: cfg.Mountpoint,
+		Stop:       os.Interrupt,
+		Timeout:    30 * time.Second,
+	})
 	if err != nil {
 		return nil, err
 	}
-	cmd := exec.Command(cfg.Bin, append(args, cfg.Mountpoint)...)
-	cmd.Stdout, cmd.Stderr = lf, lf
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := cmd.Start(); err != nil {
-		lf.Close()
-		return nil, err
-	}
-	s := &Store{Cfg: cfg, Cmd: cmd, LogPath: lf.Name(), log: lf, exited: make(chan struct{})}
-	go func() { _ = cmd.Wait(); close(s.exited) }()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		var st unix.Statfs_t
-		if unix.Statfs(cfg.Mountpoint, &st) == nil && st.Type == storefs.SuperMagic {
-			return s, nil
-		}
-		select {
-		case <-s.exited:
-			s.Stop()
-			return nil, fmt.Errorf("peer exited: %s", s.Tail())
-		case <-ctx.Done():
-			s.Stop()
-			return nil, ctx.Err()
-		case <-time.After(10 * time.Millisecond):
-		}
-		if time.Now().After(deadline) {
-			s.Stop()
-			return nil, fmt.Errorf("peer not mounted after 30s: %s", s.Tail())
-		}
-	}
-}
-
-// Stop ends the peer by its PID: SIGINT (it unmounts), SIGKILL after 10 s; a mount left
-// behind is detached. Safe to call twice.
-func (s *Store) Stop() {
-	select {
-	case <-s.exited:
-	default:
-		_ = s.Cmd.Process.Signal(os.Interrupt)
-		select {
-		case <-s.exited:
-		case <-time.After(10 * time.Second):
-			_ = s.Cmd.Process.Kill()
-			<-s.exited
-		}
-	}
-	for range 5 {
-		var st unix.Statfs_t
-		if unix.Statfs(s.Cfg.Mountpoint, &st) != nil || st.Type != storefs.SuperMagic {
-			break
-		}
-		_ = unix.Unmount(s.Cfg.Mountpoint, unix.MNT_DETACH)
-	}
-	s.log.Close()
-}
-
-// CPU returns the peer's user and system CPU time so far.
-func (s *Store) CPU() (float64, error) { return benchd.ProcCPU(s.Cmd.Process.Pid) }
-
-// Tail is the end of the peer's log, for error messages.
-func (s *Store) Tail() string {
-	b, _ := os.ReadFile(s.LogPath)
-	if len(b) > 2000 {
-		b = b[len(b)-2000:]
-	}
-	return string(b)
+	return &Store{Proc: p, Cfg: cfg}, nil
 }
 
 // LayerDir resolves the layer of ref in a store mounted at mnt: the directory
