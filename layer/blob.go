@@ -49,7 +49,7 @@ func (l *Layer) ReadBlob(ctx context.Context, p []byte, off int64) (int, error) 
 	if bc.err != nil {
 		return 0, bc.err
 	}
-	bc.used.Store(l.m.opts.now().UnixNano())
+	bc.used.Store(l.env.now().UnixNano())
 	n, err := bc.f.ReadAt(p, off)
 	if errors.Is(err, io.EOF) && n == len(p) {
 		err = nil
@@ -60,12 +60,12 @@ func (l *Layer) ReadBlob(ctx context.Context, p []byte, off int64) (int, error) 
 // blobCopyFor returns the layer's blob copy, starting it when there is none or when the last
 // attempt failed more than the negative TTL ago.
 func (l *Layer) blobCopyFor() *blobCopy {
-	now := l.m.opts.now()
+	now := l.env.now()
 	l.mu.Lock()
 	if bc := l.blobCopy; bc != nil {
 		select {
 		case <-bc.done:
-			if bc.err == nil || now.Sub(bc.failedAt) < l.m.opts.negativeTTL {
+			if bc.err == nil || now.Sub(bc.failedAt) < l.env.negativeTTL {
 				l.mu.Unlock()
 				return bc
 			}
@@ -78,7 +78,7 @@ func (l *Layer) blobCopyFor() *blobCopy {
 	bc.used.Store(now.UnixNano())
 	l.blobCopy = bc
 	l.mu.Unlock()
-	l.m.goTracked(func() { l.copyBlob(bc) }) // takes Manager.mu: not under Layer.mu
+	l.env.work.goTracked(func() { l.copyBlob(bc) }) // takes Manager.mu: not under Layer.mu
 	return bc
 }
 
@@ -98,26 +98,26 @@ func (l *Layer) copyBlob(bc *blobCopy) {
 			f.Close()
 		}
 		f = nil
-		l.m.opts.log.Warn("blob export failed", "layer", l.desc.Digest, "err", err)
+		l.env.log.Warn("blob export failed", "layer", l.desc.Digest, "err", err)
 	}
-	bc.f, bc.err, bc.failedAt = f, err, l.m.opts.now()
+	bc.f, bc.err, bc.failedAt = f, err, l.env.now()
 	close(bc.done)
 }
 
 func (l *Layer) fetchBlob() (*os.File, error) {
-	f, err := l.m.cache.Scratch()
+	f, err := l.env.cache.Scratch()
 	if err != nil {
 		return nil, err
 	}
-	buf := make([]byte, min(l.desc.Size, l.m.opts.prefetchBatch))
+	buf := make([]byte, min(l.desc.Size, l.env.batch))
 	h := sha256.New()
 	for off := int64(0); off < l.desc.Size; {
 		p := buf[:min(int64(len(buf)), l.desc.Size-off)]
-		ctx, cancel := l.m.bound(context.Background(), l.m.opts.readTimeout)
+		ctx, cancel := l.env.work.bound(context.Background(), l.env.readTimeout)
 		n, err := l.blob.ReadAt(ctx, p, off)
 		cancel()
 		l.onDemand.Add(int64(n))
-		l.m.counters.onDemandBytes.Add(int64(n))
+		l.env.counters.onDemandBytes.Add(int64(n))
 		if err != nil && !(errors.Is(err, io.EOF) && n == len(p)) {
 			f.Close()
 			return nil, fmt.Errorf("fetching blob %s at %d: %w", l.desc.Digest, off, err)
@@ -131,7 +131,7 @@ func (l *Layer) fetchBlob() (*os.File, error) {
 	}
 	if got := digest.NewDigest(digest.SHA256, h); got != l.desc.Digest {
 		f.Close()
-		l.m.counters.verifyFailures.Add(1)
+		l.env.counters.verifyFailures.Add(1)
 		return nil, fmt.Errorf("blob %s: %w: the registry's bytes hash to %s", l.desc.Digest, verify.ErrDigestMismatch, got)
 	}
 	return f, nil

@@ -49,26 +49,38 @@
 // them), fetch-ahead, blob copies and background fetches all derive from it, so that a
 // stopping daemon stops fetching at once instead of after a read timeout.
 //
+// # Structure
+//
+// A [Manager] resolves; a [Layer] reads. A layer knows of its manager only what every layer
+// of that manager shares (env, in env.go): the cache and its open files (handles.go), the
+// scheduler that shares the registry and the processors with background work
+// (scheduler.go), the counters, the read settings, and the manager's lifetime (work). The read
+// path, from Layer.ReadFile, is one sequence in fetch.go: claim the missing chunks, look in
+// the cache again, fetch and verify them in one batch, store them. A fetch names its chunk
+// and is shared by every reader of it; its kind (on demand, ahead, background) decides how it
+// shares the link and the processors.
+//
 // # Concurrency
 //
 // Every exported method is safe for concurrent use. The locks, none of which is held while
 // another is taken (each is a leaf), nor across I/O, a fetch or a wait:
 //
-//   - Manager.mu: the resolutions, the live layers, closed; Manager.goTracked takes it.
+//   - Manager.mu: the resolutions, the live layers, closed.
+//   - work.mu: whether the manager is closing; goTracked takes it.
 //   - Layer.mu: the references and repositories of a layer, its chunks in flight (and the
 //     failures remembered on them), its blob copy.
 //   - Layer.prefetch.mu: the state of its background fetch.
 //   - handles.mu: the open cache files and their LRU.
 //   - scheduler.mu: the background bandwidth's token bucket (the rest are atomics and the
-//     slots channel).
+//     slots and cpu channels).
 //
-// A fetchCall's fields are written once, before its done channel is closed, and read after.
+// A fetch's results are written once, before its done channel is closed, and read after.
 //
 // Goroutines: the janitor (one per manager, every second: forgets expired resolutions and the
 // layers none names, drops blob copies unread for the keep TTL); each resolution in
 // singleflight's goroutine; each layer's background fetch (a feeder and one worker per
 // background slot, each batch verified on up to one goroutine per processor); and the tracked
-// work of reads that outlives them (Manager.goTracked): storing the chunks of an on-demand
+// work of reads that outlives them (work.goTracked): storing the chunks of an on-demand
 // fetch, fetch-ahead, blob copies. Close cancels the manager's context (every fetch ends),
 // stops the janitor and every background fetch, waits for them and for the tracked work, and
 // then closes the cache files it holds; layers already handed out keep answering reads, from

@@ -22,169 +22,165 @@ const (
 	onDemand fetchKind = iota
 	// ahead: the next chunk of a file read in sequence, fetched before the reader asks
 	// (fetchAhead). Nobody waits for it yet: it does not hold background work up, and stores
-	// before it forgets its calls, as background work does.
+	// before it forgets its fetches, as background work does.
 	ahead
 	// background: the whole layer, fetched and verified behind the reads (prefetch.go). It
 	// yields to on-demand fetches, and verifies at most one chunk per processor at a time.
 	background
 )
 
-// fetchCall is one chunk being fetched; every reader of the chunk waits for the same call.
-// A failed call stays in flight for the negative TTL (failedUntil), so that readers asking
-// again meanwhile fail at once: the kernel retries a failed readahead with a small read, which
-// would otherwise wait a whole read timeout again on a registry that hangs.
-type fetchCall struct {
-	done        chan struct{}
-	data        []byte       // the chunk's verified content
-	c           verify.Chunk // set when fetched here (not taken from the cache), for storing
-	err         error
+// A fetch is one chunk being fetched, named by its key; every reader of the chunk waits for
+// the same fetch. A failed fetch stays in flight for the negative TTL (failedUntil), so that
+// readers asking again meanwhile fail at once: the kernel retries a failed readahead with a
+// small read, which would otherwise wait a whole read timeout again on a registry that hangs.
+type fetch struct {
+	key   chunkKey
+	chunk chunked.Chunk // where the chunk is: its bytes in the blob, its place in the file
+	done  chan struct{}
+
+	// Written once, before done is closed.
+	data     []byte       // the chunk's verified content
+	verified verify.Chunk // set when fetched here (not taken from the cache), for storing
+	err      error
+
 	failedUntil time.Time // guarded by Layer.mu; set once err is
 }
 
-// claimable reports whether a new fetch may replace c: c failed and its failure has been
-// remembered long enough. Called with l.mu held.
-func (c *fetchCall) claimable(now time.Time) bool {
-	return !c.failedUntil.IsZero() && !now.Before(c.failedUntil)
-}
-
-// fetch returns the verified content of chunks idx of one file, fetching those nobody is
-// fetching yet in one batch of range requests, together with the chunks that follow the last
-// of them in the blob (readAhead) that nobody is fetching either. A demand read (one a runtime
-// waits for) makes background work yield and returns before its chunks are written to the
-// cache; background batches write first. h, when not nil, is the caller's handle on the
-// file's cache entry, where it found the chunks missing.
-func (l *Layer) fetch(ctx context.Context, file chunked.EntryID, idx []int, h *handle) ([][]byte, error) {
+// fetchMissing returns the verified content of chunks idx of file, which a read found missing
+// in the cache; h, when not nil, is the read's handle on the file's cache entry. Step by step:
+//
+//  1. claim: the chunks nobody is fetching become this read's fetches; the others'
+//     fetches are shared (and waited for at the end);
+//  2. look in the cache again: a chunk stored since the read looked (a fetch writes to the
+//     cache before it is forgotten) is taken from there rather than fetched twice;
+//  3. if anything is left to fetch, claim the chunks that follow the last one in the blob
+//     (readAhead) too, those nobody is fetching: nobody waits for them;
+//  4. run: fetch them all in one batch of range requests, verify, complete each fetch, and
+//     store them once the read has returned;
+//  5. wait for every fetch the read needs.
+func (l *Layer) fetchMissing(ctx context.Context, file chunked.EntryID, idx []int, h *handle) ([][]byte, error) {
 	keys := make([]chunkKey, len(idx))
 	for i, c := range idx {
 		keys[i] = chunkKey{file, c}
 	}
-	var stored func(chunkKey) []byte
-	if h != nil {
-		stored = func(k chunkKey) []byte {
-			ref := l.ref(k)
-			if ref.Size == 0 || len(h.f.Missing(ref.FileOffset, ref.Size)) > 0 {
-				return nil
-			}
-			b, err := h.f.ReadChunk(ref)
-			if err != nil {
-				return nil
-			}
-			return b
-		}
+	needed, mine := l.claim(keys)
+	mine = l.takeCached(h, mine)
+	if len(mine) > 0 {
+		_, more := l.claim(l.readAhead(file, idx[len(idx)-1]))
+		l.run(ctx, append(mine, more...), onDemand)
 	}
-	return l.fetchKeys(ctx, keys, func() []chunkKey { return l.readAhead(file, idx[len(idx)-1]) }, stored, onDemand)
+	return wait(ctx, needed)
 }
 
-// fetchKeys fetches keys, which the caller waits for, and the chunks extra returns (when not
-// nil), which it does not: extra chunks somebody is already fetching are left to them.
-//
-// A chunk the caller found missing may have been stored, and so no longer be in flight, by
-// the time it is claimed here: stored (when not nil) looks for each claimed key in the cache
-// again, after the claim, so that such a chunk is not fetched twice. (Storing writes to the
-// cache before it forgets the call.)
-func (l *Layer) fetchKeys(ctx context.Context, keys []chunkKey, extra func() []chunkKey, stored func(chunkKey) []byte, kind fetchKind) ([][]byte, error) {
-	calls := make([]*fetchCall, len(keys))
-	var mine []chunkKey
-	var mineCalls []*fetchCall
-	now := l.m.opts.now()
+// fetchAhead fetches chunk i of file in the background, unless somebody is fetching it: a
+// reader going through a file in sequence then finds the next chunk fetched and verified, or
+// on its way, when it gets there, rather than paying a round trip and a verification per chunk.
+func (l *Layer) fetchAhead(file chunked.EntryID, i int) {
+	if _, mine := l.claim([]chunkKey{{file, i}}); len(mine) > 0 {
+		l.env.work.goTracked(func() { l.run(l.env.work.ctx, mine, ahead) })
+	}
+}
+
+// claim returns the fetches of keys, in order. The chunks nobody is fetching (or whose failure
+// has been remembered long enough) get new fetches, which are also returned as mine: the
+// caller must run them, or complete them otherwise.
+func (l *Layer) claim(keys []chunkKey) (all, mine []*fetch) {
+	now := l.env.now()
 	l.mu.Lock()
-	for i, k := range keys {
-		if c := l.inflight[k]; c != nil && !c.claimable(now) {
-			calls[i] = c
-			continue
+	defer l.mu.Unlock()
+	for _, k := range keys {
+		f := l.inflight[k]
+		if f == nil || (!f.failedUntil.IsZero() && !now.Before(f.failedUntil)) {
+			f = &fetch{key: k, chunk: l.ref(k), done: make(chan struct{})}
+			l.inflight[k] = f
+			mine = append(mine, f)
 		}
-		c := &fetchCall{done: make(chan struct{})}
-		l.inflight[k] = c
-		calls[i] = c
-		mine = append(mine, k)
-		mineCalls = append(mineCalls, c)
+		all = append(all, f)
 	}
-	l.mu.Unlock()
-	if stored != nil {
-		mine, mineCalls = l.takeStored(mine, mineCalls, stored)
+	return all, mine
+}
+
+// takeCached completes the fetches of mine whose chunk the cache file h holds by now, forgets
+// them, and returns the others.
+func (l *Layer) takeCached(h *handle, mine []*fetch) []*fetch {
+	if h == nil {
+		return mine
 	}
-	if len(mine) > 0 && extra != nil {
-		more := extra()
-		l.mu.Lock()
-		for _, k := range more {
-			if c := l.inflight[k]; c == nil || c.claimable(now) {
-				c := &fetchCall{done: make(chan struct{})}
-				l.inflight[k] = c
-				mine = append(mine, k)
-				mineCalls = append(mineCalls, c)
+	var rest, found []*fetch
+	for _, f := range mine {
+		c := f.chunk
+		if c.Size > 0 && len(h.f.Missing(c.FileOffset, c.Size)) == 0 {
+			if b, err := h.f.ReadChunk(c); err == nil {
+				f.data = b
+				close(f.done)
+				found = append(found, f)
+				continue
 			}
 		}
-		l.mu.Unlock()
+		rest = append(rest, f)
 	}
+	l.forget(found)
+	return rest
+}
 
-	if len(mine) > 0 {
-		if kind == onDemand {
-			l.m.sched.demandStart()
-		}
-		l.run(ctx, mine, mineCalls, kind)
-		if kind == onDemand {
-			l.m.sched.demandEnd()
-		}
-		l.forgetFailed(mine, mineCalls)
-		if kind == onDemand {
-			l.storeLater(mine, mineCalls)
-		} else {
-			l.store(mine, mineCalls)
-		}
-	}
-	out := make([][]byte, len(keys))
-	for i, c := range calls {
+// wait returns the content of fetches, in order, once every one has completed: the first
+// error of one, or ctx's.
+func wait(ctx context.Context, fetches []*fetch) ([][]byte, error) {
+	out := make([][]byte, len(fetches))
+	for i, f := range fetches {
 		select {
-		case <-c.done:
+		case <-f.done:
 		case <-ctx.Done():
 			return nil, ctx.Err()
 		}
-		if c.err != nil {
-			return nil, c.err
+		if f.err != nil {
+			return nil, f.err
 		}
-		out[i] = c.data
+		out[i] = f.data
 	}
 	return out, nil
 }
 
-// takeStored completes the calls whose chunks stored finds, forgets them, and returns the
-// other keys and calls.
-func (l *Layer) takeStored(keys []chunkKey, calls []*fetchCall, stored func(chunkKey) []byte) ([]chunkKey, []*fetchCall) {
-	var restKeys, doneKeys []chunkKey
-	var restCalls, doneCalls []*fetchCall
-	for i, k := range keys {
-		if b := stored(k); b != nil {
-			calls[i].data = b
-			close(calls[i].done)
-			doneKeys, doneCalls = append(doneKeys, k), append(doneCalls, calls[i])
-			continue
-		}
-		restKeys, restCalls = append(restKeys, k), append(restCalls, calls[i])
+// run fetches the chunks of batch in one set of range requests, verifies them, completes
+// each fetch, and stores the verified chunks: for a demand read, after it returns (its
+// fetches stay in flight until then, so nobody fetches them again); otherwise before run
+// returns. A failed fetch is remembered for the negative TTL.
+func (l *Layer) run(ctx context.Context, batch []*fetch, kind fetchKind) {
+	if len(batch) == 0 {
+		return
 	}
-	if len(doneKeys) > 0 {
-		l.forget(doneKeys, doneCalls, func(*fetchCall) bool { return true })
+	if kind == onDemand {
+		l.env.sched.demandStart()
 	}
-	return restKeys, restCalls
+	l.fetchAndVerify(ctx, batch, kind)
+	if kind == onDemand {
+		l.env.sched.demandEnd()
+	}
+	l.forgetFailed(batch)
+	if kind == onDemand {
+		l.env.work.goTracked(func() { l.store(batch) })
+	} else {
+		l.store(batch)
+	}
 }
 
-// run fetches and verifies the chunks of calls, and completes the calls. It does not depend on
-// the caller's context: other readers may be waiting for the same chunks.
-func (l *Layer) run(ctx context.Context, keys []chunkKey, calls []*fetchCall, kind fetchKind) {
-	ctx, cancel := l.m.bound(ctx, l.m.opts.readTimeout)
+// fetchAndVerify fetches the bytes of batch's chunks, verifies each, and completes its fetch.
+// It does not depend on the caller's context: other readers may be waiting for the same
+// chunks; the read timeout and the manager's lifetime bound it.
+func (l *Layer) fetchAndVerify(ctx context.Context, batch []*fetch, kind fetchKind) {
+	ctx, cancel := l.env.work.bound(ctx, l.env.readTimeout)
 	defer cancel()
-	refs := make([]chunked.Chunk, len(keys))
 	var ranges []chunked.Range
-	for i, k := range keys {
-		refs[i] = l.idx.Chunks(k.file)[k.i]
-		if refs[i].Length > 0 {
-			ranges = append(ranges, refs[i].Range)
+	for _, f := range batch {
+		if f.chunk.Length > 0 {
+			ranges = append(ranges, f.chunk.Range)
 		}
 	}
 	bufs, err := l.blob.Fetch(ctx, ranges)
 	if err != nil {
-		for _, c := range calls {
-			c.err = err
-			close(c.done)
+		for _, f := range batch {
+			f.err = err
+			close(f.done)
 		}
 		return
 	}
@@ -192,42 +188,34 @@ func (l *Layer) run(ctx context.Context, keys []chunkKey, calls []*fetchCall, ki
 	for _, r := range ranges {
 		fetched += r.Length
 	}
-	if kind != background {
-		l.onDemand.Add(fetched)
-		l.m.counters.onDemandBytes.Add(fetched)
-	} else {
+	if kind == background {
 		l.prefetched.Add(fetched)
-		l.m.counters.prefetchBytes.Add(fetched)
+		l.env.counters.prefetchBytes.Add(fetched)
+	} else {
+		l.onDemand.Add(fetched)
+		l.env.counters.onDemandBytes.Add(fetched)
 	}
-	// Hand each chunk its bytes in order, then verify them in parallel.
-	raws := make([][]byte, len(keys))
+	// Hand each chunk its bytes in order (a chunk of zeros has none), then verify in parallel.
+	raws := make([][]byte, len(batch))
 	j := 0
-	for i := range keys {
-		if refs[i].Length > 0 {
+	for i, f := range batch {
+		if f.chunk.Length > 0 {
 			raws[i] = bufs[j]
 			j++
 		}
 	}
-	parallel(len(keys), func(i int) {
+	parallel(len(batch), func(i int) {
 		if kind == background {
-			// Background decompression would take every core: it steps aside, chunk by
-			// chunk, while a read a runtime waits for is being fetched and verified, and
-			// keeps at most one runnable goroutine per core, so that the goroutines serving
-			// FUSE requests find a processor soon.
-			_ = l.m.sched.yield(ctx)
-			l.m.backgroundCPU <- struct{}{}
-			defer func() {
-				<-l.m.backgroundCPU
-				runtime.Gosched()
-			}()
+			defer l.env.sched.verifying(ctx)()
 		}
-		c, err := l.v.VerifyChunk(keys[i].file, keys[i].i, raws[i])
+		f := batch[i]
+		c, err := l.v.VerifyChunk(f.key.file, f.key.i, raws[i])
 		if err != nil {
-			l.m.counters.verifyFailures.Add(1)
-			l.m.opts.log.Warn("chunk refused", "layer", l.desc.Digest, "err", err)
+			l.env.counters.verifyFailures.Add(1)
+			l.env.log.Warn("chunk refused", "layer", l.desc.Digest, "err", err)
 		}
-		calls[i].c, calls[i].data, calls[i].err = c, c.Bytes(), err
-		close(calls[i].done)
+		f.verified, f.data, f.err = c, c.Bytes(), err
+		close(f.done)
 	})
 }
 
@@ -262,7 +250,7 @@ func parallel(n int, fn func(int)) {
 // trip; the files beside it in the blob (the same directory's) are often read next, and a
 // small window costs little bandwidth. It stops at the first chunk not further in the blob.
 func (l *Layer) readAhead(file chunked.EntryID, i int) []chunkKey {
-	window := l.m.opts.readAhead
+	window := l.env.readAhead
 	if window <= 0 {
 		return nil
 	}
@@ -292,7 +280,7 @@ func (l *Layer) readAhead(file chunked.EntryID, i int) []chunkKey {
 	}
 	for id, scanned := file+1, 0; int(id) < l.idx.Len() && scanned < readAheadEntries; id, scanned = id+1, scanned+1 {
 		e := l.idx.Entry(id)
-		if e.Type != chunked.TypeReg || e.Inode != id || e.Size == 0 || e.Digest.IsZero() || l.m.cache.Has(e.Digest) {
+		if e.Type != chunked.TypeReg || e.Inode != id || e.Size == 0 || e.Digest.IsZero() || l.env.cache.Has(e.Digest) {
 			continue
 		}
 		if !take(id, 0) {
@@ -309,69 +297,69 @@ const (
 	readAheadContent = 16
 )
 
-// forgetFailed marks failed calls to be replaced after the negative TTL (at once when it is
-// zero): until then, readers of their chunks get the same error without a request.
-func (l *Layer) forgetFailed(keys []chunkKey, calls []*fetchCall) {
-	until := l.m.opts.now().Add(l.m.opts.negativeTTL)
+// forgetFailed marks the failed fetches of batch to be replaced after the negative TTL (at
+// once when it is zero): until then, readers of their chunks get the same error without a
+// request.
+func (l *Layer) forgetFailed(batch []*fetch) {
+	until := l.env.now().Add(l.env.negativeTTL)
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	for i, k := range keys {
-		c := calls[i]
-		if c.err == nil || l.inflight[k] != c {
+	for _, f := range batch {
+		if f.err == nil || l.inflight[f.key] != f {
 			continue
 		}
-		if l.m.opts.negativeTTL <= 0 {
-			delete(l.inflight, k)
+		if l.env.negativeTTL <= 0 {
+			delete(l.inflight, f.key)
 			continue
 		}
-		c.failedUntil = until
+		f.failedUntil = until
 	}
 }
 
-// forget removes the calls of keys that match from the chunks in flight.
-func (l *Layer) forget(keys []chunkKey, calls []*fetchCall, match func(*fetchCall) bool) {
+// forget removes the fetches of batch that succeeded from the chunks in flight: from then on,
+// readers look for their chunks in the cache.
+func (l *Layer) forget(batch []*fetch) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	for i, k := range keys {
-		if match(calls[i]) && l.inflight[k] == calls[i] {
-			delete(l.inflight, k)
+	for _, f := range batch {
+		if f.err == nil && l.inflight[f.key] == f {
+			delete(l.inflight, f.key)
 		}
 	}
 }
 
-// store writes the verified chunks of finished calls to the cache, then forgets the calls:
-// from then on readers find the chunks in the cache. Files whose every chunk is among them
-// (small files, whole in one background batch) are stored whole, in one group commit for all
-// of them (cache.PutFiles: two syncfs calls rather than several fsyncs per file); the chunks
-// of the other files are stored one by one.
-func (l *Layer) store(keys []chunkKey, calls []*fetchCall) {
+// store writes the verified chunks of a completed batch to the cache, then forgets their
+// fetches. Files whose every chunk is in the batch (small files, whole in one background
+// batch) are stored whole, in one group commit for all of them (cache.PutFiles: two syncfs
+// calls rather than several fsyncs per file); the chunks of the other files are stored one by
+// one.
+func (l *Layer) store(batch []*fetch) {
+	byFile := map[chunked.EntryID][]*fetch{}
+	var order []chunked.EntryID
+	for _, f := range batch {
+		if f.err != nil || l.idx.Entry(f.key.file).Digest.IsZero() {
+			continue
+		}
+		if _, ok := byFile[f.key.file]; !ok {
+			order = append(order, f.key.file)
+		}
+		byFile[f.key.file] = append(byFile[f.key.file], f)
+	}
 	var whole []cache.Content
 	var wholeIDs []chunked.EntryID
-	byFile := map[chunked.EntryID][]int{}
-	var order []chunked.EntryID
-	for i, c := range calls {
-		if c.err != nil || l.idx.Entry(keys[i].file).Digest.IsZero() {
-			continue
-		}
-		f := keys[i].file
-		if _, ok := byFile[f]; !ok {
-			order = append(order, f)
-		}
-		byFile[f] = append(byFile[f], i)
-	}
-	for _, f := range order {
-		if cs := l.wholeFile(f, keys, calls, byFile[f]); cs != nil {
-			e := l.idx.Entry(f)
+	for _, id := range order {
+		if cs := l.wholeFile(id, byFile[id]); cs != nil {
+			e := l.idx.Entry(id)
 			whole = append(whole, cache.Content{Sum: e.Digest, Size: e.Size, Chunks: cs})
-			wholeIDs = append(wholeIDs, f)
+			wholeIDs = append(wholeIDs, id)
 			continue
 		}
-		for _, i := range byFile[f] {
-			l.keep(f, calls[i].c)
+		for _, f := range byFile[id] {
+			l.keep(id, f.verified)
 		}
 	}
 	if len(whole) > 0 {
-		for i, err := range l.m.cache.PutFiles(whole) {
+		for i, err := range l.env.cache.PutFiles(whole) {
 			switch {
 			case err == nil || errors.Is(err, cache.ErrClosed):
 			case errors.Is(err, cache.ErrNoSpace):
@@ -383,46 +371,27 @@ func (l *Layer) store(keys []chunkKey, calls []*fetchCall) {
 					l.keep(wholeIDs[i], c)
 				}
 			default:
-				l.m.opts.log.Warn("caching a file failed", "file", l.idx.Entry(wholeIDs[i]).Name, "err", err)
+				l.env.log.Warn("caching a file failed", "file", l.idx.Entry(wholeIDs[i]).Name, "err", err)
 			}
 		}
 	}
-	l.forget(keys, calls, func(c *fetchCall) bool { return c.err == nil })
+	l.forget(batch)
 }
 
-// storeLater stores in the background, so that a demand read returns first.
-func (l *Layer) storeLater(keys []chunkKey, calls []*fetchCall) {
-	l.m.goTracked(func() { l.store(keys, calls) })
-}
-
-// fetchAhead fetches chunk i of file in the background, unless somebody is fetching it: a
-// reader going through a file in sequence then finds the next chunk fetched and verified, or
-// on its way, when it gets there, rather than paying a round trip and a verification per chunk.
-func (l *Layer) fetchAhead(file chunked.EntryID, i int) {
-	k := chunkKey{file, i}
-	l.mu.Lock()
-	busy := l.inflight[k] != nil
-	l.mu.Unlock()
-	if !busy {
-		l.m.goTracked(func() { _, _ = l.fetchKeys(l.m.ctx, []chunkKey{k}, nil, nil, ahead) })
-	}
-}
-
-// wholeFile returns the chunks of file f in order when calls (at indexes idx) hold every one
-// of them; nil otherwise.
-func (l *Layer) wholeFile(f chunked.EntryID, keys []chunkKey, calls []*fetchCall, idx []int) []verify.Chunk {
-	n := len(l.idx.Chunks(f))
-	if len(idx) < n {
+// wholeFile returns the verified chunks of file id in order when fetches hold every one of
+// them; nil otherwise.
+func (l *Layer) wholeFile(id chunked.EntryID, fetches []*fetch) []verify.Chunk {
+	n := len(l.idx.Chunks(id))
+	if len(fetches) < n {
 		return nil
 	}
 	cs := make([]verify.Chunk, n)
 	have := 0
-	for _, i := range idx {
-		k := keys[i].i
-		if cs[k].Ref().Size == 0 {
+	for _, f := range fetches {
+		if cs[f.key.i].Ref().Size == 0 {
 			have++
 		}
-		cs[k] = calls[i].c
+		cs[f.key.i] = f.verified
 	}
 	if have != n {
 		return nil

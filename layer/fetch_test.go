@@ -9,7 +9,7 @@ import (
 
 // TestFetchTakesStoredChunk covers the window between a reader finding a chunk missing in
 // the cache and claiming it: the fetch that was in flight may store the chunk and forget its
-// call meanwhile. The claim must then take the chunk from the cache, not fetch it again.
+// fetch meanwhile. The claim must then take the chunk from the cache, not fetch it again.
 func TestFetchTakesStoredChunk(t *testing.T) {
 	e := newEnv(t)
 	for _, f := range e.fixtures {
@@ -33,7 +33,7 @@ func TestFetchTakesStoredChunk(t *testing.T) {
 			if _, err := l.ReadFile(t.Context(), id, want, 0); err != nil {
 				t.Fatal(err)
 			}
-			m.tracked.Wait() // the read's chunks are stored
+			m.work.wait() // the read's chunks are stored
 			h, err := m.files.acquire(e0.Digest, e0.Size)
 			if err != nil {
 				t.Fatal(err)
@@ -42,7 +42,7 @@ func TestFetchTakesStoredChunk(t *testing.T) {
 
 			// As a reader that looked in the cache just before the chunk was stored.
 			before := e.reg.Stats(f.Desc.Digest)
-			got, err := l.fetch(t.Context(), id, []int{0}, h)
+			got, err := l.fetchMissing(t.Context(), id, []int{0}, h)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -57,7 +57,7 @@ func TestFetchTakesStoredChunk(t *testing.T) {
 			n := len(l.inflight)
 			l.mu.Unlock()
 			if n != 0 {
-				t.Errorf("%d calls left in flight", n)
+				t.Errorf("%d fetches left in flight", n)
 			}
 		})
 	}
@@ -102,7 +102,7 @@ func TestFetchAhead(t *testing.T) {
 				if _, err := l.ReadFile(t.Context(), id, make([]byte, cs[i].Size), cs[i].FileOffset); err != nil {
 					t.Fatal(err)
 				}
-				m.tracked.Wait() // the fetch ahead, if any, and every store
+				m.work.wait() // the fetch ahead, if any, and every store
 			}
 			requests := func() int { st := e.reg.Stats(f.Desc.Digest); return st.Ranged + st.Full }
 

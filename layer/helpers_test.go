@@ -14,14 +14,14 @@ import (
 	"github.com/layerstore/layerstore/internal/testutil/testregistry"
 )
 
-type env struct {
+type testEnv struct {
 	t        *testing.T
 	reg      *testregistry.Registry
 	cache    *cache.Cache
 	fixtures []testlayer.Fixture
 }
 
-func newEnv(t *testing.T) *env {
+func newEnv(t *testing.T) *testEnv {
 	t.Helper()
 	reg, err := testregistry.Start()
 	if err != nil {
@@ -37,10 +37,10 @@ func newEnv(t *testing.T) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &env{t: t, reg: reg, cache: c, fixtures: fs}
+	return &testEnv{t: t, reg: reg, cache: c, fixtures: fs}
 }
 
-func (e *env) manager(opts ...Option) *Manager {
+func (e *testEnv) manager(opts ...Option) *Manager {
 	e.t.Helper()
 	m, err := New(ClientRegistry(testClient(e.t, e.reg)), e.cache, opts...)
 	if err != nil {
@@ -63,7 +63,7 @@ func gzipLayer(t *testing.T) testregistry.Blob {
 	return l
 }
 
-func (e *env) push(repoTag string, layers ...testregistry.Blob) string {
+func (e *testEnv) push(repoTag string, layers ...testregistry.Blob) string {
 	e.t.Helper()
 	if _, err := e.reg.Push(e.t.Context(), repoTag, layers); err != nil {
 		e.t.Fatal(err)

@@ -50,7 +50,7 @@ func evilLayer(t *testing.T, diffID digest.Digest) testregistry.Blob {
 }
 
 // manifestOf returns the raw OCI manifest of repoTag.
-func (e *env) manifestOf(repoTag string) map[string]any {
+func (e *testEnv) manifestOf(repoTag string) map[string]any {
 	e.t.Helper()
 	repo, tag, _ := stringsCut(repoTag, ":")
 	req, err := http.NewRequestWithContext(e.t.Context(), http.MethodGet, "http://"+e.reg.Host+"/v2/"+repo+"/manifests/"+tag, nil)
@@ -70,7 +70,7 @@ func (e *env) manifestOf(repoTag string) map[string]any {
 	return m
 }
 
-func (e *env) putManifest(repoTag string, m map[string]any) string {
+func (e *testEnv) putManifest(repoTag string, m map[string]any) string {
 	e.t.Helper()
 	b, err := json.Marshal(m)
 	if err != nil {

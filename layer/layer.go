@@ -21,7 +21,7 @@ import (
 // Layer is a resolved, verified layer. It implements storefs.Layer; its methods are safe for
 // concurrent use and keep working after the manager forgot the layer.
 type Layer struct {
-	m      *Manager
+	env    *env // what it shares with the manager's other layers
 	id     identity
 	desc   fetcher.Descriptor
 	tocKey digest.Digest
@@ -33,10 +33,10 @@ type Layer struct {
 	users atomic.Int64 // runtime references over every key and reference
 
 	mu       sync.Mutex
-	refs     []string        // the image references the layer was resolved through
-	repos    map[string]bool // their repositories, each known to serve the blob
-	inflight map[chunkKey]*fetchCall
-	blobCopy *blobCopy // the verified blob, while export reads it
+	refs     []string            // the image references the layer was resolved through
+	repos    map[string]bool     // their repositories, each known to serve the blob
+	inflight map[chunkKey]*fetch // the chunks being fetched, and failures remembered
+	blobCopy *blobCopy           // the verified blob, while export reads it
 
 	onDemand, prefetched atomic.Int64 // compressed bytes fetched for reads and in the background
 	cacheFull            atomic.Bool  // a store found the cache's filesystem full (cache.ErrNoSpace)
@@ -48,9 +48,9 @@ type chunkKey struct {
 	i    int
 }
 
-func newLayer(m *Manager, id identity, ref string, desc fetcher.Descriptor, v *verify.Verifier, blob Blob) *Layer {
+func newLayer(e *env, id identity, ref string, desc fetcher.Descriptor, v *verify.Verifier, blob Blob) *Layer {
 	return &Layer{
-		m:        m,
+		env:      e,
 		id:       id,
 		desc:     desc,
 		tocKey:   v.Layout().TOCDigest,
@@ -60,7 +60,7 @@ func newLayer(m *Manager, id identity, ref string, desc fetcher.Descriptor, v *v
 		size:     tarSize(v, desc.Annotations),
 		refs:     []string{ref},
 		repos:    map[string]bool{repository(ref): true},
-		inflight: map[chunkKey]*fetchCall{},
+		inflight: map[chunkKey]*fetch{},
 	}
 }
 
@@ -155,14 +155,14 @@ func (l *Layer) Info(key digest.Digest) []byte {
 // Backing implements storefs.Layer: the cache's file, when its content is complete.
 func (l *Layer) Backing(id chunked.EntryID) *os.File {
 	e := l.idx.Entry(id)
-	if e.Type != chunked.TypeReg || e.Size == 0 || e.Digest.IsZero() || !l.m.cache.Has(e.Digest) {
+	if e.Type != chunked.TypeReg || e.Size == 0 || e.Digest.IsZero() || !l.env.cache.Has(e.Digest) {
 		return nil
 	}
-	h, err := l.m.files.acquire(e.Digest, e.Size)
+	h, err := l.env.files.acquire(e.Digest, e.Size)
 	if err != nil {
 		return nil
 	}
-	defer l.m.files.release(h)
+	defer l.env.files.release(h)
 	p, err := h.f.Path()
 	if err != nil {
 		return nil
@@ -191,11 +191,11 @@ func (l *Layer) ReadFile(ctx context.Context, id chunked.EntryID, p []byte, off 
 	var h *handle
 	if !e.Digest.IsZero() {
 		var err error
-		if h, err = l.m.files.acquire(e.Digest, e.Size); err != nil {
-			l.m.opts.log.Warn("cache unavailable, reading from the registry", "err", err)
+		if h, err = l.env.files.acquire(e.Digest, e.Size); err != nil {
+			l.env.log.Warn("cache unavailable, reading from the registry", "err", err)
 			h = nil
 		} else {
-			defer l.m.files.release(h)
+			defer l.env.files.release(h)
 			if h.f.Complete() {
 				return h.f.ReadAt(p, off)
 			}
@@ -230,7 +230,7 @@ func (l *Layer) ReadFile(ctx context.Context, id chunked.EntryID, p []byte, off 
 	if len(missing) == 0 {
 		return len(p), nil
 	}
-	got, err := l.fetch(ctx, id, missing, h)
+	got, err := l.fetchMissing(ctx, id, missing, h)
 	if err != nil {
 		return 0, err
 	}
@@ -257,12 +257,12 @@ func (l *Layer) keep(file chunked.EntryID, c verify.Chunk) {
 	if e.Digest.IsZero() {
 		return
 	}
-	h, err := l.m.files.acquire(e.Digest, e.Size)
+	h, err := l.env.files.acquire(e.Digest, e.Size)
 	if err != nil {
-		l.m.opts.log.Warn("cache unavailable", "err", err)
+		l.env.log.Warn("cache unavailable", "err", err)
 		return
 	}
-	defer l.m.files.release(h)
+	defer l.env.files.release(h)
 	// A full cache disk fails every write: the cache logs that at a bounded rate.
 	err = h.f.Put(c)
 	switch {
@@ -270,6 +270,6 @@ func (l *Layer) keep(file chunked.EntryID, c verify.Chunk) {
 	case errors.Is(err, cache.ErrNoSpace):
 		l.cacheFull.Store(true)
 	default:
-		l.m.opts.log.Warn("caching a chunk failed", "file", e.Name, "err", err)
+		l.env.log.Warn("caching a chunk failed", "file", e.Name, "err", err)
 	}
 }

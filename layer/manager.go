@@ -5,9 +5,7 @@ import (
 	"errors"
 	"fmt"
 	iofs "io/fs"
-	"runtime"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/opencontainers/go-digest"
@@ -52,11 +50,9 @@ func (r clientRegistry) Blob(ctx context.Context, img *fetcher.Image, l *fetcher
 
 // Manager resolves and serves layers. It implements storefs.Store. It is safe for concurrent use.
 type Manager struct {
-	reg   Registry
-	cache *cache.Cache
-	opts  options
-	files *handles
-	sched *scheduler
+	env  // shared with its layers
+	reg  Registry
+	opts options
 
 	group singleflight.Group
 
@@ -68,18 +64,9 @@ type Manager struct {
 	// resolving bounds the resolutions in flight (manifests, TOCs, verification), whoever
 	// asks: a burst of lookups of distinct layers queues here instead of taking every core.
 	resolving chan struct{}
-	// backgroundCPU bounds the chunks being verified for background fetches, over every
-	// layer, to one per processor.
-	backgroundCPU chan struct{}
 
-	counters counters
-	// ctx ends when Close begins: every fetch, resolution and background fetch derives from
-	// it, so that a stopping daemon stops fetching.
-	ctx     context.Context
-	cancel  context.CancelFunc
-	stop    chan struct{}
-	done    sync.WaitGroup // the janitor
-	tracked sync.WaitGroup // work of reads that goes on after them (goTracked)
+	stop chan struct{}
+	done sync.WaitGroup // the janitor
 }
 
 // maxResolutions bounds the resolutions in flight at once. c/image pulls up to 6 layers of an
@@ -110,12 +97,6 @@ type resolution struct {
 	expires time.Time // when an unused success or a failure is forgotten
 }
 
-type counters struct {
-	lookups, resolutions, notLazy, failures atomic.Int64
-	verifyFailures                          atomic.Int64
-	onDemandBytes, prefetchBytes            atomic.Int64
-}
-
 var _ storefs.Store = (*Manager)(nil)
 
 // New returns a manager resolving layers through reg and keeping their content in c.
@@ -127,19 +108,26 @@ func New(reg Registry, c *cache.Cache, opts ...Option) (*Manager, error) {
 		}
 	}
 	m := &Manager{
+		env: env{
+			cache:       c,
+			files:       newHandles(c, o.openFiles),
+			sched:       newScheduler(o.prefetchConcurrency, o.prefetchBandwidth, o.prefetchQuiet),
+			counters:    &counters{},
+			work:        newWork(),
+			log:         o.log,
+			now:         o.now,
+			readTimeout: o.readTimeout,
+			negativeTTL: o.negativeTTL,
+			readAhead:   o.readAhead,
+			batch:       o.prefetchBatch,
+		},
 		reg:       reg,
-		cache:     c,
 		opts:      o,
-		files:     newHandles(c, o.openFiles),
 		resolved:  map[layerKey]*resolution{},
 		live:      map[identity]*Layer{},
 		resolving: make(chan struct{}, maxResolutions),
-
-		backgroundCPU: make(chan struct{}, runtime.GOMAXPROCS(0)),
-		stop:          make(chan struct{}),
+		stop:      make(chan struct{}),
 	}
-	m.ctx, m.cancel = context.WithCancel(context.Background())
-	m.sched = newScheduler(o.prefetchConcurrency, o.prefetchBandwidth, o.prefetchQuiet)
 	m.done.Add(1)
 	go m.janitor()
 	return m, nil
@@ -159,7 +147,7 @@ func (m *Manager) Close() error {
 		layers = append(layers, l)
 	}
 	m.mu.Unlock()
-	m.cancel()
+	m.work.stop()
 	close(m.stop)
 	for _, l := range layers {
 		l.stopPrefetch()
@@ -168,37 +156,12 @@ func (m *Manager) Close() error {
 	for _, l := range layers {
 		l.wait()
 	}
-	m.tracked.Wait()
+	m.work.wait()
 	for _, l := range layers {
 		l.dropBlobCopy(time.Time{})
 	}
 	m.files.closeAll()
 	return nil
-}
-
-// bound returns a context for work that must not end with the caller's request (others may
-// be waiting for the same result) but must end with the manager, after d.
-func (m *Manager) bound(ctx context.Context, d time.Duration) (context.Context, context.CancelFunc) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), d)
-	stop := context.AfterFunc(m.ctx, cancel)
-	return ctx, func() { stop(); cancel() }
-}
-
-// goTracked runs fn in the background, and Close waits for it; once the manager is closing,
-// it runs fn at once.
-func (m *Manager) goTracked(fn func()) {
-	m.mu.Lock()
-	if m.closed {
-		m.mu.Unlock()
-		fn()
-		return
-	}
-	m.tracked.Add(1) // under m.mu, before Close can wait
-	m.mu.Unlock()
-	go func() {
-		defer m.tracked.Done()
-		fn()
-	}()
 }
 
 // Lookup implements storefs.Store: it returns the layer key names in the image ref, resolving it
@@ -221,7 +184,7 @@ func (m *Manager) lookup(ctx context.Context, ref string, key digest.Digest) (*L
 		if l, err, ok := m.remembered(k); ok {
 			return l, err
 		}
-		ctx, cancel := m.bound(ctx, m.opts.resolveTimeout)
+		ctx, cancel := m.work.bound(ctx, m.opts.resolveTimeout)
 		defer cancel()
 		select {
 		case m.resolving <- struct{}{}:
@@ -365,7 +328,7 @@ func (m *Manager) resolve(ctx context.Context, ref string, key digest.Digest) (*
 		existing.addRef(ref) // this resolution read the TOC through ref's repository
 		return existing, nil
 	}
-	l = newLayer(m, id, ref, *desc, v, blob)
+	l = newLayer(&m.env, id, ref, *desc, v, blob)
 	m.live[id] = l
 	m.mu.Unlock()
 	log.Info("layer served lazily", "format", v.Layout().Format, "toc", l.tocKey,

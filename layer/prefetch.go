@@ -44,9 +44,9 @@ func (l *Layer) startPrefetch() {
 	if p.done != nil {
 		return
 	}
-	ctx, cancel := context.WithCancel(l.m.ctx)
+	ctx, cancel := context.WithCancel(l.env.work.ctx)
 	p.cancel, p.done, p.state = cancel, make(chan struct{}), StateFetching
-	l.m.sched.touch()
+	l.env.sched.touch()
 	go func() {
 		defer close(p.done)
 		start := time.Now()
@@ -67,7 +67,7 @@ func (l *Layer) startPrefetch() {
 }
 
 func (l *Layer) logPrefetch(s State, err error, elapsed time.Duration) {
-	log := l.m.opts.log.With("layer", l.desc.Digest, "elapsed", elapsed.Round(time.Millisecond),
+	log := l.env.log.With("layer", l.desc.Digest, "elapsed", elapsed.Round(time.Millisecond),
 		"prefetched", l.prefetched.Load(), "on_demand", l.onDemand.Load())
 	switch s {
 	case StateComplete:
@@ -112,7 +112,7 @@ func (l *Layer) runPrefetch(ctx context.Context) error {
 	batches := make(chan []chunkKey)
 	errs := make(chan error, 1)
 	var wg sync.WaitGroup
-	for range cap(l.m.sched.slots) {
+	for range cap(l.env.sched.slots) {
 		wg.Go(func() {
 			for b := range batches {
 				if err := l.prefetchBatch(ctx, b); err != nil {
@@ -155,7 +155,7 @@ func (l *Layer) runPrefetch(ctx context.Context) error {
 	if l.v.CanProveDiffID() {
 		if err := l.v.CheckDiffID(ctx, l.payload); err != nil {
 			if errors.Is(err, verify.ErrDigestMismatch) {
-				l.m.counters.verifyFailures.Add(1)
+				l.env.counters.verifyFailures.Add(1)
 			}
 			return fmt.Errorf("proving the DiffID: %w", err)
 		}
@@ -166,12 +166,14 @@ func (l *Layer) runPrefetch(ctx context.Context) error {
 func (l *Layer) prefetchBatch(ctx context.Context, keys []chunkKey) error {
 	first, last := l.ref(keys[0]), l.ref(keys[len(keys)-1])
 	urgent := last.End() <= l.idx.PrefetchEnd()
-	release, err := l.m.sched.acquire(ctx, last.End()-first.Offset, urgent)
+	release, err := l.env.sched.acquire(ctx, last.End()-first.Offset, urgent)
 	if err != nil {
 		return err
 	}
 	defer release()
-	if _, err := l.fetchKeys(ctx, keys, nil, nil, background); err != nil {
+	needed, mine := l.claim(keys)
+	l.run(ctx, mine, background)
+	if _, err := wait(ctx, needed); err != nil {
 		return err
 	}
 	if l.cacheFull.Swap(false) {
@@ -195,7 +197,7 @@ func (l *Layer) batchLen(keys []chunkKey) int {
 	n := 1
 	for n < len(keys) {
 		c := l.ref(keys[n])
-		if c.End()-start > l.m.opts.prefetchBatch || content+c.Size > maxBatchContent ||
+		if c.End()-start > l.env.batch || content+c.Size > maxBatchContent ||
 			(prio && c.End() > l.idx.PrefetchEnd()) {
 			break
 		}
@@ -219,7 +221,7 @@ func (l *Layer) plan() ([]chunkKey, int64) {
 	for id := range chunked.EntryID(l.idx.Len()) {
 		e := l.idx.Entry(id)
 		if e.Type != chunked.TypeReg || e.Inode != id || e.Size == 0 || e.Digest.IsZero() ||
-			seen[e.Digest] || l.m.cache.Has(e.Digest) {
+			seen[e.Digest] || l.env.cache.Has(e.Digest) {
 			continue
 		}
 		seen[e.Digest] = true
@@ -235,15 +237,15 @@ func (l *Layer) plan() ([]chunkKey, int64) {
 // payload serves CheckDiffID the complete files from the cache.
 func (l *Layer) payload(_ context.Context, id chunked.EntryID) (io.ReadCloser, error) {
 	e := l.idx.Entry(id)
-	h, err := l.m.files.acquire(e.Digest, e.Size)
+	h, err := l.env.files.acquire(e.Digest, e.Size)
 	if err != nil {
 		return nil, err
 	}
 	if !h.f.Complete() {
-		l.m.files.release(h)
+		l.env.files.release(h)
 		return nil, fmt.Errorf("%s is no longer complete in the cache", e.Name)
 	}
-	return &payloadReader{SectionReader: io.NewSectionReader(h.f, 0, e.Size), release: func() { l.m.files.release(h) }}, nil
+	return &payloadReader{SectionReader: io.NewSectionReader(h.f, 0, e.Size), release: func() { l.env.files.release(h) }}, nil
 }
 
 type payloadReader struct {

@@ -114,7 +114,7 @@ func (l *Layer) unstored() error {
 		}
 		seen[e.Digest] = true
 		files++
-		if !l.m.cache.Has(e.Digest) {
+		if !l.env.cache.Has(e.Digest) {
 			missing++
 		}
 	}

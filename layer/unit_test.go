@@ -204,7 +204,7 @@ func TestOpenFilesBounded(t *testing.T) {
 	paths := []string{"etc/hostname", "usr/bin/tool", "usr/bin/group-tool", "usr/share/doc/deep/er/README"}
 	for _, p := range paths {
 		readOne(t, l, fileOf(t, l, p))
-		m.tracked.Wait() // the chunks' stores, which open files of their own
+		m.work.wait() // the chunks' stores, which open files of their own
 		if n := m.files.len(); n > 2 {
 			t.Fatalf("%d cache files open after reading %s, want at most 2", n, p)
 		}
@@ -330,4 +330,42 @@ func (hs *handles) isOpen(sum chunked.Sum) bool {
 	hs.mu.Lock()
 	defer hs.mu.Unlock()
 	return hs.open[sum] != nil
+}
+
+// TestFetchKinds: a read a runtime waits for counts as demand while it fetches (background
+// work yields to it); a fetch ahead, which nobody waits for yet, does not.
+func TestFetchKinds(t *testing.T) {
+	m, blob, _ := memManager(t)
+	l, err := m.lookup(t.Context(), memRef, servedKeyOf(m))
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := fileOf(t, l, "usr/share/big.bin")
+	if n := len(l.Index().Chunks(id)); n < 3 {
+		t.Fatalf("big.bin has %d chunks", n)
+	}
+
+	gate := blob.hold()
+	l.fetchAhead(id, 2)
+	<-blob.started
+	if n := m.sched.demand.Load(); n != 0 {
+		t.Errorf("a fetch ahead counts as %d demand fetches", n)
+	}
+	close(gate)
+	m.work.wait()
+
+	gate = blob.hold()
+	read := make(chan error, 1)
+	go func() { _, err := l.ReadFile(t.Context(), id, make([]byte, 10), 0); read <- err }()
+	<-blob.started
+	if n := m.sched.demand.Load(); n != 1 {
+		t.Errorf("a read waiting for the registry counts as %d demand fetches, want 1", n)
+	}
+	close(gate)
+	if err := <-read; err != nil {
+		t.Fatal(err)
+	}
+	if n := m.sched.demand.Load(); n != 0 {
+		t.Errorf("%d demand fetches after the read returned", n)
+	}
 }

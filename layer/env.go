@@ -1,0 +1,90 @@
+package layer
+
+import (
+	"context"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/layerstore/layerstore/cache"
+)
+
+// env is what the layers of one manager share, and all a layer knows of its manager: where
+// content is kept, how the registry is shared, what is counted, the settings of reads, and the
+// lifetime of background work. A layer never sees the manager's resolutions.
+type env struct {
+	cache    *cache.Cache
+	files    *handles   // the open cache files
+	sched    *scheduler // the registry and the processors, shared with background work
+	counters *counters
+	work     *work // the manager's lifetime: its context, and the work Close waits for
+
+	log         *slog.Logger
+	now         func() time.Time
+	readTimeout time.Duration // bounds each fetch (WithReadTimeout)
+	negativeTTL time.Duration // how long a failed fetch is remembered (WithNegativeTTL)
+	readAhead   int64         // the read-ahead window (WithReadAhead)
+	batch       int64         // the compressed bytes of a background request (WithPrefetchBatch)
+}
+
+type counters struct {
+	lookups, resolutions, notLazy, failures atomic.Int64
+	verifyFailures                          atomic.Int64
+	onDemandBytes, prefetchBytes            atomic.Int64
+}
+
+// work is the lifetime of a manager's background work: one context, cancelled when Close
+// begins, from which every fetch, resolution and background fetch derives; and the work of
+// reads that goes on after them (storing fetched chunks, fetch-ahead, blob copies), which
+// Close waits for. Its lock is a leaf.
+type work struct {
+	ctx    context.Context
+	cancel context.CancelFunc
+
+	mu      sync.Mutex
+	closing bool
+	tracked sync.WaitGroup
+}
+
+func newWork() *work {
+	w := &work{}
+	w.ctx, w.cancel = context.WithCancel(context.Background())
+	return w
+}
+
+// bound returns a context for work that must not end with the caller's request (others may
+// be waiting for the same result) but must end with the manager, after d.
+func (w *work) bound(ctx context.Context, d time.Duration) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), d)
+	stop := context.AfterFunc(w.ctx, cancel)
+	return ctx, func() { stop(); cancel() }
+}
+
+// goTracked runs fn in the background, and close waits for it; once the manager is closing,
+// it runs fn at once (fn sees a cancelled context and ends quickly).
+func (w *work) goTracked(fn func()) {
+	w.mu.Lock()
+	if w.closing {
+		w.mu.Unlock()
+		fn()
+		return
+	}
+	w.tracked.Add(1) // under w.mu, before close can wait
+	w.mu.Unlock()
+	go func() {
+		defer w.tracked.Done()
+		fn()
+	}()
+}
+
+// stop cancels the context: every fetch ends.
+func (w *work) stop() {
+	w.mu.Lock()
+	w.closing = true
+	w.mu.Unlock()
+	w.cancel()
+}
+
+// wait returns once the tracked work has ended.
+func (w *work) wait() { w.tracked.Wait() }
