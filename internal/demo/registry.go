@@ -31,77 +31,71 @@ type BlobStats struct {
 	Bytes  int64 // body bytes sent
 }
 
-// Registry is go-containerregistry's in-process registry on 127.0.0.1, with the blobs of
-// pushed layers served by net/http (single and multi-range requests) and counted. It is safe
-// for concurrent use.
-type Registry struct {
-	// Host is "127.0.0.1:PORT", the registry part of references.
-	Host  string
-	srv   *http.Server
-	inner http.Handler
-
+// Blobs are the layer blobs a registry serves itself, by digest: each GET counted, and
+// served with net/http's range support (single and multi-range requests), tampered with on
+// request. It is safe for concurrent use; the zero value is empty and ready.
+type Blobs struct {
 	mu     sync.Mutex
 	blobs  map[digest.Digest][]byte
 	stats  map[digest.Digest]*BlobStats
 	tamper map[digest.Digest]int64
 }
 
-// StartRegistry starts a registry on a free port of 127.0.0.1.
-func StartRegistry() (*Registry, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return nil, err
+// Add makes the layers' blobs served and counted.
+func (bs *Blobs) Add(layers []Blob) {
+	bs.mu.Lock()
+	defer bs.mu.Unlock()
+	if bs.blobs == nil {
+		bs.blobs, bs.stats, bs.tamper = map[digest.Digest][]byte{}, map[digest.Digest]*BlobStats{}, map[digest.Digest]int64{}
 	}
-	r := &Registry{
-		Host:   ln.Addr().String(),
-		inner:  registry.New(registry.Logger(log.New(io.Discard, "", 0))),
-		blobs:  map[digest.Digest][]byte{},
-		stats:  map[digest.Digest]*BlobStats{},
-		tamper: map[digest.Digest]int64{},
-	}
-	r.srv = &http.Server{Handler: r, ReadHeaderTimeout: 10 * time.Second}
-	go r.srv.Serve(ln)
-	return r, nil
-}
-
-// Close stops the registry.
-func (r *Registry) Close() error { return r.srv.Close() }
-
-// ServeHTTP serves blob GETs of pushed layers itself and everything else through the
-// in-process registry.
-func (r *Registry) ServeHTTP(w http.ResponseWriter, req *http.Request) {
-	i := strings.LastIndex(req.URL.Path, "/blobs/")
-	if req.Method != http.MethodGet || i < 0 {
-		r.inner.ServeHTTP(w, req)
-		return
-	}
-	d := digest.Digest(req.URL.Path[i+len("/blobs/"):])
-	r.mu.Lock()
-	b, ok := r.blobs[d]
-	st := r.stats[d]
-	flip, tampered := r.tamper[d]
-	if ok {
-		if req.Header.Get("Range") == "" {
-			st.Full++
-		} else {
-			st.Ranged++
+	for _, l := range layers {
+		d := l.Digest()
+		bs.blobs[d] = l.Blob
+		if bs.stats[d] == nil {
+			bs.stats[d] = &BlobStats{}
 		}
 	}
-	r.mu.Unlock()
-	if !ok {
-		r.inner.ServeHTTP(w, req)
-		return
+}
+
+// Take counts a GET of blob d and returns the bytes to serve (b instead of the added blob
+// when not nil), tampered with if asked; false when d was never added and b is nil.
+func (bs *Blobs) Take(req *http.Request, d digest.Digest, b []byte) ([]byte, bool) {
+	bs.mu.Lock()
+	defer bs.mu.Unlock()
+	if b == nil {
+		b = bs.blobs[d]
+		if b == nil {
+			return nil, false
+		}
 	}
-	if tampered {
+	st := bs.stats[d]
+	if st == nil {
+		if bs.stats == nil {
+			bs.stats = map[digest.Digest]*BlobStats{}
+		}
+		st = &BlobStats{}
+		bs.stats[d] = st
+	}
+	if req.Header.Get("Range") == "" {
+		st.Full++
+	} else {
+		st.Ranged++
+	}
+	if flip, ok := bs.tamper[d]; ok {
 		b = bytes.Clone(b)
 		b[flip] ^= 0xff
 	}
+	return b, true
+}
+
+// Send answers a GET of blob d (as Take returned it) and counts the bytes sent.
+func (bs *Blobs) Send(w http.ResponseWriter, req *http.Request, d digest.Digest, b []byte) {
 	cw := &countingWriter{ResponseWriter: w}
 	w.Header().Set("Docker-Content-Digest", d.String())
 	http.ServeContent(cw, req, "", time.Time{}, bytes.NewReader(b))
-	r.mu.Lock()
-	st.Bytes += cw.n
-	r.mu.Unlock()
+	bs.mu.Lock()
+	defer bs.mu.Unlock()
+	bs.stats[d].Bytes += cw.n
 }
 
 type countingWriter struct {
@@ -116,34 +110,91 @@ func (c *countingWriter) Write(p []byte) (int, error) {
 }
 
 // Stats returns the requests made so far for a blob.
-func (r *Registry) Stats(d digest.Digest) BlobStats {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if st := r.stats[d]; st != nil {
+func (bs *Blobs) Stats(d digest.Digest) BlobStats {
+	bs.mu.Lock()
+	defer bs.mu.Unlock()
+	if st := bs.stats[d]; st != nil {
 		return *st
 	}
 	return BlobStats{}
 }
 
-// Tamper makes the registry serve blob d with the byte at off inverted.
-func (r *Registry) Tamper(d digest.Digest, off int64) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.tamper[d] = off
+// Tamper makes blob d served with the byte at off inverted.
+func (bs *Blobs) Tamper(d digest.Digest, off int64) {
+	bs.mu.Lock()
+	defer bs.mu.Unlock()
+	if bs.tamper == nil {
+		bs.tamper = map[digest.Digest]int64{}
+	}
+	bs.tamper[d] = off
+}
+
+// Untamper makes blob d served as it is again.
+func (bs *Blobs) Untamper(d digest.Digest) {
+	bs.mu.Lock()
+	defer bs.mu.Unlock()
+	delete(bs.tamper, d)
+}
+
+// Registry is go-containerregistry's in-process registry on 127.0.0.1, with the blobs of
+// pushed layers served and counted by Blobs. It is safe for concurrent use.
+type Registry struct {
+	// Host is "127.0.0.1:PORT", the registry part of references.
+	Host string
+	Blobs
+	srv   *http.Server
+	inner http.Handler
+}
+
+// StartRegistry starts a registry on a free port of 127.0.0.1.
+func StartRegistry() (*Registry, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	r := &Registry{Host: ln.Addr().String(), inner: InnerRegistry()}
+	r.srv = &http.Server{Handler: r, ReadHeaderTimeout: 10 * time.Second}
+	go r.srv.Serve(ln)
+	return r, nil
+}
+
+// InnerRegistry returns go-containerregistry's in-process registry, which serves everything
+// but the blobs of Blobs: manifests, configs, uploads.
+func InnerRegistry() http.Handler {
+	return registry.New(registry.Logger(log.New(io.Discard, "", 0)))
+}
+
+// Close stops the registry.
+func (r *Registry) Close() error { return r.srv.Close() }
+
+// ServeHTTP serves blob GETs of pushed layers itself and everything else through the
+// in-process registry.
+func (r *Registry) ServeHTTP(w http.ResponseWriter, req *http.Request) {
+	d, _, ok := BlobGet(req)
+	if ok {
+		var b []byte
+		if b, ok = r.Take(req, d, nil); ok {
+			r.Send(w, req, d, b)
+			return
+		}
+	}
+	r.inner.ServeHTTP(w, req)
+}
+
+// BlobGet returns the digest and repository of a blob GET ("/v2/REPO/blobs/DIGEST"); false
+// for any other request.
+func BlobGet(req *http.Request) (d digest.Digest, repo string, ok bool) {
+	i := strings.LastIndex(req.URL.Path, "/blobs/")
+	if req.Method != http.MethodGet || i < 0 {
+		return "", "", false
+	}
+	return digest.Digest(req.URL.Path[i+len("/blobs/"):]), strings.TrimPrefix(req.URL.Path[:i], "/v2/"), true
 }
 
 // Push pushes an image of the host's platform made of layers (bottom first) as repoTag
 // ("repo:tag", the host is added) and returns the manifest digest.
 func (r *Registry) Push(ctx context.Context, repoTag string, layers []Blob) (digest.Digest, error) {
-	r.mu.Lock()
-	for _, l := range layers {
-		d := l.Digest()
-		r.blobs[d] = l.Blob
-		if r.stats[d] == nil {
-			r.stats[d] = &BlobStats{}
-		}
-	}
-	r.mu.Unlock()
+	r.Add(layers)
 	img, err := Image(layers, func(cf *v1.ConfigFile) {
 		cf.OS, cf.Architecture = runtime.GOOS, runtime.GOARCH
 		cf.Config.Cmd = []string{"/bin/sh"}
@@ -151,11 +202,16 @@ func (r *Registry) Push(ctx context.Context, repoTag string, layers []Blob) (dig
 	if err != nil {
 		return "", err
 	}
-	ref, err := name.ParseReference(r.Host + "/" + repoTag)
+	return PushImage(ctx, r.Host+"/"+repoTag, img)
+}
+
+// PushImage pushes img as ref ("host/repo:tag") and returns its manifest digest.
+func PushImage(ctx context.Context, ref string, img v1.Image) (digest.Digest, error) {
+	r, err := name.ParseReference(ref)
 	if err != nil {
 		return "", err
 	}
-	if err := remote.Write(ref, img, remote.WithContext(ctx)); err != nil {
+	if err := remote.Write(r, img, remote.WithContext(ctx)); err != nil {
 		return "", err
 	}
 	h, err := img.Digest()

@@ -10,7 +10,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"log"
 	"net"
 	"net/http"
 	"runtime"
@@ -19,7 +18,6 @@ import (
 	"time"
 
 	"github.com/google/go-containerregistry/pkg/name"
-	"github.com/google/go-containerregistry/pkg/registry"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/empty"
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
@@ -39,15 +37,13 @@ type BlobStats = demo.BlobStats
 // Registry is a running registry. It is safe for concurrent use.
 type Registry struct {
 	// Host is "127.0.0.1:PORT", the registry part of references.
-	Host  string
-	srv   *http.Server
-	inner http.Handler
+	Host       string
+	demo.Blobs // the pushed blobs, counted (Stats) and tampered with (Tamper, Untamper)
+	srv        *http.Server
+	inner      http.Handler
 
-	mu     sync.Mutex
-	blobs  map[digest.Digest][]byte
-	stats  map[digest.Digest]*BlobStats
-	tamper map[digest.Digest]int64
-	fail   map[digest.Digest]int // status code to answer
+	mu   sync.Mutex
+	fail map[digest.Digest]int // status code to answer
 	// Hostile behaviour (see Serve and Hang).
 	served map[repoBlob][]byte // nil value: the repository does not have the blob
 	hang   map[digest.Digest]bool
@@ -88,10 +84,7 @@ func Start() (*Registry, error) {
 	}
 	r := &Registry{
 		Host:   ln.Addr().String(),
-		inner:  registry.New(registry.Logger(log.New(io.Discard, "", 0))),
-		blobs:  map[digest.Digest][]byte{},
-		stats:  map[digest.Digest]*BlobStats{},
-		tamper: map[digest.Digest]int64{},
+		inner:  demo.InnerRegistry(),
 		fail:   map[digest.Digest]int{},
 		served: map[repoBlob][]byte{},
 		hang:   map[digest.Digest]bool{},
@@ -115,109 +108,44 @@ func (r *Registry) Close() error {
 	return r.srv.Close()
 }
 
-// ServeHTTP serves blob GETs of pushed layers itself and everything else through the
-// in-process registry.
+// ServeHTTP serves blob GETs of pushed layers itself, as the faults set say, and everything
+// else through the in-process registry.
 func (r *Registry) ServeHTTP(w http.ResponseWriter, req *http.Request) {
-	i := strings.LastIndex(req.URL.Path, "/blobs/")
-	if req.Method != http.MethodGet || i < 0 {
-		r.inner.ServeHTTP(w, req)
-		return
-	}
-	d := digest.Digest(req.URL.Path[i+len("/blobs/"):])
-	repo := strings.TrimPrefix(req.URL.Path[:i], "/v2/")
-	r.mu.Lock()
-	if enc, ok := r.encode[d]; ok {
-		r.mu.Unlock()
-		w.Header().Set("Content-Encoding", enc.encoding)
-		w.Header().Set("Content-Length", fmt.Sprint(len(enc.body)))
-		_, _ = w.Write(enc.body)
-		return
-	}
-	b, ok := r.blobs[d]
-	if sb, hostile := r.served[repoBlob{repo, d}]; hostile {
-		b, ok = sb, sb != nil
-		if !ok {
-			r.mu.Unlock()
-			http.Error(w, "blob unknown to repository", http.StatusNotFound)
-			return
-		}
-	}
-	st := r.stats[d]
-	if ok && st == nil {
-		st = &BlobStats{}
-		r.stats[d] = st
-	}
-	flip, tampered := r.tamper[d]
-	code := r.fail[d]
-	hang := r.hang[d]
-	if ok {
-		if req.Header.Get("Range") == "" {
-			st.Full++
-		} else {
-			st.Ranged++
-		}
-	}
-	r.mu.Unlock()
+	d, repo, ok := demo.BlobGet(req)
 	if !ok {
 		r.inner.ServeHTTP(w, req)
 		return
 	}
-	if hang {
+	r.mu.Lock()
+	enc, encode := r.encode[d]
+	b, hostile := r.served[repoBlob{repo, d}]
+	code, hang := r.fail[d], r.hang[d]
+	r.mu.Unlock()
+	switch {
+	case encode:
+		w.Header().Set("Content-Encoding", enc.encoding)
+		w.Header().Set("Content-Length", fmt.Sprint(len(enc.body)))
+		_, _ = w.Write(enc.body)
+		return
+	case hostile && b == nil:
+		http.Error(w, "blob unknown to repository", http.StatusNotFound)
+		return
+	}
+	if b, ok = r.Take(req, d, b); !ok {
+		r.inner.ServeHTTP(w, req)
+		return
+	}
+	switch {
+	case hang:
 		select {
 		case <-req.Context().Done():
 		case <-r.closed:
 		}
-		return
-	}
-	if code != 0 {
+	case code != 0:
 		http.Error(w, http.StatusText(code), code)
-		return
+	default:
+		r.Send(w, req, d, b)
 	}
-	if tampered {
-		b = bytes.Clone(b)
-		b[flip] ^= 0xff
-	}
-	cw := &countingWriter{ResponseWriter: w}
-	w.Header().Set("Docker-Content-Digest", d.String())
-	http.ServeContent(cw, req, "", time.Time{}, bytes.NewReader(b))
-	r.mu.Lock()
-	st.Bytes += cw.n
-	r.mu.Unlock()
-}
-
-type countingWriter struct {
-	http.ResponseWriter
-	n int64
-}
-
-func (c *countingWriter) Write(p []byte) (int, error) {
-	n, err := c.ResponseWriter.Write(p)
-	c.n += int64(n)
-	return n, err
-}
-
-// Stats returns the requests made so far for a blob.
-func (r *Registry) Stats(d digest.Digest) BlobStats {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if st := r.stats[d]; st != nil {
-		return *st
-	}
-	return BlobStats{}
-}
-
-// Tamper makes the registry serve blob d with the byte at off inverted.
-func (r *Registry) Tamper(d digest.Digest, off int64) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.tamper[d] = off
-}
-
-// Untamper makes the registry serve blob d as it is again.
-func (r *Registry) Untamper(d digest.Digest) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	delete(r.tamper, d)
 }
 
 // Fail makes the registry answer GETs of blob d with status code; 0 restores it.
@@ -290,21 +218,13 @@ func (r *Registry) Push(ctx context.Context, repoTag string, layers []Blob) (dig
 	if err != nil {
 		return "", err
 	}
-	ref, err := name.ParseReference(r.Host + "/" + repoTag)
-	if err != nil {
-		return "", err
-	}
-	if err := remote.Write(ref, img, remote.WithContext(ctx)); err != nil {
-		return "", err
-	}
-	h, err := img.Digest()
-	return digest.Digest(h.String()), err
+	return demo.PushImage(ctx, r.Host+"/"+repoTag, img)
 }
 
 // PushIndex pushes an image index of one image per platform and returns its digest.
 func (r *Registry) PushIndex(ctx context.Context, repoTag string, platforms []Platform) (digest.Digest, error) {
 	for _, p := range platforms {
-		r.record(p.Layers)
+		r.Add(p.Layers)
 	}
 	idx, err := Index(platforms)
 	if err != nil {
@@ -336,21 +256,8 @@ func Index(platforms []Platform) (v1.ImageIndex, error) {
 }
 
 func (r *Registry) image(p Platform) (v1.Image, error) {
-	r.record(p.Layers)
+	r.Add(p.Layers)
 	return Image(p)
-}
-
-// record makes the registry serve and count the layers' blobs.
-func (r *Registry) record(layers []Blob) {
-	r.mu.Lock()
-	for _, l := range layers {
-		d := digest.FromBytes(l.Blob)
-		r.blobs[d] = l.Blob
-		if r.stats[d] == nil {
-			r.stats[d] = &BlobStats{}
-		}
-	}
-	r.mu.Unlock()
 }
 
 // Image builds an OCI image of p's platform and layers, with /bin/sh as its command.
