@@ -4,7 +4,7 @@
 // zstd:chunked and gzip blobs, and a registry on 127.0.0.1 that counts the requests for each
 // blob and can corrupt one byte of a blob.
 //
-// The reference layer is also what the test fixtures are made from (internal/testlayer), so
+// The reference layer is also what the test fixtures are made from (internal/testutil/testlayer), so
 // it must not change without regenerating them; its content is deterministic.
 //
 // Functions without a receiver are safe for concurrent use; so is a Registry.

@@ -17,7 +17,7 @@
 //
 // Every case runs -runs times, each on a fresh daemon with an empty cache (prefetch off, so
 // that resolution is measured alone, except in fetch-100k), and the medians are reported.
-// It runs a registry on 127.0.0.1 in process (internal/testregistry), builds the layers once
+// It runs a registry on 127.0.0.1 in process (internal/testutil/testregistry), builds the layers once
 // into -blobs, builds the daemon with `go build ./cmd/layerstore` (or takes -daemon), starts
 // `layerstore serve` through benchmarks/internal/benchd, and removes its work directory when
 // done, failed or interrupted. It needs root (FUSE mounts). See benchmarks/README.md.

@@ -1,5 +1,5 @@
 // Command ocilayout writes an OCI image layout directory holding a single-layer image whose layer
-// is the uncompressed reference tar (internal/testlayer). legacy.sh feeds it to skopeo.
+// is the uncompressed reference tar (internal/testutil/testlayer). legacy.sh feeds it to skopeo.
 //
 //	go run ./cmd/ocilayout DIR TAG
 package main
