@@ -47,7 +47,8 @@ type fetch struct {
 }
 
 // fetchMissing returns the verified content of chunks idx of file, which a read found missing
-// in the cache; h, when not nil, is the read's handle on the file's cache entry. Step by step:
+// in the cache; h, when not nil, is the read's handle on the file's cache entry, and next, when
+// not -1, a chunk to fetch ahead (the file is read in sequence). Step by step:
 //
 //  1. claim: the chunks nobody is fetching become this read's fetches; the others'
 //     fetches are shared (and waited for at the end);
@@ -55,10 +56,11 @@ type fetch struct {
 //     cache before it is forgotten) is taken from there rather than fetched twice;
 //  3. if anything is left to fetch, claim the chunks that follow the last one in the blob
 //     (readAhead) too, those nobody is fetching: nobody waits for them;
-//  4. run: fetch them all in one batch of range requests, verify, complete each fetch, and
-//     store them once the read has returned;
-//  5. wait for every fetch the read needs.
-func (l *Layer) fetchMissing(ctx context.Context, file chunked.EntryID, idx []int, h *handle) ([][]byte, error) {
+//  4. fetch next ahead, on its own, unless the read-ahead took it;
+//  5. run: fetch this read's chunks in one batch of range requests, verify, complete each
+//     fetch, and store them once the read has returned;
+//  6. wait for every fetch the read needs.
+func (l *Layer) fetchMissing(ctx context.Context, file chunked.EntryID, idx []int, h *handle, next int) ([][]byte, error) {
 	keys := make([]chunkKey, len(idx))
 	for i, c := range idx {
 		keys[i] = chunkKey{file, c}
@@ -67,8 +69,12 @@ func (l *Layer) fetchMissing(ctx context.Context, file chunked.EntryID, idx []in
 	mine = l.takeCached(h, mine)
 	if len(mine) > 0 {
 		_, more := l.claim(l.readAhead(file, idx[len(idx)-1]))
-		l.run(ctx, append(mine, more...), onDemand)
+		mine = append(mine, more...)
 	}
+	if next >= 0 {
+		l.fetchAhead(file, next)
+	}
+	l.run(ctx, mine, onDemand)
 	return wait(ctx, needed)
 }
 

@@ -219,18 +219,22 @@ func (l *Layer) ReadFile(ctx context.Context, id chunked.EntryID, p []byte, off 
 		}
 		missing = append(missing, i)
 	}
+	next := -1
 	if h != nil && last > 0 && last+1 < len(chunks) {
 		// Read in sequence (the previous chunk is here, the next one is not): fetch the
 		// next one meanwhile.
-		prev, next := chunks[last-1], chunks[last+1]
-		if len(h.f.Missing(prev.FileOffset, prev.Size)) == 0 && len(h.f.Missing(next.FileOffset, next.Size)) > 0 {
-			l.fetchAhead(id, last+1)
+		prev, n := chunks[last-1], chunks[last+1]
+		if len(h.f.Missing(prev.FileOffset, prev.Size)) == 0 && len(h.f.Missing(n.FileOffset, n.Size)) > 0 {
+			next = last + 1
 		}
 	}
 	if len(missing) == 0 {
+		if next >= 0 {
+			l.fetchAhead(id, next)
+		}
 		return len(p), nil
 	}
-	got, err := l.fetchMissing(ctx, id, missing, h)
+	got, err := l.fetchMissing(ctx, id, missing, h, next)
 	if err != nil {
 		return 0, err
 	}
