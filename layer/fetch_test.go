@@ -120,6 +120,33 @@ func TestFetchAhead(t *testing.T) {
 			if n := requests() - before; n != 0 {
 				t.Errorf("chunk 2, after 0 and 1 were read: %d requests, want none", n)
 			}
+
+			// With a read-ahead window: a read in sequence that misses its own chunk takes the
+			// next one in its read-ahead, in its one request, not in a second one ahead. Chunk
+			// 0 is in the cache (read by a manager without read-ahead), 1 and 2 are not.
+			e2 := newEnv(t)
+			ref2 := e2.push("ahead2/"+f.Name+":v1", fixtureLayer(f))
+			first, err := e2.manager(WithPrefetch(false), WithReadAhead(0)).lookup(t.Context(), ref2, key)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := first.ReadFile(t.Context(), id, make([]byte, cs[0].Size), 0); err != nil {
+				t.Fatal(err)
+			}
+			m2 := e2.manager(WithPrefetch(false), WithReadAhead(1<<20))
+			first.env.work.wait()
+			l2, err := m2.lookup(t.Context(), ref2, key)
+			if err != nil {
+				t.Fatal(err)
+			}
+			before = e2.reg.Stats(f.Desc.Digest).Ranged
+			if _, err := l2.ReadFile(t.Context(), id, make([]byte, cs[1].Size), cs[1].FileOffset); err != nil {
+				t.Fatal(err)
+			}
+			m2.work.wait()
+			if n := e2.reg.Stats(f.Desc.Digest).Ranged - before; n != 1 {
+				t.Errorf("a read in sequence missing its chunk made %d requests, want 1 (its read-ahead holds the next chunk)", n)
+			}
 		})
 	}
 }
