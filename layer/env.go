@@ -18,7 +18,8 @@ type env struct {
 	files    *handles   // the open cache files
 	sched    *scheduler // the registry and the processors, shared with background work
 	counters *counters
-	work     *work // the manager's lifetime: its context, and the work Close waits for
+	work     *work    // the manager's lifetime: its context, and the work Close waits for
+	records  *records // the layer records in the cache
 
 	log         *slog.Logger
 	now         func() time.Time
@@ -32,6 +33,7 @@ type counters struct {
 	lookups, resolutions, notLazy, failures atomic.Int64
 	verifyFailures                          atomic.Int64
 	onDemandBytes, prefetchBytes            atomic.Int64
+	fromRecords                             atomic.Int64
 }
 
 // work is the lifetime of a manager's background work: one context, cancelled when Close

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -31,6 +32,8 @@ type Layer struct {
 	size   int64 // of the uncompressed tar, -1 when unknown (see tarSize)
 
 	users atomic.Int64 // runtime references over every key and reference
+
+	recordMu sync.Mutex // serializes saveRecord
 
 	mu       sync.Mutex
 	refs     []string            // the image references the layer was resolved through
@@ -77,17 +80,54 @@ func tarSize(v *verify.Verifier, annotations map[string]string) int64 {
 	return -1
 }
 
-// addRef records that ref resolved to the layer, and that its repository serves the blob.
+// addRef records that ref resolved to the layer, and that its repository serves the blob; a
+// repository new to the layer is written to its record, so that lookups through it are
+// answered from the record after a restart.
 func (l *Layer) addRef(ref string) {
+	repo := repository(ref)
+	l.mu.Lock()
+	newRepo := !l.repos[repo]
+	l.repos[repo] = true
+	if !slices.Contains(l.refs, ref) {
+		l.refs = append(l.refs, ref)
+	}
+	l.mu.Unlock()
+	if newRepo {
+		l.saveRecord()
+	}
+}
+
+// restoreRefs adds what a layer's record remembers: its references and repositories.
+func (l *Layer) restoreRefs(refs, repos []string) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	l.repos[repository(ref)] = true
-	for _, r := range l.refs {
-		if r == ref {
-			return
+	for _, r := range repos {
+		l.repos[r] = true
+	}
+	for _, r := range refs {
+		if !slices.Contains(l.refs, r) {
+			l.refs = append(l.refs, r)
 		}
 	}
-	l.refs = append(l.refs, ref)
+}
+
+// saveRecord writes the layer's record again, in the background: its repositories or its
+// guarantee changed. Saves of one layer are serialized, each writing the state of its time.
+func (l *Layer) saveRecord() {
+	l.env.work.goTracked(func() {
+		l.recordMu.Lock()
+		defer l.recordMu.Unlock()
+		l.mu.Lock()
+		refs := slices.Clone(l.refs)
+		repos := make([]string, 0, len(l.repos))
+		for r := range l.repos {
+			repos = append(repos, r)
+		}
+		l.mu.Unlock()
+		if _, err := l.env.records.save(l.desc, l.v, repos, refs); err != nil {
+			l.env.log.Warn("updating the layer record failed", "layer", l.desc.Digest, "err", err)
+		}
+	})
 }
 
 // hasRepo reports whether repo is known to serve the layer's blob.

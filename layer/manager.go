@@ -114,6 +114,7 @@ func New(reg Registry, c *cache.Cache, opts ...Option) (*Manager, error) {
 			sched:       newScheduler(o.prefetchConcurrency, o.prefetchBandwidth, o.prefetchQuiet),
 			counters:    &counters{},
 			work:        newWork(),
+			records:     loadRecords(c, chunked.Limits{}.WithDefaults(), o.log),
 			log:         o.log,
 			now:         o.now,
 			readTimeout: o.readTimeout,
@@ -239,12 +240,16 @@ func (m *Manager) remember(k layerKey, l *Layer, err error) {
 	m.resolved[k] = &resolution{layer: l, expires: m.opts.now().Add(m.opts.keepTTL)}
 }
 
-// resolve finds key in the image ref and opens the layer.
+// resolve finds key in the image ref and opens the layer: from its record when one was
+// written for ref's repository, otherwise through the registry.
 func (m *Manager) resolve(ctx context.Context, ref string, key digest.Digest) (*Layer, error) {
 	start := m.opts.now()
 	m.counters.resolutions.Add(1)
 	if err := key.Validate(); err != nil {
 		return nil, fmt.Errorf("layer key %q: %w", key, iofs.ErrNotExist)
+	}
+	if l, err, ok := m.resolveFromRecord(ref, key, start); ok {
+		return l, err
 	}
 	img, err := m.reg.Resolve(ctx, ref)
 	if err != nil {
@@ -272,28 +277,12 @@ func (m *Manager) resolve(ctx context.Context, ref string, key digest.Digest) (*
 	if !modern && desc.DiffID == "" {
 		return nil, fmt.Errorf("layer %s of %s has no DiffID: %w", desc.Digest, ref, iofs.ErrNotExist)
 	}
-
-	// Runtimes that look layers up by blob digest (c/storage < 1.54) record the tar's size
-	// from info and fail on images whose size is unknown, so such layers are pulled normally.
-	unsized := func(size int64) error {
-		if modern || size >= 0 {
-			return nil
-		}
-		m.counters.notLazy.Add(1)
-		reason := "the uncompressed size is unknown (no tar-split or uncompressed-size annotation), which runtimes that look layers up by blob digest need"
-		log.Info("layer not served lazily", "reason", reason)
-		return fmt.Errorf("layer %s of %s: %w (%s)", desc.Digest, ref, iofs.ErrNotExist, reason)
-	}
 	id := identity{layout: *layout, diffID: desc.DiffID}
-	repo := repository(ref)
-	m.mu.Lock()
-	l := m.live[id]
-	m.mu.Unlock()
-	if l != nil {
-		if err := unsized(l.size); err != nil {
+	if l := m.liveLayer(id); l != nil {
+		if err := m.unsized(l, modern, ref); err != nil {
 			return nil, err
 		}
-		if !l.hasRepo(repo) {
+		if !l.hasRepo(repository(ref)) {
 			// Verified through another repository, perhaps with credentials this one does
 			// not have: the blob must be readable here too, as a pull would need.
 			if err := m.probe(ctx, img, desc); err != nil {
@@ -319,25 +308,120 @@ func (m *Manager) resolve(ctx context.Context, ref string, key digest.Digest) (*
 		log.Warn("layer refused", "format", layout.Format, "err", err)
 		return nil, err
 	}
-	if err := unsized(tarSize(v, desc.Annotations)); err != nil {
+	// The verified layer is written to its record and served from it: the index is mapped
+	// from the record instead of living on the heap, and the next start needs no registry.
+	from := "registry"
+	if name, err := m.records.save(*desc, v, []string{repository(ref)}, []string{ref}); err != nil {
+		log.Warn("writing the layer record failed: the layer is served, but from memory, and a restart needs the registry", "err", err)
+	} else if _, rv, err := m.records.open(name); err != nil {
+		log.Warn("reading back the layer record failed: the layer is served from memory", "err", err)
+	} else {
+		v, from = rv, "registry, recorded"
+	}
+	l := newLayer(&m.env, id, ref, *desc, v, blob)
+	if err := m.unsized(l, modern, ref); err != nil {
 		return nil, err
 	}
+	if l, err = m.addLive(l, ref); err != nil {
+		return nil, err
+	}
+	log.Info("layer served lazily", "from", from, "format", v.Layout().Format, "toc", l.tocKey,
+		"entries", v.Index().Len(), "size", desc.Size, "guarantee", v.Guarantee(),
+		"resolve", m.opts.now().Sub(start).Round(time.Millisecond))
+	return l, nil
+}
+
+// resolveFromRecord answers a lookup from the record of a layer resolved before through ref's
+// repository, without the registry. It reports false when no record answers the lookup (or
+// the record turned out damaged: it is then dropped and the registry asked).
+func (m *Manager) resolveFromRecord(ref string, key digest.Digest, start time.Time) (*Layer, error, bool) {
+	rec, ok := m.records.find(key, repository(ref))
+	if !ok {
+		return nil, nil, false
+	}
+	modern := key != rec.meta.Descriptor.Digest
+	desc := rec.meta.Descriptor
+	log := m.opts.log.With("ref", ref, "layer", desc.Digest)
+	if m.opts.requireDiffID && rec.meta.Verified.Layout.Format != chunked.ZstdChunked {
+		m.counters.notLazy.Add(1)
+		err := fmt.Errorf("%w: the DiffID policy requires zstd:chunked with a tar-split", chunked.ErrNotLazy)
+		return nil, fmt.Errorf("layer %s of %s: %w (%w)", desc.Digest, ref, iofs.ErrNotExist, err), true
+	}
+	if l := m.liveLayer(rec.meta.identity()); l != nil {
+		if err := m.unsized(l, modern, ref); err != nil {
+			return nil, err, true
+		}
+		l.addRef(ref)
+		return l, nil, true
+	}
+	meta, v, err := m.records.open(rec.name)
+	if err != nil {
+		log.Warn("layer record unusable: resolving through the registry", "record", rec.name, "err", err)
+		return nil, nil, false
+	}
+	blob := &lazyBlob{open: func(ctx context.Context) (Blob, error) {
+		ctx, cancel := m.work.bound(ctx, m.opts.resolveTimeout)
+		defer cancel()
+		img, err := m.reg.Resolve(ctx, ref)
+		if err != nil {
+			return nil, err
+		}
+		return m.reg.Blob(ctx, img, &desc)
+	}}
+	l := newLayer(&m.env, meta.identity(), ref, desc, v, blob)
+	l.restoreRefs(meta.Refs, meta.Repositories)
+	if err := m.unsized(l, modern, ref); err != nil {
+		return nil, err, true
+	}
+	if l, err = m.addLive(l, ref); err != nil {
+		return nil, err, true
+	}
+	m.counters.fromRecords.Add(1)
+	log.Info("layer served lazily", "from", "record", "format", v.Layout().Format, "toc", l.tocKey,
+		"entries", v.Index().Len(), "size", desc.Size, "guarantee", v.Guarantee(),
+		"resolve", m.opts.now().Sub(start).Round(time.Millisecond))
+	return l, nil, true
+}
+
+// liveLayer returns the live layer of an identity, or nil.
+func (m *Manager) liveLayer(id identity) *Layer {
 	m.mu.Lock()
-	if existing := m.live[id]; existing != nil {
+	defer m.mu.Unlock()
+	return m.live[id]
+}
+
+// addLive makes l the live layer of its identity and starts its background fetch, unless a
+// concurrent resolution made another one live first: that one is returned, with ref added.
+func (m *Manager) addLive(l *Layer, ref string) (*Layer, error) {
+	m.mu.Lock()
+	if m.closed {
+		m.mu.Unlock()
+		return nil, errors.New("layer: the manager is closed")
+	}
+	if existing := m.live[l.id]; existing != nil {
 		m.mu.Unlock()
 		existing.addRef(ref) // this resolution read the TOC through ref's repository
 		return existing, nil
 	}
-	l = newLayer(&m.env, id, ref, *desc, v, blob)
-	m.live[id] = l
+	m.live[l.id] = l
 	m.mu.Unlock()
-	log.Info("layer served lazily", "format", v.Layout().Format, "toc", l.tocKey,
-		"entries", v.Index().Len(), "size", desc.Size, "guarantee", v.Guarantee(),
-		"resolve", m.opts.now().Sub(start).Round(time.Millisecond))
 	if m.opts.prefetch {
 		l.startPrefetch()
 	}
 	return l, nil
+}
+
+// unsized refuses a lookup by blob digest of a layer whose tar size is unknown: runtimes that
+// look layers up by blob digest (c/storage < 1.54) record the tar's size from info and fail
+// on images whose size is unknown, so such layers are pulled normally.
+func (m *Manager) unsized(l *Layer, modern bool, ref string) error {
+	if modern || l.size >= 0 {
+		return nil
+	}
+	m.counters.notLazy.Add(1)
+	reason := "the uncompressed size is unknown (no tar-split or uncompressed-size annotation), which runtimes that look layers up by blob digest need"
+	m.opts.log.Info("layer not served lazily", "ref", ref, "layer", l.desc.Digest, "reason", reason)
+	return fmt.Errorf("layer %s of %s: %w (%s)", l.desc.Digest, ref, iofs.ErrNotExist, reason)
 }
 
 // find returns the descriptor of the layer key names in img, looking through the other

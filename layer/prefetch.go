@@ -152,13 +152,14 @@ func (l *Layer) runPrefetch(ctx context.Context) error {
 	if err := l.unstored(); err != nil {
 		return err
 	}
-	if l.v.CanProveDiffID() {
+	if l.v.CanProveDiffID() && l.v.Guarantee() < verify.DiffIDVerified {
 		if err := l.v.CheckDiffID(ctx, l.payload); err != nil {
 			if errors.Is(err, verify.ErrDigestMismatch) {
 				l.env.counters.verifyFailures.Add(1)
 			}
 			return fmt.Errorf("proving the DiffID: %w", err)
 		}
+		l.saveRecord() // the guarantee, and without the tar-split no longer needed
 	}
 	return nil
 }

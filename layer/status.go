@@ -14,6 +14,7 @@ import (
 // Status is a snapshot of the manager for the control socket.
 type Status struct {
 	Layers   []LayerStatus `json:"layers"`
+	Pins     []Pin         `json:"pins,omitempty"`
 	Cache    cache.Stats   `json:"cache"`
 	Counters Counters      `json:"counters"`
 }
@@ -38,8 +39,10 @@ type LayerStatus struct {
 
 // Counters are totals since the manager started.
 type Counters struct {
-	Lookups        int64 `json:"lookups"`
-	Resolutions    int64 `json:"resolutions"`
+	Lookups     int64 `json:"lookups"`
+	Resolutions int64 `json:"resolutions"`
+	// FromRecords counts the resolutions answered from a layer record, without the registry.
+	FromRecords    int64 `json:"fromRecords"`
 	NotLazy        int64 `json:"notLazy"`
 	Failures       int64 `json:"failures"`
 	VerifyFailures int64 `json:"verifyFailures"`
@@ -56,10 +59,12 @@ func (m *Manager) Status() Status {
 	}
 	m.mu.Unlock()
 	st := Status{
+		Pins:  m.Pins(),
 		Cache: m.cache.Stats(),
 		Counters: Counters{
 			Lookups:        m.counters.lookups.Load(),
 			Resolutions:    m.counters.resolutions.Load(),
+			FromRecords:    m.counters.fromRecords.Load(),
 			NotLazy:        m.counters.notLazy.Load(),
 			Failures:       m.counters.failures.Load(),
 			VerifyFailures: m.counters.verifyFailures.Load(),

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"errors"
 	"io"
 	"log/slog"
 	"net"
@@ -29,6 +30,12 @@ const cimageInput = `{"127.0.0.1:5000/private:tag":{"username":"user","password"
 type fakeStatus struct{}
 
 func (fakeStatus) Status() layer.Status { return layer.Status{} }
+
+func (fakeStatus) Pin(context.Context, string, string) (layer.Pin, error) {
+	return layer.Pin{}, errors.New("no pins here")
+}
+
+func (fakeStatus) Unpin(string, string) error { return nil }
 
 // recordingSink is a control.CredentialSink that keeps what it is given.
 type recordingSink struct {

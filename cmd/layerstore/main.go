@@ -2,6 +2,8 @@
 //
 //	layerstore serve [flags] MOUNTPOINT   serve the additional layer store (the daemon)
 //	layerstore status [--json]            show what the daemon serves
+//	layerstore pin [--platform P] IMAGE...  keep images' layers local, verified, across restarts
+//	layerstore unpin [--platform P] IMAGE...
 //	layerstore doctor [--json] [flags]    check the node's setup end to end
 //	layerstore demo                       a self-contained demonstration with figures
 //	layerstore version                    print the version
@@ -25,6 +27,9 @@ const usage = `usage: layerstore COMMAND
 commands:
   serve     serve the additional layer store at MOUNTPOINT (the daemon; see serve -h)
   status    show the layers the daemon serves, its cache and counters (--json for scripts)
+  pin       fetch and verify every lazily served layer of IMAGE... and keep them local,
+            out of the cache's eviction and across restarts, with no registry needed
+  unpin     let the layers of IMAGE... be evicted again
   doctor    check this node's setup end to end and say what to fix (see doctor -h)
   demo      build sample eStargz layers, serve them on 127.0.0.1 and read files lazily,
             verifying every chunk, with figures
@@ -58,6 +63,14 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 				return 2
 			}
 			fmt.Fprintf(stderr, "layerstore status: %v\n", err)
+			return 1
+		}
+	case "pin", "unpin":
+		if err := runPin(ctx, args[0], args[1:], stdout, stderr); err != nil {
+			if errors.Is(err, errUsage) {
+				return 2
+			}
+			fmt.Fprintf(stderr, "layerstore %s: %v\n", args[0], err)
 			return 1
 		}
 	case "doctor":

@@ -1,7 +1,8 @@
 // Package control is the daemon's control socket: HTTP over a unix socket that only root can
 // reach (mode 0600). It serves the status as JSON (/status), Prometheus metrics (/metrics),
-// and takes registry credentials from the auth helper (POST /credentials). The client side,
-// used by `layerstore status` and the auth helper, is here too.
+// takes registry credentials from the auth helper (POST /credentials), and pins and unpins
+// images (POST /pin, POST /unpin). The client side, used by `layerstore status`, `pin`,
+// `unpin` and the auth helper, is here too.
 package control
 
 import (
@@ -45,10 +46,22 @@ const DefaultCredentialTTL = 12 * time.Hour
 // maxCredentialBody bounds what POST /credentials reads.
 const maxCredentialBody = 1 << 20
 
-// StatusSource is what the status and metrics endpoints report on: the layer manager.
+// StatusSource is what the status and metrics endpoints report on, and what pins images: the
+// layer manager.
 type StatusSource interface {
 	Status() layer.Status
+	Pin(ctx context.Context, ref, platform string) (layer.Pin, error)
+	Unpin(ref, platform string) error
 }
+
+// PinRequest names an image to pin or unpin.
+type PinRequest struct {
+	Ref      string `json:"ref"`
+	Platform string `json:"platform,omitempty"`
+}
+
+// maxPinBody bounds what POST /pin and /unpin read.
+const maxPinBody = 64 << 10
 
 // CredentialSink receives credentials from the auth helper: the registry client's in-memory
 // keychain.
@@ -77,6 +90,32 @@ func Handler(src StatusSource, sink CredentialSink, ttl time.Duration, log *slog
 		w.Header().Set("Content-Type", "text/plain; version=0.0.4")
 		writeMetrics(w, src.Status())
 	})
+	mux.HandleFunc("POST /pin", func(w http.ResponseWriter, r *http.Request) {
+		req, ok := readPinRequest(w, r)
+		if !ok {
+			return
+		}
+		// The pin goes on while the client waits; a client that goes away stops the fetch,
+		// not the pin (pin again to finish it).
+		p, err := src.Pin(r.Context(), req.Ref, req.Platform)
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusUnprocessableEntity)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		_ = json.NewEncoder(w).Encode(p)
+	})
+	mux.HandleFunc("POST /unpin", func(w http.ResponseWriter, r *http.Request) {
+		req, ok := readPinRequest(w, r)
+		if !ok {
+			return
+		}
+		if err := src.Unpin(req.Ref, req.Platform); err != nil {
+			http.Error(w, err.Error(), http.StatusUnprocessableEntity)
+			return
+		}
+		w.WriteHeader(http.StatusNoContent)
+	})
 	mux.HandleFunc("POST /credentials", func(w http.ResponseWriter, r *http.Request) {
 		var creds map[string]Credential
 		dec := json.NewDecoder(io.LimitReader(r.Body, maxCredentialBody))
@@ -104,6 +143,15 @@ func Handler(src StatusSource, sink CredentialSink, ttl time.Duration, log *slog
 		w.WriteHeader(http.StatusNoContent)
 	})
 	return mux
+}
+
+func readPinRequest(w http.ResponseWriter, r *http.Request) (PinRequest, bool) {
+	var req PinRequest
+	if err := json.NewDecoder(io.LimitReader(r.Body, maxPinBody)).Decode(&req); err != nil || req.Ref == "" {
+		http.Error(w, "pin: a JSON object with a ref is expected", http.StatusBadRequest)
+		return req, false
+	}
+	return req, true
 }
 
 // Listen creates the socket at path, mode 0600, replacing a stale one left by a crash. A
@@ -168,6 +216,36 @@ func (c *Client) Metrics(ctx context.Context) (string, error) {
 	return string(b), err
 }
 
+// Pin asks the daemon to pin an image and waits until its layers are local (or the pin
+// failed); ctx bounds the wait, and cancelling it stops the fetch (the pin stays).
+func (c *Client) Pin(ctx context.Context, req PinRequest) (layer.Pin, error) {
+	var p layer.Pin
+	body, err := json.Marshal(req)
+	if err != nil {
+		return p, err
+	}
+	resp, err := c.doLong(ctx, "/pin", bytes.NewReader(body))
+	if err != nil {
+		return p, err
+	}
+	defer resp.Body.Close()
+	return p, json.NewDecoder(resp.Body).Decode(&p)
+}
+
+// Unpin asks the daemon to unpin an image.
+func (c *Client) Unpin(ctx context.Context, req PinRequest) error {
+	body, err := json.Marshal(req)
+	if err != nil {
+		return err
+	}
+	resp, err := c.do(ctx, http.MethodPost, "/unpin", bytes.NewReader(body))
+	if err != nil {
+		return err
+	}
+	resp.Body.Close()
+	return nil
+}
+
 // PushCredentials hands the JSON c/image writes to the auth helper over to the daemon, as is.
 // Its errors never quote body, which holds secrets.
 func (c *Client) PushCredentials(ctx context.Context, body io.Reader) error {
@@ -180,11 +258,23 @@ func (c *Client) PushCredentials(ctx context.Context, body io.Reader) error {
 }
 
 func (c *Client) do(ctx context.Context, method, path string, body io.Reader) (*http.Response, error) {
+	return c.send(ctx, c.hc, method, path, body)
+}
+
+// doLong posts without the client's timeout: ctx alone bounds the request (a pin fetches
+// whole layers).
+func (c *Client) doLong(ctx context.Context, path string, body io.Reader) (*http.Response, error) {
+	hc := *c.hc
+	hc.Timeout = 0
+	return c.send(ctx, &hc, http.MethodPost, path, body)
+}
+
+func (c *Client) send(ctx context.Context, hc *http.Client, method, path string, body io.Reader) (*http.Response, error) {
 	req, err := http.NewRequestWithContext(ctx, method, "http://layerstore"+path, body)
 	if err != nil {
 		return nil, err
 	}
-	resp, err := c.hc.Do(req)
+	resp, err := hc.Do(req)
 	if err != nil {
 		return nil, fmt.Errorf("control socket: %w", err)
 	}

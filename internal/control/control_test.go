@@ -2,6 +2,8 @@ package control
 
 import (
 	"bytes"
+	"context"
+	"errors"
 	"io"
 	"log/slog"
 	"net/http"
@@ -18,6 +20,12 @@ import (
 type fakeStatus struct{ st layer.Status }
 
 func (f fakeStatus) Status() layer.Status { return f.st }
+
+func (fakeStatus) Pin(context.Context, string, string) (layer.Pin, error) {
+	return layer.Pin{}, errors.New("no pins here")
+}
+
+func (fakeStatus) Unpin(string, string) error { return nil }
 
 type fakeSink map[string]fetcher.Credentials
 

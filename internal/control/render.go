@@ -14,6 +14,14 @@ func Render(w io.Writer, st layer.Status) {
 	fmt.Fprintf(w, "cache: %s   layers: %d   lookups: %d   not lazy: %d   failures: %d   verification failures: %d\n",
 		human(st.Cache.Bytes), len(st.Layers), st.Counters.Lookups, st.Counters.NotLazy,
 		st.Counters.Failures, st.Counters.VerifyFailures)
+	for _, p := range st.Pins {
+		platform := ""
+		if p.Platform != "" {
+			platform = " (" + p.Platform + ")"
+		}
+		fmt.Fprintf(w, "\npinned %s%s  %d layers  %s %s / %s\n", p.Ref, platform, len(p.Layers),
+			bar(p.Present, p.Bytes, 30), human(p.Present), human(p.Bytes))
+	}
 	for _, l := range st.Layers {
 		fmt.Fprintf(w, "\n%s  %s  %s  users %d\n", short(string(l.Digest)), l.Format, l.Guarantee, l.Users)
 		for _, r := range l.Refs {

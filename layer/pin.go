@@ -1,0 +1,212 @@
+package layer
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	iofs "io/fs"
+	"slices"
+	"strings"
+	"time"
+
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+
+	"github.com/layerstore/layerstore/cache"
+	"github.com/layerstore/layerstore/chunked"
+	"github.com/layerstore/layerstore/fetcher"
+)
+
+// Pin is a pinned image: every lazily served layer of one platform of it resolved, fetched,
+// verified and kept out of the cache's eviction, with its record, across restarts.
+type Pin struct {
+	Ref      string `json:"ref"`
+	Platform string `json:"platform,omitempty"` // "" for the host's
+	// Layers are the image's layers the store serves, by blob digest; Normal counts those it
+	// does not (not lazily pullable: the runtime pulls them itself).
+	Layers []string `json:"layers"`
+	Normal int      `json:"pulledNormally"`
+	// Bytes is the uncompressed content of the pinned layers' files; Present what the cache
+	// holds of it.
+	Bytes   int64     `json:"bytes"`
+	Present int64     `json:"present"`
+	Pinned  time.Time `json:"pinned"`
+}
+
+// pinMeta is what a pin's record holds (its data is empty): the pin without its progress.
+type pinMeta struct {
+	Version int `json:"version"`
+	Pin
+}
+
+// pinName is the name of the pin of ref for platform, in the cache and as a record.
+func pinName(ref, platform string) string {
+	s := sha256.Sum256([]byte(ref + "\x00" + platform))
+	return "pin-" + hex.EncodeToString(s[:])
+}
+
+// Pin resolves every lazily served layer of ref (of the host's platform, or of platform,
+// "os/arch[/variant]"), checks that the cache's filesystem has room for what is not local
+// yet, keeps the layers' records and files out of eviction, and fetches and verifies them
+// completely. It returns when they are all local, or with the error that stopped it; the pin
+// holds either way (pin again to finish, Unpin to give it up). Pinning an image again is
+// cheap once it is complete.
+func (m *Manager) Pin(ctx context.Context, ref, platform string) (Pin, error) {
+	p := Pin{Ref: ref, Platform: platform, Pinned: time.Now().UTC()}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	defer context.AfterFunc(m.work.ctx, cancel)() // Close stops a pin
+	img, err := m.reg.Resolve(ctx, ref)
+	if err != nil {
+		return p, fmt.Errorf("pin %s: %w", ref, err)
+	}
+	mf, err := m.platformManifest(ctx, img, platform)
+	if err != nil {
+		return p, fmt.Errorf("pin %s: %w", ref, err)
+	}
+	var layers []*Layer
+	for i := range mf.Layers {
+		d := &mf.Layers[i]
+		key := tocKey(d.Annotations)
+		if key == "" {
+			key = d.Digest
+		}
+		l, err := m.lookup(ctx, ref, key)
+		if errors.Is(err, iofs.ErrNotExist) {
+			p.Normal++
+			continue
+		}
+		if err != nil {
+			return p, fmt.Errorf("pin %s: layer %s: %w", ref, d.Digest, err)
+		}
+		if !slices.Contains(layers, l) {
+			layers = append(layers, l)
+			p.Layers = append(p.Layers, l.desc.Digest.String())
+		}
+	}
+	records, files, need := m.pinContent(layers)
+	avail, err := m.cache.Available()
+	if err != nil {
+		return p, fmt.Errorf("pin %s: %w", ref, err)
+	}
+	if need > avail {
+		return p, fmt.Errorf("pin %s: its layers need %d MiB more on the cache's filesystem, which has %d MiB free: %w",
+			ref, (need+1<<20-1)>>20, avail>>20, cache.ErrNoSpace)
+	}
+	name := pinName(ref, platform)
+	raw, err := json.Marshal(pinMeta{Version: recordVersion, Pin: p})
+	if err != nil {
+		return p, err
+	}
+	if err := m.cache.PutRecord(name, raw, nil); err != nil {
+		return p, fmt.Errorf("pin %s: %w", ref, err)
+	}
+	if err := m.cache.Pin(name, append(records, name), files); err != nil {
+		return p, fmt.Errorf("pin %s: %w", ref, err)
+	}
+	m.opts.log.Info("image pinned", "ref", ref, "platform", platform, "layers", len(layers),
+		"pulled_normally", p.Normal, "to_fetch", need)
+	for _, l := range layers {
+		if err := l.runPrefetch(ctx); err != nil {
+			return m.pinProgress(p), fmt.Errorf("pin %s: fetching layer %s: %w", ref, l.desc.Digest, err)
+		}
+	}
+	return m.pinProgress(p), nil
+}
+
+// Unpin gives up the pin of ref for platform: its layers' records and files become evictable
+// again. Unpinning an image that is not pinned is not an error.
+func (m *Manager) Unpin(ref, platform string) error {
+	name := pinName(ref, platform)
+	if err := m.cache.Unpin(name); err != nil && !errors.Is(err, iofs.ErrNotExist) {
+		return fmt.Errorf("unpin %s: %w", ref, err)
+	}
+	if err := m.cache.RemoveRecord(name); err != nil && !errors.Is(err, iofs.ErrNotExist) {
+		return fmt.Errorf("unpin %s: %w", ref, err)
+	}
+	m.opts.log.Info("image unpinned", "ref", ref, "platform", platform)
+	return nil
+}
+
+// Pins returns the pinned images and how much of each is local.
+func (m *Manager) Pins() []Pin {
+	infos, err := m.cache.Pins()
+	if err != nil {
+		m.opts.log.Warn("listing pins failed", "err", err)
+		return nil
+	}
+	var out []Pin
+	for _, in := range infos {
+		raw, err := m.cache.RecordMeta(in.Name)
+		var pm pinMeta
+		if err == nil {
+			err = json.Unmarshal(raw, &pm)
+		}
+		if err != nil {
+			continue // not a pin this package made
+		}
+		p := pm.Pin
+		p.Bytes, p.Present = in.Bytes, in.Present
+		out = append(out, p)
+	}
+	slices.SortFunc(out, func(a, b Pin) int { return strings.Compare(a.Ref+a.Platform, b.Ref+b.Platform) })
+	return out
+}
+
+func (m *Manager) pinProgress(p Pin) Pin {
+	for _, q := range m.Pins() {
+		if q.Ref == p.Ref && q.Platform == p.Platform {
+			return q
+		}
+	}
+	return p
+}
+
+// pinContent returns what keeps the layers local: their records, the digests of their
+// regular files, and the bytes of those files the cache does not hold yet.
+func (m *Manager) pinContent(layers []*Layer) (records []string, files []chunked.Sum, need int64) {
+	seen := map[chunked.Sum]bool{}
+	for _, l := range layers {
+		records = append(records, recordName(l.id))
+		idx := l.idx
+		for id := range chunked.EntryID(idx.Len()) {
+			e := idx.Entry(id)
+			if e.Type != chunked.TypeReg || e.Inode != id || e.Size == 0 || e.Digest.IsZero() || seen[e.Digest] {
+				continue
+			}
+			seen[e.Digest] = true
+			files = append(files, e.Digest)
+			if !m.cache.Has(e.Digest) {
+				need += e.Size // partial files counted whole: the check errs on the safe side
+			}
+		}
+	}
+	return records, files, need
+}
+
+// platformManifest returns img's manifest for platform ("" for the host's).
+func (m *Manager) platformManifest(ctx context.Context, img *fetcher.Image, platform string) (*fetcher.Manifest, error) {
+	if platform == "" {
+		return &img.Manifest, nil
+	}
+	want, err := v1.ParsePlatform(platform)
+	if err != nil {
+		return nil, fmt.Errorf("platform %q: %w", platform, err)
+	}
+	all := []*fetcher.Manifest{&img.Manifest}
+	others, err := m.reg.Platforms(ctx, img)
+	if err != nil {
+		return nil, err
+	}
+	for _, mf := range append(all, others...) {
+		if mf.Platform != nil && mf.Platform.Satisfies(*want) {
+			return mf, nil
+		}
+	}
+	if img.Manifest.Platform == nil && len(others) == 0 {
+		return &img.Manifest, nil // a single-platform image: its platform is not stated
+	}
+	return nil, fmt.Errorf("no manifest for platform %s", platform)
+}

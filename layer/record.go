@@ -1,0 +1,314 @@
+package layer
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"runtime"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/opencontainers/go-digest"
+
+	"github.com/layerstore/layerstore/cache"
+	"github.com/layerstore/layerstore/chunked"
+	"github.com/layerstore/layerstore/fetcher"
+	"github.com/layerstore/layerstore/verify"
+)
+
+// recordVersion is the version of the records this package writes; a record of another
+// version is removed and its layer resolved through the registry again.
+const recordVersion = 1
+
+// maxRecordRefs bounds the references a record remembers (for status); repositories, which
+// authorize lookups, are all kept.
+const maxRecordRefs = 16
+
+// recordMeta is a layer record's meta: what the manifest said of the layer, what its
+// verification established, and the repositories it was resolved through. The record's data
+// holds the verified index (chunked.Index.AppendBinary), then the tar-split while it is
+// needed.
+type recordMeta struct {
+	Version      int                `json:"version"`
+	Descriptor   fetcher.Descriptor `json:"descriptor"`
+	Verified     verify.Saved       `json:"verified"`
+	Repositories []string           `json:"repositories"`
+	Refs         []string           `json:"refs"`
+	Entries      int                `json:"entries"`
+	IndexSize    int64              `json:"indexSize"`
+	TarSplitSize int64              `json:"tarSplitSize"`
+	Written      time.Time          `json:"written"`
+}
+
+func (r *recordMeta) identity() identity {
+	return identity{layout: r.Verified.Layout, diffID: r.Verified.DiffID}
+}
+
+// check refuses a meta that does not describe a layer this package could have written.
+func (r *recordMeta) check() error {
+	switch {
+	case r.Version != recordVersion:
+		return fmt.Errorf("record version %d, want %d", r.Version, recordVersion)
+	case r.Descriptor.Digest != r.Verified.Layout.BlobDigest || r.Descriptor.Size != r.Verified.Layout.BlobSize:
+		return errors.New("record: descriptor and layout name different blobs")
+	case r.Descriptor.DiffID != r.Verified.DiffID:
+		return errors.New("record: descriptor and verification name different DiffIDs")
+	case len(r.Repositories) == 0:
+		return errors.New("record: no repository")
+	case r.IndexSize <= 0 || r.TarSplitSize < 0:
+		return errors.New("record: bad sizes")
+	}
+	return nil
+}
+
+// recordName is the name of the record of a layer identity: the sha256 of what the identity
+// holds, so that two manifests describing a blob differently never share a record.
+func recordName(id identity) string {
+	b, err := json.Marshal(struct {
+		Layout chunked.Layout
+		DiffID digest.Digest
+	}{id.layout, id.diffID})
+	if err != nil {
+		panic(err) // strings and integers always marshal
+	}
+	s := sha256.Sum256(b)
+	return "layer-" + hex.EncodeToString(s[:])
+}
+
+// records is the manager's view of the layer records in its cache: which record answers
+// which lookup key. Safe for concurrent use; its lock is a leaf.
+type records struct {
+	cache  *cache.Cache
+	limits chunked.Limits
+
+	mu    sync.Mutex
+	byKey map[digest.Digest][]storedRecord // TOC digest and blob digest → records
+}
+
+type storedRecord struct {
+	name string
+	meta *recordMeta
+}
+
+// loadRecords indexes the records present in c, removing those it cannot use.
+func loadRecords(c *cache.Cache, limits chunked.Limits, log *slog.Logger) *records {
+	rs := &records{cache: c, limits: limits, byKey: map[digest.Digest][]storedRecord{}}
+	names, err := c.Records()
+	if err != nil {
+		log.Warn("listing the layer records failed: layers are resolved through the registry", "err", err)
+		return rs
+	}
+	for _, name := range names {
+		raw, err := c.RecordMeta(name)
+		var meta recordMeta
+		if err == nil {
+			err = json.Unmarshal(raw, &meta)
+		}
+		if err == nil {
+			err = meta.check()
+		}
+		if err == nil && recordName(meta.identity()) != name {
+			err = errors.New("record: name does not match its layer")
+		}
+		if err != nil {
+			log.Warn("layer record dropped: its layer will be resolved through the registry", "record", name, "err", err)
+			_ = c.RemoveRecord(name)
+			continue
+		}
+		rs.index(name, &meta)
+	}
+	return rs
+}
+
+func (rs *records) index(name string, meta *recordMeta) {
+	rs.mu.Lock()
+	defer rs.mu.Unlock()
+	for _, k := range []digest.Digest{meta.Descriptor.Digest, tocKey(meta.Descriptor.Annotations)} {
+		if k == "" {
+			continue
+		}
+		list := slices.DeleteFunc(rs.byKey[k], func(s storedRecord) bool { return s.name == name })
+		rs.byKey[k] = append(list, storedRecord{name, meta})
+	}
+}
+
+func (rs *records) forget(name string) {
+	rs.mu.Lock()
+	defer rs.mu.Unlock()
+	for k, list := range rs.byKey {
+		list = slices.DeleteFunc(list, func(s storedRecord) bool { return s.name == name })
+		if len(list) == 0 {
+			delete(rs.byKey, k)
+		} else {
+			rs.byKey[k] = list
+		}
+	}
+}
+
+// find returns the record that answers a lookup of key through repo: one resolved through
+// that repository (a record never lets a lookup skip the registry's authorization), and only
+// one layer identity (two manifests of one repository describing one key differently are
+// left to the registry to tell apart).
+func (rs *records) find(key digest.Digest, repo string) (storedRecord, bool) {
+	rs.mu.Lock()
+	defer rs.mu.Unlock()
+	var found storedRecord
+	for _, s := range rs.byKey[key] {
+		if !slices.Contains(s.meta.Repositories, repo) {
+			continue
+		}
+		if found.meta != nil && found.name != s.name {
+			return storedRecord{}, false
+		}
+		found = s
+	}
+	return found, found.meta != nil
+}
+
+// save writes the record of a verified layer, replacing any previous one: the layer's
+// descriptor, what verification established, its repositories and references, its index
+// and, until the DiffID is proven, its tar-split.
+func (rs *records) save(desc fetcher.Descriptor, v *verify.Verifier, repos, refs []string) (string, error) {
+	saved := v.Save()
+	data, err := v.Index().AppendBinary(nil)
+	if err != nil {
+		return "", err
+	}
+	indexSize := int64(len(data))
+	data = append(data, saved.TarSplit...)
+	slices.Sort(repos)
+	if len(refs) > maxRecordRefs {
+		refs = refs[len(refs)-maxRecordRefs:]
+	}
+	meta := &recordMeta{
+		Version: recordVersion, Descriptor: desc, Verified: saved,
+		Repositories: repos, Refs: refs, Entries: v.Index().Len(),
+		IndexSize: indexSize, TarSplitSize: int64(len(saved.TarSplit)), Written: time.Now().UTC(),
+	}
+	raw, err := json.Marshal(meta)
+	if err != nil {
+		return "", err
+	}
+	name := recordName(meta.identity())
+	if err := rs.cache.PutRecord(name, raw, data); err != nil {
+		return "", err
+	}
+	rs.index(name, meta)
+	return name, nil
+}
+
+// open maps a record and restores its verified layer. The index is used in place, from the
+// mapping, which is released once nothing references the index any more.
+func (rs *records) open(name string) (*recordMeta, *verify.Verifier, error) {
+	rec, err := rs.cache.OpenRecord(name)
+	if err != nil {
+		rs.forget(name)
+		return nil, nil, err
+	}
+	meta, v, err := rs.restore(name, rec)
+	if err != nil {
+		rec.Close()
+		rs.forget(name)
+		_ = rs.cache.RemoveRecord(name)
+		return nil, nil, fmt.Errorf("layer record %s: %w", name, err)
+	}
+	runtime.AddCleanup(v.Index(), func(r *cache.Record) { r.Close() }, rec)
+	return meta, v, nil
+}
+
+func (rs *records) restore(name string, rec *cache.Record) (*recordMeta, *verify.Verifier, error) {
+	var meta recordMeta
+	if err := json.Unmarshal(rec.Meta(), &meta); err != nil {
+		return nil, nil, err
+	}
+	if err := meta.check(); err != nil {
+		return nil, nil, err
+	}
+	if recordName(meta.identity()) != name {
+		return nil, nil, errors.New("record: name does not match its layer")
+	}
+	data := rec.Data()
+	if meta.IndexSize > int64(len(data)) || meta.TarSplitSize > int64(len(data))-meta.IndexSize {
+		return nil, nil, fmt.Errorf("record: %d bytes of data, %d + %d expected", len(data), meta.IndexSize, meta.TarSplitSize)
+	}
+	idx, err := chunked.LoadIndex(data[:meta.IndexSize], rs.limits)
+	if err != nil {
+		return nil, nil, err
+	}
+	s := meta.Verified
+	if meta.TarSplitSize > 0 {
+		s.TarSplit = data[meta.IndexSize : meta.IndexSize+meta.TarSplitSize] // Restore copies it
+	}
+	v, err := verify.Restore(s, idx, verify.WithLimits(rs.limits))
+	if err != nil {
+		return nil, nil, err
+	}
+	return &meta, v, nil
+}
+
+// lazyBlob is the blob of a layer opened from its record: it asks the registry (the image's
+// manifest, then the blob's location) only when a read first needs a byte that is not in the
+// cache, and again after a failure, so that a layer whose files are all local never touches
+// the registry, and one whose registry is down fails only the reads that need it.
+type lazyBlob struct {
+	open func(ctx context.Context) (Blob, error)
+
+	mu      sync.Mutex
+	attempt *blobAttempt
+}
+
+type blobAttempt struct {
+	done chan struct{}
+	blob Blob
+	err  error
+}
+
+func (b *lazyBlob) get(ctx context.Context) (Blob, error) {
+	b.mu.Lock()
+	a := b.attempt
+	if a != nil {
+		select {
+		case <-a.done:
+			if a.err != nil {
+				a = nil // try again
+			}
+		default:
+		}
+	}
+	if a == nil {
+		a = &blobAttempt{done: make(chan struct{})}
+		b.attempt = a
+		go func() {
+			defer close(a.done)
+			a.blob, a.err = b.open(ctx)
+		}()
+	}
+	b.mu.Unlock()
+	select {
+	case <-a.done:
+		return a.blob, a.err
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+func (b *lazyBlob) ReadAt(ctx context.Context, p []byte, off int64) (int, error) {
+	blob, err := b.get(ctx)
+	if err != nil {
+		return 0, err
+	}
+	return blob.ReadAt(ctx, p, off)
+}
+
+func (b *lazyBlob) Fetch(ctx context.Context, ranges []chunked.Range) ([][]byte, error) {
+	blob, err := b.get(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return blob.Fetch(ctx, ranges)
+}

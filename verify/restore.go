@@ -1,0 +1,63 @@
+package verify
+
+import (
+	"bytes"
+	"fmt"
+
+	"github.com/layerstore/layerstore/chunked"
+	digest "github.com/opencontainers/go-digest"
+)
+
+// Saved is what a [Verifier] has established about its layer besides its index, in a form a
+// caller can keep (the layer manager's records) and hand back to [Restore] after a restart.
+type Saved struct {
+	Layout    chunked.Layout `json:"layout"`
+	DiffID    digest.Digest  `json:"diffID"`
+	TarSize   int64          `json:"tarSize"`
+	Guarantee Guarantee      `json:"guarantee"`
+	// TarSplit is the compressed tar-split, verified against the TOC; nil when the layer has
+	// none. It is needed only until the DiffID is proven.
+	TarSplit []byte `json:"-"`
+}
+
+// Save returns what l has established, for [Restore].
+func (l *Verifier) Save() Saved {
+	s := Saved{Layout: *l.layout, DiffID: l.diffID, TarSize: l.tarSize, Guarantee: l.Guarantee()}
+	if s.Guarantee < DiffIDVerified {
+		s.TarSplit = l.tarSplit
+	}
+	return s
+}
+
+// Restore returns the Verifier that s was saved from, with idx as its verified index,
+// without reading anything. The caller vouches for s and idx: they must be what a Verifier
+// returned by [Open] saved and indexed (the layer manager writes them to its own records,
+// checksummed, only after Open). Restore checks that they are consistent with each other and
+// with the limits, not that they are true.
+func Restore(s Saved, idx *chunked.Index, opts ...Option) (*Verifier, error) {
+	o := options{limits: chunked.Limits{}.WithDefaults()}
+	for _, opt := range opts {
+		if err := opt(&o); err != nil {
+			return nil, err
+		}
+	}
+	switch {
+	case idx == nil:
+		return nil, fmt.Errorf("%w: restoring a layer without an index", chunked.ErrInvalid)
+	case idx.Format() != s.Layout.Format:
+		return nil, fmt.Errorf("%w: restoring a %s layer with a %s index", chunked.ErrInvalid, s.Layout.Format, idx.Format())
+	case s.Guarantee < ChunksVerified || s.Guarantee > DiffIDVerified:
+		return nil, fmt.Errorf("%w: restoring a layer with guarantee %d", chunked.ErrInvalid, s.Guarantee)
+	case s.DiffID.Validate() != nil || s.Layout.BlobDigest.Validate() != nil:
+		return nil, fmt.Errorf("%w: restoring a layer without valid digests", chunked.ErrInvalid)
+	case int64(len(s.TarSplit)) > o.limits.MaxTOCSize:
+		return nil, fmt.Errorf("%w: restored tar-split of %d bytes exceeds %d", chunked.ErrLimit, len(s.TarSplit), o.limits.MaxTOCSize)
+	}
+	layout := s.Layout
+	l := &Verifier{layout: &layout, index: idx, diffID: s.DiffID, limits: o.limits, tarSize: s.TarSize}
+	if s.TarSplit != nil && s.Guarantee < DiffIDVerified {
+		l.tarSplit = bytes.Clone(s.TarSplit)
+	}
+	l.guarantee.Store(int32(s.Guarantee))
+	return l, nil
+}
