@@ -1,0 +1,255 @@
+package layer
+
+import (
+	"errors"
+	iofs "io/fs"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/opencontainers/go-digest"
+
+	"github.com/layerstore/layerstore/cache"
+	"github.com/layerstore/layerstore/chunked"
+	"github.com/layerstore/layerstore/internal/testutil/testlayer"
+)
+
+// restartEnv is a cache directory shared by successive managers, as the daemon's cache
+// directory is by its successive processes.
+type restartEnv struct {
+	*testEnv
+	root string
+}
+
+func newRestartEnv(t *testing.T) *restartEnv {
+	e := newEnv(t)
+	return &restartEnv{testEnv: e, root: t.TempDir()}
+}
+
+// start opens the cache and a manager on it, as a daemon start does. stop closes both.
+func (e *restartEnv) start(opts ...Option) (m *Manager, stop func()) {
+	e.t.Helper()
+	c, err := cache.New(e.root)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	m, err = New(ClientRegistry(testClient(e.t, e.reg)), c, opts...)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	done := false
+	stop = func() {
+		if !done {
+			done = true
+			m.Close()
+			c.Close()
+		}
+	}
+	e.t.Cleanup(stop)
+	return m, stop
+}
+
+// tocKeyOf is the key a modern runtime looks the fixture's layer up by; its blob digest when
+// it has no TOC digest annotation.
+func tocKeyOf(f testlayer.Fixture) digest.Digest {
+	if k := tocKey(f.Desc.Annotations); k != "" {
+		return k
+	}
+	return f.Desc.Digest
+}
+
+// TestRestartWithoutRegistry is the reboot during a registry outage: a layer fully fetched
+// before a restart is served completely after it, with the registry gone, from its record and
+// the cache; the registry is not asked at all.
+func TestRestartWithoutRegistry(t *testing.T) {
+	for _, f := range mustFixtures(t) {
+		t.Run(f.Name, func(t *testing.T) {
+			e := newRestartEnv(t)
+			ref := e.push("app/records:v1", fixtureLayer(f))
+			m, stop := e.start(WithPrefetch(true))
+			l, err := m.lookup(t.Context(), ref, tocKeyOf(f))
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := readAll(t, l, 1<<20)
+			waitComplete(t, l)
+			stop()
+
+			e.reg.Close() // the registry is down from here on
+			m, _ = e.start(WithPrefetch(true))
+			l, err = m.lookup(t.Context(), ref, tocKeyOf(f))
+			if err != nil {
+				t.Fatalf("lookup after the restart, registry down: %v", err)
+			}
+			compareContent(t, readAll(t, l, 1<<20), want)
+			if n := m.counters.fromRecords.Load(); n != 1 {
+				t.Errorf("%d resolutions from records, want 1", n)
+			}
+			if got := l.Info(tocKeyOf(f)); len(got) == 0 {
+				t.Error("no info")
+			}
+		})
+	}
+}
+
+// TestRestartPartialWithoutRegistry: after a restart with the registry down, the files the
+// cache holds are served and the others fail, quickly, with the registry's error.
+func TestRestartPartialWithoutRegistry(t *testing.T) {
+	f := mustFixtures(t)[3]
+	e := newRestartEnv(t)
+	ref := e.push("app/partial:v1", fixtureLayer(f))
+	m, stop := e.start()
+	l, err := m.lookup(t.Context(), ref, tocKeyOf(f))
+	if err != nil {
+		t.Fatal(err)
+	}
+	idx := l.Index()
+	var read, unread []chunked.EntryID
+	for id := range chunked.EntryID(idx.Len()) {
+		en := idx.Entry(id)
+		if en.Visible() && en.Type == chunked.TypeReg && en.Inode == id && en.Size > 0 {
+			if len(read) <= len(unread) {
+				read = append(read, id)
+			} else {
+				unread = append(unread, id)
+			}
+		}
+	}
+	if len(read) == 0 || len(unread) == 0 {
+		t.Fatalf("fixture has %d regular files", len(read)+len(unread))
+	}
+	want := map[chunked.EntryID][]byte{}
+	for _, id := range read {
+		b := make([]byte, idx.Entry(id).Size)
+		if _, err := l.ReadFile(t.Context(), id, b, 0); err != nil {
+			t.Fatal(err)
+		}
+		want[id] = b
+	}
+	stop()
+
+	e.reg.Close()
+	m, _ = e.start(WithReadTimeout(5 * time.Second))
+	l, err = m.lookup(t.Context(), ref, tocKeyOf(f))
+	if err != nil {
+		t.Fatalf("lookup after the restart, registry down: %v", err)
+	}
+	for _, id := range read {
+		b := make([]byte, len(want[id]))
+		if _, err := l.ReadFile(t.Context(), id, b, 0); err != nil || string(b) != string(want[id]) {
+			t.Errorf("cached file %s: %v", idx.Path(id), err)
+		}
+	}
+	start := time.Now()
+	b := make([]byte, idx.Entry(unread[0]).Size)
+	if _, err := l.ReadFile(t.Context(), unread[0], b, 0); err == nil {
+		t.Errorf("file %s never fetched was served with the registry down", idx.Path(unread[0]))
+	}
+	if d := time.Since(start); d > 5*time.Second+time.Second {
+		t.Errorf("a read that needs the registry failed after %v, more than the read timeout", d)
+	}
+}
+
+// TestRecordNotForOtherRepository: a record answers only lookups through the repositories
+// the layer was resolved through. The same layer looked up through another repository goes
+// to the registry, which refuses it there (it does not serve the blob in that repository).
+func TestRecordNotForOtherRepository(t *testing.T) {
+	f := mustFixtures(t)[3]
+	e := newRestartEnv(t)
+	ref := e.push("team/private:v1", fixtureLayer(f))
+	m, stop := e.start()
+	if _, err := m.lookup(t.Context(), ref, tocKeyOf(f)); err != nil {
+		t.Fatal(err)
+	}
+	stop()
+
+	m, _ = e.start()
+	other := e.reg.Host + "/someone/else:v1"
+	if _, err := m.lookup(t.Context(), other, tocKeyOf(f)); err == nil {
+		t.Fatal("the record served a lookup through a repository it was never resolved for")
+	}
+	if n := m.counters.fromRecords.Load(); n != 0 {
+		t.Errorf("%d resolutions from records, want 0", n)
+	}
+	if _, err := m.lookup(t.Context(), ref, tocKeyOf(f)); err != nil {
+		t.Fatalf("lookup through the recorded repository: %v", err)
+	}
+	if n := m.counters.fromRecords.Load(); n != 1 {
+		t.Errorf("%d resolutions from records, want 1", n)
+	}
+}
+
+// TestDamagedRecordRebuilt: a record damaged on disk (a flipped byte) is dropped, the layer is
+// resolved through the registry again and its record written anew.
+func TestDamagedRecordRebuilt(t *testing.T) {
+	f := mustFixtures(t)[3]
+	e := newRestartEnv(t)
+	ref := e.push("app/damaged:v1", fixtureLayer(f))
+	m, stop := e.start()
+	l, err := m.lookup(t.Context(), ref, tocKeyOf(f))
+	if err != nil {
+		t.Fatal(err)
+	}
+	name := recordName(l.id)
+	want := readAll(t, l, 1<<20)
+	stop()
+
+	path := filepath.Join(e.root, "records", name)
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("the record is not where cache/doc.go says: %v", err)
+	}
+	b[len(b)-1] ^= 0x40
+	if err := os.WriteFile(path, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	m, _ = e.start()
+	l, err = m.lookup(t.Context(), ref, tocKeyOf(f))
+	if err != nil {
+		t.Fatalf("lookup with a damaged record: %v", err)
+	}
+	compareContent(t, readAll(t, l, 1<<20), want)
+	if n := m.counters.fromRecords.Load(); n != 0 {
+		t.Errorf("%d resolutions from a damaged record", n)
+	}
+	if _, err := m.cache.RecordMeta(name); err != nil {
+		t.Errorf("the record was not written again: %v", err)
+	}
+}
+
+// TestRecordKeyOfOtherLayerRefused: a lookup by a key the record does not hold (another
+// layer of the same repository) is never answered by it.
+func TestRecordKeyOfOtherLayerRefused(t *testing.T) {
+	fs := mustFixtures(t)
+	e := newRestartEnv(t)
+	ref := e.push("app/one:v1", fixtureLayer(fs[3]))
+	m, stop := e.start()
+	if _, err := m.lookup(t.Context(), ref, tocKeyOf(fs[3])); err != nil {
+		t.Fatal(err)
+	}
+	stop()
+	e.reg.Close()
+	m, _ = e.start()
+	if _, err := m.lookup(t.Context(), ref, tocKeyOf(fs[4])); err == nil || errors.Is(err, iofs.ErrNotExist) && m.counters.fromRecords.Load() != 0 {
+		t.Fatalf("lookup of another key: %v (from records: %d)", err, m.counters.fromRecords.Load())
+	}
+}
+
+func mustFixtures(t *testing.T) []testlayer.Fixture {
+	t.Helper()
+	fs, err := testlayer.Fixtures()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return fs
+}
+
+// waitComplete waits for the layer's background fetch to end, and fails unless it completed.
+func waitComplete(t *testing.T, l *Layer) {
+	t.Helper()
+	l.wait()
+	if s := l.Status(); s.State != StateComplete {
+		t.Fatalf("background fetch %s: %s", s.State, s.Error)
+	}
+}
