@@ -1,0 +1,127 @@
+package layer
+
+import (
+	"archive/tar"
+	"errors"
+	"testing"
+
+	"github.com/layerstore/layerstore/cache"
+	"github.com/layerstore/layerstore/chunked"
+	"github.com/layerstore/layerstore/internal/testutil/testlayer"
+	"github.com/layerstore/layerstore/internal/testutil/testtmpfs"
+)
+
+// layerFiles returns the digests of a layer's regular files with content.
+func layerFiles(l *Layer) []chunked.Sum {
+	var out []chunked.Sum
+	idx := l.Index()
+	for id := range chunked.EntryID(idx.Len()) {
+		e := idx.Entry(id)
+		if e.Type == chunked.TypeReg && e.Inode == id && e.Size > 0 && !e.Digest.IsZero() {
+			out = append(out, e.Digest)
+		}
+	}
+	return out
+}
+
+// TestPinSurvivesEviction: the files and record of a pinned image stay in a cache filled far
+// past its bound by other images, and go once unpinned; the pin and the record survive a
+// restart, and the pinned image is then served with the registry down.
+func TestPinSurvivesEviction(t *testing.T) {
+	fs := mustFixtures(t)
+	e := newRestartEnv(t)
+	pinned := e.push("app/pinned:v1", fixtureLayer(fs[3]))
+	c, err := cache.New(e.root, cache.WithMaxSize(1)) // every file not held is evicted at once
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := New(ClientRegistry(testClient(t, e.reg)), c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := m.Pin(t.Context(), pinned, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(p.Layers) != 1 || p.Present != p.Bytes || p.Bytes == 0 {
+		t.Fatalf("pin: %+v, want one layer, all present", p)
+	}
+	l, err := m.lookup(t.Context(), pinned, servedKey(fs[3]))
+	if err != nil {
+		t.Fatal(err)
+	}
+	files := layerFiles(l)
+	for i, f := range fs {
+		if i == 3 || servedKey(f) == "" {
+			continue
+		}
+		ol, err := m.lookup(t.Context(), e.push("app/other-"+f.Name+":v1", fixtureLayer(f)), servedKey(f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		readAll(t, ol, 1<<20)
+	}
+	for _, d := range files {
+		if !c.Has(d) {
+			t.Fatalf("pinned file %s evicted by other images", d)
+		}
+	}
+	m.Close()
+	c.Close()
+
+	e.reg.Close()
+	m, _ = e.start()
+	if ps := m.Pins(); len(ps) != 1 || ps[0].Ref != pinned || ps[0].Present != ps[0].Bytes {
+		t.Fatalf("pins after a restart: %+v", ps)
+	}
+	l, err = m.lookup(t.Context(), pinned, servedKey(fs[3]))
+	if err != nil {
+		t.Fatalf("pinned image after a restart, registry down: %v", err)
+	}
+	compareContent(t, readAll(t, l, 1<<20), referenceContent(t))
+	if err := m.Unpin(pinned, ""); err != nil {
+		t.Fatal(err)
+	}
+	if ps := m.Pins(); len(ps) != 0 {
+		t.Fatalf("pins after unpin: %+v", ps)
+	}
+}
+
+// TestPinRefusedWithoutRoom: a pin whose content would not fit on the cache's filesystem is
+// refused before anything is fetched, with an error that says so.
+func TestPinRefusedWithoutRoom(t *testing.T) {
+	testtmpfs.Run(t, "1m", func(t *testing.T, dir string) {
+		e := newEnv(t)
+		big := make([]byte, 4<<20)
+		for i := range big {
+			big[i] = byte(i*7 + i>>9) // compresses, but the files are 4 MiB uncompressed
+		}
+		f, err := testlayer.BuildEStargz("big", testlayer.Build([]testlayer.Entry{bigFile("big.bin", big)}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ref := e.push("app/big:v1", fixtureLayer(f))
+		c, err := cache.New(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		m, err := New(ClientRegistry(testClient(t, e.reg)), c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { m.Close() })
+		_, err = m.Pin(t.Context(), ref, "")
+		if !errors.Is(err, cache.ErrNoSpace) {
+			t.Fatalf("pin of 4 MiB on a 1 MiB filesystem: %v, want cache.ErrNoSpace", err)
+		}
+		t.Log(err)
+		if ps := m.Pins(); len(ps) != 0 {
+			t.Errorf("a refused pin was kept: %+v", ps)
+		}
+	})
+}
+
+func bigFile(name string, data []byte) testlayer.Entry {
+	return testlayer.Entry{Header: tar.Header{Typeflag: tar.TypeReg, Name: name, Mode: 0o644, Size: int64(len(data))}, Data: data}
+}
