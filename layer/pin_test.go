@@ -3,6 +3,7 @@ package layer
 import (
 	"archive/tar"
 	"errors"
+	"fmt"
 	"testing"
 
 	"github.com/layerstore/layerstore/cache"
@@ -51,15 +52,27 @@ func TestPinSurvivesEviction(t *testing.T) {
 		t.Fatal(err)
 	}
 	files := layerFiles(l)
-	for i, f := range fs {
-		if i == 3 || servedKey(f) == "" {
-			continue
+	var evicted []chunked.Sum
+	for i := range 3 {
+		data := make([]byte, 256<<10)
+		for k := range data {
+			data[k] = byte(k*(i+3) + k>>8)
 		}
-		ol, err := m.lookup(t.Context(), e.push("app/other-"+f.Name+":v1", fixtureLayer(f)), servedKey(f))
+		f, err := testlayer.BuildEStargz("other", testlayer.Build([]testlayer.Entry{bigFile("other.bin", data)}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ol, err := m.lookup(t.Context(), e.push(fmt.Sprintf("app/other%d:v1", i), fixtureLayer(f)), tocKey(f.Desc.Annotations))
 		if err != nil {
 			t.Fatal(err)
 		}
 		readAll(t, ol, 1<<20)
+		evicted = append(evicted, layerFiles(ol)...)
+	}
+	for _, d := range evicted {
+		if c.Has(d) {
+			t.Fatalf("file %s of an unpinned image kept in a cache bounded to 1 byte: the test shows nothing", d)
+		}
 	}
 	for _, d := range files {
 		if !c.Has(d) {
