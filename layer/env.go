@@ -3,6 +3,7 @@ package layer
 import (
 	"context"
 	"log/slog"
+	"runtime/debug"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -21,12 +22,27 @@ type env struct {
 	work     *work    // the manager's lifetime: its context, and the work Close waits for
 	records  *records // the layer records in the cache
 
+	released atomic.Int64 // when releaseMemory last ran, Unix nanoseconds
+
 	log         *slog.Logger
 	now         func() time.Time
 	readTimeout time.Duration // bounds each fetch (WithReadTimeout)
 	negativeTTL time.Duration // how long a failed fetch is remembered (WithNegativeTTL)
 	readAhead   int64         // the read-ahead window (WithReadAhead)
 	batch       int64         // the compressed bytes of a background request (WithPrefetchBatch)
+}
+
+// releaseMemory hands the heap that transient work left free (a resolution's TOC and parse,
+// a background fetch's buffers) back to the kernel at once rather than over minutes, so that
+// the daemon's resident memory is what it holds: called when such work ends, at most once per
+// second.
+func (e *env) releaseMemory() {
+	now := time.Now().UnixNano()
+	last := e.released.Load()
+	if now-last < int64(time.Second) || !e.released.CompareAndSwap(last, now) {
+		return
+	}
+	debug.FreeOSMemory()
 }
 
 type counters struct {

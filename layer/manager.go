@@ -317,6 +317,7 @@ func (m *Manager) resolve(ctx context.Context, ref string, key digest.Digest) (*
 		log.Warn("reading back the layer record failed: the layer is served from memory", "err", err)
 	} else {
 		v, from = rv, "registry, recorded"
+		m.releaseMemory() // the TOC, its parse and the index built on the heap
 	}
 	l := newLayer(&m.env, id, ref, *desc, v, blob)
 	if err := m.unsized(l, modern, ref); err != nil {

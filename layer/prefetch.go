@@ -63,6 +63,7 @@ func (l *Layer) startPrefetch() {
 			p.state, p.err = StateFailed, err
 		}
 		l.logPrefetch(p.state, err, p.elapsed)
+		l.env.releaseMemory()
 	}()
 }
 
