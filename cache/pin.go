@@ -245,7 +245,9 @@ func (c *Cache) applyPinLocked(p *pin, d int) {
 }
 
 // setEntryPinsLocked sets an entry's pin count; a pinned entry leaves the LRU list, and comes
-// back at its front (most recently used) when its last pin goes.
+// back at its end (least recently used) when its last pin goes: its use while pinned was not
+// tracked, and what a pin no longer keeps should go before the working set of what was never
+// pinned.
 func (c *Cache) setEntryPinsLocked(e *entry, n int) {
 	was := e.pins > 0
 	e.pins = n
@@ -254,7 +256,7 @@ func (c *Cache) setEntryPinsLocked(e *entry, n int) {
 		c.lru.Remove(e.elem)
 		e.setPinnedLocked(true)
 	case was && n == 0:
-		e.elem = c.lru.PushFront(e)
+		e.elem = c.lru.PushBack(e)
 		e.setPinnedLocked(false)
 	}
 }
@@ -268,7 +270,7 @@ func (c *Cache) setRecordPinsLocked(r *record, n int) {
 		c.lru.Remove(r.elem)
 		c.pinned.Add(r.size)
 	case was && n == 0:
-		r.elem = c.lru.PushFront(r)
+		r.elem = c.lru.PushBack(r)
 		c.pinned.Add(-r.size)
 	}
 }
