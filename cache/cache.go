@@ -43,7 +43,7 @@ type Cache struct {
 	// bytes) plus the size of the records; pinned is the part of it that pins hold.
 	usage, pinned atomic.Int64
 	// hits and misses count reads that found all or not all of their bytes; evictions the
-	// files removed to stay within the size bound.
+	// files and records removed to stay within the size bound or make room.
 	hits, misses, evictions atomic.Int64
 
 	// pinMu serialises Pin and Unpin, so that the pin files on disk and c.pins agree; it is
@@ -64,8 +64,9 @@ type Cache struct {
 
 // New opens (creating if needed) the cache under root and takes an exclusive lock on it:
 // a second Cache on the same root fails with [ErrLocked] until the first is closed. Complete
-// files and recorded ranges of partial files left by a previous Cache are kept; unrecorded
-// bytes, damaged journals and temporary files are discarded.
+// files, recorded ranges of partial files, records and pins left by a previous Cache are
+// kept; unrecorded bytes, damaged journals, record headers and pins, and temporary files are
+// discarded.
 func New(root string, opts ...Option) (*Cache, error) {
 	o := defaultOptions()
 	for _, opt := range opts {
@@ -100,7 +101,7 @@ func New(root string, opts ...Option) (*Cache, error) {
 }
 
 // Close releases the root directory. Open [File] handles fail with [ErrClosed] from then on
-// (their Close still succeeds). Close writes nothing: what is on disk after Close is what a
+// (their Close still succeeds); open [Record]s keep their mapping until closed. Close writes nothing: what is on disk after Close is what a
 // crash would leave.
 func (c *Cache) Close() error {
 	c.mu.Lock()
@@ -130,7 +131,7 @@ type Stats struct {
 	Complete  int   `json:"complete"`  // of which complete
 	Hits      int64 `json:"hits"`      // reads that found all their bytes
 	Misses    int64 `json:"misses"`    // reads that found some bytes missing
-	Evictions int64 `json:"evictions"` // files removed to stay within the bound
+	Evictions int64 `json:"evictions"` // files and records removed to stay within the bound
 }
 
 // Stats returns the cache's current figures.
