@@ -99,7 +99,9 @@
 //     rename is the commit point, so kill -9 or a crash at any moment leaves the old record or
 //     the new one, never a mix; the temporary file left by a crash is removed by the next
 //     scan. Open records map the file they opened: a replacement or a removal does not change
-//     what they see. Pins are written the same way;
+//     what they see, and since no record file is ever written or truncated in place once
+//     named, a mapping never loses pages under its reader (no SIGBUS). Pins are written the
+//     same way;
 //   - removing a record (eviction, [Cache.RemoveRecord], damage) or a file does not fsync the
 //     directory: a crash may bring a removed record or file back, which is sound (it was
 //     whole and checked) and is evicted again if need be. [Cache.Unpin] fsyncs: a pin that
