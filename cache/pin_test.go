@@ -1,6 +1,7 @@
 package cache
 
 import (
+	"bytes"
 	"errors"
 	"io/fs"
 	"log/slog"
@@ -292,4 +293,21 @@ func TestPinConcurrent(t *testing.T) {
 	if c.pinned.Load() != 0 || c.Usage() > 200<<10 {
 		t.Errorf("pinned %d usage %d after unpinning all", c.pinned.Load(), c.Usage())
 	}
+}
+
+// FuzzParsePin: any bytes either parse into a pin that encodes back to them, or fail; never
+// a panic or an allocation beyond what the bytes justify.
+func FuzzParsePin(f *testing.F) {
+	p := &pin{name: "img", records: []string{"a", "b-1"}, files: []chunked.Sum{{1}, {2}}}
+	f.Add(p.encode())
+	f.Add((&pin{name: "x"}).encode())
+	f.Fuzz(func(t *testing.T, b []byte) {
+		p, err := parsePin(b)
+		if err != nil {
+			return
+		}
+		if got := p.encode(); !bytes.Equal(got, b) {
+			t.Errorf("parsed %+v encodes to %x, not %x", p, got, b)
+		}
+	})
 }

@@ -412,3 +412,19 @@ func hasRecords(t *testing.T, c *Cache, names ...string) bool {
 }
 
 func uintptrOf(b []byte) uintptr { return uintptr(unsafe.Pointer(unsafe.SliceData(b))) }
+
+// FuzzRecordHeader: any header either fails or describes a file of its size with meta and
+// data within their bounds.
+func FuzzRecordHeader(f *testing.F) {
+	h := newRecordHeader([]byte("meta"), make([]byte, 5000))
+	f.Add(h.encode(), h.size())
+	f.Fuzz(func(t *testing.T, b []byte, size int64) {
+		h, err := parseRecordHeader(b, size)
+		if err != nil {
+			return
+		}
+		if h.metaLen > maxRecordMeta || h.dataLen > maxRecordData || h.dataOff != alignRecord(h.metaLen) || h.size() != size {
+			t.Errorf("accepted %+v for a file of %d bytes", h, size)
+		}
+	})
+}
