@@ -18,9 +18,10 @@ import (
 
 // Cache is the store under one root directory. It is safe for concurrent use.
 //
-// Lock order: File.hmu, then Cache.mu, then entry.mu, then entry.rmu. Cache.mu is never
-// taken while an entry lock is held, so an entry's I/O never waits on the cache's
-// bookkeeping, and usage is kept in atomics that entries update without Cache.mu.
+// Lock order: File.hmu or Record.mu or Cache.pinMu, then Cache.mu, then entry.mu, then
+// entry.rmu. Cache.mu is never taken while an entry lock is held, so an entry's I/O never
+// waits on the cache's bookkeeping, and usage is kept in atomics that entries update without
+// Cache.mu.
 type Cache struct {
 	root string
 	opts options
@@ -38,22 +39,34 @@ type Cache struct {
 	full   noSpace  // the filesystem was found full: writes are refused for a while
 	report reporter // events that recur with every write, logged at a bounded rate
 
-	// usage is the number of content bytes present in all entries (sum of entry.bytes).
-	usage atomic.Int64
+	// usage is the number of content bytes present in all entries (sum of their present
+	// bytes) plus the size of the records; pinned is the part of it that pins hold.
+	usage, pinned atomic.Int64
 	// hits and misses count reads that found all or not all of their bytes; evictions the
-	// files removed to stay within the size bound.
+	// files and records removed to stay within the size bound or make room.
 	hits, misses, evictions atomic.Int64
+
+	// pinMu serialises Pin and Unpin, so that the pin files on disk and c.pins agree; it is
+	// held across their file writes, never by eviction.
+	pinMu sync.Mutex
 
 	mu      sync.Mutex // guards the fields below
 	closed  bool
 	entries map[chunked.Sum]*entry
-	lru     list.List // of *entry; front = most recently used
+	records map[string]*record
+	pins    map[string]*pin
+	// lru holds the entries and records not pinned (*entry or *record); front = most
+	// recently used.
+	lru list.List
+	// overBound: usage above the bound because of pins was logged (until it is within again).
+	overBound bool
 }
 
 // New opens (creating if needed) the cache under root and takes an exclusive lock on it:
 // a second Cache on the same root fails with [ErrLocked] until the first is closed. Complete
-// files and recorded ranges of partial files left by a previous Cache are kept; unrecorded
-// bytes, damaged journals and temporary files are discarded.
+// files, recorded ranges of partial files, records and pins left by a previous Cache are
+// kept; unrecorded bytes, damaged journals, record headers and pins, and temporary files are
+// discarded.
 func New(root string, opts ...Option) (*Cache, error) {
 	o := defaultOptions()
 	for _, opt := range opts {
@@ -61,7 +74,8 @@ func New(root string, opts ...Option) (*Cache, error) {
 			return nil, err
 		}
 	}
-	for _, d := range []string{root, filepath.Join(root, filesDir), filepath.Join(root, partialDir)} {
+	for _, d := range []string{root, filepath.Join(root, filesDir), filepath.Join(root, partialDir),
+		filepath.Join(root, recordsDir), filepath.Join(root, pinsDir)} {
 		if err := os.MkdirAll(d, 0o700); err != nil {
 			return nil, fmt.Errorf("cache: %w", err)
 		}
@@ -71,20 +85,23 @@ func New(root string, opts ...Option) (*Cache, error) {
 		return nil, fmt.Errorf("cache: %w", err)
 	}
 	c := &Cache{root: root, opts: o, lock: lock, entries: map[chunked.Sum]*entry{},
-		now: time.Now, noSpaceBackoff: noSpaceBackoff,
+		records: map[string]*record{}, pins: map[string]*pin{}, now: time.Now, noSpaceBackoff: noSpaceBackoff,
 		report: reporter{logger: o.logger, every: reportEvery}}
 	if err := c.scan(); err != nil {
 		_ = lock.Close()
 		return nil, fmt.Errorf("cache: scanning %s: %w", root, err)
 	}
 	c.mu.Lock()
+	for _, p := range c.pins {
+		c.applyPinLocked(p, 1)
+	}
 	c.evictLocked()
 	c.mu.Unlock()
 	return c, nil
 }
 
 // Close releases the root directory. Open [File] handles fail with [ErrClosed] from then on
-// (their Close still succeeds). Close writes nothing: what is on disk after Close is what a
+// (their Close still succeeds); open [Record]s keep their mapping until closed. Close writes nothing: what is on disk after Close is what a
 // crash would leave.
 func (c *Cache) Close() error {
 	c.mu.Lock()
@@ -102,8 +119,8 @@ func (c *Cache) Close() error {
 }
 
 // Usage returns the number of content bytes the cache holds: the size of complete files
-// plus the recorded ranges of partial ones (metadata and filesystem block rounding are not
-// counted).
+// plus the recorded ranges of partial ones plus the size of the records' files (other
+// metadata and filesystem block rounding are not counted). Pinned content is included.
 func (c *Cache) Usage() int64 { return c.usage.Load() }
 
 // Stats are the cache's figures for status and metrics.
@@ -114,7 +131,7 @@ type Stats struct {
 	Complete  int   `json:"complete"`  // of which complete
 	Hits      int64 `json:"hits"`      // reads that found all their bytes
 	Misses    int64 `json:"misses"`    // reads that found some bytes missing
-	Evictions int64 `json:"evictions"` // files removed to stay within the bound
+	Evictions int64 `json:"evictions"` // files and records removed to stay within the bound
 }
 
 // Stats returns the cache's current figures.
@@ -192,9 +209,7 @@ func (c *Cache) Open(sum chunked.Sum, size int64) (*File, error) {
 		e = nil
 	}
 	if e == nil {
-		e = &entry{c: c, sum: sum, size: size}
-		e.elem = c.lru.PushFront(e)
-		c.entries[sum] = e
+		e = c.newEntryLocked(sum, size)
 	}
 	e.refs++
 	c.lru.MoveToFront(e.elem)
@@ -232,9 +247,23 @@ func (c *Cache) release(e *entry) {
 	c.evictLocked()
 }
 
+// newEntryLocked registers a new entry, pinned if a pin names its digest.
+func (c *Cache) newEntryLocked(sum chunked.Sum, size int64) *entry {
+	e := &entry{c: c, sum: sum, size: size}
+	e.elem = c.lru.PushFront(e)
+	c.entries[sum] = e
+	if n := c.filePinsLocked(sum); n > 0 {
+		c.setEntryPinsLocked(e, n)
+	}
+	return e
+}
+
+// unpinnedUsage is the usage that the bound applies to: content not held by pins.
+func (c *Cache) unpinnedUsage() int64 { return c.usage.Load() - c.pinned.Load() }
+
 // maybeEvict evicts if usage is above the bound.
 func (c *Cache) maybeEvict() {
-	if c.usage.Load() <= c.opts.maxSize {
+	if c.unpinnedUsage() <= c.opts.maxSize {
 		return
 	}
 	c.mu.Lock()
@@ -242,10 +271,20 @@ func (c *Cache) maybeEvict() {
 	c.mu.Unlock()
 }
 
-// evictLocked removes least-recently-used unpinned entries until usage is within the bound
-// or nothing more can go.
+// evictLocked removes least-recently-used entries and records, neither open nor pinned,
+// until the content not pinned is within the bound or nothing more can go. Pinned content
+// is outside the bound: usage above the bound because of it is logged once (until usage is
+// within the bound again).
 func (c *Cache) evictLocked() {
-	c.evictUntilLocked(func(int64) bool { return c.usage.Load() <= c.opts.maxSize })
+	c.evictUntilLocked(func(int64) bool { return c.unpinnedUsage() <= c.opts.maxSize })
+	switch usage := c.usage.Load(); {
+	case usage <= c.opts.maxSize:
+		c.overBound = false
+	case !c.overBound && !c.closed && c.pinned.Load() > 0:
+		c.overBound = true
+		c.opts.logger.Info("cache: pinned content holds usage above the size bound",
+			"usage", usage, "pinned", c.pinned.Load(), "bound", c.opts.maxSize)
+	}
 }
 
 // evictUntilLocked removes least-recently-used unpinned entries until enough, given the
@@ -256,14 +295,24 @@ func (c *Cache) evictUntilLocked(enough func(freed int64) bool) (files int, free
 		return 0, 0
 	}
 	for el := c.lru.Back(); el != nil && !enough(freed); {
-		e := el.Value.(*entry)
+		v := el.Value
 		el = el.Prev()
-		if e.refs == 0 {
-			freed += e.bytes.Load()
-			c.dropLocked(e)
-			c.evictions.Add(1)
-			files++
+		switch v := v.(type) {
+		case *entry:
+			if v.refs > 0 || v.pins > 0 {
+				continue
+			}
+			freed += v.present()
+			c.dropLocked(v)
+		case *record:
+			if v.refs > 0 || v.pins > 0 {
+				continue
+			}
+			freed += v.size
+			c.dropRecordLocked(v)
 		}
+		c.evictions.Add(1)
+		files++
 	}
 	return files, freed
 }
@@ -277,22 +326,33 @@ func (c *Cache) dropLocked(e *entry) {
 			c.opts.logger.Warn("cache: removing file", "path", f, "err", err)
 		}
 	}
-	c.usage.Add(-e.bytes.Swap(0))
+	e.setBytesLocked(0)
 	c.lru.Remove(e.elem)
 	delete(c.entries, e.sum)
 }
 
 // scan registers what a previous Cache left: complete files as they are, partial files whose
-// journal is sound, and removes the rest (temporary files, data files without a journal,
-// journals without data, leftovers of a completion interrupted after its rename).
+// journal is sound, records whose header is sound, pins, and removes the rest (temporary
+// files, data files without a journal, journals without data, leftovers of a completion
+// interrupted after its rename, damaged records and pins).
 func (c *Cache) scan() error {
+	if err := c.scanPins(); err != nil {
+		return err
+	}
 	type found struct {
-		e     *entry
+		v     any // *entry or *record
 		mtime time.Time
 	}
 	var all []found
+	recs, err := c.scanRecords()
+	if err != nil {
+		return err
+	}
+	for _, r := range recs {
+		all = append(all, found{r.r, r.mtime})
+	}
 	complete := map[chunked.Sum]bool{}
-	err := walkShards(filepath.Join(c.root, filesDir), func(p string, info fs.FileInfo) {
+	err = walkShards(filepath.Join(c.root, filesDir), func(p string, info fs.FileInfo) {
 		sum, ok := parseName(info.Name())
 		if !ok || !info.Mode().IsRegular() {
 			if strings.HasSuffix(info.Name(), tmpExt) {
@@ -301,7 +361,7 @@ func (c *Cache) scan() error {
 			return
 		}
 		e := &entry{c: c, sum: sum, size: info.Size(), complete: true}
-		e.bytes.Store(info.Size())
+		e.bytes.Store(info.Size()) // not pinned yet: pins apply after the scan
 		complete[sum] = true
 		all = append(all, found{e, info.ModTime()})
 	})
@@ -343,9 +403,16 @@ func (c *Cache) scan() error {
 	// Oldest first, each pushed to the front: the most recent ends at the front.
 	slices.SortStableFunc(all, func(a, b found) int { return a.mtime.Compare(b.mtime) })
 	for _, f := range all {
-		f.e.elem = c.lru.PushFront(f.e)
-		c.entries[f.e.sum] = f.e
-		c.usage.Add(f.e.bytes.Load())
+		switch v := f.v.(type) {
+		case *entry:
+			v.elem = c.lru.PushFront(v)
+			c.entries[v.sum] = v
+			c.usage.Add(v.present())
+		case *record:
+			v.elem = c.lru.PushFront(v)
+			c.records[v.name] = v
+			c.usage.Add(v.size)
+		}
 	}
 	return nil
 }

@@ -9,10 +9,12 @@ import (
 
 var (
 	// ErrMissing reports a read of bytes the cache does not hold yet. Reads return it inside
-	// a [*MissingError] that lists the missing ranges.
+	// a [*MissingError] that lists the missing ranges. It also reports a record that does
+	// not exist (that error wraps [io/fs.ErrNotExist] too).
 	ErrMissing = errors.New("cache: content not present")
-	// ErrCorrupt reports a file whose assembled content does not hash to its digest. The
-	// cache drops such a file's content before returning it.
+	// ErrCorrupt reports a file whose assembled content does not hash to its digest, or a
+	// record whose checksums fail. The cache drops such a file's content, or removes such a
+	// record, before returning it.
 	ErrCorrupt = errors.New("cache: content does not match its digest")
 	// ErrClosed reports use of a closed [File] or [Cache].
 	ErrClosed = errors.New("cache: closed")

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"math"
 	"os"
 	"path/filepath"
 	"sync"
@@ -27,8 +28,15 @@ type entry struct {
 	elem    *list.Element
 	storing bool // a PutFiles is writing the whole file
 
-	// bytes is this entry's share of Cache.usage. It changes under rmu (recording ranges),
-	// under mu held exclusively (load, reset) or under Cache.mu with refs == 0 (drop).
+	// pins counts the pins that name the entry's digest (guarded by Cache.mu); a pinned
+	// entry is out of the LRU list.
+	pins int
+
+	// bytes is this entry's share of Cache.usage (see present), with the sign bit set while
+	// the entry is pinned, so that a change of the bytes and a change of the pin are ordered
+	// and each byte counts in Cache.pinned exactly when the entry is pinned. The bytes change
+	// under rmu (recording ranges), under mu held exclusively (load, reset) or under
+	// Cache.mu with refs == 0 (drop); the sign bit only under Cache.mu.
 	bytes atomic.Int64
 
 	// mu guards the files: held shared for reads and writes of the data, exclusively to
@@ -226,9 +234,58 @@ func createJournal(path string, size int64) (*os.File, error) {
 	return j, nil
 }
 
-// setBytesLocked sets the entry's accounted bytes (mu held exclusively).
+// pinnedBit is the bit of entry.bytes that says the entry is pinned.
+const pinnedBit = math.MinInt64
+
+// present returns the entry's content bytes.
+func (e *entry) present() int64 { return e.bytes.Load() &^ pinnedBit }
+
+// addBytes adds delta to the entry's content bytes and to the cache's usage, and to its
+// pinned usage if the entry is pinned at that moment.
+func (e *entry) addBytes(delta int64) {
+	if e.bytes.Add(delta) < 0 {
+		e.c.pinned.Add(delta)
+	}
+	e.c.usage.Add(delta)
+}
+
+// setBytesLocked sets the entry's accounted bytes (mu held exclusively, or Cache.mu with
+// refs == 0).
 func (e *entry) setBytesLocked(n int64) {
-	e.c.usage.Add(n - e.bytes.Swap(n))
+	for {
+		old := e.bytes.Load()
+		if e.bytes.CompareAndSwap(old, old&pinnedBit|n) {
+			delta := n - old&^pinnedBit
+			if old < 0 {
+				e.c.pinned.Add(delta)
+			}
+			e.c.usage.Add(delta)
+			return
+		}
+	}
+}
+
+// setPinnedLocked sets or clears the entry's pinned bit and moves its bytes into or out of
+// the cache's pinned usage (Cache.mu held).
+func (e *entry) setPinnedLocked(on bool) {
+	for {
+		old := e.bytes.Load()
+		nv := old &^ pinnedBit
+		if on {
+			nv |= pinnedBit
+		}
+		if old == nv {
+			return
+		}
+		if e.bytes.CompareAndSwap(old, nv) {
+			if on {
+				e.c.pinned.Add(old &^ pinnedBit)
+			} else {
+				e.c.pinned.Add(-(old &^ pinnedBit))
+			}
+			return
+		}
+	}
 }
 
 // unloadLocked closes the entry's files (mu held exclusively).
@@ -330,9 +387,7 @@ func (e *entry) write(off int64, b []byte, sum chunked.Sum) (full bool, err erro
 	for _, g := range gaps {
 		e.ranges = e.ranges.add(g)
 	}
-	delta := e.ranges.bytes() - before
-	e.bytes.Add(delta)
-	e.c.usage.Add(delta)
+	e.addBytes(e.ranges.bytes() - before)
 	if whole := (chunked.Range{Offset: off, Length: int64(len(b))}); len(gaps) == 1 && gaps[0] == whole {
 		e.knowLocked(whole, sum)
 	}

@@ -13,6 +13,8 @@ import (
 const (
 	filesDir   = "files"
 	partialDir = "partial"
+	recordsDir = "records"
+	pinsDir    = "pins"
 	lockName   = "lock"
 	journalExt = ".ranges"
 	tmpExt     = ".tmp"

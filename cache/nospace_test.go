@@ -3,6 +3,7 @@
 package cache
 
 import (
+	"bytes"
 	"errors"
 	"log/slog"
 	"os"
@@ -132,5 +133,62 @@ func TestNoSpaceNothingToEvict(t *testing.T) {
 		if _, lines := logs.Count(); !strings.Contains(lines[len(lines)-1], "repeated=") {
 			t.Errorf("last line %q, want the count of refused writes", lines[len(lines)-1])
 		}
+	})
+}
+
+// TestNoSpaceRecords: on a full filesystem PutRecord and Pin evict files not in use and not
+// pinned (although the cache is far below its size bound) and succeed; with nothing left to
+// evict (the rest pinned or open) PutRecord fails with ErrNoSpace, leaves no temporary file
+// and keeps the old record; Available follows the filesystem.
+func TestNoSpaceRecords(t *testing.T) {
+	testtmpfs.Run(t, "4m", func(t *testing.T, dir string) {
+		fs := realFiles(t)
+		sparse, tool := fs["usr/share/sparse.img"], fs["usr/bin/tool"]
+		root := filepath.Join(dir, "cache")
+		c := newCache(t, root)
+		fill(t, c, sparse) // 420 KiB, evictable
+		fill(t, c, tool)   // pinned below
+		putRecord(t, c, "rec", []byte("v1"), recordData(1, 100<<10))
+		if err := c.Pin("img", []string{"rec"}, []chunked.Sum{tool.sum}); err != nil {
+			t.Fatal(err)
+		}
+		free, err := c.Available()
+		if err != nil || free <= 0 || free > 4<<20 {
+			t.Fatalf("Available = %d, %v on a 4 MiB tmpfs", free, err)
+		}
+		filler := testtmpfs.Fill(t, dir)
+		if free, _ := c.Available(); free > 64<<10 {
+			t.Errorf("Available = %d on a full filesystem", free)
+		}
+
+		data := recordData(2, 200<<10)
+		if err := c.PutRecord("new", []byte("v1"), data); err != nil {
+			t.Fatalf("PutRecord on a full filesystem with %s evictable: %v", sparse.name, err)
+		}
+		if c.Has(sparse.sum) || !c.Has(tool.sum) {
+			t.Errorf("has sparse=%v tool=%v, want the file not pinned evicted", c.Has(sparse.sum), c.Has(tool.sum))
+		}
+		r := openRecord(t, c, "new") // open: not evictable
+
+		// Nothing left to evict: the record rec and the file tool are pinned, new is open.
+		err = c.PutRecord("rec", []byte("v2"), recordData(3, 1<<20))
+		if !errors.Is(err, ErrNoSpace) || !errors.Is(err, syscall.ENOSPC) {
+			t.Fatalf("PutRecord with nothing evictable = %v, want ErrNoSpace wrapping ENOSPC", err)
+		}
+		if got, err := c.RecordMeta("rec"); err != nil || string(got) != "v1" {
+			t.Errorf("old record after the failed replacement: %q, %v", got, err)
+		}
+		if !c.Has(tool.sum) || !bytes.Equal(r.Data(), data) {
+			t.Error("pinned file or open record evicted")
+		}
+		if des, _ := os.ReadDir(filepath.Join(root, recordsDir)); len(des) != 2 {
+			t.Errorf("records/ holds %v, want rec and new only", des)
+		}
+		checkAccounting(t, c)
+		if err := os.Remove(filler); err != nil {
+			t.Fatal(err)
+		}
+		c.now = func() time.Time { return time.Now().Add(noSpaceBackoff) }
+		putRecord(t, c, "rec", []byte("v2"), recordData(3, 1<<20))
 	})
 }

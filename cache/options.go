@@ -24,8 +24,9 @@ func defaultOptions() options {
 }
 
 // WithMaxSize sets the number of content bytes above which the cache evicts least-recently
-// used files that no [File] handle holds open. The default is [DefaultMaxSize] (10 GiB).
-// Content held open is never evicted, so the cache can exceed the bound while it is in use.
+// used files and records that are neither open nor pinned. The default is [DefaultMaxSize]
+// (10 GiB). Content held open is never evicted, so the cache can exceed the bound while it is
+// in use; pinned content is outside the bound (see [Cache.Pin]).
 func WithMaxSize(bytes int64) Option {
 	return func(o *options) error {
 		if bytes <= 0 {

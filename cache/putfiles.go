@@ -138,13 +138,11 @@ func (c *Cache) claim(f Content) (*entry, error) {
 		// A complete entry holds its size in bytes (> 0): no need to take its lock, which
 		// Cache.mu must not wait for.
 		c.lru.MoveToFront(e.elem)
-		if e.storing || e.bytes.Load() > 0 {
+		if e.storing || e.present() > 0 {
 			return nil, nil
 		}
 	} else {
-		e = &entry{c: c, sum: f.Sum, size: f.Size}
-		e.elem = c.lru.PushFront(e)
-		c.entries[f.Sum] = e
+		e = c.newEntryLocked(f.Sum, f.Size)
 	}
 	e.refs++
 	e.storing = true
@@ -324,7 +322,7 @@ func (c *Cache) unpin(ps []*pending) {
 		complete := e.complete
 		e.unloadLocked()
 		e.mu.Unlock()
-		if !complete && !p.crashed && e.bytes.Load() == 0 && c.entries[e.sum] == e {
+		if !complete && !p.crashed && e.present() == 0 && c.entries[e.sum] == e {
 			// Nothing stored: forget the entry (its partial files, if a reader made
 			// them, are removed with it).
 			c.dropLocked(e)
