@@ -112,22 +112,29 @@ func (l *Layer) restoreRefs(refs, repos []string) {
 }
 
 // saveRecord writes the layer's record again, in the background: its repositories or its
-// guarantee changed. Saves of one layer are serialized, each writing the state of its time.
+// guarantee changed.
 func (l *Layer) saveRecord() {
 	l.env.work.goTracked(func() {
-		l.recordMu.Lock()
-		defer l.recordMu.Unlock()
-		l.mu.Lock()
-		refs := slices.Clone(l.refs)
-		repos := make([]string, 0, len(l.repos))
-		for r := range l.repos {
-			repos = append(repos, r)
-		}
-		l.mu.Unlock()
-		if _, err := l.env.records.save(l.desc, l.v, repos, refs); err != nil {
+		if err := l.writeRecord(); err != nil {
 			l.env.log.Warn("updating the layer record failed", "layer", l.desc.Digest, "err", err)
 		}
 	})
+}
+
+// writeRecord writes the layer's record as the layer is now. Writes of one layer are
+// serialized, each writing the state of its time.
+func (l *Layer) writeRecord() error {
+	l.recordMu.Lock()
+	defer l.recordMu.Unlock()
+	l.mu.Lock()
+	refs := slices.Clone(l.refs)
+	repos := make([]string, 0, len(l.repos))
+	for r := range l.repos {
+		repos = append(repos, r)
+	}
+	l.mu.Unlock()
+	_, err := l.env.records.save(l.desc, l.v, repos, refs)
+	return err
 }
 
 // hasRepo reports whether repo is known to serve the layer's blob.

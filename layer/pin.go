@@ -86,7 +86,17 @@ func (m *Manager) Pin(ctx context.Context, ref, platform string) (Pin, error) {
 			p.Layers = append(p.Layers, l.desc.Digest.String())
 		}
 	}
-	records, files, need := m.pinContent(layers)
+	for _, l := range layers {
+		// A layer served from memory (its record could not be written at the time) gets
+		// its record now: a pin keeps records and content.
+		if _, err := m.cache.RecordMeta(recordName(l.id)); err != nil {
+			if err := l.writeRecord(); err != nil {
+				return p, fmt.Errorf("pin %s: layer %s: writing its record: %w", ref, l.desc.Digest, err)
+			}
+		}
+	}
+	records, files, total, need := m.pinContent(layers)
+	p.Bytes = total
 	avail, err := m.cache.Available()
 	if err != nil {
 		return p, fmt.Errorf("pin %s: %w", ref, err)
@@ -148,7 +158,7 @@ func (m *Manager) Pins() []Pin {
 			continue // not a pin this package made
 		}
 		p := pm.Pin
-		p.Bytes, p.Present = in.Bytes, in.Present
+		p.Present = in.Bytes
 		out = append(out, p)
 	}
 	slices.SortFunc(out, func(a, b Pin) int { return strings.Compare(a.Ref+a.Platform, b.Ref+b.Platform) })
@@ -165,8 +175,8 @@ func (m *Manager) pinProgress(p Pin) Pin {
 }
 
 // pinContent returns what keeps the layers local: their records, the digests of their
-// regular files, and the bytes of those files the cache does not hold yet.
-func (m *Manager) pinContent(layers []*Layer) (records []string, files []chunked.Sum, need int64) {
+// regular files, the bytes of those files, and the bytes the cache does not hold yet.
+func (m *Manager) pinContent(layers []*Layer) (records []string, files []chunked.Sum, total, need int64) {
 	seen := map[chunked.Sum]bool{}
 	for _, l := range layers {
 		records = append(records, recordName(l.id))
@@ -178,12 +188,13 @@ func (m *Manager) pinContent(layers []*Layer) (records []string, files []chunked
 			}
 			seen[e.Digest] = true
 			files = append(files, e.Digest)
+			total += e.Size
 			if !m.cache.Has(e.Digest) {
 				need += e.Size // partial files counted whole: the check errs on the safe side
 			}
 		}
 	}
-	return records, files, need
+	return records, files, total, need
 }
 
 // platformManifest returns img's manifest for platform ("" for the host's).
