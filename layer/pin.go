@@ -86,15 +86,6 @@ func (m *Manager) Pin(ctx context.Context, ref, platform string) (Pin, error) {
 			p.Layers = append(p.Layers, l.desc.Digest.String())
 		}
 	}
-	for _, l := range layers {
-		// A layer served from memory (its record could not be written at the time) gets
-		// its record now: a pin keeps records and content.
-		if _, err := m.cache.RecordMeta(recordName(l.id)); err != nil {
-			if err := l.writeRecord(); err != nil {
-				return p, fmt.Errorf("pin %s: layer %s: writing its record: %w", ref, l.desc.Digest, err)
-			}
-		}
-	}
 	records, files, total, need := m.pinContent(layers)
 	p.Bytes = total
 	avail, err := m.cache.Available()
@@ -110,11 +101,21 @@ func (m *Manager) Pin(ctx context.Context, ref, platform string) (Pin, error) {
 	if err != nil {
 		return p, err
 	}
+	// Pinned first, so that nothing it names is evicted from here on, written after.
+	if err := m.cache.Pin(name, append(records, name), files); err != nil {
+		return p, fmt.Errorf("pin %s: %w", ref, err)
+	}
 	if err := m.cache.PutRecord(name, raw, nil); err != nil {
 		return p, fmt.Errorf("pin %s: %w", ref, err)
 	}
-	if err := m.cache.Pin(name, append(records, name), files); err != nil {
-		return p, fmt.Errorf("pin %s: %w", ref, err)
+	for _, l := range layers {
+		// A layer whose record is gone (evicted, or never written: the filesystem was full) gets
+		// its record now: a pin keeps records and content.
+		if _, err := m.cache.RecordMeta(recordName(l.id)); err != nil {
+			if err := l.writeRecord(); err != nil {
+				return p, fmt.Errorf("pin %s: layer %s: writing its record: %w", ref, l.desc.Digest, err)
+			}
+		}
 	}
 	m.opts.log.Info("image pinned", "ref", ref, "platform", platform, "layers", len(layers),
 		"pulled_normally", p.Normal, "to_fetch", need)
