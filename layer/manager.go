@@ -178,6 +178,9 @@ func (m *Manager) lookup(ctx context.Context, ref string, key digest.Digest) (*L
 	m.counters.lookups.Add(1)
 	k := layerKey{ref, key}
 	if l, err, ok := m.remembered(k); ok {
+		if err == nil && l.v.Err() != nil {
+			err, l = l.v.Err(), nil // refused since (Layer.checkTarSplit)
+		}
 		return l, err
 	}
 	ch := m.group.DoChan(ref+"\x00"+key.String(), func() (any, error) {
@@ -201,7 +204,11 @@ func (m *Manager) lookup(ctx context.Context, ref string, key digest.Digest) (*L
 		if r.Err != nil {
 			return nil, r.Err
 		}
-		return r.Val.(*Layer), nil
+		l := r.Val.(*Layer)
+		if err := l.v.Err(); err != nil {
+			return nil, err
+		}
+		return l, nil
 	case <-ctx.Done():
 		return nil, ctx.Err()
 	}
@@ -289,8 +296,17 @@ func (m *Manager) resolve(ctx context.Context, ref string, key digest.Digest) (*
 	m.mu.Lock()
 	l := m.live[id]
 	m.mu.Unlock()
+	// The tar's size in the info of a lookup by blob digest, and the DiffID policy, need the
+	// TOC compared with the tar-split before the lookup answers; others have it compared in
+	// the background.
+	waitTarSplit := !modern || m.opts.requireDiffID
 	if l != nil {
-		if err := unsized(l.size); err != nil {
+		if waitTarSplit {
+			if err := l.checkTarSplit(ctx); err != nil {
+				return nil, err
+			}
+		}
+		if err := unsized(tarSize(l.v, l.desc.Annotations)); err != nil {
 			return nil, err
 		}
 		if !l.hasRepo(repo) {
@@ -311,6 +327,9 @@ func (m *Manager) resolve(ctx context.Context, ref string, key digest.Digest) (*
 		return nil, err
 	}
 	v, err := verify.Open(ctx, desc.Descriptor, desc.DiffID, blob)
+	if err == nil && waitTarSplit {
+		err = v.CheckTarSplit(ctx)
+	}
 	if err != nil {
 		m.counters.failures.Add(1)
 		if errors.Is(err, verify.ErrDigestMismatch) || errors.Is(err, chunked.ErrInvalid) {
@@ -334,6 +353,13 @@ func (m *Manager) resolve(ctx context.Context, ref string, key digest.Digest) (*
 	log.Info("layer served lazily", "format", v.Layout().Format, "toc", l.tocKey,
 		"entries", v.Index().Len(), "size", desc.Size, "guarantee", v.Guarantee(),
 		"resolve", m.opts.now().Sub(start).Round(time.Millisecond))
+	if v.CanProveDiffID() && v.TarSize() < 0 {
+		m.work.goTracked(func() {
+			ctx := m.work.ctx
+			defer m.sched.verifying(ctx)()
+			l.checkTarSplit(ctx) //nolint:errcheck // a failure refuses the layer
+		})
+	}
 	if m.opts.prefetch {
 		l.startPrefetch()
 	}
