@@ -31,6 +31,9 @@ type blobCopy struct {
 // makes. A blob whose bytes do not hash to its digest fails every read (with
 // verify.ErrDigestMismatch) and is fetched again after the negative TTL.
 func (l *Layer) ReadBlob(ctx context.Context, p []byte, off int64) (int, error) {
+	if err := l.v.Err(); err != nil {
+		return 0, err // the layer is refused (checkTarSplit)
+	}
 	if off < 0 {
 		return 0, fmt.Errorf("negative offset %d", off)
 	}

@@ -29,7 +29,6 @@ type Layer struct {
 	v      *verify.Verifier
 	idx    *chunked.Index
 	blob   Blob
-	size   int64 // of the uncompressed tar, -1 when unknown (see tarSize)
 
 	users atomic.Int64 // runtime references over every key and reference
 
@@ -43,6 +42,7 @@ type Layer struct {
 
 	onDemand, prefetched atomic.Int64 // compressed bytes fetched for reads and in the background
 	cacheFull            atomic.Bool  // a store found the cache's filesystem full (cache.ErrNoSpace)
+	refused              atomic.Bool  // the TOC and the tar-split disagree (counted and logged once)
 	prefetch             prefetchState
 }
 
@@ -60,7 +60,6 @@ func newLayer(e *env, id identity, ref string, desc fetcher.Descriptor, v *verif
 		v:        v,
 		idx:      v.Index(),
 		blob:     blob,
-		size:     tarSize(v, desc.Annotations),
 		refs:     []string{ref},
 		repos:    map[string]bool{repository(ref): true},
 		inflight: map[chunkKey]*fetch{},
@@ -68,16 +67,37 @@ func newLayer(e *env, id identity, ref string, desc fetcher.Descriptor, v *verif
 }
 
 // tarSize is the size of the layer's uncompressed tar when it is known without reading the
-// whole layer: from the verified tar-split of zstd:chunked, else from the eStargz producers'
-// uncompressed-size annotation (a claim of the manifest). Otherwise -1.
+// whole layer: from the tar-split of zstd:chunked once compared with the TOC
+// (verify.Verifier.CheckTarSplit), else from the eStargz producers' uncompressed-size
+// annotation (a claim of the manifest). Otherwise -1.
 func tarSize(v *verify.Verifier, annotations map[string]string) int64 {
 	if n := v.TarSize(); n >= 0 {
 		return n
+	}
+	if v.CanProveDiffID() {
+		return -1 // a tar-split not compared yet: its size is not proven
 	}
 	if n, err := strconv.ParseInt(annotations[chunked.AnnotationUncompressedSize], 10, 64); err == nil && n >= 0 {
 		return n
 	}
 	return -1
+}
+
+// checkTarSplit runs the comparison of the layer's TOC with its tar-split (at once when it has
+// run). Its failure refuses the layer: lookups fail with it (Manager.lookup), so do reads and
+// the background fetch (the verifier verifies nothing more), and status shows it; it is
+// counted as a verification failure and logged once.
+func (l *Layer) checkTarSplit(ctx context.Context) error {
+	err := l.v.CheckTarSplit(ctx)
+	if l.v.Err() != nil && l.refused.CompareAndSwap(false, true) {
+		l.env.counters.failures.Add(1)
+		l.env.counters.verifyFailures.Add(1)
+		l.env.log.Error("layer refused: its TOC and tar-split disagree; files already served showed the TOC's metadata",
+			"layer", l.desc.Digest, "err", err)
+		l.stopPrefetch()
+		l.env.records.remove(recordName(l.id))
+	}
+	return err
 }
 
 // addRef records that ref resolved to the layer, and that its repository serves the blob; a
@@ -184,12 +204,12 @@ func (l *Layer) Info(key digest.Digest) []byte {
 	if key == l.desc.Digest {
 		in.CompressedDiffDigest = l.desc.Digest
 		in.DiffDigest = l.desc.DiffID
-		in.DiffSize = l.size // never -1: such layers are not served by blob digest
+		in.DiffSize = tarSize(l.v, l.desc.Annotations) // never -1: such layers are not served by blob digest
 	} else {
 		in.TOCDigest = key
 		if l.v.Guarantee() >= verify.DiffIDVerified {
 			in.DiffDigest = l.desc.DiffID
-			in.DiffSize = l.size
+			in.DiffSize = tarSize(l.v, l.desc.Annotations)
 		}
 	}
 	b, err := json.Marshal(in)
@@ -202,7 +222,7 @@ func (l *Layer) Info(key digest.Digest) []byte {
 // Backing implements storefs.Layer: the cache's file, when its content is complete.
 func (l *Layer) Backing(id chunked.EntryID) *os.File {
 	e := l.idx.Entry(id)
-	if e.Type != chunked.TypeReg || e.Size == 0 || e.Digest.IsZero() || !l.env.cache.Has(e.Digest) {
+	if l.v.Err() != nil || e.Type != chunked.TypeReg || e.Size == 0 || e.Digest.IsZero() || !l.env.cache.Has(e.Digest) {
 		return nil
 	}
 	h, err := l.env.files.acquire(e.Digest, e.Size)
@@ -225,6 +245,9 @@ func (l *Layer) Backing(id chunked.EntryID) *os.File {
 // ReadFile implements storefs.Layer: it reads verified content of regular file id, from the cache
 // where present and from the registry otherwise.
 func (l *Layer) ReadFile(ctx context.Context, id chunked.EntryID, p []byte, off int64) (int, error) {
+	if err := l.v.Err(); err != nil {
+		return 0, err // the layer is refused (checkTarSplit)
+	}
 	e := l.idx.Entry(id)
 	if off < 0 {
 		return 0, fmt.Errorf("negative offset %d", off)

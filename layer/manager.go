@@ -179,6 +179,9 @@ func (m *Manager) lookup(ctx context.Context, ref string, key digest.Digest) (*L
 	m.counters.lookups.Add(1)
 	k := layerKey{ref, key}
 	if l, err, ok := m.remembered(k); ok {
+		if err == nil && l.v.Err() != nil {
+			err, l = l.v.Err(), nil // refused since (Layer.checkTarSplit)
+		}
 		return l, err
 	}
 	ch := m.group.DoChan(ref+"\x00"+key.String(), func() (any, error) {
@@ -202,7 +205,11 @@ func (m *Manager) lookup(ctx context.Context, ref string, key digest.Digest) (*L
 		if r.Err != nil {
 			return nil, r.Err
 		}
-		return r.Val.(*Layer), nil
+		l := r.Val.(*Layer)
+		if err := l.v.Err(); err != nil {
+			return nil, err
+		}
+		return l, nil
 	case <-ctx.Done():
 		return nil, ctx.Err()
 	}
@@ -248,7 +255,7 @@ func (m *Manager) resolve(ctx context.Context, ref string, key digest.Digest) (*
 	if err := key.Validate(); err != nil {
 		return nil, fmt.Errorf("layer key %q: %w", key, iofs.ErrNotExist)
 	}
-	if l, err, ok := m.resolveFromRecord(ref, key, start); ok {
+	if l, err, ok := m.resolveFromRecord(ctx, ref, key, start); ok {
 		return l, err
 	}
 	img, err := m.reg.Resolve(ctx, ref)
@@ -279,7 +286,7 @@ func (m *Manager) resolve(ctx context.Context, ref string, key digest.Digest) (*
 	}
 	id := identity{layout: *layout, diffID: desc.DiffID}
 	if l := m.liveLayer(id); l != nil {
-		if err := m.unsized(l, modern, ref); err != nil {
+		if err := m.ready(ctx, l, modern, ref); err != nil {
 			return nil, err
 		}
 		if !l.hasRepo(repository(ref)) {
@@ -300,6 +307,9 @@ func (m *Manager) resolve(ctx context.Context, ref string, key digest.Digest) (*
 		return nil, err
 	}
 	v, err := verify.Open(ctx, desc.Descriptor, desc.DiffID, blob)
+	if err == nil && waitsForTarSplit(modern, m.opts.requireDiffID) {
+		err = v.CheckTarSplit(ctx) // before the record is written, which then holds the size
+	}
 	if err != nil {
 		m.counters.failures.Add(1)
 		if errors.Is(err, verify.ErrDigestMismatch) || errors.Is(err, chunked.ErrInvalid) {
@@ -335,7 +345,7 @@ func (m *Manager) resolve(ctx context.Context, ref string, key digest.Digest) (*
 // resolveFromRecord answers a lookup from the record of a layer resolved before through ref's
 // repository, without the registry. It reports false when no record answers the lookup (or
 // the record turned out damaged: it is then dropped and the registry asked).
-func (m *Manager) resolveFromRecord(ref string, key digest.Digest, start time.Time) (*Layer, error, bool) {
+func (m *Manager) resolveFromRecord(ctx context.Context, ref string, key digest.Digest, start time.Time) (*Layer, error, bool) {
 	rec, ok := m.records.find(key, repository(ref))
 	if !ok {
 		return nil, nil, false
@@ -349,7 +359,7 @@ func (m *Manager) resolveFromRecord(ref string, key digest.Digest, start time.Ti
 		return nil, fmt.Errorf("layer %s of %s: %w (%w)", desc.Digest, ref, iofs.ErrNotExist, err), true
 	}
 	if l := m.liveLayer(rec.meta.identity()); l != nil {
-		if err := m.unsized(l, modern, ref); err != nil {
+		if err := m.ready(ctx, l, modern, ref); err != nil {
 			return nil, err, true
 		}
 		l.addRef(ref)
@@ -371,7 +381,7 @@ func (m *Manager) resolveFromRecord(ref string, key digest.Digest, start time.Ti
 	}}
 	l := newLayer(&m.env, meta.identity(), ref, desc, v, blob)
 	l.restoreRefs(meta.Refs, meta.Repositories)
-	if err := m.unsized(l, modern, ref); err != nil {
+	if err := m.ready(ctx, l, modern, ref); err != nil {
 		return nil, err, true
 	}
 	if l, err = m.addLive(l, ref); err != nil {
@@ -406,17 +416,48 @@ func (m *Manager) addLive(l *Layer, ref string) (*Layer, error) {
 	}
 	m.live[l.id] = l
 	m.mu.Unlock()
+	if l.v.CanProveDiffID() && l.v.TarSize() < 0 {
+		// The TOC is compared with the tar-split in the background, as a verification
+		// shares the processors; the record learns the tar's size once it is proven.
+		m.work.goTracked(func() {
+			ctx := m.work.ctx
+			defer m.sched.verifying(ctx)()
+			if l.checkTarSplit(ctx) == nil {
+				l.saveRecord()
+			}
+		})
+	}
 	if m.opts.prefetch {
 		l.startPrefetch()
 	}
 	return l, nil
 }
 
+// waitsForTarSplit reports whether a lookup must wait for the TOC to be compared with the
+// tar-split before it answers: a lookup by blob digest, whose info carries the tar's size,
+// and any lookup under the DiffID policy. Others have it compared in the background.
+func waitsForTarSplit(modern, requireDiffID bool) bool { return !modern || requireDiffID }
+
+// ready checks that l can answer a lookup: compared with its tar-split first when the lookup
+// waits for it (see waitsForTarSplit), and of a known size when looked up by blob digest.
+func (m *Manager) ready(ctx context.Context, l *Layer, modern bool, ref string) error {
+	if waitsForTarSplit(modern, m.opts.requireDiffID) {
+		known := l.v.TarSize() >= 0
+		if err := l.checkTarSplit(ctx); err != nil {
+			return err
+		}
+		if !known && l.v.TarSize() >= 0 {
+			l.saveRecord() // with the tar's size
+		}
+	}
+	return m.unsized(l, modern, ref)
+}
+
 // unsized refuses a lookup by blob digest of a layer whose tar size is unknown: runtimes that
 // look layers up by blob digest (c/storage < 1.54) record the tar's size from info and fail
 // on images whose size is unknown, so such layers are pulled normally.
 func (m *Manager) unsized(l *Layer, modern bool, ref string) error {
-	if modern || l.size >= 0 {
+	if modern || tarSize(l.v, l.desc.Annotations) >= 0 {
 		return nil
 	}
 	m.counters.notLazy.Add(1)

@@ -150,6 +150,12 @@ func (rs *records) forget(name string) {
 	}
 }
 
+// remove deletes a record: its layer was refused.
+func (rs *records) remove(name string) {
+	rs.forget(name)
+	_ = rs.cache.RemoveRecord(name)
+}
+
 // find returns the record that answers a lookup of key through repo: one resolved through
 // that repository (a record never lets a lookup skip the registry's authorization), and only
 // one layer identity (two manifests of one repository describing one key differently are
@@ -213,8 +219,7 @@ func (rs *records) open(name string) (*recordMeta, *verify.Verifier, error) {
 	meta, v, err := rs.restore(name, rec)
 	if err != nil {
 		rec.Close()
-		rs.forget(name)
-		_ = rs.cache.RemoveRecord(name)
+		rs.remove(name)
 		return nil, nil, fmt.Errorf("layer record %s: %w", name, err)
 	}
 	runtime.AddCleanup(v.Index(), func(r *cache.Record) { r.Close() }, rec)

@@ -103,6 +103,9 @@ func (l *Layer) Status() LayerStatus {
 	if err != nil {
 		s.Error = err.Error()
 	}
+	if err := l.v.Err(); err != nil {
+		s.Error = "refused: " + err.Error() // the guarantee is none
+	}
 	return s
 }
 

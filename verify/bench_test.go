@@ -4,6 +4,8 @@ import (
 	"testing"
 
 	"github.com/layerstore/layerstore/chunked"
+	"github.com/layerstore/layerstore/internal/testutil/testlayer"
+	"github.com/layerstore/layerstore/verify"
 )
 
 // BenchmarkVerifyChunk measures decompressing and verifying chunks on one core, per format,
@@ -43,4 +45,36 @@ func BenchmarkVerifyChunk(b *testing.B) {
 			}
 		})
 	}
+}
+
+// BenchmarkOpenLarge measures opening a large synthetic zstd:chunked layer (the first
+// resolution of a layer: footer, TOC digest and parse, tar-split digest), and the deferred
+// comparison of its TOC with its tar-split, in ns per entry.
+func BenchmarkOpenLarge(b *testing.B) {
+	const n = 200_000
+	f, err := testlayer.SyntheticZstdChunked(n, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	src := source(f.Blob)
+	b.Run("open", func(b *testing.B) {
+		for b.Loop() {
+			if _, err := verify.Open(b.Context(), f.Desc, f.DiffID, src); err != nil {
+				b.Fatal(err)
+			}
+		}
+		b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/n, "ns/entry")
+	})
+	b.Run("open+compare", func(b *testing.B) {
+		for b.Loop() {
+			l, err := verify.Open(b.Context(), f.Desc, f.DiffID, src)
+			if err != nil {
+				b.Fatal(err)
+			}
+			if err := l.CheckTarSplit(b.Context()); err != nil {
+				b.Fatal(err)
+			}
+		}
+		b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/n, "ns/entry")
+	})
 }

@@ -29,7 +29,12 @@ func (c Chunk) Ref() chunked.Chunk { return c.ref }
 // chunk's Offset (at least its Length bytes), and checks the result against the TOC's digest.
 // Decompression never produces more than the chunk's InnerOffset+Size bytes. On any mismatch
 // nothing is returned but an error wrapping [ErrDigestMismatch] or [ErrCorrupt].
+//
+// Once [Verifier.CheckTarSplit] has failed, it verifies nothing and returns that failure.
 func (l *Verifier) VerifyChunk(file chunked.EntryID, i int, compressed []byte) (Chunk, error) {
+	if err := l.Err(); err != nil {
+		return Chunk{}, err
+	}
 	c, err := l.verifyChunk(file, i, compressed)
 	if err != nil {
 		return Chunk{}, &LayerError{Layer: l.layout.BlobDigest, Format: l.layout.Format, Err: err}

@@ -142,6 +142,9 @@ func TestCheckDiffID(t *testing.T) {
 			if g := l.Guarantee(); g != verify.ChunksVerified {
 				t.Fatalf("guarantee after Open = %v", g)
 			}
+			if size := l.TarSize(); size != -1 {
+				t.Errorf("TarSize = %d before the tar-split comparison, want -1", size)
+			}
 			err := l.CheckDiffID(t.Context(), payloads(l, src))
 			if f.Name != "zstdchunked-modern" {
 				if size := l.TarSize(); size != -1 {

@@ -8,8 +8,15 @@
 //     for eStargz (and, for stargz-flavoured zstd that also carries the legacy checksum
 //     annotation, over the compressed bytes too);
 //   - the footer agrees with the annotations;
-//   - for zstd:chunked with a tar-split, the tar-split matches the digest the TOC names, and
-//     the TOC and the tar-split describe the same entries with the same metadata.
+//   - for zstd:chunked with a tar-split, the tar-split matches the digest the TOC names.
+//
+// That the TOC and the tar-split describe the same entries with the same metadata is
+// [Verifier.CheckTarSplit]'s to prove, off the lookup path: it reads the whole tar-split
+// (seconds for a million entries). Until it has succeeded the Verifier claims no more than
+// [ChunksVerified] and does not know the tar's size ([Verifier.TarSize] is -1); its verdict is
+// remembered, and once it has failed the Verifier verifies no chunk and proves no DiffID any
+// more ([Verifier.Err]), so that its user stops serving the layer. [Verifier.CheckDiffID]
+// runs it first.
 //
 // Chunk data leaves the package only as [Chunk] values, built by [Verifier.VerifyChunk] after the
 // chunk was decompressed with a hard size cap and its sha256 matched the TOC's digest. There
@@ -18,4 +25,8 @@
 // The strongest guarantee, that the layer's tree is exactly the DiffID's tar, needs every
 // payload: [Verifier.CheckDiffID] rebuilds the tar stream from the tar-split and the payloads and
 // compares its digest with the DiffID (modern zstd:chunked only; see [Verifier.Guarantee]).
+//
+// A Verifier's methods are safe for concurrent use: the index and the tar-split are immutable
+// once Open returns; the guarantee, the tar size and the comparison's verdict are atomics,
+// and concurrent CheckTarSplit calls share one comparison.
 package verify

@@ -79,15 +79,21 @@ type Verifier struct {
 	layout    *chunked.Layout
 	index     *chunked.Index
 	diffID    digest.Digest
-	tarSplit  []byte // compressed, verified against the TOC; nil when the layer has none
-	tarSize   int64  // the uncompressed tar's size the tar-split describes; -1 when unknown
+	tarSplit  []byte // compressed, its digest verified against the TOC; nil when the layer has none
 	limits    chunked.Limits
 	guarantee atomic.Int32
+
+	// The deferred comparison of the TOC with the tar-split (CheckTarSplit).
+	comparing chan struct{}              // held (cap 1) while the comparison runs
+	compared  atomic.Bool                // the comparison has a verdict: success or failed
+	failed    atomic.Pointer[LayerError] // the comparison's failure; nil otherwise
+	tarSize   atomic.Int64               // the tar's size the tar-split describes; -1 until compared
+	headers   atomic.Int64               // tar-split headers compared with the TOC (tests count them)
 }
 
 // Open verifies and indexes a layer: classification from the descriptor, the footer cross-check,
-// the TOC digest before parsing, and for zstd:chunked with a tar-split, the tar-split digest and
-// its agreement with the TOC. Errors are [*LayerError]s wrapping [chunked.ErrNotLazy],
+// the TOC digest before parsing, and for zstd:chunked with a tar-split, the tar-split digest
+// (its agreement with the TOC is [Verifier.CheckTarSplit]'s). Errors are [*LayerError]s wrapping [chunked.ErrNotLazy],
 // [chunked.ErrInvalid], [chunked.ErrLimit], [ErrDigestMismatch] or the source's error.
 func Open(ctx context.Context, desc chunked.Descriptor, diffID digest.Digest, src Source, opts ...Option) (*Verifier, error) {
 	o := options{limits: chunked.Limits{}.WithDefaults()}
@@ -112,7 +118,8 @@ func open(ctx context.Context, desc chunked.Descriptor, diffID digest.Digest, sr
 	if err != nil {
 		return nil, err
 	}
-	l := &Verifier{layout: layout, diffID: diffID, limits: o.limits, tarSize: -1}
+	l := &Verifier{layout: layout, diffID: diffID, limits: o.limits, comparing: make(chan struct{}, 1)}
+	l.tarSize.Store(-1)
 	if err := diffID.Validate(); err != nil {
 		return l, fmt.Errorf("%w: DiffID %q: %v", chunked.ErrInvalid, diffID, err)
 	}
@@ -228,16 +235,86 @@ func (l *Verifier) Layout() chunked.Layout { return *l.layout }
 // DiffID returns the DiffID the layer was opened with.
 func (l *Verifier) DiffID() digest.Digest { return l.diffID }
 
-// Guarantee returns what has been proven so far.
+// Guarantee returns what has been proven so far: [ChunksVerified] from Open on (the TOC's
+// metadata is not proven to equal the tar's, whether or not [Verifier.CheckTarSplit] has
+// run), [DiffIDVerified] once [Verifier.CheckDiffID] has succeeded, and none (0) once
+// CheckTarSplit has failed.
 func (l *Verifier) Guarantee() Guarantee { return Guarantee(l.guarantee.Load()) }
 
-// TarSize returns the size of the layer's uncompressed tar as its verified tar-split describes
-// it, or -1 for layers without a tar-split.
-func (l *Verifier) TarSize() int64 { return l.tarSize }
+// TarSize returns the size of the layer's uncompressed tar as its tar-split describes it, once
+// [Verifier.CheckTarSplit] has succeeded; -1 before, and for layers without a tar-split.
+func (l *Verifier) TarSize() int64 { return l.tarSize.Load() }
 
 // CanProveDiffID reports whether [Verifier.CheckDiffID] can raise the guarantee to
-// [DiffIDVerified]: the layer must be zstd:chunked with a tar-split.
-func (l *Verifier) CanProveDiffID() bool { return l.tarSplit != nil }
+// [DiffIDVerified]: the layer must be zstd:chunked with a tar-split whose comparison with the
+// TOC has not failed.
+func (l *Verifier) CanProveDiffID() bool { return l.tarSplit != nil && l.Err() == nil }
+
+// Err returns the failure of [Verifier.CheckTarSplit] (a [*LayerError] wrapping
+// [chunked.ErrInvalid]), or nil while it has not failed. Once it has failed, the TOC is
+// known to misdescribe the layer: the Verifier verifies no chunk any more, and the layer must
+// not be served.
+func (l *Verifier) Err() error {
+	if le := l.failed.Load(); le != nil {
+		return le
+	}
+	return nil
+}
+
+// CheckTarSplit checks that the tar-split describes exactly the TOC's entries, in order, with
+// the same metadata (type, name, link target, mode, size, owner, times, device, xattrs), and
+// learns the tar's size. [Open] checks only the tar-split's digest: the comparison reads the
+// whole tar-split (seconds for a million entries) and is left to this method. Layers without a
+// tar-split have nothing to compare: nil.
+//
+// The verdict is remembered: later calls return it at once, and concurrent calls wait for the
+// one comparison running (or for ctx). An error from ctx is not a verdict: the next call
+// compares again. On failure the error (also returned by [Verifier.Err] from then on) is a
+// [*LayerError] wrapping [chunked.ErrInvalid], the guarantee drops to none, and
+// [Verifier.VerifyChunk] and [Verifier.CheckDiffID] fail with it.
+func (l *Verifier) CheckTarSplit(ctx context.Context) error {
+	if err := l.checkTarSplit(ctx); err != nil {
+		if le := l.failed.Load(); le != nil {
+			return le
+		}
+		return &LayerError{Layer: l.layout.BlobDigest, Format: l.layout.Format, Err: err}
+	}
+	return nil
+}
+
+// checkTarSplit is CheckTarSplit with errors not wrapped in a LayerError.
+func (l *Verifier) checkTarSplit(ctx context.Context) error {
+	if l.tarSplit == nil {
+		return nil
+	}
+	if !l.compared.Load() {
+		select {
+		case l.comparing <- struct{}{}:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		defer func() { <-l.comparing }()
+	}
+	if l.compared.Load() {
+		if le := l.failed.Load(); le != nil {
+			return le.Err
+		}
+		return nil
+	}
+	size, err := l.compareTarSplit(ctx, l.tarSplit)
+	if err != nil {
+		if ctx.Err() != nil && (errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)) {
+			return err
+		}
+		l.failed.Store(&LayerError{Layer: l.layout.BlobDigest, Format: l.layout.Format, Err: err})
+		l.guarantee.Store(0)
+		l.compared.Store(true)
+		return err
+	}
+	l.tarSize.Store(size)
+	l.compared.Store(true)
+	return nil
+}
 
 // ReadChunk fetches chunk i of a file from src and verifies it.
 func (l *Verifier) ReadChunk(ctx context.Context, src Source, file chunked.EntryID, i int) (Chunk, error) {
@@ -253,7 +330,7 @@ func (l *Verifier) ReadChunk(ctx context.Context, src Source, file chunked.Entry
 }
 
 // openTarSplit checks the tar-split of a modern zstd:chunked layer (raw, or read from src when
-// nil) against its digest, and that it describes the TOC's entries.
+// nil) against its digest, and keeps it for CheckTarSplit and CheckDiffID.
 func (l *Verifier) openTarSplit(ctx context.Context, src Source, raw []byte) error {
 	want := digest.Digest(l.index.TarSplitDigest().String())
 	if ann := l.layout.TarSplitChecksum; ann != "" {
@@ -279,12 +356,6 @@ func (l *Verifier) openTarSplit(ctx context.Context, src Source, raw []byte) err
 	if err := checkDigest("tar-split", want, raw); err != nil {
 		return err
 	}
-	l.tarSplit = bytes.Clone(raw) // kept for CheckDiffID, without the TOC bytes beside it
-	size, err := l.compareTarSplit(ctx, raw)
-	if err != nil {
-		l.tarSplit = nil
-		return err
-	}
-	l.tarSize = size
+	l.tarSplit = bytes.Clone(raw) // without the TOC bytes beside it
 	return nil
 }

@@ -11,10 +11,12 @@ import (
 // Saved is what a [Verifier] has established about its layer besides its index, in a form a
 // caller can keep (the layer manager's records) and hand back to [Restore] after a restart.
 type Saved struct {
-	Layout    chunked.Layout `json:"layout"`
-	DiffID    digest.Digest  `json:"diffID"`
-	TarSize   int64          `json:"tarSize"`
-	Guarantee Guarantee      `json:"guarantee"`
+	Layout chunked.Layout `json:"layout"`
+	DiffID digest.Digest  `json:"diffID"`
+	// TarSize is the tar's size the tar-split describes once compared with the TOC
+	// ([Verifier.CheckTarSplit]); -1 before.
+	TarSize   int64     `json:"tarSize"`
+	Guarantee Guarantee `json:"guarantee"`
 	// TarSplit is the compressed tar-split, verified against the TOC; nil when the layer has
 	// none. It is needed only until the DiffID is proven.
 	TarSplit []byte `json:"-"`
@@ -22,7 +24,7 @@ type Saved struct {
 
 // Save returns what l has established, for [Restore].
 func (l *Verifier) Save() Saved {
-	s := Saved{Layout: *l.layout, DiffID: l.diffID, TarSize: l.tarSize, Guarantee: l.Guarantee()}
+	s := Saved{Layout: *l.layout, DiffID: l.diffID, TarSize: l.TarSize(), Guarantee: l.Guarantee()}
 	if s.Guarantee < DiffIDVerified {
 		s.TarSplit = l.tarSplit
 	}
@@ -54,10 +56,13 @@ func Restore(s Saved, idx *chunked.Index, opts ...Option) (*Verifier, error) {
 		return nil, fmt.Errorf("%w: restored tar-split of %d bytes exceeds %d", chunked.ErrLimit, len(s.TarSplit), o.limits.MaxTOCSize)
 	}
 	layout := s.Layout
-	l := &Verifier{layout: &layout, index: idx, diffID: s.DiffID, limits: o.limits, tarSize: s.TarSize}
+	l := &Verifier{layout: &layout, index: idx, diffID: s.DiffID, limits: o.limits, comparing: make(chan struct{}, 1)}
+	l.tarSize.Store(max(s.TarSize, -1))
 	if s.TarSplit != nil && s.Guarantee < DiffIDVerified {
 		l.tarSplit = bytes.Clone(s.TarSplit)
 	}
+	// A tar size is known only from a comparison that succeeded: it is not run again.
+	l.compared.Store(s.TarSize >= 0 && (l.tarSplit != nil || s.Guarantee == DiffIDVerified))
 	l.guarantee.Store(int32(s.Guarantee))
 	return l, nil
 }

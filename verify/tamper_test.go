@@ -9,6 +9,7 @@ import (
 	"io"
 	"maps"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/klauspost/compress/zstd"
@@ -220,13 +221,14 @@ func repackModern(t *testing.T, edit func(string) string) (testlayer.Fixture, er
 }
 
 // A zstd:chunked TOC that is correctly anchored but disagrees with the tar-split (and so with
-// the DiffID) is rejected at load.
+// the DiffID) opens, since Open compares nothing, but is caught by CheckTarSplit, or by
+// CheckDiffID when that runs first; from then on the layer verifies nothing.
 func TestTarSplitDisagreement(t *testing.T) {
 	same, err := repackModern(t, func(s string) string { return s })
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := verify.Open(t.Context(), same.Desc, same.DiffID, source(same.Blob)); err != nil {
+	if l, err := verify.Open(t.Context(), same.Desc, same.DiffID, source(same.Blob)); err != nil || l.CheckTarSplit(t.Context()) != nil {
 		t.Fatalf("repacked without changes: %v", err)
 	}
 	for name, edit := range map[string]func(string) string{
@@ -234,19 +236,99 @@ func TestTarSplitDisagreement(t *testing.T) {
 		"owner":        func(s string) string { return strings.Replace(s, `"uid":1000`, `"uid":0`, 1) },
 		"symlink":      func(s string) string { return strings.Replace(s, `"linkName":"tool"`, `"linkName":"/etc/shadow"`, 1) },
 	} {
-		t.Run(name, func(t *testing.T) {
-			f, err := repackModern(t, edit)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if bytes.Equal(f.Blob, same.Blob) {
-				t.Fatal("the edit changed nothing")
-			}
-			_, err = verify.Open(t.Context(), f.Desc, f.DiffID, source(f.Blob))
-			if !errors.Is(err, chunked.ErrInvalid) || !strings.Contains(err.Error(), "tar-split disagree") {
-				t.Fatalf("Open = %v, want TOC and tar-split disagreement", err)
+		for _, first := range []string{"CheckTarSplit", "CheckDiffID"} {
+			t.Run(name+"/"+first, func(t *testing.T) {
+				f, err := repackModern(t, edit)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if bytes.Equal(f.Blob, same.Blob) {
+					t.Fatal("the edit changed nothing")
+				}
+				src := source(f.Blob)
+				l, err := verify.Open(t.Context(), f.Desc, f.DiffID, src)
+				if err != nil {
+					t.Fatalf("Open = %v; it checks the tar-split's digest only", err)
+				}
+				if l.Guarantee() != verify.ChunksVerified || l.TarSize() != -1 || !l.CanProveDiffID() || l.Err() != nil {
+					t.Fatalf("before the comparison: guarantee %v, TarSize %d, CanProveDiffID %v, Err %v",
+						l.Guarantee(), l.TarSize(), l.CanProveDiffID(), l.Err())
+				}
+				if first == "CheckTarSplit" {
+					err = l.CheckTarSplit(t.Context())
+				} else {
+					err = l.CheckDiffID(t.Context(), payloads(l, src))
+				}
+				if !isTyped(err) || !errors.Is(err, chunked.ErrInvalid) || !strings.Contains(err.Error(), "tar-split disagree") {
+					t.Fatalf("%s = %v, want TOC and tar-split disagreement", first, err)
+				}
+				if again := l.CheckTarSplit(t.Context()); again == nil || again.Error() != l.Err().Error() {
+					t.Fatalf("CheckTarSplit again = %v, Err = %v: the verdict is not remembered", again, l.Err())
+				}
+				if l.Guarantee() != 0 || l.TarSize() != -1 || l.CanProveDiffID() {
+					t.Errorf("after the failure: guarantee %v, TarSize %d, CanProveDiffID %v", l.Guarantee(), l.TarSize(), l.CanProveDiffID())
+				}
+				x := l.Index()
+				for id := range chunked.EntryID(x.Len()) {
+					if cs := x.Chunks(id); len(cs) > 0 && x.Entry(id).Inode == id {
+						c, err := l.VerifyChunk(id, 0, f.Blob[cs[0].Offset:cs[0].End()])
+						if !errors.Is(err, chunked.ErrInvalid) || c.Bytes() != nil {
+							t.Fatalf("VerifyChunk after the failure = %v", err)
+						}
+						break
+					}
+				}
+				if err := l.CheckDiffID(t.Context(), payloads(l, src)); !errors.Is(err, chunked.ErrInvalid) || l.Guarantee() != 0 {
+					t.Fatalf("CheckDiffID after the failure = %v, guarantee %v", err, l.Guarantee())
+				}
+			})
+		}
+	}
+}
+
+// Open compares no tar-split header with the TOC, whatever the layer's size; CheckTarSplit
+// compares each once, however many call it at once or again.
+func TestTarSplitComparisonDeferred(t *testing.T) {
+	const n = 20_000
+	f, err := testlayer.SyntheticZstdChunked(n, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, src := open(t, f)
+	if got := verify.HeadersCompared(l); got != 0 {
+		t.Fatalf("Open compared %d tar-split headers with the TOC, want 0", got)
+	}
+	if l.TarSize() != -1 || l.Guarantee() != verify.ChunksVerified {
+		t.Fatalf("before the comparison: TarSize %d, guarantee %v", l.TarSize(), l.Guarantee())
+	}
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Go(func() {
+			if err := l.CheckTarSplit(t.Context()); err != nil {
+				t.Error(err)
 			}
 		})
+	}
+	wg.Wait()
+	if err := l.CheckDiffID(t.Context(), payloads(l, src)); err != nil {
+		t.Fatal(err)
+	}
+	if got := verify.HeadersCompared(l); got != n {
+		t.Errorf("%d headers compared by concurrent CheckTarSplit calls and CheckDiffID, want %d once each", got, n)
+	}
+	if l.TarSize() <= 0 || l.Guarantee() != verify.DiffIDVerified {
+		t.Errorf("after: TarSize %d, guarantee %v", l.TarSize(), l.Guarantee())
+	}
+	// A synthetic layer whose TOC lies is caught too (the layer tests use it).
+	bad, err := testlayer.SyntheticZstdChunked(100, func(js []byte) []byte {
+		return bytes.Replace(js, []byte(`"mode":420`), []byte(`"mode":2541`), 1)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lb, _ := open(t, bad)
+	if err := lb.CheckTarSplit(t.Context()); !errors.Is(err, chunked.ErrInvalid) {
+		t.Fatalf("CheckTarSplit of a lying synthetic layer = %v", err)
 	}
 }
 

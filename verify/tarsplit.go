@@ -75,6 +75,7 @@ func (l *Verifier) compareTarSplit(ctx context.Context, raw []byte) (int64, erro
 	err = chunked.IterateTarSplit(ctx, ts,
 		func(k int, h *tar.Header) error {
 			headers++
+			l.headers.Add(1)
 			if k >= n {
 				return fmt.Errorf("%w: tar-split has entry %q beyond the TOC's %d", chunked.ErrInvalid, h.Name, n)
 			}
@@ -171,7 +172,8 @@ func timeNanos(t time.Time) int64 {
 type PayloadFunc func(ctx context.Context, file chunked.EntryID) (io.ReadCloser, error)
 
 // CheckDiffID rebuilds the layer's tar stream from its tar-split and the payloads, and checks
-// that it hashes to the DiffID. On success the layer's guarantee becomes [DiffIDVerified].
+// that it hashes to the DiffID. It first runs [Verifier.CheckTarSplit] (at once when already
+// done) and fails with its error. On success the layer's guarantee becomes [DiffIDVerified].
 // Layers without a tar-split return [ErrNoDiffIDProof].
 func (l *Verifier) CheckDiffID(ctx context.Context, payload PayloadFunc) error {
 	if err := l.checkDiffID(ctx, payload); err != nil {
@@ -185,11 +187,14 @@ func (l *Verifier) checkDiffID(ctx context.Context, payload PayloadFunc) error {
 	if l.tarSplit == nil {
 		return ErrNoDiffIDProof
 	}
+	if err := l.checkTarSplit(ctx); err != nil {
+		return err
+	}
 	ts, done, err := l.tarSplitRecords(l.tarSplit)
 	if err != nil {
 		return err
 	}
-	defer done(false) //nolint:errcheck // checked at Open
+	defer done(false) //nolint:errcheck // checked by checkTarSplit
 	h := sha256.New()
 	for files, n := 0, 0; ; n++ {
 		if n%4096 == 0 {

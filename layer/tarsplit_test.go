@@ -1,0 +1,166 @@
+package layer
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/layerstore/layerstore/chunked"
+	"github.com/layerstore/layerstore/internal/testutil/testlayer"
+)
+
+func syntheticLayer(t *testing.T, n int, editTOC func([]byte) []byte) testlayer.Fixture {
+	t.Helper()
+	f, err := testlayer.SyntheticZstdChunked(n, editTOC)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
+// firstFile returns the first regular file with content of l.
+func firstFile(t *testing.T, l *Layer) chunked.EntryID {
+	t.Helper()
+	for id := range chunked.EntryID(l.idx.Len()) {
+		if e := l.idx.Entry(id); e.Type == chunked.TypeReg && e.Size > 0 {
+			return id
+		}
+	}
+	t.Fatal("no regular file")
+	return 0
+}
+
+// hold takes every processor background verification may use until the function it returns
+// (also called at the end of the test, before the manager closes) gives them back.
+func hold(t *testing.T, m *Manager) func() {
+	for range cap(m.sched.cpu) {
+		m.sched.cpu <- struct{}{}
+	}
+	var once sync.Once
+	release := func() {
+		once.Do(func() {
+			for range cap(m.sched.cpu) {
+				<-m.sched.cpu
+			}
+		})
+	}
+	t.Cleanup(release)
+	return release
+}
+
+// TestTarSplitBeforeAnswer: the comparison of a zstd:chunked TOC with its tar-split is off the
+// path of a modern lookup, but a lookup by blob digest (whose info needs the tar's size) and
+// any lookup under the DiffID policy wait for it.
+func TestTarSplitBeforeAnswer(t *testing.T) {
+	e := newEnv(t)
+	f := syntheticLayer(t, 2000, nil)
+	ref := e.push("synthetic:v1", fixtureLayer(f))
+	tarSize := func(l *Layer) int64 {
+		var in struct {
+			DiffSize int64 `json:"diff-size"`
+		}
+		if err := json.Unmarshal(l.Info(f.Desc.Digest), &in); err != nil {
+			t.Fatal(err)
+		}
+		return in.DiffSize
+	}
+	for _, tc := range []struct {
+		name string
+		opts []Option
+		keys []string // the lookups, in order
+	}{
+		{"by blob digest", nil, []string{"blob"}},
+		{"by blob digest after a modern lookup", nil, []string{"toc", "blob"}},
+		{"require-diffid", []Option{WithRequireDiffID(true)}, []string{"toc"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m := e.manager(append(tc.opts, WithPrefetch(false))...)
+			release := hold(t, m) // the background comparison waits for a processor: none
+			var l *Layer
+			for _, k := range tc.keys {
+				key := f.Desc.Digest
+				if k == "toc" {
+					key = tocKey(f.Desc.Annotations)
+				}
+				var err error
+				if l, err = m.lookup(t.Context(), ref, key); err != nil {
+					t.Fatalf("lookup by %s: %v", k, err)
+				}
+				if k == "toc" && len(tc.opts) == 0 && l.v.TarSize() != -1 {
+					t.Fatal("a modern lookup waited for the tar-split comparison")
+				}
+			}
+			if got := l.v.TarSize(); got <= 0 || tarSize(l) != got {
+				t.Fatalf("the lookup answered before the comparison: TarSize %d, info diff-size %d", got, tarSize(l))
+			}
+			release()
+		})
+	}
+}
+
+// TestTarSplitDisagreementRefused: a zstd:chunked layer whose TOC is correctly anchored but
+// contradicts its tar-split is served to a modern lookup until the background comparison
+// finds out; from then on it is refused: lookups and reads fail with the verification error,
+// status says so, and it counts as one verification failure. A lookup by blob digest, which
+// waits for the comparison, is refused at once.
+func TestTarSplitDisagreementRefused(t *testing.T) {
+	e := newEnv(t)
+	f := syntheticLayer(t, 500, func(js []byte) []byte {
+		return bytes.Replace(js, []byte(`"mode":420`), []byte(`"mode":3565`), 1) // setuid, setgid
+	})
+	ref := e.push("lying:v1", fixtureLayer(f))
+	toc := tocKey(f.Desc.Annotations)
+
+	m := e.manager(WithPrefetch(false))
+	release := hold(t, m) // the background comparison waits until the layer has been read
+	l, err := m.lookup(t.Context(), ref, toc)
+	if err != nil {
+		t.Fatalf("modern lookup: %v (the comparison is deferred)", err)
+	}
+	file := firstFile(t, l)
+	p := make([]byte, 16)
+	if _, err := l.ReadFile(t.Context(), file, p, 0); err != nil {
+		t.Fatalf("read before the comparison: %v", err)
+	}
+	release()
+	deadline := time.Now().Add(30 * time.Second)
+	for l.v.Err() == nil {
+		if time.Now().After(deadline) {
+			t.Fatal("the background comparison did not fail the layer")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if _, err := m.lookup(t.Context(), ref, toc); !errors.Is(err, chunked.ErrInvalid) {
+		t.Errorf("lookup after the failure = %v, want the verification error", err)
+	}
+	if _, err := l.ReadFile(t.Context(), file, p, 0); !errors.Is(err, chunked.ErrInvalid) {
+		t.Errorf("read (from the cache) after the failure = %v, want the verification error", err)
+	}
+	if _, err := l.ReadFile(t.Context(), file+1, p, 0); !errors.Is(err, chunked.ErrInvalid) {
+		t.Errorf("read after the failure = %v, want the verification error", err)
+	}
+	if b := l.Backing(file); b != nil {
+		b.Close()
+		t.Error("a refused layer still hands out its cache file")
+	}
+	st := m.Status()
+	if len(st.Layers) != 1 || st.Layers[0].Guarantee != "none" || !strings.Contains(st.Layers[0].Error, "tar-split disagree") {
+		t.Errorf("status %+v, want the layer refused", st.Layers)
+	}
+	if st.Counters.VerifyFailures != 1 {
+		t.Errorf("verify failures %d, want 1", st.Counters.VerifyFailures)
+	}
+
+	// By blob digest, through a manager that never saw it: refused before the lookup answers.
+	m2 := e.manager(WithPrefetch(false))
+	if _, err := m2.lookup(t.Context(), ref, f.Desc.Digest); !errors.Is(err, chunked.ErrInvalid) {
+		t.Fatalf("lookup by blob digest = %v, want the verification error", err)
+	}
+	if n := m2.Status().Counters.VerifyFailures; n != 1 {
+		t.Errorf("verify failures %d, want 1", n)
+	}
+}
