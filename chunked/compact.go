@@ -25,7 +25,8 @@ import (
 // An entry record is: its type and flags (a byte each), opt (a uvarint of the opt bits
 // below: which optional fields follow), dir, its name (a uvarint length and the bytes), mode,
 // uid, gid, the modification time (a varint of seconds and a uvarint of nanoseconds), size,
-// then the optional fields in the order of the opt bits. dir is the entry's Parent for a
+// then the optional fields in this order: link, dev, inode, attr, nlink, digest, the one
+// chunk, the chunk table's, xattrs. dir is the entry's Parent for a
 // visible entry, and the entry its name continues: the record holds only the base name
 // (a whiteout's without ".wh."), unless optFullName says it holds the whole Name (the root,
 // and hidden or shadowed entries whose directory has no entry). A file of one chunk holds it
@@ -40,18 +41,19 @@ const (
 )
 
 // The opt bits of an entry record.
+// The most common come first: a file's record has one byte of them.
 const (
-	optFullName = 1 << iota // name is the whole Name
-	optLink                 // uvarint length and bytes: LinkName
-	optDev                  // uvarint DevMajor, DevMinor
-	optInode                // uvarint Inode (else the entry itself)
-	optAttr                 // uvarint attribute entry (else the entry itself)
-	optNlink                // uvarint Nlink (else 2 for a visible directory, 1 for another visible entry, 0)
-	optDigest               // 32 bytes: Digest
+	optDigest   = 1 << iota // 32 bytes: Digest
 	optChunk                // one chunk: uvarint offset, length, inner offset
 	optChunkSum             // after optChunk: 32 bytes, the chunk's digest (else the file's)
 	optZeros                // the one chunk holds only zeros
 	optChunks               // uvarint first chunk in the chunk table, number of chunks
+	optLink                 // uvarint length and bytes: LinkName
+	optNlink                // uvarint Nlink (else 2 for a visible directory, 1 for another visible entry, 0)
+	optFullName             // name is the whole Name
+	optDev                  // uvarint DevMajor, DevMinor
+	optInode                // uvarint Inode (else the entry itself)
+	optAttr                 // uvarint attribute entry (else the entry itself)
 	optXattrs               // uvarint count, then each: uvarint length and name, uvarint length and value
 	optAll      = 1<<iota - 1
 )

@@ -147,6 +147,7 @@ func checkIndex(t testing.TB, x *chunked.Index) {
 	if len(bugs) > 0 {
 		t.Errorf("%s", strings.Join(bugs, "; "))
 	}
+	roundTrip(t, x)
 }
 
 // checkChunks checks that a regular file's chunks cover it exactly and lie in the data.
