@@ -15,12 +15,12 @@ import (
 //	          its tar-split digest (see the offsets below)
 //	ends      one uint32 per entry: where its record ends in recs (it starts where the
 //	          previous one ends)
-//	chunks    the chunks of files of more than one chunk, chunkSize bytes each: offset,
-//	          length, inner offset and file offset (int64), digest, zeros (a byte); a chunk's
-//	          size is up to the next one's file offset, or the end of the file
 //	children  uint32 entry IDs: the visible entries but the root, by (Parent, BaseName)
 //	times     when the TOC has access or change times, two int64 per TOC entry
 //	recs      the entry records, one after the other
+//	chunks    the chunks of files of more than one chunk, chunkSize bytes each: offset,
+//	          length, inner offset and file offset (int64), digest, zeros (a byte); a chunk's
+//	          size is up to the next one's file offset, or the end of the file
 //
 // An entry record is: its type and flags (a byte each), opt (a uvarint of the opt bits
 // below: which optional fields follow), dir, its name (a uvarint length and the bytes), mode,
@@ -106,15 +106,25 @@ func (w *wideIndex) compact(paths map[string]EntryID) (*Index, error) {
 	if uint64(n) > math.MaxUint32 {
 		return nil, limitf("%d entries", n)
 	}
-	nTable := 0
-	for i := range w.entries {
-		if c := w.entries[i].nchunks; c > 1 {
-			nTable += int(c)
-		}
+	ntimes := 0
+	if w.times != nil {
+		ntimes = w.tocCount
 	}
-	table := make([]byte, 0, nTable*chunkSize)
-	recs := make([]byte, 0, n*48)
-	ends := make([]byte, 0, 4*n)
+	le := binary.LittleEndian
+	prefix := headerSize + 4*n + 4*len(w.children) + timesSize*ntimes
+	data := make([]byte, headerSize+4*n, prefix+n*96)
+	for _, id := range w.children {
+		data = le.AppendUint32(data, uint32(id))
+	}
+	for i := range ntimes {
+		var t extTimes
+		if i < len(w.times) {
+			t = w.times[i]
+		}
+		data = le.AppendUint64(le.AppendUint64(data, uint64(t.atime)), uint64(t.ctime))
+	}
+	recs := data // the records are appended to data, ends set in place
+	var table []byte
 	for id := range w.entries {
 		e := &w.entries[id]
 		visible := e.Visible()
@@ -124,7 +134,8 @@ func (w *wideIndex) compact(paths map[string]EntryID) (*Index, error) {
 			dir = e.Parent
 		}
 		if EntryID(id) != w.root {
-			d, base := dirOf(e.Name), e.Name[strings.LastIndexByte(e.Name, '/')+1:]
+			i := strings.LastIndexByte(e.Name, '/')
+			d, base := e.Name[:max(i, 0)], e.Name[i+1:]
 			cand, ok := dir, visible
 			if !visible {
 				cand, ok = paths[d]
@@ -163,18 +174,26 @@ func (w *wideIndex) compact(paths map[string]EntryID) (*Index, error) {
 		case e.nchunks > 1:
 			opt |= optChunks
 		}
-		for _, f := range []struct {
-			bit uint64
-			on  bool
-		}{
-			{optLink, e.LinkName != ""}, {optDev, e.DevMajor != 0 || e.DevMinor != 0},
-			{optInode, e.Inode != EntryID(id)}, {optAttr, e.attr != EntryID(id)},
-			{optNlink, e.Nlink != defNlink}, {optDigest, !e.Digest.IsZero()},
-			{optXattrs, e.nxattrs != 0},
-		} {
-			if f.on {
-				opt |= f.bit
-			}
+		if e.LinkName != "" {
+			opt |= optLink
+		}
+		if e.DevMajor != 0 || e.DevMinor != 0 {
+			opt |= optDev
+		}
+		if e.Inode != EntryID(id) {
+			opt |= optInode
+		}
+		if e.attr != EntryID(id) {
+			opt |= optAttr
+		}
+		if e.Nlink != defNlink {
+			opt |= optNlink
+		}
+		if !e.Digest.IsZero() {
+			opt |= optDigest
+		}
+		if e.nxattrs != 0 {
+			opt |= optXattrs
 		}
 		recs = append(recs, byte(e.Type), byte(e.Flags))
 		recs = binary.AppendUvarint(recs, opt)
@@ -235,19 +254,20 @@ func (w *wideIndex) compact(paths map[string]EntryID) (*Index, error) {
 				recs = append(recs, xa.Value...)
 			}
 		}
-		if uint64(len(recs)) > math.MaxUint32 {
+		if uint64(len(recs)-prefix) > math.MaxUint32 {
 			return nil, limitf("index of more than 4 GiB")
 		}
-		ends = binary.LittleEndian.AppendUint32(ends, uint32(len(recs)))
+		le.PutUint32(recs[headerSize+4*id:], uint32(len(recs)-prefix))
 	}
-	ntimes := 0
-	if w.times != nil {
-		ntimes = w.tocCount
+	nTable := len(table) / chunkSize
+	if size := len(recs) + len(table); size <= cap(recs) && cap(recs)-size <= size/32 {
+		data = append(recs, table...)
+	} else { // not to keep much spare capacity for the index's life
+		data = make([]byte, len(recs)+len(table))
+		copy(data[copy(data, recs):], table)
 	}
-	size := headerSize + len(ends) + len(table) + 4*len(w.children) + timesSize*ntimes + len(recs)
-	data := make([]byte, headerSize, size)
+	recsLen := len(recs) - prefix
 	copy(data, indexMagic)
-	le := binary.LittleEndian
 	le.PutUint32(data[4:], indexVersion)
 	data[8] = byte(w.format)
 	data[9] = b2byte(w.times != nil)
@@ -256,23 +276,10 @@ func (w *wideIndex) compact(paths map[string]EntryID) (*Index, error) {
 	le.PutUint32(data[20:], uint32(w.tocCount))
 	le.PutUint32(data[24:], uint32(nTable))
 	le.PutUint32(data[28:], uint32(len(w.children)))
-	le.PutUint64(data[32:], uint64(len(recs)))
+	le.PutUint64(data[32:], uint64(recsLen))
 	le.PutUint64(data[40:], uint64(w.prefetchEnd))
 	le.PutUint64(data[48:], uint64(w.payloadEnd))
 	copy(data[56:], w.tarSplitDigest[:])
-	data = append(data, ends...)
-	data = append(data, table...)
-	for _, id := range w.children {
-		data = le.AppendUint32(data, uint32(id))
-	}
-	for i := range ntimes {
-		var t extTimes
-		if i < len(w.times) {
-			t = w.times[i]
-		}
-		data = le.AppendUint64(le.AppendUint64(data, uint64(t.atime)), uint64(t.ctime))
-	}
-	data = append(data, recs...)
 	return indexOf(data)
 }
 
@@ -315,8 +322,8 @@ func indexOf(data []byte) (*Index, error) {
 		dst  *[]byte
 		size uint64
 	}{
-		{&x.ends, 4 * uint64(x.n)}, {&x.chunks, chunkSize * nTable},
-		{&x.children, 4 * nChildren}, {&x.times, timesSize * nTimes}, {&x.recs, recsLen},
+		{&x.ends, 4 * uint64(x.n)}, {&x.children, 4 * nChildren}, {&x.times, timesSize * nTimes},
+		{&x.recs, recsLen}, {&x.chunks, chunkSize * nTable},
 	} {
 		if s.size > uint64(len(rest)) {
 			return nil, invalidf("index: truncated")
