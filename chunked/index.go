@@ -356,6 +356,7 @@ func (x *Index) lookup(dir EntryID, name string) (EntryID, bool) {
 
 // LookupPath finds the visible entry at a slash-separated path relative to the root.
 func (x *Index) LookupPath(p string) (EntryID, bool) {
+	defer runtime.KeepAlive(x)
 	id := x.root
 	p = strings.Trim(path.Clean("/"+p), "/")
 	for p != "" {
@@ -366,7 +367,6 @@ func (x *Index) LookupPath(p string) (EntryID, bool) {
 			return 0, false
 		}
 	}
-	runtime.KeepAlive(x)
 	return id, true
 }
 
