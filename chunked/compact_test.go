@@ -82,6 +82,9 @@ func TestIndexRoundTripFixtures(t *testing.T) {
 				t.Fatal(err)
 			}
 			roundTrip(t, x)
+			if err := chunked.CompareWide(layout, js, chunked.Limits{}); err != nil {
+				t.Errorf("compact index: %v", err)
+			}
 		})
 	}
 	js, end := testlayer.SyntheticTOC(2000)
@@ -90,6 +93,9 @@ func TestIndexRoundTripFixtures(t *testing.T) {
 		t.Fatal(err)
 	}
 	roundTrip(t, x)
+	if err := chunked.CompareWide(syntheticLayout(end), js, chunked.Limits{}); err != nil {
+		t.Errorf("compact index: %v", err)
+	}
 }
 
 func syntheticLayout(end int64) *chunked.Layout {

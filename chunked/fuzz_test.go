@@ -367,6 +367,9 @@ func FuzzParseTOC(f *testing.F) {
 			t.Errorf("index of format %v ending at %d, want %v ending at %d", x.Format(), x.PayloadEnd(), fm, testLayout(fm).PayloadEnd())
 		}
 		checkIndex(t, x)
+		if err := chunked.CompareWide(testLayout(fm), js, fuzzLimits); err != nil {
+			t.Errorf("compact index: %v", err)
+		}
 	})
 }
 
