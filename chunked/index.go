@@ -199,7 +199,8 @@ func (x *Index) Entry(id EntryID) Entry {
 		return Entry{}
 	}
 	e := r.entry()
-	e.Name = string(x.appendName(nil, id))
+	var buf [256]byte
+	e.Name = string(x.appendName(buf[:0], id))
 	runtime.KeepAlive(x)
 	return e
 }
@@ -345,11 +346,16 @@ func (x *Index) Lookup(dir EntryID, name string) (EntryID, bool) {
 }
 
 func (x *Index) lookup(dir EntryID, name string) (EntryID, bool) {
-	lo, hi := x.childRange(dir)
-	base := func(i int) []byte { h, _ := x.head(x.child(i)); return h.base() }
-	i := lo + sort.Search(hi-lo, func(i int) bool { return string(base(lo+i)) >= name })
-	if i < hi && string(base(i)) == name {
-		return x.child(i), true
+	// One search for (dir, name) in the children, sorted by (Parent, BaseName).
+	n := x.numChildren()
+	i := sort.Search(n, func(i int) bool {
+		h, _ := x.head(x.child(i))
+		return h.dir > dir || h.dir == dir && string(h.base()) >= name
+	})
+	if i < n {
+		if h, _ := x.head(x.child(i)); h.dir == dir && string(h.base()) == name {
+			return x.child(i), true
+		}
 	}
 	return 0, false
 }
@@ -376,7 +382,8 @@ func (x *Index) Path(id EntryID) string {
 		return ""
 	}
 	h, _ := x.head(id)
-	name := string(x.appendName(nil, id))
+	var buf [256]byte
+	name := string(x.appendName(buf[:0], id))
 	if h.flags&FlagWhiteout != 0 {
 		name = path.Join(path.Dir(name), string(h.base()))
 	}
