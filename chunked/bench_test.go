@@ -26,8 +26,7 @@ func BenchmarkParse(b *testing.B) {
 			}
 			runtime.GC()
 			runtime.ReadMemStats(&after)
-			runtime.KeepAlive(x)
-			x = nil
+			runtime.KeepAlive(js)
 			b.SetBytes(int64(len(js)))
 			for b.Loop() {
 				if _, err := chunked.Parse(context.Background(), layout, js, chunked.Limits{}); err != nil {
@@ -35,6 +34,38 @@ func BenchmarkParse(b *testing.B) {
 				}
 			}
 			b.ReportMetric(float64(after.HeapAlloc-before.HeapAlloc)/float64(n), "heapB/entry")
+			bin, _ := x.AppendBinary(nil)
+			b.ReportMetric(float64(len(bin))/float64(n), "binB/entry")
+		})
+	}
+}
+
+// BenchmarkIndexAccess measures the accessors of the read paths on the compact index.
+func BenchmarkIndexAccess(b *testing.B) {
+	js, end := testlayer.SyntheticTOC(100_000)
+	layout := &chunked.Layout{Format: chunked.ZstdChunked, TOC: chunked.Range{Offset: end + 8, Length: 1}}
+	x, err := chunked.Parse(context.Background(), layout, js, chunked.Limits{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	n := chunked.EntryID(x.Len())
+	for _, bc := range []struct {
+		name string
+		f    func(id chunked.EntryID)
+	}{
+		{"Entry", func(id chunked.EntryID) { _ = x.Entry(id) }},
+		{"Meta", func(id chunked.EntryID) { _ = x.Meta(id) }},
+		{"Chunk", func(id chunked.EntryID) { _, _ = x.Chunk(id, 0) }},
+		{"Lookup", func(id chunked.EntryID) { _, _ = x.Lookup(x.Meta(id).Parent, "file1234.so") }},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			id := chunked.EntryID(0)
+			for b.Loop() {
+				bc.f(id)
+				if id++; id == n {
+					id = 0
+				}
+			}
 		})
 	}
 }

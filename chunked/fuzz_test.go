@@ -147,6 +147,7 @@ func checkIndex(t testing.TB, x *chunked.Index) {
 	if len(bugs) > 0 {
 		t.Errorf("%s", strings.Join(bugs, "; "))
 	}
+	roundTrip(t, x)
 }
 
 // checkChunks checks that a regular file's chunks cover it exactly and lie in the data.
@@ -366,6 +367,9 @@ func FuzzParseTOC(f *testing.F) {
 			t.Errorf("index of format %v ending at %d, want %v ending at %d", x.Format(), x.PayloadEnd(), fm, testLayout(fm).PayloadEnd())
 		}
 		checkIndex(t, x)
+		if err := chunked.CompareWide(testLayout(fm), js, fuzzLimits); err != nil {
+			t.Errorf("compact index: %v", err)
+		}
 	})
 }
 

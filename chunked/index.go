@@ -1,10 +1,10 @@
 package chunked
 
 import (
-	"cmp"
+	"encoding/binary"
 	"encoding/hex"
 	"path"
-	"slices"
+	"runtime"
 	"sort"
 	"strings"
 	"time"
@@ -108,6 +108,7 @@ type Entry struct {
 	Type   Type
 	Flags  Flags
 
+	// The builder's (see toc.go); zero in the entries an Index hands out.
 	chunk0, nchunks uint32
 	xattr0          uint32
 	attr            EntryID // see Index.AttrEntry
@@ -115,10 +116,10 @@ type Entry struct {
 }
 
 // ModTime returns the modification time.
-func (e *Entry) ModTime() time.Time { return time.Unix(e.ModTimeSec, int64(e.ModTimeNsec)) }
+func (e Entry) ModTime() time.Time { return time.Unix(e.ModTimeSec, int64(e.ModTimeNsec)) }
 
 // Visible reports whether the entry is part of the tree.
-func (e *Entry) Visible() bool { return e.Flags&(FlagHidden|FlagShadowed) == 0 }
+func (e Entry) Visible() bool { return e.Flags&(FlagHidden|FlagShadowed) == 0 }
 
 // Chunk is a piece of a regular file's content and where it is in the blob.
 type Chunk struct {
@@ -144,25 +145,26 @@ type Xattr struct {
 
 // Index is the verified-or-not model of a layer (package verify hands out only verified
 // ones). It is immutable and safe for concurrent use.
+//
+// An Index is its compact binary form (see compact.go): one byte array, possibly a read-only
+// mapping of a file (see [LoadIndex]). Its methods decode what they are asked for and hand out
+// copies: nothing they return aliases that array. An entry ID out of range gives zero values.
 type Index struct {
-	format   Format
-	entries  []Entry
-	chunks   []Chunk
-	xattrs   []Xattr
-	children []EntryID // visible entries except the root, sorted by (Parent, BaseName)
-	root     EntryID
-	tocCount int // entries[:tocCount] are the TOC's non-chunk entries, in TOC order
+	data []byte // the whole binary form
 
-	// times holds access and change times, in TOC order, when the TOC has them.
-	times []extTimes
-
+	format         Format
+	root           EntryID
+	n, tocCount    int
 	tarSplitDigest Sum
 	prefetchEnd    int64
 	payloadEnd     int64
-}
 
-type extTimes struct {
-	atime, ctime int64 // Unix nanoseconds, 0 when absent
+	// Sections of data.
+	ends     []byte // n little-endian uint32: where each entry's record ends in recs
+	recs     []byte // the entry records
+	chunks   []byte // the chunks of files of more than one chunk, chunkSize bytes each
+	children []byte // uint32 entry IDs: visible entries except the root, by (Parent, BaseName)
+	times    []byte // access and change times of the TOC's entries, if the TOC has them
 }
 
 // Format returns the layer's format.
@@ -172,19 +174,11 @@ func (x *Index) Format() Format { return x.format }
 func (x *Index) Root() EntryID { return x.root }
 
 // Len returns the number of entries (all of them, including hidden and shadowed ones).
-func (x *Index) Len() int { return len(x.entries) }
+func (x *Index) Len() int { return x.n }
 
 // TOCLen returns the number of the TOC's non-chunk entries; their IDs are 0 to TOCLen()-1, in
 // TOC order. Entries after them are implicit directories.
 func (x *Index) TOCLen() int { return x.tocCount }
-
-// Entry returns an entry. The pointer is valid for the life of the index; do not modify.
-func (x *Index) Entry(id EntryID) *Entry { return &x.entries[id] }
-
-// AttrEntry returns the entry whose mode, owner and times the inode of id shows: the last
-// hardlink to that inode in layer order, whose header an extractor applies to the shared inode
-// last, or else the inode's owner. The entries themselves keep what the TOC says.
-func (x *Index) AttrEntry(id EntryID) EntryID { return x.entries[x.entries[id].Inode].attr }
 
 // TarSplitDigest returns the digest of the compressed tar-split that the TOC names (modern
 // zstd:chunked), or zero.
@@ -197,90 +191,185 @@ func (x *Index) PrefetchEnd() int64 { return x.prefetchEnd }
 // PayloadEnd returns the blob offset where file data ends.
 func (x *Index) PayloadEnd() int64 { return x.payloadEnd }
 
+// Entry returns an entry, decoded. Building its Name walks up its directories; [Index.Meta]
+// gives the rest without that cost.
+func (x *Index) Entry(id EntryID) Entry {
+	r, ok := x.rec(id)
+	if !ok {
+		return Entry{}
+	}
+	e := r.entry()
+	var buf [256]byte
+	e.Name = string(x.appendName(buf[:0], id))
+	runtime.KeepAlive(x)
+	return e
+}
+
+// Meta returns an entry without its Name: what [Index.Entry] returns, cheaply.
+func (x *Index) Meta(id EntryID) Entry {
+	r, _ := x.rec(id)
+	e := r.entry()
+	runtime.KeepAlive(x)
+	return e
+}
+
+// AttrEntry returns the entry whose mode, owner and times the inode of id shows: the last
+// hardlink to that inode in layer order, whose header an extractor applies to the shared inode
+// last, or else the inode's owner. The entries themselves keep what the TOC says.
+func (x *Index) AttrEntry(id EntryID) EntryID {
+	r, _ := x.rec(id)
+	o, _ := x.rec(r.inode)
+	runtime.KeepAlive(x)
+	return o.attr
+}
+
 // BaseName returns the name an entry has in its directory (for a whiteout, without ".wh.").
 func (x *Index) BaseName(id EntryID) string {
-	e := &x.entries[id]
-	b := e.Name[strings.LastIndexByte(e.Name, '/')+1:]
-	if e.Flags&FlagWhiteout != 0 {
-		b = b[len(whiteoutPrefix):]
-	}
-	return b
+	h, _ := x.head(id)
+	s := string(h.base())
+	runtime.KeepAlive(x)
+	return s
 }
 
 // Chunks returns the chunks of a regular file (of its inode, for a hardlink), in file order.
 func (x *Index) Chunks(id EntryID) []Chunk {
-	e := &x.entries[x.entries[id].Inode]
-	return x.chunks[e.chunk0 : e.chunk0+e.nchunks : e.chunk0+e.nchunks]
+	f := x.file(id)
+	if f.n == 0 {
+		return nil
+	}
+	cs := make([]Chunk, f.n)
+	for i := range cs {
+		cs[i] = x.chunk(&f, i)
+	}
+	runtime.KeepAlive(x)
+	return cs
+}
+
+// NumChunks returns len(x.Chunks(id)), without decoding them.
+func (x *Index) NumChunks(id EntryID) int {
+	f := x.file(id)
+	runtime.KeepAlive(x)
+	return f.n
+}
+
+// Chunk returns x.Chunks(id)[i], without decoding the others; false when i is out of range.
+func (x *Index) Chunk(id EntryID, i int) (Chunk, bool) {
+	f := x.file(id)
+	if i < 0 || i >= f.n {
+		return Chunk{}, false
+	}
+	c := x.chunk(&f, i)
+	runtime.KeepAlive(x)
+	return c, true
 }
 
 // ChunkAt returns the index in [Index.Chunks] of the chunk holding byte off of a file, or -1
 // when off is outside the file.
 func (x *Index) ChunkAt(id EntryID, off int64) int {
-	cs := x.Chunks(id)
-	i := sort.Search(len(cs), func(i int) bool { return cs[i].FileOffset+cs[i].Size > off })
-	if off < 0 || i == len(cs) {
+	f := x.file(id)
+	if off < 0 || off >= f.size || f.n == 0 {
 		return -1
 	}
+	i := 0
+	if f.n > 1 {
+		i = sort.Search(f.n, func(i int) bool {
+			return i+1 == f.n || x.tableFileOffset(f.chunk0+i+1) > off
+		})
+	}
+	runtime.KeepAlive(x)
 	return i
 }
 
 // Xattrs returns an entry's extended attributes as the overlay tree shows them: the TOC's,
 // plus "trusted.overlay.opaque" and "user.overlay.opaque" set to "y" on opaque directories.
 func (x *Index) Xattrs(id EntryID) []Xattr {
-	e := &x.entries[x.entries[id].Inode]
-	xs := x.xattrs[e.xattr0 : e.xattr0+uint32(e.nxattrs) : e.xattr0+uint32(e.nxattrs)]
-	if e.Flags&FlagOpaque != 0 {
+	r, _ := x.rec(id)
+	o, _ := x.rec(r.inode)
+	xs := o.appendXattrs(nil)
+	if o.flags&FlagOpaque != 0 {
 		xs = append(xs, Xattr{"trusted.overlay.opaque", "y"}, Xattr{"user.overlay.opaque", "y"})
 	}
+	runtime.KeepAlive(x)
 	return xs
 }
 
 // TOCXattrs returns an entry's xattrs exactly as the TOC lists them, sorted by name.
 func (x *Index) TOCXattrs(id EntryID) []Xattr {
-	e := &x.entries[id]
-	return x.xattrs[e.xattr0 : e.xattr0+uint32(e.nxattrs) : e.xattr0+uint32(e.nxattrs)]
+	r, _ := x.rec(id)
+	xs := r.appendXattrs(nil)
+	runtime.KeepAlive(x)
+	return xs
 }
 
 // TOCTimes returns the access and change times the TOC gives an entry, in Unix nanoseconds,
 // 0 when absent.
 func (x *Index) TOCTimes(id EntryID) (atime, ctime int64) {
-	if int(id) >= len(x.times) {
+	if uint64(id) >= uint64(len(x.times)/timesSize) {
 		return 0, 0
 	}
-	return x.times[id].atime, x.times[id].ctime
+	t := x.times[int(id)*timesSize:]
+	atime, ctime = int64(binary.LittleEndian.Uint64(t)), int64(binary.LittleEndian.Uint64(t[8:]))
+	runtime.KeepAlive(x)
+	return atime, ctime
 }
 
 // Children returns the visible entries of a directory, sorted by name.
 func (x *Index) Children(dir EntryID) []EntryID {
 	lo, hi := x.childRange(dir)
-	return x.children[lo:hi:hi]
+	ids := make([]EntryID, hi-lo)
+	for i := range ids {
+		ids[i] = x.child(lo + i)
+	}
+	runtime.KeepAlive(x)
+	return ids
+}
+
+func (x *Index) numChildren() int { return len(x.children) / 4 }
+
+func (x *Index) child(i int) EntryID {
+	return EntryID(binary.LittleEndian.Uint32(x.children[4*i:]))
 }
 
 func (x *Index) childRange(dir EntryID) (int, int) {
-	lo := sort.Search(len(x.children), func(i int) bool { return x.entries[x.children[i]].Parent >= dir })
-	hi := lo + sort.Search(len(x.children)-lo, func(i int) bool { return x.entries[x.children[lo+i]].Parent > dir })
+	n := x.numChildren()
+	parent := func(i int) EntryID { h, _ := x.head(x.child(i)); return h.dir }
+	lo := sort.Search(n, func(i int) bool { return parent(i) >= dir })
+	hi := lo + sort.Search(n-lo, func(i int) bool { return parent(lo+i) > dir })
 	return lo, hi
 }
 
 // Lookup finds the visible entry called name in directory dir.
 func (x *Index) Lookup(dir EntryID, name string) (EntryID, bool) {
-	lo, hi := x.childRange(dir)
-	i := lo + sort.Search(hi-lo, func(i int) bool { return x.BaseName(x.children[lo+i]) >= name })
-	if i < hi && x.BaseName(x.children[i]) == name {
-		return x.children[i], true
+	id, ok := x.lookup(dir, name)
+	runtime.KeepAlive(x)
+	return id, ok
+}
+
+func (x *Index) lookup(dir EntryID, name string) (EntryID, bool) {
+	// One search for (dir, name) in the children, sorted by (Parent, BaseName).
+	n := x.numChildren()
+	i := sort.Search(n, func(i int) bool {
+		h, _ := x.head(x.child(i))
+		return h.dir > dir || h.dir == dir && string(h.base()) >= name
+	})
+	if i < n {
+		if h, _ := x.head(x.child(i)); h.dir == dir && string(h.base()) == name {
+			return x.child(i), true
+		}
 	}
 	return 0, false
 }
 
 // LookupPath finds the visible entry at a slash-separated path relative to the root.
 func (x *Index) LookupPath(p string) (EntryID, bool) {
+	defer runtime.KeepAlive(x)
 	id := x.root
 	p = strings.Trim(path.Clean("/"+p), "/")
 	for p != "" {
 		var name string
 		name, p, _ = strings.Cut(p, "/")
 		var ok bool
-		if id, ok = x.Lookup(id, name); !ok {
+		if id, ok = x.lookup(id, name); !ok {
 			return 0, false
 		}
 	}
@@ -292,18 +381,12 @@ func (x *Index) Path(id EntryID) string {
 	if id == x.root {
 		return ""
 	}
-	e := &x.entries[id]
-	if e.Flags&FlagWhiteout == 0 {
-		return e.Name
+	h, _ := x.head(id)
+	var buf [256]byte
+	name := string(x.appendName(buf[:0], id))
+	if h.flags&FlagWhiteout != 0 {
+		name = path.Join(path.Dir(name), string(h.base()))
 	}
-	return path.Join(path.Dir(e.Name), x.BaseName(id))
-}
-
-func (x *Index) sortChildren() {
-	slices.SortFunc(x.children, func(a, b EntryID) int {
-		if c := cmp.Compare(x.entries[a].Parent, x.entries[b].Parent); c != 0 {
-			return c
-		}
-		return strings.Compare(x.BaseName(a), x.BaseName(b))
-	})
+	runtime.KeepAlive(x)
+	return name
 }

@@ -19,6 +19,9 @@ func parseOK(t *testing.T, f chunked.Format, js string) *chunked.Index {
 		t.Fatalf("Parse: %v\nTOC: %.500s", err, js)
 	}
 	checkIndex(t, x)
+	if err := chunked.CompareWide(testLayout(f), []byte(js), chunked.Limits{}); err != nil {
+		t.Errorf("compact index: %v", err)
+	}
 	return x
 }
 

@@ -2,6 +2,7 @@ package chunked
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/base64"
 	"encoding/hex"
@@ -114,7 +115,7 @@ func Parse(ctx context.Context, layout *Layout, tocJSON []byte, limits Limits) (
 	b := &builder{
 		ctx: ctx,
 		lim: lim,
-		x: &Index{
+		x: &wideIndex{
 			format:      layout.Format,
 			payloadEnd:  layout.PayloadEnd(),
 			prefetchEnd: -1,
@@ -128,16 +129,13 @@ func Parse(ctx context.Context, layout *Layout, tocJSON []byte, limits Limits) (
 	if err := b.decode(tocJSON); err != nil {
 		return nil, err
 	}
-	if err := b.finish(); err != nil {
-		return nil, err
-	}
-	return b.x, nil
+	return b.finish()
 }
 
 type builder struct {
 	ctx       context.Context
 	lim       Limits
-	x         *Index
+	x         *wideIndex
 	raw       int   // TOC entries read so far (chunks included)
 	cur       int   // index of the last non-chunk entry, -1 before the first
 	curRaw    int   // its position in the TOC's entries array
@@ -553,10 +551,11 @@ func parseSum(s string) (Sum, error) {
 }
 
 // finish links the entries into a tree: last entry wins per path, implicit directories,
-// whiteouts and opaque markers, hardlinks, link counts, compressed ends, sorted children.
-func (b *builder) finish() error {
+// whiteouts and opaque markers, hardlinks, link counts, compressed ends, sorted children;
+// then compacts the index.
+func (b *builder) finish() (*Index, error) {
 	if err := b.closeFile(); err != nil {
-		return err
+		return nil, err
 	}
 	x := b.x
 	x.tocCount = len(x.entries)
@@ -564,17 +563,17 @@ func (b *builder) finish() error {
 		x.times = x.times[:len(x.entries)]
 	}
 	if err := b.fillEnds(); err != nil {
-		return err
+		return nil, err
 	}
 	paths := make(map[string]EntryID, len(x.entries))
 	for id := range x.entries {
 		if err := b.canceled(id); err != nil {
-			return err
+			return nil, err
 		}
 		e := &x.entries[id]
 		key, err := b.classifyName(e)
 		if err != nil {
-			return &EntryError{Index: -1, Name: e.Name, Err: err}
+			return nil, &EntryError{Index: -1, Name: e.Name, Err: err}
 		}
 		if e.Flags&FlagHidden != 0 {
 			continue
@@ -583,19 +582,13 @@ func (b *builder) finish() error {
 		// extraction makes it: a later entry at that path replaces the path, not the link.
 		if e.Type == TypeHardlink {
 			if e.Inode, err = b.resolveLink(paths, e.LinkName); err != nil {
-				return &EntryError{Index: -1, Name: e.Name, Err: err}
+				return nil, &EntryError{Index: -1, Name: e.Name, Err: err}
 			}
 		}
 		if old, ok := paths[key]; ok {
 			x.entries[old].Flags |= FlagShadowed
 		}
 		paths[key] = EntryID(id)
-	}
-	dirOf := func(p string) string {
-		if i := strings.LastIndexByte(p, '/'); i >= 0 {
-			return p[:i]
-		}
-		return ""
 	}
 	// Implicit directories count against the entry limit with the TOC's entries (the root,
 	// which every index has, does not).
@@ -622,36 +615,36 @@ func (b *builder) finish() error {
 		}
 	}
 	if err := ensureDir(""); err != nil {
-		return err
+		return nil, err
 	}
 	for id := range x.tocCount {
 		if err := b.canceled(id); err != nil {
-			return err
+			return nil, err
 		}
 		if e := &x.entries[id]; e.Visible() && e.Name != "" {
 			if err := ensureDir(dirOf(e.Name)); err != nil {
-				return err
+				return nil, err
 			}
 		}
 	}
 	for _, d := range b.opaqueDir {
 		if err := ensureDir(d); err != nil {
-			return err
+			return nil, err
 		}
 		dir := &x.entries[paths[d]]
 		if dir.Type != TypeDir {
-			return &EntryError{Index: -1, Name: d + "/" + opaqueMarker, Err: invalidf("opaque marker in a non-directory")}
+			return nil, &EntryError{Index: -1, Name: d + "/" + opaqueMarker, Err: invalidf("opaque marker in a non-directory")}
 		}
 		dir.Flags |= FlagOpaque
 	}
 	x.root = paths[""]
 	if x.entries[x.root].Type != TypeDir {
-		return &EntryError{Index: -1, Name: "/", Err: invalidf("root is not a directory")}
+		return nil, &EntryError{Index: -1, Name: "/", Err: invalidf("root is not a directory")}
 	}
 	x.children = make([]EntryID, 0, len(paths)-1)
 	for id := range x.entries {
 		if err := b.canceled(id); err != nil {
-			return err
+			return nil, err
 		}
 		e := &x.entries[id]
 		if !e.Visible() {
@@ -667,7 +660,7 @@ func (b *builder) finish() error {
 		}
 		e.Parent = paths[dirOf(e.Name)]
 		if x.entries[e.Parent].Type != TypeDir {
-			return &EntryError{Index: -1, Name: e.Name, Err: invalidf("parent is not a directory")}
+			return nil, &EntryError{Index: -1, Name: e.Name, Err: invalidf("parent is not a directory")}
 		}
 		x.children = append(x.children, EntryID(id))
 	}
@@ -687,10 +680,15 @@ func (b *builder) finish() error {
 		}
 	}
 	if err := b.ctx.Err(); err != nil {
-		return err
+		return nil, err
 	}
-	x.sortChildren()
-	return nil
+	slices.SortFunc(x.children, func(a, b EntryID) int {
+		if c := cmp.Compare(x.entries[a].Parent, x.entries[b].Parent); c != 0 {
+			return c
+		}
+		return strings.Compare(x.baseName(a), x.baseName(b))
+	})
+	return x.compact(paths)
 }
 
 // classifyName sets the whiteout and hidden flags of an entry and returns its path in the tree.

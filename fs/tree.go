@@ -27,7 +27,7 @@ type layerView struct {
 // node returns the node of entry id. Every node stands for the entry that owns its inode,
 // so the paths of a hardlink share one node.
 func (v *layerView) node(id chunked.EntryID) *entryNode {
-	return &entryNode{view: v, id: v.index.Entry(id).Inode}
+	return &entryNode{view: v, id: v.index.Meta(id).Inode}
 }
 
 // entryNode is a file, directory, link or special file of a diff tree. The tree is
@@ -84,12 +84,12 @@ func typeBits(e *chunked.Entry) uint32 {
 // to it may carry its own).
 func (n *entryNode) fill(out *fuse.Attr) {
 	x := n.view.index
-	e := x.Entry(n.id)
+	e := x.Meta(n.id)
 	aid := x.AttrEntry(n.id)
-	a := x.Entry(aid)
+	a := x.Meta(aid)
 	*out = fuse.Attr{
 		Ino:   n.ino(),
-		Mode:  typeBits(e) | a.Mode&0o7777,
+		Mode:  typeBits(&e) | a.Mode&0o7777,
 		Nlink: max(e.Nlink, 1),
 		Owner: fuse.Owner{Uid: a.UID, Gid: a.GID},
 	}
@@ -147,10 +147,11 @@ func (n *entryNode) Readdir(context.Context) (fusefs.DirStream, syscall.Errno) {
 	ids := x.Children(n.id)
 	list := make([]fuse.DirEntry, 0, len(ids))
 	for _, id := range ids {
-		owner := x.Entry(id).Inode
+		owner := x.Meta(id).Inode
+		o := x.Meta(owner)
 		list = append(list, fuse.DirEntry{
 			Name: x.BaseName(id),
-			Mode: typeBits(x.Entry(owner)),
+			Mode: typeBits(&o),
 			Ino:  n.view.block + inoEntries + uint64(owner),
 		})
 	}
@@ -159,7 +160,7 @@ func (n *entryNode) Readdir(context.Context) (fusefs.DirStream, syscall.Errno) {
 
 // Readlink returns a symlink's target verbatim.
 func (n *entryNode) Readlink(context.Context) ([]byte, syscall.Errno) {
-	e := n.view.index.Entry(n.id)
+	e := n.view.index.Meta(n.id)
 	if e.Type != chunked.TypeSymlink {
 		return nil, syscall.EINVAL
 	}
@@ -208,7 +209,7 @@ func (n *entryNode) Open(ctx context.Context, flags uint32) (fusefs.FileHandle, 
 	if writeAccess(flags) {
 		return nil, 0, syscall.EROFS
 	}
-	e := n.view.index.Entry(n.id)
+	e := n.view.index.Meta(n.id)
 	if e.Type != chunked.TypeReg || e.Flags&chunked.FlagWhiteout != 0 {
 		return nil, 0, syscall.EINVAL // the kernel opens only regular files through FUSE
 	}

@@ -260,15 +260,14 @@ func (l *Layer) readAhead(file chunked.EntryID, i int) []chunkKey {
 	if window <= 0 {
 		return nil
 	}
-	cs := l.idx.Chunks(file)
-	pos, limit := cs[i].Offset, cs[i].End()+window
+	ci, _ := l.idx.Chunk(file, i)
+	pos, limit := ci.Offset, ci.End()+window
 	content := int64(0) // uncompressed: a window of zeros may hold a thousand times its size
 	var out []chunkKey
 	// take adds the chunks of id from the from-th on; false once one is not next in the blob.
 	take := func(id chunked.EntryID, from int) bool {
-		cs := l.idx.Chunks(id)
-		for j := from; j < len(cs); j++ {
-			c := cs[j]
+		for j := from; j < l.idx.NumChunks(id); j++ {
+			c, _ := l.idx.Chunk(id, j)
 			if c.Length == 0 {
 				continue // no bytes (zeros)
 			}
@@ -285,7 +284,7 @@ func (l *Layer) readAhead(file chunked.EntryID, i int) []chunkKey {
 		return out
 	}
 	for id, scanned := file+1, 0; int(id) < l.idx.Len() && scanned < readAheadEntries; id, scanned = id+1, scanned+1 {
-		e := l.idx.Entry(id)
+		e := l.idx.Meta(id)
 		if e.Type != chunked.TypeReg || e.Inode != id || e.Size == 0 || e.Digest.IsZero() || l.env.cache.Has(e.Digest) {
 			continue
 		}
@@ -355,7 +354,7 @@ func (l *Layer) store(batch []*fetch) {
 	var wholeIDs []chunked.EntryID
 	for _, id := range order {
 		if cs := l.wholeFile(id, byFile[id]); cs != nil {
-			e := l.idx.Entry(id)
+			e := l.idx.Meta(id)
 			whole = append(whole, cache.Content{Sum: e.Digest, Size: e.Size, Chunks: cs})
 			wholeIDs = append(wholeIDs, id)
 			continue
@@ -387,7 +386,7 @@ func (l *Layer) store(batch []*fetch) {
 // wholeFile returns the verified chunks of file id in order when fetches hold every one of
 // them; nil otherwise.
 func (l *Layer) wholeFile(id chunked.EntryID, fetches []*fetch) []verify.Chunk {
-	n := len(l.idx.Chunks(id))
+	n := l.idx.NumChunks(id)
 	if len(fetches) < n {
 		return nil
 	}

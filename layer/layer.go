@@ -221,7 +221,7 @@ func (l *Layer) Info(key digest.Digest) []byte {
 
 // Backing implements storefs.Layer: the cache's file, when its content is complete.
 func (l *Layer) Backing(id chunked.EntryID) *os.File {
-	e := l.idx.Entry(id)
+	e := l.idx.Meta(id)
 	if l.v.Err() != nil || e.Type != chunked.TypeReg || e.Size == 0 || e.Digest.IsZero() || !l.env.cache.Has(e.Digest) {
 		return nil
 	}
@@ -248,7 +248,7 @@ func (l *Layer) ReadFile(ctx context.Context, id chunked.EntryID, p []byte, off 
 	if err := l.v.Err(); err != nil {
 		return 0, err // the layer is refused (checkTarSplit)
 	}
-	e := l.idx.Entry(id)
+	e := l.idx.Meta(id)
 	if off < 0 {
 		return 0, fmt.Errorf("negative offset %d", off)
 	}
@@ -271,17 +271,17 @@ func (l *Layer) ReadFile(ctx context.Context, id chunked.EntryID, p []byte, off 
 			}
 		}
 	}
-	chunks := l.idx.Chunks(id)
+	chunk := func(i int) chunked.Chunk { c, _ := l.idx.Chunk(id, i); return c }
 	first, last := l.idx.ChunkAt(id, off), l.idx.ChunkAt(id, off+int64(len(p))-1)
 	if first < 0 || last < 0 {
-		return 0, fmt.Errorf("%s: offset %d has no chunk", e.Name, off)
+		return 0, fmt.Errorf("%s: offset %d has no chunk", l.idx.Path(id), off)
 	}
 	var missing []int
 	for i := first; i <= last; i++ {
 		if h != nil {
 			// Only the part of the chunk the read wants: the kernel reads a large file in
 			// pieces far smaller than its chunks.
-			c := chunks[i]
+			c := chunk(i)
 			lo, hi := max(off, c.FileOffset), min(off+int64(len(p)), c.FileOffset+c.Size)
 			if _, err := h.f.ReadChunkAt(c, p[lo-off:hi-off], lo); err == nil {
 				continue
@@ -290,10 +290,10 @@ func (l *Layer) ReadFile(ctx context.Context, id chunked.EntryID, p []byte, off 
 		missing = append(missing, i)
 	}
 	next := -1
-	if h != nil && last > 0 && last+1 < len(chunks) {
+	if h != nil && last > 0 && last+1 < l.idx.NumChunks(id) {
 		// Read in sequence (the previous chunk is here, the next one is not): fetch the
 		// next one meanwhile.
-		prev, n := chunks[last-1], chunks[last+1]
+		prev, n := chunk(last-1), chunk(last+1)
 		if len(h.f.Missing(prev.FileOffset, prev.Size)) == 0 && len(h.f.Missing(n.FileOffset, n.Size)) > 0 {
 			next = last + 1
 		}
@@ -309,7 +309,7 @@ func (l *Layer) ReadFile(ctx context.Context, id chunked.EntryID, p []byte, off 
 		return 0, err
 	}
 	for k, b := range got {
-		copyChunk(p, off, chunks[missing[k]].FileOffset, b)
+		copyChunk(p, off, chunk(missing[k]).FileOffset, b)
 	}
 	return len(p), nil
 }
@@ -327,7 +327,7 @@ func copyChunk(p []byte, off, fileOff int64, b []byte) {
 
 // keep ensures a verified chunk lands in the cache; failures only cost a refetch later.
 func (l *Layer) keep(file chunked.EntryID, c verify.Chunk) {
-	e := l.idx.Entry(file)
+	e := l.idx.Meta(file)
 	if e.Digest.IsZero() {
 		return
 	}

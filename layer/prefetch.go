@@ -185,7 +185,7 @@ func (l *Layer) prefetchBatch(ctx context.Context, keys []chunkKey) error {
 	return nil
 }
 
-func (l *Layer) ref(k chunkKey) chunked.Chunk { return l.idx.Chunks(k.file)[k.i] }
+func (l *Layer) ref(k chunkKey) chunked.Chunk { c, _ := l.idx.Chunk(k.file, k.i); return c }
 
 // batchLen returns how many of keys (in blob order) make one background request: their
 // compressed span within the batch size, and their uncompressed content within
@@ -218,10 +218,11 @@ const maxBatchContent = 32 << 20
 // distinct content, in blob order, with their compressed size in all.
 func (l *Layer) plan() ([]chunkKey, int64) {
 	var keys []chunkKey
+	var offs []int64 // the keys' blob offsets
 	var total int64
 	seen := map[chunked.Sum]bool{}
 	for id := range chunked.EntryID(l.idx.Len()) {
-		e := l.idx.Entry(id)
+		e := l.idx.Meta(id)
 		if e.Type != chunked.TypeReg || e.Inode != id || e.Size == 0 || e.Digest.IsZero() ||
 			seen[e.Digest] || l.env.cache.Has(e.Digest) {
 			continue
@@ -229,11 +230,20 @@ func (l *Layer) plan() ([]chunkKey, int64) {
 		seen[e.Digest] = true
 		for i, c := range l.idx.Chunks(id) {
 			keys = append(keys, chunkKey{id, i})
+			offs = append(offs, c.Offset)
 			total += c.Length
 		}
 	}
-	slices.SortFunc(keys, func(a, b chunkKey) int { return cmp.Compare(l.ref(a).Offset, l.ref(b).Offset) })
-	return keys, total
+	order := make([]int, len(keys))
+	for i := range order {
+		order[i] = i
+	}
+	slices.SortStableFunc(order, func(a, b int) int { return cmp.Compare(offs[a], offs[b]) })
+	sorted := make([]chunkKey, len(keys))
+	for i, j := range order {
+		sorted[i] = keys[j]
+	}
+	return sorted, total
 }
 
 // payload serves CheckDiffID the complete files from the cache.

@@ -116,7 +116,7 @@ func (l *Layer) unstored() error {
 	var missing, files int
 	seen := map[chunked.Sum]bool{}
 	for id := range chunked.EntryID(l.idx.Len()) {
-		e := l.idx.Entry(id)
+		e := l.idx.Meta(id)
 		if e.Type != chunked.TypeReg || e.Inode != id || e.Size == 0 || e.Digest.IsZero() || seen[e.Digest] {
 			continue
 		}

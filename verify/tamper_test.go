@@ -101,7 +101,7 @@ func TestTamperChunks(t *testing.T) {
 func dump(x *chunked.Index) string {
 	var b strings.Builder
 	for id := range chunked.EntryID(x.Len()) {
-		fmt.Fprintf(&b, "%+v %v %v\n", *x.Entry(id), x.Chunks(id), x.TOCXattrs(id))
+		fmt.Fprintf(&b, "%+v %v %v\n", x.Entry(id), x.Chunks(id), x.TOCXattrs(id))
 	}
 	return b.String()
 }

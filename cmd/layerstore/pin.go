@@ -40,7 +40,7 @@ func runPin(ctx context.Context, name string, args []string, stdout, stderr io.W
 			return err
 		}
 		fmt.Fprintf(stdout, "pinned %s: %d layers served by the store, %s of %s local", ref, len(p.Layers),
-			humanBytes(p.Present), sizeString(p.Bytes))
+			humanBytes(p.Present), humanBytes(p.Bytes))
 		if p.Normal > 0 {
 			fmt.Fprintf(stdout, "; %d layers pulled normally by the runtime", p.Normal)
 		}

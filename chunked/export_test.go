@@ -1,0 +1,60 @@
+package chunked
+
+import (
+	"context"
+	"fmt"
+	"reflect"
+)
+
+// CompareWide parses a TOC as Parse does and returns the first difference between the wide
+// form the builder fills and what the compact index it becomes answers, or nil.
+func CompareWide(layout *Layout, tocJSON []byte, limits Limits) error {
+	b := &builder{ctx: context.Background(), lim: limits.WithDefaults(), cur: -1,
+		x: &wideIndex{format: layout.Format, payloadEnd: layout.PayloadEnd(), prefetchEnd: -1}}
+	if err := b.decode(tocJSON); err != nil {
+		return nil // Parse refuses it too
+	}
+	x, err := b.finish()
+	if err != nil {
+		return nil
+	}
+	w := b.x
+	if x.Len() != len(w.entries) || x.Root() != w.root || x.TOCLen() != w.tocCount || x.Format() != w.format ||
+		x.PrefetchEnd() != w.prefetchEnd || x.PayloadEnd() != w.payloadEnd || x.TarSplitDigest() != w.tarSplitDigest {
+		return fmt.Errorf("header differs")
+	}
+	for i := range w.entries {
+		id := EntryID(i)
+		we := w.entries[i]
+		owner := &w.entries[we.Inode]
+		attr := owner.attr
+		cs := w.chunks[owner.chunk0 : owner.chunk0+owner.nchunks]
+		xs := w.xattrs[we.xattr0 : we.xattr0+uint32(we.nxattrs)]
+		we.chunk0, we.nchunks, we.xattr0, we.nxattrs, we.attr = 0, 0, 0, 0, 0
+		var at, ct int64
+		if i < len(w.times) {
+			at, ct = w.times[i].atime, w.times[i].ctime
+		}
+		gat, gct := x.TOCTimes(id)
+		for _, d := range []struct {
+			what      string
+			got, want any
+		}{
+			{"entry", x.Entry(id), we}, {"attr", x.AttrEntry(id), attr}, {"base", x.BaseName(id), w.baseName(id)},
+			{"chunks", x.Chunks(id), cs}, {"xattrs", x.TOCXattrs(id), xs}, {"times", [2]int64{gat, gct}, [2]int64{at, ct}},
+		} {
+			if (reflect.ValueOf(d.want).Kind() != reflect.Slice || reflect.ValueOf(d.want).Len() > 0 ||
+				reflect.ValueOf(d.got).Len() > 0) && !reflect.DeepEqual(d.got, d.want) {
+				return fmt.Errorf("entry %d %q: %s %+v, want %+v", i, we.Name, d.what, d.got, d.want)
+			}
+		}
+	}
+	var children []EntryID
+	for i := range w.entries {
+		children = append(children, x.Children(EntryID(i))...)
+	}
+	if len(children) != len(w.children) || len(w.children) > 0 && !reflect.DeepEqual(children, w.children) {
+		return fmt.Errorf("children %v, want %v", children, w.children)
+	}
+	return nil
+}
