@@ -358,7 +358,11 @@ func (m *Manager) resolveFromRecord(ctx context.Context, ref string, key digest.
 		err := fmt.Errorf("%w: the DiffID policy requires zstd:chunked with a tar-split", chunked.ErrNotLazy)
 		return nil, fmt.Errorf("layer %s of %s: %w (%w)", desc.Digest, ref, iofs.ErrNotExist, err), true
 	}
-	if l := m.liveLayer(rec.meta.identity()); l != nil {
+	id, err := rec.meta.identity()
+	if err != nil {
+		return nil, nil, false // checked when indexed: not reached
+	}
+	if l := m.liveLayer(id); l != nil {
 		if err := m.ready(ctx, l, modern, ref); err != nil {
 			return nil, err, true
 		}
@@ -379,7 +383,7 @@ func (m *Manager) resolveFromRecord(ctx context.Context, ref string, key digest.
 		}
 		return m.reg.Blob(ctx, img, &desc)
 	}}
-	l := newLayer(&m.env, meta.identity(), ref, desc, v, blob)
+	l := newLayer(&m.env, id, ref, desc, v, blob)
 	l.restoreRefs(meta.Refs, meta.Repositories)
 	if err := m.ready(ctx, l, modern, ref); err != nil {
 		return nil, err, true

@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"runtime"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -45,12 +46,19 @@ type recordMeta struct {
 	Written      time.Time          `json:"written"`
 }
 
-func (r *recordMeta) identity() identity {
-	return identity{layout: r.Verified.Layout, diffID: r.Verified.DiffID}
+// identity is the identity of the recorded layer, as the lookup that resolved it computed it:
+// from the manifest's descriptor (not from the layout the footer completed) and the DiffID.
+func (r *recordMeta) identity() (identity, error) {
+	layout, err := chunked.Classify(r.Descriptor.Descriptor)
+	if err != nil {
+		return identity{}, fmt.Errorf("record: %w", err)
+	}
+	return identity{layout: *layout, diffID: r.Descriptor.DiffID}, nil
 }
 
-// check refuses a meta that does not describe a layer this package could have written.
-func (r *recordMeta) check() error {
+// check refuses a meta that does not describe a layer this package could have written under
+// name.
+func (r *recordMeta) check(name string) error {
 	switch {
 	case r.Version != recordVersion:
 		return fmt.Errorf("record version %d, want %d", r.Version, recordVersion)
@@ -63,8 +71,18 @@ func (r *recordMeta) check() error {
 	case r.IndexSize <= 0 || r.TarSplitSize < 0:
 		return errors.New("record: bad sizes")
 	}
+	id, err := r.identity()
+	if err != nil {
+		return err
+	}
+	if recordName(id) != name {
+		return errors.New("record: its name is not its layer's")
+	}
 	return nil
 }
+
+// layerRecordPrefix begins the names of layer records; pins' records begin with "pin-".
+const layerRecordPrefix = "layer-"
 
 // recordName is the name of the record of a layer identity: the sha256 of what the identity
 // holds, so that two manifests describing a blob differently never share a record.
@@ -77,7 +95,7 @@ func recordName(id identity) string {
 		panic(err) // strings and integers always marshal
 	}
 	s := sha256.Sum256(b)
-	return "layer-" + hex.EncodeToString(s[:])
+	return layerRecordPrefix + hex.EncodeToString(s[:])
 }
 
 // records is the manager's view of the layer records in its cache: which record answers
@@ -104,16 +122,16 @@ func loadRecords(c *cache.Cache, limits chunked.Limits, log *slog.Logger) *recor
 		return rs
 	}
 	for _, name := range names {
+		if !strings.HasPrefix(name, layerRecordPrefix) {
+			continue // a pin's record (pin.go)
+		}
 		raw, err := c.RecordMeta(name)
 		var meta recordMeta
 		if err == nil {
 			err = json.Unmarshal(raw, &meta)
 		}
 		if err == nil {
-			err = meta.check()
-		}
-		if err == nil && recordName(meta.identity()) != name {
-			err = errors.New("record: name does not match its layer")
+			err = meta.check(name)
 		}
 		if err != nil {
 			log.Warn("layer record dropped: its layer will be resolved through the registry", "record", name, "err", err)
@@ -200,7 +218,11 @@ func (rs *records) save(desc fetcher.Descriptor, v *verify.Verifier, repos, refs
 	if err != nil {
 		return "", err
 	}
-	name := recordName(meta.identity())
+	id, err := meta.identity()
+	if err != nil {
+		return "", err
+	}
+	name := recordName(id)
 	if err := rs.cache.PutRecord(name, raw, data); err != nil {
 		return "", err
 	}
@@ -231,11 +253,8 @@ func (rs *records) restore(name string, rec *cache.Record) (*recordMeta, *verify
 	if err := json.Unmarshal(rec.Meta(), &meta); err != nil {
 		return nil, nil, err
 	}
-	if err := meta.check(); err != nil {
+	if err := meta.check(name); err != nil {
 		return nil, nil, err
-	}
-	if recordName(meta.identity()) != name {
-		return nil, nil, errors.New("record: name does not match its layer")
 	}
 	data := rec.Data()
 	if meta.IndexSize > int64(len(data)) || meta.TarSplitSize > int64(len(data))-meta.IndexSize {

@@ -5,6 +5,7 @@ import (
 	iofs "io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"testing"
 	"time"
 
@@ -91,7 +92,7 @@ func TestRestartPartialWithoutRegistry(t *testing.T) {
 	f := mustFixtures(t)[3]
 	e := newRestartEnv(t)
 	ref := e.push("app/partial:v1", fixtureLayer(f))
-	m, stop := e.start()
+	m, stop := e.start(WithReadAhead(0))
 	l, err := m.lookup(t.Context(), ref, servedKey(f))
 	if err != nil {
 		t.Fatal(err)
@@ -132,6 +133,11 @@ func TestRestartPartialWithoutRegistry(t *testing.T) {
 		if _, err := l.ReadFile(t.Context(), id, b, 0); err != nil || string(b) != string(want[id]) {
 			t.Errorf("cached file %s: %v", idx.Path(id), err)
 		}
+	}
+	// Files read ahead with those read are in the cache: the test reads one that is not.
+	unread = slices.DeleteFunc(unread, func(id chunked.EntryID) bool { return m.cache.Has(idx.Entry(id).Digest) })
+	if len(unread) == 0 {
+		t.Fatal("every file of the fixture is in the cache: the test shows nothing")
 	}
 	start := time.Now()
 	b := make([]byte, idx.Entry(unread[0]).Size)
