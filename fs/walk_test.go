@@ -1,11 +1,15 @@
 package storefs
 
 import (
+	"bytes"
 	"context"
+	"encoding/binary"
+	"io"
 	iofs "io/fs"
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -190,5 +194,70 @@ func TestWalkFromKernelCaches(t *testing.T) {
 	// per open of a directory, for it alone.
 	if paths := x.Len() + got["OPENDIR"] + 1; got["LOOKUP"] > paths { // WalkDir lstats diff once more
 		t.Errorf("walk by paths: %d LOOKUP of %d paths, want at most one per path", got["LOOKUP"], paths)
+	}
+}
+
+// dirents reads the directory open as fd with getdents64 in buffers of size bytes until it
+// has want entries or the end, and returns their names and offsets (d_off: where the next
+// entry starts).
+func dirents(t *testing.T, fd, size, want int) (names []string, offs []int64) {
+	t.Helper()
+	buf := make([]byte, size)
+	for want < 0 || len(names) < want {
+		n, err := unix.Getdents(fd, buf)
+		if err != nil {
+			t.Fatalf("getdents: %v", err)
+		}
+		if n == 0 {
+			break
+		}
+		for b := buf[:n]; len(b) > 0; {
+			off := int64(binary.NativeEndian.Uint64(b[8:16]))
+			reclen := int(binary.NativeEndian.Uint16(b[16:18]))
+			name := b[19:reclen]
+			names = append(names, string(name[:bytes.IndexByte(name, 0)]))
+			offs = append(offs, off)
+			b = b[reclen:]
+		}
+	}
+	return names, offs
+}
+
+// TestReaddirOffsets checks that a listing resumed at an offset the listing gave (seekdir,
+// or a second open seeking where the first stopped, before the kernel holds the whole
+// listing) goes on with the entry after it, and that the whole listing is the index's.
+func TestReaddirOffsets(t *testing.T) {
+	store, ref, key, x := syntheticLayer(t, 5000)
+	mnt, _ := mountTest(t, store, DefaultOptions())
+	dir := layerPath(mnt, ref, key, "diff", "usr", "lib")
+	id, ok := x.LookupPath("usr/lib")
+	if !ok {
+		t.Fatal("no usr/lib in the index")
+	}
+	var want []string
+	for _, c := range x.Children(id) {
+		want = append(want, x.BaseName(c))
+	}
+
+	fd := openDir(t, dir)
+	defer unix.Close(fd)
+	first, offs := dirents(t, fd, 512, 10) // a few entries: the listing is not complete
+	if len(first) < 10 || len(want) < 20 {
+		t.Fatalf("listed %d of %d entries", len(first), len(want))
+	}
+	fd2 := openDir(t, dir)
+	defer unix.Close(fd2)
+	if _, err := unix.Seek(fd2, offs[4], io.SeekStart); err != nil {
+		t.Fatal(err)
+	}
+	rest, _ := dirents(t, fd2, 4096, -1)
+	if got := append(slices.Clone(first[:5]), rest...); !slices.Equal(got, want) {
+		t.Errorf("listing resumed after entry 5 by another open:\n got %q\nwant %q", got, want)
+	}
+	if _, err := unix.Seek(fd, 0, io.SeekStart); err != nil {
+		t.Fatal(err)
+	}
+	if all, _ := dirents(t, fd, 4096, -1); !slices.Equal(all, want) {
+		t.Errorf("listing after a rewind:\n got %q\nwant %q", all, want)
 	}
 }
