@@ -65,10 +65,20 @@
 // name (numbers derived from a hash of the name could collide).
 //
 // The diff tree and blob never change for a given layer directory inode, so entries,
-// attributes, failed lookups and file pages there are cached by the kernel for a long time
-// (Options.EntryTimeout, Options.AttrTimeout, FOPEN_KEEP_CACHE). The layer directories and
-// their lookups are never cached: every lookup reaches Store.Lookup (a layer that failed
-// resolves again on the next access), every create of use reaches Store.Use and every rmdir
-// reaches Store.Release. The content of info may change during a layer's life (a DiffID
-// proven after the pull), so its attributes and pages are not cached either.
+// attributes, failed lookups, directory listings and file pages there are cached by the
+// kernel for a long time (Options.EntryTimeout, Options.AttrTimeout, FOPEN_CACHE_DIR,
+// FOPEN_KEEP_CACHE). Directories are listed with READDIRPLUS: every entry comes with its
+// attributes and becomes a cached lookup, so that a walk of a tree (find, a scanner) reaches
+// the daemon about once per directory, not once per entry. The attributes of the root and of
+// the reference and layer directories never change for their inode numbers either, and are
+// cached too.
+//
+// The layer directories and their lookups are never cached: every lookup reaches Store.Lookup
+// (a layer that failed resolves again on the next access) and the daemon's check of its
+// caller, which a cached entry would skip for everything below it; every create of use
+// reaches Store.Use and every rmdir reaches Store.Release. A walk that resolves every path
+// from the mount's root therefore makes one request per path, for the layer directory; one
+// relative to an open directory, as find does and as overlayfs does for a container, makes
+// none. The content of info may change during a layer's life (a DiffID proven after the
+// pull), so its attributes and pages are not cached either.
 package storefs

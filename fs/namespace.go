@@ -211,8 +211,11 @@ var (
 	_ fusefs.NodeReader      = (*blobFile)(nil)
 )
 
+// Getattr: the root's attributes never change, and the kernel checks them (for search
+// permission) on every path it resolves through the mount: they are cached.
 func (n *rootNode) Getattr(_ context.Context, _ fusefs.FileHandle, out *fuse.AttrOut) syscall.Errno {
 	n.fsys.synthAttr(&out.Attr, rootIno, syscall.S_IFDIR|dirMode, 0)
+	out.SetTimeout(n.fsys.attrTO)
 	return 0
 }
 
@@ -261,7 +264,9 @@ func (n *refDir) Readdir(context.Context) (fusefs.DirStream, syscall.Errno) {
 }
 
 // Lookup resolves a layer through the Store. Neither a success nor a failure is cached by
-// the kernel: each access to <ref>/<key> asks the Store again.
+// the kernel: each access to <ref>/<key> asks the Store again, and checks its caller (see
+// privileged), whatever the kernel caches below. The attributes of a layer directory are a
+// function of its inode number, and are cached.
 func (n *refDir) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fusefs.Inode, syscall.Errno) {
 	uncached(out)
 	if !privileged(ctx) {
@@ -288,9 +293,9 @@ func (n *refDir) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*
 		layer: l,
 		block: n.fsys.block(n.ref, key, l.Index()),
 	}
-	n.fsys.synthAttr(&out.Attr, ld.block+inoLayerDir, syscall.S_IFDIR|dirMode, 0)
-	out.Nlink = 3
+	ld.attr(&out.Attr)
 	out.SetEntryTimeout(0)
+	out.SetAttrTimeout(n.fsys.attrTO)
 	return n.NewInode(ctx, ld, fusefs.StableAttr{Mode: syscall.S_IFDIR, Ino: ld.block + inoLayerDir}), 0
 }
 
@@ -319,9 +324,15 @@ type layerDir struct {
 }
 
 func (n *layerDir) Getattr(_ context.Context, _ fusefs.FileHandle, out *fuse.AttrOut) syscall.Errno {
-	n.fsys.synthAttr(&out.Attr, n.block+inoLayerDir, syscall.S_IFDIR|dirMode, 0)
-	out.Nlink = 3
+	n.attr(&out.Attr)
+	out.SetTimeout(n.fsys.attrTO)
 	return 0
+}
+
+// attr fills the layer directory's attributes: the same for as long as its inode number lives.
+func (n *layerDir) attr(out *fuse.Attr) {
+	n.fsys.synthAttr(out, n.block+inoLayerDir, syscall.S_IFDIR|dirMode, 0)
+	out.Nlink = 3
 }
 
 func (n *layerDir) Readdir(context.Context) (fusefs.DirStream, syscall.Errno) {

@@ -24,6 +24,15 @@ type layerView struct {
 	block uint64
 }
 
+// dirent returns the directory entry of id in a listing at offset off: its name, and the type
+// and inode number of the entry owning its inode.
+func (v *layerView) dirent(id chunked.EntryID, off uint64) fuse.DirEntry {
+	x := v.index
+	owner := x.Meta(id).Inode
+	o := x.Meta(owner)
+	return fuse.DirEntry{Name: x.BaseName(id), Mode: typeBits(&o), Ino: v.block + inoEntries + uint64(owner), Off: off}
+}
+
 // node returns the node of entry id. Every node stands for the entry that owns its inode,
 // so the paths of a hardlink share one node.
 func (v *layerView) node(id chunked.EntryID) *entryNode {
@@ -47,13 +56,13 @@ type entryNode struct {
 }
 
 var (
-	_ fusefs.NodeLookuper    = (*entryNode)(nil)
-	_ fusefs.NodeReaddirer   = (*entryNode)(nil)
-	_ fusefs.NodeGetattrer   = (*entryNode)(nil)
-	_ fusefs.NodeReadlinker  = (*entryNode)(nil)
-	_ fusefs.NodeGetxattrer  = (*entryNode)(nil)
-	_ fusefs.NodeListxattrer = (*entryNode)(nil)
-	_ fusefs.NodeOpener      = (*entryNode)(nil)
+	_ fusefs.NodeLookuper       = (*entryNode)(nil)
+	_ fusefs.NodeOpendirHandler = (*entryNode)(nil)
+	_ fusefs.NodeGetattrer      = (*entryNode)(nil)
+	_ fusefs.NodeReadlinker     = (*entryNode)(nil)
+	_ fusefs.NodeGetxattrer     = (*entryNode)(nil)
+	_ fusefs.NodeListxattrer    = (*entryNode)(nil)
+	_ fusefs.NodeOpener         = (*entryNode)(nil)
 )
 
 func (n *entryNode) ino() uint64 { return n.view.block + inoEntries + uint64(n.id) }
@@ -135,27 +144,71 @@ func (n *entryNode) Lookup(ctx context.Context, name string, out *fuse.EntryOut)
 	if !ok {
 		return nil, syscall.ENOENT
 	}
-	child := n.view.node(id)
-	child.fill(&out.Attr)
-	out.SetEntryTimeout(n.view.fsys.entryTO)
-	out.SetAttrTimeout(n.view.fsys.attrTO)
-	return n.NewInode(ctx, child, fusefs.StableAttr{Mode: out.Mode & syscall.S_IFMT, Ino: out.Ino}), 0
+	return n.child(ctx, id, out), 0
 }
 
-func (n *entryNode) Readdir(context.Context) (fusefs.DirStream, syscall.Errno) {
-	x := n.view.index
-	ids := x.Children(n.id)
-	list := make([]fuse.DirEntry, 0, len(ids))
-	for _, id := range ids {
-		owner := x.Meta(id).Inode
-		o := x.Meta(owner)
-		list = append(list, fuse.DirEntry{
-			Name: x.BaseName(id),
-			Mode: typeBits(&o),
-			Ino:  n.view.block + inoEntries + uint64(owner),
-		})
+// child answers a lookup of entry id, a child of the directory n: the attributes and node of
+// the entry owning its inode, cached by the kernel for the configured timeouts.
+func (n *entryNode) child(ctx context.Context, id chunked.EntryID, out *fuse.EntryOut) *fusefs.Inode {
+	c := n.view.node(id)
+	c.fill(&out.Attr)
+	out.SetEntryTimeout(n.view.fsys.entryTO)
+	out.SetAttrTimeout(n.view.fsys.attrTO)
+	return n.NewInode(ctx, c, fusefs.StableAttr{Mode: out.Mode & syscall.S_IFMT, Ino: out.Ino})
+}
+
+// OpendirHandle opens a directory for listing. The kernel lists with READDIRPLUS: each entry
+// comes with its attributes and becomes a cached lookup (go-fuse calls dirHandle.Lookup for
+// it), so that a walk's lstat of every entry needs no request of its own. A directory of the
+// tree never changes, so the kernel also keeps the listing itself (FOPEN_CACHE_DIR): listing
+// it again reads the kernel's copy.
+func (n *entryNode) OpendirHandle(context.Context, uint32) (fusefs.FileHandle, uint32, syscall.Errno) {
+	return &dirHandle{node: n, children: n.view.index.Children(n.id)}, fuse.FOPEN_CACHE_DIR | fuse.FOPEN_KEEP_CACHE, 0
+}
+
+// dirHandle is an open directory of a diff tree. go-fuse serializes the calls on a handle.
+type dirHandle struct {
+	node     *entryNode
+	children []chunked.EntryID
+	next     int             // position in children of the next entry to list
+	last     chunked.EntryID // the entry listed last
+	de       fuse.DirEntry   // its directory entry
+}
+
+var (
+	_ fusefs.FileReaddirenter = (*dirHandle)(nil)
+	_ fusefs.FileLookuper     = (*dirHandle)(nil)
+	_ fusefs.FileSeekdirer    = (*dirHandle)(nil)
+)
+
+// Readdirent lists the next entry. Its offset is its position plus one, as Seekdir takes it.
+func (h *dirHandle) Readdirent(context.Context) (*fuse.DirEntry, syscall.Errno) {
+	if h.next >= len(h.children) {
+		return nil, 0
 	}
-	return fusefs.NewListDirStream(list), 0
+	h.last = h.children[h.next]
+	h.next++
+	h.de = h.node.view.dirent(h.last, uint64(h.next))
+	return &h.de, 0
+}
+
+// Lookup answers the lookup READDIRPLUS makes of the entry listed last, without searching
+// the directory for its name. A listing that go-fuse replays after an interrupted request
+// looks up other names: those are searched.
+func (h *dirHandle) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fusefs.Inode, syscall.Errno) {
+	if h.next == 0 || name != h.de.Name {
+		return h.node.Lookup(ctx, name, out)
+	}
+	return h.node.child(ctx, h.last, out), 0
+}
+
+// Seekdir moves to offset off: 0 is the start, k is after the k-th entry.
+func (h *dirHandle) Seekdir(_ context.Context, off uint64) syscall.Errno {
+	if off > uint64(len(h.children)) {
+		return syscall.EINVAL
+	}
+	h.next = int(off)
+	return 0
 }
 
 // Readlink returns a symlink's target verbatim.

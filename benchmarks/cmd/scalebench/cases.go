@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -15,6 +16,7 @@ import (
 	"time"
 
 	"github.com/opencontainers/go-digest"
+	"golang.org/x/sys/unix"
 
 	"github.com/layerstore/layerstore/benchmarks/internal/benchd"
 	"github.com/layerstore/layerstore/internal/testutil/testregistry"
@@ -26,6 +28,11 @@ type sample struct {
 	Stat     float64 // large layers: the first stat of diff (resolution)
 	Readdir  float64 // large layers: open + readdir of the root of diff
 	Listed   int     // large layers: entries the root of diff listed
+	Walk     float64 // large layers: a full walk of diff after the case (readdir + lstat of every entry), seconds
+	Walked   int     // large layers: entries the walk saw, diff itself included
+	WalkCPU  float64 // large layers: the daemon's CPU over the walk, seconds
+	WalkRSS  int64   // large layers: the daemon's VmRSS after the walk, bytes
+	PathWalk float64 // large layers: a second walk, by paths from the mount's root, seconds
 	CPU      float64 // the daemon's user+system CPU over Wall, seconds
 	RSS, HWM int64   // the daemon's VmRSS and VmHWM after the case and a settle, bytes
 	Layers   int     // layers the daemon reports resolved afterwards
@@ -159,7 +166,104 @@ func (b *bench) caseLarge(ctx context.Context, repoTag string, l *builtLayer, fe
 	s.CPU = cpu1 - cpu0
 	after := b.reg.Stats(l.Digest)
 	s.Requests = testregistry.BlobStats{Full: after.Full - before.Full, Ranged: after.Ranged - before.Ranged, Bytes: after.Bytes - before.Bytes}
-	return s, b.finish(ctx, d, &s)
+	if err := b.finish(ctx, d, &s); err != nil || fetch {
+		return s, err
+	}
+	return s, b.walk(ctx, d, diff, l, &s)
+}
+
+// walk walks the whole tree of a resolved layer's diff as find or a security scanner does:
+// every directory listed, every entry lstat'ed. It runs after the resolution was measured and
+// the memory read, so that it changes neither. A second walk then lstats every entry again
+// by its path from the mount's root (filepath.WalkDir and os.Lstat, what a scanner of the
+// runtime's storage does, through its diff symlinks), on warm kernel caches: the cost of
+// resolving <ref>/<key> again for every path.
+func (b *bench) walk(ctx context.Context, d *benchd.Daemon, diff string, l *builtLayer, s *sample) error {
+	cpu0, err := d.CPU()
+	if err != nil {
+		return err
+	}
+	var paths int
+	err = guarded(ctx, d, func() error {
+		t0 := time.Now()
+		var err error
+		s.Walked, err = walkTree(diff)
+		s.Walk = time.Since(t0).Seconds()
+		if err != nil {
+			return err
+		}
+		if s.WalkRSS, _, err = procMemory(d.Cmd.Process.Pid); err != nil {
+			return err
+		}
+		cpu1, err := d.CPU()
+		s.WalkCPU = cpu1 - cpu0
+		if err != nil {
+			return err
+		}
+		t0 = time.Now()
+		err = filepath.WalkDir(diff, func(path string, _ fs.DirEntry, err error) error {
+			if err != nil {
+				return err
+			}
+			paths++
+			_, err = os.Lstat(path)
+			return err
+		})
+		s.PathWalk = time.Since(t0).Seconds()
+		return err
+	})
+	if err != nil {
+		return withLog(fmt.Errorf("walk: %w", err), d)
+	}
+	// The layer's entries are its tar's, plus diff itself.
+	if s.Walked != l.Entries+1 || paths != s.Walked {
+		return fmt.Errorf("walk: saw %d entries, then %d by path; the layer has %d (+1 for diff)", s.Walked, paths, l.Entries)
+	}
+	return nil
+}
+
+// walkTree lists every directory under dir and lstats every entry, relative to the directory
+// that lists it (openat, fstatat), as find does, and as overlayfs does for a container (it
+// holds the directories of its lower layers: no path is resolved again from the mount's root).
+// It returns the entries seen, dir included.
+func walkTree(dir string) (int, error) {
+	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return 0, fmt.Errorf("open %s: %w", dir, err)
+	}
+	n, err := walkDir(fd, dir)
+	return n + 1, err
+}
+
+// walkDir walks the directory open as fd (named dir, for errors) and closes fd.
+func walkDir(fd int, dir string) (int, error) {
+	f := os.NewFile(uintptr(fd), dir)
+	defer f.Close()
+	names, err := f.Readdirnames(-1)
+	if err != nil {
+		return 0, fmt.Errorf("readdir %s: %w", dir, err)
+	}
+	n := 0
+	for _, name := range names {
+		var st unix.Stat_t
+		if err := unix.Fstatat(fd, name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+			return n, fmt.Errorf("lstat %s/%s: %w", dir, name, err)
+		}
+		n++
+		if st.Mode&unix.S_IFMT != unix.S_IFDIR {
+			continue
+		}
+		sub, err := unix.Openat(fd, name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return n, fmt.Errorf("open %s/%s: %w", dir, name, err)
+		}
+		k, err := walkDir(sub, dir+"/"+name)
+		n += k
+		if err != nil {
+			return n, err
+		}
+	}
+	return n, nil
 }
 
 // lookup is what a runtime does for each layer of a pull (docs/als-contract.md): stat diff, info
