@@ -17,6 +17,7 @@ import (
 
 	"github.com/layerstore/layerstore/internal/testutil/dockerregistry"
 	"github.com/layerstore/layerstore/internal/testutil/testregistry"
+	"github.com/layerstore/layerstore/layer"
 )
 
 // references returns the listing of every reference image pulled normally by podman.
@@ -246,8 +247,8 @@ func TestFallbackWithoutDaemon(t *testing.T) {
 	sameListing(t, "fallback", p.listing(t, img.ref), refs[imgGzip])
 }
 
-// pushPrivate copies img to the private registry.
-func pushPrivate(ctx context.Context, open, private *dockerregistry.Registry, img *image) (*image, error) {
+// copyImage copies img to repoTag on the registry dst.
+func copyImage(ctx context.Context, dst *dockerregistry.Registry, repoTag string, auth authn.Authenticator, img *image) (*image, error) {
 	src, err := name.ParseReference(img.ref, name.Insecure)
 	if err != nil {
 		return nil, err
@@ -256,21 +257,58 @@ func pushPrivate(ctx context.Context, open, private *dockerregistry.Registry, im
 	if err != nil {
 		return nil, err
 	}
-	ref := private.Host + "/private/estargz:v1"
-	dst, err := name.ParseReference(ref, name.Insecure)
+	ref := dst.Host + "/" + repoTag
+	dstRef, err := name.ParseReference(ref, name.Insecure)
 	if err != nil {
 		return nil, err
 	}
-	auth := &authn.Basic{Username: user, Password: password}
-	if err := remote.Write(dst, i, remote.WithContext(ctx), remote.WithAuth(auth)); err != nil {
+	if err := remote.Write(dstRef, i, remote.WithContext(ctx), remote.WithAuth(auth)); err != nil {
 		return nil, err
 	}
-	out, err := describe(ctx, "private", ref, auth)
+	out, err := describe(ctx, repoTag, ref, auth)
 	if err != nil {
 		return nil, err
 	}
 	out.ref0 = imgGzip
 	return out, nil
+}
+
+// TestRestartDuringOutage is the reboot of a node while its registry is down: an image pulled
+// lazily and fetched completely runs after the daemon restarted with the registry stopped,
+// its layers answered from their records and the cache (a stopped registry answers nothing,
+// so any request would fail the run).
+func TestRestartDuringOutage(t *testing.T) {
+	s := need(t)
+	refs := s.references(t)
+	img := s.outageImg
+	d := s.startDaemon(t)
+	p := s.newPodman(t, d.mnt)
+	mark := s.outage.Mark()
+	p.must(t, "pull", img.ref)
+	checkPull(t, img, s.outage.BlobGets(mark), func(d digest.Digest) bool { return img.legacy[d] })
+	d.waitComplete(t, img)
+	for _, l := range d.status(t).Layers {
+		if img.legacy[l.Digest] && l.State != layer.StateComplete {
+			t.Fatalf("layer %s: %s before the outage: %s", l.Digest, l.State, l.Error)
+		}
+	}
+	d.stop(syscall.SIGTERM)
+	s.outage.Stop()
+	d.start(t)
+	out, stderr, err := output(t.Context(), p.env, false, "podman", "run", "--rm", "--pull=never", "--net=none", img.ref,
+		"/bin/busybox", "sh", "-c", listScript)
+	if err != nil {
+		t.Fatalf("podman run --pull=never with the registry down: %v\n%s", err, stderr)
+	}
+	sameListing(t, "after a restart during an outage", out, refs[imgGzip])
+	st := d.status(t)
+	if st.Counters.FromRecords == 0 {
+		t.Errorf("no lookup answered from a record: %+v", st.Counters)
+	}
+	if st.Counters.Failures != 0 {
+		t.Errorf("%d failures with the registry down: the daemon asked it", st.Counters.Failures)
+	}
+	t.Logf("after the restart: %+v", st.Counters)
 }
 
 // TestPrivateRegistry: a registry with htpasswd auth, credentials reaching the daemon from an

@@ -84,7 +84,7 @@ type podman struct {
 func (s *suite) newPodman(t *testing.T, store string, extraEnv ...string) *podman {
 	t.Helper()
 	dir := t.TempDir()
-	p := &podman{dir: dir, env: s.runtimeEnv(t, dir, store, testregistry.RegistriesConf(s.open.Host, s.private.Host), extraEnv...)}
+	p := &podman{dir: dir, env: s.runtimeEnv(t, dir, store, testregistry.RegistriesConf(s.open.Host, s.private.Host, s.outage.Host), extraEnv...)}
 	t.Cleanup(func() {
 		// Containers are run with --rm; this unmounts what podman left and frees the storage.
 		run(context.Background(), p.env, "podman", "system", "reset", "--force")

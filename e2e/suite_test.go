@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/go-containerregistry/pkg/authn"
 	"github.com/opencontainers/go-digest"
 
 	storefs "github.com/layerstore/layerstore/fs"
@@ -38,9 +39,11 @@ type suite struct {
 	bin               string // layerstore, layerstore-auth-helper and harness
 	open              *dockerregistry.Registry
 	private           *dockerregistry.Registry // htpasswd auth
+	outage            *dockerregistry.Registry // stopped by the test of a registry outage
 	images            map[string]*image
 	privImg           *image            // the eStargz image on the private registry
-	regConf           string            // registries.conf marking both registries insecure
+	outageImg         *image            // the eStargz image on the outage registry
+	regConf           string            // registries.conf marking the registries insecure
 	goodAuth, badAuth string            // auth.json files for the private registry
 	refs              map[string]string // listings of the reference images, once made
 }
@@ -121,7 +124,7 @@ func setUp() (_ *suite, err error) {
 		reg  **dockerregistry.Registry
 		name string
 		auth string
-	}{{&s.open, "open", ""}, {&s.private, "private", htpasswd}} {
+	}{{&s.open, "open", ""}, {&s.private, "private", htpasswd}, {&s.outage, "outage", ""}} {
 		d := filepath.Join(dir, "registry-"+r.name)
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			return nil, err
@@ -131,7 +134,7 @@ func setUp() (_ *suite, err error) {
 		}
 	}
 	s.regConf = filepath.Join(dir, "registries.conf")
-	if err := os.WriteFile(s.regConf, []byte(testregistry.RegistriesConf(s.open.Host, s.private.Host)), 0o644); err != nil {
+	if err := os.WriteFile(s.regConf, []byte(testregistry.RegistriesConf(s.open.Host, s.private.Host, s.outage.Host)), 0o644); err != nil {
 		return nil, err
 	}
 	s.goodAuth = filepath.Join(dir, "auth-good.json")
@@ -145,7 +148,11 @@ func setUp() (_ *suite, err error) {
 	if s.images, err = b.pushAll(ctx, s.open, busybox); err != nil {
 		return nil, err
 	}
-	if s.privImg, err = pushPrivate(ctx, s.open, s.private, s.images[imgEStargz]); err != nil {
+	auth := &authn.Basic{Username: user, Password: password}
+	if s.privImg, err = copyImage(ctx, s.private, "private/estargz:v1", auth, s.images[imgEStargz]); err != nil {
+		return nil, err
+	}
+	if s.outageImg, err = copyImage(ctx, s.outage, "outage/estargz:v1", authn.Anonymous, s.images[imgEStargz]); err != nil {
 		return nil, err
 	}
 	return s, nil
@@ -173,7 +180,7 @@ func (s *suite) tearDown() {
 	if s == nil {
 		return
 	}
-	for _, r := range []*dockerregistry.Registry{s.open, s.private} {
+	for _, r := range []*dockerregistry.Registry{s.open, s.private, s.outage} {
 		if r != nil {
 			r.Stop()
 		}
