@@ -24,20 +24,23 @@ import (
 
 // sample is one run of a case on a fresh daemon.
 type sample struct {
-	Wall     float64 // the case's clock, seconds (see each case)
-	Stat     float64 // large layers: the first stat of diff (resolution)
-	Readdir  float64 // large layers: open + readdir of the root of diff
-	Listed   int     // large layers: entries the root of diff listed
-	Walk     float64 // large layers: a full walk of diff after the case (readdir + lstat of every entry), seconds
-	Walked   int     // large layers: entries the walk saw, diff itself included
-	WalkCPU  float64 // large layers: the daemon's CPU over the walk, seconds
-	WalkRSS  int64   // large layers: the daemon's VmRSS after the walk, bytes
-	PathWalk float64 // large layers: a second walk, by paths from the mount's root, seconds
-	CPU      float64 // the daemon's user+system CPU over Wall, seconds
-	RSS, HWM int64   // the daemon's VmRSS and VmHWM after the case and a settle, bytes
-	Layers   int     // layers the daemon reports resolved afterwards
-	Requests testregistry.BlobStats
-	Fetched  int64 // background fetch: bytes the daemon fetched
+	Wall           float64 // the case's clock, seconds (see each case)
+	Stat           float64 // large layers: the first stat of diff (resolution)
+	Readdir        float64 // large layers: open + readdir of the root of diff
+	Listed         int     // large layers: entries the root of diff listed
+	Walk           float64 // large layers: a full walk of diff after the case (readdir + lstat of every entry), seconds
+	Walked         int     // large layers: entries the walk saw, diff itself included
+	WalkCPU        float64 // large layers: the daemon's CPU over the walk, seconds
+	WalkRSS        int64   // large layers: the daemon's VmRSS after the walk, bytes
+	PathWalk       float64 // large layers: a second walk, by paths from the mount's root, seconds
+	Reopen         float64 // large layers: the first stat of diff after a restart on the same cache (from the layer's record), seconds
+	ReopenRSS      int64   // large layers: the restarted daemon's VmRSS after that stat and a settle, bytes
+	ReopenRequests int     // large layers: blob requests of that stat (0: answered from the record)
+	CPU            float64 // the daemon's user+system CPU over Wall, seconds
+	RSS, HWM       int64   // the daemon's VmRSS and VmHWM after the case and a settle, bytes
+	Layers         int     // layers the daemon reports resolved afterwards
+	Requests       testregistry.BlobStats
+	Fetched        int64 // background fetch: bytes the daemon fetched
 }
 
 // bench holds what every case shares.
@@ -169,7 +172,44 @@ func (b *bench) caseLarge(ctx context.Context, repoTag string, l *builtLayer, fe
 	if err := b.finish(ctx, d, &s); err != nil || fetch {
 		return s, err
 	}
-	return s, b.walk(ctx, d, diff, l, &s)
+	if err := b.walk(ctx, d, diff, l, &s); err != nil {
+		return s, err
+	}
+	return s, b.reopen(ctx, d, repoTag, l, &s)
+}
+
+// reopen stops the daemon and starts it again on the same cache, as a restart or a reboot
+// does, and times the first stat of the layer's diff: a lookup answered from the layer's
+// record, without the registry.
+func (b *bench) reopen(ctx context.Context, d *benchd.Daemon, repoTag string, l *builtLayer, s *sample) error {
+	d.Stop()
+	d2, err := benchd.Start(ctx, d.Cfg)
+	if err != nil {
+		return err
+	}
+	defer d2.Stop()
+	diff := filepath.Join(b.layerDir(d2.Cfg.Mountpoint, repoTag, l.key()), "diff")
+	before := b.reg.Stats(l.Digest)
+	err = guarded(ctx, d2, func() error {
+		t0 := time.Now()
+		if _, err := os.Stat(diff); err != nil {
+			return fmt.Errorf("resolving after a restart: %w", err)
+		}
+		s.Reopen = time.Since(t0).Seconds()
+		return nil
+	})
+	if err != nil {
+		return withLog(err, d2)
+	}
+	after := b.reg.Stats(l.Digest)
+	s.ReopenRequests = after.Ranged + after.Full - before.Ranged - before.Full
+	select {
+	case <-time.After(b.opts.settle):
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	s.ReopenRSS, _, err = procMemory(d2.Cmd.Process.Pid)
+	return err
 }
 
 // walk walks the whole tree of a resolved layer's diff as find or a security scanner does:
