@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	iofs "io/fs"
+	"log/slog"
 	"sync"
 	"time"
 
@@ -322,7 +323,13 @@ func (m *Manager) resolve(ctx context.Context, ref string, key digest.Digest) (*
 	// from the record instead of living on the heap, and the next start needs no registry.
 	from := "registry"
 	if name, err := m.records.save(*desc, v, []string{repository(ref)}, []string{ref}); err != nil {
-		log.Warn("writing the layer record failed: the layer is served, but from memory, and a restart needs the registry", "err", err)
+		// A full cache filesystem is the cache's to report (at a bounded rate): one warning
+		// per cause.
+		level := slog.LevelWarn
+		if errors.Is(err, cache.ErrNoSpace) {
+			level = slog.LevelInfo
+		}
+		log.Log(ctx, level, "writing the layer record failed: the layer is served, but from memory, and a restart needs the registry", "err", err)
 	} else if _, rv, err := m.records.open(name); err != nil {
 		log.Warn("reading back the layer record failed: the layer is served from memory", "err", err)
 	} else {

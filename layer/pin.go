@@ -120,6 +120,11 @@ func (m *Manager) Pin(ctx context.Context, ref, platform string) (Pin, error) {
 	m.opts.log.Info("image pinned", "ref", ref, "platform", platform, "layers", len(layers),
 		"pulled_normally", p.Normal, "to_fetch", need)
 	for _, l := range layers {
+		// A background fetch already running goes on: the pin waits for it, then fetches
+		// what is still missing itself.
+		if err := l.waitPrefetch(ctx); err != nil {
+			return m.pinProgress(p), fmt.Errorf("pin %s: %w", ref, err)
+		}
 		if err := l.runPrefetch(ctx); err != nil {
 			return m.pinProgress(p), fmt.Errorf("pin %s: fetching layer %s: %w", ref, l.desc.Digest, err)
 		}

@@ -89,16 +89,25 @@ func (l *Layer) stopPrefetch() {
 	}
 }
 
-// wait returns when the background fetch, if any, has ended.
-func (l *Layer) wait() {
+// waitPrefetch returns when the background fetch, if any, has ended, or ctx has.
+func (l *Layer) waitPrefetch(ctx context.Context) error {
 	p := &l.prefetch
 	p.mu.Lock()
 	done := p.done
 	p.mu.Unlock()
-	if done != nil {
-		<-done
+	if done == nil {
+		return nil
+	}
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
 	}
 }
+
+// wait returns when the background fetch, if any, has ended.
+func (l *Layer) wait() { _ = l.waitPrefetch(context.Background()) }
 
 // runPrefetch fetches every chunk the cache does not hold, in blob order (so eStargz's
 // prioritized files come first, at once: the producer said the workload reads them first; the
