@@ -186,17 +186,11 @@ func (m *Manager) pinContent(layers []*Layer) (records []string, files []chunked
 	seen := map[chunked.Sum]bool{}
 	for _, l := range layers {
 		records = append(records, recordName(l.id))
-		idx := l.idx
-		for id := range chunked.EntryID(idx.Len()) {
-			e := idx.Entry(id)
-			if e.Type != chunked.TypeReg || e.Inode != id || e.Size == 0 || e.Digest.IsZero() || seen[e.Digest] {
-				continue
-			}
-			seen[e.Digest] = true
-			files = append(files, e.Digest)
-			total += e.Size
-			if !m.cache.Has(e.Digest) {
-				need += e.Size // partial files counted whole: the check errs on the safe side
+		for d, size := range l.contentFiles(seen) {
+			files = append(files, d)
+			total += size
+			if !m.cache.Has(d) {
+				need += size // partial files counted whole: the check errs on the safe side
 			}
 		}
 	}

@@ -2,6 +2,7 @@ package layer
 
 import (
 	"fmt"
+	"iter"
 	"slices"
 	"strings"
 
@@ -114,15 +115,9 @@ func (l *Layer) Status() LayerStatus {
 // fetch did (the cache refuses content when its filesystem is full, and evicts).
 func (l *Layer) unstored() error {
 	var missing, files int
-	seen := map[chunked.Sum]bool{}
-	for id := range chunked.EntryID(l.idx.Len()) {
-		e := l.idx.Meta(id)
-		if e.Type != chunked.TypeReg || e.Inode != id || e.Size == 0 || e.Digest.IsZero() || seen[e.Digest] {
-			continue
-		}
-		seen[e.Digest] = true
+	for d := range l.contentFiles(nil) {
 		files++
-		if !l.env.cache.Has(e.Digest) {
+		if !l.env.cache.Has(d) {
 			missing++
 		}
 	}
@@ -130,4 +125,24 @@ func (l *Layer) unstored() error {
 		return fmt.Errorf("%d of %d files not stored in the cache (its filesystem full, or the cache smaller than the layer)", missing, files)
 	}
 	return nil
+}
+
+// contentFiles yields the digest and size of each regular file of the layer that has content,
+// once per digest; seen, when not nil, carries the digests already yielded across layers.
+func (l *Layer) contentFiles(seen map[chunked.Sum]bool) iter.Seq2[chunked.Sum, int64] {
+	if seen == nil {
+		seen = map[chunked.Sum]bool{}
+	}
+	return func(yield func(chunked.Sum, int64) bool) {
+		for id := range chunked.EntryID(l.idx.Len()) {
+			e := l.idx.Meta(id)
+			if e.Type != chunked.TypeReg || e.Inode != id || e.Size == 0 || e.Digest.IsZero() || seen[e.Digest] {
+				continue
+			}
+			seen[e.Digest] = true
+			if !yield(e.Digest, e.Size) {
+				return
+			}
+		}
+	}
 }

@@ -41,6 +41,17 @@ type options struct {
 	limits chunked.Limits
 }
 
+// newOptions applies opts to the defaults.
+func newOptions(opts []Option) (options, error) {
+	o := options{limits: chunked.Limits{}.WithDefaults()}
+	for _, opt := range opts {
+		if err := opt(&o); err != nil {
+			return o, err
+		}
+	}
+	return o, nil
+}
+
 // WithLimits sets the bounds on untrusted input. Zero fields keep their defaults
 // (see [chunked.Limits]).
 func WithLimits(l chunked.Limits) Option {
@@ -96,11 +107,9 @@ type Verifier struct {
 // (its agreement with the TOC is [Verifier.CheckTarSplit]'s). Errors are [*LayerError]s wrapping [chunked.ErrNotLazy],
 // [chunked.ErrInvalid], [chunked.ErrLimit], [ErrDigestMismatch] or the source's error.
 func Open(ctx context.Context, desc chunked.Descriptor, diffID digest.Digest, src Source, opts ...Option) (*Verifier, error) {
-	o := options{limits: chunked.Limits{}.WithDefaults()}
-	for _, opt := range opts {
-		if err := opt(&o); err != nil {
-			return nil, err
-		}
+	o, err := newOptions(opts)
+	if err != nil {
+		return nil, err
 	}
 	l, err := open(ctx, desc, diffID, src, o)
 	if err != nil {

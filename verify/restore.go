@@ -37,11 +37,9 @@ func (l *Verifier) Save() Saved {
 // checksummed, only after Open). Restore checks that they are consistent with each other and
 // with the limits, not that they are true.
 func Restore(s Saved, idx *chunked.Index, opts ...Option) (*Verifier, error) {
-	o := options{limits: chunked.Limits{}.WithDefaults()}
-	for _, opt := range opts {
-		if err := opt(&o); err != nil {
-			return nil, err
-		}
+	o, err := newOptions(opts)
+	if err != nil {
+		return nil, err
 	}
 	switch {
 	case idx == nil:
