@@ -83,8 +83,14 @@ type podman struct {
 // newPodman returns podman using store (a daemon's mount, or "" for none).
 func (s *suite) newPodman(t *testing.T, store string, extraEnv ...string) *podman {
 	t.Helper()
+	return s.newPodmanWith(t, store, testregistry.RegistriesConf(s.open.Host, s.private.Host), extraEnv...)
+}
+
+// newPodmanWith is newPodman with a registries.conf of the test's own.
+func (s *suite) newPodmanWith(t *testing.T, store, registries string, extraEnv ...string) *podman {
+	t.Helper()
 	dir := t.TempDir()
-	p := &podman{dir: dir, env: s.runtimeEnv(t, dir, store, testregistry.RegistriesConf(s.open.Host, s.private.Host, s.outage.Host), extraEnv...)}
+	p := &podman{dir: dir, env: s.runtimeEnv(t, dir, store, registries, extraEnv...)}
 	t.Cleanup(func() {
 		// Containers are run with --rm; this unmounts what podman left and frees the storage.
 		run(context.Background(), p.env, "podman", "system", "reset", "--force")
@@ -182,6 +188,40 @@ func (h *harness) pull(t *testing.T, ref string, args ...string) (pullResult, er
 		return r, fmt.Errorf("harness pull %s: %v\n%s%s", ref, err, stderr, out)
 	}
 	return r, nil
+}
+
+// pullPaused runs `harness pull ref --pause FILE args...` and returns once the image is
+// pulled, with a function that lets the harness go on and returns its result.
+func (h *harness) pullPaused(t *testing.T, ref string, args ...string) (resume func() (pullResult, error)) {
+	t.Helper()
+	file := filepath.Join(t.TempDir(), "paused")
+	done := make(chan struct{})
+	var r pullResult
+	var err error
+	go func() {
+		defer close(done)
+		r, err = h.pull(t, ref, append([]string{"--pause", file}, args...)...)
+	}()
+	for deadline := time.Now().Add(2 * time.Minute); ; time.Sleep(50 * time.Millisecond) {
+		if _, serr := os.Stat(file); serr == nil {
+			break
+		}
+		select {
+		case <-done:
+			t.Fatalf("the harness ended before pausing: %v", err)
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the harness did not pause within 2 minutes")
+		}
+	}
+	return func() (pullResult, error) {
+		if err := os.Remove(file); err != nil {
+			t.Fatal(err)
+		}
+		<-done
+		return r, err
+	}
 }
 
 // checkPull checks the registry log of one pull: no layer the runtime could take from the store
