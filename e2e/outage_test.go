@@ -1,15 +1,25 @@
 package e2e
 
 import (
+	"archive/tar"
+	"bytes"
+	"crypto/rand"
+	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"runtime"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/google/go-containerregistry/pkg/authn"
+	"github.com/google/go-containerregistry/pkg/name"
+	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/opencontainers/go-digest"
 
 	"github.com/layerstore/layerstore/internal/testutil/dockerregistry"
+	"github.com/layerstore/layerstore/internal/testutil/testlayer"
 	"github.com/layerstore/layerstore/internal/testutil/testregistry"
 	"github.com/layerstore/layerstore/layer"
 )
@@ -124,4 +134,135 @@ func TestModernRestartDuringOutage(t *testing.T) {
 	checkAdditional(t, img, r)
 	sameListing(t, "after a restart during an outage", r.Listing, refs[imgGzip])
 	checkNoRegistry(t, d)
+}
+
+// fillerFiles is how many files the filler image has: more than the daemon keeps open (512),
+// so that reading them all leaves files the cache can evict.
+const fillerFiles = 600
+
+// pushFiller pushes to the registry an image of one eStargz layer holding fillerFiles files of
+// size random bytes, f0 to f599, content no other image shares, and describes it.
+func (o *outage) pushFiller(t *testing.T, size int) *image {
+	t.Helper()
+	var es []tarEntry
+	for i := range fillerFiles {
+		data := make([]byte, size)
+		rand.Read(data)
+		es = append(es, tarEntry{Header: tar.Header{Typeflag: tar.TypeReg, Name: fmt.Sprintf("f%d", i), Mode: 0o644,
+			Size: int64(size), ModTime: testlayer.Epoch, Format: tar.FormatPAX}, Data: data})
+	}
+	l, err := stargzLayer()("filler", testlayer.Build(es))
+	if err != nil {
+		t.Fatal(err)
+	}
+	img, err := testregistry.Image(testregistry.Platform{OS: runtime.GOOS, Architecture: runtime.GOARCH, Layers: []testregistry.Blob{l}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ref := o.Host + "/outage/filler:v1"
+	r, err := name.ParseReference(ref, name.Insecure)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := remote.Write(r, img, remote.WithContext(t.Context())); err != nil {
+		t.Fatal(err)
+	}
+	out, err := describe(t.Context(), "filler", ref, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// TestPinKilledAndResumed: a pin whose fetch the daemon's kill -9 interrupted is listed by
+// status at once after the next start, and completed by the daemon itself, nobody pinning
+// again; its content then stays in a cache filled past its bound by another image, and the
+// image runs with the registry down.
+func TestPinKilledAndResumed(t *testing.T) {
+	s := need(t)
+	refs := s.references(t)
+	o := s.newOutage(t)
+	img := o.img
+	filler := o.pushFiller(t, 8<<10)
+	// The bandwidth bound makes the pin's fetch last seconds, so that the kill comes in its
+	// middle; no background fetch but the pin's; a cache bound below what is pinned.
+	d := s.startDaemonWith(t, o.daemonConfig(t, "cache-max-size = \"1MiB\"\n", "[prefetch]\nenabled = false\nbandwidth = \"1MiB\"\n"))
+	p := s.newPodmanWith(t, d.mnt, o.conf)
+	p.must(t, "pull", img.ref)
+
+	pin := exec.Command(filepath.Join(s.bin, "layerstore"), "pin", "--control-socket", d.socket, img.ref)
+	pin.Env = d.env
+	var pinOut bytes.Buffer
+	pin.Stdout, pin.Stderr = &pinOut, &pinOut
+	if err := pin.Start(); err != nil {
+		t.Fatal(err)
+	}
+	pinDone := make(chan error, 1)
+	go func() { pinDone <- pin.Wait() }()
+	t.Cleanup(func() { pin.Process.Kill(); <-pinDone })
+	var before layer.Pin
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(20 * time.Millisecond) {
+		if ps := d.status(t).Pins; len(ps) == 1 && ps[0].Present > 0 {
+			before = ps[0]
+			break
+		}
+		select {
+		case err := <-pinDone:
+			pinDone <- err
+			t.Fatalf("layerstore pin ended before fetching anything: %v\n%s", err, pinOut.String())
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no pin fetching after a minute")
+		}
+	}
+	d.stop(syscall.SIGKILL)
+	if before.Present >= before.Bytes {
+		t.Fatalf("pin complete before the kill (%+v): the test shows nothing", before)
+	}
+	t.Logf("killed with %d of %d bytes of the pin local", before.Present, before.Bytes)
+
+	d.start(t)
+	if ps := d.status(t).Pins; len(ps) != 1 || ps[0].Ref != img.ref {
+		t.Fatalf("pins right after the start: %+v", ps)
+	}
+	var after layer.Pin
+	for deadline := time.Now().Add(2 * time.Minute); ; time.Sleep(100 * time.Millisecond) {
+		after = d.status(t).Pins[0]
+		if after.Present == after.Bytes {
+			break
+		}
+		if after.Error != "" || time.Now().After(deadline) {
+			t.Fatalf("pin not completed after the restart: %+v", after)
+		}
+	}
+	if after.Error != "" {
+		t.Errorf("complete pin with an error: %q", after.Error)
+	}
+
+	// Another image's content, far past the cache's bound, read through the store.
+	fillerDiff := filepath.Join(d.layerDir(filler.ref, filler.lazy[filler.layers[0]]), "diff")
+	for i := range fillerFiles {
+		if b, err := os.ReadFile(filepath.Join(fillerDiff, fmt.Sprintf("f%d", i))); err != nil || len(b) != 8<<10 {
+			t.Fatalf("reading the filler image: %d bytes, %v", len(b), err)
+		}
+	}
+	for deadline := time.Now().Add(30 * time.Second); d.status(t).Cache.Evictions == 0; time.Sleep(100 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("nothing evicted from a cache past its bound: %+v", d.status(t).Cache)
+		}
+	}
+	st := d.status(t)
+	if q := st.Pins[0]; q.Present != q.Bytes {
+		t.Errorf("pinned content evicted: %+v (cache %+v)", q, st.Cache)
+	}
+	t.Logf("cache after the filler: %+v", st.Cache)
+
+	o.Stop()
+	out, stderr, err := output(t.Context(), p.env, false, "podman", "run", "--rm", "--pull=never", "--net=none", img.ref,
+		"/bin/busybox", "sh", "-c", listScript)
+	if err != nil {
+		t.Fatalf("podman run --pull=never with the registry down: %v\n%s", err, stderr)
+	}
+	sameListing(t, "pinned, after a kill -9, with the registry down", out, refs[imgGzip])
 }
