@@ -4,11 +4,15 @@ import (
 	"archive/tar"
 	"bytes"
 	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -99,8 +103,7 @@ func TestRestartDuringOutage(t *testing.T) {
 	d.stop(syscall.SIGTERM)
 	o.Stop()
 	d.start(t)
-	out, stderr, err := output(t.Context(), p.env, false, "podman", "run", "--rm", "--pull=never", "--net=none", img.ref,
-		"/bin/busybox", "sh", "-c", listScript)
+	out, stderr, err := p.runScript(t, img.ref, listScript, "--pull=never")
 	if err != nil {
 		t.Fatalf("podman run --pull=never with the registry down: %v\n%s", err, stderr)
 	}
@@ -259,10 +262,121 @@ func TestPinKilledAndResumed(t *testing.T) {
 	t.Logf("cache after the filler: %+v", st.Cache)
 
 	o.Stop()
-	out, stderr, err := output(t.Context(), p.env, false, "podman", "run", "--rm", "--pull=never", "--net=none", img.ref,
-		"/bin/busybox", "sh", "-c", listScript)
+	out, stderr, err := p.runScript(t, img.ref, listScript, "--pull=never")
 	if err != nil {
 		t.Fatalf("podman run --pull=never with the registry down: %v\n%s", err, stderr)
 	}
 	sameListing(t, "pinned, after a kill -9, with the registry down", out, refs[imgGzip])
+}
+
+// partialReadTimeout is the daemon's read timeout in TestPartialRestartDuringOutage.
+const partialReadTimeout = 5 * time.Second
+
+// partialScript reads, in the image's busybox, a file read before the restart (cached) and
+// one never read (its content is not local): the first is printed with its sha256, the second
+// fails with EIO. It exits 0 either way.
+const partialScript = `/bin/busybox sha256sum /t/usr/bin/tool
+if /bin/busybox cat /t/random.bin >/dev/null; then echo "random.bin: read"; else echo "random.bin: failed"; fi`
+
+// TestPartialRestartDuringOutage is the reboot during a registry outage of a node whose image
+// was only partly fetched (no background fetch): after a restart (a clean stop: chunks read
+// just before a kill -9 may not be stored yet, and are fetched again), reads of the files read
+// before it succeed with their content, reads of a file never read fail with EIO within the
+// daemon's read timeout (a bound, with a margin for the runtime's own work), for both runtimes.
+func TestPartialRestartDuringOutage(t *testing.T) {
+	s := need(t)
+	refs := s.references(t)
+	var wantTool string // sha256 of /t/usr/bin/tool in the reference image
+	for l := range strings.Lines(refs[imgGzip]) {
+		if f := strings.Fields(l); len(f) > 0 && f[0] == "t/usr/bin/tool" {
+			wantTool = f[len(f)-1]
+		}
+	}
+	if wantTool == "" {
+		t.Fatalf("no t/usr/bin/tool in the reference listing:\n%s", refs[imgGzip])
+	}
+	tables := fmt.Sprintf("[layers]\nread-timeout = %q\n[prefetch]\nenabled = false\n", partialReadTimeout)
+	// check checks the script's output and how long the run took.
+	check := func(t *testing.T, out string, elapsed time.Duration) {
+		t.Helper()
+		if !strings.Contains(out, wantTool+"  /t/usr/bin/tool") {
+			t.Errorf("the cached file after the restart: %q, want sha256 %s", out, wantTool)
+		}
+		if !strings.Contains(out, "random.bin: failed") {
+			t.Errorf("a file never fetched read with the registry down: %q", out)
+		}
+		if bound := partialReadTimeout + 30*time.Second; elapsed > bound {
+			t.Errorf("the run took %s, more than the read timeout (%s) and a margin", elapsed, partialReadTimeout)
+		}
+		t.Logf("run with the registry down: %s", elapsed.Round(time.Millisecond))
+	}
+	// direct reads, through the store's mount, the cached file and the missing one, timed.
+	direct := func(t *testing.T, d *daemon, img *image, key digest.Digest) {
+		t.Helper()
+		diff := filepath.Join(d.layerDir(img.ref, key), "diff")
+		b, err := os.ReadFile(filepath.Join(diff, "t/usr/bin/tool"))
+		if sum := sha256.Sum256(b); err != nil || hex.EncodeToString(sum[:]) != wantTool {
+			t.Errorf("cached file through the store: %v, sha256 %x, want %s", err, sum, wantTool)
+		}
+		start := time.Now()
+		_, err = os.ReadFile(filepath.Join(diff, "t/random.bin"))
+		elapsed := time.Since(start)
+		if !errors.Is(err, syscall.EIO) {
+			t.Errorf("file never fetched, registry down: %v, want EIO", err)
+		}
+		if bound := partialReadTimeout + 5*time.Second; elapsed > bound {
+			t.Errorf("the failing read took %s, more than the read timeout (%s) and a margin", elapsed, partialReadTimeout)
+		}
+		t.Logf("failing read through the store: %s (%v)", elapsed.Round(time.Millisecond), err)
+	}
+	contentLayer := func(img *image) digest.Digest { return img.layers[len(img.layers)-1] }
+
+	t.Run("legacy", func(t *testing.T) {
+		o := s.newOutage(t)
+		img := o.img
+		d := s.startDaemonWith(t, o.daemonConfig(t, "", tables))
+		p := s.newPodmanWith(t, d.mnt, o.conf)
+		p.must(t, "pull", img.ref)
+		// busybox read whole (the next run executes other parts of it), and one file of /t.
+		out, stderr, err := p.runScript(t, img.ref, "/bin/busybox cat /bin/busybox >/dev/null && /bin/busybox sha256sum /t/usr/bin/tool")
+		if err != nil || !strings.Contains(out, wantTool) {
+			t.Fatalf("podman run before the restart: %v: %s\n%s", err, out, stderr)
+		}
+		d.stop(syscall.SIGTERM) // content read just before is stored by then (kill -9 could lose it)
+		o.Stop()
+		d.start(t)
+		start := time.Now()
+		out, stderr, err = p.runScript(t, img.ref, partialScript, "--pull=never")
+		if err != nil {
+			t.Fatalf("podman run --pull=never with the registry down: %v\n%s", err, stderr)
+		}
+		check(t, out, time.Since(start))
+		t.Logf("stderr: %s", strings.TrimSpace(stderr))
+		direct(t, d, img, contentLayer(img))
+	})
+
+	t.Run("modern", func(t *testing.T) {
+		o := s.newOutage(t)
+		img := o.img
+		d := s.startDaemonWith(t, o.daemonConfig(t, "", tables))
+		h := s.newHarness(t, d.mnt, o.conf)
+		resume := h.pullPaused(t, img.ref, "--list", partialScript, "--rmi")
+		// What the runtime will read first, read through the store before the restart.
+		for i, f := range []string{"bin/busybox", "t/usr/bin/tool"} {
+			l := img.layers[i]
+			if _, err := os.ReadFile(filepath.Join(d.layerDir(img.ref, img.lazy[l]), "diff", f)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		d.stop(syscall.SIGTERM) // content read just before is stored by then (kill -9 could lose it)
+		o.Stop()
+		d.start(t)
+		start := time.Now()
+		r, err := resume()
+		if err != nil {
+			t.Fatalf("the pulled image with the registry down: %v", err)
+		}
+		check(t, r.Listing, time.Since(start))
+		direct(t, d, img, img.lazy[contentLayer(img)])
+	})
 }

@@ -116,21 +116,32 @@ func (p *podman) must(t *testing.T, args ...string) string {
 	return out
 }
 
-// listing runs listScript in a container of ref. The container is removed afterwards rather
-// than with --rm: podman 4.3 sometimes misses the exit of a short-lived --rm container and
-// waits for conmon's 20 s timeout.
+// listing runs listScript in a container of ref.
 func (p *podman) listing(t *testing.T, ref string) string {
 	t.Helper()
-	p.containers++
-	name := fmt.Sprintf("listing-%d", p.containers)
-	start := time.Now()
-	out, stderr, err := output(t.Context(), p.env, false, "podman", "run", "--name", name, "--net=none", ref, "/bin/busybox", "sh", "-c", listScript)
+	out, stderr, err := p.runScript(t, ref, listScript)
 	if err != nil {
 		t.Fatalf("podman run %s: %v\n%s", ref, err, stderr)
 	}
+	return out
+}
+
+// runScript runs script with the image's busybox sh in a container of ref, flags (such as
+// --pull=never) added to podman run. The container is removed afterwards rather than with
+// --rm: podman 4.3 sometimes misses the exit of a short-lived --rm container and waits for
+// conmon's 20 s timeout.
+func (p *podman) runScript(t *testing.T, ref, script string, flags ...string) (stdout, stderr string, err error) {
+	t.Helper()
+	p.containers++
+	name := fmt.Sprintf("run-%d", p.containers)
+	args := append(append([]string{"run", "--name", name, "--net=none"}, flags...), ref, "/bin/busybox", "sh", "-c", script)
+	start := time.Now()
+	stdout, stderr, err = output(t.Context(), p.env, false, "podman", args...)
 	t.Logf("podman run: %s", time.Since(start).Round(time.Millisecond))
-	p.must(t, "rm", name)
-	return string(out)
+	if _, rmErr := p.try(t, "rm", "--force", name); rmErr != nil && err == nil {
+		t.Errorf("podman rm %s: %v", name, rmErr)
+	}
+	return stdout, stderr, err
 }
 
 // fromStore counts the layers c/storage took from an additional layer store: it records the
