@@ -165,11 +165,16 @@ func bigFile(name string, data []byte) testlayer.Entry {
 
 // TestPinResumedAfterRestart: a pin whose fetch did not finish before the daemon stopped is
 // listed by status at once after the next start and completed in the background, with no
-// lookup and the background fetch of lookups off; a pin whose layer record is gone says so.
+// lookup and the background fetch of lookups off; with the registry failing at the start, the
+// failure is in status and the pin completed once the registry answers again; a pin whose layer
+// record is gone says so.
 func TestPinResumedAfterRestart(t *testing.T) {
 	f := mustFixtures(t)[3]
-	for _, recordGone := range []bool{false, true} {
-		t.Run(fmt.Sprintf("recordGone=%v", recordGone), func(t *testing.T) {
+	defer func(min, max time.Duration) { pinRetryMin, pinRetryMax = min, max }(pinRetryMin, pinRetryMax)
+	pinRetryMin, pinRetryMax = 10*time.Millisecond, 100*time.Millisecond
+	for _, c := range []string{"resumed", "registryDown", "recordGone"} {
+		recordGone, registryDown := c == "recordGone", c == "registryDown"
+		t.Run(c, func(t *testing.T) {
 			e := newRestartEnv(t)
 			ref := e.push("app/pinned:v1", fixtureLayer(f))
 			m, stop := e.start(WithPrefetch(false))
@@ -187,11 +192,22 @@ func TestPinResumedAfterRestart(t *testing.T) {
 				}
 			}
 			stop()
-			e.reg.Fail(f.Desc.Digest, 0)
+			if !registryDown {
+				e.reg.Fail(f.Desc.Digest, 0)
+			}
 
 			m, _ = e.start(WithPrefetch(false))
 			if ps := m.Status().Pins; len(ps) != 1 || ps[0].Ref != ref {
 				t.Fatalf("pins in status right after the start: %+v", ps)
+			}
+			if registryDown {
+				for deadline := time.Now().Add(30 * time.Second); m.Pins()[0].Error == ""; time.Sleep(20 * time.Millisecond) {
+					if time.Now().After(deadline) {
+						t.Fatalf("no error in the status of a pin whose fetch fails: %+v", m.Pins()[0])
+					}
+				}
+				t.Logf("status with the registry failing: %s", m.Pins()[0].Error)
+				e.reg.Fail(f.Desc.Digest, 0)
 			}
 			deadline := time.Now().Add(30 * time.Second)
 			for {

@@ -2,8 +2,10 @@ package layer
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/opencontainers/go-digest"
 )
@@ -34,13 +36,22 @@ func (e *pinErrors) get(name string) string {
 	return e.errs[name]
 }
 
+// Retries of resumed pins that failed: after pinRetryMin, doubling up to pinRetryMax.
+var (
+	pinRetryMin = 30 * time.Second
+	pinRetryMax = 10 * time.Minute
+)
+
+// errRecordGone marks a pin that cannot be resumed from records: only pinning it again can.
+var errRecordGone = errors.New("its record is gone: pin the image again")
+
 // resumePins finishes, in the background, the pins a previous run left incomplete (stopped or
 // killed while it fetched them): each of their layers is re-opened from its record and what
 // the cache lacks of it is fetched, one pinned layer at a time, so that a start with many pins
 // neither waits for them nor takes more of the registry and the processors than one background
-// fetch. Complete pins only have their records checked. A pin whose layer records are gone, or
-// whose fetch fails (the registry is down), says so in status; pinning the image again goes
-// through the registry.
+// fetch. Complete pins only have their records checked. A pin whose fetch fails (the registry
+// is down) says so in status and is retried, less and less often, until it completes or the
+// manager closes; one whose layer records are gone says so and waits for a pin again.
 func (m *Manager) resumePins() {
 	infos, err := m.cache.Pins()
 	if err != nil || len(infos) == 0 {
@@ -48,14 +59,29 @@ func (m *Manager) resumePins() {
 	}
 	m.work.goTracked(func() {
 		ctx := m.work.ctx
-		for _, p := range m.Pins() {
-			err := m.resumePin(ctx, p)
-			if ctx.Err() != nil {
-				return // closing
-			}
-			if err != nil {
-				m.pinErrs.set(pinName(p.Ref, p.Platform), err.Error())
+		for wait := pinRetryMin; ; wait = min(2*wait, pinRetryMax) {
+			retry := false
+			for _, p := range m.Pins() {
+				err := m.resumePin(ctx, p)
+				if ctx.Err() != nil {
+					return // closing
+				}
+				name := pinName(p.Ref, p.Platform)
+				if err == nil {
+					m.pinErrs.set(name, "")
+					continue
+				}
+				m.pinErrs.set(name, err.Error())
 				m.opts.log.Warn("pinned image not complete after the restart", "ref", p.Ref, "platform", p.Platform, "err", err)
+				retry = retry || !errors.Is(err, errRecordGone)
+			}
+			if !retry {
+				return
+			}
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(wait):
 			}
 		}
 	})
@@ -68,7 +94,7 @@ func (m *Manager) resumePin(ctx context.Context, p Pin) error {
 	for _, d := range p.Layers {
 		rec, ok := m.records.find(digest.Digest(d), repository(p.Ref))
 		if !ok {
-			return fmt.Errorf("layer %s: its record is gone: pin the image again", d)
+			return fmt.Errorf("layer %s: %w", d, errRecordGone)
 		}
 		key := tocKey(rec.meta.Descriptor.Annotations)
 		if key == "" {
