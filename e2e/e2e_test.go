@@ -17,7 +17,6 @@ import (
 
 	"github.com/layerstore/layerstore/internal/testutil/dockerregistry"
 	"github.com/layerstore/layerstore/internal/testutil/testregistry"
-	"github.com/layerstore/layerstore/layer"
 )
 
 // references returns the listing of every reference image pulled normally by podman.
@@ -271,44 +270,6 @@ func copyImage(ctx context.Context, dst *dockerregistry.Registry, repoTag string
 	}
 	out.ref0 = imgGzip
 	return out, nil
-}
-
-// TestRestartDuringOutage is the reboot of a node while its registry is down: an image pulled
-// lazily and fetched completely runs after the daemon restarted with the registry stopped,
-// its layers answered from their records and the cache (a stopped registry answers nothing,
-// so any request would fail the run).
-func TestRestartDuringOutage(t *testing.T) {
-	s := need(t)
-	refs := s.references(t)
-	img := s.outageImg
-	d := s.startDaemon(t)
-	p := s.newPodman(t, d.mnt)
-	mark := s.outage.Mark()
-	p.must(t, "pull", img.ref)
-	checkPull(t, img, s.outage.BlobGets(mark), func(d digest.Digest) bool { return img.legacy[d] })
-	d.waitComplete(t, img)
-	for _, l := range d.status(t).Layers {
-		if img.legacy[l.Digest] && l.State != layer.StateComplete {
-			t.Fatalf("layer %s: %s before the outage: %s", l.Digest, l.State, l.Error)
-		}
-	}
-	d.stop(syscall.SIGTERM)
-	s.outage.Stop()
-	d.start(t)
-	out, stderr, err := output(t.Context(), p.env, false, "podman", "run", "--rm", "--pull=never", "--net=none", img.ref,
-		"/bin/busybox", "sh", "-c", listScript)
-	if err != nil {
-		t.Fatalf("podman run --pull=never with the registry down: %v\n%s", err, stderr)
-	}
-	sameListing(t, "after a restart during an outage", out, refs[imgGzip])
-	st := d.status(t)
-	if st.Counters.FromRecords == 0 {
-		t.Errorf("no lookup answered from a record: %+v", st.Counters)
-	}
-	if st.Counters.Failures != 0 {
-		t.Errorf("%d failures with the registry down: the daemon asked it", st.Counters.Failures)
-	}
-	t.Logf("after the restart: %+v", st.Counters)
 }
 
 // TestPrivateRegistry: a registry with htpasswd auth, credentials reaching the daemon from an

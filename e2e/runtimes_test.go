@@ -83,8 +83,14 @@ type podman struct {
 // newPodman returns podman using store (a daemon's mount, or "" for none).
 func (s *suite) newPodman(t *testing.T, store string, extraEnv ...string) *podman {
 	t.Helper()
+	return s.newPodmanWith(t, store, testregistry.RegistriesConf(s.open.Host, s.private.Host), extraEnv...)
+}
+
+// newPodmanWith is newPodman with a registries.conf of the test's own.
+func (s *suite) newPodmanWith(t *testing.T, store, registries string, extraEnv ...string) *podman {
+	t.Helper()
 	dir := t.TempDir()
-	p := &podman{dir: dir, env: s.runtimeEnv(t, dir, store, testregistry.RegistriesConf(s.open.Host, s.private.Host, s.outage.Host), extraEnv...)}
+	p := &podman{dir: dir, env: s.runtimeEnv(t, dir, store, registries, extraEnv...)}
 	t.Cleanup(func() {
 		// Containers are run with --rm; this unmounts what podman left and frees the storage.
 		run(context.Background(), p.env, "podman", "system", "reset", "--force")
@@ -110,21 +116,32 @@ func (p *podman) must(t *testing.T, args ...string) string {
 	return out
 }
 
-// listing runs listScript in a container of ref. The container is removed afterwards rather
-// than with --rm: podman 4.3 sometimes misses the exit of a short-lived --rm container and
-// waits for conmon's 20 s timeout.
+// listing runs listScript in a container of ref.
 func (p *podman) listing(t *testing.T, ref string) string {
 	t.Helper()
-	p.containers++
-	name := fmt.Sprintf("listing-%d", p.containers)
-	start := time.Now()
-	out, stderr, err := output(t.Context(), p.env, false, "podman", "run", "--name", name, "--net=none", ref, "/bin/busybox", "sh", "-c", listScript)
+	out, stderr, err := p.runScript(t, ref, listScript)
 	if err != nil {
 		t.Fatalf("podman run %s: %v\n%s", ref, err, stderr)
 	}
+	return out
+}
+
+// runScript runs script with the image's busybox sh in a container of ref, flags (such as
+// --pull=never) added to podman run. The container is removed afterwards rather than with
+// --rm: podman 4.3 sometimes misses the exit of a short-lived --rm container and waits for
+// conmon's 20 s timeout.
+func (p *podman) runScript(t *testing.T, ref, script string, flags ...string) (stdout, stderr string, err error) {
+	t.Helper()
+	p.containers++
+	name := fmt.Sprintf("run-%d", p.containers)
+	args := append(append([]string{"run", "--name", name, "--net=none"}, flags...), ref, "/bin/busybox", "sh", "-c", script)
+	start := time.Now()
+	stdout, stderr, err = output(t.Context(), p.env, false, "podman", args...)
 	t.Logf("podman run: %s", time.Since(start).Round(time.Millisecond))
-	p.must(t, "rm", name)
-	return string(out)
+	if _, rmErr := p.try(t, "rm", "--force", name); rmErr != nil && err == nil {
+		t.Errorf("podman rm %s: %v", name, rmErr)
+	}
+	return stdout, stderr, err
 }
 
 // fromStore counts the layers c/storage took from an additional layer store: it records the
@@ -182,6 +199,40 @@ func (h *harness) pull(t *testing.T, ref string, args ...string) (pullResult, er
 		return r, fmt.Errorf("harness pull %s: %v\n%s%s", ref, err, stderr, out)
 	}
 	return r, nil
+}
+
+// pullPaused runs `harness pull ref --pause FILE args...` and returns once the image is
+// pulled, with a function that lets the harness go on and returns its result.
+func (h *harness) pullPaused(t *testing.T, ref string, args ...string) (resume func() (pullResult, error)) {
+	t.Helper()
+	file := filepath.Join(t.TempDir(), "paused")
+	done := make(chan struct{})
+	var r pullResult
+	var err error
+	go func() {
+		defer close(done)
+		r, err = h.pull(t, ref, append([]string{"--pause", file}, args...)...)
+	}()
+	for deadline := time.Now().Add(2 * time.Minute); ; time.Sleep(50 * time.Millisecond) {
+		if _, serr := os.Stat(file); serr == nil {
+			break
+		}
+		select {
+		case <-done:
+			t.Fatalf("the harness ended before pausing: %v", err)
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the harness did not pause within 2 minutes")
+		}
+	}
+	return func() (pullResult, error) {
+		if err := os.Remove(file); err != nil {
+			t.Fatal(err)
+		}
+		<-done
+		return r, err
+	}
 }
 
 // checkPull checks the registry log of one pull: no layer the runtime could take from the store

@@ -39,10 +39,8 @@ type suite struct {
 	bin               string // layerstore, layerstore-auth-helper and harness
 	open              *dockerregistry.Registry
 	private           *dockerregistry.Registry // htpasswd auth
-	outage            *dockerregistry.Registry // stopped by the test of a registry outage
 	images            map[string]*image
 	privImg           *image            // the eStargz image on the private registry
-	outageImg         *image            // the eStargz image on the outage registry
 	regConf           string            // registries.conf marking the registries insecure
 	goodAuth, badAuth string            // auth.json files for the private registry
 	refs              map[string]string // listings of the reference images, once made
@@ -124,7 +122,7 @@ func setUp() (_ *suite, err error) {
 		reg  **dockerregistry.Registry
 		name string
 		auth string
-	}{{&s.open, "open", ""}, {&s.private, "private", htpasswd}, {&s.outage, "outage", ""}} {
+	}{{&s.open, "open", ""}, {&s.private, "private", htpasswd}} {
 		d := filepath.Join(dir, "registry-"+r.name)
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			return nil, err
@@ -134,7 +132,7 @@ func setUp() (_ *suite, err error) {
 		}
 	}
 	s.regConf = filepath.Join(dir, "registries.conf")
-	if err := os.WriteFile(s.regConf, []byte(testregistry.RegistriesConf(s.open.Host, s.private.Host, s.outage.Host)), 0o644); err != nil {
+	if err := os.WriteFile(s.regConf, []byte(testregistry.RegistriesConf(s.open.Host, s.private.Host)), 0o644); err != nil {
 		return nil, err
 	}
 	s.goodAuth = filepath.Join(dir, "auth-good.json")
@@ -150,9 +148,6 @@ func setUp() (_ *suite, err error) {
 	}
 	auth := &authn.Basic{Username: user, Password: password}
 	if s.privImg, err = copyImage(ctx, s.private, "private/estargz:v1", auth, s.images[imgEStargz]); err != nil {
-		return nil, err
-	}
-	if s.outageImg, err = copyImage(ctx, s.outage, "outage/estargz:v1", authn.Anonymous, s.images[imgEStargz]); err != nil {
 		return nil, err
 	}
 	return s, nil
@@ -180,7 +175,7 @@ func (s *suite) tearDown() {
 	if s == nil {
 		return
 	}
-	for _, r := range []*dockerregistry.Registry{s.open, s.private, s.outage} {
+	for _, r := range []*dockerregistry.Registry{s.open, s.private} {
 		if r != nil {
 			r.Stop()
 		}
@@ -243,11 +238,27 @@ type daemon struct {
 // is the daemon's own.
 func (s *suite) startDaemon(t *testing.T, extraEnv ...string) *daemon {
 	t.Helper()
+	return s.startDaemonWith(t, daemonConfig{}, extraEnv...)
+}
+
+// daemonConfig is what a test changes in a daemon's configuration.
+type daemonConfig struct {
+	registries string // registries.conf; the suite's when empty
+	top        string // top-level keys (cache-max-size)
+	tables     string // tables after [registries] ([layers], [prefetch])
+}
+
+// startDaemonWith is startDaemon with configuration of the test's own.
+func (s *suite) startDaemonWith(t *testing.T, c daemonConfig, extraEnv ...string) *daemon {
+	t.Helper()
 	dir := t.TempDir()
 	d := &daemon{s: s, dir: dir, mnt: filepath.Join(dir, "store"), socket: filepath.Join(dir, "control.sock"),
 		env: s.env(extraEnv...)}
-	cfg := fmt.Sprintf("cache-dir = %q\ncontrol-socket = %q\nlog-level = \"debug\"\n[registries]\nconf = %q\n",
-		filepath.Join(dir, "cache"), d.socket, s.regConf)
+	if c.registries == "" {
+		c.registries = s.regConf
+	}
+	cfg := fmt.Sprintf("cache-dir = %q\ncontrol-socket = %q\nlog-level = \"debug\"\n%s[registries]\nconf = %q\n%s",
+		filepath.Join(dir, "cache"), d.socket, c.top, c.registries, c.tables)
 	if err := os.WriteFile(filepath.Join(dir, "config.toml"), []byte(cfg), 0o644); err != nil {
 		t.Fatal(err)
 	}

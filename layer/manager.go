@@ -68,6 +68,8 @@ type Manager struct {
 
 	stop chan struct{}
 	done sync.WaitGroup // the janitor
+
+	pinErrs pinErrors // why resumed pins are not complete (pinresume.go)
 }
 
 // maxResolutions bounds the resolutions in flight at once. c/image pulls up to 6 layers of an
@@ -132,6 +134,7 @@ func New(reg Registry, c *cache.Cache, opts ...Option) (*Manager, error) {
 	}
 	m.done.Add(1)
 	go m.janitor()
+	m.resumePins()
 	return m, nil
 }
 

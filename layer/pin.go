@@ -33,6 +33,9 @@ type Pin struct {
 	Bytes   int64     `json:"bytes"`
 	Present int64     `json:"present"`
 	Pinned  time.Time `json:"pinned"`
+	// Error says why the pin is not complete: its layer records are gone, or fetching what a
+	// previous run left missing failed. Status only; pinning the image again retries.
+	Error string `json:"error,omitempty"`
 }
 
 // pinMeta is what a pin's record holds (its data is empty): the pin without its progress.
@@ -108,6 +111,7 @@ func (m *Manager) Pin(ctx context.Context, ref, platform string) (Pin, error) {
 	if err := m.cache.PutRecord(name, raw, nil); err != nil {
 		return p, fmt.Errorf("pin %s: %w", ref, err)
 	}
+	m.pinErrs.set(name, "")
 	for _, l := range layers {
 		// A layer whose record is gone (evicted, or never written: the filesystem was full) gets
 		// its record now: a pin keeps records and content.
@@ -165,6 +169,10 @@ func (m *Manager) Pins() []Pin {
 		}
 		p := pm.Pin
 		p.Present = in.Bytes
+		p.Error = m.pinErrs.get(in.Name)
+		if gone := len(in.Records) - in.RecordsPresent; gone > 0 && p.Error == "" {
+			p.Error = fmt.Sprintf("%d of its %d records gone: pin the image again", gone, len(in.Records))
+		}
 		out = append(out, p)
 	}
 	slices.SortFunc(out, func(a, b Pin) int { return strings.Compare(a.Ref+a.Platform, b.Ref+b.Platform) })

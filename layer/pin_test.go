@@ -4,6 +4,7 @@ import (
 	"archive/tar"
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -160,4 +161,96 @@ func TestPinRefusedWithoutRoom(t *testing.T) {
 
 func bigFile(name string, data []byte) testlayer.Entry {
 	return testlayer.Entry{Header: tar.Header{Typeflag: tar.TypeReg, Name: name, Mode: 0o644, Size: int64(len(data))}, Data: data}
+}
+
+// TestPinResumedAfterRestart: a pin whose fetch did not finish before the daemon stopped is
+// listed by status at once after the next start and completed in the background, with no
+// lookup and the background fetch of lookups off; with the registry failing at the start, the
+// failure is in status and the pin completed once the registry answers again; a pin whose layer
+// record is gone says so.
+func TestPinResumedAfterRestart(t *testing.T) {
+	f := mustFixtures(t)[3]
+	defer func(min, max time.Duration) { pinRetryMin, pinRetryMax = min, max }(pinRetryMin, pinRetryMax)
+	pinRetryMin, pinRetryMax = 10*time.Millisecond, 100*time.Millisecond
+	for _, c := range []string{"resumed", "registryDown", "recordGone"} {
+		recordGone, registryDown := c == "recordGone", c == "registryDown"
+		t.Run(c, func(t *testing.T) {
+			e := newRestartEnv(t)
+			ref := e.push("app/pinned:v1", fixtureLayer(f))
+			m, stop := e.start(WithPrefetch(false))
+			if _, err := m.lookup(t.Context(), ref, servedKey(f)); err != nil {
+				t.Fatal(err)
+			}
+			e.reg.Fail(f.Desc.Digest, 500) // the fetch of the pinned content fails
+			p, err := m.Pin(t.Context(), ref, "")
+			if err == nil || p.Bytes == 0 || p.Present >= p.Bytes {
+				t.Fatalf("pin with the blob failing: %+v, %v; want an incomplete pin and an error", p, err)
+			}
+			if recordGone {
+				if err := m.cache.RemoveRecord(recordName(identityOf(t, m))); err != nil {
+					t.Fatal(err)
+				}
+			}
+			stop()
+			if !registryDown {
+				e.reg.Fail(f.Desc.Digest, 0)
+			}
+
+			m, _ = e.start(WithPrefetch(false))
+			if ps := m.Status().Pins; len(ps) != 1 || ps[0].Ref != ref {
+				t.Fatalf("pins in status right after the start: %+v", ps)
+			}
+			if registryDown {
+				for deadline := time.Now().Add(30 * time.Second); m.Pins()[0].Error == ""; time.Sleep(20 * time.Millisecond) {
+					if time.Now().After(deadline) {
+						t.Fatalf("no error in the status of a pin whose fetch fails: %+v", m.Pins()[0])
+					}
+				}
+				t.Logf("status with the registry failing: %s", m.Pins()[0].Error)
+				e.reg.Fail(f.Desc.Digest, 0)
+			}
+			deadline := time.Now().Add(30 * time.Second)
+			for {
+				ps := m.Pins()
+				if recordGone {
+					if ps[0].Error != "" {
+						t.Logf("status: %s", ps[0].Error)
+						if !strings.Contains(ps[0].Error, "record") {
+							t.Errorf("status of a pin without its record: %q", ps[0].Error)
+						}
+						return
+					}
+				} else if ps[0].Present == ps[0].Bytes {
+					if ps[0].Error != "" {
+						t.Errorf("complete pin with an error: %q", ps[0].Error)
+					}
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("pin not resumed 30 s after the start: %+v", ps[0])
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+			e.reg.Close() // everything pinned is local now
+			l, err := m.lookup(t.Context(), ref, servedKey(f))
+			if err != nil {
+				t.Fatal(err)
+			}
+			compareContent(t, readAll(t, l, 1<<20), referenceContent(t))
+		})
+	}
+}
+
+// identityOf returns the identity of m's only live layer.
+func identityOf(t *testing.T, m *Manager) identity {
+	t.Helper()
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if len(m.live) != 1 {
+		t.Fatalf("%d live layers, want 1", len(m.live))
+	}
+	for id := range m.live {
+		return id
+	}
+	panic("unreachable")
 }

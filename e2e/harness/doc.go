@@ -28,7 +28,7 @@
 // # Subcommands
 //
 //	harness convert [--compress ALGO] [--all] [--dest-tls-verify=false] SRC DST
-//	harness pull REF [--list SCRIPT] [--save PATH] [--push DSTREF] [--rmi]
+//	harness pull REF [--pause FILE] [--list SCRIPT] [--save PATH] [--push DSTREF] [--rmi]
 //	harness compress BLOBFILE < TAR
 //
 // convert copies SRC to DST (c/image transport references such as oci:/dir:tag or
@@ -39,7 +39,9 @@
 // reports each layer of the image, including whether c/storage took it from an additional
 // layer store. Everything else pull can do happens in the same process, because modern
 // c/storage does not record layers taken from an additional layer store in layers.json:
-// a second process would not see them. --list mounts the image read-only and runs SCRIPT
+// a second process would not see them. --pause creates FILE once the image is pulled and
+// waits until it is removed before going on, so that a test can restart the store or stop the
+// registry between the pull and the steps that read the image. --list mounts the image read-only and runs SCRIPT
 // with the image's /bin/busybox sh inside it (chroot); --save writes a docker-archive (this
 // reads the layer blobs); --push copies the image to another registry reference with a
 // blob-info cache of its own, so that it uploads the layers read from the store instead of

@@ -73,7 +73,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 
 const usage = `usage:
   harness convert [--compress gzip|zstd|zstd:chunked] [--all] [--dest-tls-verify=false] SRC DST
-  harness pull REF [--list SCRIPT] [--save PATH] [--push DSTREF] [--rmi]
+  harness pull REF [--pause FILE] [--list SCRIPT] [--save PATH] [--push DSTREF] [--rmi]
   harness compress BLOBFILE < TAR     (zstd:chunked with c/storage's compressor; prints the annotations)
 common flags: --timeout DURATION (default 2m), --debug
 configuration: CONTAINERS_STORAGE_CONF, CONTAINERS_REGISTRIES_CONF, REGISTRY_AUTH_FILE

@@ -47,16 +47,18 @@ type layerReport struct {
 
 // pullFlags are the actions "harness pull" performs after the pull, in this order.
 type pullFlags struct {
-	list string
-	save string
-	push string
-	rmi  bool
+	pause string
+	list  string
+	save  string
+	push  string
+	rmi   bool
 }
 
 func runPull(ctx context.Context, args []string) (any, error) {
 	var common commonFlags
 	var pf pullFlags
 	fs := newFlagSet("pull", &common)
+	fs.StringVar(&pf.pause, "pause", "", "after the pull, create this file and wait until it is removed before the other steps")
 	fs.StringVar(&pf.list, "list", "", "run this busybox sh script in the read-only mounted image; its stdout becomes \"listing\"")
 	fs.StringVar(&pf.save, "save", "", "save the pulled image as a docker-archive at this path")
 	fs.StringVar(&pf.push, "push", "", "push the pulled image to this registry reference (no docker:// prefix)")
@@ -159,6 +161,9 @@ func (p *puller) run(ctx context.Context) (*pullResult, error) {
 	}
 	res.ImageID = img.ID
 	res.Layers, err = p.layers(img.TopLayer)
+	if err == nil && p.flags.pause != "" {
+		err = pause(ctx, p.flags.pause)
+	}
 	if err == nil {
 		err = p.use(ctx, res, img.ID, local)
 	}
@@ -286,4 +291,24 @@ func (p *puller) save(ctx context.Context, local types.ImageReference, path stri
 	}
 	_, err = p.rc.copyImage(ctx, dst, local, &copy.Options{})
 	return err
+}
+
+// pause creates path and returns once it is gone, or ctx is done: the caller can change the
+// world (restart the store, stop the registry) between a pull and the use of the image by the
+// same process, which knows the layers it took from an additional layer store (see the
+// README's known upstream issue: another process would not).
+func pause(ctx context.Context, path string) error {
+	if err := os.WriteFile(path, nil, 0o644); err != nil {
+		return fmt.Errorf("--pause: %w", err)
+	}
+	for {
+		if _, err := os.Lstat(path); errors.Is(err, os.ErrNotExist) {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("--pause: %s still there: %w", path, ctx.Err())
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
 }

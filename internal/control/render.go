@@ -21,6 +21,9 @@ func Render(w io.Writer, st layer.Status) {
 		}
 		fmt.Fprintf(w, "\npinned %s%s  %d layers  %s %s / %s\n", p.Ref, platform, len(p.Layers),
 			bar(p.Present, p.Bytes, 30), human(p.Present), human(p.Bytes))
+		if p.Error != "" {
+			fmt.Fprintf(w, "  %s\n", p.Error)
+		}
 	}
 	for _, l := range st.Layers {
 		fmt.Fprintf(w, "\n%s  %s  %s  users %d\n", short(string(l.Digest)), l.Format, l.Guarantee, l.Users)
