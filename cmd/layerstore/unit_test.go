@@ -16,6 +16,7 @@ import (
 	"reflect"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -196,6 +197,12 @@ func TestUnitFile(t *testing.T) {
 		if wanted := u.words("Install", "WantedBy"); !slices.Contains(wanted, target) {
 			t.Errorf("WantedBy=%q lacks %s", wanted, target)
 		}
+	}
+	if n, err := strconv.Atoi(u.one(t, "Service", "FileDescriptorStoreMax")); err != nil || n < 1 {
+		t.Errorf("FileDescriptorStoreMax=%d (%v): the FUSE connection must fit in the store", n, err)
+	}
+	if p := u["Service"]["FileDescriptorStorePreserve"]; len(p) > 0 && p[len(p)-1] == "yes" {
+		t.Errorf("FileDescriptorStorePreserve=yes keeps the connection of a stopped daemon: the store's accesses would hang instead of failing")
 	}
 	if reload := u["Service"]["ExecReload"]; len(reload) != 1 || reload[0] != "/bin/kill -HUP $MAINPID" {
 		t.Errorf("ExecReload=%q, want SIGHUP to the daemon (it reloads, see TestReloadOnSIGHUP)", reload)
