@@ -73,11 +73,13 @@ func extractStargzTOC(raw []byte, limit int64) ([]byte, error) {
 	if h.Size > limit {
 		return nil, limitf("TOC of %d bytes exceeds %d", h.Size, limit)
 	}
-	// Grow with the data actually read, never by the size the header claims.
-	out, err := io.ReadAll(tr)
-	if err != nil {
+	// The size the header claims sizes the buffer only as far as the compressed TOC could
+	// plausibly hold it; beyond that, the buffer grows with the data actually read.
+	buf := bytes.NewBuffer(make([]byte, 0, min(h.Size, maxTOCRatio*int64(len(raw)))+bytes.MinRead))
+	if _, err := buf.ReadFrom(tr); err != nil {
 		return nil, invalidf("TOC: %v", err)
 	}
+	out := buf.Bytes()
 	if _, err := tr.Next(); err != io.EOF {
 		return nil, invalidf("TOC: the TOC member holds more than stargz.index.json (%v)", err)
 	}

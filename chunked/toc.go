@@ -33,7 +33,10 @@ const (
 var artefacts = map[string]bool{"stargz.index.json": true, prefetchLandmark: true, noPrefetchMark: true}
 
 // rawEntry is one element of a TOC's "entries" array: the union of the eStargz and
-// zstd:chunked entry fields. Keys match exactly; unknown keys are ignored.
+// zstd:chunked entry fields. Keys match exactly; unknown keys are ignored, but those that
+// differ from a defined key only by case ("Digest", "MODE") are refused: c/storage matches
+// keys case-insensitively, so such a TOC could read differently there. The entryDecoder
+// fills it as json.Unmarshal would (tests check that it does).
 type rawEntry struct {
 	Name        string            `json:"name"`
 	Type        string            `json:"type"`
@@ -60,7 +63,8 @@ type rawEntry struct {
 	// case has no unknown members to check.
 	UserName  string `json:"userName"`
 	GroupName string `json:"groupName"`
-	// Unknown holds members no field matched; see checkKeys.
+	// Unknown holds members no field matched, when json.Unmarshal fills the entry (the
+	// tests' reference for the entryDecoder).
 	Unknown jsontext.Value `json:",embed"`
 }
 
@@ -76,13 +80,6 @@ func jsonNames(t reflect.Type) map[string]bool {
 		}
 	}
 	return m
-}
-
-// checkKeys refuses members that differ from a defined key only by case ("Digest", "MODE"):
-// c/storage matches keys case-insensitively, so such a TOC could read differently there.
-// Other unknown members are ignored, for forward compatibility.
-func checkKeys(r *rawEntry) error {
-	return refuseCaseVariants(r.Unknown, knownKeys)
 }
 
 // refuseCaseVariants refuses the members of unknown (a JSON object of the members no field
@@ -112,6 +109,9 @@ func Parse(ctx context.Context, layout *Layout, tocJSON []byte, limits Limits) (
 	if int64(len(tocJSON)) > lim.MaxTOCSize {
 		return nil, limitf("TOC of %d bytes exceeds %d", len(tocJSON), lim.MaxTOCSize)
 	}
+	// Sized from the TOC's length (an entry takes 200 bytes or more of JSON), so that the
+	// slices of a large TOC are not copied as they grow.
+	guess := min(len(tocJSON)/200+16, lim.MaxEntries)
 	b := &builder{
 		ctx: ctx,
 		lim: lim,
@@ -119,7 +119,8 @@ func Parse(ctx context.Context, layout *Layout, tocJSON []byte, limits Limits) (
 			format:      layout.Format,
 			payloadEnd:  layout.PayloadEnd(),
 			prefetchEnd: -1,
-			entries:     make([]Entry, 0, min(len(tocJSON)/200+16, lim.MaxEntries)),
+			entries:     make([]Entry, 0, guess),
+			chunks:      make([]Chunk, 0, guess),
 		},
 		cur: -1,
 	}
@@ -143,6 +144,11 @@ type builder struct {
 	version   int
 	hasTimes  bool
 	opaqueDir []string
+
+	// The last modification time parsed: most entries of a TOC share theirs.
+	lastMTime     string
+	lastMTimeSec  int64
+	lastMTimeNsec uint32
 }
 
 // ctxCheckEvery is how many entries the parse handles between two looks at its context.
@@ -220,6 +226,7 @@ func (b *builder) decodeEntries(dec *jsontext.Decoder) error {
 		return err
 	}
 	var r rawEntry
+	d := entryDecoder{dec: dec}
 	for dec.PeekKind() == '{' {
 		if err := b.canceled(b.raw); err != nil {
 			return err
@@ -227,21 +234,21 @@ func (b *builder) decodeEntries(dec *jsontext.Decoder) error {
 		if b.raw >= b.lim.MaxEntries {
 			return limitf("TOC has more than %d entries", b.lim.MaxEntries)
 		}
-		r = rawEntry{}
-		if err := json.UnmarshalDecode(dec, &r); err != nil {
+		if err := d.decodeEntry(&r); errors.Is(err, ErrInvalid) {
+			return &EntryError{Index: b.raw, Name: r.Name, Err: err}
+		} else if err != nil {
 			return &EntryError{Index: b.raw, Err: invalidf("%v", err)}
 		}
-		err := checkKeys(&r)
-		if err == nil && r.Type == "chunk" {
+		var err error
+		if r.Type == "chunk" {
 			err = b.addChunk(&r)
-		} else if err == nil {
+		} else {
 			err = b.addEntry(&r)
 		}
-		var ee *EntryError
-		if errors.As(err, &ee) {
-			return err // names an earlier entry already
-		}
 		if err != nil {
+			if _, ok := errors.AsType[*EntryError](err); ok {
+				return err // names an earlier entry already
+			}
 			return &EntryError{Index: b.raw, Name: r.Name, Err: err}
 		}
 		b.raw++
@@ -279,12 +286,15 @@ func (b *builder) addEntry(r *rawEntry) error {
 	if e.DevMinor, err = u32("devMinor", r.DevMinor); err != nil {
 		return err
 	}
-	if r.ModTime != "" {
+	if r.ModTime != "" && r.ModTime == b.lastMTime {
+		e.ModTimeSec, e.ModTimeNsec = b.lastMTimeSec, b.lastMTimeNsec
+	} else if r.ModTime != "" {
 		t, err := parseTime(r.ModTime)
 		if err != nil {
 			return err
 		}
 		e.ModTimeSec, e.ModTimeNsec = t.Unix(), uint32(t.Nanosecond())
+		b.lastMTime, b.lastMTimeSec, b.lastMTimeNsec = r.ModTime, e.ModTimeSec, e.ModTimeNsec
 	}
 	if err := b.addTimes(r); err != nil {
 		return err
@@ -511,16 +521,24 @@ func cleanName(name string) (string, error) {
 	case name[0] == '/':
 		return "", invalidf("absolute name")
 	}
-	for part := range strings.SplitSeq(name, "/") {
-		if part == ".." {
+	tidy := true // as path.Clean leaves it, but for one trailing slash
+	for part := range strings.SplitSeq(strings.TrimSuffix(name, "/"), "/") {
+		switch part {
+		case "..":
 			return "", invalidf("name escapes the layer root")
+		case "", ".":
+			tidy = false
 		}
 	}
-	clean := path.Clean("/" + name)[1:]
-	if depth := strings.Count(clean, "/") + 1; depth > maxDepth {
+	if tidy {
+		name = strings.TrimSuffix(name, "/")
+	} else {
+		name = path.Clean("/" + name)[1:]
+	}
+	if depth := strings.Count(name, "/") + 1; depth > maxDepth {
 		return "", limitf("name of %d components exceeds %d", depth, maxDepth)
 	}
-	return clean, nil
+	return name, nil
 }
 
 func u32(what string, v int64) (uint32, error) {
