@@ -109,9 +109,51 @@ func Parse(ctx context.Context, layout *Layout, tocJSON []byte, limits Limits) (
 	if int64(len(tocJSON)) > lim.MaxTOCSize {
 		return nil, limitf("TOC of %d bytes exceeds %d", len(tocJSON), lim.MaxTOCSize)
 	}
+	// A bytes.Buffer is parsed in place, without copying into the decoder's own buffer.
+	return parse(ctx, layout, bytes.NewBuffer(tocJSON), len(tocJSON), lim)
+}
+
+// ParseCompressed is [ExtractTOC] then [Parse] on the compressed TOC raw, for the zstd
+// formats in one pass: the JSON is parsed as it is decompressed (on another goroutine),
+// never held whole. It suits formats whose TOC digest covers the compressed bytes
+// (zstd:chunked), which can be checked before; the eStargz family's covers the JSON.
+// Errors are those of ExtractTOC and Parse.
+func ParseCompressed(ctx context.Context, l *Layout, raw []byte, limits Limits) (*Index, error) {
+	lim := limits.WithDefaults()
+	if !l.Format.Zstd() {
+		js, err := ExtractTOC(l, raw, lim)
+		if err != nil {
+			return nil, err
+		}
+		return Parse(ctx, l, js, lim)
+	}
+	zr, err := newTOCReader(l, raw, lim, 2)
+	if err != nil {
+		return nil, err
+	}
+	defer zr.close()
+	size := len(raw) * 5 // TOC JSON compresses 5-10 times
+	if h := tocSizeHint(l, raw, lim); h > 0 {
+		size = int(h)
+	}
+	x, err := parse(ctx, l, zr, size, lim)
+	if zr.err != nil {
+		return nil, zr.err // what stopped the decompression, rather than the parse's view of it
+	}
+	if err != nil {
+		return nil, err
+	}
+	if err := zr.checkSize(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// parse builds the index from the TOC JSON r yields, about size bytes.
+func parse(ctx context.Context, layout *Layout, r io.Reader, size int, lim Limits) (*Index, error) {
 	// Sized from the TOC's length (an entry takes 200 bytes or more of JSON), so that the
 	// slices of a large TOC are not copied as they grow.
-	guess := min(len(tocJSON)/200+16, lim.MaxEntries)
+	guess := min(size/200+16, lim.MaxEntries)
 	b := &builder{
 		ctx: ctx,
 		lim: lim,
@@ -127,7 +169,7 @@ func Parse(ctx context.Context, layout *Layout, tocJSON []byte, limits Limits) (
 	if b.x.payloadEnd < 0 {
 		return nil, invalidf("TOC offset %d leaves no room for data", layout.TOC.Offset)
 	}
-	if err := b.decode(tocJSON); err != nil {
+	if err := b.decode(r); err != nil {
 		return nil, err
 	}
 	return b.finish()
@@ -162,9 +204,8 @@ func (b *builder) canceled(i int) error {
 	return b.ctx.Err()
 }
 
-func (b *builder) decode(data []byte) error {
-	// A bytes.Buffer is parsed in place, without copying into the decoder's own buffer.
-	dec := jsontext.NewDecoder(bytes.NewBuffer(data))
+func (b *builder) decode(r io.Reader) error {
+	dec := jsontext.NewDecoder(r)
 	if err := expect(dec, '{'); err != nil {
 		return err
 	}
