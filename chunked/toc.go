@@ -2,7 +2,6 @@ package chunked
 
 import (
 	"bytes"
-	"cmp"
 	"context"
 	"encoding/base64"
 	"encoding/hex"
@@ -676,13 +675,17 @@ func (b *builder) finish() (*Index, error) {
 	if err := ensureDir(""); err != nil {
 		return nil, err
 	}
+	lastDir := "" // ensured: entries of a directory mostly follow one another
 	for id := range x.tocCount {
 		if err := b.canceled(id); err != nil {
 			return nil, err
 		}
 		if e := &x.entries[id]; e.Visible() && e.Name != "" {
-			if err := ensureDir(dirOf(e.Name)); err != nil {
-				return nil, err
+			if d := dirOf(e.Name); d != lastDir {
+				if err := ensureDir(d); err != nil {
+					return nil, err
+				}
+				lastDir = d
 			}
 		}
 	}
@@ -701,6 +704,7 @@ func (b *builder) finish() (*Index, error) {
 		return nil, &EntryError{Index: -1, Name: "/", Err: invalidf("root is not a directory")}
 	}
 	x.children = make([]EntryID, 0, len(paths)-1)
+	lastDir, lastParent := "", x.root
 	for id := range x.entries {
 		if err := b.canceled(id); err != nil {
 			return nil, err
@@ -717,7 +721,10 @@ func (b *builder) finish() (*Index, error) {
 			e.Parent = x.root
 			continue
 		}
-		e.Parent = paths[dirOf(e.Name)]
+		if d := dirOf(e.Name); d != lastDir {
+			lastDir, lastParent = d, paths[d]
+		}
+		e.Parent = lastParent
 		if x.entries[e.Parent].Type != TypeDir {
 			return nil, &EntryError{Index: -1, Name: e.Name, Err: invalidf("parent is not a directory")}
 		}
@@ -741,13 +748,34 @@ func (b *builder) finish() (*Index, error) {
 	if err := b.ctx.Err(); err != nil {
 		return nil, err
 	}
-	slices.SortFunc(x.children, func(a, b EntryID) int {
-		if c := cmp.Compare(x.entries[a].Parent, x.entries[b].Parent); c != 0 {
-			return c
-		}
-		return strings.Compare(x.baseName(a), x.baseName(b))
-	})
+	x.sortChildren()
 	return x.compact(paths)
+}
+
+// sortChildren sorts the children by (Parent, BaseName): grouped by parent in one pass, then
+// each directory's sorted by name (often sorted already, in TOC order).
+func (x *wideIndex) sortChildren() {
+	start := make([]uint32, len(x.entries)+1) // where each parent's children start
+	for _, id := range x.children {
+		start[x.entries[id].Parent+1]++
+	}
+	for i := 1; i < len(start); i++ {
+		start[i] += start[i-1]
+	}
+	sorted := make([]EntryID, len(x.children))
+	next := slices.Clone(start[:len(x.entries)])
+	for _, id := range x.children {
+		p := x.entries[id].Parent
+		sorted[next[p]] = id
+		next[p]++
+	}
+	byName := func(a, b EntryID) int { return strings.Compare(x.baseName(a), x.baseName(b)) }
+	for p := range x.entries {
+		if dir := sorted[start[p]:start[p+1]]; len(dir) > 1 && !slices.IsSortedFunc(dir, byName) {
+			slices.SortFunc(dir, byName)
+		}
+	}
+	x.children = sorted
 }
 
 // classifyName sets the whiteout and hidden flags of an entry and returns its path in the tree.
