@@ -2,6 +2,7 @@ package chunked
 
 import (
 	"bytes"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"math"
@@ -266,5 +267,77 @@ func (d *entryDecoder) xattrs(dst *map[string]string) error {
 		return fmt.Errorf("got %v, want the end of an object", tok.Kind())
 	}
 	*dst = m
+	return nil
+}
+
+// decodeTarSplit reads one tar-split record into r as json.Unmarshal reads it into a
+// rawTarSplitRecord, with the refusal of case variants (see decodeEntry): name_raw and payload
+// are base64 (standard, padded, strict), decoded into the reused buffers r holds.
+func (d *entryDecoder) decodeTarSplit(r *TarSplitRecord) error {
+	nameRaw, payload := r.NameRaw[:0], r.Payload[:0]
+	*r = TarSplitRecord{}
+	if tok, err := d.dec.ReadToken(); err != nil {
+		return err
+	} else if tok.Kind() != '{' {
+		return fmt.Errorf("got %v, want an object", tok.Kind())
+	}
+	for d.dec.PeekKind() == '"' {
+		name, err := d.name()
+		if err != nil {
+			return err
+		}
+		switch string(name) {
+		case "type":
+			var v int64
+			if err = d.int(&v); err == nil && int64(int(v)) != v {
+				err = errIntRange
+			}
+			r.Type = int(v)
+		case "name":
+			err = d.str(&r.Name)
+		case "name_raw":
+			err = d.base64(&r.NameRaw, nameRaw)
+		case "size":
+			err = d.int(&r.Size)
+		case "payload":
+			err = d.base64(&r.Payload, payload)
+		case "position":
+			err = d.int(&r.Position)
+		default:
+			if tarSplitNames[strings.ToLower(string(name))] {
+				return invalidf("key %q differs from a defined key only by case", name)
+			}
+			err = d.dec.SkipValue()
+		}
+		if err != nil {
+			return err
+		}
+	}
+	if tok, err := d.dec.ReadToken(); err != nil {
+		return err
+	} else if tok.Kind() != '}' {
+		return fmt.Errorf("got %v, want the end of an object", tok.Kind())
+	}
+	return nil
+}
+
+// base64 reads a base64 string (into buf) or null (nil).
+func (d *entryDecoder) base64(dst *[]byte, buf []byte) error {
+	s, ok, err := d.stringValue()
+	if err != nil || !ok {
+		*dst = nil
+		return err
+	}
+	b, err := base64.StdEncoding.AppendDecode(buf[:0], s)
+	if err != nil {
+		return err
+	}
+	if len(s) != base64.StdEncoding.EncodedLen(len(b)) {
+		return errors.New("base64 with characters outside its alphabet")
+	}
+	if b == nil {
+		b = []byte{}
+	}
+	*dst = b
 	return nil
 }

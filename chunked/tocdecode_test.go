@@ -99,3 +99,46 @@ func FuzzCleanName(f *testing.F) {
 		}
 	})
 }
+
+// referenceTarSplit reads one tar-split record as json.Unmarshal does, then refuses the
+// members that differ from a defined key only by case: what decodeTarSplit must match.
+func referenceTarSplit(in []byte) (TarSplitRecord, error) {
+	var r rawTarSplitRecord
+	if err := json.UnmarshalDecode(jsontext.NewDecoder(bytes.NewReader(in)), &r); err != nil {
+		return r.TarSplitRecord, err
+	}
+	return r.TarSplitRecord, refuseCaseVariants(r.Unknown, tarSplitNames)
+}
+
+var tarSplitDecoderSeeds = []string{
+	`{"type":1,"name":"usr/bin/x","size":4096,"payload":"AAECAwQFBgc=","position":3}`,
+	`{"type":2,"payload":"dXN0YXIAMDA=","position":0}`,
+	`{"type":1,"name_raw":"/w==","name":null,"size":0,"payload":null,"position":1,"x":[1,{}]}`,
+	`{"payload":""}`, `{"payload":"AA"}`, `{"payload":"AA=="}`, `{"payload":"AA\r\n=="}`, `{"payload":"A\nA=="}`,
+	`{"payload":"-_8="}`, `{"payload":"AAB="}`, `{"payload":"AAA"}`, `{"payload":1}`, `{"payload":[]}`,
+	`{"Payload":"AA=="}`, `{"NAME_RAW":"AA=="}`, `{"type":"1"}`, `{"type":1.5}`, `{"type":9223372036854775808}`,
+	`{"p\u0061yload":"AA=="}`, `{"payload":"A\u0041=="}`, `{"position":1,"position":2}`,
+}
+
+// FuzzTarSplitDecoder checks that decodeTarSplit reads every record as json.Unmarshal reads
+// it (with the refusal of case variants), reusing the buffers of the record before.
+func FuzzTarSplitDecoder(f *testing.F) {
+	for _, s := range tarSplitDecoderSeeds {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, in []byte) {
+		d := entryDecoder{dec: jsontext.NewDecoder(bytes.NewReader(in))}
+		if d.dec.PeekKind() != '{' {
+			return
+		}
+		want, werr := referenceTarSplit(in)
+		got := TarSplitRecord{Type: 7, Name: "stale", NameRaw: []byte("stale"), Payload: make([]byte, 3, 64)}
+		gerr := d.decodeTarSplit(&got)
+		if (werr == nil) != (gerr == nil) {
+			t.Fatalf("%q: error %v, json.Unmarshal's %v", in, gerr, werr)
+		}
+		if werr == nil && !reflect.DeepEqual(got, want) {
+			t.Fatalf("%q: read\n%+v\njson.Unmarshal reads\n%+v", in, got, want)
+		}
+	})
+}
