@@ -50,11 +50,16 @@ type Cache struct {
 	// held across their file writes, never by eviction.
 	pinMu sync.Mutex
 
+	// writers counts the record writes under way (see WriteRecord); Close waits for them.
+	writers sync.WaitGroup
+
 	mu      sync.Mutex // guards the fields below
 	closed  bool
 	entries map[chunked.Sum]*entry
 	records map[string]*record
-	pins    map[string]*pin
+	// recordWrites holds the record writes under way, by name: closed when stored or failed.
+	recordWrites map[string]chan struct{}
+	pins         map[string]*pin
 	// lru holds the entries and records not pinned (*entry or *record); front = most
 	// recently used.
 	lru list.List
@@ -85,7 +90,7 @@ func New(root string, opts ...Option) (*Cache, error) {
 		return nil, fmt.Errorf("cache: %w", err)
 	}
 	c := &Cache{root: root, opts: o, lock: lock, entries: map[chunked.Sum]*entry{},
-		records: map[string]*record{}, pins: map[string]*pin{}, now: time.Now, noSpaceBackoff: noSpaceBackoff,
+		records: map[string]*record{}, recordWrites: map[string]chan struct{}{}, pins: map[string]*pin{}, now: time.Now, noSpaceBackoff: noSpaceBackoff,
 		report: reporter{logger: o.logger, every: reportEvery}}
 	if err := c.scan(); err != nil {
 		_ = lock.Close()
@@ -105,11 +110,15 @@ func New(root string, opts ...Option) (*Cache, error) {
 // crash would leave.
 func (c *Cache) Close() error {
 	c.mu.Lock()
-	defer c.mu.Unlock()
 	if c.closed {
+		c.mu.Unlock()
 		return nil
 	}
 	c.closed = true
+	c.mu.Unlock()
+	c.writers.Wait() // record writes in the background end, their files removed
+	c.mu.Lock()
+	defer c.mu.Unlock()
 	for _, e := range c.entries {
 		e.mu.Lock()
 		e.unloadLocked()

@@ -17,6 +17,7 @@
 //	errs := c.PutFiles(files)                  // whole files at once, one group commit
 //
 //	err = c.PutRecord(name, meta, data)        // atomic, durable, checksummed
+//	r, stored, err := c.WriteRecord(name, meta, data) // the same, r open at once, stored later
 //	meta, err := c.RecordMeta(name)            // header and meta only
 //	r, err := c.OpenRecord(name)               // checked, then r.Data() is a read-only mapping
 //	err = c.Pin(image, records, digests)       // kept out of eviction, across restarts

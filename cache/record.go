@@ -144,39 +144,151 @@ func errNoRecord(name string) error {
 // with an error wrapping [ErrNoSpace] if that is not enough. Open [Record]s of the old record
 // keep their mapping of it.
 func (c *Cache) PutRecord(name string, meta, data []byte) error {
-	if err := checkRecordName(name); err != nil {
+	w, err := c.writeRecord(name, meta, data)
+	if err != nil {
 		return err
 	}
+	return c.storeRecord(w, nil)
+}
+
+// WriteRecord is [Cache.PutRecord] for a caller that uses the new record at once: it returns
+// as soon as the record's bytes are written, with the new record open as [Cache.OpenRecord]
+// would return it, and makes it durable and renames it into place in the background, as
+// PutRecord does, then sends the outcome on stored (nil: stored under name). Until then the
+// name holds the previous record, if any: a crash at any point leaves the old record or the
+// new one, never a torn one. Writes of one name are stored in the order of their calls.
+func (c *Cache) WriteRecord(name string, meta, data []byte) (rec *Record, stored <-chan error, err error) {
+	w, err := c.writeRecord(name, meta, data)
+	if err != nil {
+		return nil, nil, err
+	}
+	m, err := unix.Mmap(int(w.f.Fd()), 0, int(w.h.size()), unix.PROT_READ, unix.MAP_SHARED)
+	if err != nil {
+		w.abort()
+		return nil, nil, fmt.Errorf("cache: mapping record %q: %w", name, err)
+	}
+	// Until stored, the Record holds a record of its own, not the cache's: it takes the
+	// cache's (and a use of it) when stored, if still open.
+	rec = &Record{c: c, r: &record{name: name, refs: 1}, meta: slices.Clone(meta), m: m, data: m[w.h.dataOff:w.h.size():w.h.size()]}
+	ch := make(chan error, 1)
+	go func() { ch <- c.storeRecord(w, rec) }()
+	return rec, ch, nil
+}
+
+// recordWrite is a record written to its temporary file, not yet durable nor named.
+type recordWrite struct {
+	name string
+	h    recordHeader
+	f    *os.File
+	done func() // lets the next write of the name proceed
+}
+
+// writeRecord writes a record to a temporary file, after any earlier write of the name is
+// stored. The caller stores it (storeRecord) or aborts it.
+func (c *Cache) writeRecord(name string, meta, data []byte) (*recordWrite, error) {
+	if err := checkRecordName(name); err != nil {
+		return nil, err
+	}
 	if len(meta) > maxRecordMeta || int64(len(data)) > maxRecordData {
-		return fmt.Errorf("cache: record %q: meta of %d bytes (at most %d), data of %d (at most %d)",
+		return nil, fmt.Errorf("cache: record %q: meta of %d bytes (at most %d), data of %d (at most %d)",
 			name, len(meta), maxRecordMeta, len(data), int64(maxRecordData))
 	}
-	c.mu.Lock()
-	closed := c.closed
-	c.mu.Unlock()
-	if closed {
-		return ErrClosed
+	done, err := c.startRecordWrite(name)
+	if err != nil {
+		return nil, err
 	}
 	h := newRecordHeader(meta, data)
 	dir := filepath.Join(c.root, recordsDir)
-	var tmp string
-	err := c.withRoom(h.size(), func() error {
+	var f *os.File
+	err = c.withRoom(h.size(), func() error {
 		if err := c.refuseIfFull(); err != nil {
 			return fmt.Errorf("cache: writing record %q: %w", name, err)
 		}
 		var err error
-		tmp, err = writeRecordFile(dir, name, h, meta, data)
+		f, err = writeRecordFile(dir, name, h, meta, data)
 		if err != nil {
 			return fmt.Errorf("cache: writing record %q: %w", name, err)
 		}
 		return nil
 	})
 	if err != nil {
-		return err
+		done()
+		return nil, err
+	}
+	return &recordWrite{name: name, h: h, f: f, done: done}, nil
+}
+
+// startRecordWrite waits until no other write of name is under way (or the cache is closed),
+// then registers one, which the returned function ends.
+func (c *Cache) startRecordWrite(name string) (func(), error) {
+	for {
+		c.mu.Lock()
+		if c.closed {
+			c.mu.Unlock()
+			return nil, ErrClosed
+		}
+		busy := c.recordWrites[name]
+		if busy == nil {
+			ch := make(chan struct{})
+			c.recordWrites[name] = ch
+			c.writers.Add(1)
+			c.mu.Unlock()
+			return func() {
+				c.mu.Lock()
+				delete(c.recordWrites, name)
+				c.mu.Unlock()
+				close(ch)
+				c.writers.Done()
+			}, nil
+		}
+		c.mu.Unlock()
+		<-busy
+	}
+}
+
+// abort removes the temporary file of a write not stored.
+func (w *recordWrite) abort() {
+	_ = w.f.Close()
+	_ = removeIfExists(w.f.Name())
+	w.done()
+}
+
+// storeRecord makes a written record durable and renames it into place (see PutRecord). rec,
+// when not nil, is the Record WriteRecord returned for it: it then holds the stored record.
+func (c *Cache) storeRecord(w *recordWrite, rec *Record) error {
+	defer w.done()
+	tmp := w.f.Name()
+	err := w.f.Sync()
+	if cerr := w.f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		_ = removeIfExists(tmp)
+		return fmt.Errorf("cache: writing record %q: %w", w.name, err)
 	}
 	if err := c.crashPoint("record:written"); err != nil {
 		return err
 	}
+	if rec != nil {
+		rec.mu.Lock() // before Cache.mu, as Record.Close takes them
+	}
+	err = c.renameRecord(w, tmp, rec)
+	if rec != nil {
+		rec.mu.Unlock()
+	}
+	if err != nil {
+		return err
+	}
+	if err := syncDir(filepath.Dir(tmp)); err != nil {
+		return fmt.Errorf("cache: storing record %q: %w", w.name, err)
+	}
+	c.maybeEvict()
+	return nil
+}
+
+// renameRecord renames a durable record into place and registers it (rec.mu held, if rec
+// is not nil).
+func (c *Cache) renameRecord(w *recordWrite, tmp string, rec *Record) error {
 	// Renamed and registered under Cache.mu, so that RemoveRecord and eviction, which remove
 	// the name under it too, never leave the record registered without its file.
 	c.mu.Lock()
@@ -185,36 +297,36 @@ func (c *Cache) PutRecord(name string, meta, data []byte) error {
 		_ = removeIfExists(tmp)
 		return ErrClosed
 	}
-	if err := os.Rename(tmp, c.recordPath(name)); err != nil {
+	if err := os.Rename(tmp, c.recordPath(w.name)); err != nil {
 		c.mu.Unlock()
 		_ = removeIfExists(tmp)
-		return fmt.Errorf("cache: storing record %q: %w", name, err)
+		return fmt.Errorf("cache: storing record %q: %w", w.name, err)
 	}
-	r := c.records[name]
+	r := c.records[w.name]
 	if r == nil {
-		r = &record{name: name}
+		r = &record{name: w.name}
 		r.elem = c.lru.PushFront(r)
-		c.records[name] = r
-		if n := c.recordPinsLocked(name); n > 0 {
+		c.records[w.name] = r
+		if n := c.recordPinsLocked(w.name); n > 0 {
 			c.setRecordPinsLocked(r, n)
 		}
 	}
-	c.setRecordSizeLocked(r, h.size())
+	c.setRecordSizeLocked(r, w.h.size())
 	c.lru.MoveToFront(r.elem)
-	c.mu.Unlock()
-	if err := syncDir(dir); err != nil {
-		return fmt.Errorf("cache: storing record %q: %w", name, err)
+	if rec != nil && rec.m != nil {
+		r.refs++
+		rec.r = r // its own record is forgotten: no one else holds it
 	}
-	c.maybeEvict()
+	c.mu.Unlock()
 	return nil
 }
 
-// writeRecordFile writes a record to a new temporary file in dir, made durable, and returns
-// its path. On failure it removes it.
-func writeRecordFile(dir, name string, h recordHeader, meta, data []byte) (string, error) {
+// writeRecordFile writes a record to a new temporary file in dir and returns it, open; it is
+// not synced. On failure it removes it.
+func writeRecordFile(dir, name string, h recordHeader, meta, data []byte) (*os.File, error) {
 	f, err := os.CreateTemp(dir, "."+name+".*"+tmpExt)
 	if err != nil {
-		return "", err
+		return nil, err
 	}
 	head := append(h.encode(), meta...)
 	_, err = f.WriteAt(head, 0)
@@ -227,17 +339,12 @@ func writeRecordFile(dir, name string, h recordHeader, meta, data []byte) (strin
 	if err == nil {
 		err = f.Chmod(0o400)
 	}
-	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
 	if err != nil {
+		_ = f.Close()
 		_ = removeIfExists(f.Name())
-		return "", err
+		return nil, err
 	}
-	return f.Name(), nil
+	return f, nil
 }
 
 // setRecordSizeLocked sets the size a record counts in usage (Cache.mu held).

@@ -309,7 +309,8 @@ func TestRecordKill(t *testing.T) {
 // that a torn file would show in its length too.
 func killVersion(v int) []byte { return recordData(uint64(v), 4<<20+v*4099) }
 
-// recordChild writes versions of a record until killed (or a minute has passed).
+// recordChild writes versions of a record until killed (or a minute has passed), by PutRecord
+// and by WriteRecord in turn.
 func recordChild(t *testing.T, root string) {
 	c, err := New(root)
 	if err != nil {
@@ -323,8 +324,19 @@ func recordChild(t *testing.T, root string) {
 	}
 	deadline := time.Now().Add(time.Minute)
 	for v := start; time.Now().Before(deadline); v++ {
-		if err := c.PutRecord("rec", []byte("v"+strconv.Itoa(v)), killVersion(v)); err != nil {
-			t.Fatal(err)
+		if v%2 == 0 {
+			if err := c.PutRecord("rec", []byte("v"+strconv.Itoa(v)), killVersion(v)); err != nil {
+				t.Fatal(err)
+			}
+		} else { // stored in the background, killed there too
+			rec, stored, err := c.WriteRecord("rec", []byte("v"+strconv.Itoa(v)), killVersion(v))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := <-stored; err != nil {
+				t.Fatal(err)
+			}
+			rec.Close()
 		}
 		fmt.Printf("done %d\n", v)
 	}
@@ -427,4 +439,90 @@ func FuzzRecordHeader(f *testing.F) {
 			t.Errorf("accepted %+v for a file of %d bytes", h, size)
 		}
 	})
+}
+
+// TestWriteRecord: WriteRecord returns the new record open before it is stored, the name
+// holding the old one until then; once stored, the open Record holds the cache's record (not
+// evicted while open), and Close waits for a write under way, whose file it removes.
+func TestWriteRecord(t *testing.T) {
+	root := t.TempDir()
+	c := newCache(t, root)
+	release := make(chan struct{})
+	c.hook = func(point string) error {
+		if point == "record:written" {
+			<-release
+		}
+		return nil
+	}
+	old, data := recordData(1, 5000), recordData(2, 300<<10+17)
+	go close(release) // the first write goes through
+	putRecord(t, c, "layer-a", []byte("v1"), old)
+	release = make(chan struct{})
+
+	rec, stored, err := c.WriteRecord("layer-a", []byte("v2"), data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(rec.Meta()) != "v2" || !bytes.Equal(rec.Data(), data) {
+		t.Fatal("the written record reads back different")
+	}
+	if r := openRecord(t, c, "layer-a"); string(r.Meta()) != "v1" || !bytes.Equal(r.Data(), old) {
+		t.Error("the name holds another record than the old one before the new one is stored")
+	} else {
+		r.Close()
+	}
+	close(release)
+	if err := <-stored; err != nil {
+		t.Fatal(err)
+	}
+	r := openRecord(t, c, "layer-a")
+	if string(r.Meta()) != "v2" || !bytes.Equal(r.Data(), data) {
+		t.Error("the stored record differs")
+	}
+	r.Close()
+	c.mu.Lock()
+	refs := c.records["layer-a"].refs
+	c.mu.Unlock()
+	if refs != 1 {
+		t.Errorf("stored record has %d references, want 1 (the Record WriteRecord returned)", refs)
+	}
+	if want := recordSize([]byte("v2"), data); c.Usage() != want {
+		t.Errorf("usage %d, want %d", c.Usage(), want)
+	}
+	rec.Close()
+	if !bytes.Equal(r.Meta(), []byte("v2")) {
+		t.Error("meta changed")
+	}
+
+	// A write under way when the cache closes: Close waits for it, and it is not stored.
+	release = make(chan struct{})
+	rec, stored, err = c.WriteRecord("layer-a", []byte("v3"), recordData(3, 100))
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed := make(chan struct{})
+	go func() { c.Close(); close(closed) }()
+	select {
+	case <-closed:
+		t.Fatal("Close returned with a record write under way")
+	case <-time.After(50 * time.Millisecond):
+	}
+	close(release)
+	<-closed
+	if err := <-stored; !errors.Is(err, ErrClosed) {
+		t.Errorf("write under way at Close: %v, want ErrClosed", err)
+	}
+	if !bytes.Equal(rec.Data(), recordData(3, 100)) {
+		t.Error("the written record reads back different after Close")
+	}
+	rec.Close()
+	if des, _ := os.ReadDir(filepath.Join(root, recordsDir)); len(des) != 1 {
+		t.Errorf("records/ holds %v", des)
+	}
+	c = newCache(t, root)
+	r = openRecord(t, c, "layer-a")
+	if string(r.Meta()) != "v2" {
+		t.Errorf("after restart, record %q, want v2", r.Meta())
+	}
+	r.Close()
 }

@@ -6,6 +6,8 @@ import (
 	"runtime"
 	"testing"
 
+	"github.com/klauspost/compress/zstd"
+
 	"github.com/layerstore/layerstore/chunked"
 	"github.com/layerstore/layerstore/internal/testutil/testlayer"
 )
@@ -37,6 +39,24 @@ func BenchmarkParse(b *testing.B) {
 			bin, _ := x.AppendBinary(nil)
 			b.ReportMetric(float64(len(bin))/float64(n), "binB/entry")
 		})
+	}
+}
+
+// BenchmarkParseCompressed measures decompressing and parsing a zstd TOC in one pass.
+func BenchmarkParseCompressed(b *testing.B) {
+	js, end := testlayer.SyntheticTOC(1_000_000)
+	enc, err := zstd.NewWriter(nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	raw := enc.EncodeAll(js, nil)
+	layout := &chunked.Layout{Format: chunked.ZstdChunked, TOC: chunked.Range{Offset: end + 8, Length: int64(len(raw))},
+		TOCUncompressed: int64(len(js))}
+	b.SetBytes(int64(len(js)))
+	for b.Loop() {
+		if _, err := chunked.ParseCompressed(context.Background(), layout, raw, chunked.Limits{}); err != nil {
+			b.Fatal(err)
+		}
 	}
 }
 

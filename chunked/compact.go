@@ -336,6 +336,9 @@ func indexOf(data []byte) (*Index, error) {
 	return x, nil
 }
 
+// BinarySize returns the size of the index's compact binary form.
+func (x *Index) BinarySize() int { return len(x.data) }
+
 // AppendBinary appends the index's compact binary form to b.
 func (x *Index) AppendBinary(b []byte) ([]byte, error) {
 	b = append(b, x.data...)

@@ -10,7 +10,8 @@
 //   - [ExtractTOC] decompresses the TOC with a size cap; [Parse] turns TOC JSON into an [Index]:
 //     one model for all formats, with full metadata, hardlinks resolved, whiteouts and opaque
 //     markers translated for overlayfs, format artefacts hidden, and for every regular file its
-//     chunks with their compressed ranges in the blob.
+//     chunks with their compressed ranges in the blob. [ParseCompressed] does both in one pass
+//     for a zstd TOC, parsing as it decompresses.
 //   - [TarSplitReader] iterates the tar headers recorded in a tar-split stream.
 //
 // An [Index] is its compact binary form: one byte array holding a variable-length record per

@@ -1,6 +1,7 @@
 package chunked
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"reflect"
@@ -11,7 +12,7 @@ import (
 func CompareWide(layout *Layout, tocJSON []byte, limits Limits) error {
 	b := &builder{ctx: context.Background(), lim: limits.WithDefaults(), cur: -1,
 		x: &wideIndex{format: layout.Format, payloadEnd: layout.PayloadEnd(), prefetchEnd: -1}}
-	if err := b.decode(tocJSON); err != nil {
+	if err := b.decode(bytes.NewBuffer(tocJSON)); err != nil {
 		return nil // Parse refuses it too
 	}
 	x, err := b.finish()

@@ -28,30 +28,82 @@ func ExtractTOC(l *Layout, raw []byte, limits Limits) ([]byte, error) {
 	if l.Format == EStargz {
 		return extractStargzTOC(raw, lim.MaxTOCSize)
 	}
-	dec, err := zstd.NewReader(bytes.NewReader(raw), zstd.WithDecoderConcurrency(1),
-		zstd.WithDecoderMaxMemory(uint64(lim.MaxTOCSize)), zstd.WithDecoderMaxWindow(uint64(min(lim.MaxTOCSize, 1<<30))))
+	zr, err := newTOCReader(l, raw, lim, 1)
 	if err != nil {
-		return nil, invalidf("TOC: %v", err)
+		return nil, err
 	}
-	defer dec.Close()
-	// The stated size sizes the buffer only when the compressed TOC could plausibly hold it:
-	// a manifest alone must not make the daemon allocate up to the limit.
-	hint := l.TOCUncompressed
-	if hint > maxTOCRatio*int64(len(raw)) {
-		hint = 0
-	}
-	out, err := readCapped(dec, lim.MaxTOCSize, hint)
-	if errors.Is(err, zstd.ErrDecoderSizeExceeded) || errors.Is(err, zstd.ErrWindowSizeExceeded) {
-		return nil, limitf("TOC: %v", err)
+	defer zr.close()
+	out, err := readCapped(zr, lim.MaxTOCSize, tocSizeHint(l, raw, lim))
+	if zr.err != nil {
+		return nil, zr.err
 	}
 	if err != nil {
 		return nil, err
 	}
-	if l.TOCUncompressed != 0 && int64(len(out)) != l.TOCUncompressed {
-		return nil, invalidf("TOC decompressed to %d bytes, the layout says %d", len(out), l.TOCUncompressed)
+	if err := zr.checkSize(); err != nil {
+		return nil, err
 	}
 	return out, nil
 }
+
+// tocSizeHint returns the TOC's uncompressed size the layout states when the compressed TOC
+// raw could plausibly hold it (a manifest alone must not make the daemon allocate up to the
+// limit), else 0.
+func tocSizeHint(l *Layout, raw []byte, lim Limits) int64 {
+	if h := l.TOCUncompressed; h > 0 && h <= maxTOCRatio*int64(len(raw)) && h <= lim.MaxTOCSize {
+		return h
+	}
+	return 0
+}
+
+// tocReader decompresses a zstd TOC up to the limit, counting its bytes.
+type tocReader struct {
+	dec   *zstd.Decoder
+	l     *Layout
+	limit int64
+	n     int64
+	err   error // the first error other than io.EOF, as ExtractTOC reports it
+}
+
+// newTOCReader returns a reader of the zstd TOC raw; concurrency is the decoder's (1:
+// decompressed as it is read, on the reader's goroutine).
+func newTOCReader(l *Layout, raw []byte, lim Limits, concurrency int) (*tocReader, error) {
+	dec, err := zstd.NewReader(bytes.NewReader(raw), zstd.WithDecoderConcurrency(concurrency),
+		zstd.WithDecoderMaxMemory(uint64(lim.MaxTOCSize)), zstd.WithDecoderMaxWindow(uint64(min(lim.MaxTOCSize, 1<<30))))
+	if err != nil {
+		return nil, invalidf("TOC: %v", err)
+	}
+	return &tocReader{dec: dec, l: l, limit: lim.MaxTOCSize}, nil
+}
+
+func (t *tocReader) Read(p []byte) (int, error) {
+	if t.err != nil {
+		return 0, t.err
+	}
+	n, err := t.dec.Read(p)
+	t.n += int64(n)
+	switch {
+	case t.n > t.limit:
+		t.err = limitf("TOC decompresses to more than %d bytes", t.limit)
+	case errors.Is(err, zstd.ErrDecoderSizeExceeded) || errors.Is(err, zstd.ErrWindowSizeExceeded):
+		t.err = limitf("TOC: %v", err)
+	case err != nil && err != io.EOF:
+		t.err = invalidf("TOC: %w", err)
+	default:
+		return n, err
+	}
+	return 0, t.err
+}
+
+// checkSize refuses a TOC whose size is not the one the layout states (once read to its end).
+func (t *tocReader) checkSize() error {
+	if t.l.TOCUncompressed != 0 && t.n != t.l.TOCUncompressed {
+		return invalidf("TOC decompressed to %d bytes, the layout says %d", t.n, t.l.TOCUncompressed)
+	}
+	return nil
+}
+
+func (t *tocReader) close() { t.dec.Close() }
 
 // extractStargzTOC reads the TOC member to its end, so that the gzip CRC covers every byte
 // of it: the tar header, the JSON, the padding and the end blocks.
@@ -73,11 +125,13 @@ func extractStargzTOC(raw []byte, limit int64) ([]byte, error) {
 	if h.Size > limit {
 		return nil, limitf("TOC of %d bytes exceeds %d", h.Size, limit)
 	}
-	// Grow with the data actually read, never by the size the header claims.
-	out, err := io.ReadAll(tr)
-	if err != nil {
+	// The size the header claims sizes the buffer only as far as the compressed TOC could
+	// plausibly hold it; beyond that, the buffer grows with the data actually read.
+	buf := bytes.NewBuffer(make([]byte, 0, min(h.Size, maxTOCRatio*int64(len(raw)))+bytes.MinRead))
+	if _, err := buf.ReadFrom(tr); err != nil {
 		return nil, invalidf("TOC: %v", err)
 	}
+	out := buf.Bytes()
 	if _, err := tr.Next(); err != io.EOF {
 		return nil, invalidf("TOC: the TOC member holds more than stargz.index.json (%v)", err)
 	}

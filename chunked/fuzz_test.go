@@ -660,3 +660,60 @@ func TestIterateTarSplitTerminates(t *testing.T) {
 		t.Fatal("IterateTarSplit still running after 5s")
 	}
 }
+
+// FuzzParseCompressed checks that ParseCompressed, which parses a zstd TOC as it
+// decompresses it, answers as ExtractTOC then Parse: the same index, or an error for both.
+// The TOC is the fuzzed JSON compressed (whole, cut short, or given a wrong stated size), or
+// the fuzzed bytes themselves.
+func FuzzParseCompressed(f *testing.F) {
+	for _, fx := range fuzzFixtures(f) {
+		l, _, js := fixtureTOC(f, fx)
+		if l.Format.Zstd() {
+			f.Add(byte(l.Format), js, byte(0))
+		}
+	}
+	f.Add(byte(chunked.ZstdChunked), []byte(tocOf(file("d/f", 3, 0))), byte(1))
+	f.Add(byte(chunked.ZstdChunked), []byte(tocOf(file("d/f", 3, 0))), byte(2))
+	f.Add(byte(chunked.ZstdChunked), []byte(tocOf(file("d/f", 3, 0))), byte(3))
+	f.Add(byte(chunked.ZstdChunked), []byte(`{"version":1,"entries":[`+strings.Repeat(`{"name":"a","type":"dir"},`, 1<<16)), byte(0))
+	enc, err := zstd.NewWriter(nil)
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Fuzz(func(t *testing.T, format byte, js []byte, mode byte) {
+		fm := fuzzFormat(format)
+		if !fm.Zstd() {
+			fm = chunked.ZstdChunked
+		}
+		l := testLayout(fm)
+		raw := enc.EncodeAll(js, nil)
+		switch mode % 4 {
+		case 1:
+			raw = raw[:len(raw)/2]
+		case 2:
+			l.TOCUncompressed = int64(len(js)) + int64(mode)/4 - 32
+		case 3:
+			raw = js
+		}
+		want, werr := chunked.ExtractTOC(l, raw, fuzzLimits)
+		var wx *chunked.Index
+		if werr == nil {
+			wx, werr = chunked.Parse(context.Background(), l, want, fuzzLimits)
+		}
+		x, err := chunked.ParseCompressed(context.Background(), l, raw, fuzzLimits)
+		if (err == nil) != (werr == nil) {
+			t.Fatalf("ParseCompressed: %v; ExtractTOC and Parse: %v", err, werr)
+		}
+		if err != nil {
+			if !errors.Is(err, chunked.ErrInvalid) && !errors.Is(err, chunked.ErrLimit) {
+				t.Errorf("ParseCompressed error %v wraps neither ErrInvalid nor ErrLimit", err)
+			}
+			return
+		}
+		got, _ := x.AppendBinary(nil)
+		exp, _ := wx.AppendBinary(nil)
+		if !bytes.Equal(got, exp) {
+			t.Errorf("ParseCompressed built another index than ExtractTOC and Parse")
+		}
+	})
+}

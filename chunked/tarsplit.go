@@ -8,7 +8,6 @@ import (
 	"io"
 	"reflect"
 
-	"github.com/go-json-experiment/json"
 	"github.com/go-json-experiment/json/jsontext"
 )
 
@@ -36,7 +35,8 @@ type TarSplitRecord struct {
 	Position int64  `json:"position"`
 }
 
-// rawTarSplitRecord is a record as decoded, with the members no field matched.
+// rawTarSplitRecord is a record as json.Unmarshal decodes it, with the members no field
+// matched: the tests' reference for the entryDecoder's decodeTarSplit.
 type rawTarSplitRecord struct {
 	TarSplitRecord
 	Unknown jsontext.Value `json:",embed"` // the members no field matched (see refuseCaseVariants)
@@ -61,8 +61,9 @@ type TarSplitReader struct {
 	lr   *io.LimitedReader
 	rl   *recordLimiter
 	lim  Limits
+	d    entryDecoder
 	next int64
-	rec  rawTarSplitRecord
+	rec  TarSplitRecord // its NameRaw and Payload buffers are reused
 	size int64
 }
 
@@ -71,7 +72,8 @@ func NewTarSplitReader(r io.Reader, limits Limits) *TarSplitReader {
 	lim := limits.WithDefaults()
 	lr := &io.LimitedReader{R: r, N: lim.MaxTarSplitSize + 1}
 	rl := &recordLimiter{r: lr}
-	return &TarSplitReader{dec: jsontext.NewDecoder(rl), lr: lr, rl: rl, lim: lim}
+	dec := jsontext.NewDecoder(rl)
+	return &TarSplitReader{dec: dec, d: entryDecoder{dec: dec}, lr: lr, rl: rl, lim: lim}
 }
 
 // recordLimiter lets the decoder read at most up to limit, so that one record cannot make it
@@ -108,21 +110,21 @@ func (t *TarSplitReader) Next() (*TarSplitRecord, error) {
 			return nil, io.EOF
 		}
 	}
-	t.rec = rawTarSplitRecord{}
-	if err := json.UnmarshalDecode(t.dec, &t.rec); err != nil {
+	// Members that differ from a defined one only by case are refused: tar-split's own
+	// reader (encoding/json) would take "Payload" for "payload".
+	if err := t.d.decodeTarSplit(&t.rec); err != nil {
 		if t.lr.N <= 0 {
 			return nil, limitf("tar-split exceeds %d bytes", t.lim.MaxTarSplitSize)
 		}
 		if t.rl.over {
 			return nil, limitf("tar-split record %d exceeds %d bytes", t.next, maxRecord)
 		}
+		if errors.Is(err, ErrInvalid) {
+			return nil, fmt.Errorf("tar-split record %d: %w", t.next, err)
+		}
 		return nil, invalidf("tar-split record %d: %v", t.next, err)
 	}
-	// tar-split's own reader (encoding/json) would take "Payload" for "payload".
-	if err := refuseCaseVariants(t.rec.Unknown, tarSplitNames); err != nil {
-		return nil, fmt.Errorf("tar-split record %d: %w", t.next, err)
-	}
-	r := &t.rec.TarSplitRecord
+	r := &t.rec
 	switch {
 	case r.Position != t.next:
 		return nil, invalidf("tar-split record %d has position %d", t.next, r.Position)

@@ -2,7 +2,6 @@ package chunked
 
 import (
 	"bytes"
-	"cmp"
 	"context"
 	"encoding/base64"
 	"encoding/hex"
@@ -33,7 +32,10 @@ const (
 var artefacts = map[string]bool{"stargz.index.json": true, prefetchLandmark: true, noPrefetchMark: true}
 
 // rawEntry is one element of a TOC's "entries" array: the union of the eStargz and
-// zstd:chunked entry fields. Keys match exactly; unknown keys are ignored.
+// zstd:chunked entry fields. Keys match exactly; unknown keys are ignored, but those that
+// differ from a defined key only by case ("Digest", "MODE") are refused: c/storage matches
+// keys case-insensitively, so such a TOC could read differently there. The entryDecoder
+// fills it as json.Unmarshal would (tests check that it does).
 type rawEntry struct {
 	Name        string            `json:"name"`
 	Type        string            `json:"type"`
@@ -60,7 +62,8 @@ type rawEntry struct {
 	// case has no unknown members to check.
 	UserName  string `json:"userName"`
 	GroupName string `json:"groupName"`
-	// Unknown holds members no field matched; see checkKeys.
+	// Unknown holds members no field matched, when json.Unmarshal fills the entry (the
+	// tests' reference for the entryDecoder).
 	Unknown jsontext.Value `json:",embed"`
 }
 
@@ -76,13 +79,6 @@ func jsonNames(t reflect.Type) map[string]bool {
 		}
 	}
 	return m
-}
-
-// checkKeys refuses members that differ from a defined key only by case ("Digest", "MODE"):
-// c/storage matches keys case-insensitively, so such a TOC could read differently there.
-// Other unknown members are ignored, for forward compatibility.
-func checkKeys(r *rawEntry) error {
-	return refuseCaseVariants(r.Unknown, knownKeys)
 }
 
 // refuseCaseVariants refuses the members of unknown (a JSON object of the members no field
@@ -112,6 +108,51 @@ func Parse(ctx context.Context, layout *Layout, tocJSON []byte, limits Limits) (
 	if int64(len(tocJSON)) > lim.MaxTOCSize {
 		return nil, limitf("TOC of %d bytes exceeds %d", len(tocJSON), lim.MaxTOCSize)
 	}
+	// A bytes.Buffer is parsed in place, without copying into the decoder's own buffer.
+	return parse(ctx, layout, bytes.NewBuffer(tocJSON), len(tocJSON), lim)
+}
+
+// ParseCompressed is [ExtractTOC] then [Parse] on the compressed TOC raw, for the zstd
+// formats in one pass: the JSON is parsed as it is decompressed (on another goroutine),
+// never held whole. It suits formats whose TOC digest covers the compressed bytes
+// (zstd:chunked), which can be checked before; the eStargz family's covers the JSON.
+// Errors are those of ExtractTOC and Parse.
+func ParseCompressed(ctx context.Context, l *Layout, raw []byte, limits Limits) (*Index, error) {
+	lim := limits.WithDefaults()
+	if !l.Format.Zstd() {
+		js, err := ExtractTOC(l, raw, lim)
+		if err != nil {
+			return nil, err
+		}
+		return Parse(ctx, l, js, lim)
+	}
+	zr, err := newTOCReader(l, raw, lim, 2)
+	if err != nil {
+		return nil, err
+	}
+	defer zr.close()
+	size := len(raw) * 5 // TOC JSON compresses 5-10 times
+	if h := tocSizeHint(l, raw, lim); h > 0 {
+		size = int(h)
+	}
+	x, err := parse(ctx, l, zr, size, lim)
+	if zr.err != nil {
+		return nil, zr.err // what stopped the decompression, rather than the parse's view of it
+	}
+	if err != nil {
+		return nil, err
+	}
+	if err := zr.checkSize(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// parse builds the index from the TOC JSON r yields, about size bytes.
+func parse(ctx context.Context, layout *Layout, r io.Reader, size int, lim Limits) (*Index, error) {
+	// Sized from the TOC's length (an entry takes 200 bytes or more of JSON), so that the
+	// slices of a large TOC are not copied as they grow.
+	guess := min(size/200+16, lim.MaxEntries)
 	b := &builder{
 		ctx: ctx,
 		lim: lim,
@@ -119,14 +160,15 @@ func Parse(ctx context.Context, layout *Layout, tocJSON []byte, limits Limits) (
 			format:      layout.Format,
 			payloadEnd:  layout.PayloadEnd(),
 			prefetchEnd: -1,
-			entries:     make([]Entry, 0, min(len(tocJSON)/200+16, lim.MaxEntries)),
+			entries:     make([]Entry, 0, guess),
+			chunks:      make([]Chunk, 0, guess),
 		},
 		cur: -1,
 	}
 	if b.x.payloadEnd < 0 {
 		return nil, invalidf("TOC offset %d leaves no room for data", layout.TOC.Offset)
 	}
-	if err := b.decode(tocJSON); err != nil {
+	if err := b.decode(r); err != nil {
 		return nil, err
 	}
 	return b.finish()
@@ -143,6 +185,11 @@ type builder struct {
 	version   int
 	hasTimes  bool
 	opaqueDir []string
+
+	// The last modification time parsed: most entries of a TOC share theirs.
+	lastMTime     string
+	lastMTimeSec  int64
+	lastMTimeNsec uint32
 }
 
 // ctxCheckEvery is how many entries the parse handles between two looks at its context.
@@ -156,9 +203,8 @@ func (b *builder) canceled(i int) error {
 	return b.ctx.Err()
 }
 
-func (b *builder) decode(data []byte) error {
-	// A bytes.Buffer is parsed in place, without copying into the decoder's own buffer.
-	dec := jsontext.NewDecoder(bytes.NewBuffer(data))
+func (b *builder) decode(r io.Reader) error {
+	dec := jsontext.NewDecoder(r)
 	if err := expect(dec, '{'); err != nil {
 		return err
 	}
@@ -220,6 +266,7 @@ func (b *builder) decodeEntries(dec *jsontext.Decoder) error {
 		return err
 	}
 	var r rawEntry
+	d := entryDecoder{dec: dec}
 	for dec.PeekKind() == '{' {
 		if err := b.canceled(b.raw); err != nil {
 			return err
@@ -227,21 +274,21 @@ func (b *builder) decodeEntries(dec *jsontext.Decoder) error {
 		if b.raw >= b.lim.MaxEntries {
 			return limitf("TOC has more than %d entries", b.lim.MaxEntries)
 		}
-		r = rawEntry{}
-		if err := json.UnmarshalDecode(dec, &r); err != nil {
+		if err := d.decodeEntry(&r); errors.Is(err, ErrInvalid) {
+			return &EntryError{Index: b.raw, Name: r.Name, Err: err}
+		} else if err != nil {
 			return &EntryError{Index: b.raw, Err: invalidf("%v", err)}
 		}
-		err := checkKeys(&r)
-		if err == nil && r.Type == "chunk" {
+		var err error
+		if r.Type == "chunk" {
 			err = b.addChunk(&r)
-		} else if err == nil {
+		} else {
 			err = b.addEntry(&r)
 		}
-		var ee *EntryError
-		if errors.As(err, &ee) {
-			return err // names an earlier entry already
-		}
 		if err != nil {
+			if _, ok := errors.AsType[*EntryError](err); ok {
+				return err // names an earlier entry already
+			}
 			return &EntryError{Index: b.raw, Name: r.Name, Err: err}
 		}
 		b.raw++
@@ -279,12 +326,15 @@ func (b *builder) addEntry(r *rawEntry) error {
 	if e.DevMinor, err = u32("devMinor", r.DevMinor); err != nil {
 		return err
 	}
-	if r.ModTime != "" {
+	if r.ModTime != "" && r.ModTime == b.lastMTime {
+		e.ModTimeSec, e.ModTimeNsec = b.lastMTimeSec, b.lastMTimeNsec
+	} else if r.ModTime != "" {
 		t, err := parseTime(r.ModTime)
 		if err != nil {
 			return err
 		}
 		e.ModTimeSec, e.ModTimeNsec = t.Unix(), uint32(t.Nanosecond())
+		b.lastMTime, b.lastMTimeSec, b.lastMTimeNsec = r.ModTime, e.ModTimeSec, e.ModTimeNsec
 	}
 	if err := b.addTimes(r); err != nil {
 		return err
@@ -511,16 +561,24 @@ func cleanName(name string) (string, error) {
 	case name[0] == '/':
 		return "", invalidf("absolute name")
 	}
-	for part := range strings.SplitSeq(name, "/") {
-		if part == ".." {
+	tidy := true // as path.Clean leaves it, but for one trailing slash
+	for part := range strings.SplitSeq(strings.TrimSuffix(name, "/"), "/") {
+		switch part {
+		case "..":
 			return "", invalidf("name escapes the layer root")
+		case "", ".":
+			tidy = false
 		}
 	}
-	clean := path.Clean("/" + name)[1:]
-	if depth := strings.Count(clean, "/") + 1; depth > maxDepth {
+	if tidy {
+		name = strings.TrimSuffix(name, "/")
+	} else {
+		name = path.Clean("/" + name)[1:]
+	}
+	if depth := strings.Count(name, "/") + 1; depth > maxDepth {
 		return "", limitf("name of %d components exceeds %d", depth, maxDepth)
 	}
-	return clean, nil
+	return name, nil
 }
 
 func u32(what string, v int64) (uint32, error) {
@@ -617,13 +675,17 @@ func (b *builder) finish() (*Index, error) {
 	if err := ensureDir(""); err != nil {
 		return nil, err
 	}
+	lastDir := "" // ensured: entries of a directory mostly follow one another
 	for id := range x.tocCount {
 		if err := b.canceled(id); err != nil {
 			return nil, err
 		}
 		if e := &x.entries[id]; e.Visible() && e.Name != "" {
-			if err := ensureDir(dirOf(e.Name)); err != nil {
-				return nil, err
+			if d := dirOf(e.Name); d != lastDir {
+				if err := ensureDir(d); err != nil {
+					return nil, err
+				}
+				lastDir = d
 			}
 		}
 	}
@@ -642,6 +704,7 @@ func (b *builder) finish() (*Index, error) {
 		return nil, &EntryError{Index: -1, Name: "/", Err: invalidf("root is not a directory")}
 	}
 	x.children = make([]EntryID, 0, len(paths)-1)
+	lastDir, lastParent := "", x.root
 	for id := range x.entries {
 		if err := b.canceled(id); err != nil {
 			return nil, err
@@ -658,7 +721,10 @@ func (b *builder) finish() (*Index, error) {
 			e.Parent = x.root
 			continue
 		}
-		e.Parent = paths[dirOf(e.Name)]
+		if d := dirOf(e.Name); d != lastDir {
+			lastDir, lastParent = d, paths[d]
+		}
+		e.Parent = lastParent
 		if x.entries[e.Parent].Type != TypeDir {
 			return nil, &EntryError{Index: -1, Name: e.Name, Err: invalidf("parent is not a directory")}
 		}
@@ -682,13 +748,34 @@ func (b *builder) finish() (*Index, error) {
 	if err := b.ctx.Err(); err != nil {
 		return nil, err
 	}
-	slices.SortFunc(x.children, func(a, b EntryID) int {
-		if c := cmp.Compare(x.entries[a].Parent, x.entries[b].Parent); c != 0 {
-			return c
-		}
-		return strings.Compare(x.baseName(a), x.baseName(b))
-	})
+	x.sortChildren()
 	return x.compact(paths)
+}
+
+// sortChildren sorts the children by (Parent, BaseName): grouped by parent in one pass, then
+// each directory's sorted by name (often sorted already, in TOC order).
+func (x *wideIndex) sortChildren() {
+	start := make([]uint32, len(x.entries)+1) // where each parent's children start
+	for _, id := range x.children {
+		start[x.entries[id].Parent+1]++
+	}
+	for i := 1; i < len(start); i++ {
+		start[i] += start[i-1]
+	}
+	sorted := make([]EntryID, len(x.children))
+	next := slices.Clone(start[:len(x.entries)])
+	for _, id := range x.children {
+		p := x.entries[id].Parent
+		sorted[next[p]] = id
+		next[p]++
+	}
+	byName := func(a, b EntryID) int { return strings.Compare(x.baseName(a), x.baseName(b)) }
+	for p := range x.entries {
+		if dir := sorted[start[p]:start[p+1]]; len(dir) > 1 && !slices.IsSortedFunc(dir, byName) {
+			slices.SortFunc(dir, byName)
+		}
+	}
+	x.children = sorted
 }
 
 // classifyName sets the whiteout and hidden flags of an entry and returns its path in the tree.

@@ -324,20 +324,23 @@ func (m *Manager) resolve(ctx context.Context, ref string, key digest.Digest) (*
 	}
 	// The verified layer is written to its record and served from it: the index is mapped
 	// from the record instead of living on the heap, and the next start needs no registry.
+	// The record is made durable in the background.
 	from := "registry"
-	if name, err := m.records.save(*desc, v, []string{repository(ref)}, []string{ref}); err != nil {
+	rv, store, err := m.records.write(*desc, v, []string{repository(ref)}, []string{ref})
+	if store != nil {
+		m.work.goTracked(func() {
+			if err := store(); err != nil {
+				log.Log(m.work.ctx, noSpaceLevel(err), "storing the layer record failed: a restart needs the registry", "err", err)
+			}
+		})
+	}
+	if err != nil {
 		// A full cache filesystem is the cache's to report (at a bounded rate): one warning
 		// per cause.
-		level := slog.LevelWarn
-		if errors.Is(err, cache.ErrNoSpace) {
-			level = slog.LevelInfo
-		}
-		log.Log(ctx, level, "writing the layer record failed: the layer is served, but from memory, and a restart needs the registry", "err", err)
-	} else if _, rv, err := m.records.open(name); err != nil {
-		log.Warn("reading back the layer record failed: the layer is served from memory", "err", err)
+		log.Log(ctx, noSpaceLevel(err), "writing the layer record failed: the layer is served, but from memory, and a restart needs the registry", "err", err)
 	} else {
 		v, from = rv, "registry, recorded"
-		m.releaseMemory() // the TOC, its parse and the index built on the heap
+		m.work.goTracked(m.releaseMemory) // the TOC, its parse and the index built on the heap
 	}
 	l := newLayer(&m.env, id, ref, *desc, v, blob)
 	if err := m.unsized(l, modern, ref); err != nil {
@@ -350,6 +353,15 @@ func (m *Manager) resolve(ctx context.Context, ref string, key digest.Digest) (*
 		"entries", v.Index().Len(), "size", desc.Size, "guarantee", v.Guarantee(),
 		"resolve", m.opts.now().Sub(start).Round(time.Millisecond))
 	return l, nil
+}
+
+// noSpaceLevel is the level of a failure to write to the cache: info for a full cache
+// filesystem, which the cache reports itself, warning otherwise.
+func noSpaceLevel(err error) slog.Level {
+	if errors.Is(err, cache.ErrNoSpace) {
+		return slog.LevelInfo
+	}
+	return slog.LevelWarn
 }
 
 // resolveFromRecord answers a lookup from the record of a layer resolved before through ref's

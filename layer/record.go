@@ -198,10 +198,59 @@ func (rs *records) find(key digest.Digest, repo string) (storedRecord, bool) {
 // descriptor, what verification established, its repositories and references, its index
 // and, until the DiffID is proven, its tar-split.
 func (rs *records) save(desc fetcher.Descriptor, v *verify.Verifier, repos, refs []string) (string, error) {
-	saved := v.Save()
-	data, err := v.Index().AppendBinary(nil)
+	name, meta, raw, data, err := encodeRecord(desc, v, repos, refs)
 	if err != nil {
 		return "", err
+	}
+	if err := rs.cache.PutRecord(name, raw, data); err != nil {
+		return "", err
+	}
+	rs.index(name, meta)
+	return name, nil
+}
+
+// write is save for a layer about to be served: it returns the layer restored from the new
+// record (its index mapped from the record's file) as soon as the record's bytes are written.
+// The record is stored in the background (see cache.WriteRecord), by a function the caller
+// runs (on a tracked goroutine), which indexes it once stored.
+func (rs *records) write(desc fetcher.Descriptor, v *verify.Verifier, repos, refs []string) (*verify.Verifier, func() error, error) {
+	name, meta, raw, data, err := encodeRecord(desc, v, repos, refs)
+	if err != nil {
+		return nil, nil, err
+	}
+	rec, stored, err := rs.cache.WriteRecord(name, raw, data)
+	if err != nil {
+		return nil, nil, err
+	}
+	store := func() error {
+		if err := <-stored; err != nil {
+			return err
+		}
+		rs.index(name, meta)
+		return nil
+	}
+	_, rv, err := rs.restore(name, rec)
+	if err != nil {
+		rec.Close()
+		return nil, func() error {
+			if store() == nil {
+				rs.remove(name)
+			}
+			return nil
+		}, fmt.Errorf("layer record %s: %w", name, err)
+	}
+	runtime.AddCleanup(rv.Index(), func(r *cache.Record) { r.Close() }, rec)
+	return rv, store, nil
+}
+
+// encodeRecord returns the name, meta (decoded and encoded) and data of a verified layer's
+// record.
+func encodeRecord(desc fetcher.Descriptor, v *verify.Verifier, repos, refs []string) (string, *recordMeta, []byte, []byte, error) {
+	saved := v.Save()
+	idx := v.Index()
+	data, err := idx.AppendBinary(make([]byte, 0, idx.BinarySize()+len(saved.TarSplit)))
+	if err != nil {
+		return "", nil, nil, nil, err
 	}
 	indexSize := int64(len(data))
 	data = append(data, saved.TarSplit...)
@@ -211,23 +260,18 @@ func (rs *records) save(desc fetcher.Descriptor, v *verify.Verifier, repos, refs
 	}
 	meta := &recordMeta{
 		Version: recordVersion, Descriptor: desc, Verified: saved,
-		Repositories: repos, Refs: refs, Entries: v.Index().Len(),
+		Repositories: repos, Refs: refs, Entries: idx.Len(),
 		IndexSize: indexSize, TarSplitSize: int64(len(saved.TarSplit)), Written: time.Now().UTC(),
 	}
 	raw, err := json.Marshal(meta)
 	if err != nil {
-		return "", err
+		return "", nil, nil, nil, err
 	}
 	id, err := meta.identity()
 	if err != nil {
-		return "", err
+		return "", nil, nil, nil, err
 	}
-	name := recordName(id)
-	if err := rs.cache.PutRecord(name, raw, data); err != nil {
-		return "", err
-	}
-	rs.index(name, meta)
-	return name, nil
+	return recordName(id), meta, raw, data, nil
 }
 
 // open maps a record and restores its verified layer. The index is used in place, from the

@@ -203,7 +203,9 @@ func parseTOC(ctx context.Context, layout *chunked.Layout, raw []byte, lim chunk
 		if err := checkDigest("TOC", layout.TOCDigest, raw); err != nil {
 			return nil, err
 		}
-	} else if layout.LegacyChecksum != "" {
+		return chunked.ParseCompressed(ctx, layout, raw, lim) // parsed as it is decompressed
+	}
+	if layout.LegacyChecksum != "" {
 		if err := checkDigest("compressed TOC", layout.LegacyChecksum, raw); err != nil {
 			return nil, err
 		}
@@ -212,10 +214,8 @@ func parseTOC(ctx context.Context, layout *chunked.Layout, raw []byte, lim chunk
 	if err != nil {
 		return nil, err
 	}
-	if layout.Format.StargzTOC() {
-		if err := checkDigest("TOC", layout.TOCDigest, js); err != nil {
-			return nil, err
-		}
+	if err := checkDigest("TOC", layout.TOCDigest, js); err != nil {
+		return nil, err
 	}
 	return chunked.Parse(ctx, layout, js, lim)
 }

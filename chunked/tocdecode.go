@@ -1,0 +1,343 @@
+package chunked
+
+import (
+	"bytes"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"math"
+	"strings"
+
+	"github.com/go-json-experiment/json/jsontext"
+)
+
+// entryDecoder reads the elements of a TOC's "entries" array into rawEntry values as
+// json.Unmarshal would (see decodeEntry), without its reflection: a TOC of a million entries
+// spends most of its parse there otherwise.
+type entryDecoder struct {
+	dec       *jsontext.Decoder
+	scratch   []byte // unquoted strings that held escapes
+	lastMTime string // the last modtime read: most entries share theirs
+}
+
+// decodeEntry reads one JSON object into r, which it zeroes first. Members are matched to
+// rawEntry's fields by exact name; a member whose name differs from a defined key only by
+// case is refused (see checkKeys), and other unknown members are skipped. Values are read as
+// json.Unmarshal reads them into the fields' types: null is the zero value, a string field
+// takes a string, an integer field a number without fraction or exponent that fits an
+// int64, and xattrs an object of strings (or nulls). The decoder refuses duplicate names,
+// invalid UTF-8 and malformed JSON.
+func (d *entryDecoder) decodeEntry(r *rawEntry) error {
+	*r = rawEntry{}
+	if tok, err := d.dec.ReadToken(); err != nil {
+		return err
+	} else if tok.Kind() != '{' {
+		return fmt.Errorf("got %v, want an object", tok.Kind())
+	}
+	for d.dec.PeekKind() == '"' {
+		name, err := d.name()
+		if err != nil {
+			return err
+		}
+		switch string(name) {
+		case "name":
+			err = d.str(&r.Name)
+		case "type":
+			err = d.typ(&r.Type)
+		case "size":
+			err = d.int(&r.Size)
+		case "modtime":
+			err = d.strSame(&r.ModTime, &d.lastMTime)
+		case "accesstime":
+			err = d.str(&r.AccessTime)
+		case "changetime":
+			err = d.str(&r.ChangeTime)
+		case "linkName":
+			err = d.str(&r.LinkName)
+		case "mode":
+			err = d.int(&r.Mode)
+		case "uid":
+			err = d.int(&r.UID)
+		case "gid":
+			err = d.int(&r.GID)
+		case "devMajor":
+			err = d.int(&r.DevMajor)
+		case "devMinor":
+			err = d.int(&r.DevMinor)
+		case "xattrs":
+			err = d.xattrs(&r.Xattrs)
+		case "digest":
+			err = d.str(&r.Digest)
+		case "offset":
+			err = d.int(&r.Offset)
+		case "endOffset":
+			err = d.int(&r.EndOffset)
+		case "innerOffset":
+			err = d.int(&r.InnerOffset)
+		case "chunkOffset":
+			err = d.int(&r.ChunkOffset)
+		case "chunkSize":
+			err = d.int(&r.ChunkSize)
+		case "chunkDigest":
+			err = d.str(&r.ChunkDigest)
+		case "chunkType":
+			err = d.str(&r.ChunkType)
+		case "userName":
+			err = d.str(&r.UserName)
+		case "groupName":
+			err = d.str(&r.GroupName)
+		default:
+			if knownKeys[strings.ToLower(string(name))] {
+				return invalidf("key %q differs from a defined key only by case", name)
+			}
+			err = d.dec.SkipValue()
+		}
+		if err != nil {
+			return err
+		}
+	}
+	if tok, err := d.dec.ReadToken(); err != nil {
+		return err
+	} else if tok.Kind() != '}' {
+		return fmt.Errorf("got %v, want the end of an object", tok.Kind())
+	}
+	return nil
+}
+
+// name reads an object member's name, unquoted. It is valid until the next read.
+func (d *entryDecoder) name() ([]byte, error) {
+	v, err := d.dec.ReadValue()
+	if err != nil {
+		return nil, err
+	}
+	return d.unquote(v)
+}
+
+// unquote returns the content of the JSON string v (valid: the decoder checked it). It is
+// valid until the next read.
+func (d *entryDecoder) unquote(v jsontext.Value) ([]byte, error) {
+	inner := v[1 : len(v)-1]
+	if bytes.IndexByte(inner, '\\') < 0 {
+		return inner, nil
+	}
+	var err error
+	d.scratch, err = jsontext.AppendUnquote(d.scratch[:0], v)
+	return d.scratch, err
+}
+
+// stringValue reads a string or null ("", false).
+func (d *entryDecoder) stringValue() ([]byte, bool, error) {
+	v, err := d.dec.ReadValue()
+	if err != nil {
+		return nil, false, err
+	}
+	switch v.Kind() {
+	case 'n':
+		return nil, false, nil
+	case '"':
+		b, err := d.unquote(v)
+		return b, true, err
+	default:
+		return nil, false, fmt.Errorf("cannot unmarshal JSON %v into a string", v.Kind())
+	}
+}
+
+func (d *entryDecoder) str(dst *string) error {
+	b, _, err := d.stringValue()
+	if err == nil {
+		*dst = string(b)
+	}
+	return err
+}
+
+// strSame is str for a member whose value often repeats: the string last read, in *last, is
+// reused when equal.
+func (d *entryDecoder) strSame(dst, last *string) error {
+	b, _, err := d.stringValue()
+	if err != nil {
+		return err
+	}
+	if string(b) != *last {
+		*last = string(b)
+	}
+	*dst = *last
+	return nil
+}
+
+// typ reads the type member, without allocating for the types the formats define.
+func (d *entryDecoder) typ(dst *string) error {
+	b, _, err := d.stringValue()
+	if err != nil {
+		return err
+	}
+	switch string(b) {
+	case "reg":
+		*dst = "reg"
+	case "chunk":
+		*dst = "chunk"
+	case "dir":
+		*dst = "dir"
+	case "symlink":
+		*dst = "symlink"
+	case "hardlink":
+		*dst = "hardlink"
+	default:
+		*dst = string(b)
+	}
+	return nil
+}
+
+var errIntSyntax = errors.New("cannot unmarshal a JSON number with a fraction or an exponent into an integer")
+var errIntRange = errors.New("JSON number out of the range of an int64")
+
+// int reads an integer or null (0).
+func (d *entryDecoder) int(dst *int64) error {
+	v, err := d.dec.ReadValue()
+	if err != nil {
+		return err
+	}
+	switch v.Kind() {
+	case 'n':
+		*dst = 0
+		return nil
+	case '0':
+	default:
+		return fmt.Errorf("cannot unmarshal JSON %v into an integer", v.Kind())
+	}
+	digits := v
+	neg := digits[0] == '-'
+	if neg {
+		digits = digits[1:]
+	}
+	var n uint64
+	for _, c := range digits {
+		if c < '0' || c > '9' {
+			return errIntSyntax
+		}
+		if n > (math.MaxUint64-9)/10 {
+			return errIntRange
+		}
+		n = n*10 + uint64(c-'0')
+	}
+	switch {
+	case neg && n > 1<<63, !neg && n > math.MaxInt64:
+		return errIntRange
+	case neg:
+		*dst = int64(-n)
+	default:
+		*dst = int64(n)
+	}
+	return nil
+}
+
+// xattrs reads an object of strings, or null (nil).
+func (d *entryDecoder) xattrs(dst *map[string]string) error {
+	switch d.dec.PeekKind() {
+	case 'n':
+		_, err := d.dec.ReadToken()
+		*dst = nil
+		return err
+	case '{':
+	default:
+		v, err := d.dec.ReadValue()
+		if err != nil {
+			return err
+		}
+		return fmt.Errorf("cannot unmarshal JSON %v into xattrs", v.Kind())
+	}
+	if _, err := d.dec.ReadToken(); err != nil {
+		return err
+	}
+	m := map[string]string{}
+	for d.dec.PeekKind() == '"' {
+		k, err := d.name()
+		if err != nil {
+			return err
+		}
+		key := string(k)
+		b, _, err := d.stringValue()
+		if err != nil {
+			return err
+		}
+		m[key] = string(b)
+	}
+	if tok, err := d.dec.ReadToken(); err != nil {
+		return err
+	} else if tok.Kind() != '}' {
+		return fmt.Errorf("got %v, want the end of an object", tok.Kind())
+	}
+	*dst = m
+	return nil
+}
+
+// decodeTarSplit reads one tar-split record into r as json.Unmarshal reads it into a
+// rawTarSplitRecord, with the refusal of case variants (see decodeEntry): name_raw and payload
+// are base64 (standard, padded, strict), decoded into the reused buffers r holds.
+func (d *entryDecoder) decodeTarSplit(r *TarSplitRecord) error {
+	nameRaw, payload := r.NameRaw[:0], r.Payload[:0]
+	*r = TarSplitRecord{}
+	if tok, err := d.dec.ReadToken(); err != nil {
+		return err
+	} else if tok.Kind() != '{' {
+		return fmt.Errorf("got %v, want an object", tok.Kind())
+	}
+	for d.dec.PeekKind() == '"' {
+		name, err := d.name()
+		if err != nil {
+			return err
+		}
+		switch string(name) {
+		case "type":
+			var v int64
+			if err = d.int(&v); err == nil && int64(int(v)) != v {
+				err = errIntRange
+			}
+			r.Type = int(v)
+		case "name":
+			err = d.str(&r.Name)
+		case "name_raw":
+			err = d.base64(&r.NameRaw, nameRaw)
+		case "size":
+			err = d.int(&r.Size)
+		case "payload":
+			err = d.base64(&r.Payload, payload)
+		case "position":
+			err = d.int(&r.Position)
+		default:
+			if tarSplitNames[strings.ToLower(string(name))] {
+				return invalidf("key %q differs from a defined key only by case", name)
+			}
+			err = d.dec.SkipValue()
+		}
+		if err != nil {
+			return err
+		}
+	}
+	if tok, err := d.dec.ReadToken(); err != nil {
+		return err
+	} else if tok.Kind() != '}' {
+		return fmt.Errorf("got %v, want the end of an object", tok.Kind())
+	}
+	return nil
+}
+
+// base64 reads a base64 string (into buf) or null (nil).
+func (d *entryDecoder) base64(dst *[]byte, buf []byte) error {
+	s, ok, err := d.stringValue()
+	if err != nil || !ok {
+		*dst = nil
+		return err
+	}
+	b, err := base64.StdEncoding.AppendDecode(buf[:0], s)
+	if err != nil {
+		return err
+	}
+	if len(s) != base64.StdEncoding.EncodedLen(len(b)) {
+		return errors.New("base64 with characters outside its alphabet")
+	}
+	if b == nil {
+		b = []byte{}
+	}
+	*dst = b
+	return nil
+}
