@@ -273,6 +273,13 @@ func TestRecordKill(t *testing.T) {
 		if err := cmd.Process.Kill(); err != nil {
 			t.Fatal(err)
 		}
+		// The child went on while we slept: the last version it stored is the last line it
+		// wrote before it died (lines are written unbuffered, after each store).
+		for sc.Scan() {
+			if v, ok := strings.CutPrefix(sc.Text(), "done "); ok {
+				done, _ = strconv.Atoi(v)
+			}
+		}
 		_ = cmd.Wait()
 		cancel()
 		if done < 0 {
