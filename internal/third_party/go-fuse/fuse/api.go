@@ -335,6 +335,13 @@ type MountOptions struct {
 	// DirectMountStrict wins.
 	DirectMountStrict bool
 
+	// ResumeInit, if set, resumes a session that an earlier process initialised:
+	// the mount point must be the magic /dev/fd/N of that session's FUSE
+	// descriptor, and ResumeInit the InitIn the kernel sent it (its
+	// Server.KernelSettings). NewServer negotiates from it as INIT did, with the
+	// same options, instead of reading INIT, and sends the kernel nothing.
+	ResumeInit *InitIn
+
 	// DirectMountFlags are the mountflags passed to syscall.Mount. If zero, the
 	// default value used by fusermount are used: syscall.MS_NOSUID|syscall.MS_NODEV.
 	//

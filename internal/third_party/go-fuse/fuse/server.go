@@ -257,6 +257,9 @@ func NewServer(fs RawFileSystem, mountPoint string, opts *MountOptions) (*Server
 		}
 		mountPoint = filepath.Clean(filepath.Join(cwd, mountPoint))
 	}
+	if o.ResumeInit != nil && (parseFuseFd(mountPoint) < 0 || o.DirectMount || o.DirectMountStrict) {
+		return nil, fmt.Errorf("ResumeInit needs a /dev/fd/N mount point and no DirectMount")
+	}
 	fd, err := mount(mountPoint, &o, ms.ready)
 	if err != nil {
 		return nil, err
@@ -407,6 +410,9 @@ func (ms *Server) Wait() {
 }
 
 func (ms *Server) handleInit() Status {
+	if in := ms.opts.ResumeInit; in != nil {
+		return ms.resumeInit(in)
+	}
 	// The first request should be INIT; read it synchronously,
 	// and don't spawn new readers.
 	orig := ms.singleReader
@@ -427,6 +433,25 @@ func (ms *Server) handleInit() Status {
 
 	// INIT is handled. Init the file system, but don't accept
 	// incoming requests, so the file system can setup itself.
+	ms.fileSystem.Init(ms)
+	return OK
+}
+
+// resumeInit negotiates from the InitIn an earlier process was sent, as
+// handleInit does from the kernel's, without answering: the kernel holds
+// the answer it got then.
+func (ms *Server) resumeInit(in *InitIn) Status {
+	req := &request{
+		inputBuf:   unsafe.Slice((*byte)(unsafe.Pointer(in)), unsafe.Sizeof(*in)),
+		outDataBuf: make([]byte, unsafe.Sizeof(InitOut{})),
+	}
+	doInit(&ms.protocolServer, req)
+	if !req.status.Ok() {
+		return req.status
+	}
+	if ms.kernelSettings.Minor >= 13 {
+		ms.setSplice()
+	}
 	ms.fileSystem.Init(ms)
 	return OK
 }
