@@ -29,3 +29,6 @@ require (
 	go.podman.io/storage v1.65.0 // indirect
 	gotest.tools/v3 v3.5.2 // indirect
 )
+
+// go-fuse v2.12.1 with the patches listed in internal/third_party/go-fuse/PATCHES.md.
+replace github.com/hanwen/go-fuse/v2 => ./internal/third_party/go-fuse
