@@ -9,6 +9,7 @@ import (
 	"io"
 	"maps"
 	"path"
+	"runtime"
 	"strings"
 	"time"
 
@@ -66,6 +67,8 @@ func (c *countingReader) Read(p []byte) (int, error) {
 // returns the size of the tar stream the tar-split describes.
 func (l *Verifier) compareTarSplit(ctx context.Context, raw []byte) (int64, error) {
 	x := l.index
+	// A restored tar-split is readable as long as the index is (Restore): until the end.
+	defer runtime.KeepAlive(x)
 	ts, done, err := l.tarSplitRecords(raw)
 	if err != nil {
 		return 0, err
@@ -194,7 +197,8 @@ func (l *Verifier) checkDiffID(ctx context.Context, payload PayloadFunc) error {
 	if err != nil {
 		return err
 	}
-	defer done(false) //nolint:errcheck // checked by checkTarSplit
+	defer runtime.KeepAlive(l.index) // and with it a restored tar-split (Restore)
+	defer done(false)                //nolint:errcheck // checked by checkTarSplit
 	h := sha256.New()
 	for files, n := 0, 0; ; n++ {
 		if n%4096 == 0 {
