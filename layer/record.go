@@ -204,7 +204,6 @@ func (rs *records) save(desc fetcher.Descriptor, v *verify.Verifier, repos, refs
 		return "", err
 	}
 	indexSize := int64(len(data))
-	data = append(data, saved.TarSplit...)
 	slices.Sort(repos)
 	if len(refs) > maxRecordRefs {
 		refs = refs[len(refs)-maxRecordRefs:]
@@ -223,7 +222,10 @@ func (rs *records) save(desc fetcher.Descriptor, v *verify.Verifier, repos, refs
 		return "", err
 	}
 	name := recordName(id)
-	if err := rs.cache.PutRecord(name, raw, data); err != nil {
+	// The tar-split is written from where v keeps it (a restored one is mapped with its index).
+	err = rs.cache.PutRecord(name, raw, data, saved.TarSplit)
+	runtime.KeepAlive(v.Index())
+	if err != nil {
 		return "", err
 	}
 	rs.index(name, meta)
@@ -266,7 +268,7 @@ func (rs *records) restore(name string, rec *cache.Record) (*recordMeta, *verify
 	}
 	s := meta.Verified
 	if meta.TarSplitSize > 0 {
-		s.TarSplit = data[meta.IndexSize : meta.IndexSize+meta.TarSplitSize] // Restore copies it
+		s.TarSplit = data[meta.IndexSize : meta.IndexSize+meta.TarSplitSize] // used in place, mapped as long as the index
 	}
 	v, err := verify.Restore(s, idx, verify.WithLimits(rs.limits))
 	if err != nil {
