@@ -213,6 +213,7 @@ func (rs *records) save(desc fetcher.Descriptor, v *verify.Verifier, repos, refs
 		Repositories: repos, Refs: refs, Entries: v.Index().Len(),
 		IndexSize: indexSize, TarSplitSize: int64(len(saved.TarSplit)), Written: time.Now().UTC(),
 	}
+	meta.Verified.TarSplit = nil // in the record's data, never kept with the meta
 	raw, err := json.Marshal(meta)
 	if err != nil {
 		return "", err
