@@ -56,11 +56,14 @@ type recordHeader struct {
 
 func (h recordHeader) size() int64 { return h.dataOff + h.dataLen }
 
-func newRecordHeader(meta, data []byte) recordHeader {
-	return recordHeader{
-		metaLen: int64(len(meta)), dataOff: alignRecord(int64(len(meta))), dataLen: int64(len(data)),
-		metaCRC: crc32.Checksum(meta, crcTable), dataCRC: crc32.Checksum(data, crcTable),
+// newRecordHeader is the header of a record of meta whose data is the concatenation of data.
+func newRecordHeader(meta []byte, data [][]byte) recordHeader {
+	h := recordHeader{metaLen: int64(len(meta)), dataOff: alignRecord(int64(len(meta))), metaCRC: crc32.Checksum(meta, crcTable)}
+	for _, p := range data {
+		h.dataLen += int64(len(p))
+		h.dataCRC = crc32.Update(h.dataCRC, crcTable, p)
 	}
+	return h
 }
 
 // alignRecord returns the data offset of a record whose meta has n bytes.
@@ -138,12 +141,13 @@ func errNoRecord(name string) error {
 // fsynced, renamed into place and the directory fsynced, so that a crash at any point leaves
 // the old record or the new one, never a torn one (a leftover temporary file is removed by the
 // next start). meta (at most 4 MiB) is read whole by [Cache.RecordMeta]; data is mapped by
-// [Cache.OpenRecord]; each has a CRC-32C. The record's file size counts in [Cache.Usage], and
+// [Cache.OpenRecord], written from its parts (a caller need not join them in memory); each
+// has a CRC-32C. The record's file size counts in [Cache.Usage], and
 // the record is evicted with files, least recently used first, when neither open nor pinned.
 // A full filesystem makes room as any write does (see the package documentation) and fails
 // with an error wrapping [ErrNoSpace] if that is not enough. Open [Record]s of the old record
 // keep their mapping of it.
-func (c *Cache) PutRecord(name string, meta, data []byte) error {
+func (c *Cache) PutRecord(name string, meta []byte, data ...[]byte) error {
 	w, err := c.writeRecord(name, meta, data)
 	if err != nil {
 		return err
@@ -157,7 +161,7 @@ func (c *Cache) PutRecord(name string, meta, data []byte) error {
 // PutRecord does, then sends the outcome on stored (nil: stored under name). Until then the
 // name holds the previous record, if any: a crash at any point leaves the old record or the
 // new one, never a torn one. Writes of one name are stored in the order of their calls.
-func (c *Cache) WriteRecord(name string, meta, data []byte) (rec *Record, stored <-chan error, err error) {
+func (c *Cache) WriteRecord(name string, meta []byte, data ...[]byte) (rec *Record, stored <-chan error, err error) {
 	w, err := c.writeRecord(name, meta, data)
 	if err != nil {
 		return nil, nil, err
@@ -185,13 +189,17 @@ type recordWrite struct {
 
 // writeRecord writes a record to a temporary file, after any earlier write of the name is
 // stored. The caller stores it (storeRecord) or aborts it.
-func (c *Cache) writeRecord(name string, meta, data []byte) (*recordWrite, error) {
+func (c *Cache) writeRecord(name string, meta []byte, data [][]byte) (*recordWrite, error) {
 	if err := checkRecordName(name); err != nil {
 		return nil, err
 	}
-	if len(meta) > maxRecordMeta || int64(len(data)) > maxRecordData {
+	dataLen := int64(0)
+	for _, p := range data {
+		dataLen += int64(len(p))
+	}
+	if len(meta) > maxRecordMeta || dataLen > maxRecordData {
 		return nil, fmt.Errorf("cache: record %q: meta of %d bytes (at most %d), data of %d (at most %d)",
-			name, len(meta), maxRecordMeta, len(data), int64(maxRecordData))
+			name, len(meta), maxRecordMeta, dataLen, int64(maxRecordData))
 	}
 	done, err := c.startRecordWrite(name)
 	if err != nil {
@@ -323,15 +331,16 @@ func (c *Cache) renameRecord(w *recordWrite, tmp string, rec *Record) error {
 
 // writeRecordFile writes a record to a new temporary file in dir and returns it, open; it is
 // not synced. On failure it removes it.
-func writeRecordFile(dir, name string, h recordHeader, meta, data []byte) (*os.File, error) {
+func writeRecordFile(dir, name string, h recordHeader, meta []byte, data [][]byte) (*os.File, error) {
 	f, err := os.CreateTemp(dir, "."+name+".*"+tmpExt)
 	if err != nil {
 		return nil, err
 	}
 	head := append(h.encode(), meta...)
 	_, err = f.WriteAt(head, 0)
-	if err == nil && len(data) > 0 {
-		_, err = f.WriteAt(data, h.dataOff)
+	for off, i := h.dataOff, 0; err == nil && i < len(data); i++ {
+		_, err = f.WriteAt(data[i], off)
+		off += int64(len(data[i]))
 	}
 	if err == nil {
 		err = f.Truncate(h.size()) // the zeros between meta and data, if no data follows

@@ -22,7 +22,7 @@ type env struct {
 	work     *work    // the manager's lifetime: its context, and the work Close waits for
 	records  *records // the layer records in the cache
 
-	released atomic.Int64 // when releaseMemory last ran, Unix nanoseconds
+	release release // hands freed heap back to the kernel (releaseMemory)
 
 	log         *slog.Logger
 	now         func() time.Time
@@ -32,14 +32,51 @@ type env struct {
 	batch       int64         // the compressed bytes of a background request (WithPrefetchBatch)
 }
 
+// releaseInterval is the least time between two releases of memory: a release collects the
+// whole heap.
+const releaseInterval = time.Second
+
+// release is the state of releaseMemory. Its lock is a leaf.
+type release struct {
+	free func() // debug.FreeOSMemory when nil (tests count calls)
+
+	mu      sync.Mutex
+	last    time.Time   // when the last release began
+	pending *time.Timer // a release scheduled for the end of the interval; nil if none
+}
+
 // releaseMemory hands the heap that transient work left free (a resolution's TOC and parse,
-// a background fetch's buffers) back to the kernel at once rather than over minutes, so that
-// the daemon's resident memory is what it holds: called when such work ends, at most once per
-// second.
+// the tar-split comparison, a record's data, a background fetch's buffers) back to the kernel
+// at once rather than over minutes, so that the daemon's resident memory is what it holds:
+// called when such work ends. Releases are at least releaseInterval apart: a call within the
+// interval schedules one for its end (one at most), so that the last of several jobs ending
+// close together is released too.
 func (e *env) releaseMemory() {
-	now := time.Now().UnixNano()
-	last := e.released.Load()
-	if now-last < int64(time.Second) || !e.released.CompareAndSwap(last, now) {
+	r := &e.release
+	r.mu.Lock()
+	if r.pending != nil {
+		r.mu.Unlock() // the scheduled release will collect this job's garbage too
+		return
+	}
+	now := time.Now()
+	if wait := r.last.Add(releaseInterval).Sub(now); wait > 0 {
+		r.pending = time.AfterFunc(wait, func() {
+			r.mu.Lock()
+			r.pending, r.last = nil, time.Now()
+			r.mu.Unlock()
+			r.run()
+		})
+		r.mu.Unlock()
+		return
+	}
+	r.last = now
+	r.mu.Unlock()
+	r.run()
+}
+
+func (r *release) run() {
+	if r.free != nil {
+		r.free()
 		return
 	}
 	debug.FreeOSMemory()

@@ -132,12 +132,13 @@ func (l *Layer) restoreRefs(refs, repos []string) {
 }
 
 // saveRecord writes the layer's record again, in the background: its repositories or its
-// guarantee changed.
+// guarantee changed. The record's data is built on the heap: it is released after.
 func (l *Layer) saveRecord() {
 	l.env.work.goTracked(func() {
 		if err := l.writeRecord(); err != nil {
 			l.env.log.Warn("updating the layer record failed", "layer", l.desc.Digest, "err", err)
 		}
+		l.env.releaseMemory()
 	})
 }
 

@@ -451,6 +451,7 @@ func (m *Manager) addLive(l *Layer, ref string) (*Layer, error) {
 			if l.checkTarSplit(ctx) == nil {
 				l.saveRecord()
 			}
+			m.releaseMemory() // the tar-split's decoder and records
 		})
 	}
 	if m.opts.prefetch {

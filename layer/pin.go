@@ -108,7 +108,7 @@ func (m *Manager) Pin(ctx context.Context, ref, platform string) (Pin, error) {
 	if err := m.cache.Pin(name, append(records, name), files); err != nil {
 		return p, fmt.Errorf("pin %s: %w", ref, err)
 	}
-	if err := m.cache.PutRecord(name, raw, nil); err != nil {
+	if err := m.cache.PutRecord(name, raw); err != nil {
 		return p, fmt.Errorf("pin %s: %w", ref, err)
 	}
 	m.pinErrs.set(name, "")

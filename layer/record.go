@@ -202,7 +202,9 @@ func (rs *records) save(desc fetcher.Descriptor, v *verify.Verifier, repos, refs
 	if err != nil {
 		return "", err
 	}
-	if err := rs.cache.PutRecord(name, raw, data); err != nil {
+	err = rs.cache.PutRecord(name, raw, data...)
+	runtime.KeepAlive(v.Index())
+	if err != nil {
 		return "", err
 	}
 	rs.index(name, meta)
@@ -218,7 +220,8 @@ func (rs *records) write(desc fetcher.Descriptor, v *verify.Verifier, repos, ref
 	if err != nil {
 		return nil, nil, err
 	}
-	rec, stored, err := rs.cache.WriteRecord(name, raw, data)
+	rec, stored, err := rs.cache.WriteRecord(name, raw, data...)
+	runtime.KeepAlive(v.Index())
 	if err != nil {
 		return nil, nil, err
 	}
@@ -243,17 +246,16 @@ func (rs *records) write(desc fetcher.Descriptor, v *verify.Verifier, repos, ref
 	return rv, store, nil
 }
 
-// encodeRecord returns the name, meta (decoded and encoded) and data of a verified layer's
-// record.
-func encodeRecord(desc fetcher.Descriptor, v *verify.Verifier, repos, refs []string) (string, *recordMeta, []byte, []byte, error) {
+// encodeRecord returns the name, meta (decoded and encoded) and data (in parts) of a verified
+// layer's record.
+func encodeRecord(desc fetcher.Descriptor, v *verify.Verifier, repos, refs []string) (string, *recordMeta, []byte, [][]byte, error) {
 	saved := v.Save()
 	idx := v.Index()
-	data, err := idx.AppendBinary(make([]byte, 0, idx.BinarySize()+len(saved.TarSplit)))
+	data, err := idx.AppendBinary(make([]byte, 0, idx.BinarySize()))
 	if err != nil {
 		return "", nil, nil, nil, err
 	}
 	indexSize := int64(len(data))
-	data = append(data, saved.TarSplit...)
 	slices.Sort(repos)
 	if len(refs) > maxRecordRefs {
 		refs = refs[len(refs)-maxRecordRefs:]
@@ -263,6 +265,7 @@ func encodeRecord(desc fetcher.Descriptor, v *verify.Verifier, repos, refs []str
 		Repositories: repos, Refs: refs, Entries: idx.Len(),
 		IndexSize: indexSize, TarSplitSize: int64(len(saved.TarSplit)), Written: time.Now().UTC(),
 	}
+	meta.Verified.TarSplit = nil // in the record's data, never kept with the meta
 	raw, err := json.Marshal(meta)
 	if err != nil {
 		return "", nil, nil, nil, err
@@ -271,7 +274,9 @@ func encodeRecord(desc fetcher.Descriptor, v *verify.Verifier, repos, refs []str
 	if err != nil {
 		return "", nil, nil, nil, err
 	}
-	return recordName(id), meta, raw, data, nil
+	// The tar-split is written from where v keeps it (a restored one is mapped with its index:
+	// the caller keeps v's index alive until the record is written).
+	return recordName(id), meta, raw, [][]byte{data, saved.TarSplit}, nil
 }
 
 // open maps a record and restores its verified layer. The index is used in place, from the
@@ -310,7 +315,7 @@ func (rs *records) restore(name string, rec *cache.Record) (*recordMeta, *verify
 	}
 	s := meta.Verified
 	if meta.TarSplitSize > 0 {
-		s.TarSplit = data[meta.IndexSize : meta.IndexSize+meta.TarSplitSize] // Restore copies it
+		s.TarSplit = data[meta.IndexSize : meta.IndexSize+meta.TarSplitSize] // used in place, mapped as long as the index
 	}
 	v, err := verify.Restore(s, idx, verify.WithLimits(rs.limits))
 	if err != nil {

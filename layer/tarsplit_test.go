@@ -176,3 +176,49 @@ func TestTarSplitDisagreementRefused(t *testing.T) {
 		t.Errorf("verify failures %d, want 1", n)
 	}
 }
+
+// The tar-split lives in the layer's record and is used from there: the records' index
+// keeps no copy of it with a layer's meta (on the heap, or into a mapping that a closed
+// record releases), neither after the resolution nor after the record is written again.
+func TestRecordsKeepNoTarSplit(t *testing.T) {
+	e := newEnv(t)
+	f := syntheticLayer(t, 2000, nil)
+	ref := e.push("synthetic:v1", fixtureLayer(f))
+	c, err := cache.New(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	m, err := New(ClientRegistry(testClient(t, e.reg)), c, WithPrefetch(false))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Close() })
+	check := func(when string) {
+		t.Helper()
+		m.records.mu.Lock()
+		defer m.records.mu.Unlock()
+		if len(m.records.byKey) == 0 {
+			t.Fatalf("%s: no record indexed", when)
+		}
+		for k, list := range m.records.byKey {
+			for _, s := range list {
+				if s.meta.Verified.TarSplit != nil {
+					t.Errorf("%s: the meta of record %s (key %s) keeps the tar-split (%d bytes)", when, s.name, k, len(s.meta.Verified.TarSplit))
+				}
+			}
+		}
+	}
+	l, err := m.lookup(t.Context(), ref, tocKey(f.Desc.Annotations))
+	if err != nil {
+		t.Fatal(err)
+	}
+	check("after the resolution")
+	if err := l.checkTarSplit(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.writeRecord(); err != nil {
+		t.Fatal(err)
+	}
+	check("after the record is written again")
+}

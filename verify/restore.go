@@ -1,7 +1,6 @@
 package verify
 
 import (
-	"bytes"
 	"fmt"
 
 	"github.com/layerstore/layerstore/chunked"
@@ -36,6 +35,9 @@ func (l *Verifier) Save() Saved {
 // returned by [Open] saved and indexed (the layer manager writes them to its own records,
 // checksummed, only after Open). Restore checks that they are consistent with each other and
 // with the limits, not that they are true.
+//
+// The Verifier uses s.TarSplit in place, as it uses idx (the layer manager maps both from
+// its record): the caller keeps it unchanged and readable for as long as it keeps idx.
 func Restore(s Saved, idx *chunked.Index, opts ...Option) (*Verifier, error) {
 	o, err := newOptions(opts)
 	if err != nil {
@@ -57,7 +59,7 @@ func Restore(s Saved, idx *chunked.Index, opts ...Option) (*Verifier, error) {
 	l := &Verifier{layout: &layout, index: idx, diffID: s.DiffID, limits: o.limits, comparing: make(chan struct{}, 1)}
 	l.tarSize.Store(max(s.TarSize, -1))
 	if s.TarSplit != nil && s.Guarantee < DiffIDVerified {
-		l.tarSplit = bytes.Clone(s.TarSplit)
+		l.tarSplit = s.TarSplit
 	}
 	// A tar size is known only from a comparison that succeeded: it is not run again.
 	l.compared.Store(s.TarSize >= 0 && (l.tarSplit != nil || s.Guarantee == DiffIDVerified))

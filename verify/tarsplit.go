@@ -9,6 +9,7 @@ import (
 	"io"
 	"maps"
 	"path"
+	"runtime"
 	"strings"
 	"time"
 
@@ -66,6 +67,8 @@ func (c *countingReader) Read(p []byte) (int, error) {
 // returns the size of the tar stream the tar-split describes.
 func (l *Verifier) compareTarSplit(ctx context.Context, raw []byte) (int64, error) {
 	x := l.index
+	// A restored tar-split is readable as long as the index is (Restore): until the end.
+	defer runtime.KeepAlive(x)
 	ts, done, err := l.tarSplitRecords(raw)
 	if err != nil {
 		return 0, err
@@ -112,8 +115,53 @@ func fileRecordMatches(x *chunked.Index, k int, r *chunked.TarSplitRecord) error
 
 func clean(name string) string { return path.Clean("/" + name)[1:] }
 
+// headerMatches checks that tar header h describes entry id of x as the TOC does: at once
+// when it does (headerEqual, no allocation but the entry's name), and with every difference
+// named when it does not.
 func headerMatches(x *chunked.Index, id chunked.EntryID, h *tar.Header) error {
 	e := x.Entry(id)
+	if headerEqual(x, id, &e, h) {
+		return nil
+	}
+	return headerDiff(x, id, &e, h)
+}
+
+// headerEqual reports whether h describes e as headerDiff finds no difference. It answers
+// false when in doubt (xattrs on either side): headerDiff then decides.
+func headerEqual(x *chunked.Index, id chunked.EntryID, e *chunked.Entry, h *tar.Header) bool {
+	// The index's names are clean (it builds them from their components): a name equal to
+	// one is equal once cleaned.
+	typ, ok := tarTypes[h.Typeflag]
+	if !ok || typ != e.Type || h.Name != e.Name && clean(h.Name) != e.Name {
+		return false
+	}
+	link := h.Linkname
+	if typ == chunked.TypeHardlink {
+		link = clean(link)
+	}
+	if link != e.LinkName || uint32(h.Mode&0o7777) != e.Mode || h.Size != e.Size ||
+		int64(h.Uid) != int64(e.UID) || int64(h.Gid) != int64(e.GID) ||
+		h.Devmajor != int64(e.DevMajor) || h.Devminor != int64(e.DevMinor) {
+		return false
+	}
+	var mt int64
+	if e.ModTimeSec != 0 || e.ModTimeNsec != 0 {
+		mt = timeNanos(e.ModTime())
+	}
+	at, ct := x.TOCTimes(id)
+	if mt != timeNanos(h.ModTime) || at != timeNanos(h.AccessTime) || ct != timeNanos(h.ChangeTime) {
+		return false
+	}
+	for k := range h.PAXRecords {
+		if strings.HasPrefix(k, "SCHILY.xattr.") {
+			return false
+		}
+	}
+	return len(x.TOCXattrs(id)) == 0 // allocates only when there are some
+}
+
+// headerDiff returns the differences between h and entry id of x (e), nil if none.
+func headerDiff(x *chunked.Index, id chunked.EntryID, e *chunked.Entry, h *tar.Header) error {
 	typ, ok := tarTypes[h.Typeflag]
 	var diffs []string
 	check := func(what string, equal bool, toc, tarv any) {
@@ -194,7 +242,8 @@ func (l *Verifier) checkDiffID(ctx context.Context, payload PayloadFunc) error {
 	if err != nil {
 		return err
 	}
-	defer done(false) //nolint:errcheck // checked by checkTarSplit
+	defer runtime.KeepAlive(l.index) // and with it a restored tar-split (Restore)
+	defer done(false)                //nolint:errcheck // checked by checkTarSplit
 	h := sha256.New()
 	for files, n := 0, 0; ; n++ {
 		if n%4096 == 0 {

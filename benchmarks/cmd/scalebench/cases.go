@@ -38,6 +38,7 @@ type sample struct {
 	ReopenRequests int     // large layers: blob requests of that stat (0: answered from the record)
 	CPU            float64 // the daemon's user+system CPU over Wall, seconds
 	RSS, HWM       int64   // the daemon's VmRSS and VmHWM after the case and a settle, bytes
+	Anon           int64   // the daemon's RssAnon (heap, stacks: what is not a file's page) with RSS, bytes
 	Layers         int     // layers the daemon reports resolved afterwards
 	Requests       testregistry.BlobStats
 	Fetched        int64 // background fetch: bytes the daemon fetched
@@ -88,10 +89,11 @@ func (b *bench) finish(ctx context.Context, d *benchd.Daemon, s *sample) error {
 	case <-ctx.Done():
 		return ctx.Err()
 	}
-	var err error
-	if s.RSS, s.HWM, err = procMemory(d.Cmd.Process.Pid); err != nil {
+	m, err := procMemory(d.Cmd.Process.Pid)
+	if err != nil {
 		return err
 	}
+	s.RSS, s.HWM, s.Anon = m.rss, m.hwm, m.anon
 	st, err := d.Client.Status(ctx)
 	if err != nil {
 		return fmt.Errorf("status: %w", err)
@@ -178,6 +180,58 @@ func (b *bench) caseLarge(ctx context.Context, repoTag string, l *builtLayer, fe
 	return s, b.reopen(ctx, d, repoTag, l, &s)
 }
 
+// caseFetchImage resolves every layer of an image with the background fetch on, and waits
+// until every layer is fully local: the daemon's CPU over the fetch, and its memory once the
+// fetch has ended (after the settle).
+func (b *bench) caseFetchImage(ctx context.Context, repoTag string, ls []*builtLayer) (sample, error) {
+	var s sample
+	d, err := b.start(ctx, true)
+	if err != nil {
+		return s, err
+	}
+	defer d.Stop()
+	before := make([]testregistry.BlobStats, len(ls))
+	for i, l := range ls {
+		before[i] = b.reg.Stats(l.Digest)
+	}
+	cpu0, err := d.CPU()
+	if err != nil {
+		return s, err
+	}
+	err = guarded(ctx, d, func() error {
+		t0 := time.Now()
+		defer func() { s.Wall = time.Since(t0).Seconds() }()
+		for _, l := range ls {
+			if _, err := os.Stat(filepath.Join(b.layerDir(d.Cfg.Mountpoint, repoTag, l.key()), "diff")); err != nil {
+				return fmt.Errorf("resolving %s: %w", l.Name, err)
+			}
+		}
+		for _, l := range ls {
+			st, err := d.WaitComplete(ctx, l.Digest, 25*time.Millisecond, b.opts.timeout)
+			if err != nil {
+				return fmt.Errorf("fetching %s: %w", l.Name, err)
+			}
+			s.Fetched += st.Prefetched + st.OnDemand
+		}
+		return nil
+	})
+	if err != nil {
+		return s, withLog(err, d)
+	}
+	cpu1, err := d.CPU()
+	if err != nil {
+		return s, err
+	}
+	s.CPU = cpu1 - cpu0
+	for i, l := range ls {
+		after := b.reg.Stats(l.Digest)
+		s.Requests.Full += after.Full - before[i].Full
+		s.Requests.Ranged += after.Ranged - before[i].Ranged
+		s.Requests.Bytes += after.Bytes - before[i].Bytes
+	}
+	return s, b.finish(ctx, d, &s)
+}
+
 // reopen stops the daemon and starts it again on the same cache, as a restart or a reboot
 // does, and times the first stat of the layer's diff: a lookup answered from the layer's
 // record, without the registry.
@@ -208,7 +262,8 @@ func (b *bench) reopen(ctx context.Context, d *benchd.Daemon, repoTag string, l 
 	case <-ctx.Done():
 		return ctx.Err()
 	}
-	s.ReopenRSS, _, err = procMemory(d2.Cmd.Process.Pid)
+	m, err := procMemory(d2.Cmd.Process.Pid)
+	s.ReopenRSS = m.rss
 	return err
 }
 
@@ -232,9 +287,11 @@ func (b *bench) walk(ctx context.Context, d *benchd.Daemon, diff string, l *buil
 		if err != nil {
 			return err
 		}
-		if s.WalkRSS, _, err = procMemory(d.Cmd.Process.Pid); err != nil {
+		m, err := procMemory(d.Cmd.Process.Pid)
+		if err != nil {
 			return err
 		}
+		s.WalkRSS = m.rss
 		cpu1, err := d.CPU()
 		s.WalkCPU = cpu1 - cpu0
 		if err != nil {
@@ -386,37 +443,41 @@ func (b *bench) caseLookups(ctx context.Context, imgs []image, concurrent bool) 
 	return s, nil
 }
 
-// procMemory returns VmRSS and VmHWM of a process, in bytes.
-func procMemory(pid int) (rss, hwm int64, err error) {
+// memory is a process's resident memory, in bytes.
+type memory struct {
+	rss, hwm, anon int64 // VmRSS, VmHWM, RssAnon
+}
+
+// procMemory reads VmRSS, VmHWM and RssAnon of a process from /proc/<pid>/status.
+func procMemory(pid int) (memory, error) {
+	var m memory
 	f, err := os.Open(fmt.Sprintf("/proc/%d/status", pid))
 	if err != nil {
-		return 0, 0, err
+		return m, err
 	}
 	defer f.Close()
+	fields := map[string]*int64{"VmRSS": &m.rss, "VmHWM": &m.hwm, "RssAnon": &m.anon}
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
 		k, v, ok := strings.Cut(sc.Text(), ":")
-		if !ok || (k != "VmRSS" && k != "VmHWM") {
+		dst := fields[k]
+		if !ok || dst == nil {
 			continue
 		}
 		fs := strings.Fields(v)
 		if len(fs) != 2 || fs[1] != "kB" {
-			return 0, 0, fmt.Errorf("/proc/%d/status: %s: %q", pid, k, v)
+			return m, fmt.Errorf("/proc/%d/status: %s: %q", pid, k, v)
 		}
 		n, err := strconv.ParseInt(fs[0], 10, 64)
 		if err != nil {
-			return 0, 0, err
+			return m, err
 		}
-		if k == "VmRSS" {
-			rss = n << 10
-		} else {
-			hwm = n << 10
-		}
+		*dst = n << 10
 	}
-	if rss == 0 || hwm == 0 {
-		return 0, 0, fmt.Errorf("/proc/%d/status: no VmRSS or VmHWM", pid)
+	if m.rss == 0 || m.hwm == 0 || m.anon == 0 {
+		return m, fmt.Errorf("/proc/%d/status: no VmRSS, VmHWM or RssAnon", pid)
 	}
-	return rss, hwm, sc.Err()
+	return m, sc.Err()
 }
 
 // withLog adds to err the warnings and errors the daemon logged (or the end of its log).

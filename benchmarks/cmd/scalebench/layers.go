@@ -38,19 +38,27 @@ const (
 const perDir = 100
 
 // treeSpec is a generated layer: a tree of groups of directories of perDir-1 entries each,
-// mostly small text files (4 B to 4 KiB, log-uniform), some empty files and symlinks. The same
-// spec always gives the same tar stream.
+// mostly small text files (4 B to 4 KiB, log-uniform), some empty files and symlinks; or, with
+// Random set, Entries files of random bytes (incompressible) at the root. The same spec always
+// gives the same tar stream.
 type treeSpec struct {
 	Name    string
 	Entries int // tar entries in all: directories, files, symlinks
 	Seed    uint64
+	// Random, when not 0, makes the layer Entries files of random bytes, Random bytes in all:
+	// one file holds them all, several have sizes uniform around the mean.
+	Random int64
 }
 
 // treeVersion changes whenever the generator's output does, so that cached blobs are rebuilt.
 const treeVersion = "v1"
 
 func (s treeSpec) key(format string) string {
-	h := sha256.Sum256(fmt.Appendf(nil, "%s %s %d %d %s", treeVersion, s.Name, s.Entries, s.Seed, format))
+	b := fmt.Appendf(nil, "%s %s %d %d %s", treeVersion, s.Name, s.Entries, s.Seed, format)
+	if s.Random != 0 {
+		b = fmt.Appendf(b, " random %d", s.Random)
+	}
+	h := sha256.Sum256(b)
 	return hex.EncodeToString(h[:])[:16]
 }
 
@@ -65,6 +73,15 @@ func (s treeSpec) writeTar(ctx context.Context, w io.Writer) (int64, digest.Dige
 	h := sha256.New()
 	cw := &countWriter{w: io.MultiWriter(w, h)}
 	tw := tar.NewWriter(cw)
+	if s.Random != 0 {
+		if err := s.writeRandom(ctx, tw); err != nil {
+			return 0, "", err
+		}
+		if err := tw.Close(); err != nil {
+			return 0, "", err
+		}
+		return cw.n, digest.NewDigest(digest.SHA256, h), nil
+	}
 	rng := rand.New(rand.NewPCG(s.Seed, 1))
 	mtime := time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)
 	buf := make([]byte, 4096)
@@ -114,6 +131,42 @@ func (s treeSpec) writeTar(ctx context.Context, w io.Writer) (int64, digest.Dige
 		return 0, "", err
 	}
 	return cw.n, digest.NewDigest(digest.SHA256, h), nil
+}
+
+// writeRandom writes the files of a Random spec: f0000.bin, f0001.bin, ... of random bytes,
+// sizes uniform in [mean/2, 3*mean/2) except the last, which completes the total.
+func (s treeSpec) writeRandom(ctx context.Context, tw *tar.Writer) error {
+	rng := rand.New(rand.NewPCG(s.Seed, 2))
+	var seed [32]byte
+	for i := range seed {
+		seed[i] = byte(rng.Uint32())
+	}
+	src := rand.NewChaCha8(seed)
+	mtime := time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)
+	buf := make([]byte, 1<<20)
+	mean, left := s.Random/int64(s.Entries), s.Random
+	for i := range s.Entries {
+		size := left
+		if i < s.Entries-1 {
+			size = min(left, mean/2+rng.Int64N(max(mean, 1)))
+		}
+		left -= size
+		if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeReg, Name: fmt.Sprintf("f%04d.bin", i), Mode: 0o644, Size: size, ModTime: mtime}); err != nil {
+			return err
+		}
+		for size > 0 {
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+			p := buf[:min(size, int64(len(buf)))]
+			_, _ = src.Read(p) // never fails
+			if _, err := tw.Write(p); err != nil {
+				return err
+			}
+			size -= int64(len(p))
+		}
+	}
+	return nil
 }
 
 // text fills p with lines of words (compresses about 3-4x, like sources and docs).

@@ -14,6 +14,11 @@
 //     after the other: time, and the daemon's memory with 100 images mounted.
 //  5. fetch-100k: the 100 000-entry eStargz layer made fully local by the background fetch:
 //     time and the daemon's CPU per GB fetched (a worst case: every file is a few KiB).
+//  6. fetch-anchor: the anchor image (two eStargz layers: 2000 files of random bytes and one
+//     256 MiB file, about 690 MB) made fully local by the background fetch: the daemon's
+//     anonymous memory (RssAnon) after it, the figure stargz-store gives (29 MB).
+//
+// Every case reports the daemon's VmRSS, RssAnon and VmHWM after a settle.
 //
 // Every case runs -runs times, each on a fresh daemon with an empty cache (prefetch off, so
 // that resolution is measured alone, except in fetch-100k), and the medians are reported.

@@ -106,6 +106,43 @@ func (p *planner) manyImages() ([]image, error) {
 	return imgs, nil
 }
 
+// The anchor image: about 690 MB of incompressible content in two layers, many medium files
+// and one large file.
+const (
+	anchorRepo       = "scale/anchor:latest"
+	anchorFiles      = 2000
+	anchorFilesBytes = 2000 * 206 << 10
+	anchorBigBytes   = 256 << 20
+)
+
+// anchor is the anchor image, pushed.
+func (p *planner) anchor() ([]*builtLayer, error) {
+	logf("anchor image: building or loading")
+	var ls []*builtLayer
+	for i, s := range []treeSpec{
+		{Name: "anchorfiles", Entries: anchorFiles, Seed: 3000, Random: anchorFilesBytes},
+		{Name: "anchorbig", Entries: 1, Seed: 3001, Random: anchorBigBytes},
+	} {
+		l, err := p.layer(s, formatEStargz)
+		if err != nil {
+			return nil, fmt.Errorf("anchor layer %d: %w", i, err)
+		}
+		ls = append(ls, l)
+	}
+	return ls, p.push(anchorRepo, ls)
+}
+
+// combined describes several layers as one, for the report: their entries and sizes summed.
+func combined(name string, ls []*builtLayer) *builtLayer {
+	c := &builtLayer{Name: name, Format: ls[0].Format}
+	for _, l := range ls {
+		c.Entries += l.Entries
+		c.TarSize += l.TarSize
+		c.Size += l.Size
+	}
+	return c
+}
+
 func formatName(format string) string {
 	if format == formatZstdChunked {
 		return "zstdchunked"
@@ -159,5 +196,17 @@ func (b *bench) cases(ctx context.Context, bl *builder, rep *report) []*benchCas
 		return err
 	}
 	fc.run = func() (sample, error) { return b.caseLarge(ctx, fetchRepo, fc.large, true) }
-	return append(cs, fc)
+	ac := &benchCase{name: "fetch-anchor",
+		what: fmt.Sprintf("the anchor image (stargz-store's memory figure): two eStargz layers, %d files of random bytes (%s in all) and one file of %s, made fully local by the background fetch (prefetch on); time: the first stat of both diffs until the control socket reports both complete; memory %v after",
+			anchorFiles, mib(anchorFilesBytes), mib(anchorBigBytes), o.settle)}
+	var anchor []*builtLayer
+	ac.prep = func() (err error) {
+		anchor, err = p.anchor()
+		if err == nil {
+			ac.large = combined("anchor", anchor)
+		}
+		return err
+	}
+	ac.run = func() (sample, error) { return b.caseFetchImage(ctx, anchorRepo, anchor) }
+	return append(cs, fc, ac)
 }

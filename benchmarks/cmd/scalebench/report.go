@@ -32,7 +32,7 @@ type report struct {
 func (r *report) addLayer(l *builtLayer) { r.layers = append(r.layers, l) }
 
 func (s sample) line() string {
-	t := fmt.Sprintf("time %.3fs, CPU %.2fs, VmRSS %s, VmHWM %s, %d layers", s.Wall, s.CPU, mib(s.RSS), mib(s.HWM), s.Layers)
+	t := fmt.Sprintf("time %.3fs, CPU %.2fs, VmRSS %s (RssAnon %s), VmHWM %s, %d layers", s.Wall, s.CPU, mib(s.RSS), mib(s.Anon), mib(s.HWM), s.Layers)
 	if s.Listed > 0 {
 		t += fmt.Sprintf(" (stat %.3fs, readdir %.3fs of %d entries, %d+%d requests, %s)", s.Stat, s.Readdir, s.Listed,
 			s.Requests.Ranged, s.Requests.Full, mib(s.Requests.Bytes))
@@ -181,19 +181,21 @@ func (r *report) resultSection(b *strings.Builder) {
 	}
 	fmt.Fprintf(b, "Every case ran %d times, each on a fresh `layerstore serve` (passthrough on, background fetch %s except in "+
 		"fetch-*, an empty cache) against the registry on 127.0.0.1; medians, the time of each run in the last column. "+
-		"CPU is the daemon's utime+stime over the case's time (from `/proc/<pid>/stat`). VmRSS and VmHWM (peak) come from "+
+		"CPU is the daemon's utime+stime over the case's time (from `/proc/<pid>/stat`). VmRSS, RssAnon and VmHWM (peak) come from "+
 		"`/proc/<pid>/status`, read %v after the case (a Go daemon returns freed memory to the kernel lazily: VmRSS "+
-		"includes heap the collector freed but the runtime kept). Layers are looked up by TOC digest, as podman 5.1+ and "+
+		"includes heap the collector freed but the runtime kept). RssAnon is the part of VmRSS that is no file's: the heap, "+
+		"stacks and the runtime's own; the rest is pages of mapped files (the binary, layer records) the kernel can drop and read again. Layers are looked up by TOC digest, as podman 5.1+ and "+
 		"CRI-O 1.31+ do.\n\n", o.runs, pf, o.settle)
-	fmt.Fprintf(b, "| case | time (s) | daemon CPU (s) | VmRSS (MiB) | VmHWM (MiB) | layers resolved | runs: time (s) |\n|---|---:|---:|---:|---:|---:|---|\n")
+	fmt.Fprintf(b, "| case | time (s) | daemon CPU (s) | VmRSS (MiB) | RssAnon (MiB) | VmHWM (MiB) | layers resolved | runs: time (s) |\n|---|---:|---:|---:|---:|---:|---:|---|\n")
 	for _, c := range r.cases {
 		if len(c.samples) == 0 {
-			fmt.Fprintf(b, "| %s | **failed** (below) | | | | | |\n", c.name)
+			fmt.Fprintf(b, "| %s | **failed** (below) | | | | | | |\n", c.name)
 			continue
 		}
 		ss := c.samples
-		fmt.Fprintf(b, "| %s | %.3f | %.2f | %s | %s | %d | %s |\n", c.name, med(ss, func(s sample) float64 { return s.Wall }),
+		fmt.Fprintf(b, "| %s | %.3f | %.2f | %s | %s | %s | %d | %s |\n", c.name, med(ss, func(s sample) float64 { return s.Wall }),
 			med(ss, func(s sample) float64 { return s.CPU }), mibf(med(ss, func(s sample) float64 { return float64(s.RSS) })),
+			mibf(med(ss, func(s sample) float64 { return float64(s.Anon) })),
 			mibf(med(ss, func(s sample) float64 { return float64(s.HWM) })), ss[len(ss)-1].Layers, list(ss, func(s sample) float64 { return s.Wall }, "%.3f"))
 	}
 	r.largeSection(b)

@@ -1,0 +1,43 @@
+package verify_test
+
+import (
+	"runtime"
+	"testing"
+
+	"github.com/layerstore/layerstore/internal/testutil/testlayer"
+	"github.com/layerstore/layerstore/verify"
+)
+
+// Restore uses the saved tar-split in place (the layer manager maps it from its record): it
+// allocates far less than the tar-split's size, and the restored Verifier compares it with
+// the TOC and proves the DiffID from it.
+func TestRestoreUsesTarSplitInPlace(t *testing.T) {
+	f, err := testlayer.SyntheticZstdChunked(20_000, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, src := open(t, f)
+	s := l.Save()
+	if len(s.TarSplit) < 64<<10 {
+		t.Fatalf("a tar-split of %d bytes: too small to tell", len(s.TarSplit))
+	}
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	r, err := verify.Restore(s, l.Index())
+	runtime.ReadMemStats(&after)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := after.TotalAlloc - before.TotalAlloc; n >= uint64(len(s.TarSplit))/2 {
+		t.Errorf("Restore allocated %d bytes for a tar-split of %d: it copied it", n, len(s.TarSplit))
+	}
+	if err := r.CheckTarSplit(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.CheckDiffID(t.Context(), payloads(r, src)); err != nil {
+		t.Fatal(err)
+	}
+	if r.Guarantee() != verify.DiffIDVerified || r.TarSize() <= 0 {
+		t.Errorf("restored: guarantee %v, tar size %d", r.Guarantee(), r.TarSize())
+	}
+}
