@@ -69,7 +69,9 @@
 // kernel for a long time (Options.EntryTimeout, Options.AttrTimeout, FOPEN_CACHE_DIR,
 // FOPEN_KEEP_CACHE). Directories are listed with READDIRPLUS: every entry comes with its
 // attributes and becomes a cached lookup, so that a walk of a tree (find, a scanner) reaches
-// the daemon about once per directory, not once per entry. The attributes of the root and of
+// the daemon about once per directory, not once per entry. Files are opened FOPEN_NOFLUSH:
+// nothing is ever written, so a close(2) sends no FLUSH and waits for no answer (a process
+// closing a file while the daemon restarts does not hang on it). The attributes of the root and of
 // the reference and layer directories never change for their inode numbers either, and are
 // cached too.
 //

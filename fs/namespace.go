@@ -412,7 +412,7 @@ func (n *infoFile) Open(ctx context.Context, flags uint32) (fusefs.FileHandle, u
 	if writeAccess(flags) {
 		return nil, 0, syscall.EROFS
 	}
-	return &infoHandle{data: n.layer.Info(n.key)}, fuse.FOPEN_DIRECT_IO, 0
+	return &infoHandle{data: n.layer.Info(n.key)}, fuse.FOPEN_DIRECT_IO | fuse.FOPEN_NOFLUSH, 0
 }
 
 // infoHandle is an open info file: the content as it was at open.
@@ -448,7 +448,7 @@ func (n *blobFile) Open(ctx context.Context, flags uint32) (fusefs.FileHandle, u
 	if writeAccess(flags) {
 		return nil, 0, syscall.EROFS
 	}
-	return nil, fuse.FOPEN_KEEP_CACHE, 0
+	return nil, fuse.FOPEN_KEEP_CACHE | fuse.FOPEN_NOFLUSH, 0
 }
 
 func (n *blobFile) Read(ctx context.Context, _ fusefs.FileHandle, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {

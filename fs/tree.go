@@ -276,7 +276,7 @@ func (n *entryNode) Open(ctx context.Context, flags uint32) (fusefs.FileHandle, 
 		}
 	}
 	n.opens[b2i(h.passthrough)]++
-	return h, fuse.FOPEN_KEEP_CACHE, 0
+	return h, fuse.FOPEN_KEEP_CACHE | fuse.FOPEN_NOFLUSH, 0
 }
 
 func b2i(b bool) int {

@@ -6,12 +6,14 @@ import (
 	"crypto/sha256"
 	"fmt"
 	iofs "io/fs"
+	"log/slog"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"slices"
 	"sort"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 
@@ -298,4 +300,59 @@ func TestLargeDirectory(t *testing.T) {
 	if err != nil || len(data) != 1 || data[0] != byte(345%256) {
 		t.Errorf("read %s = %v, %v", want[345], data, err)
 	}
+}
+
+// TestCloseSendsNoFlush: files of every kind are opened FOPEN_NOFLUSH, so that closing one
+// costs no request (and cannot hang while the daemon is away): the mount's request log shows
+// opens, reads and releases, and no FLUSH.
+func TestCloseSendsNoFlush(t *testing.T) {
+	store := newTestStore()
+	f := loadFixtures(t)[0]
+	l := newTestLayer(t, f)
+	ref := "registry.example/noflush:" + f.Name
+	store.add(ref, l)
+	var log lockedBuffer
+	opts := DefaultOptions()
+	opts.Debug = true
+	opts.Logger = slog.New(slog.NewTextHandler(&log, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	mnt, _ := mountTest(t, store, opts)
+	var file string
+	for _, e := range testlayer.Entries() {
+		if e.Header.Typeflag == '0' && len(e.Data) > 0 {
+			file = e.Header.Name
+			break
+		}
+	}
+	for _, p := range []string{layerPath(mnt, ref, l.tocKey, "diff", file), layerPath(mnt, ref, l.tocKey, "blob"), layerPath(mnt, ref, l.tocKey, "info")} {
+		data, err := os.ReadFile(p)
+		if err != nil || len(data) == 0 {
+			t.Fatalf("%s: %d bytes, %v", p, len(data), err)
+		}
+	}
+	s := log.String()
+	_, s, _ = strings.Cut(s, "mounted layer store") // go-fuse's own probe before it (its epoll hack file) flushes
+	if !strings.Contains(s, "OPEN") || !strings.Contains(s, "READ") {
+		t.Fatalf("the request log shows no OPEN and READ: %.2000s", s)
+	}
+	if strings.Contains(s, ": FLUSH ") { // a request, not the NOFLUSH of an answer
+		t.Errorf("a close sent FLUSH: %.4000s", s)
+	}
+}
+
+// lockedBuffer is a bytes.Buffer safe for concurrent writers.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.String()
 }
