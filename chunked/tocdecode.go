@@ -87,21 +87,13 @@ func (d *entryDecoder) decodeEntry(r *rawEntry) error {
 		case "groupName":
 			err = d.str(&r.GroupName)
 		default:
-			if knownKeys[strings.ToLower(string(name))] {
-				return invalidf("key %q differs from a defined key only by case", name)
-			}
-			err = d.dec.SkipValue()
+			err = d.skipUnknown(name, knownKeys)
 		}
 		if err != nil {
 			return err
 		}
 	}
-	if tok, err := d.dec.ReadToken(); err != nil {
-		return err
-	} else if tok.Kind() != '}' {
-		return fmt.Errorf("got %v, want the end of an object", tok.Kind())
-	}
-	return nil
+	return d.endObject()
 }
 
 // name reads an object member's name, unquoted. It is valid until the next read.
@@ -261,10 +253,8 @@ func (d *entryDecoder) xattrs(dst *map[string]string) error {
 		}
 		m[key] = string(b)
 	}
-	if tok, err := d.dec.ReadToken(); err != nil {
+	if err := d.endObject(); err != nil {
 		return err
-	} else if tok.Kind() != '}' {
-		return fmt.Errorf("got %v, want the end of an object", tok.Kind())
 	}
 	*dst = m
 	return nil
@@ -304,21 +294,13 @@ func (d *entryDecoder) decodeTarSplit(r *TarSplitRecord) error {
 		case "position":
 			err = d.int(&r.Position)
 		default:
-			if tarSplitNames[strings.ToLower(string(name))] {
-				return invalidf("key %q differs from a defined key only by case", name)
-			}
-			err = d.dec.SkipValue()
+			err = d.skipUnknown(name, tarSplitNames)
 		}
 		if err != nil {
 			return err
 		}
 	}
-	if tok, err := d.dec.ReadToken(); err != nil {
-		return err
-	} else if tok.Kind() != '}' {
-		return fmt.Errorf("got %v, want the end of an object", tok.Kind())
-	}
-	return nil
+	return d.endObject()
 }
 
 // base64 reads a base64 string (into buf) or null (nil).
@@ -339,5 +321,24 @@ func (d *entryDecoder) base64(dst *[]byte, buf []byte) error {
 		b = []byte{}
 	}
 	*dst = b
+	return nil
+}
+
+// skipUnknown skips the value of a key the format does not define, and refuses a key that
+// differs from a defined one only by case (json.Unmarshal would take it for that key).
+func (d *entryDecoder) skipUnknown(name []byte, known map[string]bool) error {
+	if known[strings.ToLower(string(name))] {
+		return invalidf("key %q differs from a defined key only by case", name)
+	}
+	return d.dec.SkipValue()
+}
+
+// endObject reads the end of the object whose members were read.
+func (d *entryDecoder) endObject() error {
+	if tok, err := d.dec.ReadToken(); err != nil {
+		return err
+	} else if tok.Kind() != '}' {
+		return fmt.Errorf("got %v, want the end of an object", tok.Kind())
+	}
 	return nil
 }
