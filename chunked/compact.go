@@ -346,6 +346,24 @@ func (x *Index) AppendBinary(b []byte) ([]byte, error) {
 	return b, nil
 }
 
+// Binary returns the index's compact binary form itself, not a copy, for writing it out
+// without a second copy of it on the heap: the caller must not modify it, and must keep x
+// alive while it uses it (runtime.KeepAlive), as the form may be a mapping released with x.
+func (x *Index) Binary() []byte { return x.data }
+
+// Moved returns the index x is, using data in place of x's own binary form: data must hold
+// the same bytes (say, the mapping of the file x was just written to). It costs a
+// comparison of the bytes, where [LoadIndex] checks the structure of untrusted ones: x's was
+// checked when x was built or loaded, and data is x's. data is used as by LoadIndex.
+func (x *Index) Moved(data []byte) (*Index, error) {
+	same := bytes.Equal(data, x.data)
+	runtime.KeepAlive(x)
+	if !same {
+		return nil, invalidf("index: %d bytes that are not the index's", len(data))
+	}
+	return indexOf(data)
+}
+
 // head is the start of an entry record: what lookups need.
 type head struct {
 	typ   Type

@@ -232,7 +232,7 @@ func (rs *records) write(desc fetcher.Descriptor, v *verify.Verifier, repos, ref
 		rs.index(name, meta)
 		return nil
 	}
-	_, rv, err := rs.restore(name, rec)
+	_, rv, err := rs.restore(name, rec, v.Index())
 	if err != nil {
 		rec.Close()
 		return nil, func() error {
@@ -251,10 +251,7 @@ func (rs *records) write(desc fetcher.Descriptor, v *verify.Verifier, repos, ref
 func encodeRecord(desc fetcher.Descriptor, v *verify.Verifier, repos, refs []string) (string, *recordMeta, []byte, [][]byte, error) {
 	saved := v.Save()
 	idx := v.Index()
-	data, err := idx.AppendBinary(make([]byte, 0, idx.BinarySize()))
-	if err != nil {
-		return "", nil, nil, nil, err
-	}
+	data := idx.Binary() // written from where it is: the caller keeps idx alive
 	indexSize := int64(len(data))
 	slices.Sort(repos)
 	if len(refs) > maxRecordRefs {
@@ -274,8 +271,8 @@ func encodeRecord(desc fetcher.Descriptor, v *verify.Verifier, repos, refs []str
 	if err != nil {
 		return "", nil, nil, nil, err
 	}
-	// The tar-split is written from where v keeps it (a restored one is mapped with its index:
-	// the caller keeps v's index alive until the record is written).
+	// The index and the tar-split are written from where v keeps them (a restored layer's are
+	// mapped with its index: the caller keeps v's index alive until the record is written).
 	return recordName(id), meta, raw, [][]byte{data, saved.TarSplit}, nil
 }
 
@@ -287,7 +284,7 @@ func (rs *records) open(name string) (*recordMeta, *verify.Verifier, error) {
 		rs.forget(name)
 		return nil, nil, err
 	}
-	meta, v, err := rs.restore(name, rec)
+	meta, v, err := rs.restore(name, rec, nil)
 	if err != nil {
 		rec.Close()
 		rs.remove(name)
@@ -297,7 +294,10 @@ func (rs *records) open(name string) (*recordMeta, *verify.Verifier, error) {
 	return meta, v, nil
 }
 
-func (rs *records) restore(name string, rec *cache.Record) (*recordMeta, *verify.Verifier, error) {
+// restore restores the verified layer of a record. written, when not nil, is the index the
+// record was just written from: the record's copy is only compared with it, not checked
+// again as the index of a record found on disk is.
+func (rs *records) restore(name string, rec *cache.Record, written *chunked.Index) (*recordMeta, *verify.Verifier, error) {
 	var meta recordMeta
 	if err := json.Unmarshal(rec.Meta(), &meta); err != nil {
 		return nil, nil, err
@@ -309,7 +309,13 @@ func (rs *records) restore(name string, rec *cache.Record) (*recordMeta, *verify
 	if meta.IndexSize > int64(len(data)) || meta.TarSplitSize > int64(len(data))-meta.IndexSize {
 		return nil, nil, fmt.Errorf("record: %d bytes of data, %d + %d expected", len(data), meta.IndexSize, meta.TarSplitSize)
 	}
-	idx, err := chunked.LoadIndex(data[:meta.IndexSize], rs.limits)
+	var idx *chunked.Index
+	var err error
+	if written != nil {
+		idx, err = written.Moved(data[:meta.IndexSize])
+	} else {
+		idx, err = chunked.LoadIndex(data[:meta.IndexSize], rs.limits)
+	}
 	if err != nil {
 		return nil, nil, err
 	}
