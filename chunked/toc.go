@@ -296,37 +296,107 @@ func expect(dec *jsontext.Decoder, kind jsontext.Kind) error {
 	return nil
 }
 
+// decodeBatch is how many TOC entries the decoding goroutine hands the builder at a time.
+const decodeBatch = 256
+
+// entryBatch is a run of TOC entries decoded in order. When err is set, decoding stopped
+// after them: at the last of them, partly decoded, when failed; before another entry (the
+// entry limit) otherwise.
+type entryBatch struct {
+	entries []rawEntry
+	err     error
+	failed  bool
+}
+
+// decodeEntries reads the entries array into the index: the JSON is decoded on a goroutine
+// of its own while the builder adds the entries decoded before, so that a large TOC's
+// decoding and indexing share the processors (its decompression runs on others). The
+// builder's view is as if one goroutine did both: entries are added in order, and the first
+// error, of either, is returned.
 func (b *builder) decodeEntries(dec *jsontext.Decoder) error {
 	if err := expect(dec, '['); err != nil {
 		return err
 	}
-	var r rawEntry
-	d := entryDecoder{dec: dec}
-	for dec.PeekKind() == '{' {
-		if err := b.canceled(b.raw); err != nil {
-			return err
-		}
-		if b.raw >= b.lim.MaxEntries {
-			return limitf("TOC has more than %d entries", b.lim.MaxEntries)
-		}
-		if err := d.decodeEntry(&r); errors.Is(err, ErrInvalid) {
-			return &EntryError{Index: b.raw, Name: r.Name, Err: err}
-		} else if err != nil {
-			return &EntryError{Index: b.raw, Err: invalidf("%v", err)}
-		}
-		var err error
-		if r.Type == "chunk" {
-			err = b.addChunk(&r)
-		} else {
-			err = b.addEntry(&r)
-		}
-		if err != nil {
-			if _, ok := errors.AsType[*EntryError](err); ok {
-				return err // names an earlier entry already
+	full := make(chan *entryBatch, 2)
+	free := make(chan *entryBatch, 4)
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		defer close(full) // after the decoder's last use: the builder reads on from there
+		d := entryDecoder{dec: dec}
+		n := 0
+		for more := dec.PeekKind() == '{'; more; {
+			var bt *entryBatch
+			select {
+			case bt = <-free:
+				bt.entries, bt.err, bt.failed = bt.entries[:0], nil, false
+			default:
+				bt = &entryBatch{entries: make([]rawEntry, 0, decodeBatch)}
 			}
-			return &EntryError{Index: b.raw, Name: r.Name, Err: err}
+			for more && len(bt.entries) < decodeBatch {
+				if n >= b.lim.MaxEntries {
+					bt.err = limitf("TOC has more than %d entries", b.lim.MaxEntries)
+					break
+				}
+				bt.entries = append(bt.entries, rawEntry{})
+				if err := d.decodeEntry(&bt.entries[len(bt.entries)-1]); err != nil {
+					bt.err, bt.failed = err, true
+					break
+				}
+				n++
+				more = dec.PeekKind() == '{'
+			}
+			select {
+			case full <- bt:
+			case <-stop:
+				return
+			}
+			if bt.err != nil {
+				return
+			}
 		}
-		b.raw++
+	}()
+	defer func() {
+		close(stop)
+		<-done
+	}()
+	for bt := range full {
+		for i := range bt.entries {
+			r := &bt.entries[i]
+			if err := b.canceled(b.raw); err != nil {
+				return err
+			}
+			if bt.failed && i == len(bt.entries)-1 {
+				if errors.Is(bt.err, ErrInvalid) {
+					return &EntryError{Index: b.raw, Name: r.Name, Err: bt.err}
+				}
+				return &EntryError{Index: b.raw, Err: invalidf("%v", bt.err)}
+			}
+			var err error
+			if r.Type == "chunk" {
+				err = b.addChunk(r)
+			} else {
+				err = b.addEntry(r)
+			}
+			if err != nil {
+				if _, ok := errors.AsType[*EntryError](err); ok {
+					return err // names an earlier entry already
+				}
+				return &EntryError{Index: b.raw, Name: r.Name, Err: err}
+			}
+			b.raw++
+		}
+		if bt.err != nil {
+			if err := b.canceled(b.raw); err != nil {
+				return err
+			}
+			return bt.err // the entry limit
+		}
+		select {
+		case free <- bt:
+		default:
+		}
 	}
 	return expect(dec, ']')
 }
