@@ -260,9 +260,9 @@ func (w *wideIndex) compact(paths map[string]EntryID) (*Index, error) {
 		le.PutUint32(recs[headerSize+4*id:], uint32(len(recs)-prefix))
 	}
 	nTable := len(table) / chunkSize
-	if size := len(recs) + len(table); size <= cap(recs) && cap(recs)-size <= size/32 {
+	if size := len(recs) + len(table); size <= cap(recs) && cap(recs)-size <= size/8 {
 		data = append(recs, table...)
-	} else { // not to keep much spare capacity for the index's life
+	} else { // not to keep much spare capacity for the index's life (a copy costs its size again)
 		data = make([]byte, len(recs)+len(table))
 		copy(data[copy(data, recs):], table)
 	}
