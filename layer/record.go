@@ -215,15 +215,15 @@ func (rs *records) save(desc fetcher.Descriptor, v *verify.Verifier, repos, refs
 // record (its index mapped from the record's file) as soon as the record's bytes are written.
 // The record is stored in the background (see cache.WriteRecord), by a function the caller
 // runs (on a tracked goroutine), which indexes it once stored.
-func (rs *records) write(desc fetcher.Descriptor, v *verify.Verifier, repos, refs []string) (*verify.Verifier, func() error, error) {
+func (rs *records) write(desc fetcher.Descriptor, v *verify.Verifier, repos, refs []string) (*verify.Verifier, *cache.Record, func() error, error) {
 	name, meta, raw, data, err := encodeRecord(desc, v, repos, refs)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	rec, stored, err := rs.cache.WriteRecord(name, raw, data...)
 	runtime.KeepAlive(v.Index())
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	store := func() error {
 		if err := <-stored; err != nil {
@@ -235,7 +235,7 @@ func (rs *records) write(desc fetcher.Descriptor, v *verify.Verifier, repos, ref
 	_, rv, err := rs.restore(name, rec, v.Index())
 	if err != nil {
 		rec.Close()
-		return nil, func() error {
+		return nil, nil, func() error {
 			if store() == nil {
 				rs.remove(name)
 			}
@@ -243,7 +243,7 @@ func (rs *records) write(desc fetcher.Descriptor, v *verify.Verifier, repos, ref
 		}, fmt.Errorf("layer record %s: %w", name, err)
 	}
 	runtime.AddCleanup(rv.Index(), func(r *cache.Record) { r.Close() }, rec)
-	return rv, store, nil
+	return rv, rec, store, nil
 }
 
 // encodeRecord returns the name, meta (decoded and encoded) and data (in parts) of a verified
@@ -278,20 +278,20 @@ func encodeRecord(desc fetcher.Descriptor, v *verify.Verifier, repos, refs []str
 
 // open maps a record and restores its verified layer. The index is used in place, from the
 // mapping, which is released once nothing references the index any more.
-func (rs *records) open(name string) (*recordMeta, *verify.Verifier, error) {
+func (rs *records) open(name string) (*recordMeta, *verify.Verifier, *cache.Record, error) {
 	rec, err := rs.cache.OpenRecord(name)
 	if err != nil {
 		rs.forget(name)
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	meta, v, err := rs.restore(name, rec, nil)
 	if err != nil {
 		rec.Close()
 		rs.remove(name)
-		return nil, nil, fmt.Errorf("layer record %s: %w", name, err)
+		return nil, nil, nil, fmt.Errorf("layer record %s: %w", name, err)
 	}
 	runtime.AddCleanup(v.Index(), func(r *cache.Record) { r.Close() }, rec)
-	return meta, v, nil
+	return meta, v, rec, nil
 }
 
 // restore restores the verified layer of a record. written, when not nil, is the index the
@@ -327,6 +327,9 @@ func (rs *records) restore(name string, rec *cache.Record, written *chunked.Inde
 	if err != nil {
 		return nil, nil, err
 	}
+	// The check (or comparison) read the whole index through the mapping: only what
+	// lookups and reads use from now on need be resident.
+	_ = rec.Unresident() // advice: nothing is lost when it fails
 	return &meta, v, nil
 }
 

@@ -9,6 +9,8 @@ import (
 	"path/filepath"
 	"runtime"
 	"slices"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -281,7 +283,7 @@ func TestRecordWrittenInPlace(t *testing.T) {
 	runtime.GC()
 	var before, after runtime.MemStats
 	runtime.ReadMemStats(&before)
-	rv, store, err := rs.write(desc, v, []string{"example.com/synthetic"}, []string{"example.com/synthetic:v1"})
+	rv, _, store, err := rs.write(desc, v, []string{"example.com/synthetic"}, []string{"example.com/synthetic:v1"})
 	runtime.ReadMemStats(&after)
 	if err != nil {
 		t.Fatal(err)
@@ -298,7 +300,7 @@ func TestRecordWrittenInPlace(t *testing.T) {
 		t.Error("the index served from the record differs from the one written")
 	}
 	// A record found on disk is checked as untrusted.
-	_, ov, err := rs.open(recordNameOf(t, rs))
+	_, ov, _, err := rs.open(recordNameOf(t, rs))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -319,4 +321,66 @@ func recordNameOf(t *testing.T, rs *records) string {
 	}
 	t.Fatal("no record indexed")
 	return ""
+}
+
+// rssFile returns the process's resident pages of files (RssFile in /proc/self/status).
+func rssFile(t *testing.T) int64 {
+	t.Helper()
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		t.Skip(err)
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(l, "RssFile:"); ok {
+			kb, err := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return kb << 10
+		}
+	}
+	t.Skip("no RssFile in /proc/self/status")
+	return 0
+}
+
+// TestRecordIndexNotResident: the check of a record's index, written or found on disk, reads
+// all of it through the mapping; the pages are then given back, so that a resolved layer's
+// resident memory is what its lookups and reads use, not its whole index.
+func TestRecordIndexNotResident(t *testing.T) {
+	f := syntheticLayer(t, 200000, nil)
+	v, err := verify.Open(t.Context(), f.Desc, f.DiffID, verify.ReaderAtSource(bytes.NewReader(f.Blob)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := cache.New(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	rs := loadRecords(c, chunked.Limits{}.WithDefaults(), slog.New(slog.DiscardHandler))
+	size := int64(v.Index().BinarySize())
+	before := rssFile(t)
+	rv, _, store, err := rs.write(fetcher.Descriptor{Descriptor: f.Desc, DiffID: f.DiffID}, v, []string{"example.com/synthetic"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := store(); err != nil {
+		t.Fatal(err)
+	}
+	if got := rssFile(t) - before; got > size/2 {
+		t.Errorf("writing the record of a %d-byte index: %d more bytes of files resident", size, got)
+	}
+	before = rssFile(t)
+	_, ov, _, err := rs.open(recordNameOf(t, rs))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := rssFile(t) - before; got > size/2 {
+		t.Errorf("opening the record of a %d-byte index: %d more bytes of files resident", size, got)
+	}
+	if rv.Index().Len() != v.Index().Len() || ov.Index().Len() != v.Index().Len() {
+		t.Error("the indexes served differ from the one written")
+	}
+	runtime.KeepAlive(rv)
+	runtime.KeepAlive(ov)
 }
