@@ -104,7 +104,7 @@ type Verifier struct {
 }
 
 // Open verifies and indexes a layer: classification from the descriptor, the footer cross-check,
-// the TOC digest before parsing, and for zstd:chunked with a tar-split, the tar-split digest
+// the TOC digest before the TOC is used, and for zstd:chunked with a tar-split, the tar-split digest
 // (its agreement with the TOC is [Verifier.CheckTarSplit]'s). Errors are [*LayerError]s wrapping [chunked.ErrNotLazy],
 // [chunked.ErrInvalid], [chunked.ErrLimit], [ErrDigestMismatch] or the source's error.
 func Open(ctx context.Context, desc chunked.Descriptor, diffID digest.Digest, src Source, opts ...Option) (*Verifier, error) {
