@@ -45,6 +45,10 @@ type Cache struct {
 	// hits and misses count reads that found all or not all of their bytes; evictions the
 	// files and records removed to stay within the size bound or make room.
 	hits, misses, evictions atomic.Int64
+	// completeFiles counts the entries that are complete: raised when an entry becomes
+	// complete (it never becomes partial again), lowered when a complete entry is dropped,
+	// so that Stats costs the same for ten files and for millions.
+	completeFiles atomic.Int64
 
 	// pinMu serialises Pin and Unpin, so that the pin files on disk and c.pins agree; it is
 	// held across their file writes, never by eviction.
@@ -145,22 +149,11 @@ type Stats struct {
 
 // Stats returns the cache's current figures.
 func (c *Cache) Stats() Stats {
-	// The entries are looked at outside Cache.mu: an entry's lock can be held across an
-	// fsync, and Cache.mu must never wait for one (every Open and Has would wait too).
 	c.mu.Lock()
-	all := make([]*entry, 0, len(c.entries))
-	for _, e := range c.entries {
-		all = append(all, e)
-	}
+	files := len(c.entries)
 	c.mu.Unlock()
-	files, complete := len(all), 0
-	for _, e := range all {
-		if e.isComplete() {
-			complete++
-		}
-	}
 	return Stats{
-		Bytes: c.usage.Load(), MaxBytes: c.opts.maxSize, Files: files, Complete: complete,
+		Bytes: c.usage.Load(), MaxBytes: c.opts.maxSize, Files: files, Complete: int(c.completeFiles.Load()),
 		Hits: c.hits.Load(), Misses: c.misses.Load(), Evictions: c.evictions.Load(),
 	}
 }
@@ -170,7 +163,8 @@ func (c *Cache) Has(sum chunked.Sum) bool {
 	c.mu.Lock()
 	e := c.entries[sum]
 	c.mu.Unlock()
-	// Outside Cache.mu: see Stats.
+	// Outside Cache.mu: an entry's lock can be held across an fsync, and Cache.mu must never
+	// wait for one (every Open and Has would wait too).
 	return e != nil && e.isComplete()
 }
 
@@ -335,6 +329,11 @@ func (c *Cache) dropLocked(e *entry) {
 			c.opts.logger.Warn("cache: removing file", "path", f, "err", err)
 		}
 	}
+	// No handle holds e (refs == 0), so nothing completes it meanwhile: complete is the
+	// entry's last state, ordered before this by Cache.mu (see release).
+	if e.complete {
+		c.completeFiles.Add(-1)
+	}
 	e.setBytesLocked(0)
 	c.lru.Remove(e.elem)
 	delete(c.entries, e.sum)
@@ -417,6 +416,9 @@ func (c *Cache) scan() error {
 			v.elem = c.lru.PushFront(v)
 			c.entries[v.sum] = v
 			c.usage.Add(v.present())
+			if v.complete {
+				c.completeFiles.Add(1)
+			}
 		case *record:
 			v.elem = c.lru.PushFront(v)
 			c.records[v.name] = v

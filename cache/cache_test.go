@@ -509,3 +509,72 @@ func TestStats(t *testing.T) {
 		t.Errorf("stats %+v", st)
 	}
 }
+
+// TestStatsCounted: Stats reads counters kept as files are added, completed, evicted and
+// found again by a new Cache, rather than walking the entries (it allocates nothing, however
+// many files the cache holds), and its figures agree with a recount at every step.
+func TestStatsCounted(t *testing.T) {
+	root := t.TempDir()
+	fs := realFiles(t)
+	a, b, cf := fs["usr/bin/tool"], fs["usr/bin/group-tool"], fs["usr/share/doc/deep/er/README"]
+	check := func(c *Cache, step string) {
+		t.Helper()
+		c.mu.Lock()
+		all := make([]*entry, 0, len(c.entries))
+		for _, e := range c.entries {
+			all = append(all, e)
+		}
+		c.mu.Unlock()
+		complete := 0
+		for _, e := range all {
+			if e.isComplete() {
+				complete++
+			}
+		}
+		if st := c.Stats(); st.Files != len(all) || st.Complete != complete {
+			t.Errorf("%s: stats count %d files, %d complete; recount %d, %d", step, st.Files, st.Complete, len(all), complete)
+		}
+		if n := testing.AllocsPerRun(10, func() { c.Stats() }); n != 0 {
+			t.Errorf("%s: Stats allocates %v times, want 0 (no walk of the entries)", step, n)
+		}
+	}
+	others := 0 // enough files that a walk could not keep its slice on the stack
+	var rest int64
+	for _, f := range fs {
+		if f != a && f != b && f != cf {
+			others++
+			rest += f.size()
+		}
+	}
+	if others < 5 {
+		t.Fatalf("%d other files", others)
+	}
+	c := newCache(t, root, WithMaxSize(rest+a.size()+b.size()+cf.size()-1))
+	check(c, "empty")
+	fill(t, c, a)
+	check(c, "one complete")
+	for _, f := range fs {
+		if f != a && f != b && f != cf {
+			fill(t, c, f)
+		}
+	}
+	check(c, "more complete")
+	h := open(t, c, b)
+	putAll(t, h, b.chunks["zstd"][:1])
+	check(c, "one partial")
+	putAll(t, h, b.chunks["zstd"][1:])
+	h.Close()
+	check(c, "b complete")
+	hc := open(t, c, cf)
+	putAll(t, hc, cf.chunks["zstd"])
+	hc.Close() // over the bound: a, the least recently used, is evicted
+	if c.Has(a.sum) {
+		t.Fatal("nothing evicted")
+	}
+	check(c, "after an eviction")
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	c = newCache(t, root)
+	check(c, "reopened")
+}

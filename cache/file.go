@@ -459,6 +459,13 @@ func (e *entry) finish() error {
 	return e.commitLocked()
 }
 
+// setCompleteLocked marks the entry complete (e.mu held exclusively; it was not) and counts
+// it in the cache's complete files.
+func (e *entry) setCompleteLocked() {
+	e.complete = true
+	e.c.completeFiles.Add(1)
+}
+
 // commitLocked moves a verified partial file into files/. The rename is the commit point:
 // before it the file is partial, after it complete; the journal left behind by a crash
 // right after it is removed by the next scan.
@@ -476,7 +483,7 @@ func (e *entry) commitLocked() error {
 	if err := syncDir(filepath.Dir(dst)); err != nil {
 		return fmt.Errorf("cache: completing %v: %w", e.sum, err)
 	}
-	e.complete = true
+	e.setCompleteLocked()
 	_ = e.journal.Close() // every record was synced
 	e.journal = nil
 	e.ranges, e.hashed = nil, nil

@@ -181,7 +181,7 @@ func (c *Cache) Pins() ([]PinInfo, error) {
 		all = append(all, pi)
 	}
 	c.mu.Unlock()
-	// The entries' state is looked at outside Cache.mu: see Stats.
+	// The entries' state is looked at outside Cache.mu: see Has.
 	out := make([]PinInfo, 0, len(all))
 	for _, pi := range all {
 		for _, e := range pi.entries {

@@ -300,7 +300,7 @@ func (e *entry) adopt() error {
 	e.rmu.Lock()
 	e.ranges, e.hashed = nil, nil
 	e.rmu.Unlock()
-	e.complete = true
+	e.setCompleteLocked()
 	e.setBytesLocked(e.size)
 	return nil
 }

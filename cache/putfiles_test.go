@@ -113,6 +113,9 @@ func TestPutFiles(t *testing.T) {
 				}
 			}
 			checkStored(t, c, cs)
+			if st := c.Stats(); st.Files != len(cs) || st.Complete != len(cs) {
+				t.Errorf("stats: %d files, %d complete; want %d of each", st.Files, st.Complete, len(cs))
+			}
 			if l := leftovers(t, root); len(l) > 0 {
 				t.Errorf("leftovers: %v", l)
 			}
@@ -121,6 +124,9 @@ func TestPutFiles(t *testing.T) {
 				if err != nil {
 					t.Errorf("second time, %v: %v", cs[i].Sum, err)
 				}
+			}
+			if st := c.Stats(); st.Complete != len(cs) {
+				t.Errorf("stats after storing again: %d complete, want %d", st.Complete, len(cs))
 			}
 			c.Close()
 			c = newCache(t, root)

@@ -610,6 +610,21 @@ func (r *Record) Data() []byte {
 	return r.data
 }
 
+// Unresident takes the record's pages out of the process's resident memory (they stay in the
+// page cache, and are mapped again as they are read): for after a pass over the whole record,
+// a check say, so that only what is used afterwards is resident. The data stays valid.
+func (r *Record) Unresident() error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.m == nil {
+		return nil
+	}
+	if err := unix.Madvise(r.m, unix.MADV_DONTNEED); err != nil {
+		return fmt.Errorf("cache: record %q: %w", r.r.name, err)
+	}
+	return nil
+}
+
 // Close unmaps the data and lets the record be evicted again. Closing twice is harmless.
 func (r *Record) Close() error {
 	r.mu.Lock()

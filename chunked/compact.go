@@ -260,9 +260,9 @@ func (w *wideIndex) compact(paths map[string]EntryID) (*Index, error) {
 		le.PutUint32(recs[headerSize+4*id:], uint32(len(recs)-prefix))
 	}
 	nTable := len(table) / chunkSize
-	if size := len(recs) + len(table); size <= cap(recs) && cap(recs)-size <= size/32 {
+	if size := len(recs) + len(table); size <= cap(recs) && cap(recs)-size <= size/8 {
 		data = append(recs, table...)
-	} else { // not to keep much spare capacity for the index's life
+	} else { // not to keep much spare capacity for the index's life (a copy costs its size again)
 		data = make([]byte, len(recs)+len(table))
 		copy(data[copy(data, recs):], table)
 	}
@@ -344,6 +344,24 @@ func (x *Index) AppendBinary(b []byte) ([]byte, error) {
 	b = append(b, x.data...)
 	runtime.KeepAlive(x)
 	return b, nil
+}
+
+// Binary returns the index's compact binary form itself, not a copy, for writing it out
+// without a second copy of it on the heap: the caller must not modify it, and must keep x
+// alive while it uses it (runtime.KeepAlive), as the form may be a mapping released with x.
+func (x *Index) Binary() []byte { return x.data }
+
+// Moved returns the index x is, using data in place of x's own binary form: data must hold
+// the same bytes (say, the mapping of the file x was just written to). It costs a
+// comparison of the bytes, where [LoadIndex] checks the structure of untrusted ones: x's was
+// checked when x was built or loaded, and data is x's. data is used as by LoadIndex.
+func (x *Index) Moved(data []byte) (*Index, error) {
+	same := bytes.Equal(data, x.data)
+	runtime.KeepAlive(x)
+	if !same {
+		return nil, invalidf("index: %d bytes that are not the index's", len(data))
+	}
+	return indexOf(data)
 }
 
 // head is the start of an entry record: what lookups need.

@@ -197,3 +197,34 @@ func FuzzLoadIndex(f *testing.F) {
 		}
 	})
 }
+
+// TestIndexMoved: an index moved to a copy of its bytes is the same index, using the copy;
+// bytes that differ in any way are refused.
+func TestIndexMoved(t *testing.T) {
+	js, end := testlayer.SyntheticTOC(2000)
+	x, err := chunked.Parse(context.Background(), syntheticLayout(end), js, chunked.Limits{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cp := bytes.Clone(x.Binary())
+	y, err := x.Moved(cp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if &y.Binary()[0] != &cp[0] {
+		t.Error("the moved index does not use the bytes given")
+	}
+	if a, b := mustBinary(t, x), mustBinary(t, y); !bytes.Equal(a, b) || y.Len() != x.Len() || y.Path(chunked.EntryID(x.Len()-1)) != x.Path(chunked.EntryID(x.Len()-1)) {
+		t.Error("the moved index differs")
+	}
+	for _, bad := range [][]byte{cp[:len(cp)-1], append(bytes.Clone(cp), 0), nil} {
+		if _, err := x.Moved(bad); !errors.Is(err, chunked.ErrInvalid) {
+			t.Errorf("Moved to %d other bytes = %v, want ErrInvalid", len(bad), err)
+		}
+	}
+	flipped := bytes.Clone(cp)
+	flipped[len(flipped)/2] ^= 1
+	if _, err := x.Moved(flipped); !errors.Is(err, chunked.ErrInvalid) {
+		t.Errorf("Moved to bytes with one flipped = %v, want ErrInvalid", err)
+	}
+}

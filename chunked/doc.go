@@ -10,8 +10,9 @@
 //   - [ExtractTOC] decompresses the TOC with a size cap; [Parse] turns TOC JSON into an [Index]:
 //     one model for all formats, with full metadata, hardlinks resolved, whiteouts and opaque
 //     markers translated for overlayfs, format artefacts hidden, and for every regular file its
-//     chunks with their compressed ranges in the blob. [ParseCompressed] does both in one pass
-//     for a zstd TOC, parsing as it decompresses.
+//     chunks with their compressed ranges in the blob. [ParseCompressed] does both in one pass,
+//     parsing as it decompresses (on another goroutine), and [ParseHashed] hashes the JSON as
+//     well, for the formats whose TOC digest covers it.
 //   - [TarSplitReader] iterates the tar headers recorded in a tar-split stream.
 //
 // An [Index] is its compact binary form: one byte array holding a variable-length record per
@@ -22,16 +23,19 @@
 // and costs its size: about 85 bytes per entry for a tree of small files (a name of 15
 // bytes, a 32-byte digest), where the wide form it is built from (one Entry, Chunk and
 // string per entry) costs about 300. [Parse] builds the wide form and compacts it at its end.
-// [Index.AppendBinary] writes the form out; [LoadIndex] uses one in place (a read-only
-// mapping of a file, say), once it has checked every record, offset, count and reference, so
-// that no method panics, loops or reads out of bounds whatever the bytes. Methods decode what
+// [Index.AppendBinary] copies the form out, [Index.Binary] hands it out for writing;
+// [LoadIndex] uses one in place (a read-only mapping of a file, say), once it has checked
+// every record, offset, count and reference, so that no method panics, loops or reads out of
+// bounds whatever the bytes; [Index.Moved] uses a copy of an index's own form in place,
+// once compared with it. Methods decode what
 // they are asked for and return copies, never memory of the form, and keep the *Index alive
 // while they read it: a caller may unmap the form in a cleanup of the *Index
 // (runtime.AddCleanup). [Index.Entry] builds the entry's path; [Index.Meta], [Index.Chunk]
 // and [Index.NumChunks] are the cheap accessors of the read paths.
 //
-// Nothing here checks a digest: the chain of trust is package verify's, which calls [Parse] only
-// on TOC bytes it has verified. Nothing here does I/O either: callers hand over bytes.
+// Nothing here checks a digest: the chain of trust is package verify's, which uses an index
+// only once its TOC bytes are verified ([ParseHashed] hashes them for it as it parses).
+// Nothing here does I/O either: callers hand over bytes.
 //
 // Every parser is strict and bounded (see [Limits]): sizes and counts are capped, names are
 // cleaned and escapes rejected, JSON with duplicate keys, invalid UTF-8 or trailing data is

@@ -4,6 +4,7 @@ import (
 	"archive/tar"
 	"bytes"
 	"errors"
+	"hash"
 	"io"
 
 	"github.com/klauspost/compress/gzip"
@@ -108,14 +109,41 @@ func (t *tocReader) close() { t.dec.Close() }
 // extractStargzTOC reads the TOC member to its end, so that the gzip CRC covers every byte
 // of it: the tar header, the JSON, the padding and the end blocks.
 func extractStargzTOC(raw []byte, limit int64) ([]byte, error) {
-	br := bytes.NewReader(raw)
-	zr, err := gzip.NewReader(br)
+	m, err := openStargzTOC(raw, limit)
 	if err != nil {
+		return nil, err
+	}
+	// The size the header claims sizes the buffer only as far as the compressed TOC could
+	// plausibly hold it; beyond that, the buffer grows with the data actually read.
+	buf := bytes.NewBuffer(make([]byte, 0, m.sizeHint()+bytes.MinRead))
+	if _, err := buf.ReadFrom(m.tr); err != nil {
 		return nil, invalidf("TOC: %v", err)
 	}
-	zr.Multistream(false)
-	tr := tar.NewReader(zr)
-	h, err := tr.Next()
+	if err := m.finish(); err != nil {
+		return nil, err
+	}
+	return buf.Bytes(), nil
+}
+
+// stargzMember is an eStargz TOC member opened at the start of its JSON: m.tr yields the
+// JSON (to the size its tar header states, within the limit), then m.finish checks the rest.
+type stargzMember struct {
+	raw  []byte
+	br   *bytes.Reader
+	zr   *gzip.Reader
+	tr   *tar.Reader
+	size int64 // the JSON's size, as the tar header states it
+}
+
+func openStargzTOC(raw []byte, limit int64) (*stargzMember, error) {
+	m := &stargzMember{raw: raw, br: bytes.NewReader(raw)}
+	var err error
+	if m.zr, err = gzip.NewReader(m.br); err != nil {
+		return nil, invalidf("TOC: %v", err)
+	}
+	m.zr.Multistream(false)
+	m.tr = tar.NewReader(m.zr)
+	h, err := m.tr.Next()
 	if err != nil {
 		return nil, invalidf("TOC: %v", err)
 	}
@@ -125,24 +153,142 @@ func extractStargzTOC(raw []byte, limit int64) ([]byte, error) {
 	if h.Size > limit {
 		return nil, limitf("TOC of %d bytes exceeds %d", h.Size, limit)
 	}
-	// The size the header claims sizes the buffer only as far as the compressed TOC could
-	// plausibly hold it; beyond that, the buffer grows with the data actually read.
-	buf := bytes.NewBuffer(make([]byte, 0, min(h.Size, maxTOCRatio*int64(len(raw)))+bytes.MinRead))
-	if _, err := buf.ReadFrom(tr); err != nil {
-		return nil, invalidf("TOC: %v", err)
+	m.size = h.Size
+	return m, nil
+}
+
+// sizeHint is the JSON's size the tar header states, as far as the compressed TOC could
+// plausibly hold it (a header alone must not make the daemon allocate up to the limit).
+func (m *stargzMember) sizeHint() int64 { return min(m.size, maxTOCRatio*int64(len(m.raw))) }
+
+// finish checks what follows the JSON, once read: nothing more in the tar, the end blocks,
+// then the member's CRC and size, and nothing after the member.
+func (m *stargzMember) finish() error {
+	if _, err := m.tr.Next(); err != io.EOF {
+		return invalidf("TOC: the TOC member holds more than stargz.index.json (%v)", err)
 	}
-	out := buf.Bytes()
-	if _, err := tr.Next(); err != io.EOF {
-		return nil, invalidf("TOC: the TOC member holds more than stargz.index.json (%v)", err)
+	if n, err := io.Copy(io.Discard, io.LimitReader(m.zr, 1<<20)); err != nil || n >= 1<<20 {
+		return invalidf("TOC: bad end of the TOC member (%d bytes, %v)", n, err)
 	}
-	// The end blocks, then the member's CRC and size.
-	if n, err := io.Copy(io.Discard, io.LimitReader(zr, 1<<20)); err != nil || n >= 1<<20 {
-		return nil, invalidf("TOC: bad end of the TOC member (%d bytes, %v)", n, err)
+	if m.br.Len() != 0 {
+		return invalidf("TOC: %d bytes after the TOC member", m.br.Len())
 	}
-	if br.Len() != 0 {
-		return nil, invalidf("TOC: %d bytes after the TOC member", br.Len())
+	return nil
+}
+
+// streamBlock is the size of the blocks in which a TOC is decompressed on one goroutine and
+// parsed on another, and streamBlocks how many are under way at most.
+const (
+	streamBlock  = 256 << 10
+	streamBlocks = 4
+)
+
+// stargzStream decompresses an eStargz TOC member on its own goroutine, writing its JSON to
+// a hash, while the caller reads the JSON (and parses it), in blocks handed over through a
+// channel, so that the two goroutines meet once per block rather than once per read.
+type stargzStream struct {
+	full chan []byte   // blocks of JSON, in order; closed at the end or on an error
+	free chan []byte   // blocks read, for the decompression to fill again
+	stop chan struct{} // closed by close: the reader is gone
+	done chan struct{} // closed when the goroutine has returned
+	err  error         // what stopped the decompression; read once done
+
+	blk, cur []byte // the block being read, and the rest of it
+}
+
+func newStargzStream(m *stargzMember, h hash.Hash) *stargzStream {
+	s := &stargzStream{
+		full: make(chan []byte, streamBlocks),
+		free: make(chan []byte, streamBlocks),
+		stop: make(chan struct{}),
+		done: make(chan struct{}),
 	}
-	return out, nil
+	for range streamBlocks {
+		s.free <- nil // allocated on first use: a small TOC needs one block
+	}
+	go func() {
+		defer close(s.done)
+		defer close(s.full)
+		for {
+			var b []byte
+			select {
+			case b = <-s.free:
+			case <-s.stop:
+				return
+			}
+			if b == nil {
+				b = make([]byte, streamBlock)
+			}
+			n, err := fill(m.tr, b[:cap(b)])
+			if n > 0 {
+				if h != nil {
+					h.Write(b[:n])
+				}
+				select {
+				case s.full <- b[:n]:
+				case <-s.stop:
+					return
+				}
+			}
+			switch {
+			case err == io.EOF:
+				s.err = m.finish()
+				return
+			case err != nil:
+				s.err = invalidf("TOC: %v", err)
+				return
+			}
+		}
+	}()
+	return s
+}
+
+// fill reads into b until it is full or r fails (io.EOF at its end).
+func fill(r io.Reader, b []byte) (int, error) {
+	n := 0
+	for n < len(b) {
+		m, err := r.Read(b[n:])
+		n += m
+		if err != nil {
+			return n, err
+		}
+	}
+	return n, nil
+}
+
+func (s *stargzStream) Read(p []byte) (int, error) {
+	if len(s.cur) == 0 {
+		b, ok := <-s.full
+		if !ok {
+			<-s.done
+			if s.err != nil {
+				return 0, s.err
+			}
+			return 0, io.EOF
+		}
+		s.blk, s.cur = b, b
+	}
+	n := copy(p, s.cur)
+	s.cur = s.cur[n:]
+	if len(s.cur) == 0 {
+		s.free <- s.blk[:cap(s.blk)] // never blocks: at most streamBlocks blocks go round
+		s.blk = nil
+	}
+	return n, nil
+}
+
+// drain reads the rest of the JSON (into the hash) and waits for the decompression's end.
+func (s *stargzStream) drain() {
+	for b := range s.full {
+		s.free <- b[:cap(b)]
+	}
+	<-s.done
+}
+
+// close stops the decompression, if still running, and waits for its goroutine.
+func (s *stargzStream) close() {
+	close(s.stop)
+	<-s.done
 }
 
 func readCapped(r io.Reader, limit, sizeHint int64) ([]byte, error) {

@@ -5,8 +5,11 @@ import (
 	"bytes"
 	"compress/gzip"
 	"context"
+	"crypto/sha256"
 	"errors"
 	"runtime"
+	"strconv"
+	"strings"
 	"sync"
 	"testing"
 
@@ -205,5 +208,91 @@ func TestExtractTOCAllocationBounded(t *testing.T) {
 	}
 	if got := after.TotalAlloc - before.TotalAlloc; got > 16<<20 {
 		t.Errorf("ExtractTOC of a %d-byte member allocated %d MiB", buf.Len(), got>>20)
+	}
+}
+
+// TestParseHashed: ParseHashed builds the index Parse builds from the extracted JSON, and
+// hashes exactly that JSON; when the JSON is invalid, the whole of it is still hashed (so a
+// caller can report a TOC that is not the one its digest names as such); when the
+// decompression fails, it says the hash is incomplete.
+func TestParseHashed(t *testing.T) {
+	for _, f := range fixtures(t) {
+		t.Run(f.Name, func(t *testing.T) {
+			l, raw, js := fixtureTOC(t, f)
+			want, err := chunked.Parse(t.Context(), l, js, chunked.Limits{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			h := sha256.New()
+			x, hashed, err := chunked.ParseHashed(t.Context(), l, raw, chunked.Limits{}, h)
+			if err != nil || !hashed {
+				t.Fatalf("ParseHashed = %v (hashed %v)", err, hashed)
+			}
+			if got, w := h.Sum(nil), sha256.Sum256(js); !bytes.Equal(got, w[:]) {
+				t.Errorf("hash %x, want that of the JSON, %x", got, w)
+			}
+			if a, b := x.AppendBinary(nil); !bytes.Equal(a, mustBinary(t, want)) || b != nil {
+				t.Errorf("ParseHashed's index differs from Parse's")
+			}
+			h.Reset()
+			if _, hashed, err := chunked.ParseHashed(t.Context(), l, raw[:len(raw)/2], chunked.Limits{}, h); err == nil || hashed {
+				t.Errorf("ParseHashed of half the TOC = %v (hashed %v), want an error and an incomplete hash", err, hashed)
+			}
+		})
+	}
+	l := &chunked.Layout{Format: chunked.EStargz, TOC: chunked.Range{Offset: 1 << 20}}
+	for name, js := range map[string]string{
+		"bad entry":    tocOf(`{"type":"bogus","name":"a"}`, `{"type":"reg","name":"b"}`) + strings.Repeat(" ", 1<<20),
+		"not JSON":     "{" + strings.Repeat("x", 1<<20),
+		"bad version":  `{"version":2,"entries":[]}`,
+		"trailing end": tocOf() + "}",
+	} {
+		raw := stargzMember(t, &tar.Header{Name: "stargz.index.json", Typeflag: tar.TypeReg, Size: int64(len(js)), Mode: 0o644}, []byte(js))
+		h := sha256.New()
+		_, hashed, err := chunked.ParseHashed(t.Context(), l, raw, chunked.Limits{}, h)
+		if !errors.Is(err, chunked.ErrInvalid) || !hashed {
+			t.Errorf("%s: ParseHashed = %v (hashed %v), want ErrInvalid with the whole JSON hashed", name, err, hashed)
+		}
+		if got, w := h.Sum(nil), sha256.Sum256([]byte(js)); !bytes.Equal(got, w[:]) {
+			t.Errorf("%s: hash %x, want that of the whole JSON, %x", name, got, w)
+		}
+	}
+}
+
+func mustBinary(t *testing.T, x *chunked.Index) []byte {
+	t.Helper()
+	b, err := x.AppendBinary(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// TestParseCompressedStargzStreams: an eStargz TOC is parsed as it is decompressed, never held
+// whole, like a zstd one: a TOC of 64 MiB (a field unknown to the parser, mostly) costs less
+// memory than its JSON.
+func TestParseCompressedStargzStreams(t *testing.T) {
+	const n = 1 << 16
+	pad := strings.Repeat("x", 1<<10)
+	entries := make([]string, n)
+	for i := range entries {
+		entries[i] = `{"type":"dir","name":"d` + strconv.Itoa(i) + `/","comment":"` + pad + `"}`
+	}
+	js := tocOf(entries...)
+	raw := stargzMember(t, &tar.Header{Name: "stargz.index.json", Typeflag: tar.TypeReg, Size: int64(len(js)), Mode: 0o644}, []byte(js))
+	l := &chunked.Layout{Format: chunked.EStargz, TOC: chunked.Range{Offset: 1 << 20}}
+	runtime.GC()
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	x, err := chunked.ParseCompressed(t.Context(), l, raw, chunked.Limits{})
+	runtime.ReadMemStats(&after)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if x.Len() != n+1 {
+		t.Errorf("%d entries, want %d", x.Len(), n+1)
+	}
+	if got := after.TotalAlloc - before.TotalAlloc; got > uint64(len(js)) {
+		t.Errorf("parsing a TOC of %d MiB (%d KiB compressed) allocated %d MiB", len(js)>>20, len(raw)>>10, got>>20)
 	}
 }

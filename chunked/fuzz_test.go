@@ -4,6 +4,7 @@ import (
 	"archive/tar"
 	"bytes"
 	"context"
+	"crypto/sha256"
 	"encoding/base64"
 	"errors"
 	"fmt"
@@ -661,32 +662,38 @@ func TestIterateTarSplitTerminates(t *testing.T) {
 	}
 }
 
-// FuzzParseCompressed checks that ParseCompressed, which parses a zstd TOC as it
-// decompresses it, answers as ExtractTOC then Parse: the same index, or an error for both.
-// The TOC is the fuzzed JSON compressed (whole, cut short, or given a wrong stated size), or
-// the fuzzed bytes themselves.
+// FuzzParseCompressed checks that ParseCompressed and ParseHashed, which parse a TOC as they
+// decompress it, answer as ExtractTOC then Parse: the same index, or an error for both, and
+// that ParseHashed hashes the whole JSON when it says so. The TOC is the fuzzed JSON
+// compressed (whole, cut short, or given a wrong stated size), or the fuzzed bytes
+// themselves; for eStargz, the JSON in a TOC member.
 func FuzzParseCompressed(f *testing.F) {
 	for _, fx := range fuzzFixtures(f) {
 		l, _, js := fixtureTOC(f, fx)
-		if l.Format.Zstd() {
-			f.Add(byte(l.Format), js, byte(0))
-		}
+		f.Add(byte(l.Format), js, byte(0))
 	}
 	f.Add(byte(chunked.ZstdChunked), []byte(tocOf(file("d/f", 3, 0))), byte(1))
 	f.Add(byte(chunked.ZstdChunked), []byte(tocOf(file("d/f", 3, 0))), byte(2))
 	f.Add(byte(chunked.ZstdChunked), []byte(tocOf(file("d/f", 3, 0))), byte(3))
+	f.Add(byte(chunked.EStargz), []byte(tocOf(file("d/f", 3, 0))), byte(1))
 	f.Add(byte(chunked.ZstdChunked), []byte(`{"version":1,"entries":[`+strings.Repeat(`{"name":"a","type":"dir"},`, 1<<16)), byte(0))
+	f.Add(byte(chunked.EStargz), []byte(`{"version":1,"entries":[`+strings.Repeat(`{"name":"a","type":"dir"},`, 1<<16)), byte(0))
 	enc, err := zstd.NewWriter(nil)
 	if err != nil {
 		f.Fatal(err)
 	}
 	f.Fuzz(func(t *testing.T, format byte, js []byte, mode byte) {
 		fm := fuzzFormat(format)
-		if !fm.Zstd() {
+		if fm != chunked.EStargz && !fm.Zstd() {
 			fm = chunked.ZstdChunked
 		}
 		l := testLayout(fm)
-		raw := enc.EncodeAll(js, nil)
+		var raw []byte
+		if fm == chunked.EStargz {
+			raw = stargzMember(t, &tar.Header{Name: "stargz.index.json", Typeflag: tar.TypeReg, Size: int64(len(js)), Mode: 0o644}, js)
+		} else {
+			raw = enc.EncodeAll(js, nil)
+		}
 		switch mode % 4 {
 		case 1:
 			raw = raw[:len(raw)/2]
@@ -704,6 +711,16 @@ func FuzzParseCompressed(f *testing.F) {
 		if (err == nil) != (werr == nil) {
 			t.Fatalf("ParseCompressed: %v; ExtractTOC and Parse: %v", err, werr)
 		}
+		h := sha256.New()
+		hx, hashed, herr := chunked.ParseHashed(context.Background(), l, raw, fuzzLimits, h)
+		if (herr == nil) != (err == nil) || (herr == nil) != hashed && herr == nil {
+			t.Fatalf("ParseHashed: %v (hashed %v); ParseCompressed: %v", herr, hashed, err)
+		}
+		if hashed && want != nil {
+			if got, w := h.Sum(nil), sha256.Sum256(want); !bytes.Equal(got, w[:]) {
+				t.Errorf("ParseHashed says it hashed the JSON: hash %x, want %x", got, w)
+			}
+		}
 		if err != nil {
 			if !errors.Is(err, chunked.ErrInvalid) && !errors.Is(err, chunked.ErrLimit) {
 				t.Errorf("ParseCompressed error %v wraps neither ErrInvalid nor ErrLimit", err)
@@ -711,9 +728,10 @@ func FuzzParseCompressed(f *testing.F) {
 			return
 		}
 		got, _ := x.AppendBinary(nil)
+		hgot, _ := hx.AppendBinary(nil)
 		exp, _ := wx.AppendBinary(nil)
-		if !bytes.Equal(got, exp) {
-			t.Errorf("ParseCompressed built another index than ExtractTOC and Parse")
+		if !bytes.Equal(got, exp) || !bytes.Equal(hgot, exp) {
+			t.Errorf("ParseCompressed or ParseHashed built another index than ExtractTOC and Parse")
 		}
 	})
 }

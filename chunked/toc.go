@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"hash"
 	"io"
 	"math"
 	"path"
@@ -112,40 +113,74 @@ func Parse(ctx context.Context, layout *Layout, tocJSON []byte, limits Limits) (
 	return parse(ctx, layout, bytes.NewBuffer(tocJSON), len(tocJSON), lim)
 }
 
-// ParseCompressed is [ExtractTOC] then [Parse] on the compressed TOC raw, for the zstd
-// formats in one pass: the JSON is parsed as it is decompressed (on another goroutine),
-// never held whole. It suits formats whose TOC digest covers the compressed bytes
-// (zstd:chunked), which can be checked before; the eStargz family's covers the JSON.
+// ParseCompressed is [ExtractTOC] then [Parse] on the compressed TOC raw, in one pass: the
+// JSON is parsed as it is decompressed (on another goroutine), never held whole. It suits
+// formats whose TOC digest covers the compressed bytes (zstd:chunked), which can be checked
+// before; for the eStargz family, whose digest covers the JSON, see [ParseHashed].
 // Errors are those of ExtractTOC and Parse.
 func ParseCompressed(ctx context.Context, l *Layout, raw []byte, limits Limits) (*Index, error) {
+	x, _, err := ParseHashed(ctx, l, raw, limits, nil)
+	return x, err
+}
+
+// ParseHashed is [ParseCompressed] that also writes every byte of the TOC JSON to h (when
+// not nil), for formats whose TOC digest covers the JSON (the eStargz family): the JSON is
+// decompressed and hashed on one goroutine while it is parsed on another, and never held
+// whole. The caller must check h's sum before it uses the index. hashed reports whether
+// the whole JSON went into h: always with an index, and with an error of the parse (the
+// rest of the TOC is then still decompressed into h, within the limits, so that the caller
+// can tell a TOC that is not the one its digest names from an invalid one); not with an
+// error of the decompression, of a limit or of ctx.
+func ParseHashed(ctx context.Context, l *Layout, raw []byte, limits Limits, h hash.Hash) (x *Index, hashed bool, err error) {
 	lim := limits.WithDefaults()
-	if !l.Format.Zstd() {
-		js, err := ExtractTOC(l, raw, lim)
+	if int64(len(raw)) > lim.MaxTOCSize {
+		return nil, false, limitf("compressed TOC of %d bytes exceeds %d", len(raw), lim.MaxTOCSize)
+	}
+	if l.Format == EStargz {
+		m, err := openStargzTOC(raw, lim.MaxTOCSize)
 		if err != nil {
-			return nil, err
+			return nil, false, err
 		}
-		return Parse(ctx, l, js, lim)
+		zr := newStargzStream(m, h)
+		x, err := parse(ctx, l, zr, int(m.sizeHint()), lim)
+		if err != nil && ctx.Err() == nil && !errors.Is(err, ErrLimit) {
+			zr.drain()
+		} else {
+			zr.close()
+		}
+		if zr.err != nil {
+			return nil, false, zr.err // what stopped the decompression, rather than the parse's view of it
+		}
+		return x, ctx.Err() == nil && !errors.Is(err, ErrLimit), err
 	}
 	zr, err := newTOCReader(l, raw, lim, 2)
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	defer zr.close()
 	size := len(raw) * 5 // TOC JSON compresses 5-10 times
 	if h := tocSizeHint(l, raw, lim); h > 0 {
 		size = int(h)
 	}
-	x, err := parse(ctx, l, zr, size, lim)
+	var r io.Reader = zr
+	if h != nil {
+		r = io.TeeReader(zr, h)
+	}
+	x, err = parse(ctx, l, r, size, lim)
+	hashed = ctx.Err() == nil && !errors.Is(err, ErrLimit)
+	if err != nil && h != nil && hashed {
+		_, _ = io.Copy(io.Discard, r)
+	}
 	if zr.err != nil {
-		return nil, zr.err // what stopped the decompression, rather than the parse's view of it
+		return nil, false, zr.err // what stopped the decompression, rather than the parse's view of it
 	}
 	if err != nil {
-		return nil, err
+		return nil, hashed, err
 	}
 	if err := zr.checkSize(); err != nil {
-		return nil, err
+		return nil, false, err
 	}
-	return x, nil
+	return x, true, nil
 }
 
 // parse builds the index from the TOC JSON r yields, about size bytes.
@@ -261,37 +296,107 @@ func expect(dec *jsontext.Decoder, kind jsontext.Kind) error {
 	return nil
 }
 
+// decodeBatch is how many TOC entries the decoding goroutine hands the builder at a time.
+const decodeBatch = 256
+
+// entryBatch is a run of TOC entries decoded in order. When err is set, decoding stopped
+// after them: at the last of them, partly decoded, when failed; before another entry (the
+// entry limit) otherwise.
+type entryBatch struct {
+	entries []rawEntry
+	err     error
+	failed  bool
+}
+
+// decodeEntries reads the entries array into the index: the JSON is decoded on a goroutine
+// of its own while the builder adds the entries decoded before, so that a large TOC's
+// decoding and indexing share the processors (its decompression runs on others). The
+// builder's view is as if one goroutine did both: entries are added in order, and the first
+// error, of either, is returned.
 func (b *builder) decodeEntries(dec *jsontext.Decoder) error {
 	if err := expect(dec, '['); err != nil {
 		return err
 	}
-	var r rawEntry
-	d := entryDecoder{dec: dec}
-	for dec.PeekKind() == '{' {
-		if err := b.canceled(b.raw); err != nil {
-			return err
-		}
-		if b.raw >= b.lim.MaxEntries {
-			return limitf("TOC has more than %d entries", b.lim.MaxEntries)
-		}
-		if err := d.decodeEntry(&r); errors.Is(err, ErrInvalid) {
-			return &EntryError{Index: b.raw, Name: r.Name, Err: err}
-		} else if err != nil {
-			return &EntryError{Index: b.raw, Err: invalidf("%v", err)}
-		}
-		var err error
-		if r.Type == "chunk" {
-			err = b.addChunk(&r)
-		} else {
-			err = b.addEntry(&r)
-		}
-		if err != nil {
-			if _, ok := errors.AsType[*EntryError](err); ok {
-				return err // names an earlier entry already
+	full := make(chan *entryBatch, 2)
+	free := make(chan *entryBatch, 4)
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		defer close(full) // after the decoder's last use: the builder reads on from there
+		d := entryDecoder{dec: dec}
+		n := 0
+		for more := dec.PeekKind() == '{'; more; {
+			var bt *entryBatch
+			select {
+			case bt = <-free:
+				bt.entries, bt.err, bt.failed = bt.entries[:0], nil, false
+			default:
+				bt = &entryBatch{entries: make([]rawEntry, 0, decodeBatch)}
 			}
-			return &EntryError{Index: b.raw, Name: r.Name, Err: err}
+			for more && len(bt.entries) < decodeBatch {
+				if n >= b.lim.MaxEntries {
+					bt.err = limitf("TOC has more than %d entries", b.lim.MaxEntries)
+					break
+				}
+				bt.entries = append(bt.entries, rawEntry{})
+				if err := d.decodeEntry(&bt.entries[len(bt.entries)-1]); err != nil {
+					bt.err, bt.failed = err, true
+					break
+				}
+				n++
+				more = dec.PeekKind() == '{'
+			}
+			select {
+			case full <- bt:
+			case <-stop:
+				return
+			}
+			if bt.err != nil {
+				return
+			}
 		}
-		b.raw++
+	}()
+	defer func() {
+		close(stop)
+		<-done
+	}()
+	for bt := range full {
+		for i := range bt.entries {
+			r := &bt.entries[i]
+			if err := b.canceled(b.raw); err != nil {
+				return err
+			}
+			if bt.failed && i == len(bt.entries)-1 {
+				if errors.Is(bt.err, ErrInvalid) {
+					return &EntryError{Index: b.raw, Name: r.Name, Err: bt.err}
+				}
+				return &EntryError{Index: b.raw, Err: invalidf("%v", bt.err)}
+			}
+			var err error
+			if r.Type == "chunk" {
+				err = b.addChunk(r)
+			} else {
+				err = b.addEntry(r)
+			}
+			if err != nil {
+				if _, ok := errors.AsType[*EntryError](err); ok {
+					return err // names an earlier entry already
+				}
+				return &EntryError{Index: b.raw, Name: r.Name, Err: err}
+			}
+			b.raw++
+		}
+		if bt.err != nil {
+			if err := b.canceled(b.raw); err != nil {
+				return err
+			}
+			return bt.err // the entry limit
+		}
+		select {
+		case free <- bt:
+		default:
+		}
 	}
 	return expect(dec, ']')
 }

@@ -79,7 +79,7 @@ func (d *entryDecoder) decodeEntry(r *rawEntry) error {
 		case "chunkSize":
 			err = d.int(&r.ChunkSize)
 		case "chunkDigest":
-			err = d.str(&r.ChunkDigest)
+			err = d.strAs(&r.ChunkDigest, r.Digest) // a single chunk's digest is the file's
 		case "chunkType":
 			err = d.str(&r.ChunkType)
 		case "userName":
@@ -153,6 +153,21 @@ func (d *entryDecoder) strSame(dst, last *string) error {
 		*last = string(b)
 	}
 	*dst = *last
+	return nil
+}
+
+// strAs is str for a member whose value is often same's (read before it): same is reused
+// when equal.
+func (d *entryDecoder) strAs(dst *string, same string) error {
+	b, _, err := d.stringValue()
+	if err != nil {
+		return err
+	}
+	if string(b) == same {
+		*dst = same
+	} else {
+		*dst = string(b)
+	}
 	return nil
 }
 

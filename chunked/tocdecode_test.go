@@ -6,6 +6,7 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+	"unsafe"
 
 	"github.com/go-json-experiment/json"
 	"github.com/go-json-experiment/json/jsontext"
@@ -141,4 +142,33 @@ func FuzzTarSplitDecoder(f *testing.F) {
 			t.Fatalf("%q: read\n%+v\njson.Unmarshal reads\n%+v", in, got, want)
 		}
 	})
+}
+
+// TestEntryDecoderSharesChunkDigest: a chunk digest equal to the entry's digest (every
+// single-chunk file of eStargz and zstd:chunked TOCs) is the same string, not a second
+// allocation of it; another one is its own.
+func TestEntryDecoderSharesChunkDigest(t *testing.T) {
+	const sum = "sha256:9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08"
+	const other = "sha256:0f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08"
+	for _, tc := range []struct {
+		in    string
+		share bool
+	}{
+		{`{"name":"f","digest":"` + sum + `","chunkDigest":"` + sum + `"}`, true},
+		{`{"name":"f","digest":"` + sum + `","chunkDigest":"` + other + `"}`, false},
+		{`{"name":"f","chunkDigest":"` + sum + `","digest":"` + sum + `"}`, false},
+	} {
+		d := entryDecoder{dec: jsontext.NewDecoder(strings.NewReader(tc.in))}
+		var r rawEntry
+		if err := d.decodeEntry(&r); err != nil {
+			t.Fatal(err)
+		}
+		want, err := referenceEntry([]byte(tc.in))
+		if err != nil || !reflect.DeepEqual(r, want) {
+			t.Fatalf("%s: read %+v, json.Unmarshal reads %+v (%v)", tc.in, r, want, err)
+		}
+		if shared := unsafe.StringData(r.Digest) == unsafe.StringData(r.ChunkDigest); shared != tc.share {
+			t.Errorf("%s: chunk digest shares the digest's bytes: %v, want %v", tc.in, shared, tc.share)
+		}
+	}
 }

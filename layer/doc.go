@@ -7,7 +7,7 @@
 // fetches the image's manifest once per reference (the registry client remembers it), finds
 // the layer in the host platform's manifest or, failing that, in the other manifests of an
 // image index, classifies its format, and opens it with package verify: the TOC is checked
-// against the manifest before it is parsed. The comparison of a zstd:chunked TOC with its
+// against the manifest before it is used. The comparison of a zstd:chunked TOC with its
 // tar-split runs in the background, except for lookups by blob digest (whose info needs the
 // tar's size) and under WithRequireDiffID, which wait for it; a layer whose TOC the tar-split
 // contradicts is refused from then on (lookups, reads, status). Resolutions are shared by concurrent lookups,

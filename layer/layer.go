@@ -29,6 +29,9 @@ type Layer struct {
 	v      *verify.Verifier
 	idx    *chunked.Index
 	blob   Blob
+	// rec is the record the index and tar-split are mapped from, nil when they are on the
+	// heap. It lives as long as the index (see records.open).
+	rec *cache.Record
 
 	users atomic.Int64 // runtime references over every key and reference
 

@@ -326,7 +326,7 @@ func (m *Manager) resolve(ctx context.Context, ref string, key digest.Digest) (*
 	// from the record instead of living on the heap, and the next start needs no registry.
 	// The record is made durable in the background.
 	from := "registry"
-	rv, store, err := m.records.write(*desc, v, []string{repository(ref)}, []string{ref})
+	rv, rec, store, err := m.records.write(*desc, v, []string{repository(ref)}, []string{ref})
 	if store != nil {
 		m.work.goTracked(func() {
 			if err := store(); err != nil {
@@ -343,6 +343,7 @@ func (m *Manager) resolve(ctx context.Context, ref string, key digest.Digest) (*
 		m.work.goTracked(m.releaseMemory) // the TOC, its parse and the index built on the heap
 	}
 	l := newLayer(&m.env, id, ref, *desc, v, blob)
+	l.rec = rec
 	if err := m.unsized(l, modern, ref); err != nil {
 		return nil, err
 	}
@@ -391,7 +392,7 @@ func (m *Manager) resolveFromRecord(ctx context.Context, ref string, key digest.
 		l.addRef(ref)
 		return l, nil, true
 	}
-	meta, v, err := m.records.open(rec.name)
+	meta, v, mapped, err := m.records.open(rec.name)
 	if err != nil {
 		log.Warn("layer record unusable: resolving through the registry", "record", rec.name, "err", err)
 		return nil, nil, false
@@ -406,6 +407,7 @@ func (m *Manager) resolveFromRecord(ctx context.Context, ref string, key digest.
 		return m.reg.Blob(ctx, img, &desc)
 	}}
 	l := newLayer(&m.env, id, ref, desc, v, blob)
+	l.rec = mapped
 	l.restoreRefs(meta.Refs, meta.Repositories)
 	if err := m.ready(ctx, l, modern, ref); err != nil {
 		return nil, err, true
@@ -452,6 +454,9 @@ func (m *Manager) addLive(l *Layer, ref string) (*Layer, error) {
 				l.saveRecord()
 			}
 			m.releaseMemory() // the tar-split's decoder and records
+			if l.rec != nil {
+				_ = l.rec.Unresident() // the pages of the index and tar-split it read
+			}
 		})
 	}
 	if m.opts.prefetch {

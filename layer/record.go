@@ -215,15 +215,15 @@ func (rs *records) save(desc fetcher.Descriptor, v *verify.Verifier, repos, refs
 // record (its index mapped from the record's file) as soon as the record's bytes are written.
 // The record is stored in the background (see cache.WriteRecord), by a function the caller
 // runs (on a tracked goroutine), which indexes it once stored.
-func (rs *records) write(desc fetcher.Descriptor, v *verify.Verifier, repos, refs []string) (*verify.Verifier, func() error, error) {
+func (rs *records) write(desc fetcher.Descriptor, v *verify.Verifier, repos, refs []string) (*verify.Verifier, *cache.Record, func() error, error) {
 	name, meta, raw, data, err := encodeRecord(desc, v, repos, refs)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	rec, stored, err := rs.cache.WriteRecord(name, raw, data...)
 	runtime.KeepAlive(v.Index())
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	store := func() error {
 		if err := <-stored; err != nil {
@@ -232,10 +232,10 @@ func (rs *records) write(desc fetcher.Descriptor, v *verify.Verifier, repos, ref
 		rs.index(name, meta)
 		return nil
 	}
-	_, rv, err := rs.restore(name, rec)
+	_, rv, err := rs.restore(name, rec, v.Index())
 	if err != nil {
 		rec.Close()
-		return nil, func() error {
+		return nil, nil, func() error {
 			if store() == nil {
 				rs.remove(name)
 			}
@@ -243,7 +243,7 @@ func (rs *records) write(desc fetcher.Descriptor, v *verify.Verifier, repos, ref
 		}, fmt.Errorf("layer record %s: %w", name, err)
 	}
 	runtime.AddCleanup(rv.Index(), func(r *cache.Record) { r.Close() }, rec)
-	return rv, store, nil
+	return rv, rec, store, nil
 }
 
 // encodeRecord returns the name, meta (decoded and encoded) and data (in parts) of a verified
@@ -251,10 +251,7 @@ func (rs *records) write(desc fetcher.Descriptor, v *verify.Verifier, repos, ref
 func encodeRecord(desc fetcher.Descriptor, v *verify.Verifier, repos, refs []string) (string, *recordMeta, []byte, [][]byte, error) {
 	saved := v.Save()
 	idx := v.Index()
-	data, err := idx.AppendBinary(make([]byte, 0, idx.BinarySize()))
-	if err != nil {
-		return "", nil, nil, nil, err
-	}
+	data := idx.Binary() // written from where it is: the caller keeps idx alive
 	indexSize := int64(len(data))
 	slices.Sort(repos)
 	if len(refs) > maxRecordRefs {
@@ -274,30 +271,33 @@ func encodeRecord(desc fetcher.Descriptor, v *verify.Verifier, repos, refs []str
 	if err != nil {
 		return "", nil, nil, nil, err
 	}
-	// The tar-split is written from where v keeps it (a restored one is mapped with its index:
-	// the caller keeps v's index alive until the record is written).
+	// The index and the tar-split are written from where v keeps them (a restored layer's are
+	// mapped with its index: the caller keeps v's index alive until the record is written).
 	return recordName(id), meta, raw, [][]byte{data, saved.TarSplit}, nil
 }
 
 // open maps a record and restores its verified layer. The index is used in place, from the
 // mapping, which is released once nothing references the index any more.
-func (rs *records) open(name string) (*recordMeta, *verify.Verifier, error) {
+func (rs *records) open(name string) (*recordMeta, *verify.Verifier, *cache.Record, error) {
 	rec, err := rs.cache.OpenRecord(name)
 	if err != nil {
 		rs.forget(name)
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
-	meta, v, err := rs.restore(name, rec)
+	meta, v, err := rs.restore(name, rec, nil)
 	if err != nil {
 		rec.Close()
 		rs.remove(name)
-		return nil, nil, fmt.Errorf("layer record %s: %w", name, err)
+		return nil, nil, nil, fmt.Errorf("layer record %s: %w", name, err)
 	}
 	runtime.AddCleanup(v.Index(), func(r *cache.Record) { r.Close() }, rec)
-	return meta, v, nil
+	return meta, v, rec, nil
 }
 
-func (rs *records) restore(name string, rec *cache.Record) (*recordMeta, *verify.Verifier, error) {
+// restore restores the verified layer of a record. written, when not nil, is the index the
+// record was just written from: the record's copy is only compared with it, not checked
+// again as the index of a record found on disk is.
+func (rs *records) restore(name string, rec *cache.Record, written *chunked.Index) (*recordMeta, *verify.Verifier, error) {
 	var meta recordMeta
 	if err := json.Unmarshal(rec.Meta(), &meta); err != nil {
 		return nil, nil, err
@@ -309,7 +309,13 @@ func (rs *records) restore(name string, rec *cache.Record) (*recordMeta, *verify
 	if meta.IndexSize > int64(len(data)) || meta.TarSplitSize > int64(len(data))-meta.IndexSize {
 		return nil, nil, fmt.Errorf("record: %d bytes of data, %d + %d expected", len(data), meta.IndexSize, meta.TarSplitSize)
 	}
-	idx, err := chunked.LoadIndex(data[:meta.IndexSize], rs.limits)
+	var idx *chunked.Index
+	var err error
+	if written != nil {
+		idx, err = written.Moved(data[:meta.IndexSize])
+	} else {
+		idx, err = chunked.LoadIndex(data[:meta.IndexSize], rs.limits)
+	}
 	if err != nil {
 		return nil, nil, err
 	}
@@ -321,6 +327,9 @@ func (rs *records) restore(name string, rec *cache.Record) (*recordMeta, *verify
 	if err != nil {
 		return nil, nil, err
 	}
+	// The check (or comparison) read the whole index through the mapping: only what
+	// lookups and reads use from now on need be resident.
+	_ = rec.Unresident() // advice: nothing is lost when it fails
 	return &meta, v, nil
 }
 

@@ -1,17 +1,24 @@
 package layer
 
 import (
+	"bytes"
 	"errors"
 	iofs "io/fs"
+	"log/slog"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/layerstore/layerstore/cache"
 	"github.com/layerstore/layerstore/chunked"
+	"github.com/layerstore/layerstore/fetcher"
 	"github.com/layerstore/layerstore/internal/testutil/testlayer"
+	"github.com/layerstore/layerstore/verify"
 )
 
 // restartEnv is a cache directory shared by successive managers, as the daemon's cache
@@ -252,4 +259,128 @@ func waitComplete(t *testing.T, l *Layer) {
 	if s := l.Status(); s.State != StateComplete {
 		t.Fatalf("background fetch %s: %s", s.State, s.Error)
 	}
+}
+
+// TestRecordWrittenInPlace: a verified layer's record is written from its index's own bytes,
+// and the layer served from the record's mapping is the same index, compared with the one it
+// was written from rather than checked again as a record found on disk is: the write costs
+// far less heap than the index's size (before: a copy of the index to write it, then the
+// check's transient memory).
+func TestRecordWrittenInPlace(t *testing.T) {
+	f := syntheticLayer(t, 20000, nil)
+	v, err := verify.Open(t.Context(), f.Desc, f.DiffID, verify.ReaderAtSource(bytes.NewReader(f.Blob)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := cache.New(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	rs := loadRecords(c, chunked.Limits{}.WithDefaults(), slog.New(slog.DiscardHandler))
+	desc := fetcher.Descriptor{Descriptor: f.Desc, DiffID: f.DiffID}
+	size := v.Index().BinarySize()
+	runtime.GC()
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	rv, _, store, err := rs.write(desc, v, []string{"example.com/synthetic"}, []string{"example.com/synthetic:v1"})
+	runtime.ReadMemStats(&after)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := store(); err != nil {
+		t.Fatal(err)
+	}
+	if got := after.TotalAlloc - before.TotalAlloc; got > uint64(size)/4 {
+		t.Errorf("writing the record of a %d-byte index allocated %d bytes", size, got)
+	}
+	a, _ := v.Index().AppendBinary(nil)
+	b, _ := rv.Index().AppendBinary(nil)
+	if !bytes.Equal(a, b) {
+		t.Error("the index served from the record differs from the one written")
+	}
+	// A record found on disk is checked as untrusted.
+	_, ov, _, err := rs.open(recordNameOf(t, rs))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o, _ := ov.Index().AppendBinary(nil); !bytes.Equal(a, o) {
+		t.Error("the index opened from the record differs from the one written")
+	}
+}
+
+// recordNameOf returns the name of the only record rs has indexed.
+func recordNameOf(t *testing.T, rs *records) string {
+	t.Helper()
+	rs.mu.Lock()
+	defer rs.mu.Unlock()
+	for _, list := range rs.byKey {
+		for _, s := range list {
+			return s.name
+		}
+	}
+	t.Fatal("no record indexed")
+	return ""
+}
+
+// rssFile returns the process's resident pages of files (RssFile in /proc/self/status).
+func rssFile(t *testing.T) int64 {
+	t.Helper()
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		t.Skip(err)
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(l, "RssFile:"); ok {
+			kb, err := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return kb << 10
+		}
+	}
+	t.Skip("no RssFile in /proc/self/status")
+	return 0
+}
+
+// TestRecordIndexNotResident: the check of a record's index, written or found on disk, reads
+// all of it through the mapping; the pages are then given back, so that a resolved layer's
+// resident memory is what its lookups and reads use, not its whole index.
+func TestRecordIndexNotResident(t *testing.T) {
+	f := syntheticLayer(t, 200000, nil)
+	v, err := verify.Open(t.Context(), f.Desc, f.DiffID, verify.ReaderAtSource(bytes.NewReader(f.Blob)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := cache.New(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	rs := loadRecords(c, chunked.Limits{}.WithDefaults(), slog.New(slog.DiscardHandler))
+	size := int64(v.Index().BinarySize())
+	before := rssFile(t)
+	rv, _, store, err := rs.write(fetcher.Descriptor{Descriptor: f.Desc, DiffID: f.DiffID}, v, []string{"example.com/synthetic"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := store(); err != nil {
+		t.Fatal(err)
+	}
+	if got := rssFile(t) - before; got > size/2 {
+		t.Errorf("writing the record of a %d-byte index: %d more bytes of files resident", size, got)
+	}
+	before = rssFile(t)
+	_, ov, _, err := rs.open(recordNameOf(t, rs))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := rssFile(t) - before; got > size/2 {
+		t.Errorf("opening the record of a %d-byte index: %d more bytes of files resident", size, got)
+	}
+	if rv.Index().Len() != v.Index().Len() || ov.Index().Len() != v.Index().Len() {
+		t.Error("the indexes served differ from the one written")
+	}
+	runtime.KeepAlive(rv)
+	runtime.KeepAlive(ov)
 }

@@ -196,11 +196,14 @@ func TestRecordsKeepNoTarSplit(t *testing.T) {
 	t.Cleanup(func() { m.Close() })
 	check := func(when string) {
 		t.Helper()
+		// The record is stored, then indexed, in the background.
+		waitFor(t, when+": a record indexed", func() bool {
+			m.records.mu.Lock()
+			defer m.records.mu.Unlock()
+			return len(m.records.byKey) > 0
+		})
 		m.records.mu.Lock()
 		defer m.records.mu.Unlock()
-		if len(m.records.byKey) == 0 {
-			t.Fatalf("%s: no record indexed", when)
-		}
 		for k, list := range m.records.byKey {
 			for _, s := range list {
 				if s.meta.Verified.TarSplit != nil {

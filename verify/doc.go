@@ -4,9 +4,11 @@
 // DiffID from the image config and random access to the blob, and returns a [Verifier] only if:
 //
 //   - the TOC digest matches the annotation, computed the way the format defines it, before
-//     the TOC is parsed: over the compressed bytes for zstd:chunked, over the uncompressed JSON
-//     for eStargz (and, for stargz-flavoured zstd that also carries the legacy checksum
-//     annotation, over the compressed bytes too);
+//     the TOC is used: over the compressed bytes for zstd:chunked, checked before the TOC is
+//     parsed; over the uncompressed JSON for eStargz, hashed as the JSON is decompressed and
+//     parsed, the index dropped unless the whole JSON matches (and, for stargz-flavoured zstd
+//     that also carries the legacy checksum annotation, over the compressed bytes too,
+//     before);
 //   - the footer agrees with the annotations;
 //   - for zstd:chunked with a tar-split, the tar-split matches the digest the TOC names.
 //

@@ -3,6 +3,7 @@ package verify
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"io"
@@ -103,7 +104,7 @@ type Verifier struct {
 }
 
 // Open verifies and indexes a layer: classification from the descriptor, the footer cross-check,
-// the TOC digest before parsing, and for zstd:chunked with a tar-split, the tar-split digest
+// the TOC digest before the TOC is used, and for zstd:chunked with a tar-split, the tar-split digest
 // (its agreement with the TOC is [Verifier.CheckTarSplit]'s). Errors are [*LayerError]s wrapping [chunked.ErrNotLazy],
 // [chunked.ErrInvalid], [chunked.ErrLimit], [ErrDigestMismatch] or the source's error.
 func Open(ctx context.Context, desc chunked.Descriptor, diffID digest.Digest, src Source, opts ...Option) (*Verifier, error) {
@@ -197,7 +198,10 @@ func readMetadata(ctx context.Context, src Source, layout *chunked.Layout, lim c
 	return metadata{toc: toc}, nil
 }
 
-// parseTOC checks the TOC digest the way the format defines it, then parses.
+// parseTOC checks the TOC digest the way the format defines it: before parsing when it covers
+// the compressed bytes, as the JSON is parsed when it covers the JSON (the index is returned
+// only if the JSON matches, and a TOC that does not match is reported as such, not as the
+// invalid TOC it may also be).
 func parseTOC(ctx context.Context, layout *chunked.Layout, raw []byte, lim chunked.Limits) (*chunked.Index, error) {
 	if !layout.Format.StargzTOC() {
 		if err := checkDigest("TOC", layout.TOCDigest, raw); err != nil {
@@ -210,14 +214,17 @@ func parseTOC(ctx context.Context, layout *chunked.Layout, raw []byte, lim chunk
 			return nil, err
 		}
 	}
-	js, err := chunked.ExtractTOC(layout, raw, lim)
-	if err != nil {
+	// The digest covers the JSON: it is hashed as it is decompressed and parsed, and the
+	// index is used only once the whole JSON is known to be the TOC the digest names.
+	h := sha256.New()
+	x, hashed, err := chunked.ParseHashed(ctx, layout, raw, lim, h)
+	if !hashed {
 		return nil, err
 	}
-	if err := checkDigest("TOC", layout.TOCDigest, js); err != nil {
-		return nil, err
+	if got := digest.NewDigest(digest.SHA256, h); got != layout.TOCDigest {
+		return nil, &MismatchError{What: "TOC", Want: layout.TOCDigest, Got: got}
 	}
-	return chunked.Parse(ctx, layout, js, lim)
+	return x, err
 }
 
 func readRange(ctx context.Context, src Source, off, n int64) ([]byte, error) {
