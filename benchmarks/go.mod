@@ -31,3 +31,6 @@ require (
 )
 
 replace github.com/layerstore/layerstore => ../
+
+// The daemon's patched go-fuse (see ../go.mod).
+replace github.com/hanwen/go-fuse/v2 => ../internal/third_party/go-fuse

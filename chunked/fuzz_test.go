@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -115,6 +116,13 @@ func checkIndex(t testing.TB, x *chunked.Index) {
 		id := chunked.EntryID(i)
 		e := x.Entry(id)
 		cs := x.Children(id)
+		var paged []chunked.EntryID
+		for page := x.ChildrenFrom(id, 0, 3); len(page) > 0; page = x.ChildrenFrom(id, len(paged), 3) {
+			paged = append(paged, page...)
+		}
+		if !slices.Equal(paged, cs) {
+			t.Errorf("%q: ChildrenFrom in pages of 3 gives %v, Children %v", e.Name, paged, cs)
+		}
 		if !e.Visible() || e.Type != chunked.TypeDir {
 			if len(cs) != 0 {
 				t.Errorf("%v %q (flags %b) has children", e.Type, e.Name, e.Flags)

@@ -1,6 +1,7 @@
 package chunked
 
 import (
+	"crypto/sha256"
 	"encoding/binary"
 	"encoding/hex"
 	"path"
@@ -322,6 +323,31 @@ func (x *Index) Children(dir EntryID) []EntryID {
 	}
 	runtime.KeepAlive(x)
 	return ids
+}
+
+// ChildrenFrom returns at most n visible entries of a directory, sorted by name, starting
+// with its i-th (0 is the first): a page of Children without building the whole list.
+func (x *Index) ChildrenFrom(dir EntryID, i, n int) []EntryID {
+	lo, hi := x.childRange(dir)
+	if i < 0 || n <= 0 || i >= hi-lo {
+		return nil
+	}
+	ids := make([]EntryID, min(n, hi-lo-i))
+	for k := range ids {
+		ids[k] = x.child(lo + i + k)
+	}
+	runtime.KeepAlive(x)
+	return ids
+}
+
+// Identity returns a digest of the index's header: its format version, layer format, root,
+// counts of entries, chunks and children, size of its records and tar-split digest. Two
+// indexes of one TOC with the same identity number their entries alike; one built by a
+// builder that numbers them otherwise has another format version.
+func (x *Index) Identity() Sum {
+	s := Sum(sha256.Sum256(x.data[:headerSize]))
+	runtime.KeepAlive(x)
+	return s
 }
 
 func (x *Index) numChildren() int { return len(x.children) / 4 }

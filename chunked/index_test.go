@@ -586,3 +586,23 @@ func TestParseZstdChunkEnds(t *testing.T) {
 		})
 	}
 }
+
+// TestIdentity checks that indexes of one TOC share an identity and that one of another
+// TOC, or with another entry count, has another.
+func TestIdentity(t *testing.T) {
+	a := parseOK(t, chunked.EStargz, tocOf(ent("a", "dir"), ent("a/b", "fifo")))
+	b := parseOK(t, chunked.EStargz, tocOf(ent("a", "dir"), ent("a/b", "fifo")))
+	c := parseOK(t, chunked.EStargz, tocOf(ent("a", "dir"), ent("a/c", "fifo"), ent("a/b", "fifo")))
+	if a.Identity() != b.Identity() {
+		t.Error("two indexes of one TOC have different identities")
+	}
+	if a.Identity() == c.Identity() {
+		t.Error("indexes of different TOCs share an identity")
+	}
+	if got := c.ChildrenFrom(lookup(t, c, "a"), 1, 5); len(got) != 1 || c.BaseName(got[0]) != "c" {
+		t.Errorf("ChildrenFrom(a, 1, 5) = %v, want [c]", got)
+	}
+	if got := c.ChildrenFrom(lookup(t, c, "a"), 2, 5); got != nil {
+		t.Errorf("ChildrenFrom past the end = %v", got)
+	}
+}

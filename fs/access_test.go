@@ -37,6 +37,16 @@ func runHelper(name string, args []string) int {
 	case "probe":
 		probeOps(os.Stdout, args)
 		return 0
+	case "resume-first", "resume-next":
+		err := resumeFirst
+		if name == "resume-next" {
+			err = resumeNext
+		}
+		if err := err(); err != nil {
+			fmt.Fprintln(os.Stderr, name+":", err)
+			return 1
+		}
+		return 0
 	case "overlay":
 		if err := overlayProbe(args); err != nil {
 			fmt.Fprintln(os.Stderr, err)

@@ -12,6 +12,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // probeTimeout bounds how long ClearDeadMount waits for a mount to answer. Tests shorten it.
@@ -35,10 +37,11 @@ func ClearDeadMount(mountpoint string) error {
 		return err
 	}
 	for range 64 {
-		fstype, mounted, err := topMount(mp)
-		if err != nil || !mounted {
+		m, err := topMount(mp)
+		if err != nil || !m.mounted {
 			return err
 		}
+		fstype := m.fstype
 		ctx, cancel := context.WithTimeout(context.Background(), probeTimeout)
 		perr := probe(ctx, mp)
 		cancel()
@@ -94,12 +97,20 @@ func probe(ctx context.Context, path string) error {
 	}
 }
 
-// topMount returns the filesystem type of the last (topmost) mount at mountpoint in
-// /proc/self/mountinfo.
-func topMount(mountpoint string) (fstype string, mounted bool, err error) {
+// mountInfo is what /proc/self/mountinfo says of the topmost mount at a path.
+type mountInfo struct {
+	mounted bool
+	fstype  string
+	dev     uint64 // st_dev of the mount's root
+}
+
+// topMount returns the last (topmost) mount at mountpoint in /proc/self/mountinfo. It does
+// not touch the mount.
+func topMount(mountpoint string) (mountInfo, error) {
+	var m mountInfo
 	data, err := os.ReadFile("/proc/self/mountinfo")
 	if err != nil {
-		return "", false, fmt.Errorf("fs: %w", err)
+		return m, fmt.Errorf("fs: %w", err)
 	}
 	sc := bufio.NewScanner(bytes.NewReader(data))
 	sc.Buffer(nil, 1<<20)
@@ -117,13 +128,20 @@ func topMount(mountpoint string) (fstype string, mounted bool, err error) {
 			continue
 		}
 		if unescapeMountinfo(f[4]) == mountpoint {
-			fstype, mounted = f[sep+1], true
+			m = mountInfo{mounted: true, fstype: f[sep+1]}
+			if maj, min, ok := strings.Cut(f[2], ":"); ok {
+				a, err1 := strconv.ParseUint(maj, 10, 32)
+				b, err2 := strconv.ParseUint(min, 10, 32)
+				if err1 == nil && err2 == nil {
+					m.dev = unix.Mkdev(uint32(a), uint32(b))
+				}
+			}
 		}
 	}
 	if err := sc.Err(); err != nil {
-		return "", false, fmt.Errorf("fs: reading mountinfo: %w", err)
+		return mountInfo{}, fmt.Errorf("fs: reading mountinfo: %w", err)
 	}
-	return fstype, mounted, nil
+	return m, nil
 }
 
 // unescapeMountinfo undoes the octal escapes (\040 for a space, ...) of mountinfo fields.

@@ -42,11 +42,11 @@ func deadMount(t *testing.T, dir, fstype string) {
 
 func mounted(t *testing.T, dir string) bool {
 	t.Helper()
-	_, ok, err := topMount(dir)
+	m, err := topMount(dir)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return ok
+	return m.mounted
 }
 
 func TestClearDeadMount(t *testing.T) {

@@ -16,7 +16,7 @@
 // translates FUSE calls into calls on a [Store] and its [Layer]s, passing the request's
 // context along, and nothing more.
 //
-// # Mounting
+// # Mounting and sessions
 //
 // [Mount] mounts with default_permissions (the kernel checks permissions against the modes
 // and owners of the tree), as subtype "layerstore", and returns once the mountpoint answers
@@ -26,6 +26,28 @@
 // [ClearDeadMount] removes the dead mount a crashed daemon leaves behind, so that a restarted
 // daemon can mount again.
 //
+// The daemon mounts /dev/fuse itself (mount(2)), so that it holds the FUSE session's
+// descriptor; [Server.Session] returns it with the session table, for the next process. A
+// FUSE connection lives as long as some process holds that descriptor: a daemon killed, or
+// stopped with [Server.Stop] for a restart or an upgrade, is taken over by the next process
+// with [Resume], which serves the same mount without a new mount or INIT, with the same node
+// IDs and file handles, and has the kernel resend the requests the previous process had read
+// and not answered (FUSE_NOTIFY_RESEND, Linux 6.9+; on older kernels those stay unanswered
+// until the mount is aborted). Without the privilege to mount (not root) the daemon mounts
+// through go-fuse (fusermount), without a session.
+//
+// The session table is a memfd that only grows: a header (what the next process must repeat:
+// the kernel's INIT, the FUSE settings, whether passthrough is on, the mount's device and
+// start time), then one record for each number handed to the kernel (reference directories,
+// layer blocks) and for each passthrough backing ID registered or unregistered, each written
+// before the answer that gives it. The next process treats it as untrusted input.
+//
+// Requests are served through go-fuse's [fuse.RawFileSystem]: every answer comes from the
+// node ID (the inode number) and the layer's index, none from per-node state, so the daemon
+// holds nothing per entry the kernel knows and FORGET is ignored. A file handle is the node ID
+// (with the top bit set for a passthrough open): reads are stateless (Layer.ReadFile at an
+// offset, info read again at each read), and a directory listing resumes at any offset it
+// gave.
 // # Who may use the mount
 //
 // Only root: the runtime, and overlayfs on behalf of containers. The daemon resolves layers
@@ -51,18 +73,29 @@
 //
 // # Inode numbers and kernel caching
 //
-// Each (ref, key, layer) that resolves gets its own block of 2^32 inode numbers: the layer
-// directory, info and blob at the start of the block, the diff tree's entries at a fixed
-// offset plus the chunked.EntryID of the entry owning the inode (so hardlinks share an inode
-// number). Numbers are stable for as long as the Store keeps handing out the same layer
-// (the same *chunked.Index) for (ref, key). Two references to the same
-// layer get different blocks on purpose: the kernel allows a directory inode only one path.
+// Inode numbers are the FUSE node IDs, and mean the same in every process of a session. The
+// root is 1. Each (ref, key) layer directory that resolves gets its own block of 2^32 inode
+// numbers, for as long as the layer it resolves to has the same identity (the key and
+// chunked.Index.Identity: what numbers its entries): the layer directory, info and blob at
+// the start of the block, the diff tree's entries at a fixed offset plus the chunked.EntryID
+// of the entry owning the inode (so hardlinks share an inode number). Two references to the
+// same layer get different blocks on purpose: the kernel allows a directory inode only one
+// path. A layer that resolves under its (ref, key) with another identity gets a new block;
+// the kernel's numbers in the old one answer ESTALE (logged), never another file's bytes.
 //
-// Reference directories take numbers from a counter starting at 2^63, above every block: a
-// name keeps its number while go-fuse holds its node, and the number goes when the kernel
-// forgets the node; a number is never handed out twice. go-fuse and the kernel identify a
-// node by its number, so two names sharing one would serve one reference under the other's
-// name (numbers derived from a hash of the name could collide).
+// Reference directories take numbers from 2^63 up, above every block, one per name ever
+// looked up in the session; a number is never handed out twice, so two names never share one
+// (numbers derived from a hash of the name could collide). Blocks and reference numbers come
+// from the session table, not from a per-process counter, and the table grows by one record
+// per reference name and per layer identity resolved during the session's life.
+//
+// FUSE passthrough registers a file's backing file with the kernel once per inode while it
+// has passthrough opens, and unregisters it with the last; the kernel refuses (EIO) a
+// passthrough open of an inode with files open through the daemon and the reverse, so an
+// inode is opened one way at a time. A process that resumes a session reuses the backing IDs
+// the table holds for new opens of their inodes and never unregisters them (their opens are
+// unknown to it); the other inodes of layers the previous processes numbered are served
+// through the daemon, since files of theirs may be open that way.
 //
 // The diff tree and blob never change for a given layer directory inode, so entries,
 // attributes, failed lookups, directory listings and file pages there are cached by the

@@ -132,14 +132,24 @@ var _ Layer = (*testLayer)(nil)
 
 func newTestLayer(t *testing.T, f testlayer.Fixture) *testLayer {
 	t.Helper()
-	src := verify.ReaderAtSource(bytes.NewReader(f.Blob))
-	v, err := verify.Open(t.Context(), f.Desc, f.DiffID, src)
+	l, err := openTestLayer(t.Context(), f)
 	if err != nil {
-		t.Fatalf("verify.Open(%s): %v", f.Name, err)
+		t.Fatal(err)
+	}
+	return l
+}
+
+// openTestLayer opens fixture f as a layer; the same fixture gives the same index in every
+// process.
+func openTestLayer(ctx context.Context, f testlayer.Fixture) (*testLayer, error) {
+	src := verify.ReaderAtSource(bytes.NewReader(f.Blob))
+	v, err := verify.Open(ctx, f.Desc, f.DiffID, src)
+	if err != nil {
+		return nil, fmt.Errorf("verify.Open(%s): %w", f.Name, err)
 	}
 	layout, err := chunked.Classify(f.Desc)
 	if err != nil {
-		t.Fatalf("Classify(%s): %v", f.Name, err)
+		return nil, fmt.Errorf("Classify(%s): %w", f.Name, err)
 	}
 	return &testLayer{
 		fixture:  f,
@@ -151,7 +161,7 @@ func newTestLayer(t *testing.T, f testlayer.Fixture) *testLayer {
 		reads:    map[chunked.EntryID]int{},
 		readers:  map[uint32]int{},
 		backings: map[chunked.EntryID]int{},
-	}
+	}, nil
 }
 
 func (l *testLayer) Index() *chunked.Index { return l.v.Index() }

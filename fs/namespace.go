@@ -4,16 +4,14 @@ import (
 	"context"
 	"encoding/base64"
 	"errors"
-	"io"
+	"fmt"
+	iofs "io/fs"
 	"log/slog"
-	"runtime"
 	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
-	"weak"
 
-	fusefs "github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
 	"github.com/opencontainers/go-digest"
 	"go.podman.io/image/v5/docker/reference"
@@ -21,9 +19,9 @@ import (
 	"github.com/layerstore/layerstore/chunked"
 )
 
-// Inode numbers (see the package doc). The root is 1. A resolved layer directory owns the
-// block [n<<32, (n+1)<<32) for some n >= 1; reference directories take numbers from a
-// counter starting at 1<<63, above every block.
+// Inode numbers, which are also the FUSE node IDs (see the package doc). The root is 1. A
+// resolved layer directory owns the block [n<<32, (n+1)<<32) for some n in [1, maxBlock];
+// reference directories have numbers from firstRefIno up, above every block.
 const (
 	rootIno      = 1
 	blockShift   = 32
@@ -32,78 +30,242 @@ const (
 	inoBlob      = 2  // offset of blob
 	inoEntries   = 16 // offset of diff entry 0
 	maxEntries   = 1<<blockShift - inoEntries
+	maxBlock     = 1<<31 - 1
 	firstRefIno  = 1 << 63
-	pollHackIno  = ^uint64(0) // taken by go-fuse
+	lastRefIno   = ^uint64(0) - 1 // ^0 is go-fuse's poll hack's
 	dirMode      = 0o755
 	readOnlyMode = 0o444
 )
 
-// filesystem is the state shared by every node of a mount.
+// filesystem is the state of a mount: the numbering, the open files' passthrough state and
+// the gate that Stop closes. Its methods are safe for concurrent use.
 type filesystem struct {
 	store   Store
 	log     *slog.Logger
 	entryTO time.Duration // entry timeout of the immutable parts
 	attrTO  time.Duration // attribute timeout of the immutable parts
-	started time.Time     // times of the synthetic directories and files
-	// passthrough is set once the kernel granted FUSE passthrough and Options asked for it.
-	passthrough    atomic.Bool
-	passthroughLog sync.Once
+	started time.Time     // times of the synthetic directories and files, the same in every process of a session
+	srv     *fuse.Server  // set by Init, before the first request
+	// passthrough is set once the kernel granted FUSE passthrough and Options asked for it;
+	// ptRefused once the kernel refused to register a backing file.
+	passthrough atomic.Bool
+	ptRefused   atomic.Bool
+	forgets     atomic.Int64 // FORGETs received (ignored), for tests
 
-	mu sync.Mutex // guards the fields below
-	// blocks maps each resolved (ref, key, index) to the base of its inode block. An entry
-	// goes when its index is garbage collected, which happens only once no node uses it.
-	blocks    map[blockKey]uint64
+	mu sync.RWMutex // guards the numbering below and writes to tab
+	// tab is the session table every new number is written to before the kernel gets it;
+	// nil when mounted without a session.
+	tab       *table
+	refs      map[string]uint64 // name of a reference directory -> its number
+	refDirs   map[uint64]refDir // and back
+	nextRef   uint64
+	blocks    map[uint64]*block // block number -> block
+	byKey     map[blockKey]*block
 	nextBlock uint64
-	// refInos maps the name of each reference directory go-fuse holds a node for to its
-	// inode number; nextRefIno is the next number never handed out.
-	refInos    map[string]uint64
-	nextRefIno uint64
+
+	ptMu sync.Mutex // guards the passthrough state below
+	// inherited holds the backing IDs that earlier processes of the session registered
+	// for inodes and did not unregister: opens of those inodes reuse them.
+	inherited map[uint64]int32
+	// opens holds the inodes of this process's blocks with open files or a backing ID.
+	opens map[uint64]*fileOpens
+
+	gateMu   sync.Mutex
+	stopping bool          // Stop was called: requests are held
+	active   int           // requests being answered
+	idle     chan struct{} // closed when active drops to 0 while stopping
+	held     chan struct{} // closed on unmount: held requests are answered then
+	heldOnce sync.Once
 }
+
+// refDir is a reference directory: its name in the root and the reference it decodes to.
+type refDir struct {
+	name string
+	ref  string
+}
+
+// block is one (reference, key) layer directory's block of inode numbers, for one layer
+// identity (chunked.Index.Identity): the entries' numbers mean the same as long as the layer
+// has that identity.
+type block struct {
+	base    uint64 // n << blockShift
+	ref     string
+	key     digest.Digest
+	ident   chunked.Sum
+	resumed bool // numbered by an earlier process of the session
+	layer   atomic.Pointer[layerBox]
+}
+
+type layerBox struct{ Layer }
 
 type blockKey struct {
 	ref   string
 	key   digest.Digest
-	index weak.Pointer[chunked.Index]
+	ident chunked.Sum
 }
 
-func newFilesystem(store Store, log *slog.Logger, entryTO, attrTO time.Duration) *filesystem {
-	return &filesystem{
-		store:   store,
-		log:     log,
-		entryTO: entryTO,
-		attrTO:  attrTO,
-		started: time.Now(),
-		blocks:  map[blockKey]uint64{},
+// fileOpens counts the open handles of a regular file of this process's blocks by how the
+// kernel reads them. The kernel refuses (EIO) a passthrough open of an inode with files open
+// through the daemon, and the reverse, so a file opened before it was local is served by the
+// daemon until those handles are released, even once its backing file exists.
+type fileOpens struct {
+	daemon, passthrough int
+	backingID           int32 // registered by this process while passthrough > 0; 0 if none
+}
 
-		refInos:    map[string]uint64{},
-		nextRefIno: firstRefIno,
+func newFilesystem(store Store, log *slog.Logger, entryTO, attrTO time.Duration, started time.Time) *filesystem {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &filesystem{
+		store:     store,
+		log:       log,
+		entryTO:   entryTO,
+		attrTO:    attrTO,
+		started:   started,
+		refs:      map[string]uint64{},
+		refDirs:   map[uint64]refDir{},
+		nextRef:   firstRefIno,
+		blocks:    map[uint64]*block{},
+		byKey:     map[blockKey]*block{},
+		nextBlock: 1,
+		inherited: map[uint64]int32{},
+		opens:     map[uint64]*fileOpens{},
+		held:      make(chan struct{}),
 	}
 }
 
-// block returns the base inode number of the layer directory (ref, key) resolved to the
-// layer whose index is x.
-func (fsys *filesystem) block(ref string, key digest.Digest, x *chunked.Index) uint64 {
-	k := blockKey{ref, key, weak.Make(x)}
+// load takes the numbering and backing IDs of an earlier process from its session table.
+func (fsys *filesystem) load(st *sessionState) {
 	fsys.mu.Lock()
 	defer fsys.mu.Unlock()
-	if b, ok := fsys.blocks[k]; ok {
-		return b
+	for _, r := range st.refs {
+		fsys.refs[r.name] = r.ino
+		fsys.refDirs[r.ino] = refDir{name: r.name, ref: r.ref}
+		fsys.nextRef = max(fsys.nextRef, r.ino+1)
 	}
-	// 2^31 blocks fit below the reference directories' numbers: a daemon would have to
-	// resolve a layer every millisecond for 24 days to run out.
-	fsys.nextBlock++
-	b := fsys.nextBlock << blockShift
-	fsys.blocks[k] = b
-	runtime.AddCleanup(x, func(k blockKey) {
+	for _, b := range st.blocks {
+		bl := &block{base: b.n << blockShift, ref: b.ref, key: b.key, ident: b.ident, resumed: true}
+		fsys.blocks[b.n] = bl
+		fsys.byKey[blockKey{b.ref, b.key, b.ident}] = bl
+		fsys.nextBlock = max(fsys.nextBlock, b.n+1)
+	}
+	for ino, id := range st.backing {
+		fsys.inherited[ino] = id
+	}
+}
+
+// refIno returns the number of the reference directory called name (ref decoded), taking
+// the next one never handed out, and writing it to the session table, on its first lookup.
+// Numbers are never reused: the kernel and the table identify a directory by its number, so
+// two names sharing one would serve one reference under the other's name (numbers derived
+// from a hash of the name could collide). FORGET is ignored, so a name keeps its number for
+// the session's life: the table grows by one record per reference ever looked up.
+func (fsys *filesystem) refIno(name, ref string) (uint64, error) {
+	fsys.mu.RLock()
+	ino, ok := fsys.refs[name]
+	fsys.mu.RUnlock()
+	if ok {
+		return ino, nil
+	}
+	fsys.mu.Lock()
+	defer fsys.mu.Unlock()
+	if ino, ok := fsys.refs[name]; ok {
+		return ino, nil
+	}
+	// 2^63 numbers: a new name every nanosecond for 292 years.
+	if fsys.nextRef > lastRefIno {
+		return 0, errors.New("reference directory numbers exhausted")
+	}
+	ino = fsys.nextRef
+	if err := fsys.tab.appendRef(ino, name); err != nil {
+		return 0, err
+	}
+	fsys.nextRef++
+	fsys.refs[name] = ino
+	fsys.refDirs[ino] = refDir{name: name, ref: ref}
+	return ino, nil
+}
+
+// refDir returns the reference directory numbered ino.
+func (fsys *filesystem) refDir(ino uint64) (refDir, bool) {
+	fsys.mu.RLock()
+	defer fsys.mu.RUnlock()
+	d, ok := fsys.refDirs[ino]
+	return d, ok
+}
+
+// block returns the block of the layer directory (ref, key) resolved to l, taking the next
+// block never handed out, and writing it to the session table, the first time (ref, key)
+// resolves to a layer of that identity. A layer that changed identity under (ref, key) gets a
+// new block: the kernel's numbers of the old one then answer ESTALE (see layerOf).
+func (fsys *filesystem) block(ref string, key digest.Digest, l Layer) (*block, error) {
+	k := blockKey{ref, key, l.Index().Identity()}
+	fsys.mu.RLock()
+	b, ok := fsys.byKey[k]
+	fsys.mu.RUnlock()
+	if !ok {
 		fsys.mu.Lock()
-		delete(fsys.blocks, k)
+		if b, ok = fsys.byKey[k]; !ok {
+			// 2^31 blocks: a new layer directory every millisecond for 24 days.
+			if fsys.nextBlock > maxBlock {
+				fsys.mu.Unlock()
+				return nil, errors.New("layer directory numbers exhausted")
+			}
+			n := fsys.nextBlock
+			if err := fsys.tab.appendBlock(n, ref, key, k.ident); err != nil {
+				fsys.mu.Unlock()
+				return nil, err
+			}
+			fsys.nextBlock++
+			b = &block{base: n << blockShift, ref: ref, key: key, ident: k.ident}
+			fsys.blocks[n] = b
+			fsys.byKey[k] = b
+		}
 		fsys.mu.Unlock()
-	}, k)
-	return b
+	}
+	if cur := b.layer.Load(); cur == nil || cur.Layer != l {
+		b.layer.Store(&layerBox{l})
+	}
+	return b, nil
+}
+
+// blockOf returns the block of inode number ino and ino's offset in it.
+func (fsys *filesystem) blockOf(ino uint64) (*block, uint64, bool) {
+	fsys.mu.RLock()
+	defer fsys.mu.RUnlock()
+	b, ok := fsys.blocks[ino>>blockShift]
+	return b, ino & (1<<blockShift - 1), ok
+}
+
+// layerOf returns the layer of block b: the one its lookup resolved, or, for a block an
+// earlier process numbered, what the Store resolves (ref, key) to now. A layer whose identity
+// is no longer the block's answers ESTALE: its entries may be numbered otherwise, and serving
+// them under the kernel's numbers could serve one file's bytes for another's.
+func (fsys *filesystem) layerOf(ctx context.Context, b *block) (Layer, syscall.Errno) {
+	if box := b.layer.Load(); box != nil {
+		return box.Layer, 0
+	}
+	l, err := fsys.store.Lookup(ctx, b.ref, b.key)
+	if err == nil && (l == nil || l.Index() == nil) {
+		err = errors.New("store returned no layer")
+	}
+	switch {
+	case errors.Is(err, iofs.ErrNotExist):
+		fsys.log.Warn("answering ESTALE: a layer the kernel knows is no longer served", "ref", b.ref, "key", b.key, "err", err)
+		return nil, syscall.ESTALE
+	case err != nil:
+		return nil, errno(fsys.log, err, "lookup", "ref", b.ref, "key", b.key)
+	case l.Index().Identity() != b.ident:
+		fsys.log.Warn("answering ESTALE: the layer the kernel knows changed since its lookup", "ref", b.ref, "key", b.key)
+		return nil, syscall.ESTALE
+	}
+	b.layer.CompareAndSwap(nil, &layerBox{l})
+	return l, 0
 }
 
 // synthAttr fills the attributes of a directory or file that the daemon makes up (not part
-// of a layer's tree): owned by root, timestamped with the mount's start.
+// of a layer's tree): owned by root, timestamped with the session's start.
 func (fsys *filesystem) synthAttr(out *fuse.Attr, ino uint64, mode uint32, size uint64) {
 	*out = fuse.Attr{Ino: ino, Mode: mode, Size: size, Nlink: 1}
 	if mode&syscall.S_IFMT == syscall.S_IFDIR {
@@ -111,14 +273,6 @@ func (fsys *filesystem) synthAttr(out *fuse.Attr, ino uint64, mode uint32, size 
 	}
 	t := fsys.started
 	out.SetTimes(&t, &t, &t)
-}
-
-// uncached marks a failed lookup so that go-fuse does not turn it into a cached negative
-// entry: go-fuse applies Options.NegativeTimeout (meant for the immutable diff trees) only
-// to lookups whose entry timeout is still zero, and the kernel ignores the entry of a lookup
-// that fails.
-func uncached(out *fuse.EntryOut) {
-	out.SetEntryTimeout(time.Nanosecond)
 }
 
 // decodeRef decodes a directory name of the store root into an image reference: standard
@@ -144,333 +298,56 @@ func parseKey(name string) (digest.Digest, bool) {
 	return d, true
 }
 
-// refIno returns the inode number of the reference directory called name: the number its
-// node has while go-fuse holds one, a number never handed out before otherwise. Two names
-// never share a number, so the kernel and go-fuse (which both identify nodes by number)
-// never take one reference directory for another.
-func (fsys *filesystem) refIno(name string) uint64 {
-	fsys.mu.Lock()
-	defer fsys.mu.Unlock()
-	if ino, ok := fsys.refInos[name]; ok {
-		return ino
+// privileged reports whether a FUSE request comes from root: the runtime, or a container's
+// process reaching the store through overlayfs, which accesses its lower layers with the
+// credentials of whoever mounted the overlay. Only such requests may make the Store resolve a
+// layer or count a use, or open anything under the mount.
+func privileged(c *fuse.Caller) bool { return c.Uid == 0 }
+
+// gate admits a request: it returns the function that ends it. Once Stop was called it holds
+// the request instead, unanswered (the next process of the session gets it again), until the
+// mount goes.
+func (fsys *filesystem) gate() func() {
+	fsys.gateMu.Lock()
+	if fsys.stopping {
+		fsys.gateMu.Unlock()
+		<-fsys.held
+		return func() {}
 	}
-	// 2^63 numbers: a daemon would need a new name every nanosecond for 292 years to
-	// reach pollHackIno.
-	ino := fsys.nextRefIno
-	fsys.nextRefIno++
-	fsys.refInos[name] = ino
-	return ino
+	fsys.active++
+	fsys.gateMu.Unlock()
+	return fsys.leave
 }
 
-// forgetRefIno drops the number of the reference directory name once go-fuse forgot its
-// node numbered ino. A lookup racing with the forget may have revived the number for the
-// same name; the next lookup then takes a new number, which the kernel handles like a
-// directory replaced under its name. Numbers are never reused, so no other name gets it.
-func (fsys *filesystem) forgetRefIno(name string, ino uint64) {
-	fsys.mu.Lock()
-	defer fsys.mu.Unlock()
-	if fsys.refInos[name] == ino {
-		delete(fsys.refInos, name)
+func (fsys *filesystem) leave() {
+	fsys.gateMu.Lock()
+	defer fsys.gateMu.Unlock()
+	fsys.active--
+	if fsys.active == 0 && fsys.idle != nil {
+		close(fsys.idle)
+		fsys.idle = nil
 	}
 }
 
-// privileged reports whether the FUSE request of ctx comes from root: the runtime, or a
-// container's process reaching the store through overlayfs, which accesses its lower
-// layers with the credentials of whoever mounted the overlay. Only such requests may make
-// the Store resolve a layer or count a use, or open anything under the mount.
-func privileged(ctx context.Context) bool {
-	c, ok := fuse.FromContext(ctx)
-	return ok && c.Uid == 0
-}
-
-// rootNode is the store root: one directory per base64-encoded reference, found by lookup
-// only (readdir is empty).
-type rootNode struct {
-	fusefs.Inode
-	readOnly
-	fsys *filesystem
-}
-
-var (
-	_ fusefs.NodeLookuper    = (*rootNode)(nil)
-	_ fusefs.NodeGetattrer   = (*rootNode)(nil)
-	_ fusefs.NodeReaddirer   = (*rootNode)(nil)
-	_ fusefs.NodeLookuper    = (*refDir)(nil)
-	_ fusefs.NodeGetattrer   = (*refDir)(nil)
-	_ fusefs.NodeReaddirer   = (*refDir)(nil)
-	_ fusefs.NodeRmdirer     = (*refDir)(nil)
-	_ fusefs.NodeOnForgetter = (*refDir)(nil)
-	_ fusefs.NodeLookuper    = (*layerDir)(nil)
-	_ fusefs.NodeGetattrer   = (*layerDir)(nil)
-	_ fusefs.NodeReaddirer   = (*layerDir)(nil)
-	_ fusefs.NodeCreater     = (*layerDir)(nil)
-	_ fusefs.NodeGetattrer   = (*infoFile)(nil)
-	_ fusefs.NodeOpener      = (*infoFile)(nil)
-	_ fusefs.NodeGetattrer   = (*blobFile)(nil)
-	_ fusefs.NodeOpener      = (*blobFile)(nil)
-	_ fusefs.NodeReader      = (*blobFile)(nil)
-)
-
-// Getattr: the root's attributes never change, and the kernel checks them (for search
-// permission) on every path it resolves through the mount: they are cached.
-func (n *rootNode) Getattr(_ context.Context, _ fusefs.FileHandle, out *fuse.AttrOut) syscall.Errno {
-	n.fsys.synthAttr(&out.Attr, rootIno, syscall.S_IFDIR|dirMode, 0)
-	out.SetTimeout(n.fsys.attrTO)
-	return 0
-}
-
-func (n *rootNode) Readdir(context.Context) (fusefs.DirStream, syscall.Errno) {
-	return fusefs.NewListDirStream(nil), 0
-}
-
-func (n *rootNode) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fusefs.Inode, syscall.Errno) {
-	if !privileged(ctx) {
-		uncached(out)
-		return nil, syscall.EACCES
+// stop closes the gate and waits until no request is being answered, or ctx is done.
+func (fsys *filesystem) stop(ctx context.Context) error {
+	fsys.gateMu.Lock()
+	fsys.stopping = true
+	if fsys.active == 0 {
+		fsys.gateMu.Unlock()
+		return nil
 	}
-	ref, ok := decodeRef(name)
-	if !ok {
-		uncached(out)
-		return nil, syscall.ENOENT
+	idle := make(chan struct{})
+	fsys.idle = idle
+	n := fsys.active
+	fsys.gateMu.Unlock()
+	select {
+	case <-idle:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("fs: %d requests still being answered: %w", n, ctx.Err())
 	}
-	ino := n.fsys.refIno(name)
-	n.fsys.synthAttr(&out.Attr, ino, syscall.S_IFDIR|dirMode, 0)
-	// A reference directory is a pure function of its name: cache it like the diff trees.
-	out.SetEntryTimeout(n.fsys.entryTO)
-	out.SetAttrTimeout(n.fsys.attrTO)
-	return n.NewInode(ctx, &refDir{fsys: n.fsys, ref: ref, name: name}, fusefs.StableAttr{Mode: syscall.S_IFDIR, Ino: ino}), 0
 }
 
-// refDir is <mnt>/<base64(ref)>: one directory per layer key, found by lookup only.
-type refDir struct {
-	fusefs.Inode
-	readOnly
-	fsys *filesystem
-	ref  string
-	name string // base64(ref), the directory's name
-}
-
-// OnForget releases the directory's inode number once go-fuse no longer holds its node.
-func (n *refDir) OnForget() { n.fsys.forgetRefIno(n.name, n.StableAttr().Ino) }
-
-func (n *refDir) Getattr(_ context.Context, _ fusefs.FileHandle, out *fuse.AttrOut) syscall.Errno {
-	n.fsys.synthAttr(&out.Attr, n.StableAttr().Ino, syscall.S_IFDIR|dirMode, 0)
-	out.SetTimeout(n.fsys.attrTO)
-	return 0
-}
-
-func (n *refDir) Readdir(context.Context) (fusefs.DirStream, syscall.Errno) {
-	return fusefs.NewListDirStream(nil), 0
-}
-
-// Lookup resolves a layer through the Store. Neither a success nor a failure is cached by
-// the kernel: each access to <ref>/<key> asks the Store again, and checks its caller (see
-// privileged), whatever the kernel caches below. The attributes of a layer directory are a
-// function of its inode number, and are cached.
-func (n *refDir) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fusefs.Inode, syscall.Errno) {
-	uncached(out)
-	if !privileged(ctx) {
-		return nil, syscall.EACCES
-	}
-	key, ok := parseKey(name)
-	if !ok {
-		return nil, syscall.ENOENT
-	}
-	l, err := n.fsys.store.Lookup(ctx, n.ref, key)
-	if err == nil && (l == nil || l.Index() == nil) {
-		err = errors.New("store returned no layer")
-	}
-	if err == nil && l.Index().Len() > maxEntries {
-		err = errors.New("layer has too many entries for its inode block")
-	}
-	if err != nil {
-		return nil, errno(n.fsys.log, err, "lookup", "ref", n.ref, "key", key)
-	}
-	ld := &layerDir{
-		fsys:  n.fsys,
-		ref:   n.ref,
-		key:   key,
-		layer: l,
-		block: n.fsys.block(n.ref, key, l.Index()),
-	}
-	ld.attr(&out.Attr)
-	out.SetEntryTimeout(0)
-	out.SetAttrTimeout(n.fsys.attrTO)
-	return n.NewInode(ctx, ld, fusefs.StableAttr{Mode: syscall.S_IFDIR, Ino: ld.block + inoLayerDir}), 0
-}
-
-// Rmdir of a layer directory is how the runtime drops its use of a layer: the Store counts
-// one user less, and the answer is ENOENT, as the contract asks.
-func (n *refDir) Rmdir(ctx context.Context, name string) syscall.Errno {
-	if !privileged(ctx) {
-		return syscall.EACCES
-	}
-	if key, ok := parseKey(name); ok {
-		n.fsys.store.Release(n.ref, key)
-	}
-	return syscall.ENOENT
-}
-
-// layerDir is <mnt>/<base64(ref)>/<key>: diff, info and blob of one resolved layer, and the
-// use file that exists only to be created.
-type layerDir struct {
-	fusefs.Inode
-	readOnly
-	fsys  *filesystem
-	ref   string
-	key   digest.Digest
-	layer Layer
-	block uint64
-}
-
-func (n *layerDir) Getattr(_ context.Context, _ fusefs.FileHandle, out *fuse.AttrOut) syscall.Errno {
-	n.attr(&out.Attr)
-	out.SetTimeout(n.fsys.attrTO)
-	return 0
-}
-
-// attr fills the layer directory's attributes: the same for as long as its inode number lives.
-func (n *layerDir) attr(out *fuse.Attr) {
-	n.fsys.synthAttr(out, n.block+inoLayerDir, syscall.S_IFDIR|dirMode, 0)
-	out.Nlink = 3
-}
-
-func (n *layerDir) Readdir(context.Context) (fusefs.DirStream, syscall.Errno) {
-	x := n.layer.Index()
-	return fusefs.NewListDirStream([]fuse.DirEntry{
-		{Name: "blob", Mode: syscall.S_IFREG, Ino: n.block + inoBlob},
-		{Name: "diff", Mode: syscall.S_IFDIR, Ino: n.block + inoEntries + uint64(x.Entry(x.Root()).Inode)},
-		{Name: "info", Mode: syscall.S_IFREG, Ino: n.block + inoInfo},
-	}), 0
-}
-
-func (n *layerDir) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fusefs.Inode, syscall.Errno) {
-	var node fusefs.InodeEmbedder
-	var ino uint64
-	var mode uint32
-	switch name {
-	case "diff":
-		v := &layerView{fsys: n.fsys, layer: n.layer, index: n.layer.Index(), block: n.block}
-		en := v.node(v.index.Root())
-		en.fill(&out.Attr)
-		node, ino, mode = en, out.Ino, syscall.S_IFDIR
-	case "info":
-		f := &infoFile{fsys: n.fsys, layer: n.layer, key: n.key}
-		ino, mode = n.block+inoInfo, syscall.S_IFREG
-		n.fsys.synthAttr(&out.Attr, ino, mode|readOnlyMode, uint64(len(f.layer.Info(f.key))))
-		node = f
-	case "blob":
-		f := &blobFile{fsys: n.fsys, layer: n.layer}
-		ino, mode = n.block+inoBlob, syscall.S_IFREG
-		n.fsys.synthAttr(&out.Attr, ino, mode|readOnlyMode, uint64(max(n.layer.BlobSize(), 0)))
-		node = f
-	default: // "use" included: it never exists
-		uncached(out)
-		return nil, syscall.ENOENT
-	}
-	out.SetEntryTimeout(n.fsys.entryTO)
-	if name != "info" {
-		out.SetAttrTimeout(n.fsys.attrTO)
-	}
-	return n.NewInode(ctx, node, fusefs.StableAttr{Mode: mode, Ino: ino}), 0
-}
-
-// Create of use is how the runtime takes a use of a layer: the Store counts one user more,
-// and the answer is ENOENT (a store where the create succeeds is one without GC support).
-func (n *layerDir) Create(ctx context.Context, name string, _, _ uint32, _ *fuse.EntryOut) (*fusefs.Inode, fusefs.FileHandle, uint32, syscall.Errno) {
-	if !privileged(ctx) {
-		return nil, nil, 0, syscall.EACCES
-	}
-	if name != "use" {
-		return nil, nil, 0, syscall.EROFS
-	}
-	n.fsys.store.Use(n.ref, n.key)
-	return nil, nil, 0, syscall.ENOENT
-}
-
-// infoFile is <key>/info: the layer's c/storage Layer JSON as seen through the key. It
-// may change over the life of a layer (a DiffID proven later, say), so it is never cached:
-// stat shows the current size, and each open reads a snapshot, in direct I/O so that reads
-// are not cut at a size the kernel saw earlier.
-type infoFile struct {
-	fusefs.Inode
-	readOnly
-	fsys  *filesystem
-	layer Layer
-	key   digest.Digest
-}
-
-func (n *infoFile) Getattr(_ context.Context, _ fusefs.FileHandle, out *fuse.AttrOut) syscall.Errno {
-	n.fsys.synthAttr(&out.Attr, n.StableAttr().Ino, syscall.S_IFREG|readOnlyMode, uint64(len(n.layer.Info(n.key))))
-	return 0
-}
-
-func (n *infoFile) Open(ctx context.Context, flags uint32) (fusefs.FileHandle, uint32, syscall.Errno) {
-	if !privileged(ctx) {
-		return nil, 0, syscall.EACCES
-	}
-	if writeAccess(flags) {
-		return nil, 0, syscall.EROFS
-	}
-	return &infoHandle{data: n.layer.Info(n.key)}, fuse.FOPEN_DIRECT_IO | fuse.FOPEN_NOFLUSH, 0
-}
-
-// infoHandle is an open info file: the content as it was at open.
-type infoHandle struct{ data []byte }
-
-var _ fusefs.FileReader = (*infoHandle)(nil)
-
-func (h *infoHandle) Read(_ context.Context, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
-	if off >= int64(len(h.data)) {
-		return fuse.ReadResultData(nil), 0
-	}
-	return fuse.ReadResultData(dest[:copy(dest, h.data[off:])]), 0
-}
-
-// blobFile is <key>/blob: the raw compressed layer, for export.
-type blobFile struct {
-	fusefs.Inode
-	readOnly
-	fsys  *filesystem
-	layer Layer
-}
-
-func (n *blobFile) Getattr(_ context.Context, _ fusefs.FileHandle, out *fuse.AttrOut) syscall.Errno {
-	n.fsys.synthAttr(&out.Attr, n.StableAttr().Ino, syscall.S_IFREG|readOnlyMode, uint64(max(n.layer.BlobSize(), 0)))
-	out.SetTimeout(n.fsys.attrTO)
-	return 0
-}
-
-func (n *blobFile) Open(ctx context.Context, flags uint32) (fusefs.FileHandle, uint32, syscall.Errno) {
-	if !privileged(ctx) {
-		return nil, 0, syscall.EACCES
-	}
-	if writeAccess(flags) {
-		return nil, 0, syscall.EROFS
-	}
-	return nil, fuse.FOPEN_KEEP_CACHE | fuse.FOPEN_NOFLUSH, 0
-}
-
-func (n *blobFile) Read(ctx context.Context, _ fusefs.FileHandle, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
-	p, ok := clamp(dest, off, n.layer.BlobSize())
-	if !ok {
-		return fuse.ReadResultData(nil), 0
-	}
-	k, err := n.layer.ReadBlob(ctx, p, off)
-	if err != nil && !errors.Is(err, io.EOF) {
-		return nil, errno(n.fsys.log, err, "read blob", "off", off, "len", len(p))
-	}
-	return fuse.ReadResultData(p[:k]), 0
-}
-
-// clamp returns the part of dest that a read at off of a file of size bytes can fill, and
-// false when off is at or past the end.
-func clamp(dest []byte, off, size int64) ([]byte, bool) {
-	if off < 0 || off >= size {
-		return nil, false
-	}
-	if int64(len(dest)) > size-off {
-		dest = dest[:size-off]
-	}
-	return dest, true
-}
+// release answers the held requests (to a connection that no longer takes answers).
+func (fsys *filesystem) release() { fsys.heldOnce.Do(func() { close(fsys.held) }) }

@@ -14,7 +14,6 @@ import (
 	"testing"
 	"time"
 
-	fusefs "github.com/hanwen/go-fuse/v2/fs"
 	"github.com/opencontainers/go-digest"
 )
 
@@ -251,7 +250,8 @@ func TestInodeNumbers(t *testing.T) {
 	store.add("docker.io/library/other:latest", l)
 	mnt, srv := mountTest(t, store, DefaultOptions())
 	before := scanTree(t, layerPath(mnt, testRef, l.tocKey, "diff")).inos
-	known := forgetAll(t, srv)
+	diff := layerPath(mnt, testRef, l.tocKey, "diff")
+	known := forgetAll(t, srv, diff, before)
 	after := scanTree(t, layerPath(mnt, testRef, l.tocKey, "diff")).inos
 	for p, ino := range before {
 		if after[p] != ino {
@@ -267,39 +267,39 @@ func TestInodeNumbers(t *testing.T) {
 	}
 }
 
-// forgetAll makes the kernel drop the dentries of this mount, deepest first, and waits until
-// it has sent FORGET for the inodes they held: what drop_caches does for the whole machine,
-// for this mount alone. It returns how many inodes the server knew before.
-func forgetAll(t *testing.T, srv *Server) int {
+// forgetAll makes the kernel drop the dentries of the diff tree at diff (paths and inode
+// numbers as scanTree found them), deepest first, and waits until it has sent FORGET for
+// some of the inodes they held: what drop_caches does for the whole machine, for this tree
+// alone. It returns how many names it invalidated.
+func forgetAll(t *testing.T, srv *Server, diff string, inos map[string]uint64) int {
 	t.Helper()
-	count := func() int {
-		n := 0
-		var walk func(*fusefs.Inode)
-		walk = func(in *fusefs.Inode) {
-			for _, c := range in.Children() {
-				n++
-				walk(c)
-			}
-		}
-		walk(srv.root.EmbeddedInode())
-		return n
+	var st syscall.Stat_t
+	if err := syscall.Stat(filepath.Dir(diff), &st); err != nil {
+		t.Fatal(err)
 	}
-	known := count()
-	var drop func(*fusefs.Inode)
-	drop = func(in *fusefs.Inode) {
-		for name, c := range in.Children() {
-			drop(c)
-			_ = in.NotifyEntry(name) // ENOENT: not in the kernel's cache
-		}
+	paths := make([]string, 0, len(inos))
+	for p := range inos {
+		paths = append(paths, p)
 	}
-	drop(srv.root.EmbeddedInode())
-	for deadline := time.Now().Add(10 * time.Second); count() >= known; {
+	slices.SortFunc(paths, func(a, b string) int { return strings.Count(b, "/") - strings.Count(a, "/") })
+	forgets := srv.fsys.forgets.Load()
+	n := 0
+	for _, p := range paths {
+		if p == "" {
+			continue
+		}
+		dir, name := filepath.Split(p)
+		_ = srv.fuse.EntryNotify(inos[strings.TrimSuffix(dir, "/")], name) // ENOENT: not in the kernel's cache
+		n++
+	}
+	_ = srv.fuse.EntryNotify(st.Ino, "diff")
+	for deadline := time.Now().Add(10 * time.Second); srv.fsys.forgets.Load() == forgets; {
 		if time.Now().After(deadline) {
-			t.Fatalf("the kernel forgot none of %d inodes", known)
+			t.Fatalf("the kernel forgot none of %d inodes", n)
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	return known
+	return n
 }
 
 // TestInfoFollowsTheLayer checks that info is not cached: when the layer's info changes
@@ -364,22 +364,33 @@ func TestReferenceInodeNumbers(t *testing.T) {
 }
 
 // TestRefInoAllocation checks the allocation of reference directory numbers: stable for a
-// name while its node lives, never handed out twice, dropped when the node is forgotten.
+// name, never handed out twice, written to the session table, and the same in a process that
+// loads the table.
 func TestRefInoAllocation(t *testing.T) {
-	fsys := newFilesystem(newTestStore(), nil, time.Second, time.Second)
-	a, b := fsys.refIno("a"), fsys.refIno("b")
-	if a == b || fsys.refIno("a") != a || fsys.refIno("b") != b {
-		t.Fatalf("refIno: a=%d, b=%d, then a=%d, b=%d", a, b, fsys.refIno("a"), fsys.refIno("b"))
+	tab, err := newTable(&sessionHeader{maxWrite: 1 << 20, init: []byte{1}})
+	if err != nil {
+		t.Fatal(err)
 	}
-	fsys.forgetRefIno("a", b) // a node of another number: no effect
-	if fsys.refIno("a") != a {
-		t.Fatal("forgetting another number dropped a's")
+	defer tab.f.Close()
+	fsys := newFilesystem(newTestStore(), nil, time.Second, time.Second, time.Now())
+	fsys.tab = tab
+	na, nb := refDirName("docker.io/library/a:1"), refDirName("docker.io/library/b:1")
+	a, _ := fsys.refIno(na, "docker.io/library/a:1")
+	b, _ := fsys.refIno(nb, "docker.io/library/b:1")
+	a2, _ := fsys.refIno(na, "docker.io/library/a:1")
+	if a == b || a2 != a || a < firstRefIno || b < firstRefIno {
+		t.Fatalf("refIno: a=%#x, b=%#x, then a=%#x", a, b, a2)
 	}
-	fsys.forgetRefIno("a", a)
-	if len(fsys.refInos) != 1 {
-		t.Errorf("%d names kept after forgetting a, want 1", len(fsys.refInos))
+	st, err := readSessionState(tab.f)
+	if err != nil {
+		t.Fatal(err)
 	}
-	if a2 := fsys.refIno("a"); a2 == a || a2 == b {
-		t.Errorf("a forgotten and looked up again got %d, a number handed out before (a=%d, b=%d)", a2, a, b)
+	next := newFilesystem(newTestStore(), nil, time.Second, time.Second, time.Now())
+	next.load(st)
+	if got, _ := next.refIno(nb, "docker.io/library/b:1"); got != b {
+		t.Errorf("b in the next process: %#x, want %#x", got, b)
+	}
+	if c, _ := next.refIno(refDirName("docker.io/library/c:1"), "docker.io/library/c:1"); c == a || c == b {
+		t.Errorf("a new name in the next process got %#x, a number handed out before (a=%#x, b=%#x)", c, a, b)
 	}
 }

@@ -1,71 +1,20 @@
 package storefs
 
 import (
-	"context"
-	"errors"
-	"io"
 	"os"
-	"sync"
-	"sync/atomic"
 	"syscall"
 	"time"
 
-	fusefs "github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
 
 	"github.com/layerstore/layerstore/chunked"
 )
 
-// layerView is one layer directory's diff tree: the layer and its inode block.
-type layerView struct {
-	fsys  *filesystem
-	layer Layer
-	index *chunked.Index
-	block uint64
+// entryIno returns the inode number of entry id of the diff tree of block b: that of the
+// entry owning its inode, so that the paths of a hardlink share one.
+func entryIno(b *block, x *chunked.Index, id chunked.EntryID) uint64 {
+	return b.base + inoEntries + uint64(x.Meta(id).Inode)
 }
-
-// dirent returns the directory entry of id in a listing at offset off: its name, and the type
-// and inode number of the entry owning its inode.
-func (v *layerView) dirent(id chunked.EntryID, off uint64) fuse.DirEntry {
-	x := v.index
-	owner := x.Meta(id).Inode
-	o := x.Meta(owner)
-	return fuse.DirEntry{Name: x.BaseName(id), Mode: typeBits(&o), Ino: v.block + inoEntries + uint64(owner), Off: off}
-}
-
-// node returns the node of entry id. Every node stands for the entry that owns its inode,
-// so the paths of a hardlink share one node.
-func (v *layerView) node(id chunked.EntryID) *entryNode {
-	return &entryNode{view: v, id: v.index.Meta(id).Inode}
-}
-
-// entryNode is a file, directory, link or special file of a diff tree. The tree is
-// immutable: everything about it is cached by the kernel for the configured timeouts.
-type entryNode struct {
-	fusefs.Inode
-	readOnly
-	view *layerView
-	id   chunked.EntryID // the inode owner
-
-	// opens counts the open handles of a regular file by how the kernel reads them. The
-	// kernel refuses (EIO) a passthrough open of an inode with files open through the
-	// daemon, and the reverse, so a file opened before it was local is served by the
-	// daemon until those handles are released, even once its backing file exists.
-	opensMu sync.Mutex
-	opens   [2]int // indexed by fileHandle.passthrough
-}
-
-var (
-	_ fusefs.NodeLookuper       = (*entryNode)(nil)
-	_ fusefs.NodeOpendirHandler = (*entryNode)(nil)
-	_ fusefs.NodeGetattrer      = (*entryNode)(nil)
-	_ fusefs.NodeReadlinker     = (*entryNode)(nil)
-	_ fusefs.NodeGetxattrer     = (*entryNode)(nil)
-	_ fusefs.NodeListxattrer    = (*entryNode)(nil)
-	_ fusefs.NodeOpener         = (*entryNode)(nil)
-)
-
-func (n *entryNode) ino() uint64 { return n.view.block + inoEntries + uint64(n.id) }
 
 // typeBits returns the file type of an inode owner in the S_IFMT bits.
 func typeBits(e *chunked.Entry) uint32 {
@@ -88,16 +37,15 @@ func typeBits(e *chunked.Entry) uint32 {
 	}
 }
 
-// fill sets the attributes of the node's inode from the index: type, size and content from the
-// entry, mode, owner and times from the entry an extractor would have applied last (a hardlink
-// to it may carry its own).
-func (n *entryNode) fill(out *fuse.Attr) {
-	x := n.view.index
-	e := x.Meta(n.id)
-	aid := x.AttrEntry(n.id)
+// fillEntry sets the attributes of inode owner id from the index: type, size and content from
+// the entry, mode, owner and times from the entry an extractor would have applied last (a
+// hardlink to it may carry its own).
+func fillEntry(out *fuse.Attr, b *block, x *chunked.Index, id chunked.EntryID) {
+	e := x.Meta(id)
+	aid := x.AttrEntry(id)
 	a := x.Meta(aid)
 	*out = fuse.Attr{
-		Ino:   n.ino(),
+		Ino:   b.base + inoEntries + uint64(id),
 		Mode:  typeBits(&e) | a.Mode&0o7777,
 		Nlink: max(e.Nlink, 1),
 		Owner: fuse.Owner{Uid: a.UID, Gid: a.GID},
@@ -131,232 +79,136 @@ func mkdev(major, minor uint32) uint32 {
 	return minor&0xff | (major&0xfff)<<8 | (minor&^0xff)<<12
 }
 
-func (n *entryNode) Getattr(_ context.Context, _ fusefs.FileHandle, out *fuse.AttrOut) syscall.Errno {
-	n.fill(&out.Attr)
-	out.SetTimeout(n.view.fsys.attrTO)
-	return 0
-}
-
-// Lookup finds a child in a directory. A missing name is a negative entry the kernel keeps
-// for Options.EntryTimeout (go-fuse's NegativeTimeout, set at mount).
-func (n *entryNode) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fusefs.Inode, syscall.Errno) {
-	id, ok := n.view.index.Lookup(n.id, name)
-	if !ok {
-		return nil, syscall.ENOENT
-	}
-	return n.child(ctx, id, out), 0
-}
-
-// child answers a lookup of entry id, a child of the directory n: the attributes and node of
-// the entry owning its inode, cached by the kernel for the configured timeouts.
-func (n *entryNode) child(ctx context.Context, id chunked.EntryID, out *fuse.EntryOut) *fusefs.Inode {
-	c := n.view.node(id)
-	c.fill(&out.Attr)
-	out.SetEntryTimeout(n.view.fsys.entryTO)
-	out.SetAttrTimeout(n.view.fsys.attrTO)
-	return n.NewInode(ctx, c, fusefs.StableAttr{Mode: out.Mode & syscall.S_IFMT, Ino: out.Ino})
-}
-
-// OpendirHandle opens a directory for listing. The kernel lists with READDIRPLUS: each entry
-// comes with its attributes and becomes a cached lookup (go-fuse calls dirHandle.Lookup for
-// it), so that a walk's lstat of every entry needs no request of its own. A directory of the
-// tree never changes, so the kernel also keeps the listing itself (FOPEN_CACHE_DIR): listing
-// it again reads the kernel's copy.
-func (n *entryNode) OpendirHandle(context.Context, uint32) (fusefs.FileHandle, uint32, syscall.Errno) {
-	return &dirHandle{node: n, children: n.view.index.Children(n.id)}, fuse.FOPEN_CACHE_DIR | fuse.FOPEN_KEEP_CACHE, 0
-}
-
-// dirHandle is an open directory of a diff tree. go-fuse serializes the calls on a handle.
-type dirHandle struct {
-	node     *entryNode
-	children []chunked.EntryID
-	next     int             // position in children of the next entry to list
-	last     chunked.EntryID // the entry listed last
-	de       fuse.DirEntry   // its directory entry
-}
-
-var (
-	_ fusefs.FileReaddirenter = (*dirHandle)(nil)
-	_ fusefs.FileLookuper     = (*dirHandle)(nil)
-	_ fusefs.FileSeekdirer    = (*dirHandle)(nil)
-)
-
-// Readdirent lists the next entry. Its offset is its position plus one, as Seekdir takes it.
-func (h *dirHandle) Readdirent(context.Context) (*fuse.DirEntry, syscall.Errno) {
-	if h.next >= len(h.children) {
-		return nil, 0
-	}
-	h.last = h.children[h.next]
-	h.next++
-	h.de = h.node.view.dirent(h.last, uint64(h.next))
-	return &h.de, 0
-}
-
-// Lookup answers the lookup READDIRPLUS makes of the entry listed last, without searching
-// the directory for its name. A listing that go-fuse replays after an interrupted request
-// looks up other names: those are searched.
-func (h *dirHandle) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fusefs.Inode, syscall.Errno) {
-	if h.next == 0 || name != h.de.Name {
-		return h.node.Lookup(ctx, name, out)
-	}
-	return h.node.child(ctx, h.last, out), 0
-}
-
-// Seekdir moves to offset off: 0 is the start, k is after the k-th entry.
-func (h *dirHandle) Seekdir(_ context.Context, off uint64) syscall.Errno {
-	if off > uint64(len(h.children)) {
-		return syscall.EINVAL
-	}
-	h.next = int(off)
-	return 0
-}
-
-// Readlink returns a symlink's target verbatim.
-func (n *entryNode) Readlink(context.Context) ([]byte, syscall.Errno) {
-	e := n.view.index.Meta(n.id)
-	if e.Type != chunked.TypeSymlink {
-		return nil, syscall.EINVAL
-	}
-	return []byte(e.LinkName), 0
-}
-
-// Getxattr follows go-fuse's convention: the size and ERANGE when dest is too small (the
-// size query of an empty dest included), ENODATA for a missing attribute.
-func (n *entryNode) Getxattr(_ context.Context, attr string, dest []byte) (uint32, syscall.Errno) {
-	for _, xa := range n.view.index.Xattrs(n.id) {
-		if xa.Name == attr {
-			if len(dest) < len(xa.Value) {
-				return uint32(len(xa.Value)), syscall.ERANGE
-			}
-			return uint32(copy(dest, xa.Value)), 0
-		}
-	}
-	return 0, syscall.ENODATA
-}
-
-// Listxattr writes the NUL-terminated names, or returns the size and ERANGE when dest is
-// too small.
-func (n *entryNode) Listxattr(_ context.Context, dest []byte) (uint32, syscall.Errno) {
-	var names []byte
-	for _, xa := range n.view.index.Xattrs(n.id) {
-		names = append(append(names, xa.Name...), 0)
-	}
-	if len(dest) < len(names) {
-		return uint32(len(names)), syscall.ERANGE
-	}
-	return uint32(copy(dest, names)), 0
-}
-
-// Open opens a regular file for reading. When passthrough is on, the layer holds the
-// whole file locally and no open handle of the file reads through the daemon, the handle
-// offers it to the kernel, which then reads it without calling the daemon; otherwise reads
-// go to Layer.ReadFile and their pages stay cached.
-//
-// Only root opens: overlayfs opens its lower files with the credentials of whoever mounted
-// it. Reads are not checked: the pages of a file mapped by a container's process are read
-// with that process's credentials.
-func (n *entryNode) Open(ctx context.Context, flags uint32) (fusefs.FileHandle, uint32, syscall.Errno) {
-	if !privileged(ctx) {
-		return nil, 0, syscall.EACCES
-	}
-	if writeAccess(flags) {
-		return nil, 0, syscall.EROFS
-	}
-	e := n.view.index.Meta(n.id)
-	if e.Type != chunked.TypeReg || e.Flags&chunked.FlagWhiteout != 0 {
-		return nil, 0, syscall.EINVAL // the kernel opens only regular files through FUSE
-	}
-	h := &fileHandle{node: n, view: n.view, id: n.id, size: e.Size}
-	n.opensMu.Lock()
-	defer n.opensMu.Unlock()
-	if n.view.fsys.passthrough.Load() && n.opens[0] == 0 {
-		if f := n.backing(e.Size); f != nil {
-			h.backing.Store(f)
-			h.passthrough = true
-		}
-	}
-	n.opens[b2i(h.passthrough)]++
-	return h, fuse.FOPEN_KEEP_CACHE | fuse.FOPEN_NOFLUSH, 0
-}
-
-func b2i(b bool) int {
-	if b {
-		return 1
-	}
-	return 0
-}
-
-// backing returns the layer's local copy of the file, or nil.
-func (n *entryNode) backing(size int64) *os.File {
-	f := n.view.layer.Backing(n.id)
+// backingFile returns the layer's local copy of regular file id, or nil.
+func (fsys *filesystem) backingFile(l Layer, x *chunked.Index, id chunked.EntryID, size int64) *os.File {
+	f := l.Backing(id)
 	if f == nil {
 		return nil
 	}
 	if fi, err := f.Stat(); err != nil || !fi.Mode().IsRegular() || fi.Size() != size {
-		n.view.fsys.log.Warn("not using a backing file for passthrough: wrong size or type",
-			"file", n.view.index.Path(n.id), "want_size", size, "stat_err", err)
+		fsys.log.Warn("not using a backing file for passthrough: wrong size or type",
+			"file", x.Path(id), "want_size", size, "stat_err", err)
 		_ = f.Close()
 		return nil
 	}
 	return f
 }
 
-// fileHandle is an open regular file of a diff tree.
-type fileHandle struct {
-	node *entryNode
-	view *layerView
-	id   chunked.EntryID
-	size int64
-	// passthrough is set when the handle was offered a backing file: whether the kernel
-	// took it or not, the handle counts as one the kernel may read without the daemon.
-	passthrough bool
-	// backing is the file offered for passthrough, if any; closed on Release, or on the
-	// first Read, which proves the kernel is not using it.
-	backing atomic.Pointer[os.File]
+// openFile decides how the kernel reads a regular file opened as inode ino: through the
+// daemon, or with passthrough from the layer's local copy, registered with the kernel once
+// per inode while it has passthrough opens. It sets the answer's backing ID and flags and
+// marks a passthrough handle (ptHandle).
+//
+// An earlier process of the session may have left files of its blocks open either way, and
+// how many is unknown: an inode it registered a backing ID for is opened with that ID again
+// (never unregistered here), any other inode of its blocks through the daemon.
+func (fsys *filesystem) openFile(b *block, l Layer, x *chunked.Index, id chunked.EntryID, ino uint64, size int64, out *fuse.OpenOut) {
+	fsys.ptMu.Lock()
+	defer fsys.ptMu.Unlock()
+	if bid, ok := fsys.inherited[ino]; ok {
+		setPassthrough(out, bid)
+		return
+	}
+	if b.resumed {
+		return
+	}
+	o := fsys.opens[ino]
+	if o == nil {
+		o = &fileOpens{}
+		fsys.opens[ino] = o
+	}
+	pt := fsys.passthrough.Load() && !fsys.ptRefused.Load() && o.daemon == 0
+	if pt && o.backingID == 0 {
+		pt = false
+		if f := fsys.backingFile(l, x, id, size); f != nil {
+			bid, errno := fsys.srv.RegisterBackingFd(&fuse.BackingMap{Fd: int32(f.Fd())})
+			_ = f.Close() // the kernel holds its own reference
+			switch {
+			case errno != 0:
+				// No passthrough support, or a backing file on a stacked filesystem:
+				// stop asking for the rest of the mount.
+				fsys.ptRefused.Store(true)
+				fsys.log.Info("FUSE passthrough not in effect: reads go through the daemon", "err", errno)
+			case fsys.writeBacking(ino, bid):
+				o.backingID, pt = bid, true
+			}
+		}
+	}
+	if pt {
+		setPassthrough(out, o.backingID)
+		o.passthrough++
+	} else {
+		o.daemon++
+	}
 }
 
-var (
-	_ fusefs.FileReader          = (*fileHandle)(nil)
-	_ fusefs.FileReleaser        = (*fileHandle)(nil)
-	_ fusefs.FilePassthroughFder = (*fileHandle)(nil)
-)
-
-// PassthroughFd hands the backing file to go-fuse, which registers it with the kernel once
-// per inode. When the kernel refuses (no passthrough support, or a backing file on a
-// stacked filesystem), go-fuse stops asking for the rest of the mount and the handle
-// serves reads itself.
-func (h *fileHandle) PassthroughFd() (int, bool) {
-	f := h.backing.Load()
-	if f == nil {
-		return -1, false
-	}
-	return int(f.Fd()), true
+// setPassthrough makes the answer to an open one with passthrough from backing ID bid. The
+// kernel refuses FOPEN_KEEP_CACHE with it (its page cache is the backing file's).
+func setPassthrough(out *fuse.OpenOut, bid int32) {
+	out.BackingID = bid
+	out.OpenFlags = out.OpenFlags&^fuse.FOPEN_KEEP_CACHE | fuse.FOPEN_PASSTHROUGH
+	out.Fh |= ptHandle
 }
 
-func (h *fileHandle) Read(ctx context.Context, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
-	if f := h.backing.Swap(nil); f != nil {
-		_ = f.Close()
-		h.view.fsys.passthroughLog.Do(func() {
-			h.view.fsys.log.Info("FUSE passthrough not in effect: reads go through the daemon")
-		})
+// writeBacking records backing ID bid of inode ino in the session table, or unregisters it
+// when that fails.
+func (fsys *filesystem) writeBacking(ino uint64, bid int32) bool {
+	fsys.mu.Lock()
+	err := fsys.tab.appendBacking(ino, bid)
+	fsys.mu.Unlock()
+	if err != nil {
+		fsys.log.Warn("not using passthrough", "err", err)
+		fsys.srv.UnregisterBackingFd(bid)
+		return false
 	}
-	p, ok := clamp(dest, off, h.size)
-	if !ok {
-		return fuse.ReadResultData(nil), 0
-	}
-	k, err := h.view.layer.ReadFile(ctx, h.id, p, off)
-	if err != nil && !errors.Is(err, io.EOF) {
-		return nil, errno(h.view.fsys.log, err, "read", "file", h.view.index.Path(h.id), "off", off, "len", len(p))
-	}
-	return fuse.ReadResultData(p[:k]), 0
+	return true
 }
 
-func (h *fileHandle) Release(context.Context) syscall.Errno {
-	if f := h.backing.Swap(nil); f != nil {
-		_ = f.Close()
+// releaseFile counts a handle of inode ino released, and unregisters the inode's backing
+// ID once its last passthrough handle is.
+func (fsys *filesystem) releaseFile(ino, fh uint64) {
+	fsys.ptMu.Lock()
+	defer fsys.ptMu.Unlock()
+	o := fsys.opens[ino]
+	if o == nil {
+		return // a handle of an earlier process
 	}
-	h.node.opensMu.Lock()
-	h.node.opens[b2i(h.passthrough)]--
-	h.node.opensMu.Unlock()
-	return 0
+	if fh&ptHandle != 0 {
+		o.passthrough = max(o.passthrough-1, 0)
+		if o.passthrough == 0 && o.backingID != 0 {
+			// Recorded first: an ID the table holds must still be registered. One that
+			// cannot be recorded stays registered, and in use, until the unmount.
+			fsys.mu.Lock()
+			err := fsys.tab.appendUnbacking(ino)
+			fsys.mu.Unlock()
+			if err != nil {
+				fsys.log.Warn("keeping a backing ID registered", "err", err)
+				return
+			}
+			fsys.srv.UnregisterBackingFd(o.backingID)
+			o.backingID = 0
+		}
+	} else {
+		o.daemon = max(o.daemon-1, 0)
+	}
+	if o.daemon == 0 && o.passthrough == 0 && o.backingID == 0 {
+		delete(fsys.opens, ino)
+	}
+}
+
+// clamp returns the part of dest that a read at off of a file of size bytes can fill, and
+// false when off is at or past the end.
+func clamp(dest []byte, off, size int64) ([]byte, bool) {
+	if off < 0 || off >= size {
+		return nil, false
+	}
+	if int64(len(dest)) > size-off {
+		dest = dest[:size-off]
+	}
+	return dest, true
+}
+
+// writeAccess reports open flags that ask for write access to a file.
+func writeAccess(flags uint32) bool {
+	return flags&syscall.O_ACCMODE != syscall.O_RDONLY || flags&(syscall.O_TRUNC|syscall.O_APPEND) != 0
 }
