@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -43,6 +44,10 @@ type suite struct {
 	regConf           string            // registries.conf marking the registries insecure
 	goodAuth, badAuth string            // auth.json files for the private registry
 	refs              map[string]string // listings of the reference images, once made
+
+	nextOnce sync.Once // builds next: a daemon binary of another version
+	next     string
+	nextErr  error
 }
 
 var (
