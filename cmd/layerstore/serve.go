@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"flag"
@@ -9,6 +10,7 @@ import (
 	"log/slog"
 	"net/http"
 	"os"
+	"os/exec"
 	"os/signal"
 	"syscall"
 	"time"
@@ -17,6 +19,7 @@ import (
 	"github.com/layerstore/layerstore/fetcher"
 	storefs "github.com/layerstore/layerstore/fs"
 	"github.com/layerstore/layerstore/internal/control"
+	"github.com/layerstore/layerstore/internal/fdstore"
 	"github.com/layerstore/layerstore/internal/sdnotify"
 	"github.com/layerstore/layerstore/layer"
 )
@@ -24,10 +27,14 @@ import (
 const serveUsage = `usage: layerstore serve [flags] MOUNTPOINT
 
 Mount the additional layer store at MOUNTPOINT and serve it until SIGTERM or SIGINT. While
-running containers use the store it cannot be unmounted: the daemon serves on until they stop,
-then unmounts and exits; a second signal detaches the store at once instead (the files still
-open in it fail). SIGHUP reloads registries.conf and its drop-ins, and the credential files for
-the next resolutions; an invalid registries.conf is logged and the previous one kept.
+running containers use the store it cannot be unmounted. Under a service manager that keeps
+the store's FUSE session (systemd's file descriptor store, $NOTIFY_SOCKET), the daemon then
+stops serving without unmounting, and the next daemon resumes the session: the containers
+notice nothing. Otherwise it serves on until they stop, then unmounts and exits; a second
+signal detaches the store at once instead (the files still open in it fail). SIGUSR2
+re-executes the daemon's binary (a new version after an upgrade) in place, handing it the
+session. SIGHUP reloads registries.conf and its drop-ins, and the credential files for the
+next resolutions; an invalid registries.conf is logged and the previous one kept.
 
 flags:
 `
@@ -98,10 +105,22 @@ type stack struct {
 	client  *fetcher.Client
 	manager *layer.Manager
 	mount   *storefs.Server
+	// stored is set while the service manager keeps the mount's FUSE session (the file
+	// descriptor store): a stop may then leave the mount to the next process.
+	stored bool
 }
 
-// openStack builds the stack and mounts it at mountpoint, clearing a dead mount first.
-func openStack(cfg *Config, mountpoint string, log *slog.Logger) (_ *stack, err error) {
+// The names of the FUSE session's descriptors in the service manager's file descriptor store
+// and in LISTEN_FDNAMES (docs/design/fd-store.md).
+const (
+	fdFUSE  = "fuse"
+	fdState = "fuse-state"
+)
+
+// openStack builds the stack and mounts it at mountpoint: it resumes the FUSE session of the
+// previous process when inherited holds one (LISTEN_FDS), and mounts anew otherwise, clearing
+// a dead mount first.
+func openStack(cfg *Config, mountpoint string, inherited []fdstore.Named, log *slog.Logger) (_ *stack, err error) {
 	s := &stack{keys: fetcher.NewMemoryKeychain()}
 	defer func() {
 		if err != nil {
@@ -118,20 +137,98 @@ func openStack(cfg *Config, mountpoint string, log *slog.Logger) (_ *stack, err 
 	if s.manager, err = layer.New(layer.ClientRegistry(s.client), s.cache, layerOptions(cfg, log)...); err != nil {
 		return nil, err
 	}
+	opts := storefs.Options{Logger: log, Passthrough: orBool(cfg.FUSE.Passthrough, true)}
+	if s.mount, err = mountStore(mountpoint, s.manager, opts, inherited, log); err != nil {
+		return nil, err
+	}
+	s.stored = keepSession(s.mount, log)
+	return s, nil
+}
+
+// mountStore resumes the FUSE session in inherited, or mounts the store anew when there is
+// none or it cannot be resumed (an older kernel, a session of an incompatible version): then
+// the old session is let go, so that the kernel ends it (its open files fail), and its dead
+// mount is cleared.
+func mountStore(mountpoint string, store storefs.Store, opts storefs.Options, inherited []fdstore.Named, log *slog.Logger) (*storefs.Server, error) {
+	if sess, ok := inheritedSession(inherited, log); ok {
+		srv, err := storefs.Resume(mountpoint, sess, store, opts)
+		if err == nil {
+			log.Info("resumed the FUSE session of the previous process: running containers keep their files", "mountpoint", mountpoint)
+			return srv, nil
+		}
+		log.Warn("cannot resume the FUSE session of the previous process: mounting anew; files open in the old mount fail", "mountpoint", mountpoint, "err", err)
+		endSession(sess)
+	}
 	if err := storefs.ClearDeadMount(mountpoint); err != nil {
 		return nil, err
 	}
 	if err := os.MkdirAll(mountpoint, 0o755); err != nil {
 		return nil, err
 	}
-	s.mount, err = storefs.Mount(mountpoint, s.manager, storefs.Options{
-		Logger:      log,
-		Passthrough: orBool(cfg.FUSE.Passthrough, true),
-	})
+	srv, err := storefs.Mount(mountpoint, store, opts)
 	if err != nil {
 		return nil, fmt.Errorf("mounting %s: %w", mountpoint, err)
 	}
-	return s, nil
+	return srv, nil
+}
+
+// inheritedSession finds the FUSE session among the descriptors the process was started with,
+// and closes the others.
+func inheritedSession(inherited []fdstore.Named, log *slog.Logger) (storefs.Session, bool) {
+	var sess storefs.Session
+	for _, f := range inherited {
+		switch {
+		case f.Name == fdFUSE && sess.Dev == nil:
+			sess.Dev = f.File
+		case f.Name == fdState && sess.State == nil:
+			sess.State = f.File
+		default:
+			log.Warn("closing a descriptor passed at start that the daemon does not use", "name", f.Name)
+			f.File.Close()
+		}
+	}
+	if sess.Dev == nil || sess.State == nil {
+		if sess.Dev != nil || sess.State != nil {
+			log.Warn("half a FUSE session passed at start: mounting anew", "fuse", sess.Dev != nil, "state", sess.State != nil)
+			endSession(sess)
+		}
+		return storefs.Session{}, false
+	}
+	return sess, true
+}
+
+// endSession lets a FUSE session go: out of the service manager's store, and closed here, so
+// that the kernel ends the connection once no process holds it.
+func endSession(sess storefs.Session) {
+	for name, f := range map[string]*os.File{fdFUSE: sess.Dev, fdState: sess.State} {
+		_ = fdstore.Remove(name)
+		if f != nil {
+			f.Close()
+		}
+	}
+}
+
+// keepSession puts the mount's FUSE session in the service manager's file descriptor store,
+// so that the connection outlives the process (a crash, a restart) and the next one resumes it.
+// It reports whether the manager keeps it.
+func keepSession(srv *storefs.Server, log *slog.Logger) bool {
+	sess, ok := srv.Session()
+	if !ok {
+		log.Warn("the mount has no FUSE session to keep: running containers break when the daemon stops or crashes")
+		return false
+	}
+	for _, f := range []fdstore.Named{{Name: fdFUSE, File: sess.Dev}, {Name: fdState, File: sess.State}} {
+		if err := fdstore.Store(f.Name, f.File); err != nil {
+			if errors.Is(err, fdstore.ErrNoManager) {
+				log.Info("no service manager keeps the FUSE session: running containers break if the daemon crashes; SIGUSR2 restarts it in place without breaking them")
+			} else {
+				log.Warn("the service manager did not take the FUSE session: running containers break if the daemon crashes", "err", err)
+			}
+			_ = fdstore.Remove(fdFUSE)
+			return false
+		}
+	}
+	return true
 }
 
 // Close unmounts (if still mounted) and releases everything.
@@ -157,11 +254,21 @@ func serve(ctx context.Context, cfg *Config, mountpoint string, log *slog.Logger
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
 	defer signal.Stop(hup)
+	// SIGUSR2 re-executes the binary in place (see reexec).
+	usr2 := make(chan os.Signal, 1)
+	signal.Notify(usr2, syscall.SIGUSR2)
+	defer signal.Stop(usr2)
+	// The FUSE session of the previous process, from the service manager's store or from a
+	// re-execution: taken first, so that a failure below does not leave it to children.
+	inherited, err := fdstore.Listen()
+	if err != nil {
+		log.Warn("descriptors passed at start: ignored", "err", err)
+	}
 	ln, err := control.Listen(cfg.ControlSocket)
 	if err != nil {
 		return err
 	}
-	s, err := openStack(cfg, mountpoint, log)
+	s, err := openStack(cfg, mountpoint, inherited, log)
 	if err != nil {
 		ln.Close()
 		return err
@@ -188,6 +295,10 @@ wait:
 		select {
 		case <-hup:
 			s.reload(log)
+		case <-usr2:
+			if err := s.reexec(log, api); err != nil {
+				return err
+			}
 		case <-ctx.Done():
 			log.Info("stopping", "mountpoint", mountpoint)
 			_ = sdnotify.Notify("STOPPING=1")
@@ -220,11 +331,75 @@ func (s *stack) reload(log *slog.Logger) {
 	log.Info("SIGHUP: reloaded the registries configuration; credentials are read again for the next resolutions")
 }
 
+// stopTimeout bounds how long a stop or a re-execution waits for the FUSE requests being
+// answered: those left over are answered by the next process (FUSE_NOTIFY_RESEND).
+const stopTimeout = 5 * time.Second
+
+// reexec replaces the process with its binary as it is now on disk (a new version after an
+// upgrade), at the same pid, handing it the FUSE session: the store stops serving without
+// unmounting, the layers and the cache are closed, and the new program resumes the session
+// (LISTEN_FDS). The binary is checked first (it runs: `layerstore version`): a binary that
+// cannot run leaves the daemon serving as before. It returns only when the replacement
+// failed after the store stopped serving: the daemon then exits with an error, and a service
+// manager that keeps the session restarts it (Restart=on-failure).
+func (s *stack) reexec(log *slog.Logger, api *http.Server) error {
+	sess, ok := s.mount.Session()
+	if !ok {
+		log.Error("SIGUSR2: not re-executing: the mount has no FUSE session to hand over")
+		return nil
+	}
+	exe, err := os.Executable()
+	if err == nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		var out []byte
+		out, err = exec.CommandContext(ctx, exe, "version").CombinedOutput()
+		cancel()
+		if err != nil {
+			err = fmt.Errorf("%s version: %w: %s", exe, err, bytes.TrimSpace(out))
+		} else {
+			log.Info("SIGUSR2: re-executing the daemon in place with its FUSE session", "binary", exe, "new", string(bytes.TrimSpace(out)), "old", version)
+		}
+	}
+	if err != nil {
+		log.Error("SIGUSR2: not re-executing: the binary does not run", "err", err)
+		return nil
+	}
+	_ = sdnotify.Notify("STATUS=re-executing " + exe)
+	api.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), stopTimeout)
+	if err := s.mount.Stop(ctx); err != nil {
+		log.Warn("stopping the store: requests still being answered are left to the next program", "err", err)
+	}
+	cancel()
+	s.mount = nil // not unmounted: the next program serves it
+	s.Close()
+	err = fdstore.Exec(exe, os.Args, os.Environ(), []fdstore.Named{{Name: fdFUSE, File: sess.Dev}, {Name: fdState, File: sess.State}})
+	log.Error("SIGUSR2: re-executing failed after the store stopped serving: exiting", "err", err)
+	return err
+}
+
 // unmountRetry is how often a busy store is unmounted again.
 const unmountRetry = time.Second
 
+// leave stops serving the busy store without unmounting it, for the next process: the service
+// manager keeps the FUSE session and hands it over when it starts the daemon again (a restart,
+// an upgrade). When the service is stopped for good, the manager closes the session, the kernel
+// ends the connection, and the files still open in the store fail; ExecStopPost= then detaches
+// the dead mount.
+func (s *stack) leave(log *slog.Logger) {
+	log.Info("the store is busy (running containers use it): leaving its FUSE session to the service manager for the next daemon", "mountpoint", s.mount.Mountpoint())
+	_ = sdnotify.Notify("STATUS=stopping: the store's session is left to the next daemon")
+	ctx, cancel := context.WithTimeout(context.Background(), stopTimeout)
+	defer cancel()
+	if err := s.mount.Stop(ctx); err != nil {
+		log.Warn("stopping the store: requests still being answered are left to the next daemon", "err", err)
+	}
+	s.mount = nil
+}
+
 // unmount ends the mount at a stop. While the store is busy (running containers have files
-// open in it: EBUSY), the daemon serves on, so that they keep working, and tries again every
+// open in it: EBUSY), and the service manager keeps its FUSE session, the daemon leaves the
+// session to the next process (see leave). Otherwise the daemon serves on, so that they keep working, and tries again every
 // unmountRetry: it exits cleanly once they have stopped. A second SIGTERM or SIGINT (again)
 // detaches the store instead: it leaves the mount namespace at once, so that runtimes never
 // meet a dead mount, and the files still open in it fail once the daemon has exited. Under
@@ -237,6 +412,10 @@ func (s *stack) unmount(log *slog.Logger, again <-chan os.Signal, gone <-chan st
 		if err == nil {
 			<-gone
 			s.mount = nil
+			if s.stored { // the connection ended: nothing for the next process
+				_ = fdstore.Remove(fdFUSE)
+				_ = fdstore.Remove(fdState)
+			}
 			return
 		}
 		select {
@@ -248,6 +427,10 @@ func (s *stack) unmount(log *slog.Logger, again <-chan os.Signal, gone <-chan st
 		if !errors.Is(err, syscall.EBUSY) {
 			log.Warn("unmount failed: detaching the store", "mountpoint", mp, "err", err)
 			break
+		}
+		if s.stored {
+			s.leave(log)
+			return
 		}
 		if !busy {
 			log.Warn("the store is busy (running containers use it): serving until they stop; signal again to detach it now", "mountpoint", mp)
