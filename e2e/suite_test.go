@@ -20,6 +20,7 @@ import (
 
 	storefs "github.com/layerstore/layerstore/fs"
 	"github.com/layerstore/layerstore/internal/control"
+	"github.com/layerstore/layerstore/internal/testutil/svcmanager"
 	"github.com/layerstore/layerstore/internal/testutil/syncbuf"
 	"github.com/layerstore/layerstore/layer"
 
@@ -233,7 +234,7 @@ type daemon struct {
 	mnt     string
 	socket  string
 	cmd     *exec.Cmd
-	manager *manager // its service manager, across restarts
+	manager *svcmanager.Manager // its service manager, across restarts
 	log     *syncbuf.Buffer
 	done    chan struct{}
 	env     []string
@@ -296,12 +297,12 @@ func (d *daemon) startBinary(t *testing.T, path string) {
 		d.log = &syncbuf.Buffer{}
 	}
 	if d.manager == nil {
-		d.manager = newManager(t, d.dir)
+		d.manager = svcmanager.New(t, d.dir)
 	}
-	env, files := listenEnv(d.manager.handOver())
-	argv := append(append([]string(nil), listenWrapper...), path, "serve", "--config", filepath.Join(d.dir, "config.toml"), d.mnt)
+	env, files := svcmanager.ListenEnv(d.manager.HandOver())
+	argv := append(append([]string(nil), svcmanager.Wrapper...), path, "serve", "--config", filepath.Join(d.dir, "config.toml"), d.mnt)
 	d.cmd = exec.Command(argv[0], argv[1:]...)
-	d.cmd.Env = append(append(d.env, "NOTIFY_SOCKET="+d.manager.path), env...)
+	d.cmd.Env = append(append(d.env, "NOTIFY_SOCKET="+d.manager.Path), env...)
 	d.cmd.ExtraFiles = files
 	d.cmd.Stdout, d.cmd.Stderr = d.log, d.log
 	if err := d.cmd.Start(); err != nil {
@@ -310,7 +311,7 @@ func (d *daemon) startBinary(t *testing.T, path string) {
 	done := make(chan struct{})
 	d.done = done
 	go func(c *exec.Cmd) { c.Wait(); close(done) }(d.cmd)
-	if err := d.manager.waitReady(60*time.Second, done); err != nil {
+	if err := d.manager.WaitReady(60*time.Second, done); err != nil {
 		t.Fatalf("%v\n%s", err, d.log.String())
 	}
 }

@@ -289,7 +289,7 @@ func TestContainerSurvivesRestart(t *testing.T) {
 			if gap > took+time.Second {
 				t.Errorf("the loop paused %v, more than the restart (%v) plus one second", gap, took)
 			}
-			if ns := d.manager.names(); len(ns) == 0 {
+			if ns := d.manager.Names(); len(ns) == 0 {
 				t.Errorf("nothing in the fd store after the restart")
 			}
 			if !strings.Contains(d.log.String(), "resumed") {
@@ -306,7 +306,7 @@ func (d *daemon) reexec(t *testing.T) {
 	if err := d.cmd.Process.Signal(syscall.SIGUSR2); err != nil {
 		t.Fatal(err)
 	}
-	if err := d.manager.waitReady(60*time.Second, d.done); err != nil {
+	if err := d.manager.WaitReady(60*time.Second, d.done); err != nil {
 		t.Fatalf("after SIGUSR2: %v\n%s", err, d.log.String())
 	}
 }
