@@ -12,6 +12,8 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"path/filepath"
+	"strings"
 	"syscall"
 	"time"
 
@@ -228,7 +230,34 @@ func keepSession(srv *storefs.Server, log *slog.Logger) bool {
 			return false
 		}
 	}
+	if mark := sessionMark(); mark != "" {
+		if err := os.WriteFile(mark, nil, 0o600); err != nil {
+			log.Warn("writing the session mark for the unit's ExecStopPost=", "err", err)
+		}
+	}
 	return true
+}
+
+// sessionMark is the file that tells the unit's ExecStopPost= that the service manager keeps
+// the store's FUSE session for the next daemon: the mount stays alive with no daemon serving
+// it, and must be neither probed (nothing would answer) nor detached. It lives in the service's
+// runtime directory ($RUNTIME_DIRECTORY, RuntimeDirectory=), which systemd removes at every
+// stop once ExecStopPost= ran; "" without one.
+func sessionMark() string {
+	dir, _, _ := strings.Cut(os.Getenv("RUNTIME_DIRECTORY"), ":")
+	if dir == "" {
+		return ""
+	}
+	return filepath.Join(dir, "fuse-session")
+}
+
+// forgetSession takes the ended session out of the service manager's store, and its mark.
+func forgetSession() {
+	_ = fdstore.Remove(fdFUSE)
+	_ = fdstore.Remove(fdState)
+	if mark := sessionMark(); mark != "" {
+		_ = os.Remove(mark)
+	}
 }
 
 // Close unmounts (if still mounted) and releases everything.
@@ -413,8 +442,7 @@ func (s *stack) unmount(log *slog.Logger, again <-chan os.Signal, gone <-chan st
 			<-gone
 			s.mount = nil
 			if s.stored { // the connection ended: nothing for the next process
-				_ = fdstore.Remove(fdFUSE)
-				_ = fdstore.Remove(fdState)
+				forgetSession()
 			}
 			return
 		}
