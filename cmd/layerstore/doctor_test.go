@@ -223,6 +223,27 @@ func TestDoctorPassthrough(t *testing.T) {
 	}
 }
 
+func TestDoctorRestarts(t *testing.T) {
+	kept := &layer.Status{Session: &layer.Session{Kept: true}}
+	resumed := &layer.Status{Session: &layer.Session{Kept: true, Resumed: true}}
+	lost := &layer.Status{Session: &layer.Session{Why: "no service manager keeps the FUSE session"}}
+	for _, tc := range []struct {
+		release string
+		st      *layer.Status
+		status  checkStatus
+		want    string
+	}{
+		{"6.18.44", kept, statusOK, "keeps the store's FUSE session"},
+		{"6.18.44", resumed, statusOK, "resumed its predecessor's"},
+		{"6.1.0-28-amd64", kept, statusWarn, "cannot re-send"},
+		{"6.18.44", lost, statusWarn, "no service manager keeps the FUSE session: a crash of the daemon breaks running containers"},
+		{"6.18.44", &layer.Status{}, statusWarn, "does not say"},
+		{"6.18.44", nil, statusWarn, "does not say"},
+	} {
+		wantCheck(t, checkRestarts(tc.release, tc.st), tc.status, tc.want)
+	}
+}
+
 func TestDoctorCache(t *testing.T) {
 	dir := t.TempDir()
 	c := checkCache(t.Context(), dir, 0, 0)

@@ -109,8 +109,24 @@ type stack struct {
 	mount   *storefs.Server
 	// stored is set while the service manager keeps the mount's FUSE session (the file
 	// descriptor store): a stop may then leave the mount to the next process.
-	stored bool
+	stored  bool
+	session layer.Session // for status
 }
+
+// Status is the manager's status with the session's.
+func (s *stack) Status() layer.Status {
+	st := s.manager.Status()
+	sess := s.session
+	st.Session = &sess
+	return st
+}
+
+// Pin and Unpin are the manager's.
+func (s *stack) Pin(ctx context.Context, ref, platform string) (layer.Pin, error) {
+	return s.manager.Pin(ctx, ref, platform)
+}
+
+func (s *stack) Unpin(ref, platform string) error { return s.manager.Unpin(ref, platform) }
 
 // The names of the FUSE session's descriptors in the service manager's file descriptor store
 // and in LISTEN_FDNAMES (docs/design/fd-store.md).
@@ -140,10 +156,12 @@ func openStack(cfg *Config, mountpoint string, inherited []fdstore.Named, log *s
 		return nil, err
 	}
 	opts := storefs.Options{Logger: log, Passthrough: orBool(cfg.FUSE.Passthrough, true)}
-	if s.mount, err = mountStore(mountpoint, s.manager, opts, inherited, log); err != nil {
+	if s.mount, s.session.Resumed, err = mountStore(mountpoint, s.manager, opts, inherited, log); err != nil {
 		return nil, err
 	}
-	s.stored = keepSession(s.mount, log)
+	s.session.Why = keepSession(s.mount, log)
+	s.stored = s.session.Why == ""
+	s.session.Kept = s.stored
 	return s, nil
 }
 
@@ -151,27 +169,27 @@ func openStack(cfg *Config, mountpoint string, inherited []fdstore.Named, log *s
 // none or it cannot be resumed (an older kernel, a session of an incompatible version): then
 // the old session is let go, so that the kernel ends it (its open files fail), and its dead
 // mount is cleared.
-func mountStore(mountpoint string, store storefs.Store, opts storefs.Options, inherited []fdstore.Named, log *slog.Logger) (*storefs.Server, error) {
+func mountStore(mountpoint string, store storefs.Store, opts storefs.Options, inherited []fdstore.Named, log *slog.Logger) (_ *storefs.Server, resumed bool, _ error) {
 	if sess, ok := inheritedSession(inherited, log); ok {
 		srv, err := storefs.Resume(mountpoint, sess, store, opts)
 		if err == nil {
 			log.Info("resumed the FUSE session of the previous process: running containers keep their files", "mountpoint", mountpoint)
-			return srv, nil
+			return srv, true, nil
 		}
 		log.Warn("cannot resume the FUSE session of the previous process: mounting anew; files open in the old mount fail", "mountpoint", mountpoint, "err", err)
 		endSession(sess)
 	}
 	if err := storefs.ClearDeadMount(mountpoint); err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	if err := os.MkdirAll(mountpoint, 0o755); err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	srv, err := storefs.Mount(mountpoint, store, opts)
 	if err != nil {
-		return nil, fmt.Errorf("mounting %s: %w", mountpoint, err)
+		return nil, false, fmt.Errorf("mounting %s: %w", mountpoint, err)
 	}
-	return srv, nil
+	return srv, false, nil
 }
 
 // inheritedSession finds the FUSE session among the descriptors the process was started with,
@@ -212,22 +230,25 @@ func endSession(sess storefs.Session) {
 
 // keepSession puts the mount's FUSE session in the service manager's file descriptor store,
 // so that the connection outlives the process (a crash, a restart) and the next one resumes it.
-// It reports whether the manager keeps it.
-func keepSession(srv *storefs.Server, log *slog.Logger) bool {
+// It returns why the manager does not keep it, "" when it does.
+func keepSession(srv *storefs.Server, log *slog.Logger) (why string) {
 	sess, ok := srv.Session()
 	if !ok {
-		log.Warn("the mount has no FUSE session to keep: running containers break when the daemon stops or crashes")
-		return false
+		why = "the mount has no FUSE session to keep (mounted through fusermount)"
+		log.Warn(why + ": running containers break when the daemon stops or crashes")
+		return why
 	}
 	for _, f := range []fdstore.Named{{Name: fdFUSE, File: sess.Dev}, {Name: fdState, File: sess.State}} {
 		if err := fdstore.Store(f.Name, f.File); err != nil {
 			if errors.Is(err, fdstore.ErrNoManager) {
-				log.Info("no service manager keeps the FUSE session: running containers break if the daemon crashes; SIGUSR2 restarts it in place without breaking them")
+				why = "no service manager keeps the FUSE session ($NOTIFY_SOCKET is not set)"
+				log.Info(why + ": running containers break if the daemon crashes; SIGUSR2 restarts it in place without breaking them")
 			} else {
-				log.Warn("the service manager did not take the FUSE session: running containers break if the daemon crashes", "err", err)
+				why = "the service manager did not take the FUSE session: " + err.Error()
+				log.Warn(why + ": running containers break if the daemon crashes")
 			}
 			_ = fdstore.Remove(fdFUSE)
-			return false
+			return why
 		}
 	}
 	if mark := sessionMark(); mark != "" {
@@ -235,7 +256,7 @@ func keepSession(srv *storefs.Server, log *slog.Logger) bool {
 			log.Warn("writing the session mark for the unit's ExecStopPost=", "err", err)
 		}
 	}
-	return true
+	return ""
 }
 
 // sessionMark is the file that tells the unit's ExecStopPost= that the service manager keeps
@@ -303,7 +324,7 @@ func serve(ctx context.Context, cfg *Config, mountpoint string, log *slog.Logger
 		return err
 	}
 	api := &http.Server{
-		Handler:           control.Handler(s.manager, s.keys, time.Duration(or(cfg.CredentialTTL, Duration(control.DefaultCredentialTTL))), log),
+		Handler:           control.Handler(s, s.keys, time.Duration(or(cfg.CredentialTTL, Duration(control.DefaultCredentialTTL))), log),
 		ReadHeaderTimeout: 10 * time.Second,
 	}
 	go api.Serve(ln)
