@@ -299,11 +299,7 @@ func (d *daemon) startBinary(t *testing.T, path string) {
 	if d.manager == nil {
 		d.manager = svcmanager.New(t, d.dir)
 	}
-	env, files := svcmanager.ListenEnv(d.manager.HandOver())
-	argv := append(append([]string(nil), svcmanager.Wrapper...), path, "serve", "--config", filepath.Join(d.dir, "config.toml"), d.mnt)
-	d.cmd = exec.Command(argv[0], argv[1:]...)
-	d.cmd.Env = append(append(d.env, "NOTIFY_SOCKET="+d.manager.Path), env...)
-	d.cmd.ExtraFiles = files
+	d.cmd = d.manager.Command([]string{path, "serve", "--config", filepath.Join(d.dir, "config.toml"), d.mnt}, d.env)
 	d.cmd.Stdout, d.cmd.Stderr = d.log, d.log
 	if err := d.cmd.Start(); err != nil {
 		t.Fatal(err)
