@@ -80,8 +80,8 @@ rpm: tarball
 	cp $(SPEC) "$(TOPDIR)/SPECS/"
 	# rpmbuild checks BuildRequires against the rpm database. On hosts that are not RPM-based
 	# (Debian, Ubuntu: rpm itself is not in that database) it is empty, so the check is skipped
-	# there; golang, gcc and systemd-rpm-macros must then be present by other means (go on
-	# PATH, gcc), and the spec brings its own fallbacks for the systemd macros.
+	# there; golang and systemd-rpm-macros must then be present by other means (go on PATH),
+	# and the spec brings its own fallbacks for the systemd macros.
 	nodeps=""
 	if ! rpm -q rpm >/dev/null 2>&1; then nodeps=--nodeps; echo "not an RPM-based host: rpmbuild --nodeps"; fi
 	# The spec's %build runs `go` from PATH: the one this make uses, with its build cache

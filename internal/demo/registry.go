@@ -3,9 +3,8 @@ package demo
 import (
 	"bytes"
 	"context"
-	"fmt"
-	"io"
-	"log"
+	"encoding/json"
+	"errors"
 	"net"
 	"net/http"
 	"runtime"
@@ -13,15 +12,9 @@ import (
 	"sync"
 	"time"
 
-	"github.com/google/go-containerregistry/pkg/name"
-	"github.com/google/go-containerregistry/pkg/registry"
-	v1 "github.com/google/go-containerregistry/pkg/v1"
-	"github.com/google/go-containerregistry/pkg/v1/empty"
-	"github.com/google/go-containerregistry/pkg/v1/mutate"
-	"github.com/google/go-containerregistry/pkg/v1/partial"
-	"github.com/google/go-containerregistry/pkg/v1/remote"
-	"github.com/google/go-containerregistry/pkg/v1/types"
 	"github.com/opencontainers/go-digest"
+	specs "github.com/opencontainers/image-spec/specs-go"
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 )
 
 // BlobStats counts the GET requests for one blob.
@@ -136,14 +129,19 @@ func (bs *Blobs) Untamper(d digest.Digest) {
 	delete(bs.tamper, d)
 }
 
-// Registry is go-containerregistry's in-process registry on 127.0.0.1, with the blobs of
-// pushed layers served and counted by Blobs. It is safe for concurrent use.
+// Registry serves pushed images on 127.0.0.1, read-only, as the distribution API says
+// (GET and HEAD of /v2/, manifests by tag or digest, blobs): the layers' blobs served and
+// counted by Blobs, manifests and configs from memory. Push stores an image directly; nothing
+// is uploaded over HTTP. It is safe for concurrent use.
 type Registry struct {
 	// Host is "127.0.0.1:PORT", the registry part of references.
 	Host string
 	Blobs
-	srv   *http.Server
-	inner http.Handler
+	srv *http.Server
+
+	mu        sync.Mutex
+	manifests map[string][]byte        // by "repo:tag" and "repo@digest"
+	configs   map[digest.Digest][]byte // config blobs
 }
 
 // StartRegistry starts a registry on a free port of 127.0.0.1.
@@ -152,33 +150,82 @@ func StartRegistry() (*Registry, error) {
 	if err != nil {
 		return nil, err
 	}
-	r := &Registry{Host: ln.Addr().String(), inner: InnerRegistry()}
+	r := &Registry{Host: ln.Addr().String(), manifests: map[string][]byte{}, configs: map[digest.Digest][]byte{}}
 	r.srv = &http.Server{Handler: r, ReadHeaderTimeout: 10 * time.Second}
 	go r.srv.Serve(ln)
 	return r, nil
 }
 
-// InnerRegistry returns go-containerregistry's in-process registry, which serves everything
-// but the blobs of Blobs: manifests, configs, uploads.
-func InnerRegistry() http.Handler {
-	return registry.New(registry.Logger(log.New(io.Discard, "", 0)))
-}
-
 // Close stops the registry.
 func (r *Registry) Close() error { return r.srv.Close() }
 
-// ServeHTTP serves blob GETs of pushed layers itself and everything else through the
-// in-process registry.
+// ServeHTTP answers the distribution API's reads: the API check, manifests, blobs.
 func (r *Registry) ServeHTTP(w http.ResponseWriter, req *http.Request) {
-	d, _, ok := BlobGet(req)
-	if ok {
-		var b []byte
-		if b, ok = r.Take(req, d, nil); ok {
-			r.Send(w, req, d, b)
+	if req.Method != http.MethodGet && req.Method != http.MethodHead {
+		apiError(w, http.StatusMethodNotAllowed, "UNSUPPORTED", "this registry is read-only")
+		return
+	}
+	p := req.URL.Path
+	if p == "/v2/" || p == "/v2" {
+		w.Header().Set("Docker-Distribution-API-Version", "registry/2.0")
+		return
+	}
+	if i := strings.LastIndex(p, "/manifests/"); strings.HasPrefix(p, "/v2/") && i >= 0 {
+		repo, ref := p[len("/v2/"):i], p[i+len("/manifests/"):]
+		sep := ":"
+		if strings.Contains(ref, ":") {
+			sep = "@"
+		}
+		r.mu.Lock()
+		m, ok := r.manifests[repo+sep+ref]
+		r.mu.Unlock()
+		if !ok {
+			apiError(w, http.StatusNotFound, "MANIFEST_UNKNOWN", "manifest unknown")
 			return
 		}
+		w.Header().Set("Content-Type", ocispec.MediaTypeImageManifest)
+		w.Header().Set("Docker-Content-Digest", digest.FromBytes(m).String())
+		http.ServeContent(w, req, "", time.Time{}, bytes.NewReader(m))
+		return
 	}
-	r.inner.ServeHTTP(w, req)
+	if i := strings.LastIndex(p, "/blobs/"); strings.HasPrefix(p, "/v2/") && i >= 0 {
+		d := digest.Digest(p[i+len("/blobs/"):])
+		r.mu.Lock()
+		cfg, isConfig := r.configs[d]
+		r.mu.Unlock()
+		if isConfig {
+			w.Header().Set("Docker-Content-Digest", d.String())
+			http.ServeContent(w, req, "", time.Time{}, bytes.NewReader(cfg))
+			return
+		}
+		if req.Method == http.MethodGet {
+			if b, ok := r.Take(req, d, nil); ok {
+				r.Send(w, req, d, b)
+				return
+			}
+		} else if b := r.blob(d); b != nil {
+			w.Header().Set("Docker-Content-Digest", d.String())
+			http.ServeContent(w, req, "", time.Time{}, bytes.NewReader(b))
+			return
+		}
+		apiError(w, http.StatusNotFound, "BLOB_UNKNOWN", "blob unknown")
+		return
+	}
+	apiError(w, http.StatusNotFound, "NAME_UNKNOWN", "not found")
+}
+
+// blob returns an added blob, nil if there is none.
+func (bs *Blobs) blob(d digest.Digest) []byte {
+	bs.mu.Lock()
+	defer bs.mu.Unlock()
+	return bs.blobs[d]
+}
+
+// apiError answers with the distribution API's error body.
+func apiError(w http.ResponseWriter, status int, code, msg string) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	json.NewEncoder(w).Encode(map[string]any{"errors": []map[string]string{{"code": code, "message": msg}}})
 }
 
 // BlobGet returns the digest and repository of a blob GET ("/v2/REPO/blobs/DIGEST"); false
@@ -191,94 +238,43 @@ func BlobGet(req *http.Request) (d digest.Digest, repo string, ok bool) {
 	return digest.Digest(req.URL.Path[i+len("/blobs/"):]), strings.TrimPrefix(req.URL.Path[:i], "/v2/"), true
 }
 
-// Push pushes an image of the host's platform made of layers (bottom first) as repoTag
-// ("repo:tag", the host is added) and returns the manifest digest.
+// Push stores an OCI image of the host's platform made of layers (bottom first), with
+// /bin/sh as its command, as repoTag ("repo:tag"), and returns the manifest digest.
 func (r *Registry) Push(ctx context.Context, repoTag string, layers []Blob) (digest.Digest, error) {
-	r.Add(layers)
-	img, err := Image(layers, func(cf *v1.ConfigFile) {
-		cf.OS, cf.Architecture = runtime.GOOS, runtime.GOARCH
-		cf.Config.Cmd = []string{"/bin/sh"}
-	})
-	if err != nil {
-		return "", err
+	repo, tag, ok := strings.Cut(repoTag, ":")
+	if !ok {
+		tag = "latest"
 	}
-	return PushImage(ctx, r.Host+"/"+repoTag, img)
-}
-
-// PushImage pushes img as ref ("host/repo:tag") and returns its manifest digest.
-func PushImage(ctx context.Context, ref string, img v1.Image) (digest.Digest, error) {
-	r, err := name.ParseReference(ref)
-	if err != nil {
-		return "", err
+	cfg := ocispec.Image{
+		Platform: ocispec.Platform{OS: runtime.GOOS, Architecture: runtime.GOARCH},
+		Config:   ocispec.ImageConfig{Cmd: []string{"/bin/sh"}},
+		RootFS:   ocispec.RootFS{Type: "layers"},
 	}
-	if err := remote.Write(r, img, remote.WithContext(ctx)); err != nil {
-		return "", err
-	}
-	h, err := img.Digest()
-	return digest.Digest(h.String()), err
-}
-
-// Image builds an OCI image of layers (bottom first); configure sets the config's platform,
-// command and the like.
-func Image(layers []Blob, configure func(*v1.ConfigFile)) (v1.Image, error) {
-	ils := make([]ImageLayer, len(layers))
-	for i, l := range layers {
-		ils[i] = ImageLayer{CompressedLayer: compressed{l}, Annotations: l.Annotations}
-	}
-	return ImageOf(ils, configure)
-}
-
-// ImageLayer is a compressed layer (its DiffID known) of an image ImageOf builds, with its
-// manifest annotations.
-type ImageLayer struct {
-	partial.CompressedLayer
-	Annotations map[string]string
-}
-
-// ImageOf builds an OCI image of layers (bottom first); configure sets the config's platform,
-// command and the like.
-func ImageOf(layers []ImageLayer, configure func(*v1.ConfigFile)) (v1.Image, error) {
-	var adds []mutate.Addendum
+	m := ocispec.Manifest{Versioned: specs.Versioned{SchemaVersion: 2}, MediaType: ocispec.MediaTypeImageManifest}
 	for _, l := range layers {
-		cl, err := partial.CompressedToLayer(l.CompressedLayer)
-		if err != nil {
-			return nil, err
+		if l.DiffID == "" {
+			return "", errors.New("layer without DiffID")
 		}
-		mt, err := l.MediaType()
-		if err != nil {
-			return nil, err
-		}
-		adds = append(adds, mutate.Addendum{Layer: cl, Annotations: l.Annotations, MediaType: mt})
+		cfg.RootFS.DiffIDs = append(cfg.RootFS.DiffIDs, l.DiffID)
+		cfg.History = append(cfg.History, ocispec.History{CreatedBy: "layerstore demo"})
+		m.Layers = append(m.Layers, ocispec.Descriptor{MediaType: l.MediaType, Digest: l.Digest(),
+			Size: int64(len(l.Blob)), Annotations: l.Annotations})
 	}
-	base := mutate.MediaType(empty.Image, types.OCIManifestSchema1)
-	base = mutate.ConfigMediaType(base, types.OCIConfigJSON)
-	img, err := mutate.Append(base, adds...)
+	cb, err := json.Marshal(cfg)
 	if err != nil {
-		return nil, err
+		return "", err
 	}
-	cf, err := img.ConfigFile()
+	m.Config = ocispec.Descriptor{MediaType: ocispec.MediaTypeImageConfig, Digest: digest.FromBytes(cb), Size: int64(len(cb))}
+	mb, err := json.Marshal(m)
 	if err != nil {
-		return nil, err
+		return "", err
 	}
-	cf = cf.DeepCopy()
-	configure(cf)
-	return mutate.ConfigFile(img, cf)
-}
-
-// compressed is a Blob as go-containerregistry reads it.
-type compressed struct{ l Blob }
-
-var _ partial.CompressedLayer = compressed{}
-
-func (c compressed) Digest() (v1.Hash, error) { return v1.NewHash(c.l.Digest().String()) }
-func (c compressed) Compressed() (io.ReadCloser, error) {
-	return io.NopCloser(bytes.NewReader(c.l.Blob)), nil
-}
-func (c compressed) Size() (int64, error)                { return int64(len(c.l.Blob)), nil }
-func (c compressed) MediaType() (types.MediaType, error) { return types.MediaType(c.l.MediaType), nil }
-func (c compressed) DiffID() (v1.Hash, error) {
-	if c.l.DiffID == "" {
-		return v1.Hash{}, fmt.Errorf("layer without DiffID")
-	}
-	return v1.NewHash(c.l.DiffID.String())
+	md := digest.FromBytes(mb)
+	r.Add(layers)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.configs[m.Config.Digest] = cb
+	r.manifests[repo+":"+tag] = mb
+	r.manifests[repo+"@"+md.String()] = mb
+	return md, ctx.Err()
 }

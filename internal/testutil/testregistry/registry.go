@@ -2,7 +2,8 @@
 // in-process registry, with layer blobs served by net/http (single and multi-range requests)
 // and every blob request recorded, so that tests can tell lazy pulls from full ones, and with
 // the faults of hostile registries (tampered bytes, errors, hangs, foreign blobs, encoded
-// bodies). The demo's registry, without the faults, is internal/demo's.
+// bodies). The demo's registry (internal/demo) is a smaller, read-only one that keeps
+// go-containerregistry out of the layerstore binary.
 package testregistry
 
 import (
@@ -84,7 +85,7 @@ func Start() (*Registry, error) {
 	}
 	r := &Registry{
 		Host:   ln.Addr().String(),
-		inner:  demo.InnerRegistry(),
+		inner:  innerRegistry(),
 		fail:   map[digest.Digest]int{},
 		served: map[repoBlob][]byte{},
 		hang:   map[digest.Digest]bool{},
@@ -218,7 +219,7 @@ func (r *Registry) Push(ctx context.Context, repoTag string, layers []Blob) (dig
 	if err != nil {
 		return "", err
 	}
-	return demo.PushImage(ctx, r.Host+"/"+repoTag, img)
+	return pushImage(ctx, r.Host+"/"+repoTag, img)
 }
 
 // PushIndex pushes an image index of one image per platform and returns its digest.
@@ -262,20 +263,10 @@ func (r *Registry) image(p Platform) (v1.Image, error) {
 
 // Image builds an OCI image of p's platform and layers, with /bin/sh as its command.
 func Image(p Platform) (v1.Image, error) {
-	return demo.Image(p.Layers, func(cf *v1.ConfigFile) {
+	return imageOfBlobs(p.Layers, func(cf *v1.ConfigFile) {
 		cf.OS, cf.Architecture, cf.Variant = p.OS, p.Architecture, p.Variant
 		cf.Config.Cmd = []string{"/bin/sh"}
 	})
-}
-
-// ImageLayer is a compressed layer (its DiffID known) of an image ImageOf builds, with its
-// manifest annotations.
-type ImageLayer = demo.ImageLayer
-
-// ImageOf builds an OCI image of layers (bottom first); configure sets the config's platform,
-// command and the like.
-func ImageOf(layers []ImageLayer, configure func(*v1.ConfigFile)) (v1.Image, error) {
-	return demo.ImageOf(layers, configure)
 }
 
 // GzipLayer is a plain (not lazily pullable) gzip layer of a tar stream.
