@@ -21,6 +21,7 @@ import (
 	"github.com/opencontainers/go-digest"
 
 	"github.com/layerstore/layerstore/internal/testutil/testfuse"
+	"github.com/layerstore/layerstore/layer"
 )
 
 // writeFile writes content to dir/name, creating dir, and returns the path.
