@@ -28,15 +28,16 @@ import (
 
 const serveUsage = `usage: layerstore serve [flags] MOUNTPOINT
 
-Mount the additional layer store at MOUNTPOINT and serve it until SIGTERM or SIGINT. While
-running containers use the store it cannot be unmounted. Under a service manager that keeps
-the store's FUSE session (systemd's file descriptor store, $NOTIFY_SOCKET), the daemon then
-stops serving without unmounting, and the next daemon resumes the session: the containers
-notice nothing. Otherwise it serves on until they stop, then unmounts and exits; a second
-signal detaches the store at once instead (the files still open in it fail). SIGUSR2
-re-executes the daemon's binary (a new version after an upgrade) in place, handing it the
-session. SIGHUP reloads registries.conf and its drop-ins, and the credential files for the
-next resolutions; an invalid registries.conf is logged and the previous one kept.
+Mount the additional layer store at MOUNTPOINT and serve it until SIGTERM or SIGINT. Under a
+service manager that keeps the store's FUSE session (systemd's file descriptor store,
+$NOTIFY_SOCKET), the daemon then stops serving without unmounting, and the next daemon resumes
+the session: running containers notice nothing (the unit detaches the mount at a stop for
+good). Otherwise it unmounts; while running containers use the store the unmount fails, and
+the daemon serves on until they stop, then unmounts and exits; a second signal detaches the
+store at once instead (the files still open in it fail). SIGUSR2 re-executes the daemon's
+binary (a new version after an upgrade) in place, handing it the session. SIGHUP reloads
+registries.conf and its drop-ins, and the credential files for the next resolutions; an
+invalid registries.conf is logged and the previous one kept.
 
 flags:
 `
@@ -431,13 +432,16 @@ func (s *stack) reexec(log *slog.Logger, api *http.Server) error {
 // unmountRetry is how often a busy store is unmounted again.
 const unmountRetry = time.Second
 
-// leave stops serving the busy store without unmounting it, for the next process: the service
+// leave stops serving the store without unmounting it, for the next process: the service
 // manager keeps the FUSE session and hands it over when it starts the daemon again (a restart,
-// an upgrade). When the service is stopped for good, the manager closes the session, the kernel
-// ends the connection, and the files still open in the store fail; ExecStopPost= then detaches
-// the dead mount.
+// an upgrade, a crash). The daemon cannot tell a restart from a stop for good, and cannot tell
+// whether containers use the store (overlayfs holds private clones of the mount: an unmount
+// succeeds under running containers, and the mountpoint would be gone for the next daemon). So
+// it always leaves the session when the manager keeps it; at a stop for good the unit's
+// ExecStopPost= detaches the mount, and the manager closes the session, which ends the
+// connection (files still open in the store fail, as they would at any stop).
 func (s *stack) leave(log *slog.Logger) {
-	log.Info("the store is busy (running containers use it): leaving its FUSE session to the service manager for the next daemon", "mountpoint", s.mount.Mountpoint())
+	log.Info("leaving the store's FUSE session to the service manager for the next daemon", "mountpoint", s.mount.Mountpoint())
 	_ = sdnotify.Notify("STATUS=stopping: the store's session is left to the next daemon")
 	ctx, cancel := context.WithTimeout(context.Background(), stopTimeout)
 	defer cancel()
@@ -447,24 +451,25 @@ func (s *stack) leave(log *slog.Logger) {
 	s.mount = nil
 }
 
-// unmount ends the mount at a stop. While the store is busy (running containers have files
-// open in it: EBUSY), and the service manager keeps its FUSE session, the daemon leaves the
-// session to the next process (see leave). Otherwise the daemon serves on, so that they keep working, and tries again every
+// unmount ends the mount at a stop. When the service manager keeps the FUSE session, the
+// daemon leaves the session to the next process instead (see leave). While the store is busy
+// (running containers have files open in it: EBUSY), the daemon serves on, so that they keep working, and tries again every
 // unmountRetry: it exits cleanly once they have stopped. A second SIGTERM or SIGINT (again)
 // detaches the store instead: it leaves the mount namespace at once, so that runtimes never
 // meet a dead mount, and the files still open in it fail once the daemon has exited. Under
 // systemd, a stop that outlasts TimeoutStopSec= ends with SIGKILL, and ExecStopPost= detaches
 // the dead mount. A mount someone else removed (gone) is left alone.
 func (s *stack) unmount(log *slog.Logger, again <-chan os.Signal, gone <-chan struct{}) {
+	if s.stored {
+		s.leave(log)
+		return
+	}
 	mp := s.mount.Mountpoint()
 	for busy := false; ; busy = true {
 		err := s.mount.Unmount()
 		if err == nil {
 			<-gone
 			s.mount = nil
-			if s.stored { // the connection ended: nothing for the next process
-				forgetSession()
-			}
 			return
 		}
 		select {
@@ -476,10 +481,6 @@ func (s *stack) unmount(log *slog.Logger, again <-chan os.Signal, gone <-chan st
 		if !errors.Is(err, syscall.EBUSY) {
 			log.Warn("unmount failed: detaching the store", "mountpoint", mp, "err", err)
 			break
-		}
-		if s.stored {
-			s.leave(log)
-			return
 		}
 		if !busy {
 			log.Warn("the store is busy (running containers use it): serving until they stop; signal again to detach it now", "mountpoint", mp)

@@ -128,8 +128,8 @@ func TestSessionSurvivesRestart(t *testing.T) {
 				if err := <-d.exited; err != nil {
 					t.Fatalf("SIGTERM: %v", err)
 				}
-				if !strings.Contains(log.String(), "leaving its FUSE session") {
-					t.Errorf("a busy store stopped without leaving its session")
+				if !strings.Contains(log.String(), "leaving the store's FUSE session") {
+					t.Errorf("the store stopped without leaving its session")
 				}
 			case "reexec":
 				d.cmd.Process.Signal(syscall.SIGUSR2)
