@@ -7,9 +7,11 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
+	storefs "github.com/layerstore/layerstore/fs"
 	"github.com/layerstore/layerstore/internal/fdstore"
 )
 
@@ -19,7 +21,8 @@ Run COMMAND, normally "layerstore serve ...", the way systemd runs the shipped u
 without systemd: keep the FUSE session the daemon stores (sd_notify FDSTORE=1) and, when the
 daemon crashes, start it again at once with that session (LISTEN_FDS), so that running
 containers wait for it instead of failing. A clean exit of COMMAND (SIGTERM, SIGINT) ends keep
-too, and the session with it, as a stop of the unit does. SIGTERM, SIGINT, SIGHUP and SIGUSR2
+too, and the session with it, as a stop of the unit does: the store's mount, which the daemon
+leaves for a successor when it is in use, is then detached. SIGTERM, SIGINT, SIGHUP and SIGUSR2
 are passed to COMMAND. At most 5 starts in 10 seconds: a daemon that keeps crashing is left
 stopped, and keep exits 1.
 `
@@ -53,7 +56,16 @@ func runKeep(args []string, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "layerstore keep: %v\n", err)
 		return 1
 	}
-	defer k.Close()
+	// At the end, as the unit's ExecStopPost= does: the session closed (the kernel ends the
+	// connection), a mount the daemon left for a successor is detached.
+	defer func() {
+		k.Close()
+		if mnt, ok := strings.CutPrefix(k.Status(), servingStatus); ok {
+			if err := storefs.ClearDeadMount(mnt); err != nil {
+				fmt.Fprintf(stderr, "layerstore keep: %v\n", err)
+			}
+		}
+	}()
 	sigs := make(chan os.Signal, 8)
 	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP, syscall.SIGUSR2)
 	defer signal.Stop(sigs)

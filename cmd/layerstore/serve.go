@@ -30,9 +30,10 @@ const serveUsage = `usage: layerstore serve [flags] MOUNTPOINT
 
 Mount the additional layer store at MOUNTPOINT and serve it until SIGTERM or SIGINT. Under a
 service manager that keeps the store's FUSE session (systemd's file descriptor store,
-$NOTIFY_SOCKET), the daemon then stops serving without unmounting, and the next daemon resumes
-the session: running containers notice nothing (the unit detaches the mount at a stop for
-good). Otherwise it unmounts; while running containers use the store the unmount fails, and
+$NOTIFY_SOCKET), a store in use (runtimes hold its layers, or files are open in it) is then
+left mounted, the daemon stops serving, and the next daemon resumes the session: running
+containers notice nothing (the unit detaches the mount at a stop for good). Otherwise it
+unmounts; while running containers use the store the unmount fails, and
 the daemon serves on until they stop, then unmounts and exits; a second signal detaches the
 store at once instead (the files still open in it fail). SIGUSR2 re-executes the daemon's
 binary (a new version after an upgrade) in place, handing it the session. SIGHUP reloads
@@ -331,7 +332,7 @@ func serve(ctx context.Context, cfg *Config, mountpoint string, log *slog.Logger
 	go api.Serve(ln)
 	defer api.Close()
 	log.Info("serving", "mountpoint", mountpoint, "cache", cfg.CacheDir, "control", cfg.ControlSocket, "version", version)
-	if err := sdnotify.Notify("READY=1\nSTATUS=serving " + mountpoint); err != nil {
+	if err := sdnotify.Notify("READY=1\nSTATUS=" + servingStatus + mountpoint); err != nil {
 		log.Warn("notifying systemd", "err", err)
 	}
 
@@ -381,6 +382,10 @@ func (s *stack) reload(log *slog.Logger) {
 	}
 	log.Info("SIGHUP: reloaded the registries configuration; credentials are read again for the next resolutions")
 }
+
+// servingStatus starts the STATUS= the daemon sends once it serves, followed by the mountpoint
+// (layerstore keep reads it).
+const servingStatus = "serving "
 
 // stopTimeout bounds how long a stop or a re-execution waits for the FUSE requests being
 // answered: those left over are answered by the next process (FUSE_NOTIFY_RESEND).
@@ -432,14 +437,26 @@ func (s *stack) reexec(log *slog.Logger, api *http.Server) error {
 // unmountRetry is how often a busy store is unmounted again.
 const unmountRetry = time.Second
 
+// inUse reports whether a runtime holds a layer of the store (its images depend on the store).
+func (s *stack) inUse() bool {
+	for _, l := range s.manager.Status().Layers {
+		if l.Users > 0 {
+			return true
+		}
+	}
+	return false
+}
+
 // leave stops serving the store without unmounting it, for the next process: the service
 // manager keeps the FUSE session and hands it over when it starts the daemon again (a restart,
-// an upgrade, a crash). The daemon cannot tell a restart from a stop for good, and cannot tell
-// whether containers use the store (overlayfs holds private clones of the mount: an unmount
-// succeeds under running containers, and the mountpoint would be gone for the next daemon). So
-// it always leaves the session when the manager keeps it; at a stop for good the unit's
-// ExecStopPost= detaches the mount, and the manager closes the session, which ends the
-// connection (files still open in the store fail, as they would at any stop).
+// an upgrade). The daemon cannot tell a restart from a stop for good, so it leaves the session
+// whenever the store is in use: runtimes hold its layers (their images depend on it), the
+// session was resumed (the counts of the runtimes' uses died with the previous daemon), or an
+// unmount fails (files open). It cannot wait for the unmount to tell: overlayfs holds private
+// clones of the mount, so an unmount succeeds under running containers and would take the
+// mountpoint from the next daemon. At a stop for good, the unit's ExecStopPost= (or `layerstore
+// keep`) detaches the mount, and the manager closes the session, which ends the connection
+// (files still open in the store fail, as they would at any stop).
 func (s *stack) leave(log *slog.Logger) {
 	log.Info("leaving the store's FUSE session to the service manager for the next daemon", "mountpoint", s.mount.Mountpoint())
 	_ = sdnotify.Notify("STATUS=stopping: the store's session is left to the next daemon")
@@ -451,8 +468,9 @@ func (s *stack) leave(log *slog.Logger) {
 	s.mount = nil
 }
 
-// unmount ends the mount at a stop. When the service manager keeps the FUSE session, the
-// daemon leaves the session to the next process instead (see leave). While the store is busy
+// unmount ends the mount at a stop. When the service manager keeps the FUSE session and the
+// store is in use, the daemon leaves the session to the next process instead (see leave).
+// While the store is busy
 // (running containers have files open in it: EBUSY), the daemon serves on, so that they keep working, and tries again every
 // unmountRetry: it exits cleanly once they have stopped. A second SIGTERM or SIGINT (again)
 // detaches the store instead: it leaves the mount namespace at once, so that runtimes never
@@ -460,7 +478,7 @@ func (s *stack) leave(log *slog.Logger) {
 // systemd, a stop that outlasts TimeoutStopSec= ends with SIGKILL, and ExecStopPost= detaches
 // the dead mount. A mount someone else removed (gone) is left alone.
 func (s *stack) unmount(log *slog.Logger, again <-chan os.Signal, gone <-chan struct{}) {
-	if s.stored {
+	if s.stored && (s.session.Resumed || s.inUse()) {
 		s.leave(log)
 		return
 	}
@@ -481,6 +499,10 @@ func (s *stack) unmount(log *slog.Logger, again <-chan os.Signal, gone <-chan st
 		if !errors.Is(err, syscall.EBUSY) {
 			log.Warn("unmount failed: detaching the store", "mountpoint", mp, "err", err)
 			break
+		}
+		if s.stored {
+			s.leave(log)
+			return
 		}
 		if !busy {
 			log.Warn("the store is busy (running containers use it): serving until they stop; signal again to detach it now", "mountpoint", mp)

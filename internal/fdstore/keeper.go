@@ -33,6 +33,7 @@ type Keeper struct {
 
 	mu     sync.Mutex
 	stored []Named
+	status string // the STATUS= sent with the last READY=1
 }
 
 // NewKeeper listens on dir/notify.sock; dir must exist, owned by the caller and closed to
@@ -111,6 +112,9 @@ func (k *Keeper) message(state string, files []*os.File) {
 		name = "stored" // systemd's name for a descriptor stored without one
 	}
 	k.mu.Lock()
+	if st, ok := vars["STATUS"]; ok && vars["READY"] == "1" {
+		k.status = st
+	}
 	switch {
 	case vars["FDSTORE"] == "1":
 		for _, f := range files {
@@ -166,6 +170,13 @@ func (k *Keeper) Stored() []Named {
 	}
 	k.stored = kept
 	return append([]Named(nil), kept...)
+}
+
+// Status returns the STATUS= the process sent with its last READY=1.
+func (k *Keeper) Status() string {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return k.status
 }
 
 // Names lists the names of the stored descriptors.
