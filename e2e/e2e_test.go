@@ -207,7 +207,9 @@ func digests(ds []digest.Digest) []string {
 }
 
 // TestLegacyRestart: images pulled through the store run again after the daemon is restarted,
-// after a clean stop and after SIGKILL (which leaves a dead mount the new daemon clears).
+// after a clean stop and after SIGKILL, the next daemon resuming the session the service
+// manager kept; and after a SIGKILL with the session lost (a dead mount, which the new daemon
+// clears).
 func TestLegacyRestart(t *testing.T) {
 	s := need(t)
 	refs := s.references(t)
@@ -218,14 +220,20 @@ func TestLegacyRestart(t *testing.T) {
 	sameListing(t, "before the restart", p.listing(t, img.ref), refs[imgGzip])
 	for _, sig := range []syscall.Signal{syscall.SIGTERM, syscall.SIGKILL} {
 		d.stop(sig)
-		if sig == syscall.SIGKILL {
-			if _, err := os.Stat(filepath.Join(d.mnt, "x")); !errors.Is(err, syscall.ENOTCONN) {
-				t.Fatalf("after SIGKILL: %v, want ENOTCONN from the dead mount", err)
-			}
-		}
 		d.start(t)
 		sameListing(t, "after "+sig.String(), p.listing(t, img.ref), refs[imgGzip])
 	}
+	if n := strings.Count(d.log.String(), "resumed the FUSE session of the previous process"); n != 2 {
+		t.Errorf("%d sessions resumed, want 2", n)
+	}
+	d.stop(syscall.SIGKILL)
+	d.manager.Close() // the session lost: the connection ends
+	if _, err := os.Stat(filepath.Join(d.mnt, "x")); !errors.Is(err, syscall.ENOTCONN) {
+		t.Fatalf("after SIGKILL with the session lost: %v, want ENOTCONN from the dead mount", err)
+	}
+	d.manager = nil
+	d.start(t)
+	sameListing(t, "after a SIGKILL with the session lost", p.listing(t, img.ref), refs[imgGzip])
 }
 
 // TestFallbackWithoutDaemon: with the daemon stopped and its mount gone, lazy images are pulled

@@ -64,21 +64,10 @@ type tarEntry = testlayer.Entry
 // tests moved under /t (every kind of entry) with a large incompressible file, and the two
 // layers of the whiteout image.
 func rootfsLayers(busybox string) (base, content, lower, upper []byte, err error) {
-	bb, err := os.ReadFile(busybox)
-	if err != nil {
+	if base, err = baseLayer(busybox); err != nil {
 		return nil, nil, nil, nil, err
 	}
-	t0 := testlayer.Epoch
-	dir := func(n string) tarEntry {
-		return tarEntry{Header: tar.Header{Typeflag: tar.TypeDir, Name: n + "/", Mode: 0o755, ModTime: t0, Format: tar.FormatPAX}}
-	}
-	file := func(n string, data []byte) tarEntry {
-		return tarEntry{Header: tar.Header{Typeflag: tar.TypeReg, Name: n, Mode: 0o644, Size: int64(len(data)), ModTime: t0, Format: tar.FormatPAX}, Data: data}
-	}
-	exe := file("bin/busybox", bb)
-	exe.Header.Mode = 0o755
-	sh := tarEntry{Header: tar.Header{Typeflag: tar.TypeSymlink, Name: "bin/sh", Linkname: "busybox", Mode: 0o777, ModTime: t0, Format: tar.FormatPAX}}
-	base = testlayer.Build([]tarEntry{dir("bin"), exe, sh})
+	dir, file := tarDir, tarFile
 
 	es := []tarEntry{dir("t")}
 	for _, e := range testlayer.Entries() {
@@ -97,6 +86,30 @@ func rootfsLayers(busybox string) (base, content, lower, upper []byte, err error
 	upper = testlayer.Build([]tarEntry{dir("w"), file("w/.wh.a", nil), dir("w/dir"),
 		file("w/dir/.wh..wh..opq", nil), file("w/dir/z", []byte("z\n"))})
 	return base, content, lower, upper, nil
+}
+
+// baseLayer returns the base layer of the test images: a static busybox as /bin/busybox and
+// /bin/sh.
+func baseLayer(busybox string) ([]byte, error) {
+	bb, err := os.ReadFile(busybox)
+	if err != nil {
+		return nil, err
+	}
+	exe := tarFile("bin/busybox", bb)
+	exe.Header.Mode = 0o755
+	sh := tarEntry{Header: tar.Header{Typeflag: tar.TypeSymlink, Name: "bin/sh", Linkname: "busybox", Mode: 0o777,
+		ModTime: testlayer.Epoch, Format: tar.FormatPAX}}
+	return testlayer.Build([]tarEntry{tarDir("bin"), exe, sh}), nil
+}
+
+// tarDir and tarFile are a directory and a regular file of a test layer.
+func tarDir(n string) tarEntry {
+	return tarEntry{Header: tar.Header{Typeflag: tar.TypeDir, Name: n + "/", Mode: 0o755, ModTime: testlayer.Epoch, Format: tar.FormatPAX}}
+}
+
+func tarFile(n string, data []byte) tarEntry {
+	return tarEntry{Header: tar.Header{Typeflag: tar.TypeReg, Name: n, Mode: 0o644, Size: int64(len(data)),
+		ModTime: testlayer.Epoch, Format: tar.FormatPAX}, Data: data}
 }
 
 // isStatic tells whether path is an ELF executable without an interpreter, as the images need.

@@ -5,12 +5,12 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -20,6 +20,7 @@ import (
 
 	storefs "github.com/layerstore/layerstore/fs"
 	"github.com/layerstore/layerstore/internal/control"
+	"github.com/layerstore/layerstore/internal/testutil/svcmanager"
 	"github.com/layerstore/layerstore/internal/testutil/syncbuf"
 	"github.com/layerstore/layerstore/layer"
 
@@ -44,6 +45,10 @@ type suite struct {
 	regConf           string            // registries.conf marking the registries insecure
 	goodAuth, badAuth string            // auth.json files for the private registry
 	refs              map[string]string // listings of the reference images, once made
+
+	nextOnce sync.Once // builds next: a daemon binary of another version
+	next     string
+	nextErr  error
 }
 
 var (
@@ -224,14 +229,15 @@ func authJSON(host, user, pass string) string {
 
 // daemon is a running `layerstore serve`.
 type daemon struct {
-	s      *suite
-	dir    string
-	mnt    string
-	socket string
-	cmd    *exec.Cmd
-	log    *syncbuf.Buffer
-	done   chan struct{}
-	env    []string
+	s       *suite
+	dir     string
+	mnt     string
+	socket  string
+	cmd     *exec.Cmd
+	manager *svcmanager.Manager // its service manager, across restarts
+	log     *syncbuf.Buffer
+	done    chan struct{}
+	env     []string
 }
 
 // startDaemon mounts a daemon on a new store directory; extra environment (REGISTRY_AUTH_FILE)
@@ -277,20 +283,23 @@ func (s *suite) startDaemonWith(t *testing.T, c daemonConfig, extraEnv ...string
 }
 
 // start runs the daemon and returns once it sent READY=1, which it does once the mount answers.
+// The daemon's notify socket is its manager's: what the previous process stored there (its FUSE
+// session) is handed to this one, as systemd does on a restart.
 func (d *daemon) start(t *testing.T) {
 	t.Helper()
-	notifyPath := filepath.Join(d.dir, "notify.sock")
-	os.Remove(notifyPath)
-	notify, err := net.ListenUnixgram("unixgram", &net.UnixAddr{Name: notifyPath, Net: "unixgram"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer notify.Close()
+	d.startBinary(t, filepath.Join(d.s.bin, "layerstore"))
+}
+
+// startBinary is start with the daemon binary at path (another version, for an upgrade).
+func (d *daemon) startBinary(t *testing.T, path string) {
+	t.Helper()
 	if d.log == nil {
 		d.log = &syncbuf.Buffer{}
 	}
-	d.cmd = exec.Command(filepath.Join(d.s.bin, "layerstore"), "serve", "--config", filepath.Join(d.dir, "config.toml"), d.mnt)
-	d.cmd.Env = append(d.env, "NOTIFY_SOCKET="+notifyPath)
+	if d.manager == nil {
+		d.manager = svcmanager.New(t, d.dir)
+	}
+	d.cmd = d.manager.Command([]string{path, "serve", "--config", filepath.Join(d.dir, "config.toml"), d.mnt}, d.env)
 	d.cmd.Stdout, d.cmd.Stderr = d.log, d.log
 	if err := d.cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -298,16 +307,8 @@ func (d *daemon) start(t *testing.T) {
 	done := make(chan struct{})
 	d.done = done
 	go func(c *exec.Cmd) { c.Wait(); close(done) }(d.cmd)
-	notify.SetReadDeadline(time.Now().Add(60 * time.Second))
-	buf := make([]byte, 256)
-	for {
-		n, err := notify.Read(buf)
-		if err != nil {
-			t.Fatalf("no READY=1 from the daemon: %v\n%s", err, d.log.String())
-		}
-		if strings.Contains(string(buf[:n]), "READY=1") {
-			return
-		}
+	if err := d.manager.WaitReady(60*time.Second, done); err != nil {
+		t.Fatalf("%v\n%s", err, d.log.String())
 	}
 }
 

@@ -18,6 +18,20 @@ type Status struct {
 	Pins     []Pin         `json:"pins,omitempty"`
 	Cache    cache.Stats   `json:"cache"`
 	Counters Counters      `json:"counters"`
+	// Session is what becomes of the store's FUSE session when the daemon restarts; set by the
+	// daemon, not by the Manager.
+	Session *Session `json:"session,omitempty"`
+}
+
+// Session says whether running containers survive a restart or a crash of the daemon.
+type Session struct {
+	// Kept is set while the service manager keeps the FUSE session (its file descriptor
+	// store) for the next daemon.
+	Kept bool `json:"kept"`
+	// Resumed is set when this daemon took over the session of the previous one.
+	Resumed bool `json:"resumed"`
+	// Why says why the session is not kept, when it is not.
+	Why string `json:"why,omitempty"`
 }
 
 // LayerStatus describes one resolved layer.

@@ -72,7 +72,7 @@ func runDemo(ctx context.Context, out io.Writer) error {
 	cfg.Prefetch.Bandwidth, cfg.Prefetch.BatchSize = 8<<20, 1<<20
 	cfg.Registries.Conf, cfg.Registries.ConfDir = conf, conf+".d"
 	mnt := filepath.Join(dir, "store")
-	s, err := openStack(cfg, mnt, slog.New(slog.DiscardHandler))
+	s, err := openStack(cfg, mnt, nil, slog.New(slog.DiscardHandler))
 	if err != nil {
 		return err
 	}

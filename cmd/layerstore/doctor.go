@@ -170,6 +170,7 @@ func diagnose(ctx context.Context, p doctorPaths) doctorReport {
 			checkRuntime(ctx, "podman"),
 			checkRuntime(ctx, "crio"),
 			checkPassthrough(kernelRelease(), orBool(cfg.FUSE.Passthrough, true)),
+			checkRestarts(kernelRelease(), st),
 			checkCache(ctx, or(cfg.CacheDir, DefaultCacheDir), int64(cfg.CacheMaxSize), cacheUsed),
 			deps,
 		},
@@ -308,24 +309,57 @@ func kernelRelease() string {
 
 var kernelRE = regexp.MustCompile(`^(\d+)\.(\d+)`)
 
+// kernel69 reports whether the kernel release (as uname gives it) is 6.9 or later, the version
+// with FUSE passthrough and FUSE_NOTIFY_RESEND, and whether the release could be read.
+func kernel69(release string) (is69, known bool) {
+	m := kernelRE.FindStringSubmatch(release)
+	if m == nil {
+		return false, false
+	}
+	major, _ := strconv.Atoi(m[1])
+	minor, _ := strconv.Atoi(m[2])
+	return major > 6 || major == 6 && minor >= 9, true
+}
+
 // checkPassthrough says whether the kernel (release as uname gives it) has FUSE passthrough
 // (6.9+), which serves complete cached files at native speed. Informational: never fails.
 func checkPassthrough(release string, enabled bool) check {
 	const name = "passthrough"
-	m := kernelRE.FindStringSubmatch(release)
-	if m == nil {
-		return check{name, statusWarn, fmt.Sprintf("cannot read the kernel version %q", release), "FUSE passthrough needs Linux 6.9+"}
-	}
-	major, _ := strconv.Atoi(m[1])
-	minor, _ := strconv.Atoi(m[2])
+	is69, known := kernel69(release)
 	switch {
-	case major < 6 || major == 6 && minor < 9:
+	case !known:
+		return check{name, statusWarn, fmt.Sprintf("cannot read the kernel version %q", release), "FUSE passthrough needs Linux 6.9+"}
+	case !is69:
 		return check{name, statusWarn, "kernel " + release + " has no FUSE passthrough (6.9+): reads of cached files go through the daemon",
 			"a 6.9+ kernel serves complete cached files at native speed"}
 	case !enabled:
 		return check{name, statusOK, "kernel " + release + " has FUSE passthrough; turned off in the config ([fuse] passthrough = false)", ""}
 	}
 	return check{name, statusOK, "kernel " + release + " has FUSE passthrough: complete cached files are read at native speed", ""}
+}
+
+// checkRestarts says whether running containers survive a crash, a restart or an upgrade of the
+// daemon (st, the daemon's status, nil when it does not answer; release, the kernel's): the
+// service manager must keep the store's FUSE session, and Linux 6.9+ re-sends what the old
+// daemon was answering. Informational: never fails.
+func checkRestarts(release string, st *layer.Status) check {
+	const name = "restarts"
+	const fix = "run the daemon as the shipped unit (FileDescriptorStoreMax=) or restart it with SIGUSR2"
+	if st == nil || st.Session == nil {
+		return check{name, statusWarn, "the daemon does not say what becomes of its FUSE session", "an older daemon: upgrade it"}
+	}
+	msg := "the service manager keeps the store's FUSE session: running containers wait for a restarted daemon instead of failing"
+	if st.Session.Resumed {
+		msg += "; this daemon resumed its predecessor's"
+	}
+	if !st.Session.Kept {
+		return check{name, statusWarn, st.Session.Why + ": a crash of the daemon breaks running containers (SIGUSR2 re-executes it without breaking them)", fix}
+	}
+	if is69, known := kernel69(release); known && !is69 {
+		return check{name, statusWarn, msg + "; but kernel " + release + " cannot re-send the requests a crashed daemon was answering (6.9+): processes waiting on them hang",
+			"a 6.9+ kernel; a graceful restart (systemctl restart) answers them before it stops"}
+	}
+	return check{name, statusOK, msg, ""}
 }
 
 // checkCache checks the free space on the cache directory's filesystem: maxSize is the

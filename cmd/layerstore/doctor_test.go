@@ -21,6 +21,7 @@ import (
 	"github.com/opencontainers/go-digest"
 
 	"github.com/layerstore/layerstore/internal/testutil/testfuse"
+	"github.com/layerstore/layerstore/layer"
 )
 
 // writeFile writes content to dir/name, creating dir, and returns the path.
@@ -220,6 +221,27 @@ func TestDoctorPassthrough(t *testing.T) {
 	}
 	if kernelRelease() == "" {
 		t.Error("kernelRelease is empty")
+	}
+}
+
+func TestDoctorRestarts(t *testing.T) {
+	kept := &layer.Status{Session: &layer.Session{Kept: true}}
+	resumed := &layer.Status{Session: &layer.Session{Kept: true, Resumed: true}}
+	lost := &layer.Status{Session: &layer.Session{Why: "no service manager keeps the FUSE session"}}
+	for _, tc := range []struct {
+		release string
+		st      *layer.Status
+		status  checkStatus
+		want    string
+	}{
+		{"6.18.44", kept, statusOK, "keeps the store's FUSE session"},
+		{"6.18.44", resumed, statusOK, "resumed its predecessor's"},
+		{"6.1.0-28-amd64", kept, statusWarn, "cannot re-send"},
+		{"6.18.44", lost, statusWarn, "no service manager keeps the FUSE session: a crash of the daemon breaks running containers"},
+		{"6.18.44", &layer.Status{}, statusWarn, "does not say"},
+		{"6.18.44", nil, statusWarn, "does not say"},
+	} {
+		wantCheck(t, checkRestarts(tc.release, tc.st), tc.status, tc.want)
 	}
 }
 
@@ -425,7 +447,7 @@ func TestDoctor(t *testing.T) {
 		Checks          []map[string]any `json:"checks"`
 		DependentLayers []map[string]any `json:"dependentLayers"`
 	}
-	if err := json.Unmarshal(out.Bytes(), &shape); err != nil || len(shape.Checks) != 10 || len(shape.DependentLayers) != 1 {
+	if err := json.Unmarshal(out.Bytes(), &shape); err != nil || len(shape.Checks) != 11 || len(shape.DependentLayers) != 1 {
 		t.Fatalf("JSON shape (%v):\n%s", err, out.String())
 	}
 	for _, k := range []string{"name", "status", "message", "fix"} {

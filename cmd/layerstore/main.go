@@ -1,6 +1,7 @@
 // Command layerstore is the layerstore daemon and its tools.
 //
 //	layerstore serve [flags] MOUNTPOINT   serve the additional layer store (the daemon)
+//	layerstore keep [--] layerstore serve ...  restart a crashed daemon with its FUSE session (no systemd)
 //	layerstore status [--json]            show what the daemon serves
 //	layerstore pin [--platform P] IMAGE...  keep images' layers local, verified, across restarts
 //	layerstore unpin [--platform P] IMAGE...
@@ -26,6 +27,8 @@ const usage = `usage: layerstore COMMAND
 
 commands:
   serve     serve the additional layer store at MOUNTPOINT (the daemon; see serve -h)
+  keep      run "layerstore serve ..." as systemd runs the unit, where there is no systemd:
+            a crashed daemon is restarted with its FUSE session (see keep -h)
   status    show the layers the daemon serves, its cache and counters (--json for scripts)
   pin       fetch and verify every lazily served layer of IMAGE... and keep them local,
             out of the cache's eviction and across restarts, with no registry needed
@@ -57,6 +60,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			fmt.Fprintf(stderr, "layerstore serve: %v\n", err)
 			return 1
 		}
+	case "keep":
+		return runKeep(args[1:], stderr)
 	case "status":
 		if err := runStatus(ctx, args[1:], stdout, stderr); err != nil {
 			if errors.Is(err, errUsage) {

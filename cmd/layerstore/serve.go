@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"flag"
@@ -9,7 +10,10 @@ import (
 	"log/slog"
 	"net/http"
 	"os"
+	"os/exec"
 	"os/signal"
+	"path/filepath"
+	"strings"
 	"syscall"
 	"time"
 
@@ -17,17 +21,24 @@ import (
 	"github.com/layerstore/layerstore/fetcher"
 	storefs "github.com/layerstore/layerstore/fs"
 	"github.com/layerstore/layerstore/internal/control"
+	"github.com/layerstore/layerstore/internal/fdstore"
 	"github.com/layerstore/layerstore/internal/sdnotify"
 	"github.com/layerstore/layerstore/layer"
 )
 
 const serveUsage = `usage: layerstore serve [flags] MOUNTPOINT
 
-Mount the additional layer store at MOUNTPOINT and serve it until SIGTERM or SIGINT. While
-running containers use the store it cannot be unmounted: the daemon serves on until they stop,
-then unmounts and exits; a second signal detaches the store at once instead (the files still
-open in it fail). SIGHUP reloads registries.conf and its drop-ins, and the credential files for
-the next resolutions; an invalid registries.conf is logged and the previous one kept.
+Mount the additional layer store at MOUNTPOINT and serve it until SIGTERM or SIGINT. Under a
+service manager that keeps the store's FUSE session (systemd's file descriptor store,
+$NOTIFY_SOCKET), a store in use (runtimes hold its layers, or files are open in it) is then
+left mounted, the daemon stops serving, and the next daemon resumes the session: running
+containers notice nothing (the unit detaches the mount at a stop for good). Otherwise it
+unmounts; while running containers use the store the unmount fails, and
+the daemon serves on until they stop, then unmounts and exits; a second signal detaches the
+store at once instead (the files still open in it fail). SIGUSR2 re-executes the daemon's
+binary (a new version after an upgrade) in place, handing it the session. SIGHUP reloads
+registries.conf and its drop-ins, and the credential files for the next resolutions; an
+invalid registries.conf is logged and the previous one kept.
 
 flags:
 `
@@ -98,10 +109,38 @@ type stack struct {
 	client  *fetcher.Client
 	manager *layer.Manager
 	mount   *storefs.Server
+	// stored is set while the service manager keeps the mount's FUSE session (the file
+	// descriptor store): a stop may then leave the mount to the next process.
+	stored  bool
+	session layer.Session // for status
 }
 
-// openStack builds the stack and mounts it at mountpoint, clearing a dead mount first.
-func openStack(cfg *Config, mountpoint string, log *slog.Logger) (_ *stack, err error) {
+// Status is the manager's status with the session's.
+func (s *stack) Status() layer.Status {
+	st := s.manager.Status()
+	sess := s.session
+	st.Session = &sess
+	return st
+}
+
+// Pin and Unpin are the manager's.
+func (s *stack) Pin(ctx context.Context, ref, platform string) (layer.Pin, error) {
+	return s.manager.Pin(ctx, ref, platform)
+}
+
+func (s *stack) Unpin(ref, platform string) error { return s.manager.Unpin(ref, platform) }
+
+// The names of the FUSE session's descriptors in the service manager's file descriptor store
+// and in LISTEN_FDNAMES (docs/design/fd-store.md).
+const (
+	fdFUSE  = "fuse"
+	fdState = "fuse-state"
+)
+
+// openStack builds the stack and mounts it at mountpoint: it resumes the FUSE session of the
+// previous process when inherited holds one (LISTEN_FDS), and mounts anew otherwise, clearing
+// a dead mount first.
+func openStack(cfg *Config, mountpoint string, inherited []fdstore.Named, log *slog.Logger) (_ *stack, err error) {
 	s := &stack{keys: fetcher.NewMemoryKeychain()}
 	defer func() {
 		if err != nil {
@@ -118,20 +157,130 @@ func openStack(cfg *Config, mountpoint string, log *slog.Logger) (_ *stack, err 
 	if s.manager, err = layer.New(layer.ClientRegistry(s.client), s.cache, layerOptions(cfg, log)...); err != nil {
 		return nil, err
 	}
-	if err := storefs.ClearDeadMount(mountpoint); err != nil {
+	opts := storefs.Options{Logger: log, Passthrough: orBool(cfg.FUSE.Passthrough, true)}
+	if s.mount, s.session.Resumed, err = mountStore(mountpoint, s.manager, opts, inherited, log); err != nil {
 		return nil, err
+	}
+	s.session.Why = keepSession(s.mount, log)
+	s.stored = s.session.Why == ""
+	s.session.Kept = s.stored
+	return s, nil
+}
+
+// mountStore resumes the FUSE session in inherited, or mounts the store anew when there is
+// none or it cannot be resumed (an older kernel, a session of an incompatible version): then
+// the old session is let go, so that the kernel ends it (its open files fail), and its dead
+// mount is cleared.
+func mountStore(mountpoint string, store storefs.Store, opts storefs.Options, inherited []fdstore.Named, log *slog.Logger) (_ *storefs.Server, resumed bool, _ error) {
+	if sess, ok := inheritedSession(inherited, log); ok {
+		srv, err := storefs.Resume(mountpoint, sess, store, opts)
+		if err == nil {
+			log.Info("resumed the FUSE session of the previous process: running containers keep their files", "mountpoint", mountpoint)
+			return srv, true, nil
+		}
+		log.Warn("cannot resume the FUSE session of the previous process: mounting anew; files open in the old mount fail", "mountpoint", mountpoint, "err", err)
+		endSession(sess)
+	}
+	if err := storefs.ClearDeadMount(mountpoint); err != nil {
+		return nil, false, err
 	}
 	if err := os.MkdirAll(mountpoint, 0o755); err != nil {
-		return nil, err
+		return nil, false, err
 	}
-	s.mount, err = storefs.Mount(mountpoint, s.manager, storefs.Options{
-		Logger:      log,
-		Passthrough: orBool(cfg.FUSE.Passthrough, true),
-	})
+	srv, err := storefs.Mount(mountpoint, store, opts)
 	if err != nil {
-		return nil, fmt.Errorf("mounting %s: %w", mountpoint, err)
+		return nil, false, fmt.Errorf("mounting %s: %w", mountpoint, err)
 	}
-	return s, nil
+	return srv, false, nil
+}
+
+// inheritedSession finds the FUSE session among the descriptors the process was started with,
+// and closes the others.
+func inheritedSession(inherited []fdstore.Named, log *slog.Logger) (storefs.Session, bool) {
+	var sess storefs.Session
+	for _, f := range inherited {
+		switch {
+		case f.Name == fdFUSE && sess.Dev == nil:
+			sess.Dev = f.File
+		case f.Name == fdState && sess.State == nil:
+			sess.State = f.File
+		default:
+			log.Warn("closing a descriptor passed at start that the daemon does not use", "name", f.Name)
+			f.File.Close()
+		}
+	}
+	if sess.Dev == nil || sess.State == nil {
+		if sess.Dev != nil || sess.State != nil {
+			log.Warn("half a FUSE session passed at start: mounting anew", "fuse", sess.Dev != nil, "state", sess.State != nil)
+			endSession(sess)
+		}
+		return storefs.Session{}, false
+	}
+	return sess, true
+}
+
+// endSession lets a FUSE session go: out of the service manager's store, and closed here, so
+// that the kernel ends the connection once no process holds it.
+func endSession(sess storefs.Session) {
+	for name, f := range map[string]*os.File{fdFUSE: sess.Dev, fdState: sess.State} {
+		_ = fdstore.Remove(name)
+		if f != nil {
+			f.Close()
+		}
+	}
+}
+
+// keepSession puts the mount's FUSE session in the service manager's file descriptor store,
+// so that the connection outlives the process (a crash, a restart) and the next one resumes it.
+// It returns why the manager does not keep it, "" when it does.
+func keepSession(srv *storefs.Server, log *slog.Logger) (why string) {
+	sess, ok := srv.Session()
+	if !ok {
+		why = "the mount has no FUSE session to keep (mounted through fusermount)"
+		log.Warn(why + ": running containers break when the daemon stops or crashes")
+		return why
+	}
+	for _, f := range []fdstore.Named{{Name: fdFUSE, File: sess.Dev}, {Name: fdState, File: sess.State}} {
+		if err := fdstore.Store(f.Name, f.File); err != nil {
+			if errors.Is(err, fdstore.ErrNoManager) {
+				why = "no service manager keeps the FUSE session ($NOTIFY_SOCKET is not set)"
+				log.Info(why + ": running containers break if the daemon crashes; SIGUSR2 restarts it in place without breaking them")
+			} else {
+				why = "the service manager did not take the FUSE session: " + err.Error()
+				log.Warn(why + ": running containers break if the daemon crashes")
+			}
+			_ = fdstore.Remove(fdFUSE)
+			return why
+		}
+	}
+	if mark := sessionMark(); mark != "" {
+		if err := os.WriteFile(mark, nil, 0o600); err != nil {
+			log.Warn("writing the session mark for the unit's ExecStopPost=", "err", err)
+		}
+	}
+	return ""
+}
+
+// sessionMark is the file that tells the unit's ExecStopPost= that the service manager keeps
+// the store's FUSE session for the next daemon: the mount stays alive with no daemon serving
+// it, and must be neither probed (nothing would answer) nor detached. It lives in the service's
+// runtime directory ($RUNTIME_DIRECTORY, RuntimeDirectory=), which systemd removes at every
+// stop once ExecStopPost= ran; "" without one.
+func sessionMark() string {
+	dir, _, _ := strings.Cut(os.Getenv("RUNTIME_DIRECTORY"), ":")
+	if dir == "" {
+		return ""
+	}
+	return filepath.Join(dir, "fuse-session")
+}
+
+// forgetSession takes the ended session out of the service manager's store, and its mark.
+func forgetSession() {
+	_ = fdstore.Remove(fdFUSE)
+	_ = fdstore.Remove(fdState)
+	if mark := sessionMark(); mark != "" {
+		_ = os.Remove(mark)
+	}
 }
 
 // Close unmounts (if still mounted) and releases everything.
@@ -157,23 +306,33 @@ func serve(ctx context.Context, cfg *Config, mountpoint string, log *slog.Logger
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
 	defer signal.Stop(hup)
+	// SIGUSR2 re-executes the binary in place (see reexec).
+	usr2 := make(chan os.Signal, 1)
+	signal.Notify(usr2, syscall.SIGUSR2)
+	defer signal.Stop(usr2)
+	// The FUSE session of the previous process, from the service manager's store or from a
+	// re-execution: taken first, so that a failure below does not leave it to children.
+	inherited, err := fdstore.Listen()
+	if err != nil {
+		log.Warn("descriptors passed at start: ignored", "err", err)
+	}
 	ln, err := control.Listen(cfg.ControlSocket)
 	if err != nil {
 		return err
 	}
-	s, err := openStack(cfg, mountpoint, log)
+	s, err := openStack(cfg, mountpoint, inherited, log)
 	if err != nil {
 		ln.Close()
 		return err
 	}
 	api := &http.Server{
-		Handler:           control.Handler(s.manager, s.keys, time.Duration(or(cfg.CredentialTTL, Duration(control.DefaultCredentialTTL))), log),
+		Handler:           control.Handler(s, s.keys, time.Duration(or(cfg.CredentialTTL, Duration(control.DefaultCredentialTTL))), log),
 		ReadHeaderTimeout: 10 * time.Second,
 	}
 	go api.Serve(ln)
 	defer api.Close()
 	log.Info("serving", "mountpoint", mountpoint, "cache", cfg.CacheDir, "control", cfg.ControlSocket, "version", version)
-	if err := sdnotify.Notify("READY=1\nSTATUS=serving " + mountpoint); err != nil {
+	if err := sdnotify.Notify("READY=1\nSTATUS=" + servingStatus + mountpoint); err != nil {
 		log.Warn("notifying systemd", "err", err)
 	}
 
@@ -188,6 +347,10 @@ wait:
 		select {
 		case <-hup:
 			s.reload(log)
+		case <-usr2:
+			if err := s.reexec(log, api); err != nil {
+				return err
+			}
 		case <-ctx.Done():
 			log.Info("stopping", "mountpoint", mountpoint)
 			_ = sdnotify.Notify("STOPPING=1")
@@ -220,17 +383,105 @@ func (s *stack) reload(log *slog.Logger) {
 	log.Info("SIGHUP: reloaded the registries configuration; credentials are read again for the next resolutions")
 }
 
+// servingStatus starts the STATUS= the daemon sends once it serves, followed by the mountpoint
+// (layerstore keep reads it).
+const servingStatus = "serving "
+
+// stopTimeout bounds how long a stop or a re-execution waits for the FUSE requests being
+// answered: those left over are answered by the next process (FUSE_NOTIFY_RESEND).
+const stopTimeout = 5 * time.Second
+
+// reexec replaces the process with its binary as it is now on disk (a new version after an
+// upgrade), at the same pid, handing it the FUSE session: the store stops serving without
+// unmounting, the layers and the cache are closed, and the new program resumes the session
+// (LISTEN_FDS). The binary is checked first (it runs: `layerstore version`): a binary that
+// cannot run leaves the daemon serving as before. It returns only when the replacement
+// failed after the store stopped serving: the daemon then exits with an error, and a service
+// manager that keeps the session restarts it (Restart=on-failure).
+func (s *stack) reexec(log *slog.Logger, api *http.Server) error {
+	sess, ok := s.mount.Session()
+	if !ok {
+		log.Error("SIGUSR2: not re-executing: the mount has no FUSE session to hand over")
+		return nil
+	}
+	exe, err := os.Executable()
+	if err == nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		var out []byte
+		out, err = exec.CommandContext(ctx, exe, "version").CombinedOutput()
+		cancel()
+		if err != nil {
+			err = fmt.Errorf("%s version: %w: %s", exe, err, bytes.TrimSpace(out))
+		} else {
+			log.Info("SIGUSR2: re-executing the daemon in place with its FUSE session", "binary", exe, "new", string(bytes.TrimSpace(out)), "old", version)
+		}
+	}
+	if err != nil {
+		log.Error("SIGUSR2: not re-executing: the binary does not run", "err", err)
+		return nil
+	}
+	_ = sdnotify.Notify("STATUS=re-executing " + exe)
+	api.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), stopTimeout)
+	if err := s.mount.Stop(ctx); err != nil {
+		log.Warn("stopping the store: requests still being answered are left to the next program", "err", err)
+	}
+	cancel()
+	s.mount = nil // not unmounted: the next program serves it
+	s.Close()
+	err = fdstore.Exec(exe, os.Args, os.Environ(), []fdstore.Named{{Name: fdFUSE, File: sess.Dev}, {Name: fdState, File: sess.State}})
+	log.Error("SIGUSR2: re-executing failed after the store stopped serving: exiting", "err", err)
+	return err
+}
+
 // unmountRetry is how often a busy store is unmounted again.
 const unmountRetry = time.Second
 
-// unmount ends the mount at a stop. While the store is busy (running containers have files
-// open in it: EBUSY), the daemon serves on, so that they keep working, and tries again every
+// inUse reports whether a runtime holds a layer of the store (its images depend on the store).
+func (s *stack) inUse() bool {
+	for _, l := range s.manager.Status().Layers {
+		if l.Users > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// leave stops serving the store without unmounting it, for the next process: the service
+// manager keeps the FUSE session and hands it over when it starts the daemon again (a restart,
+// an upgrade). The daemon cannot tell a restart from a stop for good, so it leaves the session
+// whenever the store is in use: runtimes hold its layers (their images depend on it), the
+// session was resumed (the counts of the runtimes' uses died with the previous daemon), or an
+// unmount fails (files open). It cannot wait for the unmount to tell: overlayfs holds private
+// clones of the mount, so an unmount succeeds under running containers and would take the
+// mountpoint from the next daemon. At a stop for good, the unit's ExecStopPost= (or `layerstore
+// keep`) detaches the mount, and the manager closes the session, which ends the connection
+// (files still open in the store fail, as they would at any stop).
+func (s *stack) leave(log *slog.Logger) {
+	log.Info("leaving the store's FUSE session to the service manager for the next daemon", "mountpoint", s.mount.Mountpoint())
+	_ = sdnotify.Notify("STATUS=stopping: the store's session is left to the next daemon")
+	ctx, cancel := context.WithTimeout(context.Background(), stopTimeout)
+	defer cancel()
+	if err := s.mount.Stop(ctx); err != nil {
+		log.Warn("stopping the store: requests still being answered are left to the next daemon", "err", err)
+	}
+	s.mount = nil
+}
+
+// unmount ends the mount at a stop. When the service manager keeps the FUSE session and the
+// store is in use, the daemon leaves the session to the next process instead (see leave).
+// While the store is busy
+// (running containers have files open in it: EBUSY), the daemon serves on, so that they keep working, and tries again every
 // unmountRetry: it exits cleanly once they have stopped. A second SIGTERM or SIGINT (again)
 // detaches the store instead: it leaves the mount namespace at once, so that runtimes never
 // meet a dead mount, and the files still open in it fail once the daemon has exited. Under
 // systemd, a stop that outlasts TimeoutStopSec= ends with SIGKILL, and ExecStopPost= detaches
 // the dead mount. A mount someone else removed (gone) is left alone.
 func (s *stack) unmount(log *slog.Logger, again <-chan os.Signal, gone <-chan struct{}) {
+	if s.stored && (s.session.Resumed || s.inUse()) {
+		s.leave(log)
+		return
+	}
 	mp := s.mount.Mountpoint()
 	for busy := false; ; busy = true {
 		err := s.mount.Unmount()
@@ -248,6 +499,10 @@ func (s *stack) unmount(log *slog.Logger, again <-chan os.Signal, gone <-chan st
 		if !errors.Is(err, syscall.EBUSY) {
 			log.Warn("unmount failed: detaching the store", "mountpoint", mp, "err", err)
 			break
+		}
+		if s.stored {
+			s.leave(log)
+			return
 		}
 		if !busy {
 			log.Warn("the store is busy (running containers use it): serving until they stop; signal again to detach it now", "mountpoint", mp)

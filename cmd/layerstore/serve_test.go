@@ -119,6 +119,41 @@ func (e *serveEnv) start() *daemon {
 	return e.startCmd(cmd)
 }
 
+// startUnmanaged runs the daemon without a service manager ($NOTIFY_SOCKET unset: nobody keeps
+// its FUSE session) and returns once it serves.
+func (e *serveEnv) startUnmanaged() *daemon {
+	t := e.t
+	t.Helper()
+	cmd := exec.Command(e.bin, "serve", "--config", e.config, e.mnt)
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "NOTIFY_SOCKET=") {
+			cmd.Env = append(cmd.Env, kv)
+		}
+	}
+	d := &daemon{t: t, cmd: cmd, mnt: e.mnt, socket: e.socket, log: &syncbuf.Buffer{}, exited: make(chan error, 1)}
+	cmd.Stderr = d.log
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { d.exited <- cmd.Wait() }()
+	t.Cleanup(func() {
+		if cmd.ProcessState == nil {
+			cmd.Process.Kill()
+			<-d.exited
+		}
+		syscall.Unmount(e.mnt, syscall.MNT_DETACH)
+		if t.Failed() {
+			t.Logf("daemon log:\n%s", d.log.String())
+		}
+	})
+	for deadline := time.Now().Add(30 * time.Second); !strings.Contains(d.log.String(), "msg=serving"); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the daemon does not serve:\n%s", d.log.String())
+		}
+	}
+	return d
+}
+
 // startCmd runs cmd, a `layerstore serve`, with NOTIFY_SOCKET added to its environment, and
 // returns once the daemon said READY=1, checking that the mount answered by then.
 func (e *serveEnv) startCmd(cmd *exec.Cmd) *daemon {
@@ -325,7 +360,8 @@ func isMount(t *testing.T, p string) bool {
 	return false
 }
 
-// TestStopWhileBusy: SIGTERM while a file of the store is open (a running container) cannot
+// TestStopWhileBusy: without a service manager keeping its session, SIGTERM while a file of
+// the store is open (a running container) cannot
 // unmount. The daemon serves on and exits cleanly once the file is closed; a second signal
 // detaches the store at once.
 func TestStopWhileBusy(t *testing.T) {
@@ -359,7 +395,8 @@ func TestStopWhileBusy(t *testing.T) {
 	}
 
 	t.Run("serves until the store is free", func(t *testing.T) {
-		d := e.start()
+		e.t = t
+		d := e.startUnmanaged()
 		f := busy(d)
 		if stopped(d, 2*unmountRetry) {
 			t.Fatal("the daemon exited while the store was busy")
@@ -380,7 +417,8 @@ func TestStopWhileBusy(t *testing.T) {
 	})
 
 	t.Run("a second signal detaches", func(t *testing.T) {
-		d := e.start()
+		e.t = t
+		d := e.startUnmanaged()
 		f := busy(d)
 		defer f.Close()
 		d.cmd.Process.Signal(syscall.SIGTERM)

@@ -45,6 +45,8 @@ const (
 	unitBinary = "/usr/bin/layerstore"
 	unitConfig = "/etc/layerstore/config.toml"
 	unitStore  = "/var/lib/layerstore/store"
+	// unitSessionMark is where the daemon says the unit keeps its FUSE session (RuntimeDirectory=).
+	unitSessionMark = "/run/layerstore/fuse-session"
 )
 
 // unitFile is a parsed systemd unit file: section -> key -> values, in order, as systemd reads
@@ -260,13 +262,15 @@ func unitCommand(t *testing.T, u unitFile, argv []string, paths map[string]strin
 
 // TestUnitExecStart runs the unit's ExecStart= exactly as written, relocated under a temporary
 // directory, with the unit's capabilities and without HOME: READY=1 only once the store is
-// mounted, a lazy read through it, SIGTERM (systemctl stop) unmounting it. Then the
-// ExecStopPost= safety net: it detaches the dead mount a killed daemon leaves, and leaves a
-// live mount and an empty mountpoint alone.
+// mounted, a lazy read through it, SIGTERM (systemctl stop) and ExecStopPost= leaving no
+// mount. Then the ExecStopPost= safety net: it detaches the dead mount a killed daemon leaves
+// unless the daemon's session is kept for a restart, and leaves a live mount and an empty
+// mountpoint alone.
 func TestUnitExecStart(t *testing.T) {
 	e := newServeEnv(t)
 	u := readUnitFile(t, unitFilePath)
-	paths := map[string]string{unitBinary: e.bin, unitConfig: e.config, unitStore: e.mnt}
+	paths := map[string]string{unitBinary: e.bin, unitConfig: e.config, unitStore: e.mnt,
+		unitSessionMark: filepath.Join(t.TempDir(), "fuse-session")}
 	if err := os.Remove(e.mnt); err != nil && !errors.Is(err, os.ErrNotExist) {
 		t.Fatal(err)
 	}
@@ -304,20 +308,32 @@ func TestUnitExecStart(t *testing.T) {
 		t.Fatalf("store after ExecStopPost: %v", err)
 	}
 
-	// systemctl stop: SIGTERM to the main process, which unmounts and exits 0.
+	// systemctl stop: SIGTERM to the main process, which leaves its FUSE session to the service
+	// manager and exits 0; this test's notify socket does not keep it, so the connection ends
+	// with the daemon, and ExecStopPost detaches the dead mount.
 	d.stop()
+	runStopPost()
 	if isMount(t, e.mnt) {
-		t.Error("still mounted after SIGTERM")
+		t.Error("still mounted after SIGTERM and ExecStopPost")
 	}
 	runStopPost() // nothing mounted: nothing done
 
-	// A crash leaves a dead mount; ExecStopPost detaches it.
+	// A crash leaves a dead mount. While the daemon says the service manager keeps its session
+	// (the mark), the mount is left for the next daemon unless the job is a stop (no systemd
+	// here: no job, as after a crash that Restart= restarts); without the mark, ExecStopPost
+	// detaches it.
 	d = e.startCmd(unitCommand(t, u, execStart, paths))
 	d.cmd.Process.Kill()
 	<-d.exited
 	if _, err := os.ReadDir(e.mnt); !errors.Is(err, syscall.ENOTCONN) {
 		t.Fatalf("store after SIGKILL: %v, want ENOTCONN", err)
 	}
+	mustWrite(t, paths[unitSessionMark], "")
+	runStopPost()
+	if !isMount(t, e.mnt) {
+		t.Fatal("ExecStopPost detached a mount whose session the service manager keeps for a restart")
+	}
+	os.Remove(paths[unitSessionMark])
 	runStopPost()
 	if isMount(t, e.mnt) {
 		t.Fatal("the dead mount is still there after ExecStopPost")
