@@ -20,6 +20,7 @@ import (
 
 	storefs "github.com/layerstore/layerstore/fs"
 	"github.com/layerstore/layerstore/internal/control"
+	"github.com/layerstore/layerstore/internal/fdstore"
 	"github.com/layerstore/layerstore/internal/testutil/svcmanager"
 	"github.com/layerstore/layerstore/internal/testutil/syncbuf"
 	"github.com/layerstore/layerstore/layer"
@@ -299,9 +300,15 @@ func (d *daemon) startBinary(t *testing.T, path string) {
 	if d.manager == nil {
 		d.manager = svcmanager.New(t, d.dir)
 	}
-	d.cmd = d.manager.Command([]string{path, "serve", "--config", filepath.Join(d.dir, "config.toml"), d.mnt}, d.env)
+	cmd, err := d.manager.Command([]string{path, "serve", "--config", filepath.Join(d.dir, "config.toml"), d.mnt}, d.env)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.cmd = cmd
 	d.cmd.Stdout, d.cmd.Stderr = d.log, d.log
-	if err := d.cmd.Start(); err != nil {
+	err = d.cmd.Start()
+	fdstore.CloseExtra(cmd)
+	if err != nil {
 		t.Fatal(err)
 	}
 	done := make(chan struct{})

@@ -82,9 +82,15 @@ func runKeep(args []string, stderr io.Writer) int {
 			return 1
 		}
 		starts = append(starts, now)
-		cmd := k.Command(args, nil)
+		cmd, err := k.Command(args, nil)
+		if err != nil {
+			fmt.Fprintf(stderr, "layerstore keep: %v\n", err)
+			return 1
+		}
 		cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, stderr
-		if err := cmd.Start(); err != nil {
+		err = cmd.Start()
+		fdstore.CloseExtra(cmd)
+		if err != nil {
 			fmt.Fprintf(stderr, "layerstore keep: %v\n", err)
 			return 1
 		}

@@ -16,6 +16,7 @@ import (
 
 	"github.com/opencontainers/go-digest"
 
+	"github.com/layerstore/layerstore/internal/fdstore"
 	"github.com/layerstore/layerstore/internal/testutil/svcmanager"
 	"github.com/layerstore/layerstore/internal/testutil/syncbuf"
 	"github.com/layerstore/layerstore/internal/testutil/testlayer"
@@ -26,10 +27,15 @@ import (
 func (e *serveEnv) startManaged(m *svcmanager.Manager, bin string, log *syncbuf.Buffer) *daemon {
 	t := e.t
 	t.Helper()
-	cmd := m.Command([]string{bin, "serve", "--config", e.config, e.mnt}, os.Environ())
+	cmd, err := m.Command([]string{bin, "serve", "--config", e.config, e.mnt}, os.Environ())
+	if err != nil {
+		t.Fatal(err)
+	}
 	d := &daemon{t: t, cmd: cmd, mnt: e.mnt, socket: e.socket, log: log, exited: make(chan error, 1)}
 	cmd.Stderr = log
-	if err := cmd.Start(); err != nil {
+	err = cmd.Start()
+	fdstore.CloseExtra(cmd)
+	if err != nil {
 		t.Fatal(err)
 	}
 	exited := make(chan struct{})

@@ -2,6 +2,7 @@ package fdstore
 
 import (
 	"errors"
+	"fmt"
 	"net"
 	"os"
 	"os/exec"
@@ -159,6 +160,12 @@ func (k *Keeper) remove(name string) {
 func (k *Keeper) Stored() []Named {
 	k.mu.Lock()
 	defer k.mu.Unlock()
+	return k.live()
+}
+
+// live drops the stored descriptors that report an error or a hang-up and returns the others.
+// k.mu is held.
+func (k *Keeper) live() []Named {
 	kept := k.stored[:0]
 	for _, s := range k.stored {
 		fds := []unix.PollFd{{Fd: int32(s.File.Fd()), Events: unix.POLLIN}}
@@ -193,8 +200,10 @@ func (k *Keeper) Names() []string {
 // Command returns argv as a command that gets NOTIFY_SOCKET and the stored descriptors
 // (descriptors 3 on, LISTEN_FDS, LISTEN_FDNAMES, and LISTEN_PID set to its own pid by a
 // /bin/sh that execs argv, as systemd sets it between fork and exec), with env (nil: this
-// process's environment) minus any LISTEN_* variables.
-func (k *Keeper) Command(argv []string, env []string) *exec.Cmd {
+// process's environment) minus any LISTEN_* variables. The descriptors in cmd.ExtraFiles are
+// duplicates of the stored ones (the process may replace what it stored while it starts): the
+// caller closes them once the command started.
+func (k *Keeper) Command(argv []string, env []string) (*exec.Cmd, error) {
 	if env == nil {
 		env = os.Environ()
 	}
@@ -206,20 +215,43 @@ func (k *Keeper) Command(argv []string, env []string) *exec.Cmd {
 		}
 	}
 	out = append(out, "NOTIFY_SOCKET="+k.path)
-	stored := k.Stored()
+	k.mu.Lock()
+	stored := k.live()
+	names := make([]string, len(stored))
+	files := make([]*os.File, len(stored))
+	var err error
+	for i, s := range stored {
+		names[i] = s.Name
+		var fd int
+		if fd, err = unix.FcntlInt(s.File.Fd(), unix.F_DUPFD_CLOEXEC, 3); err != nil {
+			break
+		}
+		files[i] = os.NewFile(uintptr(fd), s.Name)
+	}
+	k.mu.Unlock()
+	if err != nil {
+		for _, f := range files {
+			if f != nil {
+				f.Close()
+			}
+		}
+		return nil, fmt.Errorf("fdstore: duplicating a stored descriptor: %w", err)
+	}
 	if len(stored) == 0 {
 		cmd := exec.Command(argv[0], argv[1:]...)
 		cmd.Env = out
-		return cmd
-	}
-	names := make([]string, len(stored))
-	files := make([]*os.File, len(stored))
-	for i, s := range stored {
-		names[i], files[i] = s.Name, s.File
+		return cmd, nil
 	}
 	out = append(out, envFDs+"="+strconv.Itoa(len(stored)), envNames+"="+strings.Join(names, ":"))
 	cmd := exec.Command("/bin/sh", append([]string{"-c", `LISTEN_PID=$$; export LISTEN_PID; exec "$0" "$@"`}, argv...)...)
 	cmd.Env = out
 	cmd.ExtraFiles = files
-	return cmd
+	return cmd, nil
+}
+
+// CloseExtra closes the duplicates a command from Command was given, once it started.
+func CloseExtra(cmd *exec.Cmd) {
+	for _, f := range cmd.ExtraFiles {
+		f.Close()
+	}
 }

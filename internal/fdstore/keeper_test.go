@@ -48,8 +48,12 @@ func TestKeeper(t *testing.T) {
 		}
 	}
 	waitNames("pipe", "other")
-	cmd := m.Command([]string{"/bin/sh", "-c", `echo "$LISTEN_PID $$ $LISTEN_FDS $LISTEN_FDNAMES $NOTIFY_SOCKET"; exec 3>&- 4>&- || exit 1`}, []string{"LISTEN_FDS=9"})
+	cmd, err := m.Command([]string{"/bin/sh", "-c", `echo "$LISTEN_PID $$ $LISTEN_FDS $LISTEN_FDNAMES $NOTIFY_SOCKET"; exec 3>&- 4>&- || exit 1`}, []string{"LISTEN_FDS=9"})
+	if err != nil {
+		t.Fatal(err)
+	}
 	out, err := cmd.Output()
+	CloseExtra(cmd)
 	if want := fmt.Sprintf("%d %d 2 pipe:other %s\n", cmd.Process.Pid, cmd.Process.Pid, m.Path()); err != nil || string(out) != want {
 		t.Fatalf("the next process got %q (%v), want %q", out, err, want)
 	}
