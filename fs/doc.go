@@ -47,7 +47,9 @@
 // holds nothing per entry the kernel knows and FORGET is ignored. A file handle is the node ID
 // (with the top bit set for a passthrough open): reads are stateless (Layer.ReadFile at an
 // offset, info read again at each read), and a directory listing resumes at any offset it
-// gave.
+// gave. A block of numbers keeps its layer while it is used, and asks the Store for it again
+// after ten idle minutes (and in a process that resumed the session), so that layers the
+// runtime no longer uses are the Store's to free.
 // # Who may use the mount
 //
 // Only root: the runtime, and overlayfs on behalf of containers. The daemon resolves layers

@@ -62,6 +62,7 @@ type filesystem struct {
 	blocks    map[uint64]*block // block number -> block
 	byKey     map[blockKey]*block
 	nextBlock uint64
+	swept     atomic.Int64 // unix time of the last sweep
 
 	ptMu sync.Mutex // guards the passthrough state below
 	// inherited holds the backing IDs that earlier processes of the session registered
@@ -93,8 +94,19 @@ type block struct {
 	key     digest.Digest
 	ident   chunked.Sum
 	resumed bool // numbered by an earlier process of the session
-	layer   atomic.Pointer[layerBox]
+	// layer is the layer the block's numbers belong to, nil once unused for layerIdle
+	// (layerOf then asks the Store again); used is the unix time of its last use.
+	layer atomic.Pointer[layerBox]
+	used  atomic.Int64
 }
+
+// layerIdle is how long a block keeps its layer unused. The daemon holds no state per
+// entry, but a layer's index is large: a layer the runtime no longer uses is left to the
+// Store to free. sweepEvery bounds how often blocks are looked at.
+const (
+	layerIdle  = 10 * time.Minute
+	sweepEvery = time.Minute
+)
 
 type layerBox struct{ Layer }
 
@@ -227,7 +239,23 @@ func (fsys *filesystem) block(ref string, key digest.Digest, l Layer) (*block, e
 	if cur := b.layer.Load(); cur == nil || cur.Layer != l {
 		b.layer.Store(&layerBox{l})
 	}
+	now := time.Now()
+	b.used.Store(now.Unix())
+	if last := fsys.swept.Load(); now.Unix()-last >= int64(sweepEvery/time.Second) && fsys.swept.CompareAndSwap(last, now.Unix()) {
+		fsys.sweep(now)
+	}
 	return b, nil
+}
+
+// sweep drops the layers of blocks unused for layerIdle.
+func (fsys *filesystem) sweep(now time.Time) {
+	fsys.mu.RLock()
+	defer fsys.mu.RUnlock()
+	for _, b := range fsys.blocks {
+		if box := b.layer.Load(); box != nil && now.Unix()-b.used.Load() >= int64(layerIdle/time.Second) {
+			b.layer.CompareAndSwap(box, nil)
+		}
+	}
 }
 
 // blockOf returns the block of inode number ino and ino's offset in it.
@@ -243,6 +271,7 @@ func (fsys *filesystem) blockOf(ino uint64) (*block, uint64, bool) {
 // is no longer the block's answers ESTALE: its entries may be numbered otherwise, and serving
 // them under the kernel's numbers could serve one file's bytes for another's.
 func (fsys *filesystem) layerOf(ctx context.Context, b *block) (Layer, syscall.Errno) {
+	b.used.Store(time.Now().Unix())
 	if box := b.layer.Load(); box != nil {
 		return box.Layer, 0
 	}

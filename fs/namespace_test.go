@@ -394,3 +394,31 @@ func TestRefInoAllocation(t *testing.T) {
 		t.Errorf("a new name in the next process got %#x, a number handed out before (a=%#x, b=%#x)", c, a, b)
 	}
 }
+
+// TestIdleLayerDropped checks that a block lets go of a layer unused for layerIdle and gets
+// it again from the Store, with the same numbers, at its next use.
+func TestIdleLayerDropped(t *testing.T) {
+	store := newTestStore()
+	l := newTestLayer(t, fixture(t, "estargz"))
+	store.add(testRef, l)
+	fsys := newFilesystem(store, nil, time.Second, time.Second, time.Now())
+	b, err := fsys.block(testRef, l.tocKey, l)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fsys.sweep(time.Now().Add(layerIdle / 2))
+	if b.layer.Load() == nil {
+		t.Fatal("a layer used recently was dropped")
+	}
+	fsys.sweep(time.Now().Add(layerIdle + time.Second))
+	if b.layer.Load() != nil {
+		t.Fatal("a layer unused for layerIdle was kept")
+	}
+	got, errno := fsys.layerOf(t.Context(), b)
+	if errno != 0 || got != Layer(l) || store.count(store.lookups, testRef, l.tocKey) != 1 {
+		t.Errorf("layerOf after the drop: %v, %v, %d lookups", got, errno, store.count(store.lookups, testRef, l.tocKey))
+	}
+	if again, _ := fsys.block(testRef, l.tocKey, l); again != b {
+		t.Error("the layer got another block")
+	}
+}

@@ -31,6 +31,7 @@ const (
 	resumeFixture  = "zstdchunked-modern"
 	otherFixture   = "estargz"
 	resumeWait     = 10 * time.Second
+	resumePTEnv    = "LAYERSTORE_FS_TEST_RESUME_PT" // a local copy of bigFile: passthrough on
 
 	bigFile     = "usr/share/big.bin" // read before and after each takeover
 	blockedFile = "etc/hostname"      // the first child's read of it never returns
@@ -51,6 +52,10 @@ func resumeStore(blockedPath string, sock *os.File) (*testStore, error) {
 	l, err := openTestLayer(context.Background(), byName[resumeFixture])
 	if err != nil {
 		return nil, err
+	}
+	if p := os.Getenv(resumePTEnv); p != "" {
+		id, _ := l.Index().LookupPath(bigFile)
+		l.backing[id] = p
 	}
 	store := newTestStore()
 	var served Layer = l
@@ -91,7 +96,7 @@ func (l *blockingLayer) ReadFile(ctx context.Context, id chunked.EntryID, p []by
 
 func resumeOptions() Options {
 	opts := DefaultOptions()
-	opts.Passthrough = false // every read reaches the daemon
+	opts.Passthrough = os.Getenv(resumePTEnv) != "" // else every read reaches the daemon
 	return opts
 }
 
@@ -398,4 +403,83 @@ func maps2Equal(a, b map[string]uint64) bool {
 		}
 	}
 	return true
+}
+
+// TestResumeKeepsPassthrough: a file open with passthrough when the daemon is killed keeps
+// its backing file in the kernel, and the next process must open the same inode with the
+// same backing ID: the kernel refuses (EIO) an open through the daemon of an inode open with
+// passthrough.
+func TestResumeKeepsPassthrough(t *testing.T) {
+	testfuse.Require(t)
+	var content []byte
+	for _, e := range testlayer.Entries() {
+		if e.Header.Name == bigFile {
+			content = e.Data
+		}
+	}
+	local := filepath.Join(t.TempDir(), "big.bin")
+	if err := os.WriteFile(local, content, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	mnt := t.TempDir()
+	l := newTestLayer(t, fixture(t, resumeFixture))
+	path := layerPath(mnt, testRef, l.tocKey, "diff", bigFile)
+	env := []string{resumePTEnv + "=" + local}
+
+	conn1, end1 := seqpacket(t)
+	first := resumeChild(t, "resume-first", mnt, env, end1)
+	_ = conn1.SetReadDeadline(time.Now().Add(resumeWait))
+	msg, oob := make([]byte, 16), make([]byte, unix.CmsgSpace(8))
+	_, oobn, _, _, err := conn1.ReadMsgUnix(msg, oob)
+	if err != nil {
+		t.Fatalf("receiving the session: %v", err)
+	}
+	scm, err := unix.ParseSocketControlMessage(oob[:oobn])
+	if err != nil || len(scm) != 1 {
+		t.Fatalf("control message: %v", err)
+	}
+	fds, err := unix.ParseUnixRights(&scm[0])
+	if err != nil || len(fds) != 2 {
+		t.Fatalf("rights: %v, %v", fds, err)
+	}
+	dev, state := os.NewFile(uintptr(fds[0]), "dev"), os.NewFile(uintptr(fds[1]), "state")
+	var opened []*os.File
+	watchdog := time.AfterFunc(time.Minute, func() { abortMount(mnt) })
+	t.Cleanup(func() {
+		watchdog.Stop()
+		abortMount(mnt)
+		for _, f := range opened {
+			f.Close()
+		}
+		dev.Close()
+		state.Close()
+	})
+	read := func(what string, f *os.File) {
+		t.Helper()
+		b := make([]byte, len(content))
+		if n, err := f.ReadAt(b, 0); n != len(content) || !bytes.Equal(b, content) {
+			t.Fatalf("%s: read %d bytes, %v", what, n, err)
+		}
+	}
+	early, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	opened = append(opened, early)
+	read("before the kill", early)
+	if err := first.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	_ = first.Wait()
+	read("passthrough without a daemon", early)
+
+	conn2, end2 := seqpacket(t)
+	resumeChild(t, "resume-next", mnt, env, dev, state, end2)
+	expectMsg(t, conn2, "R")
+	late, err := os.Open(path)
+	if err != nil {
+		t.Fatalf("open after the takeover of a file open with passthrough: %v", err)
+	}
+	opened = append(opened, late)
+	read("opened after the takeover", late)
 }
