@@ -355,12 +355,21 @@ func TestResumeAfterKillAndStop(t *testing.T) {
 		t.Fatal(err)
 	}
 	expectMsg(t, conn2, "T")
+	// An open always reaches the daemon (a read might find its pages in the kernel's cache).
+	var other string
+	for name, data := range content {
+		if name != bigFile && name != blockedFile && len(data) > 0 && filepath.Dir(name) != "." {
+			if _, ok := l.Index().LookupPath(name); ok {
+				other = name
+				break
+			}
+		}
+	}
 	pending := make(chan error, 1)
 	go func() {
-		b := make([]byte, 8192)
-		_, err := big.ReadAt(b, size-8192)
-		if err == nil && !bytes.Equal(b, want(bigFile, size-8192, 8192)) {
-			err = errors.New("wrong bytes")
+		b, err := os.ReadFile(filepath.Join(diff, other))
+		if err == nil && !bytes.Equal(b, content[other]) {
+			err = fmt.Errorf("%s: wrong bytes", other)
 		}
 		pending <- err
 	}()
