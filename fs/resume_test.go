@@ -30,7 +30,7 @@ const (
 	resumeStoreEnv = "LAYERSTORE_FS_TEST_RESUME_STORE" // "changed": otherRef's layer changed
 	resumeFixture  = "zstdchunked-modern"
 	otherFixture   = "estargz"
-	resumeWait     = 10 * time.Second
+	resumeWait     = 45 * time.Second               // a bound: children build the fixtures first, slow on a loaded machine
 	resumePTEnv    = "LAYERSTORE_FS_TEST_RESUME_PT" // a local copy of bigFile: passthrough on
 
 	bigFile     = "usr/share/big.bin" // read before and after each takeover
@@ -236,7 +236,7 @@ func TestResumeAfterKillAndStop(t *testing.T) {
 
 	// Whatever happens, the connection ends with the test (a hung request would hang it).
 	var opened []*os.File
-	watchdog := time.AfterFunc(time.Minute, func() { abortMount(mnt) })
+	watchdog := time.AfterFunc(4*time.Minute, func() { abortMount(mnt) })
 	t.Cleanup(func() {
 		watchdog.Stop()
 		abortMount(mnt)
@@ -453,7 +453,7 @@ func TestResumeKeepsPassthrough(t *testing.T) {
 	}
 	dev, state := os.NewFile(uintptr(fds[0]), "dev"), os.NewFile(uintptr(fds[1]), "state")
 	var opened []*os.File
-	watchdog := time.AfterFunc(time.Minute, func() { abortMount(mnt) })
+	watchdog := time.AfterFunc(4*time.Minute, func() { abortMount(mnt) })
 	t.Cleanup(func() {
 		watchdog.Stop()
 		abortMount(mnt)
