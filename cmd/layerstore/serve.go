@@ -222,8 +222,8 @@ func inheritedSession(inherited []fdstore.Named, log *slog.Logger) (storefs.Sess
 // endSession lets a FUSE session go: out of the service manager's store, and closed here, so
 // that the kernel ends the connection once no process holds it.
 func endSession(sess storefs.Session) {
-	for name, f := range map[string]*os.File{fdFUSE: sess.Dev, fdState: sess.State} {
-		_ = fdstore.Remove(name)
+	forgetSession()
+	for _, f := range []*os.File{sess.Dev, sess.State} {
 		if f != nil {
 			f.Close()
 		}
@@ -488,6 +488,9 @@ func (s *stack) unmount(log *slog.Logger, again <-chan os.Signal, gone <-chan st
 		if err == nil {
 			<-gone
 			s.mount = nil
+			if s.stored { // the connection ended: nothing for the next process
+				forgetSession()
+			}
 			return
 		}
 		select {
