@@ -3,6 +3,7 @@ package main
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"fmt"
 	"io"
 	"os"
 	"os/exec"
@@ -20,6 +21,7 @@ import (
 	"github.com/layerstore/layerstore/internal/testutil/svcmanager"
 	"github.com/layerstore/layerstore/internal/testutil/syncbuf"
 	"github.com/layerstore/layerstore/internal/testutil/testlayer"
+	"github.com/layerstore/layerstore/layer"
 )
 
 // startManaged starts `layerstore serve` (the binary at bin) under the service manager m,
@@ -225,4 +227,182 @@ func TestKeepRestartsCrashedDaemon(t *testing.T) {
 	if isMount(t, e.mnt) {
 		t.Error("still mounted after keep stopped")
 	}
+}
+
+// TestKillAtEveryPhase kills the daemon (kill -9) while a request of the kernel waits for it
+// in each phase of its work, and checks that the next process, resuming the session, answers
+// every request with the right bytes:
+//   - lookup: a runtime's first lookup of a layer, while the daemon waits for the registry
+//     (the TOC's range request hangs); the kernel re-sends the LOOKUP to the next process;
+//   - fetch: a read of a file never fetched, while its chunks are being fetched (hanging);
+//   - store: the background fetch, slowed to a trickle so that kills land while chunks are
+//     written to the cache, killed three times; the last process completes it and every file
+//     of the layer reads as the reference says, with no verification failure.
+func TestKillAtEveryPhase(t *testing.T) {
+	ref, err := testlayer.ReferenceTree(testlayer.Tar())
+	if err != nil {
+		t.Fatal(err)
+	}
+	// checkFile reads one file through the store and compares it with the reference layer.
+	checkFile := func(t *testing.T, diff, name string) error {
+		b, err := os.ReadFile(filepath.Join(diff, name))
+		if err != nil {
+			return err
+		}
+		if got := fmt.Sprintf("%x", sha256.Sum256(b)); got != ref[name].Content {
+			return fmt.Errorf("%s: sha256 %s, want %s", name, got, ref[name].Content)
+		}
+		return nil
+	}
+	// inFlight runs f in the background; the returned function waits for its result.
+	inFlight := func(t *testing.T, f func() error) func(time.Duration) error {
+		done := make(chan error, 1)
+		go func() { done <- f() }()
+		return func(bound time.Duration) error {
+			select {
+			case err := <-done:
+				return err
+			case <-time.After(bound):
+				return fmt.Errorf("no answer within %v", bound)
+			}
+		}
+	}
+	// waitFor polls cond until it holds (failing after 30 s).
+	waitFor := func(t *testing.T, what string, cond func() bool) {
+		t.Helper()
+		for deadline := time.Now().Add(30 * time.Second); !cond(); time.Sleep(5 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: not within 30 s", what)
+			}
+		}
+	}
+	const tool = "usr/bin/tool"
+
+	t.Run("lookup", func(t *testing.T) {
+		e := newServeEnv(t)
+		m := svcmanager.New(t, t.TempDir())
+		log := &syncbuf.Buffer{}
+		t.Cleanup(func() {
+			if t.Failed() {
+				t.Logf("daemon log:\n%s", log.String())
+			}
+		})
+		d := e.startManaged(m, e.bin, log)
+		blob := e.fixture.Desc.Digest
+		e.reg.Hang(blob, true)
+		diff := filepath.Join(e.layerDir(e.tocKey()), "diff")
+		wait := inFlight(t, func() error { return checkFile(t, diff, tool) })
+		waitFor(t, "the lookup's range request", func() bool { return e.reg.Stats(blob).Ranged > 0 })
+		d.cmd.Process.Kill()
+		<-d.exited
+		e.reg.Hang(blob, false)
+		start := time.Now()
+		e.startManaged(m, e.bin, log)
+		if err := wait(30 * time.Second); err != nil {
+			t.Fatalf("the lookup in flight at the kill: %v", err)
+		}
+		t.Logf("the lookup in flight at the kill answered %v after the next process started", time.Since(start).Round(time.Millisecond))
+		if st := e.status(); st.Counters.VerifyFailures != 0 || st.Session == nil || !st.Session.Resumed {
+			t.Errorf("after the kill: counters %+v, session %+v", st.Counters, st.Session)
+		}
+	})
+
+	t.Run("fetch", func(t *testing.T) {
+		e := newServeEnv(t)
+		e.setPrefetch("enabled = false\n")
+		m := svcmanager.New(t, t.TempDir())
+		log := &syncbuf.Buffer{}
+		t.Cleanup(func() {
+			if t.Failed() {
+				t.Logf("daemon log:\n%s", log.String())
+			}
+		})
+		d := e.startManaged(m, e.bin, log)
+		blob := e.fixture.Desc.Digest
+		diff := filepath.Join(e.layerDir(e.tocKey()), "diff")
+		if _, err := os.Stat(diff); err != nil { // resolved, nothing fetched yet
+			t.Fatal(err)
+		}
+		before := e.reg.Stats(blob).Ranged
+		e.reg.Hang(blob, true)
+		wait := inFlight(t, func() error { return checkFile(t, diff, tool) })
+		waitFor(t, "the read's range request", func() bool { return e.reg.Stats(blob).Ranged > before })
+		d.cmd.Process.Kill()
+		<-d.exited
+		e.reg.Hang(blob, false)
+		e.startManaged(m, e.bin, log)
+		if err := wait(30 * time.Second); err != nil {
+			t.Fatalf("the read in flight at the kill: %v", err)
+		}
+	})
+
+	t.Run("store", func(t *testing.T) {
+		e := newServeEnv(t)
+		// A trickle: the fixture's blob takes seconds, chunks are stored all along.
+		e.setPrefetch("bandwidth = \"64KiB\"\nbatch-size = \"64KiB\"\nconcurrency = 1\nquiet = \"0s\"\n")
+		m := svcmanager.New(t, t.TempDir())
+		log := &syncbuf.Buffer{}
+		t.Cleanup(func() {
+			if t.Failed() {
+				t.Logf("daemon log:\n%s", log.String())
+			}
+		})
+		d := e.startManaged(m, e.bin, log)
+		diff := filepath.Join(e.layerDir(e.tocKey()), "diff")
+		f, head, ino := e.openHalf() // a file open across the kills
+		var files []string
+		for name, n := range ref {
+			if n.Type == "reg" && n.HardTo == "" && name != tool {
+				files = append(files, name)
+			}
+		}
+		slices.Sort(files)
+		var last int64
+		for kill := range 3 {
+			// Kill once the background fetch has stored more than before, at a point of its own.
+			waitFor(t, "background progress", func() bool { return e.status().Cache.Bytes > last })
+			time.Sleep(time.Duration(50+kill*70) * time.Millisecond)
+			st := e.status()
+			last = st.Cache.Bytes
+			if len(st.Layers) != 1 || st.Layers[0].State != layer.StateFetching {
+				t.Fatalf("kill %d: the background fetch is not running: %+v", kill, st.Layers)
+			}
+			t.Logf("kill %d with %d bytes in the cache", kill, last)
+			d.cmd.Process.Kill()
+			<-d.exited
+			d = e.startManaged(m, e.bin, log)
+			// A container reads on: an open reaches the new process, which takes the layer
+			// from its record and resumes its background fetch.
+			if err := checkFile(t, diff, files[kill%len(files)]); err != nil {
+				t.Fatalf("after kill %d: %v", kill, err)
+			}
+		}
+		e.waitComplete()
+		e.readRest(f, head, ino)
+		for name, n := range ref {
+			if n.Type == "reg" && n.HardTo == "" {
+				if err := checkFile(t, diff, name); err != nil {
+					t.Error(err)
+				}
+			}
+		}
+		if st := e.status(); st.Counters.VerifyFailures != 0 {
+			t.Errorf("verification failures after the kills: %+v", st.Counters)
+		}
+	})
+}
+
+// tocKey is the key a modern runtime looks the fixture's layer up by: its TOC digest.
+func (e *serveEnv) tocKey() digest.Digest {
+	return digest.Digest(e.fixture.Desc.Annotations["io.github.containers.zstd-chunked.manifest-checksum"])
+}
+
+// setPrefetch appends a [prefetch] table with keys to the daemon's configuration.
+func (e *serveEnv) setPrefetch(keys string) {
+	e.t.Helper()
+	b, err := os.ReadFile(e.config)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	mustWrite(e.t, e.config, string(b)+"[prefetch]\n"+keys)
 }
