@@ -374,6 +374,9 @@ func Resume(mountpoint string, sess Session, store Store, opts Options) (*Server
 	}
 	fsys.tab = &table{f: sess.State, off: st.end}
 	go s.serve()
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() { <-s.done; cancel() }()
+	go fsys.restoreUses(ctx)
 	if resent {
 		opts.Logger.Info("resumed the FUSE session: requests the previous process left unanswered were resent",
 			"mountpoint", mountpoint, "references", len(st.refs), "layers", len(st.blocks), "backing_ids", len(st.backing))

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	iofs "io/fs"
 	"log/slog"
+	"maps"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -62,7 +63,11 @@ type filesystem struct {
 	blocks    map[uint64]*block // block number -> block
 	byKey     map[blockKey]*block
 	nextBlock uint64
-	swept     atomic.Int64 // unix time of the last sweep
+	// uses counts the runtime's uses of each layer directory (creates of use less rmdirs),
+	// kept in the session table so that a process resuming the session gives them back to
+	// its Store (restoreUses).
+	uses  map[useKey]int64
+	swept atomic.Int64 // unix time of the last sweep
 
 	ptMu sync.Mutex // guards the passthrough state below
 	// inherited holds the backing IDs that earlier processes of the session registered
@@ -141,6 +146,7 @@ func newFilesystem(store Store, log *slog.Logger, entryTO, attrTO time.Duration,
 		blocks:    map[uint64]*block{},
 		byKey:     map[blockKey]*block{},
 		nextBlock: 1,
+		uses:      map[useKey]int64{},
 		inherited: map[uint64]int32{},
 		opens:     map[uint64]*fileOpens{},
 		held:      make(chan struct{}),
@@ -164,6 +170,50 @@ func (fsys *filesystem) load(st *sessionState) {
 	}
 	for ino, id := range st.backing {
 		fsys.inherited[ino] = id
+	}
+	maps.Copy(fsys.uses, st.uses)
+}
+
+// countUse adds delta (1: a create of use; -1: an rmdir) to the runtime's uses of the layer
+// directory k, never below 0, and writes the new count to the session table.
+func (fsys *filesystem) countUse(k useKey, delta int64) {
+	fsys.mu.Lock()
+	defer fsys.mu.Unlock()
+	n := max(0, fsys.uses[k]+delta)
+	if n == fsys.uses[k] {
+		return
+	}
+	if n == 0 {
+		delete(fsys.uses, k)
+	} else {
+		fsys.uses[k] = n
+	}
+	if err := fsys.tab.appendUses(k, n); err != nil {
+		fsys.log.Warn("cannot record a use of a layer in the session table: a daemon resuming the session will not count it", "ref", k.ref, "key", k.key, "err", err)
+	}
+}
+
+// restoreUses gives the Store, in a process that resumed the session, the uses the runtime
+// took of layer directories under earlier processes and has not dropped: each such layer is
+// looked up again (from its record when it has one) and counted, so that its background
+// fetch goes on and it is not freed as unused while running containers read it.
+func (fsys *filesystem) restoreUses(ctx context.Context) {
+	fsys.mu.RLock()
+	uses := maps.Clone(fsys.uses)
+	fsys.mu.RUnlock()
+	restored := 0
+	for k, n := range uses {
+		if _, err := fsys.store.Lookup(ctx, k.ref, k.key); err != nil {
+			fsys.log.Warn("layer in use before the restart not resolved again; resolved at its next use", "ref", k.ref, "key", k.key, "err", err)
+			continue
+		}
+		for range n {
+			fsys.store.Use(k.ref, k.key)
+		}
+		restored++
+	}
+	if len(uses) > 0 {
+		fsys.log.Info("uses of layers taken back from the session", "layers", restored, "of", len(uses))
 	}
 }
 

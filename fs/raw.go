@@ -523,6 +523,7 @@ func (r *rawFS) Create(cancel <-chan struct{}, in *fuse.CreateIn, name string, _
 	if n.kind != kindLayerDir || name != "use" {
 		return fuse.EROFS
 	}
+	r.fsys.countUse(useKey{n.b.ref, n.b.key}, 1)
 	r.fsys.store.Use(n.b.ref, n.b.key)
 	return fuse.ENOENT
 }
@@ -543,6 +544,7 @@ func (r *rawFS) Rmdir(cancel <-chan struct{}, h *fuse.InHeader, name string) fus
 		return fuse.EACCES
 	}
 	if key, ok := parseKey(name); ok {
+		r.fsys.countUse(useKey{n.ref.ref, key}, -1)
 		r.fsys.store.Release(n.ref.ref, key)
 	}
 	return fuse.ENOENT

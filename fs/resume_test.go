@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"os"
 	"os/exec"
@@ -344,7 +345,7 @@ func TestResumeAfterKillAndStop(t *testing.T) {
 	if got := append(slices.Clone(listed), rest...); !slices.Equal(got, wantNames) {
 		t.Errorf("listing across the takeover:\n got %q\nwant %q", got, wantNames)
 	}
-	if after := inos(); !maps2Equal(after, before) {
+	if after := inos(); !maps.Equal(after, before) {
 		t.Errorf("inode numbers after the kill: %v, were %v", after, before)
 	}
 	lib := open(filepath.Join(diff, "usr", "share", filepath.Base(bigFile))) // a new open
@@ -392,7 +393,7 @@ func TestResumeAfterKillAndStop(t *testing.T) {
 		t.Fatalf("the read made during the stop did not complete within %v of the takeover", resumeWait)
 	}
 	readAt("after the stop", big, bigFile, 256<<10, 64<<10)
-	if after := inos(); !maps2Equal(after, before) {
+	if after := inos(); !maps.Equal(after, before) {
 		t.Errorf("inode numbers after the stop: %v, were %v", after, before)
 	}
 	b := make([]byte, 4096)
@@ -400,18 +401,6 @@ func TestResumeAfterKillAndStop(t *testing.T) {
 	if e := errnoOf(err); e != syscall.ESTALE && e != syscall.EIO {
 		t.Errorf("read of a file of a changed layer: %v, want ESTALE or EIO", err)
 	}
-}
-
-func maps2Equal(a, b map[string]uint64) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for k, v := range a {
-		if b[k] != v {
-			return false
-		}
-	}
-	return true
 }
 
 // TestResumeKeepsPassthrough: a file open with passthrough when the daemon is killed keeps

@@ -33,6 +33,8 @@ type Session struct{ Dev, State *os.File }
 //	ref:    number, name of the reference directory (uvarint length and bytes)
 //	block:  block number, reference, key (uvarint length and bytes each), identity (32 bytes)
 //	backing, unbacking: inode number, backing ID (uvarints; unbacking has no ID)
+//	uses:   reference, key (uvarint length and bytes each), the runtime's uses of that layer
+//	        directory (uvarint) after a create of use or an rmdir; the last one counts
 //
 // A record cut short by the death of its writer ends the table: the next process cuts it
 // off. Everything else is validated as untrusted input: lengths bounded, numbers in their
@@ -49,6 +51,9 @@ const (
 	recBlock     = 3
 	recBacking   = 4
 	recUnbacking = 5
+	recUses      = 6
+
+	maxUses = 1 << 20 // uses of one layer directory a table may hold
 
 	flagPassthrough = 1 << 0
 )
@@ -76,12 +81,19 @@ type blockRec struct {
 	ident chunked.Sum
 }
 
+// useKey is a layer directory as the runtime counts its uses: (reference, key).
+type useKey struct {
+	ref string
+	key digest.Digest
+}
+
 // sessionState is a decoded session table.
 type sessionState struct {
 	hdr     sessionHeader
 	refs    []refRec
 	blocks  []blockRec
 	backing map[uint64]int32 // inode -> backing ID registered and not unregistered
+	uses    map[useKey]int64 // the runtime's uses of layer directories, where not 0
 	end     int64            // where the last whole record ends
 }
 
@@ -164,6 +176,12 @@ func (t *table) appendUnbacking(ino uint64) error {
 	return t.append(recUnbacking, binary.AppendUvarint(nil, ino))
 }
 
+func (t *table) appendUses(k useKey, n int64) error {
+	b := appendBytes(nil, []byte(k.ref))
+	b = appendBytes(b, []byte(k.key))
+	return t.append(recUses, binary.AppendUvarint(b, uint64(n)))
+}
+
 // readSessionState reads and decodes the session table in f.
 func readSessionState(f *os.File) (*sessionState, error) {
 	fi, err := f.Stat()
@@ -188,9 +206,9 @@ func decodeSessionState(data []byte) (*sessionState, error) {
 	if !bytes.HasPrefix(data, []byte(tableMagic)) {
 		return nil, errors.New("fs: not a session table")
 	}
-	st := &sessionState{backing: map[uint64]int32{}}
-	refNames, refInos := map[string]bool{}, map[uint64]bool{}
-	blocks, blockKeys := map[uint64]bool{}, map[blockKey]bool{}
+	st := &sessionState{backing: map[uint64]int32{}, uses: map[useKey]int64{}}
+	seen := &seenRecords{refNames: map[string]bool{}, refInos: map[uint64]bool{}, blocks: map[uint64]bool{},
+		blockKeys: map[blockKey]bool{}, dirs: map[useKey]bool{}}
 	off := len(tableMagic)
 	for i := 0; ; i++ {
 		rest := data[off:]
@@ -208,7 +226,7 @@ func decodeSessionState(data []byte) (*sessionState, error) {
 		if (i == 0) != (kind == recHeader) {
 			return nil, fmt.Errorf("fs: session table: record %d: kind %d", i, kind)
 		}
-		if err := st.decodeRecord(kind, d, refNames, refInos, blocks, blockKeys); err != nil {
+		if err := st.decodeRecord(kind, d, seen); err != nil {
 			return nil, fmt.Errorf("fs: session table: record %d: %w", i, err)
 		}
 		if d.bad || len(d.b) != 0 {
@@ -223,7 +241,17 @@ func decodeSessionState(data []byte) (*sessionState, error) {
 	return st, nil
 }
 
-func (st *sessionState) decodeRecord(kind byte, d *dec, refNames map[string]bool, refInos map[uint64]bool, blocks map[uint64]bool, blockKeys map[blockKey]bool) error {
+// seenRecords is what the records before the one being decoded defined.
+type seenRecords struct {
+	refNames  map[string]bool
+	refInos   map[uint64]bool
+	blocks    map[uint64]bool
+	blockKeys map[blockKey]bool
+	dirs      map[useKey]bool // layer directories with a block
+}
+
+func (st *sessionState) decodeRecord(kind byte, d *dec, seen *seenRecords) error {
+	refNames, refInos, blocks, blockKeys := seen.refNames, seen.refInos, seen.blocks, seen.blockKeys
 	switch kind {
 	case recHeader:
 		if v := d.uvarint(); v != tableVersion {
@@ -259,6 +287,7 @@ func (st *sessionState) decodeRecord(kind byte, d *dec, refNames map[string]bool
 			return fmt.Errorf("block %d of %q %q", b.n, b.ref, b.key)
 		}
 		blocks[b.n], blockKeys[k] = true, true
+		seen.dirs[useKey{b.ref, b.key}] = true
 		st.blocks = append(st.blocks, b)
 	case recBacking:
 		ino, id := d.uvarint(), d.uvarint()
@@ -275,6 +304,19 @@ func (st *sessionState) decodeRecord(kind byte, d *dec, refNames map[string]bool
 			return fmt.Errorf("inode %#x unregistered, not registered", ino)
 		}
 		delete(st.backing, ino)
+	case recUses:
+		k := useKey{ref: string(d.bytes(maxNameLen))}
+		key, ok := parseKey(string(d.bytes(maxNameLen)))
+		k.key = key
+		n := d.uvarint()
+		if !ok || n > maxUses || !seen.dirs[k] {
+			return fmt.Errorf("%d uses of %q %q, a layer directory not numbered", n, k.ref, k.key)
+		}
+		if n == 0 {
+			delete(st.uses, k)
+		} else {
+			st.uses[k] = int64(n)
+		}
 	default:
 		return fmt.Errorf("unknown kind %d", kind)
 	}

@@ -2,6 +2,7 @@ package storefs
 
 import (
 	"bytes"
+	"errors"
 	"testing"
 	"time"
 
@@ -25,6 +26,8 @@ func sampleTable(t testing.TB) []byte {
 		tab.appendBlock(2, testRef, key, chunked.Sum{2}),
 		tab.appendBacking(1<<blockShift+inoEntries+5, 3),
 		tab.appendBacking(2<<blockShift+inoEntries, 4),
+		tab.appendUses(useKey{testRef, key}, 2),
+		tab.appendUses(useKey{testRef, key}, 1), // the last count is the one
 		tab.appendUnbacking(1<<blockShift + inoEntries + 5),
 	} {
 		if err != nil {
@@ -49,7 +52,8 @@ func TestSessionState(t *testing.T) {
 	}
 	if st.hdr.dev != 42 || !st.hdr.started.Equal(time.Unix(1, 2)) || string(st.hdr.init) != "init" || st.hdr.flags != flagPassthrough ||
 		len(st.refs) != 1 || st.refs[0].ref != testRef || len(st.blocks) != 2 || st.blocks[1].ident != (chunked.Sum{2}) ||
-		len(st.backing) != 1 || st.backing[2<<blockShift+inoEntries] != 4 || st.end != int64(len(data)) {
+		len(st.backing) != 1 || st.backing[2<<blockShift+inoEntries] != 4 || st.end != int64(len(data)) ||
+		len(st.uses) != 1 || st.uses[useKey{testRef, digest.FromString("layer")}] != 1 {
 		t.Fatalf("decoded %+v", st)
 	}
 	cut, err := decodeSessionState(data[:len(data)-1])
@@ -63,6 +67,27 @@ func TestSessionState(t *testing.T) {
 	} {
 		if _, err := decodeSessionState(bad); err == nil {
 			t.Errorf("decoded a bad table %q", bad)
+		}
+	}
+	// Uses of a layer directory no block numbers, and more uses than a table may hold.
+	for _, u := range []struct {
+		k useKey
+		n int64
+	}{{useKey{testRef, digest.FromString("other")}, 1}, {useKey{testRef, digest.FromString("layer")}, maxUses + 1}} {
+		tab, err := newTable(&sessionHeader{maxWrite: 1 << 20, init: []byte("init")})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tab.f.Close()
+		if err := errors.Join(tab.appendBlock(1, testRef, digest.FromString("layer"), chunked.Sum{1}), tab.appendUses(u.k, u.n)); err != nil {
+			t.Fatal(err)
+		}
+		b := make([]byte, tab.off)
+		if _, err := tab.f.ReadAt(b, 0); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := decodeSessionState(b); err == nil {
+			t.Errorf("decoded %d uses of %v", u.n, u.k)
 		}
 	}
 	// A block record naming block 0.
@@ -100,8 +125,13 @@ func FuzzSessionState(f *testing.F) {
 				t.Fatalf("block %d", b.n)
 			}
 		}
+		for k, n := range st.uses {
+			if n < 1 || n > maxUses {
+				t.Fatalf("%d uses of %v", n, k)
+			}
+		}
 		again, err := decodeSessionState(data[:st.end])
-		if err != nil || len(again.refs) != len(st.refs) || len(again.blocks) != len(st.blocks) || len(again.backing) != len(st.backing) {
+		if err != nil || len(again.refs) != len(st.refs) || len(again.blocks) != len(st.blocks) || len(again.backing) != len(st.backing) || len(again.uses) != len(st.uses) {
 			t.Fatalf("the whole records alone decode otherwise: %v", err)
 		}
 	})

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	iofs "io/fs"
 	"log/slog"
+	"maps"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -135,7 +136,7 @@ func readXattrs(p string) (map[string]string, error) {
 // hardlinks sharing one inode number and every other inode number distinct.
 func compareTrees(t *testing.T, got scanned, want testlayer.Tree) {
 	t.Helper()
-	want = maps(want)
+	want = maps.Clone(want)
 	groups := map[string][]string{} // inode owner -> paths sharing its inode
 	for p, n := range want {
 		if n.HardTo != "" {
@@ -189,14 +190,6 @@ func compareTrees(t *testing.T, got scanned, want testlayer.Tree) {
 			}
 		}
 	}
-}
-
-func maps(t testlayer.Tree) testlayer.Tree {
-	c := make(testlayer.Tree, len(t))
-	for k, v := range t {
-		c[k] = v
-	}
-	return c
 }
 
 // TestDiffTreeMatchesReference mounts every fixture and compares its diff tree, seen

@@ -450,8 +450,9 @@ func (s *stack) inUse() bool {
 // leave stops serving the store without unmounting it, for the next process: the service
 // manager keeps the FUSE session and hands it over when it starts the daemon again (a restart,
 // an upgrade). The daemon cannot tell a restart from a stop for good, so it leaves the session
-// whenever the store is in use: runtimes hold its layers (their images depend on it), the
-// session was resumed (the counts of the runtimes' uses died with the previous daemon), or an
+// whenever the store is in use: runtimes hold its layers (their images depend on it; uses
+// taken under earlier processes of the session count, see storefs.Resume), the session was
+// resumed (from a version that may not have kept those uses in the session table), or an
 // unmount fails (files open). It cannot wait for the unmount to tell: overlayfs holds private
 // clones of the mount, so an unmount succeeds under running containers and would take the
 // mountpoint from the next daemon. At a stop for good, the unit's ExecStopPost= (or `layerstore

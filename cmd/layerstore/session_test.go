@@ -3,6 +3,7 @@ package main
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -236,8 +237,10 @@ func TestKeepRestartsCrashedDaemon(t *testing.T) {
 //     (the TOC's range request hangs); the kernel re-sends the LOOKUP to the next process;
 //   - fetch: a read of a file never fetched, while its chunks are being fetched (hanging);
 //   - store: the background fetch, slowed to a trickle so that kills land while chunks are
-//     written to the cache, killed three times; the last process completes it and every file
-//     of the layer reads as the reference says, with no verification failure.
+//     written to the cache, killed three times; each next process takes back the runtime's
+//     use of the layer from the session and resumes the fetch by itself, the last completes
+//     it, and every file of the layer reads as the reference says, with no verification
+//     failure.
 func TestKillAtEveryPhase(t *testing.T) {
 	ref, err := testlayer.ReferenceTree(testlayer.Tar())
 	if err != nil {
@@ -350,6 +353,13 @@ func TestKillAtEveryPhase(t *testing.T) {
 		d := e.startManaged(m, e.bin, log)
 		diff := filepath.Join(e.layerDir(e.tocKey()), "diff")
 		f, head, ino := e.openHalf() // a file open across the kills
+		// The runtime takes a use of the layer (as c/storage does when it puts the layer).
+		if _, err := os.Create(filepath.Join(e.layerDir(e.tocKey()), "use")); !errors.Is(err, os.ErrNotExist) {
+			t.Fatalf("create of use: %v, want ENOENT", err)
+		}
+		if st := e.status(); len(st.Layers) != 1 || st.Layers[0].Users != 1 {
+			t.Fatalf("after the create of use: %+v", st.Layers)
+		}
 		var files []string
 		for name, n := range ref {
 			if n.Type == "reg" && n.HardTo == "" && name != tool {
@@ -371,8 +381,13 @@ func TestKillAtEveryPhase(t *testing.T) {
 			d.cmd.Process.Kill()
 			<-d.exited
 			d = e.startManaged(m, e.bin, log)
-			// A container reads on: an open reaches the new process, which takes the layer
-			// from its record and resumes its background fetch.
+			// The runtime's use is taken back from the session: the layer is resolved again
+			// and its background fetch goes on with no request of the runtime's.
+			waitFor(t, "the use taken back and the background fetch resumed", func() bool {
+				st := e.status()
+				return len(st.Layers) == 1 && st.Layers[0].Users == 1 && st.Layers[0].State == layer.StateFetching
+			})
+			// A container reads on.
 			if err := checkFile(t, diff, files[kill%len(files)]); err != nil {
 				t.Fatalf("after kill %d: %v", kill, err)
 			}
