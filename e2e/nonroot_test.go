@@ -66,7 +66,7 @@ func TestNonRootContainers(t *testing.T) {
 			name := fmt.Sprintf("nonroot-%d", p.containers)
 			args := append([]string{"run", "--name", name, "--net=none"}, c.args...)
 			args = append(args, img.ref, "/bin/busybox", "sh", "-c", script)
-			cmd := append([]string{"podman"}, args...)
+			cmd := append([]string{p.bin}, args...)
 			if c.auto {
 				cmd = withContainersUser(t, cmd)
 			}

@@ -73,8 +73,10 @@ network_config_dir = %q
 	}, extraEnv...)...)
 }
 
-// podman is the legacy runtime (the machine's podman) with private configuration and storage.
+// podman is a podman CLI with private configuration and storage: the machine's (Debian 12:
+// 4.3.1, the legacy runtime, lookups by blob digest) or podman 5 (lookups by TOC digest).
 type podman struct {
+	bin        string // "podman" (found in $PATH) or the path of podman 5
 	dir        string
 	env        []string
 	containers int // containers run so far, to name them
@@ -89,11 +91,18 @@ func (s *suite) newPodman(t *testing.T, store string, extraEnv ...string) *podma
 // newPodmanWith is newPodman with a registries.conf of the test's own.
 func (s *suite) newPodmanWith(t *testing.T, store, registries string, extraEnv ...string) *podman {
 	t.Helper()
+	return s.newRuntime(t, "podman", store, registries, extraEnv...)
+}
+
+// newRuntime is newPodmanWith for the podman at bin ("podman" or suite.podman5).
+func (s *suite) newRuntime(t *testing.T, bin, store, registries string, extraEnv ...string) *podman {
+	t.Helper()
 	dir := t.TempDir()
-	p := &podman{dir: dir, env: s.runtimeEnv(t, dir, store, registries, extraEnv...)}
+	extraEnv = append([]string{"PODMAN_IGNORE_CGROUPSV1_WARNING=1"}, extraEnv...)
+	p := &podman{bin: bin, dir: dir, env: s.runtimeEnv(t, dir, store, registries, extraEnv...)}
 	t.Cleanup(func() {
 		// Containers are run with --rm; this unmounts what podman left and frees the storage.
-		run(context.Background(), p.env, "podman", "system", "reset", "--force")
+		run(context.Background(), p.env, p.bin, "system", "reset", "--force")
 		unmountUnder(filepath.Join(dir, "graph"))
 	})
 	return p
@@ -102,7 +111,7 @@ func (s *suite) newPodmanWith(t *testing.T, store, registries string, extraEnv .
 func (p *podman) try(t *testing.T, args ...string) (string, error) {
 	t.Helper()
 	start := time.Now()
-	out, err := run(t.Context(), p.env, "podman", args...)
+	out, err := run(t.Context(), p.env, p.bin, args...)
 	t.Logf("podman %s: %s", args[0], time.Since(start).Round(time.Millisecond))
 	return out, err
 }
@@ -136,7 +145,7 @@ func (p *podman) runScript(t *testing.T, ref, script string, flags ...string) (s
 	name := fmt.Sprintf("run-%d", p.containers)
 	args := append(append([]string{"run", "--name", name, "--net=none"}, flags...), ref, "/bin/busybox", "sh", "-c", script)
 	start := time.Now()
-	stdout, stderr, err = output(t.Context(), p.env, false, "podman", args...)
+	stdout, stderr, err = output(t.Context(), p.env, false, p.bin, args...)
 	t.Logf("podman run: %s", time.Since(start).Round(time.Millisecond))
 	if _, rmErr := p.try(t, "rm", "--force", name); rmErr != nil && err == nil {
 		t.Errorf("podman rm %s: %v", name, rmErr)

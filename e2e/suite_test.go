@@ -39,6 +39,7 @@ const (
 type suite struct {
 	dir               string
 	bin               string // layerstore, layerstore-auth-helper and harness
+	podman5           string // podman 5, built from its module (buildPodman5)
 	open              *dockerregistry.Registry
 	private           *dockerregistry.Registry // htpasswd auth
 	images            map[string]*image
@@ -105,8 +106,9 @@ func setUp() (_ *suite, err error) {
 	if !isStatic(busybox) {
 		return nil, skipError{"no static " + busybox + " (busybox-static)"}
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
-	defer cancel()
+	if _, err := os.Stat("/usr/include/seccomp.h"); err != nil {
+		return nil, skipError{"no libseccomp-dev (the build of podman 5 needs it)"}
+	}
 	dir, err := os.MkdirTemp("", "layerstore-e2e-")
 	if err != nil {
 		return nil, err
@@ -117,6 +119,15 @@ func setUp() (_ *suite, err error) {
 			s.tearDown()
 		}
 	}()
+	// Its own bound: a first build of podman takes minutes on two cores.
+	bctx, bcancel := context.WithTimeout(context.Background(), 25*time.Minute)
+	s.podman5, err = buildPodman5(bctx, dir)
+	bcancel()
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
+	defer cancel()
 	if err := s.build(ctx); err != nil {
 		return nil, err
 	}

@@ -234,8 +234,8 @@ func (w *logWatch) check(t *testing.T, sums []string, from int) (firstAfter int)
 	return firstAfter
 }
 
-// TestContainerSurvivesRestart: a container reads the files of its lazily pulled image in a
-// loop, some already in the cache, others never fetched, while the daemon is killed (kill -9),
+// TestContainerSurvivesRestart: with podman 4.3.1 and podman 5, a container reads the files of
+// its lazily pulled image in a loop, some already in the cache, others never fetched, while the daemon is killed (kill -9),
 // stopped (SIGTERM), upgraded to another binary, or re-executed in place (SIGUSR2), and
 // started again by its service manager with the FUSE session it kept: every read of the loop
 // succeeds with the right bytes, files never fetched before are fetched by the new process,
@@ -245,6 +245,12 @@ func TestContainerSurvivesRestart(t *testing.T) {
 	o := s.newOutage(t)
 	img, sums := o.pushLoop(t, "/bin/busybox")
 	next := s.nextBinary(t)
+	for _, rt := range []struct{ name, bin string }{{"podman4", "podman"}, {"podman5", s.podman5}} {
+		t.Run(rt.name, func(t *testing.T) { containerSurvivesRestart(t, s, o, img, sums, next, rt.bin) })
+	}
+}
+
+func containerSurvivesRestart(t *testing.T, s *suite, o *outage, img *image, sums []string, next, bin string) {
 	for _, tc := range []struct {
 		name    string
 		restart func(t *testing.T, d *daemon)
@@ -257,13 +263,13 @@ func TestContainerSurvivesRestart(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			// No background fetch: what the loop has not read is not local.
 			d := s.startDaemonWith(t, o.daemonConfig(t, "", "[prefetch]\nenabled = false\n"))
-			p := s.newPodmanWith(t, d.mnt, o.conf)
+			p := s.newRuntime(t, bin, d.mnt, o.conf)
 			p.must(t, "pull", img.ref)
 			out := t.TempDir()
 			p.must(t, "run", "-d", "--name", "loop", "--net=none", "-v", out+":/out", img.ref, "/bin/busybox", "sh", "-c", loopScript)
 			t.Cleanup(func() {
 				os.WriteFile(filepath.Join(out, "stop"), nil, 0o644)
-				run(context.Background(), p.env, "podman", "rm", "--force", "--time", "1", "loop")
+				run(context.Background(), p.env, p.bin, "rm", "--force", "--time", "1", "loop")
 			})
 			w := watchLog(t, filepath.Join(out, "log"))
 			w.waitLines(t, 40, time.Minute)

@@ -53,7 +53,7 @@ const (
 	recUnbacking = 5
 	recUses      = 6
 
-	maxUses = 1 << 20 // uses of one layer directory a table may hold
+	maxUses = 1 << 16 // uses of one layer directory a table may hold
 
 	flagPassthrough = 1 << 0
 )
