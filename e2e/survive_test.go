@@ -298,6 +298,21 @@ func containerSurvivesRestart(t *testing.T, s *suite, o *outage, img *image, sum
 			if ns := d.manager.Names(); len(ns) == 0 {
 				t.Errorf("nothing in the fd store after the restart")
 			}
+			// The files read for the first time were fetched by the process after the
+			// restart (no background fetch), and it counts the runtime's uses of the layers
+			// taken before it (from the session).
+			st := d.status(t)
+			users := int64(0)
+			for _, l := range st.Layers {
+				users += l.Users
+			}
+			t.Logf("%s: after the restart, %d bytes fetched on demand; the runtime's uses of the layers: %d", tc.name, st.Counters.OnDemandBytes, users)
+			if st.Counters.OnDemandBytes < int64(fresh)*loopSize/2 { // a margin: reads fetch whole chunks, some fetched before
+				t.Errorf("%d bytes fetched on demand after the restart, fewer than the %d files read for the first time", st.Counters.OnDemandBytes, fresh)
+			}
+			if users == 0 {
+				t.Errorf("the daemon after the restart counts no use of the image's layers: %+v", st.Layers)
+			}
 			if !strings.Contains(d.log.String(), "resumed") {
 				t.Errorf("the daemon did not say it resumed the session")
 			}
