@@ -86,7 +86,7 @@ func newEndpoint(rt http.RoundTripper, blobURL string) (*endpoint, error) {
 	if (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 		return nil, fmt.Errorf("fetcher: blob URL %s is not an http(s) URL", redact(u))
 	}
-	return &endpoint{rt: bounded(rt), url: u}, nil
+	return &endpoint{rt: rt, url: u}, nil
 }
 
 // newBlob returns a Blob reading from eps, the first one first: see [Blob.Fetch].
@@ -103,7 +103,10 @@ func newBlob(eps []*endpoint, size int64, opts ...Option) (*Blob, error) {
 			return nil, fmt.Errorf("fetcher: %w", err)
 		}
 	}
-	o.storageRT = bounded(o.storageRT)
+	o.storageRT = bounded(o.storageRT, o.stall)
+	for _, ep := range eps {
+		ep.rt = bounded(ep.rt, o.stall)
+	}
 	return &Blob{eps: eps, size: size, o: o, inflight: make(map[chunked.Range]*call)}, nil
 }
 

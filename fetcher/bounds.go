@@ -7,6 +7,8 @@ import (
 	"net/http"
 	"net/netip"
 	"strings"
+	"sync/atomic"
+	"time"
 )
 
 // maxBodySize bounds every response body read whole: manifests, configs, token and ping
@@ -22,17 +24,24 @@ const maxBodySize = 4 << 20
 // It also applies the redirect rules (redirect.go) to the hops net/http follows by itself:
 // those of manifest, config and token requests, which go-containerregistry sends through an
 // http.Client. (Blob reads follow their redirects themselves, and check them there.)
+//
+// And it abandons a request that stalls: no answer within stall of the request, or no byte of
+// the body within stall while its reader waits for one (see stallWatch). The request then
+// fails with an error wrapping ErrTransient, which is retried on a fresh connection like any
+// transient failure, instead of waiting for the whole request timeout.
 type boundedTransport struct {
 	inner  http.RoundTripper
 	lookup func(ctx context.Context, host string) ([]netip.Addr, error)
+	stall  time.Duration // 0: no stall detection
 }
 
-// bounded returns rt under a boundedTransport, rt itself when it is one already.
-func bounded(rt http.RoundTripper) http.RoundTripper {
-	if _, ok := rt.(*boundedTransport); ok {
+// bounded returns rt under a boundedTransport abandoning requests stalled for stall, rt
+// itself when it is one already with that bound.
+func bounded(rt http.RoundTripper, stall time.Duration) http.RoundTripper {
+	if b, ok := rt.(*boundedTransport); ok && b.stall == stall {
 		return rt
 	}
-	return &boundedTransport{inner: rt, lookup: lookupAddrs}
+	return &boundedTransport{inner: rt, lookup: lookupAddrs, stall: stall}
 }
 
 func (t *boundedTransport) RoundTrip(req *http.Request) (*http.Response, error) {
@@ -43,7 +52,18 @@ func (t *boundedTransport) RoundTrip(req *http.Request) (*http.Response, error) 
 		req = req.Clone(req.Context())
 		req.Header.Set("Accept-Encoding", "identity")
 	}
+	var w *stallWatch
+	if t.stall > 0 {
+		req, w = watchStall(req, t.stall)
+	}
 	resp, err := t.inner.RoundTrip(req)
+	if w != nil {
+		if err = w.pause(err, "no answer"); err != nil {
+			w.cancel()
+			return nil, err
+		}
+		resp.Body = &stallBody{ReadCloser: resp.Body, w: w}
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -117,4 +137,65 @@ func (t *boundedTransport) checkFollowed(req *http.Request) error {
 		}
 	}
 	return nil
+}
+
+// DefaultStallTimeout is how long a registry may leave a request without an answer, or a body
+// without a byte while it is read, before the request is abandoned and tried again.
+const DefaultStallTimeout = 10 * time.Second
+
+// stallWatch cancels a request when its timer fires: the timer runs while the request waits
+// for its answer and while a read of its body waits for bytes, not while the caller works
+// between reads (a slow reader is not a stalled registry).
+type stallWatch struct {
+	d      time.Duration
+	timer  *time.Timer
+	cancel context.CancelFunc
+	fired  atomic.Bool
+}
+
+// watchStall returns req under a context that w cancels when req stalls, w's timer running.
+func watchStall(req *http.Request, d time.Duration) (*http.Request, *stallWatch) {
+	ctx, cancel := context.WithCancel(req.Context())
+	w := &stallWatch{d: d, cancel: cancel}
+	w.timer = time.AfterFunc(d, func() {
+		w.fired.Store(true)
+		cancel()
+	})
+	return req.WithContext(ctx), w
+}
+
+// pause stops the timer after a wait that ended with err, and returns err, or the stall
+// (wrapping ErrTransient) when the timer cut the wait short.
+func (w *stallWatch) pause(err error, what string) error {
+	w.timer.Stop()
+	if err != nil && w.fired.Load() {
+		return fmt.Errorf("%w: registry stalled: %s for %v", ErrTransient, what, w.d)
+	}
+	return err
+}
+
+// stallBody is a response body whose reads are watched by w; Close ends the request.
+type stallBody struct {
+	io.ReadCloser
+	w *stallWatch
+}
+
+func (b *stallBody) Read(p []byte) (int, error) {
+	if b.w.fired.Load() {
+		return 0, b.w.pause(context.Canceled, "no byte of the body")
+	}
+	b.w.timer.Reset(b.w.d)
+	n, err := b.ReadCloser.Read(p)
+	if err == io.EOF {
+		b.w.timer.Stop()
+		return n, err
+	}
+	return n, b.w.pause(err, "no byte of the body")
+}
+
+func (b *stallBody) Close() error {
+	b.w.timer.Stop()
+	err := b.ReadCloser.Close()
+	b.w.cancel()
+	return err
 }

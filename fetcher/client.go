@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net/http"
 	"os"
+	"time"
 
 	"github.com/google/go-containerregistry/pkg/authn"
 	"github.com/google/go-containerregistry/pkg/name"
@@ -27,6 +28,7 @@ type Client struct {
 	secure   http.RoundTripper // the base transport
 	insecure http.RoundTripper // the base transport without TLS verification
 	blobOpts []Option
+	stall    time.Duration // the blob options' stall bound, for every request
 	res      *Resolver
 	log      *slog.Logger
 }
@@ -165,7 +167,8 @@ func NewClient(opts ...ClientOption) (*Client, error) {
 	if err := c.load(); err != nil {
 		return nil, err
 	}
-	res, err := newResolver(c.sources, o.resOpts...)
+	c.stall = check.stall
+	res, err := newResolver(c.sources, append([]ResolverOption{withRetryPolicy(check)}, o.resOpts...)...)
 	if err != nil {
 		return nil, err
 	}
@@ -282,7 +285,7 @@ func (c *Client) source(ps sysregistriesv2.PullSource) (*source, error) {
 	if ns := ps.Endpoint.NamespaceProxy; ns != "" {
 		base = &nsTransport{inner: base, host: host, ns: ns}
 	}
-	s := newSource(ref, base, c.keychain)
+	s := newSource(ref, base, c.keychain, c.stall)
 	s.https = !ps.Endpoint.Insecure
 	reg, err := sysregistriesv2.FindRegistry(c.sys, ps.Reference.Name())
 	if err != nil {

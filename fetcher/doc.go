@@ -43,8 +43,9 @@
 //
 // The manifests are asked of the sources in turn. Any failure but the caller's context ending
 // (not found, unauthorized, 5xx, connection refused, a bad answer) moves on to the next source
-// at once; the last source, the registry itself, is retried when it fails transiently
-// ([WithManifestAttempts], default 3 attempts). When all fail, the error wraps the registry's
+// at once; the last source, the registry itself, is retried when it fails transiently, as a
+// blob read is (below: the same attempts, backoff, bound of one attempt and stall detection;
+// a truncated manifest or config is transient too). When all fail, the error wraps the registry's
 // failure and quotes the mirrors'. The Image remembers its sources, the one that served it
 // first: its other platforms' manifests and its blobs are read from there, and from the others
 // in turn when it fails. This is how a fleet plugs in a pull-through cache or a P2P system
@@ -119,6 +120,10 @@
 //     429 and 503 is honoured, capped at the same maximum. Each attempt has its own timeout
 //     ([WithRequestTimeout], default 30 s). Exhausted retries yield an error wrapping
 //     [ErrTransient].
+//   - Stalls: a request the registry leaves without an answer, or whose body it leaves without
+//     a byte while it is read, for [WithStallTimeout] (default 10 s) is abandoned, and fails
+//     with [ErrTransient]: it is retried on a fresh connection, rather than waiting for the
+//     request timeout. The time a reader spends between reads does not count.
 //   - Sources: a Blob made by a Client reads from the image's sources in turn. When one fails
 //     for any reason but the caller's context (after its retries), the same requests go to the
 //     next, and the next becomes the first asked for later reads. When all fail, the error is

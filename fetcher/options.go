@@ -40,6 +40,7 @@ type options struct {
 	timeout        time.Duration
 	initialBackoff time.Duration
 	maxBackoff     time.Duration
+	stall          time.Duration // see WithStallTimeout
 	limiter        *HostLimiter
 	sleep          func(context.Context, time.Duration) error
 	now            func() time.Time
@@ -57,6 +58,7 @@ func defaultOptions() options {
 		timeout:        DefaultRequestTimeout,
 		initialBackoff: DefaultInitialBackoff,
 		maxBackoff:     DefaultMaxBackoff,
+		stall:          DefaultStallTimeout,
 		limiter:        defaultLimiter,
 		sleep:          sleepContext,
 		now:            time.Now,
@@ -139,6 +141,19 @@ func WithRequestTimeout(d time.Duration) Option {
 			return errors.New("request timeout must be greater than zero")
 		}
 		o.timeout = d
+		return nil
+	}
+}
+
+// WithStallTimeout sets how long a registry may leave a request without an answer, or the
+// body being read without a byte, before the request is abandoned and retried on a fresh
+// connection (a transient failure); 0 waits for the request timeout. The default is 10 s.
+func WithStallTimeout(d time.Duration) Option {
+	return func(o *options) error {
+		if d < 0 {
+			return errors.New("stall timeout must not be negative")
+		}
+		o.stall = d
 		return nil
 	}
 }

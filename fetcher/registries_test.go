@@ -561,8 +561,9 @@ func TestRegistriesRetryLastSource(t *testing.T) {
 	if got := f.registry.count("manifest"); got < 3 {
 		t.Errorf("the registry got %d manifest requests, want 2 failures and a success", got)
 	}
-	if d := sr.delays(); len(d) != 2 || d[0] > manifestBackoff || d[1] > 2*manifestBackoff || d[1] < manifestBackoff/2 {
-		t.Errorf("pauses %v, want 2, about %v then %v", d, manifestBackoff, 2*manifestBackoff)
+	// The pauses of a blob read's retries.
+	if d := sr.delays(); len(d) != 2 || d[0] > DefaultInitialBackoff || d[1] > 2*DefaultInitialBackoff || d[1] < DefaultInitialBackoff/2 {
+		t.Errorf("pauses %v, want 2, about %v then %v", d, DefaultInitialBackoff, 2*DefaultInitialBackoff)
 	}
 	// With one attempt, the registry's failure is the answer.
 	n.Store(0)

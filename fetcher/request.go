@@ -178,11 +178,17 @@ func (b *Blob) withRetries(ctx context.Context, ep *endpoint, fn func(context.Co
 
 // backoff is the jittered delay after the given failed attempt (1-based).
 func (b *Blob) backoff(attempt int) time.Duration {
-	d := b.o.maxBackoff
+	return backoff(b.o.initialBackoff, b.o.maxBackoff, attempt)
+}
+
+// backoff is the delay after the given failed attempt (1-based) of every request the package
+// retries: initial, doubling after each attempt up to limit, jittered down by up to half.
+func backoff(initial, limit time.Duration, attempt int) time.Duration {
+	d := limit
 	if attempt < 32 {
-		d = min(b.o.initialBackoff<<(attempt-1), b.o.maxBackoff)
+		d = min(initial<<(attempt-1), limit)
 		if d <= 0 { // overflow
-			d = b.o.maxBackoff
+			d = limit
 		}
 	}
 	return d/2 + rand.N(d/2+1)

@@ -6,8 +6,8 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
-	"math/rand/v2"
 	"net"
 	"net/http"
 	"net/url"
@@ -61,10 +61,14 @@ type Resolver struct {
 	sources  func(name.Reference) ([]*source, error) // where a reference is read, in order
 	platform v1.Platform
 	tagTTL   time.Duration
-	attempts int
-	now      func() time.Time
-	sleep    func(context.Context, time.Duration) error
-	log      *slog.Logger
+	// The retry policy of blob reads (see [Blob.Fetch]): attempts, backoff, the bound of one
+	// attempt.
+	attempts            int
+	initial, maxBackoff time.Duration
+	timeout             time.Duration
+	now                 func() time.Time
+	sleep               func(context.Context, time.Duration) error
+	log                 *slog.Logger
 
 	group singleflight.Group
 	max   int        // the most resolutions kept
@@ -116,8 +120,9 @@ func WithResolverClock(now func() time.Time) ResolverOption {
 
 // WithManifestAttempts sets how many times the last source of a reference (the registry itself,
 // after its mirrors) is tried when reading the manifests fails with [ErrTransient]; mirrors are
-// tried once each, a failing mirror being passed over for the next source. The default is 3,
-// waiting 250 ms, then 500 ms.
+// tried once each, a failing mirror being passed over for the next source. The default is a
+// blob read's ([DefaultMaxAttempts], or what a [Client]'s [WithMaxAttempts] says), with the
+// same backoff and the same bound of one attempt.
 func WithManifestAttempts(n int) ResolverOption {
 	return func(r *Resolver) error {
 		if n <= 0 {
@@ -128,18 +133,21 @@ func WithManifestAttempts(n int) ResolverOption {
 	}
 }
 
+// withRetryPolicy gives a Resolver the retry policy of blob reads set by o.
+func withRetryPolicy(o options) ResolverOption {
+	return func(r *Resolver) error {
+		r.attempts, r.initial, r.maxBackoff, r.timeout = o.maxAttempts, o.initialBackoff, o.maxBackoff, o.timeout
+		return nil
+	}
+}
+
 // Defaults of a Resolver.
 const (
 	// DefaultTagTTL is how long a resolution by tag is reused.
 	DefaultTagTTL = 5 * time.Minute
-	// DefaultManifestAttempts is how many times a registry is asked for a manifest.
-	DefaultManifestAttempts = 3
-
 	// MaxResolutions is how many resolutions a Resolver keeps at most; beyond, the least
 	// recently used are dropped. Expired ones are dropped whenever one is added.
 	MaxResolutions = 1024
-
-	manifestBackoff = 250 * time.Millisecond
 )
 
 // NewResolver returns a resolver whose requests go through rt, which carries authentication
@@ -152,23 +160,26 @@ func NewResolver(rt http.RoundTripper, opts ...ResolverOption) (*Resolver, error
 		return nil, errors.New("fetcher: nil transport")
 	}
 	return newResolver(func(ref name.Reference) ([]*source, error) {
-		return []*source{newSource(ref, rt, nil)}, nil
+		return []*source{newSource(ref, rt, nil, DefaultStallTimeout)}, nil
 	}, opts...)
 }
 
 // newResolver returns a resolver reading each reference from the sources that sources returns.
 func newResolver(sources func(name.Reference) ([]*source, error), opts ...ResolverOption) (*Resolver, error) {
 	r := &Resolver{
-		sources:  sources,
-		platform: hostPlatform(),
-		tagTTL:   DefaultTagTTL,
-		attempts: DefaultManifestAttempts,
-		now:      time.Now,
-		sleep:    sleepContext,
-		log:      discardLogger(),
-		max:      MaxResolutions,
-		cache:    map[string]*list.Element{},
-		lru:      list.New(),
+		sources:    sources,
+		platform:   hostPlatform(),
+		tagTTL:     DefaultTagTTL,
+		attempts:   DefaultMaxAttempts,
+		initial:    DefaultInitialBackoff,
+		maxBackoff: DefaultMaxBackoff,
+		timeout:    DefaultRequestTimeout,
+		now:        time.Now,
+		sleep:      sleepContext,
+		log:        discardLogger(),
+		max:        MaxResolutions,
+		cache:      map[string]*list.Element{},
+		lru:        list.New(),
 	}
 	for _, o := range opts {
 		if err := o(r); err != nil {
@@ -334,15 +345,20 @@ func (r *Resolver) eachSource(ctx context.Context, srcs []*source, fn func(conte
 	return -1, fmt.Errorf("%w (mirrors also failed: %s)", err, strings.Join(failed, " "))
 }
 
-// trySource calls fn with s, again after a pause while it fails transiently if retry is set.
+// trySource calls fn with s, each attempt bounded by the request timeout, again after a pause
+// while it fails transiently if retry is set: the retries of a blob read.
 func (r *Resolver) trySource(ctx context.Context, s *source, fn func(context.Context, *source) error, retry bool) error {
 	for attempt := 1; ; attempt++ {
-		err := fn(ctx, s)
+		actx, cancel := context.WithTimeout(ctx, r.timeout)
+		err := fn(actx, s)
+		if err != nil && ctx.Err() == nil && actx.Err() != nil {
+			err = fmt.Errorf("%w: no answer within the request timeout (%v): %w", ErrTransient, r.timeout, err)
+		}
+		cancel()
 		if err == nil || !retry || attempt >= r.attempts || !errors.Is(err, ErrTransient) || ctx.Err() != nil {
 			return err
 		}
-		d := manifestBackoff << (attempt - 1)
-		d = d/2 + rand.N(d/2+1)
+		d := backoff(r.initial, r.maxBackoff, attempt)
 		r.log.Debug("retrying manifest request", "source", s.ref.String(), "attempt", attempt, "delay", d, "err", err)
 		if err := r.sleep(ctx, d); err != nil {
 			return fmt.Errorf("fetcher: manifest of %s: %w", s.ref, err)
@@ -471,8 +487,11 @@ func manifestOf(im v1.Image, ref name.Digest, p *v1.Platform) (*Manifest, error)
 
 // registryError maps go-containerregistry's errors onto the package sentinels.
 func registryError(what string, err error) error {
-	if errors.Is(err, ErrBadResponse) { // refused by boundedTransport
+	if errors.Is(err, ErrBadResponse) || errors.Is(err, ErrTransient) { // from boundedTransport: refused, stalled
 		return fmt.Errorf("%s: %w", what, err)
+	}
+	if errors.Is(err, io.ErrUnexpectedEOF) { // a body cut short: connection trouble, as for blobs
+		return fmt.Errorf("%s: %w: %v", what, ErrTransient, err)
 	}
 	var te *transport.Error
 	if errors.As(err, &te) {

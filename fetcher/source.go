@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
+	"time"
 
 	"github.com/google/go-containerregistry/pkg/authn"
 	"github.com/google/go-containerregistry/pkg/name"
@@ -29,8 +30,9 @@ type source struct {
 	rt  http.RoundTripper // guarded by sem: the authenticated transport, nil until made
 }
 
-func newSource(ref name.Reference, base http.RoundTripper, kc authn.Keychain) *source {
-	return &source{ref: ref, base: bounded(base), keychain: kc, sem: make(chan struct{}, 1)}
+// newSource returns a source whose requests are abandoned when they stall for stall.
+func newSource(ref name.Reference, base http.RoundTripper, kc authn.Keychain, stall time.Duration) *source {
+	return &source{ref: ref, base: bounded(base, stall), keychain: kc, sem: make(chan struct{}, 1)}
 }
 
 // transport returns the source's authenticated transport, making it on first use: it pings the

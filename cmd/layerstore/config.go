@@ -30,6 +30,7 @@ type Config struct {
 		ConfDir   string   `toml:"conf-dir"`
 		TagTTL    Duration `toml:"tag-ttl"`
 		Timeout   Duration `toml:"request-timeout"`
+		Stall     Duration `toml:"stall-timeout"`
 		Attempts  int      `toml:"max-attempts"`
 		PerHost   int      `toml:"concurrency-per-registry"`
 		MaxGap    Size     `toml:"max-gap"`

@@ -536,6 +536,9 @@ func newClient(cfg *Config, keys *fetcher.MemoryKeychain, log *slog.Logger) (*fe
 	if r.Timeout > 0 {
 		blob = append(blob, fetcher.WithRequestTimeout(time.Duration(r.Timeout)))
 	}
+	if r.Stall > 0 {
+		blob = append(blob, fetcher.WithStallTimeout(time.Duration(r.Stall)))
+	}
 	if r.Attempts > 0 {
 		blob = append(blob, fetcher.WithMaxAttempts(r.Attempts))
 	}

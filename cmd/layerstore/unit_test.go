@@ -470,6 +470,7 @@ func TestShippedConfig(t *testing.T) {
 	r.Conf, r.ConfDir = got.Registries.Conf, got.Registries.ConfDir // the system's; checked against the docs above
 	r.TagTTL = Duration(fetcher.DefaultTagTTL)
 	r.Timeout = Duration(fetcher.DefaultRequestTimeout)
+	r.Stall = Duration(fetcher.DefaultStallTimeout)
 	r.Attempts = fetcher.DefaultMaxAttempts
 	r.PerHost = fetcher.DefaultConcurrencyPerHost
 	r.MaxGap = Size(fetcher.DefaultMaxGap)
