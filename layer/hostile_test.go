@@ -8,10 +8,12 @@ import (
 	"errors"
 	"fmt"
 	iofs "io/fs"
+	"log/slog"
 	"net/http"
 	"runtime"
 	"runtime/debug"
 	"runtime/metrics"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -23,6 +25,7 @@ import (
 	"github.com/layerstore/layerstore/chunked"
 	"github.com/layerstore/layerstore/fetcher"
 	"github.com/layerstore/layerstore/internal/testutil/testlayer"
+	"github.com/layerstore/layerstore/internal/testutil/testlog"
 	"github.com/layerstore/layerstore/internal/testutil/testregistry"
 	"github.com/layerstore/layerstore/verify"
 )
@@ -525,5 +528,41 @@ func TestHangingRegistryFailsOnce(t *testing.T) {
 	}
 	if after := e.reg.Stats(f.Desc.Digest); after != before {
 		t.Errorf("the retry asked the registry again: %+v, then %+v", before, after)
+	}
+}
+
+// TestLookupFailureLogs: a lookup failed by the registry logs why (the TOC could not be
+// fetched), and one failed by the TOC's content says the layer was refused: one message per
+// cause.
+func TestLookupFailureLogs(t *testing.T) {
+	e := newEnv(t)
+	var f testlayer.Fixture
+	for _, fx := range e.fixtures {
+		if strings.HasPrefix(fx.Name, "estargz") { // its TOC lies just before the footer
+			f = fx
+			break
+		}
+	}
+	for _, tc := range []struct {
+		name, want, not string
+		fault           func()
+	}{
+		{"registry", "fetching the layer's TOC failed", "layer refused", func() { e.reg.Fail(f.Desc.Digest, http.StatusServiceUnavailable) }},
+		{"content", "layer refused", "fetching the layer's TOC failed", func() { e.reg.Tamper(f.Desc.Digest, int64(len(f.Blob))-60) }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Cleanup(func() { e.reg.Fail(f.Desc.Digest, 0); e.reg.Untamper(f.Desc.Digest) })
+			logs := &testlog.Handler{}
+			m := e.manager(WithLogger(slog.New(logs)), WithPrefetch(false))
+			ref := e.push("logs/"+tc.name+":v1", fixtureLayer(f))
+			tc.fault()
+			if _, err := m.lookup(t.Context(), ref, servedKey(f)); err == nil {
+				t.Fatal("the lookup succeeded")
+			}
+			_, lines := logs.Count()
+			if !slicesContain(lines, tc.want) || slicesContain(lines, tc.not) {
+				t.Errorf("logged %q, want %q and not %q", lines, tc.want, tc.not)
+			}
+		})
 	}
 }

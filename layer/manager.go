@@ -319,7 +319,11 @@ func (m *Manager) resolve(ctx context.Context, ref string, key digest.Digest) (*
 		if errors.Is(err, verify.ErrDigestMismatch) || errors.Is(err, chunked.ErrInvalid) {
 			m.counters.verifyFailures.Add(1)
 		}
-		log.Warn("layer refused", "format", layout.Format, "err", err)
+		if fetchFailed(err) {
+			log.Warn("fetching the layer's TOC failed", "format", layout.Format, "err", err)
+		} else {
+			log.Warn("layer refused", "format", layout.Format, "err", err)
+		}
 		return nil, err
 	}
 	// The verified layer is written to its record and served from it: the index is mapped
@@ -639,6 +643,14 @@ func (m *Manager) probe(ctx context.Context, img *fetcher.Image, desc *fetcher.D
 		return fmt.Errorf("blob %s of %s: %w (%w)", desc.Digest, img.Ref, iofs.ErrNotExist, err)
 	}
 	return fmt.Errorf("blob %s of %s: %w", desc.Digest, img.Ref, err)
+}
+
+// fetchFailed reports whether err is the registry's or the network's (a request that failed,
+// the lookup's time running out), not a verdict on the layer's content.
+func fetchFailed(err error) bool {
+	var fe *fetcher.Error
+	return errors.As(err, &fe) || errors.Is(err, fetcher.ErrTransient) || errors.Is(err, fetcher.ErrNotFound) ||
+		errors.Is(err, fetcher.ErrUnauthorized) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled)
 }
 
 // repository returns the repository a reference names (registry and path, without tag or
