@@ -298,7 +298,7 @@ func checkDependents(ctx context.Context, graphroot string) (check, []dependentL
 	}
 	return check{name, statusFail, fmt.Sprintf("layers from the store that do not resolve: %d of %d (%s%s): containers of those images fail to start",
 			len(broken), len(layers), strings.Join(shown, ", "), more),
-			"start or restart the daemon (it serves them again on demand), or remove those images: podman rmi " + strings.Join(shown, " ")},
+			"start or restart the daemon (it serves them again on demand), or remove those images: layerstore dependents --remove"},
 		layers
 }
 

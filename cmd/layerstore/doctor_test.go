@@ -291,7 +291,7 @@ func TestDoctorDependents(t *testing.T) {
 	graphLayer(t, graph, "bbbb", alPath(filepath.Join(store, "removed"), "example.com/gone:v2", digest.FromString("gone")))
 	c, layers = checkDependents(t.Context(), graph)
 	wantCheck(t, c, statusFail, "do not resolve: 1 of 2", "example.com/gone:v2", "fail to start")
-	if !strings.Contains(c.Fix, "podman rmi example.com/gone:v2") {
+	if !strings.Contains(c.Fix, "layerstore dependents --remove") {
 		t.Errorf("fix %q", c.Fix)
 	}
 	if len(layers) != 2 || layers[0].ID != "aaaa" || !layers[0].Resolves || layers[1].ID != "bbbb" || layers[1].Resolves || layers[1].Error == "" {
@@ -536,5 +536,68 @@ func TestDoctor(t *testing.T) {
 	}
 	if d := time.Since(start); d > 10*time.Second {
 		t.Errorf("doctor took %v on a dead mount", d)
+	}
+}
+
+// TestFindDependents: images whose layer chain (top layer, and the lower layers the overlay
+// driver links) holds a layer from a store are dependent, with their containers; a layer from
+// a store no image uses is an orphan; an image without one is not listed.
+func TestFindDependents(t *testing.T) {
+	graph := t.TempDir()
+	store := t.TempDir()
+	overlay := filepath.Join(graph, "overlay")
+	layer := func(id string, fromStore bool, lowers ...string) {
+		dir := filepath.Join(overlay, id)
+		if fromStore {
+			graphLayer(t, graph, id, alPath(store, "example.com/app:v1", digest.FromString(id)))
+		} else if err := os.MkdirAll(filepath.Join(dir, "diff"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		var links []string
+		for _, l := range lowers {
+			link := "l/" + strings.ToUpper(l)
+			if err := os.MkdirAll(filepath.Join(overlay, "l"), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Symlink("../"+l+"/diff", filepath.Join(overlay, link)); err != nil && !os.IsExist(err) {
+				t.Fatal(err)
+			}
+			links = append(links, link)
+		}
+		if len(links) > 0 {
+			writeFile(t, dir, "lower", strings.Join(links, ":"), 0o644)
+		}
+	}
+	layer("base", false)
+	layer("lazy", true, "base")
+	layer("top", false, "lazy", "base")
+	layer("plain", false, "base")
+	layer("orphan", true)
+	writeFile(t, filepath.Join(graph, "overlay-images"), "images.json",
+		`[{"id":"img1","names":["example.com/app:v1"],"layer":"top"},{"id":"img2","names":["example.com/plain:v1"],"layer":"plain"},{"id":"img3","layer":"lazy"}]`, 0o644)
+	writeFile(t, filepath.Join(graph, "overlay-containers"), "containers.json",
+		`[{"id":"c1","names":["web"],"image":"img1","layer":"x"}]`, 0o644)
+	rep, err := findDependents(graph)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Images) != 2 || rep.Images[0].ID != "img1" || !slices.Equal(rep.Images[0].Layers, []string{"lazy"}) ||
+		!slices.Equal(rep.Images[0].Containers, []string{"web"}) || rep.Images[1].ID != "img3" {
+		t.Errorf("dependent images %+v", rep.Images)
+	}
+	if !slices.Equal(rep.Orphans, []string{"orphan"}) {
+		t.Errorf("orphans %q", rep.Orphans)
+	}
+	var out strings.Builder
+	renderDependents(&out, rep)
+	for _, want := range []string{"example.com/app:v1", "web", "1 layers from a store that no image"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("report lacks %q:\n%s", want, out.String())
+		}
+	}
+	// Nothing from a store: nothing to read, nothing listed.
+	empty, err := findDependents(t.TempDir())
+	if err != nil || len(empty.Images) != 0 || len(empty.Orphans) != 0 {
+		t.Errorf("empty storage: %+v, %v", empty, err)
 	}
 }

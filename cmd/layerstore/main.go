@@ -6,6 +6,7 @@
 //	layerstore pin [--platform P] IMAGE...  keep images' layers local, verified, across restarts
 //	layerstore unpin [--platform P] IMAGE...
 //	layerstore doctor [--json] [flags]    check the node's setup end to end
+//	layerstore dependents [--json] [--remove]  images that need the store; remove them
 //	layerstore demo                       a self-contained demonstration with figures
 //	layerstore version                    print the version
 package main
@@ -34,6 +35,8 @@ commands:
             out of the cache's eviction and across restarts, with no registry needed
   unpin     let the layers of IMAGE... be evicted again
   doctor    check this node's setup end to end and say what to fix (see doctor -h)
+  dependents  list the runtime's images whose layers come from the store, and with --remove
+            remove them (podman rmi, crictl rmi): do this before turning the store off
   demo      build sample eStargz layers, serve them on 127.0.0.1 and read files lazily,
             verifying every chunk, with figures
   version   print the version
@@ -80,6 +83,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		}
 	case "doctor":
 		return runDoctor(ctx, args[1:], stdout, stderr)
+	case "dependents":
+		return runDependents(ctx, args[1:], stdout, stderr)
 	case "demo":
 		if err := runDemo(ctx, stdout); err != nil {
 			fmt.Fprintf(stderr, "layerstore demo: %v\n", err)
