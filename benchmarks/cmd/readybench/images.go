@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"time"
 
@@ -38,6 +39,7 @@ type imageCache struct {
 	binDir  string // where the harness binary goes
 	steps   []buildStep
 	cat     catalogue
+	need    needSet // what ensure built and pushed in this run
 	harness string
 }
 
@@ -90,9 +92,78 @@ func (c *imageCache) step(what string, s stamp, start time.Time) {
 	c.steps = append(c.steps, buildStep{What: what, Seconds: s.Seconds, Built: s.Built, Cached: s.Built.Before(start)})
 }
 
-// ensure builds what is missing and pushes every image in every format to reg.
-func (c *imageCache) ensure(ctx context.Context, reg *dockerregistry.Registry) error {
+// imageFormat is an image in one format, as the registry holds it (bench/<image>:<format>).
+type imageFormat struct{ image, format string }
+
+// madeFrom names the format a format is made from on the registry: zstd:chunked is a
+// conversion of the pushed gzip image. The other formats are made from the layer tars.
+var madeFrom = map[string]string{fmtZstd: fmtGzip}
+
+// needSet is what ensure builds and pushes: images in formats.
+type needSet map[imageFormat]bool
+
+// needed is the set of images and formats the cells pull, with the formats those are made
+// from. A cell uses nothing else, whatever its mode and cache: a full or lazy pull is of its
+// own image in its own format, a warm store cache is filled by a run of that same pull, and a
+// warm full pull reads that image's blobs on the registry's side.
+func needed(cells []cell) needSet {
+	need := needSet{}
+	for _, c := range cells {
+		for f := c.format; f != ""; f = madeFrom[f] {
+			need[imageFormat{c.image.name, f}] = true
+		}
+	}
+	return need
+}
+
+// formats lists the formats of image in the set, in allFormats order (a format after the
+// one it is made from).
+func (n needSet) formats(image string) []string {
+	var out []string
+	for _, f := range allFormats {
+		if n[imageFormat{image, f}] {
+			out = append(out, f)
+		}
+	}
+	return out
+}
+
+// images lists the images with a format in the set, in imageSpecs order.
+func (n needSet) images() []imageSpec {
+	var out []imageSpec
+	for _, img := range imageSpecs {
+		if len(n.formats(img.name)) > 0 {
+			out = append(out, img)
+		}
+	}
+	return out
+}
+
+// layers lists the layer recipes the set's images are built from, their parents included,
+// in layerRecipes order (parents first).
+func (n needSet) layers() []string {
+	want := map[string]bool{}
+	for _, img := range n.images() {
+		for _, l := range img.layers {
+			for _, p := range chain(l) {
+				want[p] = true
+			}
+		}
+	}
+	var out []string
+	for _, r := range layerRecipes {
+		if want[r.name] {
+			out = append(out, r.name)
+		}
+	}
+	return out
+}
+
+// ensure builds what is missing for the images and formats in need (and nothing else: no
+// layer, profile or blob of an image or format outside it) and pushes them to reg.
+func (c *imageCache) ensure(ctx context.Context, reg *dockerregistry.Registry, need needSet) error {
 	start := time.Now()
+	c.need = need
 	for _, d := range []string{"rootfs", "layers", "profiles", "blobs"} {
 		if err := os.MkdirAll(filepath.Join(c.dir, d), 0o755); err != nil {
 			return err
@@ -105,7 +176,8 @@ func (c *imageCache) ensure(ctx context.Context, reg *dockerregistry.Registry) e
 			c.cat.Images = old.Images
 		}
 	}
-	for _, r := range layerRecipes {
+	for _, name := range need.layers() {
+		r, _ := recipeByName(name)
 		s, err := c.buildRootfs(ctx, r)
 		if err != nil {
 			return fmt.Errorf("layer %s: %w", r.name, err)
@@ -122,16 +194,27 @@ func (c *imageCache) ensure(ctx context.Context, reg *dockerregistry.Registry) e
 		c.cat.Layers[r.name] = t
 		c.step(fmt.Sprintf("layer %s: tar (%s, %d entries)", r.name, mb(t.Size), t.Entries), s, start)
 	}
-	for _, img := range imageSpecs {
-		files, s, err := c.recordProfile(ctx, img)
-		if err != nil {
-			return err
+	for _, img := range need.images() {
+		formats := need.formats(img.name)
+		var files []string // the profile, for estargz-prio only
+		if slices.Contains(formats, fmtEStargzPri) {
+			var s stamp
+			var err error
+			if files, s, err = c.recordProfile(ctx, img); err != nil {
+				return err
+			}
+			c.step(fmt.Sprintf("image %s: strace profile (%d files)", img.name, len(files)), s, start)
 		}
-		c.step(fmt.Sprintf("image %s: strace profile (%d files)", img.name, len(files)), s, start)
 		if c.cat.Images[img.name] == nil {
 			c.cat.Images[img.name] = map[string]*pushedImage{}
 		}
-		for _, f := range []string{fmtGzip, fmtEStargz, fmtEStargzPri} {
+		for _, f := range formats {
+			if f == fmtZstd {
+				if err := c.zstdChunked(ctx, reg, img, start); err != nil {
+					return err
+				}
+				continue
+			}
 			var blobs []layerBlob
 			for _, l := range img.layers {
 				b, s, err := c.layerBlob(ctx, l, f, img.name, files)
@@ -146,9 +229,6 @@ func (c *imageCache) ensure(ctx context.Context, reg *dockerregistry.Registry) e
 				return fmt.Errorf("pushing %s as %s: %w", img.name, f, err)
 			}
 			c.cat.Images[img.name][f] = p
-		}
-		if err := c.zstdChunked(ctx, reg, img, start); err != nil {
-			return err
 		}
 		if err := c.writeCatalogue(); err != nil { // after each image: a failed run keeps what it pushed
 			return err
@@ -217,6 +297,9 @@ func (c *imageCache) push(ctx context.Context, reg *dockerregistry.Registry, img
 // zstdChunked converts the gzip image to zstd:chunked with the e2e harness (the current
 // c/storage compressor), unless the registry holds a conversion of the same gzip image.
 func (c *imageCache) zstdChunked(ctx context.Context, reg *dockerregistry.Registry, img imageSpec, start time.Time) error {
+	if !c.need[imageFormat{img.name, fmtGzip}] {
+		return fmt.Errorf("%s: zstd:chunked is converted from the gzip image, which is not built in this run", img.name)
+	}
 	src := c.cat.Images[img.name][fmtGzip]
 	repo := "bench/" + img.name + ":" + fmtZstd
 	if old := c.cat.Images[img.name][fmtZstd]; old != nil && old.From == src.Manifest {

@@ -59,7 +59,7 @@ func main() {
 	var links, only, full string
 	flag.IntVar(&o.samples, "samples", 5, "runs of every cell (p50 and p95 are reported)")
 	flag.StringVar(&links, "links", "100mbit/10ms,1gbit/1ms", "links between the runtime and the registry, RATE/RTT, comma-separated (\"unlimited\": loopback)")
-	flag.StringVar(&only, "only", "", "run only the cells whose name (image:format:mode:link:cache, e.g. python:estargz:lazy:1gbit/1ms:cold) matches this regular expression")
+	flag.StringVar(&only, "only", "", "run only the cells whose name (image:format:mode:link:cache, e.g. python:estargz:lazy:1gbit/1ms:cold) matches this regular expression; only the images and formats they pull are built")
 	flag.StringVar(&full, "full", fmtGzip, "formats also pulled in full by podman alone, comma-separated ("+strings.Join(allFormats, ", ")+")")
 	flag.StringVar(&o.images, "images", "", "cache of the built images (root filesystems, blobs, registry storage); default benchmarks/work/images in the module")
 	flag.StringVar(&o.workdir, "workdir", "", "where the run's temporary directory goes (stores' caches, podman storage); default benchmarks/work in the module")
@@ -173,13 +173,30 @@ func run(ctx context.Context, o options) error {
 		}
 	}
 
+	// The stores read the registry's address (the shaping proxy's, started once the images
+	// are pushed) from this file when they start, which is after it is written.
+	regConf := filepath.Join(work, "registries.conf")
 	reg, err := dockerregistry.Start(ctx, dockerregistry.Config{DataDir: filepath.Join(o.images, "registry"), ConfDir: work})
 	if err != nil {
 		return err
 	}
 	defer reg.Stop()
 	images := &imageCache{dir: o.images, modDir: modDir, binDir: bin}
-	if err := images.ensure(ctx, reg); err != nil {
+	b := &bench{opts: o, work: work, reg: reg, images: images, warm: map[string]string{},
+		stores: map[string]store{"layerstore": &layerstoreStore{bin: daemon, registriesConf: regConf, prefetch: !o.noPrefetch}}}
+	if o.peer != "" {
+		p := &peerStore{bin: o.peer}
+		if p.name() == "layerstore" {
+			return errors.New("-peer: the peer's binary must not be called layerstore")
+		}
+		b.stores[p.name()] = p
+	}
+	// The cells first: only the images and formats they pull are built and pushed.
+	cells := b.plan()
+	if len(cells) == 0 {
+		return errors.New("no cell matches -only")
+	}
+	if err := images.ensure(ctx, reg, needed(cells)); err != nil {
 		return fmt.Errorf("building the images: %w", err)
 	}
 	fmt.Fprintf(os.Stderr, "images ready (%.0fs)\n", time.Since(started).Seconds())
@@ -189,25 +206,12 @@ func run(ctx context.Context, o options) error {
 		return err
 	}
 	defer proxy.Close()
-	regConf := filepath.Join(work, "registries.conf")
 	if err := os.WriteFile(regConf, []byte(testregistry.RegistriesConf(proxy.Addr())), 0o644); err != nil {
 		return err
 	}
-	b := &bench{opts: o, work: work, reg: reg, proxy: proxy, images: images, warm: map[string]string{},
-		stores: map[string]store{"layerstore": &layerstoreStore{bin: daemon, registriesConf: regConf, prefetch: !o.noPrefetch}}}
-	if o.peer != "" {
-		p := &peerStore{bin: o.peer}
-		if p.name() == "layerstore" {
-			return errors.New("-peer: the peer's binary must not be called layerstore")
-		}
-		b.stores[p.name()] = p
-	}
+	b.proxy = proxy
 	b.runBase = fmt.Sprintf("/run/readybench-%d", os.Getpid())
 	defer func() { unmountUnder(b.runBase); os.RemoveAll(b.runBase) }()
-	cells := b.plan()
-	if len(cells) == 0 {
-		return errors.New("no cell matches -only")
-	}
 	fmt.Fprintf(os.Stderr, "%d cells x %d samples = %d runs, shuffled (seed %d)\n", len(cells), o.samples, len(cells)*o.samples, o.seed)
 	measureStart := time.Now()
 	results, err := b.measure(ctx, cells)

@@ -219,3 +219,53 @@ func TestOptionErrors(t *testing.T) {
 		t.Errorf("unlimited link named %q", l.String())
 	}
 }
+
+// TestNeededImages checks what -only makes ensure build: the images and formats of the
+// selected cells (a zstd:chunked image with the gzip image it is converted from), and the
+// layers of those images only.
+func TestNeededImages(t *testing.T) {
+	all := []string{"python/gzip", "python/estargz", "python/estargz-prio", "python/zstdchunked",
+		"gcc/gzip", "gcc/estargz", "gcc/estargz-prio", "gcc/zstdchunked",
+		"large/gzip", "large/estargz", "large/estargz-prio", "large/zstdchunked"}
+	for _, tc := range []struct {
+		only, full string
+		want       []string // image/format, in imageSpecs and allFormats order
+		layers     []string
+	}{
+		{"", "gzip", all, []string{"base", "python", "gcc", "big"}},
+		{"^python:estargz:", "gzip", []string{"python/estargz"}, []string{"base", "python"}},
+		{"^python:estargz:lazy:1gbit/1ms:cold$", "gzip", []string{"python/estargz"}, []string{"base", "python"}},
+		{"^python:zstdchunked:", "gzip", []string{"python/gzip", "python/zstdchunked"}, []string{"base", "python"}},
+		{"^gcc:gzip:full:", "gzip", []string{"gcc/gzip"}, []string{"base", "gcc"}},
+		{"^large:estargz-prio:lazy:.*:warm$", "gzip", []string{"large/estargz-prio"}, []string{"base", "python", "big"}},
+		{":full:", "gzip", []string{"python/gzip", "gcc/gzip", "large/gzip"}, []string{"base", "python", "gcc", "big"}},
+		{":full:", "estargz", []string{"python/estargz", "gcc/estargz", "large/estargz"}, []string{"base", "python", "gcc", "big"}},
+		{"^python:estargz:lazy|^gcc:zstdchunked:", "gzip", []string{"python/estargz", "gcc/gzip", "gcc/zstdchunked"}, []string{"base", "python", "gcc"}},
+		{"^python:.*:1gbit/1ms:cold$", "gzip", []string{"python/gzip", "python/estargz", "python/estargz-prio", "python/zstdchunked"}, []string{"base", "python"}},
+		{"^gcc:.*:lazy:", "", []string{"gcc/gzip", "gcc/estargz", "gcc/estargz-prio", "gcc/zstdchunked"}, []string{"base", "gcc"}},
+		{"^gcc:(estargz|estargz-prio):lazy:", "", []string{"gcc/estargz", "gcc/estargz-prio"}, []string{"base", "gcc"}},
+		{"^nothing$", "gzip", nil, nil},
+	} {
+		o := options{samples: 1}
+		if err := o.parse("100mbit/10ms,1gbit/1ms", tc.only, tc.full); err != nil {
+			t.Fatal(err)
+		}
+		b := &bench{opts: o, stores: map[string]store{"layerstore": &layerstoreStore{}, "stargz-store": &peerStore{bin: "/usr/local/bin/stargz-store"}}}
+		need := needed(b.plan())
+		var got []string
+		for _, img := range need.images() {
+			for _, f := range need.formats(img.name) {
+				got = append(got, img.name+"/"+f)
+			}
+		}
+		if len(got) != len(need) {
+			t.Errorf("-only %q -full %q: %d pairs listed of %d in the set", tc.only, tc.full, len(got), len(need))
+		}
+		if !slices.Equal(got, tc.want) {
+			t.Errorf("-only %q -full %q: needs %q, want %q", tc.only, tc.full, got, tc.want)
+		}
+		if l := need.layers(); !slices.Equal(l, tc.layers) {
+			t.Errorf("-only %q -full %q: layers %q, want %q", tc.only, tc.full, l, tc.layers)
+		}
+	}
+}
