@@ -375,3 +375,45 @@ func logExport(t *testing.T, what string, img *image, gets map[digest.Digest]doc
 		t.Logf("%s: layer %.19s: %d requests (%d whole), %d bytes", what, l, g.Full+g.Ranged, g.Full, g.Bytes)
 	}
 }
+
+// TestPodman5 runs every lazy image with the podman 5 CLI (lookups by TOC digest): pulled and
+// run in one command (`podman run IMAGE`, as the README advises for podman 5: the known
+// upstream issue makes a later command pull again), no full GET of a layer the store serves,
+// plain layers pulled normally, the layers c/storage took from the store exactly those looked
+// up by TOC digest, the container sees the reference content, and the daemon counts the
+// runtime's use of each layer (which `podman rmi` does not drop: see below).
+func TestPodman5(t *testing.T) {
+	s := need(t)
+	refs := s.references(t)
+	d := s.startDaemon(t)
+	for _, n := range lazyImages {
+		t.Run(n, func(t *testing.T) {
+			img := s.images[n]
+			p := s.newRuntime(t, s.podman5, d.mnt, testregistry.RegistriesConf(s.open.Host, s.private.Host))
+			mark := s.open.Mark()
+			out, stderr, err := p.runScript(t, img.ref, listScript)
+			if err != nil {
+				t.Fatalf("podman run %s: %v\n%s", img.ref, err, stderr)
+			}
+			checkPull(t, img, s.open.BlobGets(mark), func(d digest.Digest) bool { return img.modern[d] })
+			if got, want := fromStore(t, filepath.Join(p.dir, "graph")), count(img.modern); got != want {
+				t.Errorf("%d layers taken from the store, want %d", got, want)
+			}
+			sameListing(t, n, out, refs[img.ref0])
+			for l := range served(img.modern) {
+				if u := d.users(t, l); u < 1 {
+					t.Errorf("layer %s: %d users after the run, want >= 1", l, u)
+				}
+			}
+			// podman 5 removes the image but never drops its uses of the layers it took from
+			// the store (it did not record them: the README's known upstream issue), so the
+			// daemon keeps counting them; the harness, in one process, does drop them.
+			p.must(t, "rmi", img.ref)
+			var users []int64
+			for l := range served(img.modern) {
+				users = append(users, d.users(t, l))
+			}
+			t.Logf("users of the layers after podman rmi: %v", users)
+		})
+	}
+}
