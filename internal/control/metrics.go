@@ -77,13 +77,13 @@ func writeMetrics(w io.Writer, st layer.Status) {
 	metric("layerstore_layers", "gauge", "Resolved layers by background fetch state.", byState...)
 	metric("layerstore_layer_users", "gauge", "Runtime references to resolved layers.", sample{v: users})
 	cs := st.Cache
-	metric("layerstore_cache_bytes", "gauge", "Content bytes in the cache.", sample{v: cs.Bytes})
+	metric("layerstore_cache_bytes", "gauge", "Bytes in the cache: file content and layer records.", sample{v: cs.Bytes})
 	metric("layerstore_cache_max_bytes", "gauge", "The cache's size bound.", sample{v: cs.MaxBytes})
 	metric("layerstore_cache_files", "gauge", "Files in the cache, complete or being filled.",
 		sample{`{complete="true"}`, int64(cs.Complete)}, sample{`{complete="false"}`, int64(cs.Files - cs.Complete)})
 	metric("layerstore_cache_hits_total", "counter", "Cache reads that found all their bytes.", sample{v: cs.Hits})
 	metric("layerstore_cache_misses_total", "counter", "Cache reads that found bytes missing.", sample{v: cs.Misses})
-	metric("layerstore_cache_evictions_total", "counter", "Files evicted to keep the cache within its bound.", sample{v: cs.Evictions})
+	metric("layerstore_cache_evictions_total", "counter", "Files and layer records evicted to keep the cache within its bound or make room on its filesystem.", sample{v: cs.Evictions})
 }
 
 // writeHistogram writes the series of one histogram: its cumulative buckets (le), +Inf
