@@ -77,7 +77,10 @@
 //   - scheduler.mu: the background bandwidth's token bucket (the rest are atomics and the
 //     slots and cpu channels).
 //
-// A fetch's results are written once, before its done channel is closed, and read after.
+// A fetch's results are written once, before its done channel is closed, and read after. The
+// counters and the latency histograms (how long lookups took, by outcome and by what answered
+// them; how long reads waited for the registry: package internal/metrics) are atomics,
+// observed without a lock and read by Status.
 //
 // Goroutines: the janitor (one per manager, every second: forgets expired resolutions and the
 // layers none names, drops blob copies unread for the keep TTL); each resolution in

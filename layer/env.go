@@ -2,6 +2,8 @@ package layer
 
 import (
 	"context"
+	"errors"
+	iofs "io/fs"
 	"log/slog"
 	"runtime/debug"
 	"sync"
@@ -9,6 +11,7 @@ import (
 	"time"
 
 	"github.com/layerstore/layerstore/cache"
+	"github.com/layerstore/layerstore/internal/metrics"
 )
 
 // env is what the layers of one manager share, and all a layer knows of its manager: where
@@ -87,6 +90,57 @@ type counters struct {
 	verifyFailures                          atomic.Int64
 	onDemandBytes, prefetchBytes            atomic.Int64
 	fromRecords                             atomic.Int64
+
+	// lookupTime: the lookups' durations by outcome and by what answered; readWait: how long
+	// reads waited for the registry (fetchMissing).
+	lookupTime [numOutcomes][numSources]*metrics.Histogram
+	readWait   *metrics.Histogram
+}
+
+func newCounters() *counters {
+	c := &counters{readWait: metrics.NewHistogram(metrics.DefaultBuckets)}
+	for o := range c.lookupTime {
+		for s := range c.lookupTime[o] {
+			c.lookupTime[o][s] = metrics.NewHistogram(metrics.DefaultBuckets)
+		}
+	}
+	return c
+}
+
+// lookupOutcome is how a lookup ended, a label of its duration.
+type lookupOutcome int
+
+const (
+	outcomeServed  lookupOutcome = iota // the layer is served lazily
+	outcomeNotLazy                      // ENOENT: the runtime pulls the layer normally
+	outcomeFailed                       // an error (registry, verification, timeout): EIO
+	numOutcomes
+)
+
+var outcomeNames = [numOutcomes]string{"served", "not_lazy", "failed"}
+
+// lookupSource is what answered a lookup, a label of its duration.
+type lookupSource int
+
+const (
+	sourceMemory   lookupSource = iota // a resolution (or a failure) the manager remembered
+	sourceRecord                       // the layer's record, without the registry
+	sourceRegistry                     // the registry
+	numSources
+)
+
+var sourceNames = [numSources]string{"memory", "record", "registry"}
+
+// observeLookup counts a lookup that began at start.
+func (c *counters) observeLookup(start time.Time, src lookupSource, err error) {
+	o := outcomeServed
+	switch {
+	case errors.Is(err, iofs.ErrNotExist):
+		o = outcomeNotLazy
+	case err != nil:
+		o = outcomeFailed
+	}
+	c.lookupTime[o][src].Since(start)
 }
 
 // work is the lifetime of a manager's background work: one context, cancelled when Close

@@ -60,13 +60,18 @@ type fetch struct {
 //  5. run: fetch this read's chunks in one batch of range requests, verify, complete each
 //     fetch, and store them once the read has returned;
 //  6. wait for every fetch the read needs.
+//
+// A read that had to wait for the registry (a chunk of its own to fetch, or one another read
+// or the fetch-ahead was still fetching) counts its wait in the read-wait histogram.
 func (l *Layer) fetchMissing(ctx context.Context, file chunked.EntryID, idx []int, h *handle, next int) ([][]byte, error) {
 	keys := make([]chunkKey, len(idx))
 	for i, c := range idx {
 		keys[i] = chunkKey{file, c}
 	}
+	start := time.Now()
 	needed, mine := l.claim(keys)
 	mine = l.takeCached(h, mine)
+	waits := len(mine) > 0 || !allDone(needed)
 	if len(mine) > 0 {
 		_, more := l.claim(l.readAhead(file, idx[len(idx)-1]))
 		mine = append(mine, more...)
@@ -75,7 +80,23 @@ func (l *Layer) fetchMissing(ctx context.Context, file chunked.EntryID, idx []in
 		l.fetchAhead(file, next)
 	}
 	l.run(ctx, mine, onDemand)
-	return wait(ctx, needed)
+	out, err := wait(ctx, needed)
+	if waits {
+		l.env.counters.readWait.Since(start)
+	}
+	return out, err
+}
+
+// allDone reports whether every fetch of fetches has completed.
+func allDone(fetches []*fetch) bool {
+	for _, f := range fetches {
+		select {
+		case <-f.done:
+		default:
+			return false
+		}
+	}
+	return true
 }
 
 // fetchAhead fetches chunk i of file in the background, unless somebody is fetching it: a

@@ -115,7 +115,7 @@ func New(reg Registry, c *cache.Cache, opts ...Option) (*Manager, error) {
 			cache:       c,
 			files:       newHandles(c, o.openFiles),
 			sched:       newScheduler(o.prefetchConcurrency, o.prefetchBandwidth, o.prefetchQuiet),
-			counters:    &counters{},
+			counters:    newCounters(),
 			work:        newWork(),
 			records:     loadRecords(c, chunked.Limits{}.WithDefaults(), o.log),
 			log:         o.log,
@@ -179,8 +179,11 @@ func (m *Manager) Lookup(ctx context.Context, ref string, key digest.Digest) (st
 	return l, nil
 }
 
-func (m *Manager) lookup(ctx context.Context, ref string, key digest.Digest) (*Layer, error) {
+func (m *Manager) lookup(ctx context.Context, ref string, key digest.Digest) (l *Layer, err error) {
+	start := time.Now()
 	m.counters.lookups.Add(1)
+	src := sourceMemory
+	defer func() { m.counters.observeLookup(start, src, err) }()
 	k := layerKey{ref, key}
 	if l, err, ok := m.remembered(k); ok {
 		if err == nil && l.v.Err() != nil {
@@ -188,9 +191,10 @@ func (m *Manager) lookup(ctx context.Context, ref string, key digest.Digest) (*L
 		}
 		return l, err
 	}
+	src = sourceRegistry // until the resolution says (a caller that gives up never learns)
 	ch := m.group.DoChan(ref+"\x00"+key.String(), func() (any, error) {
 		if l, err, ok := m.remembered(k); ok {
-			return l, err
+			return resolved{l, sourceMemory}, err
 		}
 		ctx, cancel := m.work.bound(ctx, m.opts.resolveTimeout)
 		defer cancel()
@@ -198,25 +202,32 @@ func (m *Manager) lookup(ctx context.Context, ref string, key digest.Digest) (*L
 		case m.resolving <- struct{}{}:
 			defer func() { <-m.resolving }()
 		case <-ctx.Done():
-			return nil, fmt.Errorf("waiting for a resolution slot: %w", ctx.Err())
+			return resolved{nil, sourceRegistry}, fmt.Errorf("waiting for a resolution slot: %w", ctx.Err())
 		}
-		l, err := m.resolve(ctx, ref, key)
+		l, src, err := m.resolve(ctx, ref, key)
 		m.remember(k, l, err)
-		return l, err
+		return resolved{l, src}, err
 	})
 	select {
 	case r := <-ch:
+		res := r.Val.(resolved)
+		src = res.source
 		if r.Err != nil {
 			return nil, r.Err
 		}
-		l := r.Val.(*Layer)
-		if err := l.v.Err(); err != nil {
+		if err := res.layer.v.Err(); err != nil {
 			return nil, err
 		}
-		return l, nil
+		return res.layer, nil
 	case <-ctx.Done():
 		return nil, ctx.Err()
 	}
+}
+
+// resolved is what a shared resolution hands every lookup waiting for it.
+type resolved struct {
+	layer  *Layer
+	source lookupSource
 }
 
 // remembered returns a resolution that is still valid.
@@ -252,16 +263,22 @@ func (m *Manager) remember(k layerKey, l *Layer, err error) {
 }
 
 // resolve finds key in the image ref and opens the layer: from its record when one was
-// written for ref's repository, otherwise through the registry.
-func (m *Manager) resolve(ctx context.Context, ref string, key digest.Digest) (*Layer, error) {
+// written for ref's repository, otherwise through the registry; it says which answered.
+func (m *Manager) resolve(ctx context.Context, ref string, key digest.Digest) (*Layer, lookupSource, error) {
 	start := m.opts.now()
 	m.counters.resolutions.Add(1)
 	if err := key.Validate(); err != nil {
-		return nil, fmt.Errorf("layer key %q: %w", key, iofs.ErrNotExist)
+		return nil, sourceRegistry, fmt.Errorf("layer key %q: %w", key, iofs.ErrNotExist)
 	}
 	if l, err, ok := m.resolveFromRecord(ctx, ref, key, start); ok {
-		return l, err
+		return l, sourceRecord, err
 	}
+	l, err := m.resolveThroughRegistry(ctx, ref, key, start)
+	return l, sourceRegistry, err
+}
+
+// resolveThroughRegistry finds key in the image ref through the registry and opens the layer.
+func (m *Manager) resolveThroughRegistry(ctx context.Context, ref string, key digest.Digest, start time.Time) (*Layer, error) {
 	img, err := m.reg.Resolve(ctx, ref)
 	if err != nil {
 		m.counters.failures.Add(1)

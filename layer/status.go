@@ -10,6 +10,7 @@ import (
 
 	"github.com/layerstore/layerstore/cache"
 	"github.com/layerstore/layerstore/chunked"
+	"github.com/layerstore/layerstore/internal/metrics"
 )
 
 // Status is a snapshot of the manager for the control socket.
@@ -18,6 +19,8 @@ type Status struct {
 	Pins     []Pin         `json:"pins,omitempty"`
 	Cache    cache.Stats   `json:"cache"`
 	Counters Counters      `json:"counters"`
+	// Latency holds the histograms the metrics endpoint writes; not part of the JSON status.
+	Latency Latency `json:"-"`
 	// Session is what becomes of the store's FUSE session when the daemon restarts; set by the
 	// daemon, not by the Manager.
 	Session *Session `json:"session,omitempty"`
@@ -65,6 +68,28 @@ type Counters struct {
 	PrefetchBytes  int64 `json:"prefetchedBytes"`
 }
 
+// Latency is a snapshot of the manager's latency histograms.
+type Latency struct {
+	// Lookups has one histogram per outcome and source of a lookup, every combination
+	// present (zero counts included), in a fixed order.
+	Lookups []LookupLatency
+	// ReadWait is how long reads of files waited for the registry: reads whose chunks were
+	// missing from the cache, from the start of their fetch to its end (failed ones included).
+	ReadWait metrics.Snapshot
+}
+
+// LookupLatency is the histogram of the lookups with one outcome and source.
+type LookupLatency struct {
+	// Outcome: "served" (the layer is served lazily), "not_lazy" (ENOENT: the runtime pulls
+	// the layer normally: not a lazy format, a policy, a key or image the registry does not
+	// have), "failed" (EIO: registry, verification, timeout).
+	Outcome string
+	// Source: what answered: "memory" (a resolution or failure the manager remembered),
+	// "record" (the layer's record, without the registry), "registry".
+	Source string
+	metrics.Snapshot
+}
+
 // Status returns a snapshot of every live layer, the cache and the counters.
 func (m *Manager) Status() Status {
 	m.mu.Lock()
@@ -86,6 +111,7 @@ func (m *Manager) Status() Status {
 			OnDemandBytes:  m.counters.onDemandBytes.Load(),
 			PrefetchBytes:  m.counters.prefetchBytes.Load(),
 		},
+		Latency: m.counters.latency(),
 	}
 	for _, l := range layers {
 		st.Layers = append(st.Layers, l.Status())
@@ -159,4 +185,15 @@ func (l *Layer) contentFiles(seen map[chunked.Sum]bool) iter.Seq2[chunked.Sum, i
 			}
 		}
 	}
+}
+
+func (c *counters) latency() Latency {
+	lat := Latency{ReadWait: c.readWait.Snapshot()}
+	for o := range numOutcomes {
+		for src := range numSources {
+			lat.Lookups = append(lat.Lookups, LookupLatency{
+				Outcome: outcomeNames[o], Source: sourceNames[src], Snapshot: c.lookupTime[o][src].Snapshot()})
+		}
+	}
+	return lat
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io/fs"
 	"log/slog"
+	"net"
 	"os"
 	"strconv"
 	"strings"
@@ -24,6 +25,10 @@ type Config struct {
 	ControlSocket string   `toml:"control-socket"`
 	LogLevel      string   `toml:"log-level"`
 	AuthFiles     []string `toml:"auth-files"`
+
+	// MetricsAddress, when set, is a TCP address ("127.0.0.1:9108", ":9108") serving GET
+	// /metrics alone; off by default.
+	MetricsAddress string `toml:"metrics-address"`
 
 	Registries struct {
 		Conf      string   `toml:"conf"`
@@ -87,6 +92,11 @@ func loadConfig(path string, required bool) (*Config, error) {
 	}
 	if _, err := parseLevel(c.LogLevel); err != nil {
 		return nil, fmt.Errorf("config %s: %w", path, err)
+	}
+	if c.MetricsAddress != "" {
+		if _, _, err := net.SplitHostPort(c.MetricsAddress); err != nil {
+			return nil, fmt.Errorf("config %s: metrics-address %q: want host:port, e.g. \"127.0.0.1:9108\" (%v)", path, c.MetricsAddress, err)
+		}
 	}
 	return &c, nil
 }

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -320,9 +321,21 @@ func serve(ctx context.Context, cfg *Config, mountpoint string, log *slog.Logger
 	if err != nil {
 		return err
 	}
+	// The metrics address, when configured: taken before the mount, so that an address in use
+	// fails the start rather than a scrape later.
+	var metricsLn net.Listener
+	if cfg.MetricsAddress != "" {
+		if metricsLn, err = net.Listen("tcp", cfg.MetricsAddress); err != nil {
+			ln.Close()
+			return fmt.Errorf("metrics-address %s: %w", cfg.MetricsAddress, err)
+		}
+	}
 	s, err := openStack(cfg, mountpoint, inherited, log)
 	if err != nil {
 		ln.Close()
+		if metricsLn != nil {
+			metricsLn.Close()
+		}
 		return err
 	}
 	api := &http.Server{
@@ -331,7 +344,16 @@ func serve(ctx context.Context, cfg *Config, mountpoint string, log *slog.Logger
 	}
 	go api.Serve(ln)
 	defer api.Close()
-	log.Info("serving", "mountpoint", mountpoint, "cache", cfg.CacheDir, "control", cfg.ControlSocket, "version", version)
+	servers := []*http.Server{api}
+	attrs := []any{"mountpoint", mountpoint, "cache", cfg.CacheDir, "control", cfg.ControlSocket}
+	if metricsLn != nil {
+		m := metricsServer(s)
+		go m.Serve(metricsLn)
+		defer m.Close()
+		servers = append(servers, m)
+		attrs = append(attrs, "metrics", metricsLn.Addr().String())
+	}
+	log.Info("serving", append(attrs, "version", version)...)
 	if err := sdnotify.Notify("READY=1\nSTATUS=" + servingStatus + mountpoint); err != nil {
 		log.Warn("notifying systemd", "err", err)
 	}
@@ -348,7 +370,7 @@ wait:
 		case <-hup:
 			s.reload(log)
 		case <-usr2:
-			if err := s.reexec(log, api); err != nil {
+			if err := s.reexec(log, servers...); err != nil {
 				return err
 			}
 		case <-ctx.Done():
@@ -369,6 +391,20 @@ wait:
 	}
 	s.Close()
 	return nil
+}
+
+// metricsServer serves the metrics alone (GET /metrics) on the metrics address, bounded as the
+// control socket is and more, since a TCP address may be reached by more than root: no request
+// may hold a connection for long, nor send large headers.
+func metricsServer(src control.MetricsSource) *http.Server {
+	return &http.Server{
+		Handler:           control.MetricsHandler(src),
+		ReadHeaderTimeout: 10 * time.Second,
+		ReadTimeout:       10 * time.Second,
+		WriteTimeout:      30 * time.Second,
+		IdleTimeout:       2 * time.Minute,
+		MaxHeaderBytes:    16 << 10,
+	}
 }
 
 // reload reads registries.conf and its drop-ins again and forgets the resolutions, so that the
@@ -398,7 +434,7 @@ const stopTimeout = 5 * time.Second
 // cannot run leaves the daemon serving as before. It returns only when the replacement
 // failed after the store stopped serving: the daemon then exits with an error, and a service
 // manager that keeps the session restarts it (Restart=on-failure).
-func (s *stack) reexec(log *slog.Logger, api *http.Server) error {
+func (s *stack) reexec(log *slog.Logger, servers ...*http.Server) error {
 	sess, ok := s.mount.Session()
 	if !ok {
 		log.Error("SIGUSR2: not re-executing: the mount has no FUSE session to hand over")
@@ -421,7 +457,9 @@ func (s *stack) reexec(log *slog.Logger, api *http.Server) error {
 		return nil
 	}
 	_ = sdnotify.Notify("STATUS=re-executing " + exe)
-	api.Close()
+	for _, srv := range servers {
+		srv.Close() // the sockets are free for the next program
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), stopTimeout)
 	if err := s.mount.Stop(ctx); err != nil {
 		log.Warn("stopping the store: requests still being answered are left to the next program", "err", err)

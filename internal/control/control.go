@@ -2,7 +2,11 @@
 // reach (mode 0600). It serves the status as JSON (/status), Prometheus metrics (/metrics),
 // takes registry credentials from the auth helper (POST /credentials), and pins and unpins
 // images (POST /pin, POST /unpin). The client side, used by `layerstore status`, `pin`,
-// `unpin` and the auth helper, is here too.
+// `unpin` and the auth helper, is here too. [MetricsHandler] is the metrics alone, for the
+// optional TCP metrics address: it serves GET /metrics and nothing else.
+//
+// The handlers keep no state of their own: each request reads a fresh status from the layer
+// manager (safe for concurrent use), so they serve any number of requests concurrently.
 package control
 
 import (
@@ -86,10 +90,7 @@ func Handler(src StatusSource, sink CredentialSink, ttl time.Duration, log *slog
 		enc.SetIndent("", "  ")
 		_ = enc.Encode(src.Status())
 	})
-	mux.HandleFunc("GET /metrics", func(w http.ResponseWriter, _ *http.Request) {
-		w.Header().Set("Content-Type", "text/plain; version=0.0.4")
-		writeMetrics(w, src.Status())
-	})
+	mux.HandleFunc("GET /metrics", metricsEndpoint(src))
 	mux.HandleFunc("POST /pin", func(w http.ResponseWriter, r *http.Request) {
 		req, ok := readPinRequest(w, r)
 		if !ok {
