@@ -50,7 +50,7 @@ func ClearDeadMount(mountpoint string) error {
 		dead := isFUSE && (errors.Is(perr, syscall.ENOTCONN) || errors.Is(perr, syscall.ECONNABORTED))
 		switch {
 		case dead, ours && perr != nil:
-			if err := syscall.Unmount(mp, syscall.MNT_DETACH); err != nil {
+			if err := unmount(mp, syscall.MNT_DETACH); err != nil {
 				return fmt.Errorf("fs: detach stale %s mount at %s: %w", fstype, mp, err)
 			}
 		case ours:

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"runtime/debug"
 	"strings"
@@ -45,6 +46,10 @@ type Options struct {
 	Passthrough bool
 	// Debug logs every FUSE request and answer at debug level.
 	Debug bool
+	// IDs is how the owners of the diff trees' entries are shown; nil shows the layers' own
+	// (a root daemon). A rootless daemon shows them through its user's rootless runtime's
+	// user namespace (RootlessIDMap).
+	IDs *IDMap
 
 	// allowOther mounts with allow_other, so that requests of other users reach the daemon,
 	// to test that the daemon refuses them itself.
@@ -156,11 +161,12 @@ func Mount(mountpoint string, store Store, opts Options) (*Server, error) {
 	}
 
 	fsys := newFilesystem(store, opts.Logger, opts.EntryTimeout, opts.AttrTimeout, time.Now())
+	fsys.ids = opts.IDs
 	mo := mountOptions(opts)
 	s := &Server{mountpoint: mountpoint, fsys: fsys, done: make(chan struct{})}
 	fd, err := mountSelf(mountpoint, &mo)
 	switch {
-	case errors.Is(err, syscall.EPERM):
+	case errors.Is(err, syscall.EPERM) || errors.Is(err, syscall.EACCES): // not root, or /dev/fuse root's alone
 		opts.Logger.Warn("cannot mount with mount(2): mounting with fusermount, without a session to resume", "err", err)
 		mo.DirectMount = true
 		if s.fuse, err = fuse.NewServer(newRawFS(fsys), mountpoint, &mo); err != nil {
@@ -345,6 +351,7 @@ func Resume(mountpoint string, sess Session, store Store, opts Options) (*Server
 	}
 
 	fsys := newFilesystem(store, opts.Logger, opts.EntryTimeout, opts.AttrTimeout, st.hdr.started)
+	fsys.ids = opts.IDs
 	fsys.load(st)
 	fsys.passthrough.Store(st.hdr.flags&flagPassthrough != 0)
 	mo := mountOptions(opts)
@@ -435,7 +442,7 @@ func (s *Server) Mountpoint() string { return s.mountpoint }
 // store serves on. (go-fuse's own Unmount retries for a while and then runs fusermount,
 // whose error says nothing a caller can test.)
 func (s *Server) Unmount() error {
-	if err := syscall.Unmount(s.mountpoint, 0); err != nil {
+	if err := unmount(s.mountpoint, 0); err != nil {
 		return fmt.Errorf("fs: unmount %s: %w", s.mountpoint, err)
 	}
 	s.fsys.release()
@@ -446,12 +453,40 @@ func (s *Server) Unmount() error {
 // that nobody meets it again, but files still open in it keep it alive; they fail
 // (ENOTCONN) once this process exits. Wait does not return before they are closed.
 func (s *Server) Detach() error {
-	if err := syscall.Unmount(s.mountpoint, syscall.MNT_DETACH); err != nil {
+	if err := unmount(s.mountpoint, syscall.MNT_DETACH); err != nil {
 		return fmt.Errorf("fs: detach %s: %w", s.mountpoint, err)
 	}
 	s.fsys.release()
 	return nil
 }
+
+// unmount is umount2(2), or for a user without the privilege, fusermount3 -u (with -z for
+// MNT_DETACH), which unmounts the FUSE mounts the user made; a busy mount is EBUSY either way.
+func unmount(mountpoint string, flags int) error {
+	err := syscall.Unmount(mountpoint, flags)
+
+	if !errors.Is(err, syscall.EPERM) || os.Geteuid() == 0 {
+		return err
+	}
+	args := []string{"-u", "-q"}
+	if flags&syscall.MNT_DETACH != 0 {
+		args = append(args, "-z")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	out, ferr := exec.CommandContext(ctx, fusermount, append(args, "--", mountpoint)...).CombinedOutput()
+	switch {
+	case ferr == nil:
+		return nil
+	case strings.Contains(string(out), "busy"):
+		return syscall.EBUSY
+	default:
+		return fmt.Errorf("%s: %v: %s", fusermount, ferr, strings.TrimSpace(string(out)))
+	}
+}
+
+// fusermount is the setuid helper through which a user mounts and unmounts FUSE filesystems.
+const fusermount = "fusermount3"
 
 // Wait returns once the store is unmounted (by Unmount or by anyone else) and serving ended.
 func (s *Server) Wait() { <-s.done }

@@ -8,6 +8,7 @@ import (
 	iofs "io/fs"
 	"log/slog"
 	"maps"
+	"os"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -46,6 +47,8 @@ type filesystem struct {
 	entryTO time.Duration // entry timeout of the immutable parts
 	attrTO  time.Duration // attribute timeout of the immutable parts
 	started time.Time     // times of the synthetic directories and files, the same in every process of a session
+	self    fuse.Owner    // owner of the synthetic directories and files: the daemon's user
+	ids     *IDMap        // how the diff trees' owners are shown (Options.IDs)
 	srv     *fuse.Server  // set by Init, before the first request
 	// passthrough is set once the kernel granted FUSE passthrough and Options asked for it;
 	// ptRefused once the kernel refused to register a backing file.
@@ -140,6 +143,7 @@ func newFilesystem(store Store, log *slog.Logger, entryTO, attrTO time.Duration,
 		entryTO:   entryTO,
 		attrTO:    attrTO,
 		started:   started,
+		self:      fuse.Owner{Uid: daemonUID, Gid: uint32(os.Getegid())},
 		refs:      map[string]uint64{},
 		refDirs:   map[uint64]refDir{},
 		nextRef:   firstRefIno,
@@ -346,7 +350,7 @@ func (fsys *filesystem) layerOf(ctx context.Context, b *block) (Layer, syscall.E
 // synthAttr fills the attributes of a directory or file that the daemon makes up (not part
 // of a layer's tree): owned by root, timestamped with the session's start.
 func (fsys *filesystem) synthAttr(out *fuse.Attr, ino uint64, mode uint32, size uint64) {
-	*out = fuse.Attr{Ino: ino, Mode: mode, Size: size, Nlink: 1}
+	*out = fuse.Attr{Ino: ino, Mode: mode, Size: size, Nlink: 1, Owner: fsys.self}
 	if mode&syscall.S_IFMT == syscall.S_IFDIR {
 		out.Nlink = 2
 	}
@@ -377,11 +381,15 @@ func parseKey(name string) (digest.Digest, bool) {
 	return d, true
 }
 
-// privileged reports whether a FUSE request comes from root: the runtime, or a container's
-// process reaching the store through overlayfs, which accesses its lower layers with the
-// credentials of whoever mounted the overlay. Only such requests may make the Store resolve a
-// layer or count a use, or open anything under the mount.
-func privileged(c *fuse.Caller) bool { return c.Uid == 0 }
+// privileged reports whether a FUSE request comes from the daemon's own user (root, or the
+// user of a rootless daemon): the runtime, or a container's process reaching the store through
+// overlayfs, which accesses its lower layers with the credentials of whoever mounted the
+// overlay (a rootless runtime's user namespace maps its root to that user). Only such requests
+// may make the Store resolve a layer or count a use, or open anything under the mount.
+func privileged(c *fuse.Caller) bool { return c.Uid == daemonUID }
+
+// daemonUID is the daemon's user: the only one the store serves.
+var daemonUID = uint32(os.Geteuid())
 
 // gate admits a request: it returns the function that ends it. Once Stop was called it holds
 // the request instead, unanswered (the next process of the session gets it again), until the

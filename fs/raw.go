@@ -154,7 +154,7 @@ func (r *rawFS) Lookup(cancel <-chan struct{}, h *fuse.InHeader, name string, ou
 func (r *rawFS) entryOut(b *block, x *chunked.Index, id chunked.EntryID, out *fuse.EntryOut) {
 	owner := x.Meta(id).Inode
 	out.NodeId = b.base + inoEntries + uint64(owner)
-	fillEntry(&out.Attr, b, x, owner)
+	r.fsys.fillEntry(&out.Attr, b, x, owner)
 	out.SetEntryTimeout(r.fsys.entryTO)
 	out.SetAttrTimeout(r.fsys.attrTO)
 }
@@ -264,7 +264,7 @@ func (r *rawFS) GetAttr(cancel <-chan struct{}, in *fuse.GetAttrIn, out *fuse.At
 	case kindBlob:
 		fsys.synthAttr(&out.Attr, n.ino, syscall.S_IFREG|readOnlyMode, uint64(max(n.l.BlobSize(), 0)))
 	case kindEntry:
-		fillEntry(&out.Attr, n.b, n.x, n.id)
+		fsys.fillEntry(&out.Attr, n.b, n.x, n.id)
 	}
 	return fuse.OK
 }

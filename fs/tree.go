@@ -40,7 +40,7 @@ func typeBits(e *chunked.Entry) uint32 {
 // fillEntry sets the attributes of inode owner id from the index: type, size and content from
 // the entry, mode, owner and times from the entry an extractor would have applied last (a
 // hardlink to it may carry its own).
-func fillEntry(out *fuse.Attr, b *block, x *chunked.Index, id chunked.EntryID) {
+func (fsys *filesystem) fillEntry(out *fuse.Attr, b *block, x *chunked.Index, id chunked.EntryID) {
 	e := x.Meta(id)
 	aid := x.AttrEntry(id)
 	a := x.Meta(aid)
@@ -49,6 +49,9 @@ func fillEntry(out *fuse.Attr, b *block, x *chunked.Index, id chunked.EntryID) {
 		Mode:  typeBits(&e) | a.Mode&0o7777,
 		Nlink: max(e.Nlink, 1),
 		Owner: fuse.Owner{Uid: a.UID, Gid: a.GID},
+	}
+	if !fsys.ids.identity() {
+		out.Owner = fuse.Owner{Uid: mapID(fsys.ids.UIDs, a.UID), Gid: mapID(fsys.ids.GIDs, a.GID)}
 	}
 	switch out.Mode & syscall.S_IFMT {
 	case syscall.S_IFREG:

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
@@ -14,8 +15,36 @@ import (
 	"github.com/BurntSushi/toml"
 )
 
-// DefaultConfigPath is where serve reads its configuration unless told otherwise.
+// DefaultConfigPath is where serve reads its configuration unless told otherwise, as root;
+// a rootless daemon reads layerstore/config.toml in the user's configuration directory
+// (defaultConfigPath).
 const DefaultConfigPath = "/etc/layerstore/config.toml"
+
+// defaultConfigPath is DefaultConfigPath for root, $XDG_CONFIG_HOME/layerstore/config.toml
+// (~/.config/...) for another user.
+func defaultConfigPath() string {
+	if os.Geteuid() == 0 {
+		return DefaultConfigPath
+	}
+	d, err := os.UserConfigDir()
+	if err != nil {
+		return DefaultConfigPath
+	}
+	return filepath.Join(d, "layerstore", "config.toml")
+}
+
+// defaultCacheDir is DefaultCacheDir for root, $XDG_CACHE_HOME/layerstore (~/.cache/...) for
+// another user.
+func defaultCacheDir() string {
+	if os.Geteuid() == 0 {
+		return DefaultCacheDir
+	}
+	d, err := os.UserCacheDir()
+	if err != nil {
+		return DefaultCacheDir
+	}
+	return filepath.Join(d, "layerstore")
+}
 
 // Config is the daemon's configuration file. Every key is optional; a missing file means all
 // defaults. packaging/config.toml documents each key with its default.

@@ -15,6 +15,7 @@ import (
 	"io/fs"
 	"os"
 	"os/exec"
+	"os/user"
 	"regexp"
 	"strconv"
 	"strings"
@@ -118,7 +119,7 @@ func runDoctor(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	fl.SetOutput(stderr)
 	fl.Usage = func() { fmt.Fprint(stderr, doctorUsage); fl.PrintDefaults() }
 	asJSON := fl.Bool("json", false, "print the report as JSON")
-	fl.StringVar(&p.config, "config", DefaultConfigPath, "the daemon's configuration file (a missing default file means all defaults)")
+	fl.StringVar(&p.config, "config", defaultConfigPath(), "the daemon's configuration file (a missing default file means all defaults)")
 	fl.StringVar(&p.socket, "control-socket", "", "the daemon's control socket (default: the config's, $"+control.SocketEnv+" or "+control.DefaultSocket+")")
 	fl.StringVar(&p.storageConf, "storage-conf", "", "storage.conf (default $"+storageConfEnv+", "+defaultStorageConf+" or "+vendorStorageConf+")")
 	fl.StringVar(&p.registriesConf, "registries-conf", "", "registries.conf (default $"+registriesConfEnv+" or "+defaultRegistriesConf+")")
@@ -169,9 +170,10 @@ func diagnose(ctx context.Context, p doctorPaths) doctorReport {
 			checkAuthHelper(conf, dirs),
 			checkRuntime(ctx, "podman"),
 			checkRuntime(ctx, "crio"),
+			checkRootless(),
 			checkPassthrough(kernelRelease(), orBool(cfg.FUSE.Passthrough, true)),
 			checkRestarts(kernelRelease(), st),
-			checkCache(ctx, or(cfg.CacheDir, DefaultCacheDir), int64(cfg.CacheMaxSize), cacheUsed),
+			checkCache(ctx, or(cfg.CacheDir, defaultCacheDir()), int64(cfg.CacheMaxSize), cacheUsed),
 			deps,
 		},
 		DependentLayers: layers,
@@ -327,6 +329,8 @@ func checkPassthrough(release string, enabled bool) check {
 	const name = "passthrough"
 	is69, known := kernel69(release)
 	switch {
+	case os.Geteuid() != 0:
+		return check{name, statusOK, "rootless: FUSE passthrough needs root (CAP_SYS_ADMIN): cached files are read through the daemon", ""}
 	case !known:
 		return check{name, statusWarn, fmt.Sprintf("cannot read the kernel version %q", release), "FUSE passthrough needs Linux 6.9+"}
 	case !is69:
@@ -344,7 +348,10 @@ func checkPassthrough(release string, enabled bool) check {
 // daemon was answering. Informational: never fails.
 func checkRestarts(release string, st *layer.Status) check {
 	const name = "restarts"
-	const fix = "run the daemon as the shipped unit (FileDescriptorStoreMax=) or restart it with SIGUSR2"
+	fix := "run the daemon as the shipped unit (FileDescriptorStoreMax=) or restart it with SIGUSR2"
+	if os.Geteuid() != 0 {
+		fix = "rootless: a mount made through fusermount3 cannot be handed over; stop the containers that use the store before restarting the daemon"
+	}
 	if st == nil || st.Session == nil {
 		return check{name, statusWarn, "the daemon does not say what becomes of its FUSE session", "an older daemon: upgrade it"}
 	}
@@ -360,6 +367,41 @@ func checkRestarts(release string, st *layer.Status) check {
 			"a 6.9+ kernel; a graceful restart (systemctl restart) answers them before it stops"}
 	}
 	return check{name, statusOK, msg, ""}
+}
+
+// checkRootless checks what a rootless daemon needs (skipped as root): /dev/fuse that the user
+// can open and fusermount3 to mount it, and subordinate ids, without which the files of
+// owners other than root show as nobody in containers (and podman runs none).
+func checkRootless() check {
+	const name = "rootless"
+	if os.Geteuid() == 0 {
+		return check{name, statusSkip, "running as root", ""}
+	}
+	if f, err := os.OpenFile("/dev/fuse", os.O_RDWR, 0); err != nil {
+		return check{name, statusFail, "/dev/fuse cannot be opened (" + err.Error() + "): the store cannot be mounted", "the distribution's default is mode 0666 (udev rule of the fuse package)"}
+	} else {
+		f.Close()
+	}
+	fm, err := exec.LookPath("fusermount3")
+	if err != nil {
+		return check{name, statusFail, "no fusermount3: a user cannot mount the store", "install the fuse3 package"}
+	}
+	if fi, err := os.Stat(fm); err != nil || fi.Mode()&os.ModeSetuid == 0 {
+		return check{name, statusFail, fm + " is not setuid root: a user cannot mount the store", "reinstall the fuse3 package"}
+	}
+	u := strconv.Itoa(os.Geteuid())
+	if cur, err := user.Current(); err == nil {
+		u = cur.Username
+	}
+	m, err := storefs.SystemRootlessIDMap(u)
+	if err != nil {
+		return check{name, statusFail, err.Error(), "correct /etc/subuid and /etc/subgid"}
+	}
+	if len(m.UIDs) < 2 || len(m.GIDs) < 2 {
+		return check{name, statusWarn, "no subordinate ids for " + u + " in /etc/subuid and /etc/subgid: files of owners other than root show as nobody",
+			"usermod --add-subuids 100000-165535 --add-subgids 100000-165535 " + u}
+	}
+	return check{name, statusOK, fmt.Sprintf("user %s: /dev/fuse and %s usable; containers see owners through subordinate ids %d-%d", u, fm, m.UIDs[1].Host, m.UIDs[1].Host+m.UIDs[1].Size-1), ""}
 }
 
 // checkCache checks the free space on the cache directory's filesystem: maxSize is the

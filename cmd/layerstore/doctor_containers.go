@@ -15,6 +15,7 @@ import (
 	"github.com/BurntSushi/toml"
 
 	"github.com/layerstore/layerstore/fetcher"
+	"github.com/layerstore/layerstore/internal/control"
 )
 
 // The doctor's checks of the containers configuration: storage.conf (the store listed with
@@ -37,15 +38,45 @@ type storageConf struct {
 	} `toml:"storage"`
 }
 
-// storageConfPath is the storage.conf containers/storage reads as root.
+// storageConfPath is the storage.conf containers/storage reads: as root, the system's; as
+// another user (rootless), the user's own ($XDG_CONFIG_HOME/containers/storage.conf), where
+// the store's line goes.
 func storageConfPath() string {
 	if p := os.Getenv(storageConfEnv); p != "" {
 		return p
+	}
+	if os.Geteuid() != 0 {
+		if d, err := os.UserConfigDir(); err == nil {
+			return filepath.Join(d, "containers", "storage.conf")
+		}
 	}
 	if !fileExists(defaultStorageConf) && fileExists(vendorStorageConf) {
 		return vendorStorageConf
 	}
 	return defaultStorageConf
+}
+
+// graphRootDefault is where containers/storage keeps images when storage.conf does not say:
+// the system's as root, $XDG_DATA_HOME/containers/storage (~/.local/share/...) rootless.
+func graphRootDefault() string {
+	if os.Geteuid() != 0 {
+		if d := os.Getenv("XDG_DATA_HOME"); d != "" {
+			return filepath.Join(d, "containers", "storage")
+		}
+		if h, err := os.UserHomeDir(); err == nil {
+			return filepath.Join(h, ".local", "share", "containers", "storage")
+		}
+	}
+	return defaultGraphRoot
+}
+
+// exampleStorePath is the store's mountpoint as installed: the system unit's as root, the
+// user unit's (layerstore/store in the runtime directory) rootless.
+func exampleStorePath() string {
+	if os.Geteuid() != 0 {
+		return filepath.Join(control.UserRuntimeDir(), "layerstore", "store")
+	}
+	return exampleStore
 }
 
 // alsEntry is one store of additionallayerstores, parsed the way c/storage's overlay driver
@@ -89,12 +120,12 @@ func parseALSEntries(values []string) []alsEntry {
 // when not empty, is the store that must be listed.
 func checkStorageConf(ctx context.Context, path, store string) (check, storageSetup) {
 	const name = "storage.conf"
-	setup := storageSetup{store: store, graphroot: defaultGraphRoot}
+	setup := storageSetup{store: store, graphroot: graphRootDefault()}
 	var sc storageConf
 	if _, err := toml.DecodeFile(path, &sc); err != nil {
 		if errors.Is(err, fs.ErrNotExist) {
 			return check{name, statusFail, path + " does not exist: the runtime lists no additional layer store",
-				fmt.Sprintf("create it with driver = \"overlay\" under [storage] and additionallayerstores = [\"%s:ref\"] under [storage.options]", or(store, exampleStore))}, setup
+				fmt.Sprintf("create it with driver = \"overlay\" under [storage] and additionallayerstores = [\"%s:ref\"] under [storage.options]", or(store, exampleStorePath()))}, setup
 		}
 		return check{name, statusFail, fmt.Sprintf("%s does not parse (%v): podman and CRI-O refuse to start", path, err), "correct the TOML in " + path}, setup
 	}
@@ -127,7 +158,7 @@ func checkStorageConf(ctx context.Context, path, store string) (check, storageSe
 	switch {
 	case len(entries) == 0:
 		f.add(statusFail, "additionallayerstores lists no store: runtimes never look in it",
-			fmt.Sprintf("add additionallayerstores = [\"%s:ref\"] under [storage.options]", or(store, exampleStore)))
+			fmt.Sprintf("add additionallayerstores = [\"%s:ref\"] under [storage.options]", or(store, exampleStorePath())))
 	case chosen == nil:
 		f.add(statusFail, store+" is not listed in additionallayerstores", fmt.Sprintf("add \"%s:ref\" to additionallayerstores under [storage.options]", store))
 	case !chosen.ref:

@@ -447,7 +447,7 @@ func TestDoctor(t *testing.T) {
 		Checks          []map[string]any `json:"checks"`
 		DependentLayers []map[string]any `json:"dependentLayers"`
 	}
-	if err := json.Unmarshal(out.Bytes(), &shape); err != nil || len(shape.Checks) != 11 || len(shape.DependentLayers) != 1 {
+	if err := json.Unmarshal(out.Bytes(), &shape); err != nil || len(shape.Checks) != 12 || len(shape.DependentLayers) != 1 {
 		t.Fatalf("JSON shape (%v):\n%s", err, out.String())
 	}
 	for _, k := range []string{"name", "status", "message", "fix"} {

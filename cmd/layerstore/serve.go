@@ -13,7 +13,9 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"os/user"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -54,8 +56,8 @@ func runServe(ctx context.Context, args []string, stderr io.Writer) error {
 	fl := flag.NewFlagSet("serve", flag.ContinueOnError)
 	fl.SetOutput(stderr)
 	fl.Usage = func() { fmt.Fprint(stderr, serveUsage); fl.PrintDefaults() }
-	fl.StringVar(&f.config, "config", DefaultConfigPath, "configuration file (TOML); a missing default file means all defaults")
-	fl.StringVar(&f.cacheDir, "cache-dir", "", "cache directory (default "+DefaultCacheDir+")")
+	fl.StringVar(&f.config, "config", defaultConfigPath(), "configuration file (TOML); a missing default file means all defaults")
+	fl.StringVar(&f.cacheDir, "cache-dir", "", "cache directory (default "+defaultCacheDir()+")")
 	fl.StringVar(&f.registriesConf, "registries-conf", "", "registries.conf to use, with its .d drop-ins (default: the system's)")
 	fl.StringVar(&f.socket, "control-socket", "", "control socket path (default $"+control.SocketEnv+" or "+control.DefaultSocket+")")
 	fl.StringVar(&f.logLevel, "log-level", "", "debug, info, warn or error (default info)")
@@ -72,7 +74,7 @@ func runServe(ctx context.Context, args []string, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	cfg.CacheDir = or(f.cacheDir, or(cfg.CacheDir, DefaultCacheDir))
+	cfg.CacheDir = or(f.cacheDir, or(cfg.CacheDir, defaultCacheDir()))
 	cfg.ControlSocket = or(f.socket, or(cfg.ControlSocket, control.SocketPath()))
 	cfg.LogLevel = or(f.logLevel, cfg.LogLevel)
 	if f.registriesConf != "" {
@@ -159,6 +161,15 @@ func openStack(cfg *Config, mountpoint string, inherited []fdstore.Named, log *s
 		return nil, err
 	}
 	opts := storefs.Options{Logger: log, Passthrough: orBool(cfg.FUSE.Passthrough, true)}
+	if os.Geteuid() != 0 {
+		if opts.IDs, err = rootlessIDs(); err != nil {
+			return nil, err
+		}
+		if opts.Passthrough {
+			log.Info("rootless: FUSE passthrough needs root (CAP_SYS_ADMIN): files are read through the daemon")
+			opts.Passthrough = false
+		}
+	}
 	if s.mount, s.session.Resumed, err = mountStore(mountpoint, s.manager, opts, inherited, log); err != nil {
 		return nil, err
 	}
@@ -166,6 +177,21 @@ func openStack(cfg *Config, mountpoint string, inherited []fdstore.Named, log *s
 	s.stored = s.session.Why == ""
 	s.session.Kept = s.stored
 	return s, nil
+}
+
+// rootlessIDs is how a rootless daemon shows the owners of layer files: through the user
+// namespace its user's rootless podman runs containers in (root is the user, ids from 1 the
+// user's first range in /etc/subuid and /etc/subgid).
+func rootlessIDs() (*storefs.IDMap, error) {
+	name := strconv.Itoa(os.Geteuid())
+	if u, err := user.Current(); err == nil {
+		name = u.Username
+	}
+	m, err := storefs.SystemRootlessIDMap(name)
+	if err != nil {
+		return nil, fmt.Errorf("rootless: %w", err)
+	}
+	return m, nil
 }
 
 // mountStore resumes the FUSE session in inherited, or mounts the store anew when there is

@@ -36,12 +36,26 @@ const DefaultSocket = "/run/layerstore/control.sock"
 const SocketEnv = "LAYERSTORE_CONTROL_SOCKET"
 
 // SocketPath is the control socket to use when no flag or configuration names one: the
-// value of $LAYERSTORE_CONTROL_SOCKET if set, else [DefaultSocket].
+// value of $LAYERSTORE_CONTROL_SOCKET if set, else [DefaultSocket] for root and, for another
+// user (a rootless daemon and its clients), layerstore/control.sock in the user's runtime
+// directory ($XDG_RUNTIME_DIR, else /run/user/UID).
 func SocketPath() string {
 	if p := os.Getenv(SocketEnv); p != "" {
 		return p
 	}
+	if os.Geteuid() != 0 {
+		return filepath.Join(UserRuntimeDir(), "layerstore", "control.sock")
+	}
 	return DefaultSocket
+}
+
+// UserRuntimeDir is the current user's runtime directory: $XDG_RUNTIME_DIR, else
+// /run/user/UID, where systemd's user manager makes it.
+func UserRuntimeDir() string {
+	if d := os.Getenv("XDG_RUNTIME_DIR"); d != "" {
+		return d
+	}
+	return fmt.Sprintf("/run/user/%d", os.Geteuid())
 }
 
 // DefaultCredentialTTL is how long credentials handed over by the auth helper are used.
