@@ -562,3 +562,31 @@ func TestManPages(t *testing.T) {
 		}
 	}
 }
+
+// TestUserUnitFile: the user unit (rootless podman) runs the daemon with the per-user
+// defaults at the user's runtime directory, tells systemd when the mount answers, and detaches
+// a dead mount after a stop through fusermount3 (a user cannot umount).
+func TestUserUnitFile(t *testing.T) {
+	u := readUnitFile(t, filepath.Join("..", "..", "systemd", "user", "layerstore.service"))
+	for _, kv := range [][3]string{
+		{"Service", "Type", "notify"},
+		{"Service", "NotifyAccess", "main"},
+		{"Service", "Restart", "on-failure"},
+		{"Install", "WantedBy", "default.target"},
+	} {
+		if got := u.one(t, kv[0], kv[1]); got != kv[2] {
+			t.Errorf("[%s] %s=%s, want %s", kv[0], kv[1], got, kv[2])
+		}
+	}
+	if got, want := u.one(t, "Service", "ExecStart"), unitBinary+" serve %t/layerstore/store"; got != want {
+		t.Errorf("ExecStart=%s, want %s (the per-user configuration, cache and socket are the defaults)", got, want)
+	}
+	if post := u.one(t, "Service", "ExecStopPost"); !strings.Contains(post, "fusermount3 -u -z %t/layerstore/store") {
+		t.Errorf("ExecStopPost=%s: a dead rootless mount is detached with fusermount3", post)
+	}
+	for _, key := range []string{"CapabilityBoundingSet", "DeviceAllow", "StateDirectory"} {
+		if v := u["Service"][key]; len(v) > 0 {
+			t.Errorf("%s=%q in a user unit: a user manager cannot apply it", key, v)
+		}
+	}
+}
