@@ -498,8 +498,12 @@ func (s *stack) reexec(log *slog.Logger, servers ...*http.Server) error {
 	return err
 }
 
-// unmountRetry is how often a busy store is unmounted again.
-const unmountRetry = time.Second
+// unmountRetry is how often a busy store is unmounted again; unmountGrace how long a stop
+// waits, after the unmount, for the FUSE connection to end.
+const (
+	unmountRetry = time.Second
+	unmountGrace = 5 * time.Second
+)
 
 // inUse reports whether a runtime holds a layer of the store (its images depend on the store).
 func (s *stack) inUse() bool {
@@ -551,7 +555,16 @@ func (s *stack) unmount(log *slog.Logger, again <-chan os.Signal, gone <-chan st
 	for busy := false; ; busy = true {
 		err := s.mount.Unmount()
 		if err == nil {
-			<-gone
+			// The connection ends once no mount of it is left. Copies of the mount in other
+			// mount namespaces (made before the unmount, without propagation back, as a
+			// rootless runtime's namespace on a host without shared mounts) and overlayfs's
+			// private clones keep it alive, maybe for ever: a stop does not wait for them.
+			select {
+			case <-gone:
+			case <-again:
+			case <-time.After(unmountGrace):
+				log.Warn("unmounted; the FUSE connection is still held elsewhere (copies of the mount in other mount namespaces, overlay mounts): exiting, and reads through those fail from now on", "mountpoint", mp)
+			}
 			s.mount = nil
 			if s.stored { // the connection ended: nothing for the next process
 				forgetSession()

@@ -508,3 +508,45 @@ func TestReloadOnSIGHUP(t *testing.T) {
 	}
 	d.stop()
 }
+
+// TestStopWithMountCopyElsewhere: a copy of the store's mount in another mount namespace (made
+// before the stop, without propagation back: a rootless runtime's namespace on a host whose
+// mounts are not shared) keeps the FUSE connection alive after the daemon's unmount; the
+// daemon still exits, within unmountGrace, and says so.
+func TestStopWithMountCopyElsewhere(t *testing.T) {
+	e := newServeEnv(t)
+	d := e.startUnmanaged()
+	holder := exec.Command("unshare", "--mount", "--propagation", "private", "sleep", "60")
+	if err := holder.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { holder.Process.Kill(); holder.Wait() })
+	// The copy exists once the holder runs in its own namespace.
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		ns, _ := os.Readlink(fmt.Sprintf("/proc/%d/ns/mnt", holder.Process.Pid))
+		self, _ := os.Readlink("/proc/self/ns/mnt")
+		if ns != "" && ns != self {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the holder has no mount namespace of its own")
+		}
+	}
+	start := time.Now()
+	d.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case err := <-d.exited:
+		if err != nil {
+			t.Errorf("daemon exited with %v", err)
+		}
+	case <-time.After(unmountGrace + 20*time.Second):
+		t.Fatalf("the daemon did not exit %v after SIGTERM:\n%s", time.Since(start), d.log.String())
+	}
+	t.Logf("exited %v after SIGTERM", time.Since(start).Round(time.Millisecond))
+	if !strings.Contains(d.log.String(), "still held elsewhere") {
+		t.Errorf("no line about the connection held elsewhere:\n%s", d.log.String())
+	}
+	if isMount(t, e.mnt) {
+		t.Errorf("still mounted here")
+	}
+}
