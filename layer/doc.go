@@ -31,7 +31,9 @@
 // A read whose fetch failed (a registry error, a timeout, a chunk that did not verify) leaves
 // its failure in place for the negative TTL: the kernel retries a failed readahead with a
 // small read at once, and that read, like any other of the same chunks meanwhile, gets the
-// same error without a request. The blob file (export: podman save and push) is served from
+// same error without a request. A failure of the network's or the registry's (retries used
+// up, the read's time) stays only 250 ms, for that retry: the next reader, often another
+// container of an image sharing the layer, asks the registry again. The blob file (export: podman save and push) is served from
 // a copy of the whole blob, fetched in batch-sized requests and hashed before any byte of it
 // is served; a blob whose sha256 is not its digest fails every read with
 // verify.ErrDigestMismatch. The copy lives in an anonymous file on the cache's filesystem and

@@ -9,6 +9,7 @@ import (
 
 	"github.com/layerstore/layerstore/cache"
 	"github.com/layerstore/layerstore/chunked"
+	"github.com/layerstore/layerstore/fetcher"
 	"github.com/layerstore/layerstore/verify"
 )
 
@@ -327,19 +328,36 @@ const (
 // once when it is zero): until then, readers of their chunks get the same error without a
 // request.
 func (l *Layer) forgetFailed(batch []*fetch) {
-	until := l.env.now().Add(l.env.negativeTTL)
+	now := l.env.now()
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	for _, f := range batch {
 		if f.err == nil || l.inflight[f.key] != f {
 			continue
 		}
-		if l.env.negativeTTL <= 0 {
+		ttl := l.env.negativeTTL
+		if transientFailure(f.err) {
+			ttl = min(ttl, transientNegativeTTL)
+		}
+		if ttl <= 0 {
 			delete(l.inflight, f.key)
 			continue
 		}
-		f.failedUntil = until
+		f.failedUntil = now.Add(ttl)
 	}
+}
+
+// transientNegativeTTL is how long a fetch that failed for the network's or the registry's
+// sake (after its retries) is remembered: long enough for the kernel's immediate retry of the
+// failed readahead, short enough that the next reader, another container of an image sharing
+// the layer, asks the registry again instead of failing without a request.
+const transientNegativeTTL = 250 * time.Millisecond
+
+// transientFailure reports whether a fetch failed for the network's or registry's sake (its
+// retries used up, or the read's time), not for the content's (a chunk that did not verify)
+// or for good (not found, unauthorized).
+func transientFailure(err error) bool {
+	return errors.Is(err, fetcher.ErrTransient) || errors.Is(err, context.DeadlineExceeded)
 }
 
 // forget removes the fetches of batch that succeeded from the chunks in flight: from then on,

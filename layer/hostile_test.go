@@ -566,3 +566,38 @@ func TestLookupFailureLogs(t *testing.T) {
 		})
 	}
 }
+
+// TestTransientFailureForgottenSoon: a read that failed because the registry kept failing
+// (its retries used up) is remembered only long enough for the kernel's immediate retry: a
+// reader a moment later (another container of an image sharing the layer) asks the registry
+// again and gets the bytes; a chunk that did not verify is remembered for the negative TTL.
+func TestTransientFailureForgottenSoon(t *testing.T) {
+	e := newEnv(t)
+	f := e.fixtures[0]
+	ref := e.push("transient:v1", fixtureLayer(f))
+	clock := newTestClock()
+	m := e.manager(WithPrefetch(false), WithClock(clock.now), WithNegativeTTL(time.Hour))
+	l, err := m.lookup(t.Context(), ref, f.Desc.Digest)
+	if err != nil {
+		t.Fatal(err)
+	}
+	id, _ := l.Index().LookupPath("usr/bin/tool")
+	id = l.Index().Entry(id).Inode
+	buf := make([]byte, 4096)
+	e.reg.Fail(f.Desc.Digest, http.StatusServiceUnavailable)
+	if _, err := l.ReadFile(t.Context(), id, buf, 0); !errors.Is(err, fetcher.ErrTransient) {
+		t.Fatalf("read while the registry fails: %v, want ErrTransient", err)
+	}
+	e.reg.Fail(f.Desc.Digest, 0)
+	before := e.reg.Stats(f.Desc.Digest)
+	if _, err := l.ReadFile(t.Context(), id, buf, 0); !errors.Is(err, fetcher.ErrTransient) {
+		t.Fatalf("the kernel's immediate retry: %v, want the remembered failure", err)
+	}
+	if after := e.reg.Stats(f.Desc.Digest); after != before {
+		t.Errorf("the immediate retry asked the registry: %+v, then %+v", before, after)
+	}
+	clock.advance(transientNegativeTTL + time.Millisecond)
+	if _, err := l.ReadFile(t.Context(), id, buf, 0); err != nil {
+		t.Fatalf("a read %v later: %v, want the bytes", transientNegativeTTL, err)
+	}
+}
