@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -73,11 +74,62 @@ func (d *daemon) start(ctx context.Context) error {
 	return nil
 }
 
-// stop ends keep (and serve) by its PID; the mount is gone afterwards.
-func (d *daemon) stop() {
-	if d.proc != nil {
-		d.proc.Stop()
+// stopTimeout bounds how long serve may take to exit after SIGTERM (it answers the requests
+// under way first: at most a request timeout, 30 s) before it is killed.
+const stopTimeout = 40 * time.Second
+
+// stop ends keep and serve by their PIDs: SIGTERM to keep, which passes it to serve; serve is
+// killed when it has not exited after stopTimeout. The mount is gone afterwards. It returns
+// what went wrong, if anything: a daemon that does not stop is a finding.
+func (d *daemon) stop() string {
+	if d.proc == nil {
+		return ""
 	}
+	defer d.proc.Stop() // keep killed after 10 s more, the mount detached
+	if d.exited() {
+		return ""
+	}
+	pid, _ := d.servePID()
+	start := time.Now()
+	_ = d.proc.Cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-d.proc.Exited():
+		if took := time.Since(start); took > 10*time.Second {
+			return fmt.Sprintf("the daemon took %v to exit after SIGTERM", took.Round(time.Millisecond))
+		}
+		return ""
+	case <-time.After(stopTimeout):
+	}
+	mounts := mountsUnder(filepath.Dir(d.dir))
+	if pid > 0 {
+		_ = syscall.Kill(pid, syscall.SIGKILL)
+	}
+	return fmt.Sprintf("serve (PID %d) had not exited %v after SIGTERM: killed; mounts under the work directory then: %s",
+		pid, stopTimeout, strings.Join(mounts, ", "))
+}
+
+// mountsUnder lists the mounts at or below dir, as mountpoint (type).
+func mountsUnder(dir string) []string {
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return nil
+	}
+	var out []string
+	for _, l := range strings.Split(string(b), "\n") {
+		f := strings.Fields(l)
+		if len(f) < 5 || (f[4] != dir && !strings.HasPrefix(f[4], dir+"/")) {
+			continue
+		}
+		typ := "?"
+		if i := slices.Index(f, "-"); i >= 0 && i+1 < len(f) {
+			typ = f[i+1]
+		}
+		out = append(out, fmt.Sprintf("%s (%s)", strings.TrimPrefix(f[4], dir+"/"), typ))
+	}
+	if len(out) == 0 {
+		return []string{"none"}
+	}
+	return out
 }
 
 // exited tells whether keep has exited (it gives up after 5 starts in 10 s).
@@ -179,11 +231,11 @@ func (d *daemon) status(ctx context.Context) (layer.Counters, int, error) {
 	return st.Counters, pid, err
 }
 
-// emptyCache stops the daemon, removes its cache and starts it again.
-func (d *daemon) emptyCache(ctx context.Context) error {
-	d.stop()
+// emptyCache stops the daemon, removes its cache and starts it again; note is stop's.
+func (d *daemon) emptyCache(ctx context.Context) (note string, err error) {
+	note = d.stop()
 	if err := os.RemoveAll(d.cache); err != nil {
-		return err
+		return note, err
 	}
-	return d.start(ctx)
+	return note, d.start(ctx)
 }

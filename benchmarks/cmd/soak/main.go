@@ -239,7 +239,7 @@ func run(ctx context.Context, o options) (err error) {
 	if err := s.d.start(ctx); err != nil {
 		return err
 	}
-	defer s.d.stop()
+	defer func() { s.d.stop() }()
 
 	p4, err := newPodman("podman 4.3.1", "podman", filepath.Join(work, "podman4"), filepath.Join(runroots, "4"), s.d.mnt, s.reg.Host, o.podmanTimeout)
 	if err != nil {
@@ -270,7 +270,9 @@ func run(ctx context.Context, o options) (err error) {
 	for _, p := range s.runtimes {
 		p.wipe(context.Background())
 	}
-	s.d.stop()
+	if note := s.d.stop(); note != "" {
+		s.events = append(s.events, "at the end: "+note)
+	}
 	s.proxy.Close()
 	return benchenv.WriteReport(benchenv.ReportPath(s.modDir, "soak", o.out), s.report())
 }
@@ -293,6 +295,10 @@ func (s *soak) loop(ctx context.Context) {
 		r := &runRecord{N: n, Runtime: s.runtimes[c[0]].name, Image: s.images[c[1]], Cold: s.rnd.IntN(2) == 0,
 			Kill: s.o.killEvery > 0 && n%s.o.killEvery == 0}
 		s.runOne(ctx, s.runtimes[c[0]], r)
+		if r.Outcome == "no daemon" {
+			s.events = append(s.events, fmt.Sprintf("the soak stopped before run %d: %s", n, r.Err))
+			break
+		}
 		s.runs = append(s.runs, r)
 		fmt.Fprintf(os.Stderr, "run %d (%v): %s, %s, %s cache%s: %s in %v, %d layers from the store, %d requests, %d faults%s\n",
 			n, time.Since(s.started).Round(time.Second), r.Runtime, r.Image.Name(), map[bool]string{true: "empty", false: "kept"}[r.Cold],
@@ -313,7 +319,7 @@ func (s *soak) runOne(ctx context.Context, p *podman, r *runRecord) {
 	if s.d.exited() {
 		s.events = append(s.events, fmt.Sprintf("before run %d: layerstore keep had exited; started again", r.N))
 		if err := s.d.start(ctx); err != nil {
-			r.Outcome, r.Err = "failed", "starting the daemon: "+err.Error()
+			r.Outcome, r.Err = "no daemon", "starting the daemon: "+err.Error()
 			return
 		}
 	}
@@ -321,8 +327,12 @@ func (s *soak) runOne(ctx context.Context, p *podman, r *runRecord) {
 		s.wipes[p.name+": "+why]++
 	}
 	if r.Cold {
-		if err := s.d.emptyCache(ctx); err != nil {
-			r.Outcome, r.Err = "failed", "restarting the daemon on an empty cache: "+err.Error()
+		note, err := s.d.emptyCache(ctx)
+		if note != "" {
+			s.events = append(s.events, fmt.Sprintf("before run %d, stopping the daemon to empty its cache: %s", r.N, note))
+		}
+		if err != nil {
+			r.Outcome, r.Err = "no daemon", "restarting the daemon on an empty cache: "+err.Error()
 			return
 		}
 	}
