@@ -317,6 +317,23 @@ func TestPrivateRegistry(t *testing.T) {
 		}
 	})
 
+	t.Run("podman5/auth-helper", func(t *testing.T) {
+		// The podman 5 CLI hands the credentials of its pull to the daemon through the helper.
+		d := s.startDaemon(t) // no credentials of its own
+		p := s.newRuntime(t, s.podman5, d.mnt, helperConf, "REGISTRY_AUTH_FILE="+s.goodAuth,
+			"PATH="+s.bin+":"+os.Getenv("PATH"), "LAYERSTORE_CONTROL_SOCKET="+d.socket)
+		mark := s.private.Mark()
+		out, stderr, err := p.runScript(t, img.ref, listScript)
+		if err != nil {
+			t.Fatalf("podman run: %v\n%s", err, stderr)
+		}
+		checkPull(t, img, s.private.BlobGets(mark), func(d digest.Digest) bool { return img.modern[d] })
+		sameListing(t, "private", out, refs[imgGzip])
+		if !strings.Contains(d.log.String(), "credentials received from the auth helper") {
+			t.Error("the daemon did not log the helper's credentials")
+		}
+	})
+
 	t.Run("modern/no-helper", func(t *testing.T) {
 		// The same without the helper: the daemon cannot authenticate, the runtime pulls normally.
 		d := s.startDaemon(t)
