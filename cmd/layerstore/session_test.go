@@ -283,13 +283,7 @@ func TestKillAtEveryPhase(t *testing.T) {
 
 	t.Run("lookup", func(t *testing.T) {
 		e := newServeEnv(t)
-		m := svcmanager.New(t, t.TempDir())
-		log := &syncbuf.Buffer{}
-		t.Cleanup(func() {
-			if t.Failed() {
-				t.Logf("daemon log:\n%s", log.String())
-			}
-		})
+		m, log := managedLog(t)
 		d := e.startManaged(m, e.bin, log)
 		blob := e.fixture.Desc.Digest
 		e.reg.Hang(blob, true)
@@ -313,13 +307,7 @@ func TestKillAtEveryPhase(t *testing.T) {
 	t.Run("fetch", func(t *testing.T) {
 		e := newServeEnv(t)
 		e.setPrefetch("enabled = false\n")
-		m := svcmanager.New(t, t.TempDir())
-		log := &syncbuf.Buffer{}
-		t.Cleanup(func() {
-			if t.Failed() {
-				t.Logf("daemon log:\n%s", log.String())
-			}
-		})
+		m, log := managedLog(t)
 		d := e.startManaged(m, e.bin, log)
 		blob := e.fixture.Desc.Digest
 		diff := filepath.Join(e.layerDir(e.tocKey()), "diff")
@@ -343,13 +331,7 @@ func TestKillAtEveryPhase(t *testing.T) {
 		e := newServeEnv(t)
 		// A trickle: the fixture's blob takes seconds, chunks are stored all along.
 		e.setPrefetch("bandwidth = \"64KiB\"\nbatch-size = \"64KiB\"\nconcurrency = 1\nquiet = \"0s\"\n")
-		m := svcmanager.New(t, t.TempDir())
-		log := &syncbuf.Buffer{}
-		t.Cleanup(func() {
-			if t.Failed() {
-				t.Logf("daemon log:\n%s", log.String())
-			}
-		})
+		m, log := managedLog(t)
 		d := e.startManaged(m, e.bin, log)
 		diff := filepath.Join(e.layerDir(e.tocKey()), "diff")
 		f, head, ino := e.openHalf() // a file open across the kills
@@ -420,4 +402,17 @@ func (e *serveEnv) setPrefetch(keys string) {
 		e.t.Fatal(err)
 	}
 	mustWrite(e.t, e.config, string(b)+"[prefetch]\n"+keys)
+}
+
+// managedLog returns a service manager for a test's daemons and the buffer their log goes to,
+// shown when the test fails.
+func managedLog(t *testing.T) (*svcmanager.Manager, *syncbuf.Buffer) {
+	m := svcmanager.New(t, t.TempDir())
+	log := &syncbuf.Buffer{}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("daemon log:\n%s", log.String())
+		}
+	})
+	return m, log
 }
