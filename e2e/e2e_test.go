@@ -243,15 +243,19 @@ func TestFallbackWithoutDaemon(t *testing.T) {
 	refs := s.references(t)
 	d := s.startDaemon(t)
 	d.stop(syscall.SIGTERM)
-	p := s.newPodman(t, d.mnt)
 	img := s.images[imgEStargz]
-	mark := s.open.Mark()
-	p.must(t, "pull", img.ref)
-	checkPull(t, img, s.open.BlobGets(mark), func(digest.Digest) bool { return false })
-	if n := fromStore(t, filepath.Join(p.dir, "graph")); n != 0 {
-		t.Errorf("%d layers taken from a store that is not running", n)
+	for _, rt := range []struct{ name, bin string }{{"podman4", "podman"}, {"podman5", s.podman5}} {
+		t.Run(rt.name, func(t *testing.T) {
+			p := s.newRuntime(t, rt.bin, d.mnt, testregistry.RegistriesConf(s.open.Host, s.private.Host))
+			mark := s.open.Mark()
+			p.must(t, "pull", img.ref)
+			checkPull(t, img, s.open.BlobGets(mark), func(digest.Digest) bool { return false })
+			if n := fromStore(t, filepath.Join(p.dir, "graph")); n != 0 {
+				t.Errorf("%d layers taken from a store that is not running", n)
+			}
+			sameListing(t, "fallback", p.listing(t, img.ref), refs[imgGzip])
+		})
 	}
-	sameListing(t, "fallback", p.listing(t, img.ref), refs[imgGzip])
 }
 
 // copyImage copies img to repoTag on the registry dst.
