@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -38,11 +39,29 @@ done`
 // storageConf is a private storage.conf; store, if set, is the additional layer store.
 func storageConf(dir, store string) string {
 	c := fmt.Sprintf("[storage]\ndriver = \"overlay\"\nrunroot = %q\ngraphroot = %q\n",
-		filepath.Join(dir, "run"), filepath.Join(dir, "graph"))
+		runRoot(dir), filepath.Join(dir, "graph"))
 	if store != "" {
 		c += fmt.Sprintf("[storage.options]\nadditionallayerstores = [%q]\n", store+":ref")
 	}
 	return c
+}
+
+// runRoots maps a runtime's directory to its run root: a short path of its own, because
+// podman 4.3.1 waits 20 s for the exit of every container whose run root is longer than about
+// 45 characters (its conmon's socket paths), as the test's temporary directories are.
+var runRoots sync.Map
+
+// runRoot returns the run root of the runtime whose directory is dir, made on first use.
+func runRoot(dir string) string {
+	if r, ok := runRoots.Load(dir); ok {
+		return r.(string)
+	}
+	r, err := os.MkdirTemp("", "lsr")
+	if err != nil {
+		r = filepath.Join(dir, "run")
+	}
+	actual, _ := runRoots.LoadOrStore(dir, r)
+	return actual.(string)
 }
 
 // runtimeEnv writes private containers.conf, storage.conf and registries.conf into dir and
@@ -59,7 +78,13 @@ events_logger = "file"
 tmp_dir = %q
 [network]
 network_config_dir = %q
-`, filepath.Join(dir, "libpod"), filepath.Join(dir, "networks"))
+`, filepath.Join(runRoot(dir), "libpod"), filepath.Join(dir, "networks"))
+	t.Cleanup(func() { // after the runtime's own clean-up, registered later
+		r := runRoot(dir)
+		unmountUnder(r)
+		os.RemoveAll(r)
+		runRoots.Delete(dir)
+	})
 	files := map[string]string{"containers.conf": containersConf, "storage.conf": storageConf(dir, store), "registries.conf": registries}
 	for n, c := range files {
 		if err := os.WriteFile(filepath.Join(dir, n), []byte(c), 0o644); err != nil {
