@@ -13,7 +13,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/layerstore/layerstore/internal/testutil/testregistry"
+	"github.com/layerstore/layerstore/benchmarks/internal/podmanconf"
 )
 
 // podman is Debian's podman with private configuration and an empty storage of its own.
@@ -30,65 +30,11 @@ type podman struct {
 // path: podman 4.3.1 waits 20 s for the exit of every container whose run root is longer than
 // about 45 characters (measured here: 41 fine, 49 not).
 func newPodman(dir, runroot, store, registryHost string) (*podman, error) {
-	containersConf := fmt.Sprintf(`[containers]
-default_ulimits = ["nofile=20000:20000", "nproc=32768:32768"]
-netns = "none"
-[engine]
-runtime = "runc"
-cgroup_manager = "cgroupfs"
-events_logger = "file"
-tmp_dir = %q
-image_copy_tmp_dir = %q
-[network]
-network_config_dir = %q
-`, filepath.Join(runroot, "libpod"), filepath.Join(dir, "copy"), filepath.Join(dir, "networks"))
-	storageConf := fmt.Sprintf("[storage]\ndriver = \"overlay\"\nrunroot = %q\ngraphroot = %q\n",
-		filepath.Join(runroot, "run"), filepath.Join(dir, "graph"))
-	if store != "" {
-		storageConf += fmt.Sprintf("[storage.options]\nadditionallayerstores = [%q]\n", store+":ref")
+	env, err := podmanconf.Write(dir, podmanconf.Config{RunRoot: runroot, Store: store, RegistryHost: registryHost})
+	if err != nil {
+		return nil, err
 	}
-	home := filepath.Join(dir, "home")
-	for _, d := range []string{home, filepath.Join(dir, "copy")} {
-		if err := os.MkdirAll(d, 0o700); err != nil {
-			return nil, err
-		}
-	}
-	files := map[string]string{
-		"containers.conf": containersConf,
-		"storage.conf":    storageConf,
-		"registries.conf": testregistry.RegistriesConf(registryHost),
-		"home/auth.json":  "{}", // podman 4.3 wants the file to exist
-	}
-	for n, c := range files {
-		if err := os.WriteFile(filepath.Join(dir, n), []byte(c), 0o644); err != nil {
-			return nil, err
-		}
-	}
-	return &podman{dir: dir, runroot: runroot, removed: map[string]bool{}, env: cleanEnv(
-		"HOME="+home, "XDG_RUNTIME_DIR="+home, "XDG_CONFIG_HOME="+home, "DOCKER_CONFIG="+home,
-		"REGISTRY_AUTH_FILE="+filepath.Join(home, "auth.json"),
-		"CONTAINERS_CONF="+filepath.Join(dir, "containers.conf"),
-		"CONTAINERS_STORAGE_CONF="+filepath.Join(dir, "storage.conf"),
-		"CONTAINERS_REGISTRIES_CONF="+filepath.Join(dir, "registries.conf"),
-		"TMPDIR="+filepath.Join(dir, "copy"),
-	)}, nil
-}
-
-// cleanEnv is this process's environment without the variables that point a runtime at the
-// machine's configuration or credentials, plus extra.
-func cleanEnv(extra ...string) []string {
-	var env []string
-	for _, kv := range os.Environ() {
-		k, _, _ := strings.Cut(kv, "=")
-		switch k {
-		case "HOME", "XDG_RUNTIME_DIR", "XDG_CONFIG_HOME", "DOCKER_CONFIG", "REGISTRY_AUTH_FILE",
-			"CONTAINERS_CONF", "CONTAINERS_STORAGE_CONF", "CONTAINERS_REGISTRIES_CONF", "NOTIFY_SOCKET",
-			"LAYERSTORE_CONTROL_SOCKET", "TMPDIR":
-			continue
-		}
-		env = append(env, kv)
-	}
-	return append(env, extra...)
+	return &podman{dir: dir, runroot: runroot, removed: map[string]bool{}, env: env}, nil
 }
 
 // command is podman with args, bounded by ctx, its output appended to the log file. Files,

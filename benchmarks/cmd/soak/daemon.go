@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/layerstore/layerstore/benchmarks/internal/fuseproc"
+	"github.com/layerstore/layerstore/benchmarks/internal/podmanconf"
 	"github.com/layerstore/layerstore/internal/control"
 	"github.com/layerstore/layerstore/layer"
 )
@@ -57,7 +58,7 @@ func (d *daemon) start(ctx context.Context) error {
 	log := filepath.Join(d.dir, fmt.Sprintf("daemon-%d.log", d.starts))
 	d.logs = append(d.logs, log)
 	cmd := exec.Command(d.bin, "keep", "--", d.bin, "serve", "--config", confPath, d.mnt)
-	cmd.Env = cleanEnv()
+	cmd.Env = podmanconf.CleanEnv(podmanconf.SocketActivation)
 	p, err := fuseproc.Start(ctx, fuseproc.Spec{
 		What:       "layerstore keep",
 		Cmd:        cmd,
