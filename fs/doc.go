@@ -52,7 +52,10 @@
 // runtime no longer uses are the Store's to free.
 // # Who may use the mount
 //
-// Only root: the runtime, and overlayfs on behalf of containers. The daemon resolves layers
+// Only the daemon's user: root, the runtime, and overlayfs on behalf of containers (a rootless
+// daemon: its user, whose rootless runtime reaches the mount from a user namespace whose root
+// is that user; the checks below compare with the daemon's uid rather than 0, and
+// Options.IDs shows the trees' owners through that namespace's map). The daemon resolves layers
 // with the node's registry credentials, so a local user who could look up a reference would
 // read private images and make the daemon connect wherever a reference names. Two checks
 // keep other users out:
