@@ -326,11 +326,11 @@ func abortMount(mnt string) {
 		if _, err := os.Stat(filepath.Join(ctl, minor)); err != nil {
 			// fusectl is not mounted there: mount a private instance.
 			if dir, err := os.MkdirTemp("", "fusectl-"); err == nil {
+				defer func() { _ = os.Remove(dir) }() // after the unmount below (defers run last first)
 				if syscall.Mount("fusectl", dir, "fusectl", 0, "") == nil {
 					defer func() { _ = syscall.Unmount(dir, syscall.MNT_DETACH) }()
 					ctl = dir
 				}
-				defer func() { _ = os.Remove(dir) }()
 			}
 		}
 		_ = os.WriteFile(filepath.Join(ctl, minor, "abort"), []byte("1"), 0)
