@@ -39,6 +39,45 @@
 // verify.ErrDigestMismatch. The copy lives in an anonymous file on the cache's filesystem and
 // goes once unread for the keep TTL.
 //
+// # Startup profiles
+//
+// A container's start reads a few files of each layer one after another, each a round trip
+// when cold. The manager learns them, with nothing to configure and no producer step. From a
+// layer's first read on (Layer.ReadFile, or an open served by passthrough, Layer.Backing), for
+// WithProfileWindow (30 s by default), it records the files read, by path, in the order of
+// their first read, and ends early at 4096 files, 256 MiB of their content or 256 KiB of
+// their paths; then it writes that list, the layer's profile, into the profile of each
+// repository the layer was resolved through. A live layer records once (a layer resolved
+// again after the keep TTL records again, and its new profile replaces the old one); a
+// recording without reads writes nothing. Once the recording ended, a read pays one atomic
+// load for it.
+//
+// A repository's profile is a record of the cache (profile-<sha256 of the repository>, beside
+// the layer records: written atomically, checksummed, evicted with them, least recently used
+// first): the profiles of the repository's last 32 layers recorded, most recent first, with
+// at most 1 MiB of paths; at most 1024 repositories keep a profile (beyond, the one least
+// recently written or replayed by this process goes). Profiles read back from the cache are
+// untrusted: checked (version, repository, digests, counts, path lengths) and removed when
+// they do not check.
+//
+// When a layer's background fetch starts, it looks in the profiles of the layer's repositories
+// for the layer's own profile (the layer again, after the cache evicted its content) or else
+// the layer profile of which the most paths name regular files with content in this layer (a
+// new version of the image: the same paths, new content). The files it names that the layer
+// holds and the cache does not are fetched first, in the profile's order (paths the layer
+// does not hold are ignored), in requests of the background batch size, each fetched in blob
+// order and coalesced as any background request; at once, as eStargz's prioritized files are,
+// without waiting for the quiet period, and still yielding to reads: no request of the replay
+// starts while a read a runtime waits for is fetching. The rest of the layer follows as
+// before. Without background fetching (WithPrefetch(false)) nothing is replayed.
+//
+// A profile names paths, nothing else: what is fetched is always chunks of the layer's own
+// verified index, verified as every chunk is. A profile, recorded from any container's reads
+// or imported, changes the order of a layer's background fetch and nothing more, and is
+// looked up only through the repositories the layer was resolved through. ExportProfiles and
+// ImportProfiles carry profiles between nodes as lines of JSON; an import is read one line
+// (at most one profile's encoding, 2 MiB) at a time and checked as the cache's profiles are.
+//
 // # Memory
 //
 // What untrusted input can make the package hold, beyond the index: a background request holds
@@ -76,6 +115,10 @@
 //     failures remembered on them), its blob copy.
 //   - Layer.prefetch.mu: the state of its background fetch.
 //   - handles.mu: the open cache files and their LRU.
+//   - Layer.recording.mu: the startup profile being recorded.
+//   - profiles.mu: the profile records; the exception, held across the read and write of a
+//     repository's profile record (so that two updates do not lose each other's), taken only
+//     by background work (a recording's end, a background fetch's start) and imports.
 //   - scheduler.mu: the background bandwidth's token bucket (the rest are atomics and the
 //     slots and cpu channels).
 //
@@ -89,7 +132,8 @@
 // singleflight's goroutine; each layer's background fetch (a feeder and one worker per
 // background slot, each batch verified on up to one goroutine per processor); and the tracked
 // work of reads that outlives them (work.goTracked): storing the chunks of an on-demand
-// fetch, fetch-ahead, blob copies. Close cancels the manager's context (every fetch ends),
+// fetch, fetch-ahead, blob copies, the writing of a recorded startup profile; and the timer
+// that ends each layer's recording. Close cancels the manager's context (every fetch ends),
 // stops the janitor and every background fetch, waits for them and for the tracked work, and
 // then closes the cache files it holds; layers already handed out keep answering reads, from
 // the cache, or with an error.
