@@ -49,7 +49,8 @@
 // their paths; then it writes that list, the layer's profile, into the profile of each
 // repository the layer was resolved through. A live layer records once (a layer resolved
 // again after the keep TTL records again, and its new profile replaces the old one); a
-// recording without reads writes nothing. Once the recording ended, a read pays one atomic
+// recording without reads writes nothing, and Close ends the recordings under way and writes
+// them (a daemon restarted within the window keeps what it learned). Once the recording ended, a read pays one atomic
 // load for it.
 //
 // A repository's profile is a record of the cache (profile-<sha256 of the repository>, beside

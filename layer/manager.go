@@ -157,6 +157,9 @@ func (m *Manager) Close() error {
 		layers = append(layers, l)
 	}
 	m.mu.Unlock()
+	for _, l := range layers {
+		l.endRecording() // a daemon stopped within a recording's window keeps what it recorded
+	}
 	m.work.stop()
 	close(m.stop)
 	for _, l := range layers {

@@ -495,6 +495,22 @@ func TestProfileBounded(t *testing.T) {
 	})
 }
 
+// TestProfileWrittenAtClose: a manager closing within a recording's window writes what it
+// recorded.
+func TestProfileWrittenAtClose(t *testing.T) {
+	e := newProfEnv(t)
+	a := profLayer(t, "a", 1, profFiles("f", 0, 4)...)
+	e.reg.push(profRepo+":v1", a)
+	m, stop := e.start(WithPrefetch(false), WithProfileWindow(time.Hour))
+	l := lookupOK(t, m, profRepo+":v1", profKey(a))
+	readPaths(t, l, "usr/bin/f02", "usr/bin/f00")
+	stop()
+	m, _ = e.start(WithPrefetch(false))
+	if got := waitProfile(t, m, profRepo, a.Desc.Digest); !slices.Equal(got, []string{"usr/bin/f02", "usr/bin/f00"}) {
+		t.Errorf("profile after a restart within the window: %q", got)
+	}
+}
+
 // TestProfileDamagedDropped: a profile record that does not decode or check is removed, and
 // the layer is fetched without it.
 func TestProfileDamagedDropped(t *testing.T) {
