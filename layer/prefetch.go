@@ -122,7 +122,10 @@ func (l *Layer) wait() { _ = l.waitPrefetch(context.Background()) }
 // DiffID where the format allows.
 func (l *Layer) runPrefetch(ctx context.Context) error {
 	keys, planned := l.plan()
-	prof := l.profileFiles()
+	var prof replayPlan
+	if len(keys) > 0 {
+		prof = l.profileFiles()
+	}
 	keys, nprof := l.profileFirst(keys, prof.files)
 	var profPlanned int64
 	for _, k := range keys[:nprof] {
@@ -214,7 +217,15 @@ func (l *Layer) prefetchBatch(ctx context.Context, b prefetchBatch) error {
 	keys := b.keys
 	first, last := l.ref(keys[0]), l.ref(keys[len(keys)-1])
 	urgent := b.replay || last.End() <= l.idx.PrefetchEnd()
-	release, err := l.env.sched.acquire(ctx, last.End()-first.Offset, urgent)
+	n := last.End() - first.Offset
+	if b.replay {
+		// A profile's files may lie far apart in the blob: only their bytes are fetched.
+		n = 0
+		for _, k := range keys {
+			n += l.ref(k).Length
+		}
+	}
+	release, err := l.env.sched.acquire(ctx, n, urgent)
 	if err != nil {
 		return err
 	}

@@ -365,7 +365,11 @@ func (l *Layer) recordRead(id chunked.EntryID) {
 		r.seen[id] = struct{}{}
 		e := l.idx.Meta(id)
 		n := len(l.idx.Path(id))
-		if e.Size <= 0 || n == 0 || n > maxProfilePath || r.bytes+n > maxProfileSlotBytes {
+		if e.Size <= 0 || n == 0 || n > maxProfilePath {
+			break
+		}
+		if r.bytes+n > maxProfileSlotBytes {
+			full = true // the paths' bound: ends the recording, as the others do
 			break
 		}
 		r.files = append(r.files, id)
