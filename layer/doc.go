@@ -69,8 +69,12 @@
 // does not hold are ignored), in requests of the background batch size, each fetched in blob
 // order and coalesced as any background request; at once, as eStargz's prioritized files are,
 // without waiting for the quiet period, and still yielding to reads: no request of the replay
-// starts while a read a runtime waits for is fetching. The rest of the layer follows as
-// before. Without background fetching (WithPrefetch(false)) nothing is replayed.
+// starts while a read a runtime waits for is fetching. The replay thus goes out at the
+// lookup, while the runtime prepares the container, and the container's reads of its files
+// share its requests (a read waiting for a chunk the replay is fetching fetches nothing and
+// does not hold the replay back); reads that come first are not delayed, and the replay waits
+// for a pause between their fetches. The rest of the layer follows as before. Without
+// background fetching (WithPrefetch(false)) nothing is replayed.
 //
 // A profile names paths, nothing else: what is fetched is always chunks of the layer's own
 // verified index, verified as every chunk is. A profile, recorded from any container's reads

@@ -598,6 +598,48 @@ func TestOnDemandOvertakesProfileReplay(t *testing.T) {
 	}
 }
 
+// TestProfileSavesRoundTrips: a container's start reading 20 files one after another, on a
+// registry that takes 30 ms per request: cold without a profile, each read waits for a
+// request of its own; with the profile, the replay's one request, sent at the lookup (as a
+// pull looks layers up before the container starts), brings them all and the reads share it.
+func TestProfileSavesRoundTrips(t *testing.T) {
+	a := profLayer(t, "a", 1, profFiles("f", 0, 40)...)
+	startup := profFiles("f", 10, 30)
+	run := func(withProfile bool) (requests int, elapsed time.Duration) {
+		e := newProfEnv(t)
+		e.reg.push(profRepo+":v1", a)
+		e.reg.delay = 30 * time.Millisecond
+		m, _ := e.start(WithReadAhead(0), WithProfileWindow(0))
+		if withProfile {
+			slot := profileLayer{Layer: a.Desc.Digest, Recorded: time.Now().UTC(), Files: startup}
+			if err := m.profiles.add(profRepo, slot); err != nil {
+				t.Fatal(err)
+			}
+		}
+		l := lookupOK(t, m, profRepo+":v1", profKey(a))
+		time.Sleep(10 * time.Millisecond) // the runtime creates the container
+		start := time.Now()
+		readPaths(t, l, startup...)
+		elapsed = time.Since(start)
+		offs := fileRanges(t, l, startup...)
+		for _, ev := range e.reg.log(false) {
+			if slices.ContainsFunc(pathsOf(ev, offs), func(p string) bool { return p != "?" }) {
+				requests++
+			}
+		}
+		return requests, elapsed
+	}
+	coldN, coldT := run(false)
+	profN, profT := run(true)
+	t.Logf("20 files read in sequence: without a profile %d requests, %v; with it %d requests, %v", coldN, coldT, profN, profT)
+	if coldN < len(startup) {
+		t.Errorf("without a profile: %d requests for %d files", coldN, len(startup))
+	}
+	if profN > 3 {
+		t.Errorf("with the profile: %d requests for the startup files, want the replay's (and at most a read racing it)", profN)
+	}
+}
+
 // TestProfileExportImport: profiles exported by one daemon and imported by another are
 // replayed there; an import is untrusted: it is read line by line within the bound of one
 // profile, checked, and refused with an error naming the line.
