@@ -62,9 +62,10 @@
 // they do not check.
 //
 // When a layer's background fetch starts, it looks in the profiles of the layer's repositories
-// for the layer's own profile (the layer again, after the cache evicted its content) or else
-// the layer profile of which the most paths name regular files with content in this layer (a
-// new version of the image: the same paths, new content). The files it names that the layer
+// (at most 16, those of its most recent references first) for the layer's own profile (the
+// layer again, after the cache evicted its content) or else the layer profile of which the
+// most paths name regular files with content in this layer (a new version of the image: the
+// same paths, new content; at most 65536 paths looked up). The files it names that the layer
 // holds and the cache does not are fetched first, in the profile's order (paths the layer
 // does not hold are ignored), in requests of the background batch size, each fetched in blob
 // order and coalesced as any background request; at once, as eStargz's prioritized files are,

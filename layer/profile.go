@@ -433,41 +433,82 @@ type replayPlan struct {
 }
 
 // profileFiles chooses the profile the layer's background fetch replays first, among those of
-// its repositories: the one recorded from this layer if any, else the layer profile of which
-// the most paths name regular files with content in this layer (a new version of the image:
-// the same paths, new content). Paths this layer does not have are ignored; nothing but this
-// layer's own files is ever named.
+// its repositories: the one recorded from this layer if any (the most recent), else the layer
+// profile of which the most paths name regular files with content in this layer (a new
+// version of the image: the same paths, new content). Paths this layer does not have are
+// ignored; nothing but this layer's own files is ever named. The repositories looked at (those
+// of the most recent references first) and the paths looked up are bounded, so that a base
+// layer shared by many repositories costs a bounded time to start.
 func (l *Layer) profileFiles() replayPlan {
-	l.mu.Lock()
-	repos := make([]string, 0, len(l.repos))
-	for repo := range l.repos {
-		repos = append(repos, repo)
+	var ps []*repoProfile
+	for _, repo := range l.profileRepos() {
+		if p := l.env.profiles.get(repo); p != nil {
+			ps = append(ps, p)
+		}
 	}
-	l.mu.Unlock()
-	slices.Sort(repos)
+	var exact *profileLayer
+	for _, p := range ps {
+		for i, pl := range p.Layers {
+			if pl.Layer == l.desc.Digest && (exact == nil || pl.Recorded.After(exact.Recorded)) {
+				exact = &p.Layers[i]
+			}
+		}
+	}
+	if exact != nil {
+		if files := l.matchFiles(exact.Files); len(files) > 0 {
+			return replayPlan{files: files, same: true}
+		}
+	}
 	var best replayPlan
 	var bestTime time.Time
-	for _, repo := range repos {
-		p := l.env.profiles.get(repo)
-		if p == nil {
-			continue
-		}
+	budget := maxProfileLookups
+	for _, p := range ps {
 		for _, pl := range p.Layers {
-			same := pl.Layer == l.desc.Digest
-			if best.same && !same {
+			if pl.Layer == l.desc.Digest || len(pl.Files) > budget {
 				continue
 			}
+			budget -= len(pl.Files)
 			files := l.matchFiles(pl.Files)
-			if len(files) == 0 {
-				continue
-			}
-			better := len(files) > len(best.files) || len(files) == len(best.files) && pl.Recorded.After(bestTime)
-			if same && !best.same || better {
-				best, bestTime = replayPlan{files: files, same: same}, pl.Recorded
+			if len(files) > len(best.files) || len(files) > 0 && len(files) == len(best.files) && pl.Recorded.After(bestTime) {
+				best, bestTime = replayPlan{files: files}, pl.Recorded
 			}
 		}
 	}
 	return best
+}
+
+// Bounds of the choice of a profile: the repositories whose profiles are read, and the paths
+// looked up in the layer's index among other layers' profiles.
+const (
+	maxProfileRepoLookups = 16
+	maxProfileLookups     = 1 << 16
+)
+
+// profileRepos returns the layer's repositories whose profiles a replay looks at: those of its
+// most recent references first, then the others in order, at most maxProfileRepoLookups.
+func (l *Layer) profileRepos() []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out []string
+	seen := map[string]bool{}
+	for i := len(l.refs) - 1; i >= 0; i-- {
+		if r := repository(l.refs[i]); l.repos[r] && !seen[r] {
+			seen[r] = true
+			out = append(out, r)
+		}
+	}
+	var rest []string
+	for r := range l.repos {
+		if !seen[r] {
+			rest = append(rest, r)
+		}
+	}
+	slices.Sort(rest)
+	out = append(out, rest...)
+	if len(out) > maxProfileRepoLookups {
+		out = out[:maxProfileRepoLookups]
+	}
+	return out
 }
 
 // matchFiles returns the regular files with content of the layer that paths name, in order,

@@ -495,6 +495,33 @@ func TestProfileBounded(t *testing.T) {
 	})
 }
 
+// TestProfileChoice: the layer's own profile wins over another layer's that matches more of
+// its paths; without one, the other layers' profile matching the most paths is replayed.
+func TestProfileChoice(t *testing.T) {
+	e := newProfEnv(t)
+	a := profLayer(t, "a", 1, profFiles("f", 0, 20)...)
+	e.reg.push(profRepo+":v1", a)
+	m, _ := e.start(WithPrefetch(false))
+	l := lookupOK(t, m, profRepo+":v1", profKey(a))
+	now := time.Now().UTC()
+	add := func(d digest.Digest, ago time.Duration, files ...string) {
+		t.Helper()
+		if err := m.profiles.add(profRepo, profileLayer{Layer: d, Recorded: now.Add(-ago), Files: files}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	add(digest.FromString("few"), 3*time.Hour, "usr/bin/f01", "usr/bin/f02", "nope")
+	add(digest.FromString("most"), 2*time.Hour, "usr/bin/f05", "usr/bin/f06", "usr/bin/f07", "usr/bin/f08")
+	add(digest.FromString("recent"), time.Hour, "usr/bin/f09", "other/path")
+	if got := l.profileFiles(); len(got.files) != 4 || got.same || l.Index().Path(got.files[0]) != "usr/bin/f05" {
+		t.Errorf("without the layer's own profile: %d files, same %v; want the 4 of the best match", len(got.files), got.same)
+	}
+	add(a.Desc.Digest, 4*time.Hour, "usr/bin/f19")
+	if got := l.profileFiles(); len(got.files) != 1 || !got.same {
+		t.Errorf("with the layer's own profile: %d files, same %v; want its 1 file", len(got.files), got.same)
+	}
+}
+
 // TestProfileWrittenAtClose: a manager closing within a recording's window writes what it
 // recorded.
 func TestProfileWrittenAtClose(t *testing.T) {
