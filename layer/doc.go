@@ -90,7 +90,10 @@
 // at most 8 MiB of compressed bytes and 32 MiB of decompressed content (or one chunk, when a
 // chunk alone is larger), so background fetching holds at most concurrency x 32 MiB (128 MiB
 // by default); a cold read holds the chunks it reads and at most 16 read-ahead windows of
-// content (2 MiB by default); a blob copy holds one batch-sized buffer.
+// content (2 MiB by default); a blob copy holds one batch-sized buffer. A layer's recording
+// holds at most 4096 files (and the set of files read during its window); choosing the
+// profile to replay holds the profiles of at most 16 repositories, each at most 1 MiB of
+// paths; an import holds one line, at most 2 MiB, at a time.
 //
 // # Lifetime
 //
@@ -107,8 +110,8 @@
 // (scheduler.go), the counters, the read settings, and the manager's lifetime (work). The read
 // path, from Layer.ReadFile, is one sequence in fetch.go: claim the missing chunks, look in
 // the cache again, fetch and verify them in one batch, store them. A fetch names its chunk
-// and is shared by every reader of it; its kind (on demand, ahead, background) decides how it
-// shares the link and the processors.
+// and is shared by every reader of it; its kind (on demand, ahead, background, a startup
+// profile's replay) decides how it shares the link and the processors.
 //
 // # Concurrency
 //
