@@ -47,11 +47,13 @@
 // WithProfileWindow (30 s by default), it records the files read, by path, in the order of
 // their first read, and ends early at 4096 files, 256 MiB of their content or 256 KiB of
 // their paths; then it writes that list, the layer's profile, into the profile of each
-// repository the layer was resolved through. A live layer records once (a layer resolved
-// again after the keep TTL records again, and its new profile replaces the old one); a
-// recording without reads writes nothing, and Close ends the recordings under way and writes
-// them (a daemon restarted within the window keeps what it learned). Once the recording ended, a read pays one atomic
-// load for it.
+// repository the layer was resolved through. A live layer records once; a layer resolved
+// again (after the keep TTL, a restart) records again, and its new reads come first in its
+// profile, followed by the files of the earlier recordings they lack, within the bounds (a
+// recording misses the files the kernel had cached: it never loses what an earlier one
+// learned). A recording without reads writes nothing, and Close ends the recordings under way
+// and writes them (a daemon restarted within the window keeps what it learned). Once the
+// recording ended, a read pays one atomic load for it.
 //
 // A repository's profile is a record of the cache (profile-<sha256 of the repository>, beside
 // the layer records: written atomically, checksummed, evicted with them, least recently used

@@ -148,21 +148,32 @@ func truncate(s string, n int) string {
 	return s
 }
 
-// merge adds layers to p: a layer's newer profile replaces its older one, the most recent
-// first, and the oldest are dropped beyond the bounds (layers, path bytes, encoded size).
-// It returns p's encoding.
+// merge adds layers to p: a layer's newer profile comes first, followed by the files of its
+// older ones that it lacks (a later recording may miss files the kernel had cached, and never
+// loses what an earlier one learned), within the bounds of one layer's profile; the most
+// recent layers first; the oldest dropped beyond the bounds (layers, path bytes, encoded
+// size). It returns p's encoding.
 func (p *repoProfile) merge(layers []profileLayer) ([]byte, error) {
 	all := append(slices.Clone(layers), p.Layers...)
 	slices.SortStableFunc(all, func(a, b profileLayer) int { return b.Recorded.Compare(a.Recorded) })
-	var kept []profileLayer
-	seen := map[digest.Digest]bool{}
-	total := 0
+	var byLayer []profileLayer
+	at := map[digest.Digest]int{}
 	for _, l := range all {
+		i, ok := at[l.Layer]
+		if !ok {
+			at[l.Layer] = len(byLayer)
+			byLayer = append(byLayer, profileLayer{Layer: l.Layer, Recorded: l.Recorded})
+			i = len(byLayer) - 1
+		}
+		byLayer[i].Files = unionFiles(byLayer[i].Files, l.Files)
+	}
+	var kept []profileLayer
+	total := 0
+	for _, l := range byLayer {
 		n := pathBytes(l.Files)
-		if seen[l.Layer] || len(kept) == maxProfileLayers || total+n > maxProfileRepoBytes {
+		if len(l.Files) == 0 || len(kept) == maxProfileLayers || total+n > maxProfileRepoBytes {
 			continue
 		}
-		seen[l.Layer] = true
 		kept = append(kept, l)
 		total += n
 	}
@@ -177,6 +188,27 @@ func (p *repoProfile) merge(layers []profileLayer) ([]byte, error) {
 		}
 		p.Layers = p.Layers[:len(p.Layers)-1]
 	}
+}
+
+// unionFiles returns files followed by those of more it lacks, within the bounds of one
+// layer's profile (files, path bytes).
+func unionFiles(files, more []string) []string {
+	out := slices.Clone(files)
+	have := make(map[string]bool, len(files))
+	n := 0
+	for _, f := range files {
+		have[f] = true
+		n += len(f)
+	}
+	for _, f := range more {
+		if have[f] || len(out) == maxProfileFiles || n+len(f) > maxProfileSlotBytes {
+			continue
+		}
+		have[f] = true
+		n += len(f)
+		out = append(out, f)
+	}
+	return out
 }
 
 func pathBytes(files []string) int {
@@ -629,12 +661,13 @@ func (m *Manager) ExportProfiles(w io.Writer) (int, error) {
 const maxProfileLine = maxProfileRecord + 1
 
 // ImportProfiles reads profiles as ExportProfiles writes them and merges each repository's into
-// the one the cache holds (a layer's more recent profile wins; the bounds drop the oldest). The
-// input is untrusted: a line is read only up to the bound of a profile's encoding and checked
-// as a profile read from the cache is, and the first invalid line ends the import with an error
-// that names it (the repositories on the lines before it are imported). A profile names only
-// paths: it orders the background fetch of a layer's own files and never adds content. Times
-// in the future are taken as now.
+// the one the cache holds (as recordings merge: a layer's more recent profile first, the files
+// of its older one it lacks after; the bounds drop the oldest). The input is untrusted: a line
+// is read only up to the bound of a profile's encoding and checked as a profile read from the
+// cache is, and the first invalid line ends the import with an error that names it (the
+// repositories on the lines before it are imported). A profile names only paths: it orders
+// the background fetch of a layer's own files and never adds content. Times in the future are
+// taken as now.
 func (m *Manager) ImportProfiles(r io.Reader) (ProfileImport, error) {
 	var out ProfileImport
 	br := bufio.NewReaderSize(r, 64<<10)

@@ -522,6 +522,25 @@ func TestProfileChoice(t *testing.T) {
 	}
 }
 
+// TestProfileRecordingsMerge: a layer recorded again (resolved again, its files partly in the
+// kernel's page cache) puts its new reads first and keeps the files of the earlier recording.
+func TestProfileRecordingsMerge(t *testing.T) {
+	e := newProfEnv(t)
+	a := profLayer(t, "a", 1, profFiles("f", 0, 4)...)
+	e.reg.push(profRepo+":v1", a)
+	m, stop := e.start(WithPrefetch(false), WithProfileWindow(time.Hour))
+	readPaths(t, lookupOK(t, m, profRepo+":v1", profKey(a)), "usr/bin/f01", "usr/bin/f02")
+	stop()
+	m, stop = e.start(WithPrefetch(false), WithProfileWindow(time.Hour))
+	readPaths(t, lookupOK(t, m, profRepo+":v1", profKey(a)), "usr/bin/f03", "usr/bin/f01")
+	stop()
+	m, _ = e.start(WithPrefetch(false))
+	want := []string{"usr/bin/f03", "usr/bin/f01", "usr/bin/f02"}
+	if got := waitProfile(t, m, profRepo, a.Desc.Digest); !slices.Equal(got, want) {
+		t.Errorf("profile %q, want %q", got, want)
+	}
+}
+
 // TestProfileWrittenAtClose: a manager closing within a recording's window writes what it
 // recorded.
 func TestProfileWrittenAtClose(t *testing.T) {
