@@ -28,7 +28,13 @@ const (
 	// background: the whole layer, fetched and verified behind the reads (prefetch.go). It
 	// yields to on-demand fetches, and verifies at most one chunk per processor at a time.
 	background
+	// replay: background work fetching a startup profile's files (profile.go): the same as
+	// background but counted apart.
+	replay
 )
+
+// isBackground reports whether fetches of the kind are the background fetch's.
+func (k fetchKind) isBackground() bool { return k == background || k == replay }
 
 // A fetch is one chunk being fetched, named by its key; every reader of the chunk waits for
 // the same fetch. A failed fetch stays in flight for the negative TTL (failedUntil), so that
@@ -216,10 +222,15 @@ func (l *Layer) fetchAndVerify(ctx context.Context, batch []*fetch, kind fetchKi
 	for _, r := range ranges {
 		fetched += r.Length
 	}
-	if kind == background {
+	switch kind {
+	case replay:
+		l.prefetched.Add(fetched)
+		l.profiled.Add(fetched)
+		l.env.counters.profileBytes.Add(fetched)
+	case background:
 		l.prefetched.Add(fetched)
 		l.env.counters.prefetchBytes.Add(fetched)
-	} else {
+	default:
 		l.onDemand.Add(fetched)
 		l.env.counters.onDemandBytes.Add(fetched)
 	}
@@ -233,7 +244,7 @@ func (l *Layer) fetchAndVerify(ctx context.Context, batch []*fetch, kind fetchKi
 		}
 	}
 	parallel(len(batch), func(i int) {
-		if kind == background {
+		if kind.isBackground() {
 			defer l.env.sched.verifying(ctx)()
 		}
 		f := batch[i]

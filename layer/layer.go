@@ -44,6 +44,8 @@ type Layer struct {
 	blobCopy *blobCopy           // the verified blob, while export reads it
 
 	onDemand, prefetched atomic.Int64 // compressed bytes fetched for reads and in the background
+	profiled             atomic.Int64 // of prefetched, the bytes the startup profile's replay fetched
+	recording            recording    // the startup profile being recorded (profile.go)
 	cacheFull            atomic.Bool  // a store found the cache's filesystem full (cache.ErrNoSpace)
 	refused              atomic.Bool  // the TOC and the tar-split disagree (counted and logged once)
 	prefetch             prefetchState
@@ -243,6 +245,7 @@ func (l *Layer) Backing(id chunked.EntryID) *os.File {
 	if err != nil {
 		return nil
 	}
+	l.recordRead(id) // read by the kernel from here on, never through ReadFile
 	return f
 }
 
@@ -259,6 +262,7 @@ func (l *Layer) ReadFile(ctx context.Context, id chunked.EntryID, p []byte, off 
 	if off >= e.Size || len(p) == 0 {
 		return 0, nil
 	}
+	l.recordRead(id)
 	if rest := e.Size - off; int64(len(p)) > rest {
 		p = p[:rest]
 	}

@@ -43,6 +43,17 @@ func Render(w io.Writer, st layer.Status) {
 		}
 		fmt.Fprintf(w, "  fetched %s of %s (%s on demand, %s in the background)\n",
 			human(fetched), human(l.Size), human(l.OnDemand), human(l.Prefetched))
+		if p := l.Profile; p != nil {
+			from := "recorded from this layer"
+			if !p.SameLayer {
+				from = "learned from another version of the image"
+			}
+			fmt.Fprintf(w, "  startup profile replayed first: %d files, %s of %s fetched (%s)\n",
+				p.Files, human(p.Fetched), human(p.Bytes), from)
+		}
+		if l.ProfileRecorded > 0 {
+			fmt.Fprintf(w, "  startup profile recorded: %d files\n", l.ProfileRecorded)
+		}
 		if l.Error != "" {
 			fmt.Fprintf(w, "  error: %s\n", l.Error)
 		}
