@@ -22,6 +22,11 @@
 // (WithReadAhead), verifies them, serves them and writes them to the cache. A file read in
 // sequence (the chunk before the one read is in the cache) has its next chunk fetched
 // meanwhile, so that the reader does not wait for a round trip and a verification per chunk.
+// A cold read also fetches, without the reader waiting, the rest of the file's region around
+// it (an aligned window of 1 MiB of the file, doubling with each cold read of the same file up
+// to 4 MiB): formats differ in chunk size, and a program mapped from the layer faults its pages
+// in here and there, so that zstd:chunked's small chunks would otherwise cost a round trip per
+// fault where eStargz's 4 MiB chunks cost one.
 // Concurrent reads of one chunk share one fetch. In the background every resolved layer is fetched
 // completely, prioritized files first, in large coalesced requests verified on every core;
 // background work yields to reads a runtime is waiting for, starts its requests (prioritized
@@ -92,7 +97,8 @@
 // at most 8 MiB of compressed bytes and 32 MiB of decompressed content (or one chunk, when a
 // chunk alone is larger), so background fetching holds at most concurrency x 32 MiB (128 MiB
 // by default); a cold read holds the chunks it reads and at most 16 read-ahead windows of
-// content (2 MiB by default); a blob copy holds one batch-sized buffer. A layer's recording
+// content (2 MiB by default); regions hold at most 4 x 4 MiB of content; a blob copy holds one
+// batch-sized buffer. A layer's recording
 // holds at most 4096 files (and the set of files read during its window); choosing the
 // profile to replay holds the profiles of at most 16 repositories, each at most 1 MiB of
 // paths; an import holds one line, at most 2 MiB, at a time.

@@ -33,6 +33,7 @@ type env struct {
 	readTimeout time.Duration // bounds each fetch (WithReadTimeout)
 	negativeTTL time.Duration // how long a failed fetch is remembered (WithNegativeTTL)
 	readAhead   int64         // the read-ahead window (WithReadAhead)
+	regions     chan struct{} // a slot per region fetch in flight (regionSlots)
 	batch       int64         // the compressed bytes of a background request (WithPrefetchBatch)
 
 	// The recording of startup profiles: its window (WithProfileWindow; zero: none) and the

@@ -38,10 +38,11 @@ type Layer struct {
 	recordMu sync.Mutex // serializes saveRecord
 
 	mu       sync.Mutex
-	refs     []string            // the image references the layer was resolved through
-	repos    map[string]bool     // their repositories, each known to serve the blob
-	inflight map[chunkKey]*fetch // the chunks being fetched, and failures remembered
-	blobCopy *blobCopy           // the verified blob, while export reads it
+	refs     []string                  // the image references the layer was resolved through
+	repos    map[string]bool           // their repositories, each known to serve the blob
+	inflight map[chunkKey]*fetch       // the chunks being fetched, and failures remembered
+	cold     map[chunked.EntryID]uint8 // cold reads of each file so far (region), bounded
+	blobCopy *blobCopy                 // the verified blob, while export reads it
 
 	onDemand, prefetched atomic.Int64 // compressed bytes fetched for reads and in the background
 	profiled             atomic.Int64 // of prefetched, the bytes the startup profile's replay fetched
@@ -68,6 +69,7 @@ func newLayer(e *env, id identity, ref string, desc fetcher.Descriptor, v *verif
 		refs:     []string{ref},
 		repos:    map[string]bool{repository(ref): true},
 		inflight: map[chunkKey]*fetch{},
+		cold:     map[chunked.EntryID]uint8{},
 	}
 }
 

@@ -124,6 +124,7 @@ func New(reg Registry, c *cache.Cache, opts ...Option) (*Manager, error) {
 			readTimeout: o.readTimeout,
 			negativeTTL: o.negativeTTL,
 			readAhead:   o.readAhead,
+			regions:     make(chan struct{}, regionSlots),
 			batch:       o.prefetchBatch,
 
 			profileWindow:     o.profileWindow,
