@@ -521,11 +521,14 @@ func TestStopWithMountCopyElsewhere(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { holder.Process.Kill(); holder.Wait() })
-	// The copy exists once the holder runs in its own namespace.
+	// The copy is private once the holder runs sleep in its own namespace: unshare makes the
+	// namespace, then its mounts private, then executes sleep; an unmount between the first two
+	// steps would propagate to the copy.
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
 		ns, _ := os.Readlink(fmt.Sprintf("/proc/%d/ns/mnt", holder.Process.Pid))
 		self, _ := os.Readlink("/proc/self/ns/mnt")
-		if ns != "" && ns != self {
+		comm, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", holder.Process.Pid))
+		if ns != "" && ns != self && strings.TrimSpace(string(comm)) == "sleep" {
 			break
 		}
 		if time.Now().After(deadline) {
