@@ -98,10 +98,10 @@
 // chunk alone is larger), so background fetching holds at most concurrency x 32 MiB (128 MiB
 // by default); a cold read holds the chunks it reads and at most 16 read-ahead windows of
 // content (2 MiB by default); regions hold at most 4 x 4 MiB of content; a blob copy holds one
-// batch-sized buffer. A layer's recording
-// holds at most 4096 files (and the set of files read during its window); choosing the
-// profile to replay holds the profiles of at most 16 repositories, each at most 1 MiB of
-// paths; an import holds one line, at most 2 MiB, at a time.
+// batch-sized buffer. A layer's recording holds at most 4096 files (and the set of files read
+// during its window); choosing the profile to replay holds the profiles of at most 16
+// repositories, each at most 1 MiB of paths; an import holds one line, at most 2 MiB, at a
+// time.
 //
 // # Lifetime
 //
