@@ -47,6 +47,7 @@ type Layer struct {
 	cacheFull            atomic.Bool  // a store found the cache's filesystem full (cache.ErrNoSpace)
 	refused              atomic.Bool  // the TOC and the tar-split disagree (counted and logged once)
 	prefetch             prefetchState
+	reads                readSet // the chunks the kernel asked for (reads.go)
 }
 
 type chunkKey struct {
@@ -243,6 +244,7 @@ func (l *Layer) Backing(id chunked.EntryID) *os.File {
 	if err != nil {
 		return nil
 	}
+	l.reads.notePassthrough(l.idx, id, e.Size)
 	return f
 }
 
@@ -262,6 +264,7 @@ func (l *Layer) ReadFile(ctx context.Context, id chunked.EntryID, p []byte, off 
 	if rest := e.Size - off; int64(len(p)) > rest {
 		p = p[:rest]
 	}
+	l.reads.note(l.idx, id, off, int64(len(p)))
 	var h *handle
 	if !e.Digest.IsZero() {
 		var err error

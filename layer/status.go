@@ -53,6 +53,12 @@ type LayerStatus struct {
 	State      State   `json:"state"`
 	Error      string  `json:"error,omitempty"`
 	Seconds    float64 `json:"prefetchSeconds,omitempty"`
+	// ReadChunks is how many chunks the kernel asked for (reads through FUSE, whatever served
+	// them, and every chunk of a file opened with passthrough, PassthroughFiles of them), and
+	// ReadCompressed the compressed bytes of those chunks in the blob.
+	ReadChunks       int64 `json:"readChunks"`
+	ReadCompressed   int64 `json:"readCompressedBytes"`
+	PassthroughFiles int64 `json:"passthroughFiles"`
 }
 
 // Counters are totals since the manager started.
@@ -141,6 +147,8 @@ func (l *Layer) Status() LayerStatus {
 		OnDemand: l.onDemand.Load(), Prefetched: l.prefetched.Load(),
 		Users: l.users.Load(), State: state, Seconds: elapsed.Seconds(),
 	}
+	s.ReadChunks, s.ReadCompressed = l.reads.summary(l.idx)
+	s.PassthroughFiles = l.reads.passthrough.Load()
 	if err != nil {
 		s.Error = err.Error()
 	}
