@@ -122,7 +122,7 @@ func run(ctx context.Context, o options) error {
 		return err
 	}
 	for _, t := range []struct{ tool, pkg string }{{"podman", "podman"}, {"docker-registry", "docker-registry"},
-		{"runc", "runc"}, {"fusermount3", "fuse3"}, {"strace", "strace"}, {"unshare", "util-linux"}, {"gnuplot", "gnuplot-nox"}} {
+		{"runc", "runc"}, {"fusermount3", "fuse3"}, {"strace", "strace"}, {"unshare", "util-linux"}} {
 		if _, err := exec.LookPath(t.tool); err != nil {
 			return fmt.Errorf("%s not found: apt-get install -y %s", t.tool, t.pkg)
 		}

@@ -13,9 +13,15 @@ import (
 
 // plots draws, per link, the p50 total time to ready of every image (x) and format and mode
 // (bars, whiskers to p95), cold and warm side by side, with gnuplot. It writes
-// <stem>-<link>.png and returns the file names per link, relative to the report.
+// <stem>-<link>.png and returns the file names per link, relative to the report; none, and
+// a note in the report, without gnuplot.
 func (r *report) plots(ctx context.Context, stem string) (map[string]string, error) {
 	out := map[string]string{}
+	if _, err := exec.LookPath("gnuplot"); err != nil {
+		r.noPlots = "no plots: gnuplot not found (`apt-get install -y gnuplot-nox`)"
+		fmt.Fprintln(os.Stderr, "readybench:", r.noPlots)
+		return out, nil
+	}
 	tmp, err := os.MkdirTemp(r.b.work, "plot-")
 	if err != nil {
 		return nil, err
