@@ -65,6 +65,13 @@ type sample struct {
 	Requests  int     // blob GETs the registry answered from the start of the pull to the ready line
 	Seconds   float64 // wall time of the whole run, set-up and clean-up included
 	Phases    string  // how long each step of the run took
+	// What the workload read of the image's lazy layers, summed over them, as layerstore's
+	// status tells once the container has exited (ReadKnown): chunks, their compressed bytes,
+	// files opened with passthrough (their every chunk counted).
+	ReadKnown        bool
+	ReadChunks       int64
+	ReadBytes        int64
+	PassthroughFiles int64
 }
 
 func (s sample) total() float64 { return s.Pull + s.Run }
@@ -285,6 +292,20 @@ func (b *bench) runOnce(ctx context.Context, c cell) (s sample, err error) {
 	}
 	_, down1 := b.proxy.Bytes()
 	s.Pull, s.Run, s.Exit, s.Bytes, s.FromStore = pull.Seconds(), toReady.Seconds(), toExit.Seconds(), down1-down0, pm.fromStore()
+	if ms != nil {
+		if st, err := ms.layers(ctx); err == nil {
+			s.ReadKnown = true
+			for _, l := range img.Layers {
+				if ls, ok := st[l.Digest]; ok {
+					s.ReadChunks += ls.ReadChunks
+					s.ReadBytes += ls.ReadCompressed
+					s.PassthroughFiles += ls.PassthroughFiles
+				}
+			}
+		} else if !errors.Is(err, errCannotTell) {
+			return s, fmt.Errorf("%s: the store's status: %w", c, err)
+		}
+	}
 	for _, g := range b.reg.BlobGets(mark) {
 		s.Requests += g.Full + g.Ranged
 	}

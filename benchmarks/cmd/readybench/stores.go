@@ -12,6 +12,7 @@ import (
 
 	"github.com/layerstore/layerstore/benchmarks/internal/benchd"
 	"github.com/layerstore/layerstore/benchmarks/internal/peer"
+	"github.com/layerstore/layerstore/layer"
 )
 
 // store is an additional layer store under test: layerstore, or a peer given with -peer.
@@ -31,6 +32,9 @@ type mountedStore interface {
 	// waitComplete waits until the layers with these blob digests are fully local; a store
 	// that cannot tell returns errCannotTell.
 	waitComplete(ctx context.Context, layers []digest.Digest, timeout time.Duration) error
+	// layers returns the status of the layers the store resolved, by blob digest; a store
+	// that cannot tell returns errCannotTell.
+	layers(ctx context.Context) (map[digest.Digest]layer.LayerStatus, error)
 	// stop ends the store by its PID and unmounts it.
 	stop()
 }
@@ -67,6 +71,18 @@ var _ mountedStore = (*runningLayerstore)(nil)
 
 func (r *runningLayerstore) mountpoint() string { return r.d.Cfg.Mountpoint }
 func (r *runningLayerstore) stop()              { r.d.Stop() }
+
+func (r *runningLayerstore) layers(ctx context.Context) (map[digest.Digest]layer.LayerStatus, error) {
+	st, err := r.d.Client.Status(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := map[digest.Digest]layer.LayerStatus{}
+	for _, l := range st.Layers {
+		out[l.Digest] = l
+	}
+	return out, nil
+}
 
 func (r *runningLayerstore) waitComplete(ctx context.Context, layers []digest.Digest, timeout time.Duration) error {
 	deadline := time.Now().Add(timeout)
@@ -108,6 +124,10 @@ var _ mountedStore = (*runningPeer)(nil)
 
 func (r *runningPeer) mountpoint() string { return r.p.Cfg.Mountpoint }
 func (r *runningPeer) stop()              { r.p.Stop() }
+
+func (r *runningPeer) layers(context.Context) (map[digest.Digest]layer.LayerStatus, error) {
+	return nil, errCannotTell
+}
 
 func (r *runningPeer) waitComplete(context.Context, []digest.Digest, time.Duration) error {
 	return errCannotTell
