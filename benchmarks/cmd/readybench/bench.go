@@ -19,14 +19,15 @@ import (
 	"github.com/layerstore/layerstore/internal/testutil/dockerregistry"
 )
 
-// cell is one measured configuration: an image in a format, pulled by podman alone (full) or
-// through a store (lazy), over a link, with cold or warm caches.
+// cell is one measured configuration: an image in a format, pulled by a runtime alone (full)
+// or through a store (lazy), over a link, with cold or warm caches.
 type cell struct {
-	image  imageSpec
-	format string
-	store  string // "" for a full pull
-	link   shaper.Link
-	warm   bool
+	image   imageSpec
+	format  string
+	store   string // "" for a full pull
+	runtime string // rtPodman4 or rtPodman5
+	link    shaper.Link
+	warm    bool
 }
 
 func (c cell) lazy() bool { return c.store != "" }
@@ -49,9 +50,9 @@ func (c cell) cache() string {
 	return "cold"
 }
 
-// String names the cell for -only and the progress lines: image:format:mode:link:cache.
+// String names the cell for -only and the progress lines: image:format:mode:runtime:link:cache.
 func (c cell) String() string {
-	return strings.Join([]string{c.image.name, c.format, c.mode(), c.link.String(), c.cache()}, ":")
+	return strings.Join([]string{c.image.name, c.format, c.mode(), c.runtime, c.link.String(), c.cache()}, ":")
 }
 
 // sample is one measured run of a cell.
@@ -78,16 +79,18 @@ func (s sample) total() float64 { return s.Pull + s.Run }
 
 // bench holds what every run shares.
 type bench struct {
-	opts    options
-	work    string
-	reg     *dockerregistry.Registry
-	proxy   *shaper.Proxy
-	images  *imageCache
-	stores  map[string]store
-	warm    map[string]string // warm cache directory per store/image/format, once prepared
-	prep    []prepResult
-	runs    int    // runs done, to name directories and containers
-	runBase string // short directory on /run for podman's run roots, removed at the end
+	opts   options
+	work   string
+	reg    *dockerregistry.Registry
+	proxy  *shaper.Proxy
+	images *imageCache
+	stores map[string]store
+	// runtimes maps each runtime of -runtimes to its binary.
+	runtimes map[string]string
+	warm     map[string]string // warm cache directory per warmKey, once prepared
+	prep     []prepResult
+	runs     int    // runs done, to name directories and containers
+	runBase  string // short directory on /run for podman's run roots, removed at the end
 }
 
 // prepResult is the making of one warm cache, for the report.
@@ -109,12 +112,17 @@ func (b *bench) plan() []cell {
 	for _, l := range b.opts.links {
 		for _, img := range imageSpecs {
 			for _, warm := range []bool{false, true} {
-				for _, f := range b.opts.fullFormats {
-					cells = append(cells, cell{image: img, format: f, link: l, warm: warm})
-				}
-				for _, s := range storeNames {
-					for _, f := range lazyFormats {
-						cells = append(cells, cell{image: img, format: f, store: s, link: l, warm: warm})
+				for _, rt := range b.opts.runtimes {
+					for _, f := range b.opts.fullFormats {
+						cells = append(cells, cell{image: img, format: f, runtime: rt, link: l, warm: warm})
+					}
+					for _, s := range storeNames {
+						if !b.stores[s].serves(rt) {
+							continue
+						}
+						for _, f := range lazyFormats {
+							cells = append(cells, cell{image: img, format: f, store: s, runtime: rt, link: l, warm: warm})
+						}
 					}
 				}
 			}
@@ -137,12 +145,13 @@ func (b *bench) schedule(cells []cell) []cell {
 	return runs
 }
 
-func warmKey(store, image, format string) string { return store + "/" + image + "/" + format }
+// warmKey names a warm cache: a peer's differs with the runtime (another binary, see -peer).
+func warmKey(c cell) string { return c.store + "/" + c.runtime + "/" + c.image.name + "/" + c.format }
 
 // prepareWarm fills a store's cache with every layer of the image, for the warm cells: one
 // complete run over an unshaped link, then the store's background fetch to the end.
 func (b *bench) prepareWarm(ctx context.Context, c cell) error {
-	key := warmKey(c.store, c.image.name, c.format)
+	key := warmKey(c)
 	if _, ok := b.warm[key]; ok {
 		return nil
 	}
@@ -156,22 +165,19 @@ func (b *bench) prepareWarm(ctx context.Context, c cell) error {
 	unshaped, _ := shaper.ParseLink("unlimited")
 	b.proxy.SetLink(unshaped)
 	img := b.images.cat.Images[c.image.name][c.format]
-	ms, err := b.stores[c.store].start(ctx, filepath.Join(dir, "store"), cacheDir)
+	ms, err := b.stores[c.store].start(ctx, c.runtime, filepath.Join(dir, "store"), cacheDir)
 	if err != nil {
 		return err
 	}
 	defer ms.stop()
-	pm, err := newPodman(filepath.Join(dir, "podman"), b.runroot(), ms.mountpoint(), b.proxy.Addr())
+	pm, err := b.newPodman(c.runtime, filepath.Join(dir, "podman"), ms.mountpoint())
 	if err != nil {
 		return err
 	}
 	name := fmt.Sprintf("warm-%d", b.runs)
 	defer pm.remove(name)
 	ref := b.proxy.Addr() + "/" + img.Repo
-	if _, err := pm.pull(ctx, ref); err != nil {
-		return err
-	}
-	if _, _, err := pm.run(ctx, ref, name, c.image.ready); err != nil {
+	if _, _, _, err := pm.pullAndRun(ctx, ref, name, c.image.ready); err != nil {
 		return err
 	}
 	var lazy []digest.Digest
@@ -204,6 +210,16 @@ func (b *bench) prepareWarm(ctx context.Context, c cell) error {
 	b.prep = append(b.prep, prepResult{What: key, Seconds: time.Since(start).Seconds(), Note: note})
 	fmt.Fprintf(os.Stderr, "warm cache of %s ready (%.1fs)\n", key, time.Since(start).Seconds())
 	return nil
+}
+
+// newPodman is runtime rt (rtPodman4 or rtPodman5) with private configuration in dir, store
+// its additional layer store unless empty (see newPodman).
+func (b *bench) newPodman(rt, dir, store string) (*podman, error) {
+	bin, ok := b.runtimes[rt]
+	if !ok {
+		return nil, fmt.Errorf("no binary for runtime %s", rt)
+	}
+	return newPodman(bin, rt == rtPodman5, dir, b.runroot(), store, b.proxy.Addr())
 }
 
 // runroot is a short directory for podman's run root of the current run (see newPodman).
@@ -244,16 +260,16 @@ func (b *bench) runOnce(ctx context.Context, c cell) (s sample, err error) {
 	if c.lazy() {
 		cacheDir := filepath.Join(dir, "cache")
 		if c.warm {
-			cacheDir = b.warm[warmKey(c.store, c.image.name, c.format)]
+			cacheDir = b.warm[warmKey(c)]
 		}
-		if ms, err = b.stores[c.store].start(ctx, filepath.Join(dir, "store"), cacheDir); err != nil {
+		if ms, err = b.stores[c.store].start(ctx, c.runtime, filepath.Join(dir, "store"), cacheDir); err != nil {
 			return s, err
 		}
 		defer ms.stop() // after the container is removed (defers run last in, first out)
 		mnt = ms.mountpoint()
 		ph.mark("store start")
 	}
-	pm, err := newPodman(filepath.Join(dir, "podman"), b.runroot(), mnt, b.proxy.Addr())
+	pm, err := b.newPodman(c.runtime, filepath.Join(dir, "podman"), mnt)
 	if err != nil {
 		return s, err
 	}
@@ -282,11 +298,7 @@ func (b *bench) runOnce(ctx context.Context, c cell) (s sample, err error) {
 	mark := b.reg.Mark()
 	_, down0 := b.proxy.Bytes()
 	ref := b.proxy.Addr() + "/" + img.Repo
-	pull, err := pm.pull(ctx, ref)
-	if err != nil {
-		return s, err
-	}
-	toReady, toExit, err := pm.run(ctx, ref, name, c.image.ready)
+	pull, toReady, toExit, err := pm.pullAndRun(ctx, ref, name, c.image.ready)
 	if err != nil {
 		return s, err
 	}

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/layerstore/layerstore/benchmarks/internal/benchenv"
+	"github.com/layerstore/layerstore/internal/testutil/podman5"
 )
 
 // report is the Markdown results file and its plots.
@@ -28,7 +29,7 @@ type report struct {
 // toolVersions names the runtime pieces measured, beside benchenv's machine lines.
 func toolVersions() []string {
 	return []string{
-		"podman: " + benchenv.ToolVersion("podman", "--version"),
+		"podman 4 (podman in $PATH): " + benchenv.ToolVersion("podman", "--version"),
 		"runc: " + benchenv.ToolVersion("runc", "--version"),
 		"docker-registry: " + benchenv.ToolVersion("docker-registry", "--version"),
 	}
@@ -130,6 +131,18 @@ func (r *report) markdown(plots map[string]string) string {
 	w("\n")
 
 	w("## Method\n\n")
+	w("Runtimes: %s. **podman4** is Debian 12's podman 4.3.1 (lookups by blob digest); **podman5** is podman %s,\n", strings.Join(o.runtimes, ", "), podman5.Version)
+	w("built from its Go module (lookups by TOC digest). podman 5 pulls and runs in one `podman run` (its pull column\n")
+	w("is `-`, its run column is the total): it does not record a layer taken from an additional layer store in\n")
+	w("`layers.json` (c/storage up to at least 1.65), so that the command after a `podman pull` finds the image\n")
+	w("corrupted and pulls it again, and one command is what the README tells users; it also fails concurrent\n")
+	w("first pulls of images sharing layers through a store (docs/operations.md), and readybench runs one cell at\n")
+	w("a time.")
+	if len(o.peers) > 0 {
+		w(" The peer store runs with the runtimes it has a binary for (`-peer`): podman 4.3.1 looks layers up by blob\n")
+		w("digest, which stargz-store answers up to 0.15.1 only; podman 5 by TOC digest (stargz-store 0.16 and later).")
+	}
+	w("\n\n")
 	w("**Headline: total = `podman pull` + `podman run` until the workload's ready line** (stargz-snapshotter's\n")
 	w("pull + create + run), from empty podman storage, after `sync; echo 3 > /proc/sys/vm/drop_caches`\n")
 	w("(always: a page cache left full by earlier runs makes podman's pull about 1.6x slower on this VM).\n")
@@ -221,8 +234,8 @@ func (r *report) markdown(plots map[string]string) string {
 		if p := plots[l.String()]; p != "" {
 			w("![time to ready over %s](%s)\n\n", l, p)
 		}
-		w("| image | format | mode | cache | n | pull p50 | pull p95 | run p50 | run p95 | **total p50** | total p95 | lazy/full | floor | /floor | read | from store | via link | blob GETs |\n")
-		w("|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+		w("| image | format | mode | runtime | cache | n | pull p50 | pull p95 | run p50 | run p95 | **total p50** | total p95 | lazy/full | floor | /floor | read | from store | via link | blob GETs |\n")
+		w("|---|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 		for _, c := range r.cells {
 			if c.link.String() != l.String() {
 				continue
@@ -253,8 +266,12 @@ func (r *report) markdown(plots map[string]string) string {
 				rc := measureOf(ss, func(s sample) float64 { return float64(s.ReadChunks) })
 				read = fmt.Sprintf("%s (%.0f)", mb(int64(rb.p50)), rc.p50)
 			}
-			w("| %s | %s | %s | %s | %d | %.2f | %.2f | %.2f | %.2f | **%.2f** | %.2f | %s | %s | %s | %s | %s | %s | %.0f |\n",
-				c.image.name, c.format, c.mode(), c.cache(), len(ss), pull.p50, pull.p95, run.p50, run.p95, total.p50, total.p95, ratio,
+			pull50, pull95 := fmt.Sprintf("%.2f", pull.p50), fmt.Sprintf("%.2f", pull.p95)
+			if c.runtime == rtPodman5 {
+				pull50, pull95 = "-", "-" // pulled by podman run (see Method)
+			}
+			w("| %s | %s | %s | %s | %s | %d | %s | %s | %.2f | %.2f | **%.2f** | %.2f | %s | %s | %s | %s | %s | %s | %.0f |\n",
+				c.image.name, c.format, c.mode(), c.runtime, c.cache(), len(ss), pull50, pull95, run.p50, run.p95, total.p50, total.p95, ratio,
 				floorStr, overFloor, read, fromStr, mb(int64(bytes.p50)), gets.p50)
 		}
 		w("\n")
@@ -264,7 +281,7 @@ func (r *report) markdown(plots map[string]string) string {
 				continue
 			}
 			if f, ok := r.floorOf(c); ok {
-				floors = append(floors, fmt.Sprintf("%s %s: %.2f s = %s", c.image.name, c.format, f.seconds(l), f))
+				floors = append(floors, fmt.Sprintf("%s %s %s: %.2f s = %s", c.image.name, c.format, c.runtime, f.seconds(l), f))
 			}
 		}
 		if len(floors) > 0 {
@@ -284,7 +301,7 @@ func (r *report) markdown(plots map[string]string) string {
 		for _, s := range r.results[c.String()] {
 			runs++
 			setup += s.Seconds
-			k := c.image.name + " " + c.mode()
+			k := c.image.name + " " + c.mode() + " " + c.runtime
 			if per[k] == nil {
 				per[k] = &agg{}
 			}

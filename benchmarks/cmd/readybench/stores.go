@@ -20,9 +20,11 @@ import (
 type store interface {
 	// name is the store's column in the report ("layerstore", "stargz-store").
 	name() string
-	// start mounts the store in a new directory dir, with its cache (or root) in cacheDir,
-	// which may hold what an earlier run left (a warm cache).
-	start(ctx context.Context, dir, cacheDir string) (mountedStore, error)
+	// serves reports whether the store is measured with runtime rt.
+	serves(rt string) bool
+	// start mounts the store for runtime rt in a new directory dir, with its cache (or root)
+	// in cacheDir, which may hold what an earlier run left (a warm cache).
+	start(ctx context.Context, rt, dir, cacheDir string) (mountedStore, error)
 }
 
 // mountedStore is a running store.
@@ -53,7 +55,9 @@ var _ store = (*layerstoreStore)(nil)
 
 func (s *layerstoreStore) name() string { return "layerstore" }
 
-func (s *layerstoreStore) start(ctx context.Context, dir, cacheDir string) (mountedStore, error) {
+func (s *layerstoreStore) serves(string) bool { return true }
+
+func (s *layerstoreStore) start(ctx context.Context, _, dir, cacheDir string) (mountedStore, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, err
 	}
@@ -95,22 +99,38 @@ func (r *runningLayerstore) waitComplete(ctx context.Context, layers []digest.Di
 }
 
 // peerStore runs another additional layer store with stargz-store's command line
-// (benchmarks/internal/peer), configured as stargz-store ships: prefetch of the prioritized
-// files and background fetch on, passthrough off. Its cache (its --root) is the cache
-// directory, so that a warm run restarts it on the cache an earlier run filled.
+// (benchmarks/internal/peer), a binary per runtime (stargz-store 0.15.1 for podman 4, which
+// looks layers up by blob digest, and 0.16 or later for podman 5), configured as stargz-store
+// ships: prefetch of the prioritized files and background fetch on, passthrough off. Its
+// cache (its --root) is the cache directory, so that a warm run restarts it on the cache an
+// earlier run filled.
 type peerStore struct {
-	bin string
+	bins map[string]string // runtime -> binary
 }
 
 var _ store = (*peerStore)(nil)
 
-func (s *peerStore) name() string { return filepath.Base(s.bin) }
+// name is the base name of its binaries (of podman 5's when they differ).
+func (s *peerStore) name() string {
+	for _, rt := range []string{rtPodman5, rtPodman4} {
+		if b, ok := s.bins[rt]; ok {
+			return filepath.Base(b)
+		}
+	}
+	return "peer"
+}
 
-func (s *peerStore) start(ctx context.Context, dir, cacheDir string) (mountedStore, error) {
+func (s *peerStore) serves(rt string) bool { _, ok := s.bins[rt]; return ok }
+
+func (s *peerStore) start(ctx context.Context, rt, dir, cacheDir string) (mountedStore, error) {
+	bin, ok := s.bins[rt]
+	if !ok {
+		return nil, fmt.Errorf("no peer binary for %s", rt)
+	}
 	if err := os.MkdirAll(cacheDir, 0o755); err != nil {
 		return nil, err
 	}
-	p, err := peer.Start(ctx, peer.Config{Bin: s.bin, Dir: cacheDir, Mountpoint: filepath.Join(dir, "mnt"),
+	p, err := peer.Start(ctx, peer.Config{Bin: bin, Dir: cacheDir, Mountpoint: filepath.Join(dir, "mnt"),
 		Prefetch: true, Background: true})
 	if err != nil {
 		return nil, err
