@@ -8,8 +8,9 @@
 // pushed as gzip, eStargz, eStargz with the workload's files prioritized (an strace profile)
 // and zstd:chunked to Debian's docker-registry on 127.0.0.1; a shaping proxy
 // (benchmarks/internal/shaper) that puts the registry behind a link of given bandwidth and
-// RTT for podman and the stores alike; podman 4.3.1 with private configuration and empty
-// storage for every run; the report (Markdown and gnuplot PNGs). It needs root (FUSE,
+// RTT for podman and the stores alike; podman 4.3.1 and podman 5 (built from its Go module)
+// with private configuration and empty storage for every run; the floor of every cold lazy
+// cell (floor.go); the report (Markdown and gnuplot PNGs). It needs root (FUSE,
 // overlay mounts, drop_caches). See benchmarks/README.md.
 //
 //	cd benchmarks && go run ./cmd/readybench [flags]
@@ -275,7 +276,13 @@ func run(ctx context.Context, o options) error {
 		b.stores[p.name()] = p
 		for _, rt := range o.runtimes {
 			if path, ok := o.peers[rt]; ok {
-				machine = append(machine, fmt.Sprintf("peer with %s: %s (%s)", rt, benchenv.ToolVersion(path, "--version"), filepath.Base(path)))
+				v := benchenv.ToolVersion(path, "--version")
+				if _, err := os.Stat(path); err != nil {
+					return fmt.Errorf("-peer %s: %w", rt, err)
+				} else if v == "not installed" {
+					v = "no --version (stargz-store before 0.16 has none)"
+				}
+				machine = append(machine, fmt.Sprintf("peer with %s: %s: %s", rt, filepath.Base(path), v))
 			}
 		}
 	}
