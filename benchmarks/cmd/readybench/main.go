@@ -280,7 +280,7 @@ func run(ctx context.Context, o options) error {
 				if _, err := os.Stat(path); err != nil {
 					return fmt.Errorf("-peer %s: %w", rt, err)
 				} else if v == "not installed" {
-					v = "no --version (stargz-store before 0.16 has none)"
+					v = "no --version flag"
 				}
 				machine = append(machine, fmt.Sprintf("peer with %s: %s: %s", rt, filepath.Base(path), v))
 			}
