@@ -145,8 +145,14 @@ func (b *bench) schedule(cells []cell) []cell {
 	return runs
 }
 
-// warmKey names a warm cache: a peer's differs with the runtime (another binary, see -peer).
-func warmKey(c cell) string { return c.store + "/" + c.runtime + "/" + c.image.name + "/" + c.format }
+// warmKey names a warm cache. layerstore's serves every runtime; a peer's is made by the
+// peer's binary for the runtime (see -peer), whose caches need not be compatible.
+func warmKey(c cell) string {
+	if c.store == "layerstore" {
+		return c.store + "/" + c.image.name + "/" + c.format
+	}
+	return c.store + "/" + c.runtime + "/" + c.image.name + "/" + c.format
+}
 
 // prepareWarm fills a store's cache with every layer of the image, for the warm cells: one
 // complete run over an unshaped link, then the store's background fetch to the end.
