@@ -33,7 +33,10 @@ type floor struct {
 	TOCBytes   int64 // their TOCs, compressed
 	ReadBytes  int64 // compressed bytes of the chunks the workload read
 	ReadChunks int64 // how many chunks
-	FullBytes  int64 // layers pulled in full
+	// PassthroughFiles is how many of the files read were opened with passthrough: counted
+	// whole, their reads unseen.
+	PassthroughFiles int64
+	FullBytes        int64 // layers pulled in full
 }
 
 // roundTrips counts the round trips of the floor (see floor).
@@ -60,7 +63,14 @@ func (f floor) seconds(l shaper.Link) float64 {
 
 // String shows how the floor is made, for the report.
 func (f floor) String() string {
-	return fmt.Sprintf("%d RTT + %s (TOCs %s, %d chunks %s)", f.roundTrips(), mb(f.bytes()), mb(f.TOCBytes), f.ReadChunks, mb(f.ReadBytes))
+	s := fmt.Sprintf("%d RTT + %s (TOCs %s, %d chunks %s", f.roundTrips(), mb(f.bytes()), mb(f.TOCBytes), f.ReadChunks, mb(f.ReadBytes))
+	if f.PassthroughFiles > 0 {
+		s += fmt.Sprintf(", %d files of them whole, opened with passthrough", f.PassthroughFiles)
+	}
+	if f.FullBytes > 0 {
+		s += ", layers in full " + mb(f.FullBytes)
+	}
+	return s + ")"
 }
 
 // tocBytes returns the compressed size of the TOC of a lazily pullable layer blob, from its

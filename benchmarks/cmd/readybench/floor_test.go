@@ -46,6 +46,10 @@ func TestFloorSeconds(t *testing.T) {
 			t.Errorf("%s: %.6f s over %s, want %.6f", tc.name, got, tc.link, tc.second)
 		}
 	}
+	f := floor{LazyLayers: 2, TOCBytes: 400_000, ReadBytes: 4_500_000, ReadChunks: 17, PassthroughFiles: 3}
+	if got, want := f.String(), "5 RTT + 4.9 MB (TOCs 0.4 MB, 17 chunks 4.5 MB, 3 files of them whole, opened with passthrough)"; got != want {
+		t.Errorf("String() = %q, want %q", got, want)
+	}
 }
 
 // TestTOCBytes checks the TOC size read from a blob's footer: the zstd:chunked annotation's

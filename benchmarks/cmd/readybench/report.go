@@ -98,8 +98,9 @@ func (r *report) floorOf(c cell) (floor, bool) {
 		return floor{}, false
 	}
 	f := floor{
-		ReadBytes:  int64(measureOf(known, func(s sample) float64 { return float64(s.ReadBytes) }).p50),
-		ReadChunks: int64(measureOf(known, func(s sample) float64 { return float64(s.ReadChunks) }).p50),
+		ReadBytes:        int64(measureOf(known, func(s sample) float64 { return float64(s.ReadBytes) }).p50),
+		ReadChunks:       int64(measureOf(known, func(s sample) float64 { return float64(s.ReadChunks) }).p50),
+		PassthroughFiles: int64(measureOf(known, func(s sample) float64 { return float64(s.PassthroughFiles) }).p50),
 	}
 	for _, l := range img.Layers {
 		if l.TOC == "" {
