@@ -22,6 +22,11 @@
 // (WithReadAhead), verifies them, serves them and writes them to the cache. A file read in
 // sequence (the chunk before the one read is in the cache) has its next chunk fetched
 // meanwhile, so that the reader does not wait for a round trip and a verification per chunk.
+// A cold read also fetches, without the reader waiting, the rest of the file's region around
+// it (an aligned window of 1 MiB of the file, doubling with each cold read of the same file up
+// to 4 MiB): formats differ in chunk size, and a program mapped from the layer faults its pages
+// in here and there, so that zstd:chunked's small chunks would otherwise cost a round trip per
+// fault where eStargz's 4 MiB chunks cost one.
 // Concurrent reads of one chunk share one fetch. In the background every resolved layer is fetched
 // completely, prioritized files first, in large coalesced requests verified on every core;
 // background work yields to reads a runtime is waiting for, starts its requests (prioritized
@@ -39,13 +44,64 @@
 // verify.ErrDigestMismatch. The copy lives in an anonymous file on the cache's filesystem and
 // goes once unread for the keep TTL.
 //
+// # Startup profiles
+//
+// A container's start reads a few files of each layer one after another, each a round trip
+// when cold. The manager learns them, with nothing to configure and no producer step. From a
+// layer's first read on (Layer.ReadFile, or an open served by passthrough, Layer.Backing), for
+// WithProfileWindow (30 s by default), it records the files read, by path, in the order of
+// their first read, and ends early at 4096 files, 256 MiB of their content or 256 KiB of
+// their paths; then it writes that list, the layer's profile, into the profile of each
+// repository the layer was resolved through. A live layer records once; a layer resolved
+// again (after the keep TTL, a restart) records again, and its new reads come first in its
+// profile, followed by the files of the earlier recordings they lack, within the bounds (a
+// recording misses the files the kernel had cached: it never loses what an earlier one
+// learned). A recording without reads writes nothing, and Close ends the recordings under way
+// and writes them (a daemon restarted within the window keeps what it learned). Once the
+// recording ended, a read pays one atomic load for it.
+//
+// A repository's profile is a record of the cache (profile-<sha256 of the repository>, beside
+// the layer records: written atomically, checksummed, evicted with them, least recently used
+// first): the profiles of the repository's last 32 layers recorded, most recent first, with
+// at most 1 MiB of paths; at most 1024 repositories keep a profile (beyond, the one least
+// recently written or replayed by this process goes). Profiles read back from the cache are
+// untrusted: checked (version, repository, digests, counts, path lengths) and removed when
+// they do not check.
+//
+// When a layer's background fetch starts, it looks in the profiles of the layer's repositories
+// (at most 16, those of its most recent references first) for the layer's own profile (the
+// layer again, after the cache evicted its content) or else the layer profile of which the
+// most paths name regular files with content in this layer (a new version of the image: the
+// same paths, new content; at most 65536 paths looked up). The files it names that the layer
+// holds and the cache does not are fetched first, in the profile's order (paths the layer
+// does not hold are ignored), in requests of the background batch size, each fetched in blob
+// order and coalesced as any background request; at once, as eStargz's prioritized files are,
+// without waiting for the quiet period, and still yielding to reads: no request of the replay
+// starts while a read a runtime waits for is fetching. The replay thus goes out at the
+// lookup, while the runtime prepares the container, and the container's reads of its files
+// share its requests (a read waiting for a chunk the replay is fetching fetches nothing and
+// does not hold the replay back); reads that come first are not delayed, and the replay waits
+// for a pause between their fetches. The rest of the layer follows as before. Without
+// background fetching (WithPrefetch(false)) nothing is replayed.
+//
+// A profile names paths, nothing else: what is fetched is always chunks of the layer's own
+// verified index, verified as every chunk is. A profile, recorded from any container's reads
+// or imported, changes the order of a layer's background fetch and nothing more, and is
+// looked up only through the repositories the layer was resolved through. ExportProfiles and
+// ImportProfiles carry profiles between nodes as lines of JSON; an import is read one line
+// (at most one profile's encoding, 2 MiB) at a time and checked as the cache's profiles are.
+//
 // # Memory
 //
 // What untrusted input can make the package hold, beyond the index: a background request holds
 // at most 8 MiB of compressed bytes and 32 MiB of decompressed content (or one chunk, when a
 // chunk alone is larger), so background fetching holds at most concurrency x 32 MiB (128 MiB
 // by default); a cold read holds the chunks it reads and at most 16 read-ahead windows of
-// content (2 MiB by default); a blob copy holds one batch-sized buffer.
+// content (2 MiB by default); regions hold at most 4 x 4 MiB of content; a blob copy holds one
+// batch-sized buffer. A layer's recording
+// holds at most 4096 files (and the set of files read during its window); choosing the
+// profile to replay holds the profiles of at most 16 repositories, each at most 1 MiB of
+// paths; an import holds one line, at most 2 MiB, at a time.
 //
 // # Lifetime
 //
@@ -62,8 +118,8 @@
 // (scheduler.go), the counters, the read settings, and the manager's lifetime (work). The read
 // path, from Layer.ReadFile, is one sequence in fetch.go: claim the missing chunks, look in
 // the cache again, fetch and verify them in one batch, store them. A fetch names its chunk
-// and is shared by every reader of it; its kind (on demand, ahead, background) decides how it
-// shares the link and the processors.
+// and is shared by every reader of it; its kind (on demand, ahead, background, a startup
+// profile's replay) decides how it shares the link and the processors.
 //
 // # Concurrency
 //
@@ -76,6 +132,10 @@
 //     failures remembered on them), its blob copy.
 //   - Layer.prefetch.mu: the state of its background fetch.
 //   - handles.mu: the open cache files and their LRU.
+//   - Layer.recording.mu: the startup profile being recorded.
+//   - profiles.mu: the profile records; the exception, held across the read and write of a
+//     repository's profile record (so that two updates do not lose each other's), taken only
+//     by background work (a recording's end, a background fetch's start) and imports.
 //   - scheduler.mu: the background bandwidth's token bucket (the rest are atomics and the
 //     slots and cpu channels).
 //
@@ -89,7 +149,8 @@
 // singleflight's goroutine; each layer's background fetch (a feeder and one worker per
 // background slot, each batch verified on up to one goroutine per processor); and the tracked
 // work of reads that outlives them (work.goTracked): storing the chunks of an on-demand
-// fetch, fetch-ahead, blob copies. Close cancels the manager's context (every fetch ends),
+// fetch, fetch-ahead, blob copies, the writing of a recorded startup profile; and the timer
+// that ends each layer's recording. Close cancels the manager's context (every fetch ends),
 // stops the janitor and every background fetch, waits for them and for the tracked work, and
 // then closes the cache files it holds; layers already handed out keep answering reads, from
 // the cache, or with an error.

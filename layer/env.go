@@ -22,8 +22,9 @@ type env struct {
 	files    *handles   // the open cache files
 	sched    *scheduler // the registry and the processors, shared with background work
 	counters *counters
-	work     *work    // the manager's lifetime: its context, and the work Close waits for
-	records  *records // the layer records in the cache
+	work     *work     // the manager's lifetime: its context, and the work Close waits for
+	records  *records  // the layer records in the cache
+	profiles *profiles // the repositories' startup profiles in the cache (profile.go)
 
 	release release // hands freed heap back to the kernel (releaseMemory)
 
@@ -32,7 +33,14 @@ type env struct {
 	readTimeout time.Duration // bounds each fetch (WithReadTimeout)
 	negativeTTL time.Duration // how long a failed fetch is remembered (WithNegativeTTL)
 	readAhead   int64         // the read-ahead window (WithReadAhead)
+	regions     chan struct{} // a slot per region fetch in flight (regionSlots)
 	batch       int64         // the compressed bytes of a background request (WithPrefetchBatch)
+
+	// The recording of startup profiles: its window (WithProfileWindow; zero: none) and the
+	// bounds that end it early (maxProfileFiles, maxProfileContent; tests lower them).
+	profileWindow     time.Duration
+	profileMaxFiles   int
+	profileMaxContent int64
 }
 
 // releaseInterval is the least time between two releases of memory: a release collects the
@@ -89,6 +97,7 @@ type counters struct {
 	lookups, resolutions, notLazy, failures atomic.Int64
 	verifyFailures                          atomic.Int64
 	onDemandBytes, prefetchBytes            atomic.Int64
+	profileBytes                            atomic.Int64 // fetched by profile replays (not in prefetchBytes)
 	fromRecords                             atomic.Int64
 
 	// lookupTime: the lookups' durations by outcome and by what answered; readWait: how long

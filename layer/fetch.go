@@ -28,7 +28,13 @@ const (
 	// background: the whole layer, fetched and verified behind the reads (prefetch.go). It
 	// yields to on-demand fetches, and verifies at most one chunk per processor at a time.
 	background
+	// replay: background work fetching a startup profile's files (profile.go): the same as
+	// background but counted apart.
+	replay
 )
+
+// isBackground reports whether fetches of the kind are the background fetch's.
+func (k fetchKind) isBackground() bool { return k == background || k == replay }
 
 // A fetch is one chunk being fetched, named by its key; every reader of the chunk waits for
 // the same fetch. A failed fetch stays in flight for the negative TTL (failedUntil), so that
@@ -76,6 +82,7 @@ func (l *Layer) fetchMissing(ctx context.Context, file chunked.EntryID, idx []in
 	if len(mine) > 0 {
 		_, more := l.claim(l.readAhead(file, idx[len(idx)-1]))
 		mine = append(mine, more...)
+		l.fetchRegion(file, idx[0], h)
 	}
 	if next >= 0 {
 		l.fetchAhead(file, next)
@@ -108,6 +115,77 @@ func (l *Layer) fetchAhead(file chunked.EntryID, i int) {
 		l.env.work.goTracked(func() { l.run(l.env.work.ctx, mine, ahead) })
 	}
 }
+
+// fetchRegion fetches, beside a cold read of chunk i of file and without the reader waiting
+// for it, the rest of the region of the file around that chunk: the file's bytes in the
+// aligned window of regionBase bytes that holds the chunk's start, a window that doubles with
+// every cold read of the same file, up to regionMax. Formats differ in chunk size (eStargz's
+// are 4 MiB of content by default; zstd:chunked cuts a file into chunks of some tens of KiB),
+// and a program mapped from the layer faults its pages in here and there: without regions, a
+// zstd:chunked layer costs a round trip per fault where eStargz costs one per 4 MiB. A file
+// read once costs at most its first window; a file read again and again is fetched in ever
+// larger parts. A region holds at most its window of content (the chunks that start in it,
+// until it is full), and nothing is done when read-ahead is off or regionSlots region
+// fetches are in flight already: regions hold at most regionSlots x regionMax of content.
+func (l *Layer) fetchRegion(file chunked.EntryID, i int, h *handle) {
+	if l.env.readAhead <= 0 {
+		return
+	}
+	l.mu.Lock()
+	if len(l.cold) >= maxColdFiles {
+		clear(l.cold)
+	}
+	n := l.cold[file]
+	if n < 255 {
+		l.cold[file] = n + 1
+	}
+	l.mu.Unlock()
+	size := int64(regionMax)
+	if n < 8 && regionBase<<n < regionMax {
+		size = regionBase << n
+	}
+	c, _ := l.idx.Chunk(file, i)
+	lo := c.FileOffset / size * size
+	var keys []chunkKey
+	content := int64(0) // at most size: the chunks that start in the window, until it is full
+	for j := l.idx.ChunkAt(file, lo); j >= 0 && j < l.idx.NumChunks(file); j++ {
+		r, _ := l.idx.Chunk(file, j)
+		if r.FileOffset >= lo+size || content+r.Size > size {
+			break
+		}
+		if r.FileOffset >= lo && r.Length > 0 && j != i {
+			content += r.Size
+			keys = append(keys, chunkKey{file, j})
+		}
+	}
+	if len(keys) == 0 {
+		return
+	}
+	select {
+	case l.env.regions <- struct{}{}:
+	default:
+		return
+	}
+	_, mine := l.claim(keys)
+	mine = l.takeCached(h, mine)
+	if len(mine) == 0 {
+		<-l.env.regions
+		return
+	}
+	l.env.work.goTracked(func() {
+		defer func() { <-l.env.regions }()
+		l.run(l.env.work.ctx, mine, ahead)
+	})
+}
+
+// Regions (fetchRegion): the first window of a file, the largest, how many files' cold reads
+// are counted (the count starts again past it), and how many region fetches run at once.
+const (
+	regionBase   = 1 << 20
+	regionMax    = 4 << 20
+	maxColdFiles = 4096
+	regionSlots  = 4
+)
 
 // claim returns the fetches of keys, in order. The chunks nobody is fetching (or whose failure
 // has been remembered long enough) get new fetches, which are also returned as mine: the
@@ -216,10 +294,15 @@ func (l *Layer) fetchAndVerify(ctx context.Context, batch []*fetch, kind fetchKi
 	for _, r := range ranges {
 		fetched += r.Length
 	}
-	if kind == background {
+	switch kind {
+	case replay:
+		l.prefetched.Add(fetched)
+		l.profiled.Add(fetched)
+		l.env.counters.profileBytes.Add(fetched)
+	case background:
 		l.prefetched.Add(fetched)
 		l.env.counters.prefetchBytes.Add(fetched)
-	} else {
+	default:
 		l.onDemand.Add(fetched)
 		l.env.counters.onDemandBytes.Add(fetched)
 	}
@@ -233,7 +316,7 @@ func (l *Layer) fetchAndVerify(ctx context.Context, batch []*fetch, kind fetchKi
 		}
 	}
 	parallel(len(batch), func(i int) {
-		if kind == background {
+		if kind.isBackground() {
 			defer l.env.sched.verifying(ctx)()
 		}
 		f := batch[i]

@@ -38,12 +38,15 @@ type Layer struct {
 	recordMu sync.Mutex // serializes saveRecord
 
 	mu       sync.Mutex
-	refs     []string            // the image references the layer was resolved through
-	repos    map[string]bool     // their repositories, each known to serve the blob
-	inflight map[chunkKey]*fetch // the chunks being fetched, and failures remembered
-	blobCopy *blobCopy           // the verified blob, while export reads it
+	refs     []string                  // the image references the layer was resolved through
+	repos    map[string]bool           // their repositories, each known to serve the blob
+	inflight map[chunkKey]*fetch       // the chunks being fetched, and failures remembered
+	cold     map[chunked.EntryID]uint8 // cold reads of each file so far (region), bounded
+	blobCopy *blobCopy                 // the verified blob, while export reads it
 
 	onDemand, prefetched atomic.Int64 // compressed bytes fetched for reads and in the background
+	profiled             atomic.Int64 // of prefetched, the bytes the startup profile's replay fetched
+	recording            recording    // the startup profile being recorded (profile.go)
 	cacheFull            atomic.Bool  // a store found the cache's filesystem full (cache.ErrNoSpace)
 	refused              atomic.Bool  // the TOC and the tar-split disagree (counted and logged once)
 	prefetch             prefetchState
@@ -67,6 +70,7 @@ func newLayer(e *env, id identity, ref string, desc fetcher.Descriptor, v *verif
 		refs:     []string{ref},
 		repos:    map[string]bool{repository(ref): true},
 		inflight: map[chunkKey]*fetch{},
+		cold:     map[chunked.EntryID]uint8{},
 	}
 }
 
@@ -245,6 +249,7 @@ func (l *Layer) Backing(id chunked.EntryID) *os.File {
 		return nil
 	}
 	l.reads.notePassthrough(l.idx, id, e.Size)
+	l.recordRead(id) // read by the kernel from here on, never through ReadFile
 	return f
 }
 
@@ -261,6 +266,7 @@ func (l *Layer) ReadFile(ctx context.Context, id chunked.EntryID, p []byte, off 
 	if off >= e.Size || len(p) == 0 {
 		return 0, nil
 	}
+	l.recordRead(id)
 	if rest := e.Size - off; int64(len(p)) > rest {
 		p = p[:rest]
 	}

@@ -118,12 +118,18 @@ func New(reg Registry, c *cache.Cache, opts ...Option) (*Manager, error) {
 			counters:    newCounters(),
 			work:        newWork(),
 			records:     loadRecords(c, chunked.Limits{}.WithDefaults(), o.log),
+			profiles:    newProfiles(c, o.log),
 			log:         o.log,
 			now:         o.now,
 			readTimeout: o.readTimeout,
 			negativeTTL: o.negativeTTL,
 			readAhead:   o.readAhead,
+			regions:     make(chan struct{}, regionSlots),
 			batch:       o.prefetchBatch,
+
+			profileWindow:     o.profileWindow,
+			profileMaxFiles:   maxProfileFiles,
+			profileMaxContent: maxProfileContent,
 		},
 		reg:       reg,
 		opts:      o,
@@ -152,6 +158,9 @@ func (m *Manager) Close() error {
 		layers = append(layers, l)
 	}
 	m.mu.Unlock()
+	for _, l := range layers {
+		l.endRecording() // a daemon stopped within a recording's window keeps what it recorded
+	}
 	m.work.stop()
 	close(m.stop)
 	for _, l := range layers {

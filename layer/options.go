@@ -34,6 +34,7 @@ type options struct {
 	readAhead           int64
 	openFiles           int
 	requireDiffID       bool
+	profileWindow       time.Duration
 }
 
 func defaultOptions() options {
@@ -50,6 +51,7 @@ func defaultOptions() options {
 		prefetchQuiet:       DefaultPrefetchQuiet,
 		readAhead:           DefaultReadAhead,
 		openFiles:           DefaultOpenFiles,
+		profileWindow:       DefaultProfileWindow,
 	}
 }
 
@@ -189,6 +191,20 @@ func WithOpenFiles(n int) Option {
 // then pulls them normally. The default accepts every verified format.
 func WithRequireDiffID(on bool) Option {
 	return func(o *options) error { o.requireDiffID = on; return nil }
+}
+
+// WithProfileWindow sets how long after a layer's first read the files read are recorded
+// into its repositories' startup profiles (see the package documentation). The default is
+// DefaultProfileWindow (30 s); zero records nothing (profiles already stored are still
+// replayed).
+func WithProfileWindow(d time.Duration) Option {
+	return func(o *options) error {
+		if d < 0 {
+			return errors.New("negative profile window")
+		}
+		o.profileWindow = d
+		return nil
+	}
 }
 
 func positive(d time.Duration, set func(*options)) Option {

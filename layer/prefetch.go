@@ -35,6 +35,11 @@ type prefetchState struct {
 	done    chan struct{}
 	planned int64 // compressed bytes the background fetch set out to fetch
 	elapsed time.Duration
+	// The startup profile replayed first: its files and their compressed bytes, and
+	// whether it was recorded from this layer (else another layer of a repository).
+	profileFiles   int
+	profilePlanned int64
+	profileSame    bool
 }
 
 func (l *Layer) startPrefetch() {
@@ -109,17 +114,35 @@ func (l *Layer) waitPrefetch(ctx context.Context) error {
 // wait returns when the background fetch, if any, has ended.
 func (l *Layer) wait() { _ = l.waitPrefetch(context.Background()) }
 
-// runPrefetch fetches every chunk the cache does not hold, in blob order (so eStargz's
-// prioritized files come first, at once: the producer said the workload reads them first; the
-// rest after the scheduler's quiet period), in batches of about the configured size spread over
-// the scheduler's slots; then it proves the DiffID where the format allows.
+// runPrefetch fetches every chunk the cache does not hold: first the files of the startup
+// profile the layer's repositories hold (profile.go), in the profile's order, at once; then
+// the rest in blob order (so eStargz's prioritized files come first, at once: the producer
+// said the workload reads them first; the rest after the scheduler's quiet period), in
+// batches of about the configured size spread over the scheduler's slots; then it proves the
+// DiffID where the format allows.
 func (l *Layer) runPrefetch(ctx context.Context) error {
 	keys, planned := l.plan()
+	var prof replayPlan
+	if len(keys) > 0 {
+		prof = l.profileFiles()
+	}
+	keys, nprof := l.profileFirst(keys, prof.files)
+	var profPlanned int64
+	for _, k := range keys[:nprof] {
+		profPlanned += l.ref(k).Length
+	}
 	l.prefetch.mu.Lock()
 	l.prefetch.planned = planned
+	if nprof > 0 {
+		l.prefetch.profileFiles, l.prefetch.profilePlanned, l.prefetch.profileSame = len(prof.files), profPlanned, prof.same
+	}
 	l.prefetch.mu.Unlock()
+	if nprof > 0 {
+		l.env.log.Debug("replaying the startup profile", "layer", l.desc.Digest, "files", len(prof.files),
+			"bytes", profPlanned, "same_layer", prof.same)
+	}
 
-	batches := make(chan []chunkKey)
+	batches := make(chan prefetchBatch)
 	errs := make(chan error, 1)
 	var wg sync.WaitGroup
 	for range cap(l.env.sched.slots) {
@@ -138,9 +161,18 @@ func (l *Layer) runPrefetch(ctx context.Context) error {
 	go func() {
 		defer close(batches)
 		for len(keys) > 0 {
-			n := l.batchLen(keys)
+			var b prefetchBatch
+			var n int
+			if nprof > 0 {
+				n = l.replayBatchLen(keys[:nprof])
+				b = prefetchBatch{keys: l.sortByOffset(keys[:n]), replay: true}
+				nprof -= n
+			} else {
+				n = l.batchLen(keys)
+				b = prefetchBatch{keys: keys[:n]}
+			}
 			select {
-			case batches <- keys[:n]:
+			case batches <- b:
 				keys = keys[n:]
 			case <-ctx.Done():
 				return
@@ -174,16 +206,36 @@ func (l *Layer) runPrefetch(ctx context.Context) error {
 	return nil
 }
 
-func (l *Layer) prefetchBatch(ctx context.Context, keys []chunkKey) error {
+// prefetchBatch is the chunks of one background request, in blob order; replay marks those of
+// the startup profile, which go out at once, as prioritized files do.
+type prefetchBatch struct {
+	keys   []chunkKey
+	replay bool
+}
+
+func (l *Layer) prefetchBatch(ctx context.Context, b prefetchBatch) error {
+	keys := b.keys
 	first, last := l.ref(keys[0]), l.ref(keys[len(keys)-1])
-	urgent := last.End() <= l.idx.PrefetchEnd()
-	release, err := l.env.sched.acquire(ctx, last.End()-first.Offset, urgent)
+	urgent := b.replay || last.End() <= l.idx.PrefetchEnd()
+	n := last.End() - first.Offset
+	if b.replay {
+		// A profile's files may lie far apart in the blob: only their bytes are fetched.
+		n = 0
+		for _, k := range keys {
+			n += l.ref(k).Length
+		}
+	}
+	release, err := l.env.sched.acquire(ctx, n, urgent)
 	if err != nil {
 		return err
 	}
 	defer release()
 	needed, mine := l.claim(keys)
-	l.run(ctx, mine, background)
+	kind := background
+	if b.replay {
+		kind = replay
+	}
+	l.run(ctx, mine, kind)
 	if _, err := wait(ctx, needed); err != nil {
 		return err
 	}

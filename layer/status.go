@@ -53,12 +53,29 @@ type LayerStatus struct {
 	State      State   `json:"state"`
 	Error      string  `json:"error,omitempty"`
 	Seconds    float64 `json:"prefetchSeconds,omitempty"`
+	// Profile is the startup profile the background fetch replayed first, if any.
+	Profile *ProfileStatus `json:"profile,omitempty"`
+	// ProfileRecorded counts the files the layer's first reads recorded into its
+	// repositories' startup profiles, once written.
+	ProfileRecorded int64 `json:"profileRecorded,omitempty"`
 	// ReadChunks is how many chunks the kernel asked for (reads through FUSE, whatever served
 	// them, and every chunk of a file opened with passthrough, PassthroughFiles of them), and
 	// ReadCompressed the compressed bytes of those chunks in the blob.
 	ReadChunks       int64 `json:"readChunks"`
 	ReadCompressed   int64 `json:"readCompressedBytes"`
 	PassthroughFiles int64 `json:"passthroughFiles"`
+}
+
+// ProfileStatus describes the startup profile a layer's background fetch replayed first.
+type ProfileStatus struct {
+	// Files counts the layer's files the profile named (those not in the cache were
+	// fetched first); Bytes is their compressed bytes to fetch, Fetched what was fetched.
+	Files   int   `json:"files"`
+	Bytes   int64 `json:"bytes"`
+	Fetched int64 `json:"fetched"`
+	// SameLayer: the profile was recorded from this layer; otherwise from another layer of
+	// its repository (an earlier version of the image), matched by path.
+	SameLayer bool `json:"sameLayer"`
 }
 
 // Counters are totals since the manager started.
@@ -72,6 +89,9 @@ type Counters struct {
 	VerifyFailures int64 `json:"verifyFailures"`
 	OnDemandBytes  int64 `json:"fetchedOnDemandBytes"`
 	PrefetchBytes  int64 `json:"prefetchedBytes"`
+	// ProfileBytes counts the bytes background fetches fetched first for startup profiles
+	// (not in PrefetchBytes).
+	ProfileBytes int64 `json:"profileBytes"`
 }
 
 // Latency is a snapshot of the manager's latency histograms.
@@ -116,6 +136,7 @@ func (m *Manager) Status() Status {
 			VerifyFailures: m.counters.verifyFailures.Load(),
 			OnDemandBytes:  m.counters.onDemandBytes.Load(),
 			PrefetchBytes:  m.counters.prefetchBytes.Load(),
+			ProfileBytes:   m.counters.profileBytes.Load(),
 		},
 		Latency: m.counters.latency(),
 	}
@@ -136,6 +157,10 @@ func (l *Layer) Status() LayerStatus {
 	p := &l.prefetch
 	p.mu.Lock()
 	state, err, planned, elapsed := p.state, p.err, p.planned, p.elapsed
+	var prof *ProfileStatus
+	if p.profileFiles > 0 {
+		prof = &ProfileStatus{Files: p.profileFiles, Bytes: p.profilePlanned, Fetched: l.profiled.Load(), SameLayer: p.profileSame}
+	}
 	p.mu.Unlock()
 	if state == "" {
 		state = StateIdle
@@ -146,6 +171,7 @@ func (l *Layer) Status() LayerStatus {
 		Size: l.desc.Size, ToFetch: planned,
 		OnDemand: l.onDemand.Load(), Prefetched: l.prefetched.Load(),
 		Users: l.users.Load(), State: state, Seconds: elapsed.Seconds(),
+		Profile: prof, ProfileRecorded: l.recording.saved.Load(),
 	}
 	s.ReadChunks, s.ReadCompressed = l.reads.summary(l.idx)
 	s.PassthroughFiles = l.reads.passthrough.Load()

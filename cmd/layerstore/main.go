@@ -5,6 +5,7 @@
 //	layerstore status [--json]            show what the daemon serves
 //	layerstore pin [--platform P] IMAGE...  keep images' layers local, verified, across restarts
 //	layerstore unpin [--platform P] IMAGE...
+//	layerstore profiles export|import FILE  share the startup profiles the daemon learned
 //	layerstore doctor [--json] [flags]    check the node's setup end to end
 //	layerstore dependents [--json] [--remove]  images that need the store; remove them
 //	layerstore demo                       a self-contained demonstration with figures
@@ -34,6 +35,8 @@ commands:
   pin       fetch and verify every lazily served layer of IMAGE... and keep them local,
             out of the cache's eviction and across restarts, with no registry needed
   unpin     let the layers of IMAGE... be evicted again
+  profiles  export FILE: write the startup profiles the daemon learned (what containers read
+            first, per repository) to FILE; import FILE: merge such a file into the daemon's
   doctor    check this node's setup end to end and say what to fix (see doctor -h)
   dependents  list the runtime's images whose layers come from the store, and with --remove
             remove them (podman rmi, crictl rmi): do this before turning the store off
@@ -79,6 +82,14 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 				return 2
 			}
 			fmt.Fprintf(stderr, "layerstore %s: %v\n", args[0], err)
+			return 1
+		}
+	case "profiles":
+		if err := runProfiles(ctx, args[1:], stdout, stderr); err != nil {
+			if errors.Is(err, errUsage) {
+				return 2
+			}
+			fmt.Fprintf(stderr, "layerstore profiles: %v\n", err)
 			return 1
 		}
 	case "doctor":

@@ -133,6 +133,12 @@ func (s *stack) Pin(ctx context.Context, ref, platform string) (layer.Pin, error
 
 func (s *stack) Unpin(ref, platform string) error { return s.manager.Unpin(ref, platform) }
 
+func (s *stack) ExportProfiles(w io.Writer) (int, error) { return s.manager.ExportProfiles(w) }
+
+func (s *stack) ImportProfiles(r io.Reader) (layer.ProfileImport, error) {
+	return s.manager.ImportProfiles(r)
+}
+
 // The names of the FUSE session's descriptors in the service manager's file descriptor store
 // and in LISTEN_FDNAMES (docs/design/fd-store.md).
 const (

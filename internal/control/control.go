@@ -1,8 +1,9 @@
 // Package control is the daemon's control socket: HTTP over a unix socket that only root can
 // reach (mode 0600). It serves the status as JSON (/status), Prometheus metrics (/metrics),
 // takes registry credentials from the auth helper (POST /credentials), and pins and unpins
-// images (POST /pin, POST /unpin). The client side, used by `layerstore status`, `pin`,
-// `unpin` and the auth helper, is here too. [MetricsHandler] is the metrics alone, for the
+// images (POST /pin, POST /unpin), and exports and imports startup profiles (GET and POST
+// /profiles). The client side, used by `layerstore status`, `pin`, `unpin`, `profiles` and the
+// auth helper, is here too. [MetricsHandler] is the metrics alone, for the
 // optional TCP metrics address: it serves GET /metrics and nothing else.
 //
 // The handlers keep no state of their own: each request reads a fresh status from the layer
@@ -131,6 +132,9 @@ func Handler(src StatusSource, sink CredentialSink, ttl time.Duration, log *slog
 		}
 		w.WriteHeader(http.StatusNoContent)
 	})
+	if ps, ok := src.(ProfileSource); ok {
+		handleProfiles(mux, ps, log)
+	}
 	mux.HandleFunc("POST /credentials", func(w http.ResponseWriter, r *http.Request) {
 		var creds map[string]Credential
 		dec := json.NewDecoder(io.LimitReader(r.Body, maxCredentialBody))
@@ -279,9 +283,13 @@ func (c *Client) do(ctx context.Context, method, path string, body io.Reader) (*
 // doLong posts without the client's timeout: ctx alone bounds the request (a pin fetches
 // whole layers).
 func (c *Client) doLong(ctx context.Context, path string, body io.Reader) (*http.Response, error) {
+	return c.doLongMethod(ctx, http.MethodPost, path, body)
+}
+
+func (c *Client) doLongMethod(ctx context.Context, method, path string, body io.Reader) (*http.Response, error) {
 	hc := *c.hc
 	hc.Timeout = 0
-	return c.send(ctx, &hc, http.MethodPost, path, body)
+	return c.send(ctx, &hc, method, path, body)
 }
 
 func (c *Client) send(ctx context.Context, hc *http.Client, method, path string, body io.Reader) (*http.Response, error) {

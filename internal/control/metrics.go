@@ -53,8 +53,8 @@ func writeMetrics(w io.Writer, st layer.Status) {
 	metric("layerstore_not_lazy_total", "counter", "Lookups of layers not served lazily (the runtime pulls them).", sample{v: c.NotLazy})
 	metric("layerstore_resolve_failures_total", "counter", "Resolutions that failed (registry, verification).", sample{v: c.Failures})
 	metric("layerstore_verify_failures_total", "counter", "TOCs, tar-splits, chunks and blobs refused because they did not match their digest.", sample{v: c.VerifyFailures})
-	metric("layerstore_fetched_bytes_total", "counter", "Compressed bytes fetched from registries: on_demand for reads (with their read-ahead and blob exports), prefetch for the background fetch (pins included).",
-		sample{`{kind="on_demand"}`, c.OnDemandBytes}, sample{`{kind="prefetch"}`, c.PrefetchBytes})
+	metric("layerstore_fetched_bytes_total", "counter", "Compressed bytes fetched from registries: on_demand for reads (with their read-ahead and blob exports), profile for the files of startup profiles the background fetch fetched first, prefetch for the rest of the background fetch (pins included).",
+		sample{`{kind="on_demand"}`, c.OnDemandBytes}, sample{`{kind="profile"}`, c.ProfileBytes}, sample{`{kind="prefetch"}`, c.PrefetchBytes})
 
 	lat := st.Latency
 	header("layerstore_lookup_duration_seconds", "histogram", "Duration of layer lookups, by outcome (served, not_lazy, failed) and by what answered (memory, record, registry).")

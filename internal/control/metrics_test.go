@@ -122,6 +122,7 @@ func TestMetricsFormat(t *testing.T) {
 		},
 	}
 	st.Counters.VerifyFailures, st.Counters.OnDemandBytes, st.Counters.PrefetchBytes = 2, 100, 4096
+	st.Counters.ProfileBytes = 7
 	st.Cache.Evictions = 5
 	var buf bytes.Buffer
 	writeMetrics(&buf, st)
@@ -131,6 +132,7 @@ func TestMetricsFormat(t *testing.T) {
 		`layerstore_verify_failures_total`:                                                         2,
 		`layerstore_fetched_bytes_total{kind="on_demand"}`:                                         100,
 		`layerstore_fetched_bytes_total{kind="prefetch"}`:                                          4096,
+		`layerstore_fetched_bytes_total{kind="profile"}`:                                           7,
 		`layerstore_cache_evictions_total`:                                                         5,
 		`layerstore_layers{state="complete"}`:                                                      1,
 		`layerstore_layers{state="failed"}`:                                                        0,
@@ -172,6 +174,7 @@ func TestMetricsHandler(t *testing.T) {
 	}{
 		{"GET", "/metrics", 200}, {"HEAD", "/metrics", 200}, {"POST", "/metrics", 405},
 		{"GET", "/status", 404}, {"POST", "/pin", 404}, {"POST", "/unpin", 404}, {"POST", "/credentials", 404},
+		{"GET", "/profiles", 404}, {"POST", "/profiles", 404},
 		{"GET", "/", 404}, {"GET", "/metrics/x", 404},
 	} {
 		req, err := http.NewRequestWithContext(t.Context(), c.method, srv.URL+c.path, strings.NewReader(`{"ref":"x"}`))

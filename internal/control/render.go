@@ -46,6 +46,17 @@ func Render(w io.Writer, st layer.Status) {
 		if l.ReadChunks > 0 {
 			fmt.Fprintf(w, "  read %d chunks, %s of the blob\n", l.ReadChunks, human(l.ReadCompressed))
 		}
+		if p := l.Profile; p != nil {
+			from := "recorded from this layer"
+			if !p.SameLayer {
+				from = "learned from another version of the image"
+			}
+			fmt.Fprintf(w, "  startup profile replayed first: %d files, %s of %s fetched (%s)\n",
+				p.Files, human(p.Fetched), human(p.Bytes), from)
+		}
+		if l.ProfileRecorded > 0 {
+			fmt.Fprintf(w, "  startup profile recorded: %d files\n", l.ProfileRecorded)
+		}
 		if l.Error != "" {
 			fmt.Fprintf(w, "  error: %s\n", l.Error)
 		}

@@ -1,0 +1,95 @@
+package layer
+
+import (
+	"archive/tar"
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	"github.com/containerd/stargz-snapshotter/estargz"
+
+	"github.com/layerstore/layerstore/internal/testutil/testlayer"
+)
+
+// TestRegion checks that a cold read of a file cut into small chunks (as zstd:chunked cuts
+// them) also fetches the rest of the region around it, without the reader waiting, so that
+// later reads in the region ask the registry nothing: the first window is regionBase bytes,
+// and it doubles with each cold read of the same file. With read-ahead off, reads fetch only
+// what they ask for.
+func TestRegion(t *testing.T) {
+	const size = 6 << 20
+	data := make([]byte, size)
+	rng := rand.New(rand.NewPCG(3, 4))
+	for i := range data {
+		data[i] = byte(rng.Uint32()) // incompressible: the chunks' compressed sizes are their sizes
+	}
+	hdr := tar.Header{Typeflag: tar.TypeReg, Name: "big.bin", Mode: 0o644, Size: size}
+	f, err := testlayer.BuildEStargz("region", testlayer.Build([]testlayer.Entry{{Header: hdr, Data: data}}),
+		estargz.WithChunkSize(64<<10))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, window := range []int64{DefaultReadAhead, 0} {
+		e := newEnv(t)
+		ref := e.push("region/big:v1", fixtureLayer(f))
+		m := e.manager(WithPrefetch(false), WithReadAhead(window))
+		l, err := m.lookup(t.Context(), ref, tocKey(f.Desc.Annotations))
+		if err != nil {
+			t.Fatal(err)
+		}
+		id, ok := l.Index().LookupPath("big.bin")
+		if !ok || l.Index().NumChunks(id) < 90 {
+			t.Fatalf("big.bin: %v, %d chunks", ok, l.Index().NumChunks(id))
+		}
+		requests := func() int {
+			s := e.reg.Stats(f.Desc.Digest)
+			return s.Ranged + s.Full
+		}
+		// settle waits until no region fetch is in flight.
+		settle := func() {
+			deadline := time.Now().Add(10 * time.Second)
+			for len(m.env.regions) > 0 {
+				if time.Now().After(deadline) {
+					t.Fatal("region fetches still in flight after 10 s")
+				}
+				time.Sleep(time.Millisecond)
+			}
+		}
+		read := func(off int64) (fetched bool) {
+			t.Helper()
+			before := requests()
+			buf := make([]byte, 4096)
+			n, err := l.ReadFile(t.Context(), id, buf, off)
+			if err != nil || n != len(buf) || string(buf) != string(data[off:off+4096]) {
+				t.Fatalf("read at %d: %d bytes, %v", off, n, err)
+			}
+			after := requests()
+			settle()
+			return after > before
+		}
+		// cold reads, each in a part of the file no earlier read's region covered, and a read
+		// within the region each fetched
+		steps := []struct {
+			off  int64
+			cold bool // a request when regions are on
+		}{
+			{100 << 10, true},  // region [0, 1 MiB)
+			{900 << 10, false}, // in it
+			{1536 << 10, true}, // second cold read: [0, 2 MiB)
+			{1900 << 10, false},
+			{3 << 20, true}, // third: [0, 4 MiB)
+			{2 << 20, false},
+			{3900 << 10, false},
+			{5 << 20, true}, // fourth: at most 4 MiB, [4, 8 MiB)
+			{4 << 20, false},
+		}
+		for _, s := range steps {
+			got := read(s.off)
+			want := s.cold || window == 0
+			if got != want {
+				t.Errorf("read-ahead %d: read at %d KiB asked the registry: %v, want %v", window, s.off>>10, got, want)
+			}
+		}
+
+	}
+}
