@@ -26,6 +26,7 @@ import (
 	"github.com/layerstore/layerstore/layer"
 
 	"github.com/layerstore/layerstore/internal/testutil/dockerregistry"
+	"github.com/layerstore/layerstore/internal/testutil/podman5"
 	"github.com/layerstore/layerstore/internal/testutil/testregistry"
 )
 
@@ -39,7 +40,7 @@ const (
 type suite struct {
 	dir               string
 	bin               string // layerstore, layerstore-auth-helper and harness
-	podman5           string // podman 5, built from its module (buildPodman5)
+	podman5           string // podman 5, built from its module (internal/testutil/podman5)
 	open              *dockerregistry.Registry
 	private           *dockerregistry.Registry // htpasswd auth
 	images            map[string]*image
@@ -121,7 +122,7 @@ func setUp() (_ *suite, err error) {
 	}()
 	// Its own bound: a first build of podman takes minutes on two cores.
 	bctx, bcancel := context.WithTimeout(context.Background(), 25*time.Minute)
-	s.podman5, err = buildPodman5(bctx, dir)
+	s.podman5, err = podman5.Build(bctx, dir)
 	bcancel()
 	if err != nil {
 		return nil, err

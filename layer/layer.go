@@ -50,6 +50,7 @@ type Layer struct {
 	cacheFull            atomic.Bool  // a store found the cache's filesystem full (cache.ErrNoSpace)
 	refused              atomic.Bool  // the TOC and the tar-split disagree (counted and logged once)
 	prefetch             prefetchState
+	reads                readSet // the chunks the kernel asked for (reads.go)
 }
 
 type chunkKey struct {
@@ -247,6 +248,7 @@ func (l *Layer) Backing(id chunked.EntryID) *os.File {
 	if err != nil {
 		return nil
 	}
+	l.reads.notePassthrough(l.idx, id, e.Size)
 	l.recordRead(id) // read by the kernel from here on, never through ReadFile
 	return f
 }
@@ -268,6 +270,7 @@ func (l *Layer) ReadFile(ctx context.Context, id chunked.EntryID, p []byte, off 
 	if rest := e.Size - off; int64(len(p)) > rest {
 		p = p[:rest]
 	}
+	l.reads.note(l.idx, id, off, int64(len(p)))
 	var h *handle
 	if !e.Digest.IsZero() {
 		var err error

@@ -58,6 +58,12 @@ type LayerStatus struct {
 	// ProfileRecorded counts the files the layer's first reads recorded into its
 	// repositories' startup profiles, once written.
 	ProfileRecorded int64 `json:"profileRecorded,omitempty"`
+	// ReadChunks is how many chunks the kernel asked for (reads through FUSE, whatever served
+	// them, and every chunk of a file opened with passthrough, PassthroughFiles of them), and
+	// ReadCompressed the compressed bytes of those chunks in the blob.
+	ReadChunks       int64 `json:"readChunks"`
+	ReadCompressed   int64 `json:"readCompressedBytes"`
+	PassthroughFiles int64 `json:"passthroughFiles"`
 }
 
 // ProfileStatus describes the startup profile a layer's background fetch replayed first.
@@ -167,6 +173,8 @@ func (l *Layer) Status() LayerStatus {
 		Users: l.users.Load(), State: state, Seconds: elapsed.Seconds(),
 		Profile: prof, ProfileRecorded: l.recording.saved.Load(),
 	}
+	s.ReadChunks, s.ReadCompressed = l.reads.summary(l.idx)
+	s.PassthroughFiles = l.reads.passthrough.Load()
 	if err != nil {
 		s.Error = err.Error()
 	}

@@ -43,6 +43,9 @@ func Render(w io.Writer, st layer.Status) {
 		}
 		fmt.Fprintf(w, "  fetched %s of %s (%s on demand, %s in the background)\n",
 			human(fetched), human(l.Size), human(l.OnDemand), human(l.Prefetched))
+		if l.ReadChunks > 0 {
+			fmt.Fprintf(w, "  read %d chunks, %s of the blob\n", l.ReadChunks, human(l.ReadCompressed))
+		}
 		if p := l.Profile; p != nil {
 			from := "recorded from this layer"
 			if !p.SameLayer {

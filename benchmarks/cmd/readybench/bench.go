@@ -19,14 +19,15 @@ import (
 	"github.com/layerstore/layerstore/internal/testutil/dockerregistry"
 )
 
-// cell is one measured configuration: an image in a format, pulled by podman alone (full) or
-// through a store (lazy), over a link, with cold or warm caches.
+// cell is one measured configuration: an image in a format, pulled by a runtime alone (full)
+// or through a store (lazy), over a link, with cold or warm caches.
 type cell struct {
-	image  imageSpec
-	format string
-	store  string // "" for a full pull
-	link   shaper.Link
-	warm   bool
+	image   imageSpec
+	format  string
+	store   string // "" for a full pull
+	runtime string // rtPodman4 or rtPodman5
+	link    shaper.Link
+	warm    bool
 }
 
 func (c cell) lazy() bool { return c.store != "" }
@@ -49,9 +50,9 @@ func (c cell) cache() string {
 	return "cold"
 }
 
-// String names the cell for -only and the progress lines: image:format:mode:link:cache.
+// String names the cell for -only and the progress lines: image:format:mode:runtime:link:cache.
 func (c cell) String() string {
-	return strings.Join([]string{c.image.name, c.format, c.mode(), c.link.String(), c.cache()}, ":")
+	return strings.Join([]string{c.image.name, c.format, c.mode(), c.runtime, c.link.String(), c.cache()}, ":")
 }
 
 // sample is one measured run of a cell.
@@ -65,22 +66,31 @@ type sample struct {
 	Requests  int     // blob GETs the registry answered from the start of the pull to the ready line
 	Seconds   float64 // wall time of the whole run, set-up and clean-up included
 	Phases    string  // how long each step of the run took
+	// What the workload read of the image's lazy layers, summed over them, as layerstore's
+	// status tells once the container has exited (ReadKnown): chunks, their compressed bytes,
+	// files opened with passthrough (their every chunk counted).
+	ReadKnown        bool
+	ReadChunks       int64
+	ReadBytes        int64
+	PassthroughFiles int64
 }
 
 func (s sample) total() float64 { return s.Pull + s.Run }
 
 // bench holds what every run shares.
 type bench struct {
-	opts    options
-	work    string
-	reg     *dockerregistry.Registry
-	proxy   *shaper.Proxy
-	images  *imageCache
-	stores  map[string]store
-	warm    map[string]string // warm cache directory per store/image/format, once prepared
-	prep    []prepResult
-	runs    int    // runs done, to name directories and containers
-	runBase string // short directory on /run for podman's run roots, removed at the end
+	opts   options
+	work   string
+	reg    *dockerregistry.Registry
+	proxy  *shaper.Proxy
+	images *imageCache
+	stores map[string]store
+	// runtimes maps each runtime of -runtimes to its binary.
+	runtimes map[string]string
+	warm     map[string]string // warm cache directory per warmKey, once prepared
+	prep     []prepResult
+	runs     int    // runs done, to name directories and containers
+	runBase  string // short directory on /run for podman's run roots, removed at the end
 }
 
 // prepResult is the making of one warm cache, for the report.
@@ -102,12 +112,17 @@ func (b *bench) plan() []cell {
 	for _, l := range b.opts.links {
 		for _, img := range imageSpecs {
 			for _, warm := range []bool{false, true} {
-				for _, f := range b.opts.fullFormats {
-					cells = append(cells, cell{image: img, format: f, link: l, warm: warm})
-				}
-				for _, s := range storeNames {
-					for _, f := range lazyFormats {
-						cells = append(cells, cell{image: img, format: f, store: s, link: l, warm: warm})
+				for _, rt := range b.opts.runtimes {
+					for _, f := range b.opts.fullFormats {
+						cells = append(cells, cell{image: img, format: f, runtime: rt, link: l, warm: warm})
+					}
+					for _, s := range storeNames {
+						if !b.stores[s].serves(rt) {
+							continue
+						}
+						for _, f := range lazyFormats {
+							cells = append(cells, cell{image: img, format: f, store: s, runtime: rt, link: l, warm: warm})
+						}
 					}
 				}
 			}
@@ -130,12 +145,19 @@ func (b *bench) schedule(cells []cell) []cell {
 	return runs
 }
 
-func warmKey(store, image, format string) string { return store + "/" + image + "/" + format }
+// warmKey names a warm cache. layerstore's serves every runtime; a peer's is made by the
+// peer's binary for the runtime (see -peer), whose caches need not be compatible.
+func warmKey(c cell) string {
+	if c.store == "layerstore" {
+		return c.store + "/" + c.image.name + "/" + c.format
+	}
+	return c.store + "/" + c.runtime + "/" + c.image.name + "/" + c.format
+}
 
 // prepareWarm fills a store's cache with every layer of the image, for the warm cells: one
 // complete run over an unshaped link, then the store's background fetch to the end.
 func (b *bench) prepareWarm(ctx context.Context, c cell) error {
-	key := warmKey(c.store, c.image.name, c.format)
+	key := warmKey(c)
 	if _, ok := b.warm[key]; ok {
 		return nil
 	}
@@ -149,22 +171,19 @@ func (b *bench) prepareWarm(ctx context.Context, c cell) error {
 	unshaped, _ := shaper.ParseLink("unlimited")
 	b.proxy.SetLink(unshaped)
 	img := b.images.cat.Images[c.image.name][c.format]
-	ms, err := b.stores[c.store].start(ctx, filepath.Join(dir, "store"), cacheDir)
+	ms, err := b.stores[c.store].start(ctx, c.runtime, filepath.Join(dir, "store"), cacheDir)
 	if err != nil {
 		return err
 	}
 	defer ms.stop()
-	pm, err := newPodman(filepath.Join(dir, "podman"), b.runroot(), ms.mountpoint(), b.proxy.Addr())
+	pm, err := b.newPodman(c.runtime, filepath.Join(dir, "podman"), ms.mountpoint())
 	if err != nil {
 		return err
 	}
 	name := fmt.Sprintf("warm-%d", b.runs)
 	defer pm.remove(name)
 	ref := b.proxy.Addr() + "/" + img.Repo
-	if _, err := pm.pull(ctx, ref); err != nil {
-		return err
-	}
-	if _, _, err := pm.run(ctx, ref, name, c.image.ready); err != nil {
+	if _, _, _, err := pm.pullAndRun(ctx, ref, name, c.image.ready); err != nil {
 		return err
 	}
 	var lazy []digest.Digest
@@ -197,6 +216,16 @@ func (b *bench) prepareWarm(ctx context.Context, c cell) error {
 	b.prep = append(b.prep, prepResult{What: key, Seconds: time.Since(start).Seconds(), Note: note})
 	fmt.Fprintf(os.Stderr, "warm cache of %s ready (%.1fs)\n", key, time.Since(start).Seconds())
 	return nil
+}
+
+// newPodman is runtime rt (rtPodman4 or rtPodman5) with private configuration in dir, store
+// its additional layer store unless empty (see newPodman).
+func (b *bench) newPodman(rt, dir, store string) (*podman, error) {
+	bin, ok := b.runtimes[rt]
+	if !ok {
+		return nil, fmt.Errorf("no binary for runtime %s", rt)
+	}
+	return newPodman(bin, rt == rtPodman5, dir, b.runroot(), store, b.proxy.Addr())
 }
 
 // runroot is a short directory for podman's run root of the current run (see newPodman).
@@ -237,16 +266,16 @@ func (b *bench) runOnce(ctx context.Context, c cell) (s sample, err error) {
 	if c.lazy() {
 		cacheDir := filepath.Join(dir, "cache")
 		if c.warm {
-			cacheDir = b.warm[warmKey(c.store, c.image.name, c.format)]
+			cacheDir = b.warm[warmKey(c)]
 		}
-		if ms, err = b.stores[c.store].start(ctx, filepath.Join(dir, "store"), cacheDir); err != nil {
+		if ms, err = b.stores[c.store].start(ctx, c.runtime, filepath.Join(dir, "store"), cacheDir); err != nil {
 			return s, err
 		}
 		defer ms.stop() // after the container is removed (defers run last in, first out)
 		mnt = ms.mountpoint()
 		ph.mark("store start")
 	}
-	pm, err := newPodman(filepath.Join(dir, "podman"), b.runroot(), mnt, b.proxy.Addr())
+	pm, err := b.newPodman(c.runtime, filepath.Join(dir, "podman"), mnt)
 	if err != nil {
 		return s, err
 	}
@@ -275,16 +304,26 @@ func (b *bench) runOnce(ctx context.Context, c cell) (s sample, err error) {
 	mark := b.reg.Mark()
 	_, down0 := b.proxy.Bytes()
 	ref := b.proxy.Addr() + "/" + img.Repo
-	pull, err := pm.pull(ctx, ref)
-	if err != nil {
-		return s, err
-	}
-	toReady, toExit, err := pm.run(ctx, ref, name, c.image.ready)
+	pull, toReady, toExit, err := pm.pullAndRun(ctx, ref, name, c.image.ready)
 	if err != nil {
 		return s, err
 	}
 	_, down1 := b.proxy.Bytes()
 	s.Pull, s.Run, s.Exit, s.Bytes, s.FromStore = pull.Seconds(), toReady.Seconds(), toExit.Seconds(), down1-down0, pm.fromStore()
+	if ms != nil {
+		if st, err := ms.layers(ctx); err == nil {
+			s.ReadKnown = true
+			for _, l := range img.Layers {
+				if ls, ok := st[l.Digest]; ok {
+					s.ReadChunks += ls.ReadChunks
+					s.ReadBytes += ls.ReadCompressed
+					s.PassthroughFiles += ls.PassthroughFiles
+				}
+			}
+		} else if !errors.Is(err, errCannotTell) {
+			return s, fmt.Errorf("%s: the store's status: %w", c, err)
+		}
+	}
 	for _, g := range b.reg.BlobGets(mark) {
 		s.Requests += g.Full + g.Ranged
 	}

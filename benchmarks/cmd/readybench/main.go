@@ -8,8 +8,9 @@
 // pushed as gzip, eStargz, eStargz with the workload's files prioritized (an strace profile)
 // and zstd:chunked to Debian's docker-registry on 127.0.0.1; a shaping proxy
 // (benchmarks/internal/shaper) that puts the registry behind a link of given bandwidth and
-// RTT for podman and the stores alike; podman 4.3.1 with private configuration and empty
-// storage for every run; the report (Markdown and gnuplot PNGs). It needs root (FUSE,
+// RTT for podman and the stores alike; podman 4.3.1 and podman 5 (built from its Go module)
+// with private configuration and empty storage for every run; the floor of every cold lazy
+// cell (floor.go); the report (Markdown and gnuplot PNGs). It needs root (FUSE,
 // overlay mounts, drop_caches). See benchmarks/README.md.
 //
 //	cd benchmarks && go run ./cmd/readybench [flags]
@@ -34,6 +35,7 @@ import (
 	"github.com/layerstore/layerstore/benchmarks/internal/shaper"
 	storefs "github.com/layerstore/layerstore/fs"
 	"github.com/layerstore/layerstore/internal/testutil/dockerregistry"
+	"github.com/layerstore/layerstore/internal/testutil/podman5"
 	"github.com/layerstore/layerstore/internal/testutil/testregistry"
 )
 
@@ -47,7 +49,9 @@ type options struct {
 	out         string
 	timeout     time.Duration
 	keep        bool
-	peer        string
+	runtimes    []string
+	podman5     string
+	peers       map[string]string // runtime -> peer binary
 	daemonBin   string
 	seed        uint64
 	verbose     bool
@@ -56,7 +60,7 @@ type options struct {
 
 func main() {
 	var o options
-	var links, only, full string
+	var links, only, full, runtimes, peers string
 	flag.IntVar(&o.samples, "samples", 5, "runs of every cell (p50 and p95 are reported)")
 	flag.StringVar(&links, "links", "100mbit/10ms,1gbit/1ms", "links between the runtime and the registry, RATE/RTT, comma-separated (\"unlimited\": loopback)")
 	flag.StringVar(&only, "only", "", "run only the cells whose name (image:format:mode:link:cache, e.g. python:estargz:lazy:1gbit/1ms:cold) matches this regular expression; only the images and formats they pull are built")
@@ -66,13 +70,19 @@ func main() {
 	flag.StringVar(&o.out, "out", "", "write the report (Markdown) here, and the plots next to it; default benchmarks/results/<date>-readybench.md, \"-\" for none")
 	flag.DurationVar(&o.timeout, "timeout", 60*time.Minute, "bound on the whole run, image building included")
 	flag.BoolVar(&o.keep, "keep", false, "keep the run's temporary directory: daemon and podman logs, every run's podman storage and cache (much disk), warm caches")
-	flag.StringVar(&o.peer, "peer", "", "another additional layer store binary (stargz-store's command line) measured as a second lazy column")
+	flag.StringVar(&runtimes, "runtimes", rtPodman4+","+rtPodman5, "runtimes, comma-separated: "+rtPodman4+" (podman in $PATH, Debian 12's 4.3.1), "+rtPodman5+" (podman "+podman5.Version+", see -podman5)")
+	flag.StringVar(&o.podman5, "podman5", "", "podman 5 binary (default: podman "+podman5.Version+" built from its Go module on first use and kept in the user's cache directory, as the e2e suite does)")
+	flag.StringVar(&peers, "peer", "", "another additional layer store (stargz-store's command line) measured as a second lazy column: RUNTIME=PATH per runtime, comma-separated (e.g. podman4=/opt/stargz-store-0.15.1/stargz-store,podman5=/opt/stargz-store-0.18.2/stargz-store), or PATH alone for podman4")
 	flag.StringVar(&o.daemonBin, "daemon", "", "layerstore binary to run (default: go build ./cmd/layerstore)")
 	flag.Uint64Var(&o.seed, "seed", 0, "seed of the shuffled run order (default: from the clock; printed in the report)")
 	flag.BoolVar(&o.verbose, "v", false, "print how long each step of every run took")
 	flag.BoolVar(&o.noPrefetch, "no-prefetch", false, "run layerstore without its background fetch (a diagnostic: what the fetch costs the workload on a slow link)")
 	flag.Parse()
-	if err := o.parse(links, only, full); err != nil {
+	err := o.parse(links, only, full)
+	if err == nil {
+		err = o.parseRuntimes(runtimes, peers)
+	}
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "readybench:", err)
 		os.Exit(2)
 	}
@@ -113,6 +123,61 @@ func (o *options) parse(links, only, full string) error {
 	return nil
 }
 
+// The runtimes.
+const (
+	rtPodman4 = "podman4" // podman in $PATH: Debian 12's 4.3.1, lookups by blob digest
+	rtPodman5 = "podman5" // podman 5 built from its module: lookups by TOC digest
+)
+
+// parseRuntimes parses -runtimes and -peer: RUNTIME=PATH pairs, or one PATH for podman4.
+func (o *options) parseRuntimes(runtimes, peers string) error {
+	o.runtimes = nil
+	for _, rt := range strings.Split(runtimes, ",") {
+		if rt = strings.TrimSpace(rt); rt == "" {
+			continue
+		}
+		if rt != rtPodman4 && rt != rtPodman5 {
+			return fmt.Errorf("-runtimes: no runtime %q (%s, %s)", rt, rtPodman4, rtPodman5)
+		}
+		if !slices.Contains(o.runtimes, rt) {
+			o.runtimes = append(o.runtimes, rt)
+		}
+	}
+	if len(o.runtimes) == 0 {
+		return errors.New("-runtimes: none")
+	}
+	o.peers = map[string]string{}
+	if peers = strings.TrimSpace(peers); peers == "" {
+		return nil
+	}
+	if !strings.Contains(peers, "=") {
+		o.peers[rtPodman4] = peers
+	} else {
+		for _, kv := range strings.Split(peers, ",") {
+			rt, path, ok := strings.Cut(strings.TrimSpace(kv), "=")
+			if !ok || path == "" {
+				return fmt.Errorf("-peer: %q is not RUNTIME=PATH", kv)
+			}
+			if rt != rtPodman4 && rt != rtPodman5 {
+				return fmt.Errorf("-peer: no runtime %q", rt)
+			}
+			if _, dup := o.peers[rt]; dup {
+				return fmt.Errorf("-peer: %s given twice", rt)
+			}
+			o.peers[rt] = path
+		}
+	}
+	for rt, path := range o.peers {
+		if filepath.Base(path) == "layerstore" {
+			return errors.New("-peer: the peer's binary must not be called layerstore")
+		}
+		if !slices.Contains(o.runtimes, rt) {
+			delete(o.peers, rt) // not measured: -runtimes leaves the runtime out
+		}
+	}
+	return nil
+}
+
 func run(ctx context.Context, o options) error {
 	started := time.Now()
 	if os.Geteuid() != 0 {
@@ -122,7 +187,7 @@ func run(ctx context.Context, o options) error {
 		return err
 	}
 	for _, t := range []struct{ tool, pkg string }{{"podman", "podman"}, {"docker-registry", "docker-registry"},
-		{"runc", "runc"}, {"fusermount3", "fuse3"}, {"strace", "strace"}, {"unshare", "util-linux"}, {"gnuplot", "gnuplot-nox"}} {
+		{"runc", "runc"}, {"fusermount3", "fuse3"}, {"strace", "strace"}, {"unshare", "util-linux"}} {
 		if _, err := exec.LookPath(t.tool); err != nil {
 			return fmt.Errorf("%s not found: apt-get install -y %s", t.tool, t.pkg)
 		}
@@ -182,14 +247,44 @@ func run(ctx context.Context, o options) error {
 	}
 	defer reg.Stop()
 	images := &imageCache{dir: o.images, modDir: modDir, binDir: bin}
-	b := &bench{opts: o, work: work, reg: reg, images: images, warm: map[string]string{},
+	b := &bench{opts: o, work: work, reg: reg, images: images, warm: map[string]string{}, runtimes: map[string]string{},
 		stores: map[string]store{"layerstore": &layerstoreStore{bin: daemon, registriesConf: regConf, prefetch: !o.noPrefetch}}}
-	if o.peer != "" {
-		p := &peerStore{bin: o.peer}
-		if p.name() == "layerstore" {
-			return errors.New("-peer: the peer's binary must not be called layerstore")
+	for _, rt := range o.runtimes {
+		switch rt {
+		case rtPodman4:
+			b.runtimes[rt] = "podman"
+		case rtPodman5:
+			p5 := o.podman5
+			if p5 == "" {
+				if _, ok := podman5.Built(ctx); !ok {
+					fmt.Fprintf(os.Stderr, "building podman %s from its Go module (a few minutes; kept in the user's cache directory)\n", podman5.Version)
+				}
+				if p5, err = podman5.Build(ctx, work); err != nil {
+					return fmt.Errorf("podman 5: %w", err)
+				}
+			}
+			v := benchenv.ToolVersion(p5, "--version")
+			if !strings.Contains(v, "version 5.") {
+				return fmt.Errorf("-podman5 %s: %q is not podman 5", p5, v)
+			}
+			b.runtimes[rt] = p5
+			machine = append(machine, "podman 5: "+v+" (built from github.com/containers/podman/v5, tags: "+podman5.Tags+")")
 		}
+	}
+	if len(o.peers) > 0 {
+		p := &peerStore{bins: o.peers}
 		b.stores[p.name()] = p
+		for _, rt := range o.runtimes {
+			if path, ok := o.peers[rt]; ok {
+				v := benchenv.ToolVersion(path, "--version")
+				if _, err := os.Stat(path); err != nil {
+					return fmt.Errorf("-peer %s: %w", rt, err)
+				} else if v == "not installed" {
+					v = "no --version flag"
+				}
+				machine = append(machine, fmt.Sprintf("peer with %s: %s: %s", rt, filepath.Base(path), v))
+			}
+		}
 	}
 	// The cells first: only the images and formats they pull are built and pushed.
 	cells := b.plan()

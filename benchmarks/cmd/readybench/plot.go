@@ -13,21 +13,27 @@ import (
 
 // plots draws, per link, the p50 total time to ready of every image (x) and format and mode
 // (bars, whiskers to p95), cold and warm side by side, with gnuplot. It writes
-// <stem>-<link>.png and returns the file names per link, relative to the report.
+// <stem>-<link>.png and returns the file names per link, relative to the report; none, and
+// a note in the report, without gnuplot.
 func (r *report) plots(ctx context.Context, stem string) (map[string]string, error) {
 	out := map[string]string{}
+	if _, err := exec.LookPath("gnuplot"); err != nil {
+		r.noPlots = "no plots: gnuplot not found (`apt-get install -y gnuplot-nox`)"
+		fmt.Fprintln(os.Stderr, "readybench:", r.noPlots)
+		return out, nil
+	}
 	tmp, err := os.MkdirTemp(r.b.work, "plot-")
 	if err != nil {
 		return nil, err
 	}
 	defer os.RemoveAll(tmp)
 	for _, l := range r.opts.links {
-		// The series: format and mode pairs measured on this link, in the report's order.
-		type series struct{ format, mode string }
+		// The series: format, mode and runtime measured on this link, in the report's order.
+		type series struct{ format, mode, runtime string }
 		var ss []series
 		seen := map[series]bool{}
 		for _, c := range r.cells {
-			s := series{c.format, c.mode()}
+			s := series{c.format, c.mode(), c.runtime}
 			if c.link.String() == l.String() && !seen[s] {
 				seen[s] = true
 				ss = append(ss, s)
@@ -57,7 +63,7 @@ func (r *report) plots(ctx context.Context, stem string) (map[string]string, err
 		png := stem + "-" + strings.NewReplacer("/", "-", " ", "-").Replace(l.String()) + ".png"
 		fmt.Fprintf(&script, `set terminal pngcairo size 1400,560 font "sans,10"
 set output %q
-set multiplot layout 1,%d title "time to ready (podman pull + run until ready), podman 4.3.1, link %s: p50, whiskers to p95"
+set multiplot layout 1,%d title "time to ready (podman pull + run until ready), link %s: p50, whiskers to p95"
 set style data histogram
 set style histogram errorbars gap 2 lw 1
 set style fill solid 0.85 border -1
@@ -74,7 +80,7 @@ set key top left
 			for _, img := range images {
 				fmt.Fprintf(&d, "%s", img.name)
 				for _, s := range ss {
-					c := cell{image: img, format: s.format, link: l, warm: warm}
+					c := cell{image: img, format: s.format, runtime: s.runtime, link: l, warm: warm}
 					if s.mode != "full" {
 						c.store = strings.TrimPrefix(strings.TrimPrefix(s.mode, "lazy"), "-")
 						if c.store == "" {
@@ -102,7 +108,7 @@ set key top left
 				if i == 0 {
 					xtic = ":xtic(1)"
 				}
-				fmt.Fprintf(&script, "%q using %d:%d:%d%s title %q", data, col, col+1, col+2, xtic, s.format+" "+s.mode)
+				fmt.Fprintf(&script, "%q using %d:%d:%d%s title %q", data, col, col+1, col+2, xtic, s.format+" "+s.mode+" "+s.runtime)
 			}
 			script.WriteString("\n")
 		}

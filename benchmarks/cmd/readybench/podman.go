@@ -16,12 +16,19 @@ import (
 	"github.com/layerstore/layerstore/benchmarks/internal/podmanconf"
 )
 
-// podman is Debian's podman with private configuration and an empty storage of its own.
+// podman is a podman binary (Debian's 4.3.1, or podman 5 built from its module) with private
+// configuration and an empty storage of its own.
 type podman struct {
-	dir     string
-	runroot string
-	env     []string
-	removed map[string]bool // containers removed already
+	bin string
+	// oneCommand: pull and run in one `podman run`. podman 5 (c/storage up to at least 1.65)
+	// does not record a layer taken from an additional layer store in layers.json, so that
+	// the command after `podman pull` finds the image corrupted and pulls it again (the
+	// README's known upstream issue); `podman run IMAGE` is what the README tells its users.
+	oneCommand bool
+	dir        string
+	runroot    string
+	env        []string
+	removed    map[string]bool // containers removed already
 }
 
 // newPodman writes containers.conf, storage.conf (with store, a mountpoint, as the additional
@@ -29,12 +36,13 @@ type podman struct {
 // graph root is there too. runroot (c/storage's run root and libpod's tmp_dir) must be a short
 // path: podman 4.3.1 waits 20 s for the exit of every container whose run root is longer than
 // about 45 characters (measured here: 41 fine, 49 not).
-func newPodman(dir, runroot, store, registryHost string) (*podman, error) {
-	env, err := podmanconf.Write(dir, podmanconf.Config{RunRoot: runroot, Store: store, RegistryHost: registryHost})
+func newPodman(bin string, oneCommand bool, dir, runroot, store, registryHost string) (*podman, error) {
+	env, err := podmanconf.Write(dir, podmanconf.Config{RunRoot: runroot, Store: store, RegistryHost: registryHost,
+		IgnoreCgroupsV1Warning: true})
 	if err != nil {
 		return nil, err
 	}
-	return &podman{dir: dir, runroot: runroot, removed: map[string]bool{}, env: env}, nil
+	return &podman{bin: bin, oneCommand: oneCommand, dir: dir, runroot: runroot, removed: map[string]bool{}, env: env}, nil
 }
 
 // command is podman with args, bounded by ctx, its output appended to the log file. Files,
@@ -47,7 +55,7 @@ func (p *podman) command(ctx context.Context, args ...string) (*exec.Cmd, func()
 	}
 	fmt.Fprintf(log, "\n$ podman %s\n", strings.Join(args, " "))
 	off, _ := log.Seek(0, io.SeekEnd)
-	cmd := exec.CommandContext(ctx, "podman", args...)
+	cmd := exec.CommandContext(ctx, p.bin, args...)
 	cmd.Env = p.env
 	cmd.Stdout, cmd.Stderr = log, log
 	output := func() string {
@@ -79,6 +87,18 @@ func (p *podman) pull(ctx context.Context, ref string) (time.Duration, error) {
 	start := time.Now()
 	err := p.do(ctx, "pull", ref)
 	return time.Since(start), err
+}
+
+// pullAndRun pulls ref and runs it (pull and run), or runs it at once, pulling it
+// (oneCommand; pull is then 0).
+func (p *podman) pullAndRun(ctx context.Context, ref, name, ready string) (pull, toReady, toExit time.Duration, err error) {
+	if !p.oneCommand {
+		if pull, err = p.pull(ctx, ref); err != nil {
+			return 0, 0, 0, err
+		}
+	}
+	toReady, toExit, err = p.run(ctx, ref, name, ready)
+	return pull, toReady, toExit, err
 }
 
 // run runs `podman run --name name ref` (the image's own command) and returns how long until

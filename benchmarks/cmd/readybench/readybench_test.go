@@ -4,6 +4,7 @@ import (
 	"archive/tar"
 	"bytes"
 	"io"
+	"maps"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -174,33 +175,97 @@ func TestPlanAndOnly(t *testing.T) {
 	if err := o.parse("100mbit/10ms,1gbit/1ms", "", "gzip"); err != nil {
 		t.Fatal(err)
 	}
+	if err := o.parseRuntimes("podman4,podman5", ""); err != nil {
+		t.Fatal(err)
+	}
 	b := &bench{opts: o, stores: map[string]store{"layerstore": &layerstoreStore{}}}
 	cells := b.plan()
-	// 2 links x 3 images x 2 caches x (1 full + 3 lazy formats)
-	if len(cells) != 48 {
-		t.Fatalf("%d cells, want 48", len(cells))
+	// 2 links x 3 images x 2 caches x 2 runtimes x (1 full + 3 lazy formats)
+	if len(cells) != 96 {
+		t.Fatalf("%d cells, want 96", len(cells))
 	}
 	names := map[string]bool{}
 	for _, c := range cells {
 		names[c.String()] = true
 	}
-	for _, n := range []string{"python:gzip:full:100mbit/10ms:cold", "large:zstdchunked:lazy:1gbit/1ms:warm", "gcc:estargz-prio:lazy:100mbit/10ms:warm"} {
+	for _, n := range []string{"python:gzip:full:podman4:100mbit/10ms:cold", "large:zstdchunked:lazy:podman5:1gbit/1ms:warm",
+		"gcc:estargz-prio:lazy:podman4:100mbit/10ms:warm"} {
 		if !names[n] {
 			t.Errorf("no cell %s", n)
 		}
 	}
 	b.opts.only = regexp.MustCompile(`^python:.*:1gbit/1ms:cold$`)
-	if got := len(b.plan()); got != 4 {
-		t.Errorf("-only python cold on 1gbit: %d cells, want 4", got)
+	if got := len(b.plan()); got != 8 {
+		t.Errorf("-only python cold on 1gbit: %d cells, want 8", got)
 	}
 	runs := b.schedule(b.plan())
-	if len(runs) != 20 {
-		t.Errorf("%d runs, want 20", len(runs))
+	if len(runs) != 40 {
+		t.Errorf("%d runs, want 40", len(runs))
 	}
-	b.stores["stargz-store"] = &peerStore{bin: "/usr/local/bin/stargz-store"}
+	b.opts.only = regexp.MustCompile(`^python:.*:podman5:1gbit/1ms:cold$`)
+	if got := len(b.plan()); got != 4 {
+		t.Errorf("-only python podman5 cold on 1gbit: %d cells, want 4", got)
+	}
 	b.opts.only = nil
-	if got := len(b.plan()); got != 48+36 {
-		t.Errorf("with a peer: %d cells, want %d (a lazy column more)", got, 48+36)
+	b.stores["stargz-store"] = &peerStore{bins: map[string]string{rtPodman4: "/usr/local/bin/stargz-store"}}
+	if got := len(b.plan()); got != 96+36 {
+		t.Errorf("with a peer for podman 4: %d cells, want %d (a lazy column more, podman 4 only)", got, 96+36)
+	}
+	b.stores["stargz-store"] = &peerStore{bins: map[string]string{rtPodman4: "/a/stargz-store", rtPodman5: "/b/stargz-store"}}
+	if got := len(b.plan()); got != 96+72 {
+		t.Errorf("with a peer for both: %d cells, want %d", got, 96+72)
+	}
+	for _, c := range b.plan() {
+		if c.store == "stargz-store" && c.mode() != "lazy-stargz-store" {
+			t.Errorf("peer cell %s: mode %s", c, c.mode())
+		}
+	}
+}
+
+func TestParseRuntimes(t *testing.T) {
+	for _, tc := range []struct {
+		runtimes, peer string
+		want           []string
+		peers          map[string]string
+		bad            bool
+	}{
+		{runtimes: "podman4,podman5", want: []string{"podman4", "podman5"}, peers: map[string]string{}},
+		{runtimes: "podman5", want: []string{"podman5"}, peers: map[string]string{}},
+		{runtimes: " podman5 , podman4,podman5", want: []string{"podman5", "podman4"}, peers: map[string]string{}},
+		// The old form: one binary, for podman 4.
+		{runtimes: "podman4,podman5", peer: "/opt/sgz/stargz-store", want: []string{"podman4", "podman5"},
+			peers: map[string]string{"podman4": "/opt/sgz/stargz-store"}},
+		{runtimes: "podman4,podman5", peer: "podman4=/a/stargz-store,podman5=/b/stargz-store", want: []string{"podman4", "podman5"},
+			peers: map[string]string{"podman4": "/a/stargz-store", "podman5": "/b/stargz-store"}},
+		// A peer of a runtime not measured is left out.
+		{runtimes: "podman5", peer: "podman4=/a/stargz-store,podman5=/b/stargz-store", want: []string{"podman5"},
+			peers: map[string]string{"podman5": "/b/stargz-store"}},
+		{runtimes: "podman3", bad: true},
+		{runtimes: "", bad: true},
+		{runtimes: "podman4", peer: "podman6=/a/stargz-store", bad: true},
+		{runtimes: "podman4", peer: "podman4=", bad: true},
+		{runtimes: "podman4", peer: "podman4=/a/x,podman4=/b/x", bad: true},
+		{runtimes: "podman4", peer: "podman4=/a/x,/b/x", bad: true},
+		{runtimes: "podman4", peer: "/usr/bin/layerstore", bad: true},
+	} {
+		var o options
+		err := o.parseRuntimes(tc.runtimes, tc.peer)
+		if tc.bad {
+			if err == nil {
+				t.Errorf("-runtimes %q -peer %q accepted", tc.runtimes, tc.peer)
+			}
+			continue
+		}
+		if err != nil {
+			t.Errorf("-runtimes %q -peer %q: %v", tc.runtimes, tc.peer, err)
+			continue
+		}
+		if !slices.Equal(o.runtimes, tc.want) || !maps.Equal(o.peers, tc.peers) {
+			t.Errorf("-runtimes %q -peer %q: runtimes %q peers %v, want %q %v", tc.runtimes, tc.peer, o.runtimes, o.peers, tc.want, tc.peers)
+		}
+	}
+	if n := (&peerStore{bins: map[string]string{rtPodman4: "/a/stargz-store-0.15", rtPodman5: "/b/stargz-store"}}).name(); n != "stargz-store" {
+		t.Errorf("peer named %q, want podman 5's binary's name", n)
 	}
 }
 
@@ -234,7 +299,9 @@ func TestNeededImages(t *testing.T) {
 	}{
 		{"", "gzip", all, []string{"base", "python", "gcc", "big"}},
 		{"^python:estargz:", "gzip", []string{"python/estargz"}, []string{"base", "python"}},
-		{"^python:estargz:lazy:1gbit/1ms:cold$", "gzip", []string{"python/estargz"}, []string{"base", "python"}},
+		{"^python:estargz:lazy:podman4:1gbit/1ms:cold$", "gzip", []string{"python/estargz"}, []string{"base", "python"}},
+		{"^(python|gcc):(estargz|zstdchunked):lazy.*:100mbit/10ms:cold$", "gzip", []string{"python/gzip", "python/estargz", "python/zstdchunked",
+			"gcc/gzip", "gcc/estargz", "gcc/zstdchunked"}, []string{"base", "python", "gcc"}},
 		{"^python:zstdchunked:", "gzip", []string{"python/gzip", "python/zstdchunked"}, []string{"base", "python"}},
 		{"^gcc:gzip:full:", "gzip", []string{"gcc/gzip"}, []string{"base", "gcc"}},
 		{"^large:estargz-prio:lazy:.*:warm$", "gzip", []string{"large/estargz-prio"}, []string{"base", "python", "big"}},
@@ -250,7 +317,11 @@ func TestNeededImages(t *testing.T) {
 		if err := o.parse("100mbit/10ms,1gbit/1ms", tc.only, tc.full); err != nil {
 			t.Fatal(err)
 		}
-		b := &bench{opts: o, stores: map[string]store{"layerstore": &layerstoreStore{}, "stargz-store": &peerStore{bin: "/usr/local/bin/stargz-store"}}}
+		if err := o.parseRuntimes("podman4,podman5", ""); err != nil {
+			t.Fatal(err)
+		}
+		b := &bench{opts: o, stores: map[string]store{"layerstore": &layerstoreStore{},
+			"stargz-store": &peerStore{bins: map[string]string{rtPodman4: "/usr/local/bin/stargz-store"}}}}
 		need := needed(b.plan())
 		var got []string
 		for _, img := range need.images() {

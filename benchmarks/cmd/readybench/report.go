@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/layerstore/layerstore/benchmarks/internal/benchenv"
+	"github.com/layerstore/layerstore/internal/testutil/podman5"
 )
 
 // report is the Markdown results file and its plots.
@@ -22,12 +23,13 @@ type report struct {
 	started        time.Time
 	measureSeconds float64
 	machine        []string
+	noPlots        string // why the report has no plots, when it has none
 }
 
 // toolVersions names the runtime pieces measured, beside benchenv's machine lines.
 func toolVersions() []string {
 	return []string{
-		"podman: " + benchenv.ToolVersion("podman", "--version"),
+		"podman 4 (podman in $PATH): " + benchenv.ToolVersion("podman", "--version"),
 		"runc: " + benchenv.ToolVersion("runc", "--version"),
 		"docker-registry: " + benchenv.ToolVersion("docker-registry", "--version"),
 	}
@@ -77,6 +79,45 @@ func (r *report) baseline(c cell) (stats, bool) {
 	return measureOf(ss, sample.total), true
 }
 
+// floorOf returns the floor of a cold lazy cell (see floor), when layerstore's runs of the
+// same image, format, runtime and link told what the workload read.
+func (r *report) floorOf(c cell) (floor, bool) {
+	if !c.lazy() || c.warm {
+		return floor{}, false
+	}
+	src := c
+	src.store = "layerstore"
+	var known []sample
+	for _, s := range r.results[src.String()] {
+		if s.ReadKnown {
+			known = append(known, s)
+		}
+	}
+	img := r.b.images.cat.Images[c.image.name][c.format]
+	if len(known) == 0 || img == nil {
+		return floor{}, false
+	}
+	f := floor{
+		ReadBytes:        int64(measureOf(known, func(s sample) float64 { return float64(s.ReadBytes) }).p50),
+		ReadChunks:       int64(measureOf(known, func(s sample) float64 { return float64(s.ReadChunks) }).p50),
+		PassthroughFiles: int64(measureOf(known, func(s sample) float64 { return float64(s.PassthroughFiles) }).p50),
+	}
+	for _, l := range img.Layers {
+		if l.TOC == "" {
+			f.FullBytes += l.Size
+			continue
+		}
+		n, err := tocBytes(r.b.reg.BlobPath(l.Digest), l.MediaType, l.Size)
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "readybench: floor of %s: %v\n", c, err)
+			return floor{}, false
+		}
+		f.LazyLayers++
+		f.TOCBytes += n
+	}
+	return f, true
+}
+
 func (r *report) markdown(plots map[string]string) string {
 	var b strings.Builder
 	w := func(format string, args ...any) { fmt.Fprintf(&b, format, args...) }
@@ -84,9 +125,25 @@ func (r *report) markdown(plots map[string]string) string {
 	b.WriteString(benchenv.Header("readybench: time to ready with podman, lazy vs full pull", "readybench", r.machine))
 	w("- layerstore: `layerstore serve` with background fetch %s and FUSE passthrough on\n", onOff(!o.noPrefetch))
 	w("- samples per cell: %d, run order shuffled with seed %d\n", o.samples, o.seed)
-	w("- wall time: %.0f s in all, of which %.0f s measuring (warm-cache preparation included)\n\n", time.Since(r.started).Seconds(), r.measureSeconds)
+	w("- wall time: %.0f s in all, of which %.0f s measuring (warm-cache preparation included)\n", time.Since(r.started).Seconds(), r.measureSeconds)
+	if r.noPlots != "" {
+		w("- %s\n", r.noPlots)
+	}
+	w("\n")
 
 	w("## Method\n\n")
+	w("Runtimes: %s. **podman4** is Debian 12's podman 4.3.1 (lookups by blob digest); **podman5** is podman %s,\n", strings.Join(o.runtimes, ", "), podman5.Version)
+	w("built from its Go module (lookups by TOC digest). podman 5 pulls and runs in one `podman run` (its pull column\n")
+	w("is `-`, its run column is the total): it does not record a layer taken from an additional layer store in\n")
+	w("`layers.json` (c/storage up to at least 1.65), so that the command after a `podman pull` finds the image\n")
+	w("corrupted and pulls it again, and one command is what the README tells users; it also fails concurrent\n")
+	w("first pulls of images sharing layers through a store (docs/operations.md), and readybench runs one cell at\n")
+	w("a time.")
+	if len(o.peers) > 0 {
+		w(" The peer store runs with the runtimes it has a binary for (`-peer`): podman 4.3.1 looks layers up by blob\n")
+		w("digest, which stargz-store answers up to 0.15.1 only; podman 5 by TOC digest (stargz-store 0.16 and later).")
+	}
+	w("\n\n")
 	w("**Headline: total = `podman pull` + `podman run` until the workload's ready line** (stargz-snapshotter's\n")
 	w("pull + create + run), from empty podman storage, after `sync; echo 3 > /proc/sys/vm/drop_caches`\n")
 	w("(always: a page cache left full by earlier runs makes podman's pull about 1.6x slower on this VM).\n")
@@ -101,6 +158,18 @@ func (r *report) markdown(plots map[string]string) string {
 	w("from the start of the pull to the ready line (a store's background fetch included). \"from store\" is\n")
 	w("the number of layers podman took from the store (its `additionallayer` marks); \"blob GETs\" the median of\n")
 	w("the blob requests (whole or ranged) the registry answered from the start of the pull to the ready line.\n\n")
+	w("**Floor** (cold lazy cells): the least a cold lazy start of the image can take over the link, whatever the\n")
+	w("store: round trips one after the other at the link's RTT (the manifest; the config; one TOC request per\n")
+	w("layer served lazily, a layer after its parent as the runtime looks them up; one for the chunks the workload\n")
+	w("reads, all in one request at best) plus the bytes that must cross the link at its rate (the compressed TOC\n")
+	w("of each lazy layer, from its footer; the compressed bytes of the chunks the workload read; layers pulled in\n")
+	w("full, none here). Connection set-up, the registry's ping, the manifest's and config's bytes (a few KB) and\n")
+	w("the runtime's own work are left out: the floor is a lower bound, not a target reachable as is. \"read\" is\n")
+	w("what the workload read, from layerstore's `status` once the container exited (p50 over the samples of\n")
+	w("its lazy cell; every chunk the kernel asked for through FUSE, whatever served it, and every chunk of a\n")
+	w("file opened with FUSE passthrough, whose reads the daemon does not see): compressed bytes of those\n")
+	w("chunks (their count). A peer's cell has the floor of layerstore's cell of the same image, format, runtime\n")
+	w("and link (the same workload). \"/floor\" is the total p50 over the floor.\n\n")
 
 	w("## Images\n\n")
 	w("Built offline from Debian %s (`debootstrap --variant=minbase`, then `apt-get install --no-install-recommends`\n", suite)
@@ -166,8 +235,8 @@ func (r *report) markdown(plots map[string]string) string {
 		if p := plots[l.String()]; p != "" {
 			w("![time to ready over %s](%s)\n\n", l, p)
 		}
-		w("| image | format | mode | cache | n | pull p50 | pull p95 | run p50 | run p95 | **total p50** | total p95 | lazy/full | from store | via link | blob GETs |\n")
-		w("|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+		w("| image | format | mode | runtime | cache | n | pull p50 | pull p95 | run p50 | run p95 | **total p50** | total p95 | lazy/full | floor | /floor | read | from store | via link | blob GETs |\n")
+		w("|---|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 		for _, c := range r.cells {
 			if c.link.String() != l.String() {
 				continue
@@ -188,10 +257,37 @@ func (r *report) markdown(plots map[string]string) string {
 				fromStr += fmt.Sprintf(" (%.0f full GETs)", full.p95)
 			}
 			gets := measureOf(ss, func(s sample) float64 { return float64(s.Requests) })
-			w("| %s | %s | %s | %s | %d | %.2f | %.2f | %.2f | %.2f | **%.2f** | %.2f | %s | %s | %s | %.0f |\n",
-				c.image.name, c.format, c.mode(), c.cache(), len(ss), pull.p50, pull.p95, run.p50, run.p95, total.p50, total.p95, ratio, fromStr, mb(int64(bytes.p50)), gets.p50)
+			floorStr, overFloor := "-", "-"
+			if f, ok := r.floorOf(c); ok && f.seconds(l) > 0 {
+				floorStr, overFloor = fmt.Sprintf("%.2f", f.seconds(l)), fmt.Sprintf("%.2f", total.p50/f.seconds(l))
+			}
+			read := "-"
+			if c.lazy() && ss[0].ReadKnown {
+				rb := measureOf(ss, func(s sample) float64 { return float64(s.ReadBytes) })
+				rc := measureOf(ss, func(s sample) float64 { return float64(s.ReadChunks) })
+				read = fmt.Sprintf("%s (%.0f)", mb(int64(rb.p50)), rc.p50)
+			}
+			pull50, pull95 := fmt.Sprintf("%.2f", pull.p50), fmt.Sprintf("%.2f", pull.p95)
+			if c.runtime == rtPodman5 {
+				pull50, pull95 = "-", "-" // pulled by podman run (see Method)
+			}
+			w("| %s | %s | %s | %s | %s | %d | %s | %s | %.2f | %.2f | **%.2f** | %.2f | %s | %s | %s | %s | %s | %s | %.0f |\n",
+				c.image.name, c.format, c.mode(), c.runtime, c.cache(), len(ss), pull50, pull95, run.p50, run.p95, total.p50, total.p95, ratio,
+				floorStr, overFloor, read, fromStr, mb(int64(bytes.p50)), gets.p50)
 		}
 		w("\n")
+		var floors []string
+		for _, c := range r.cells {
+			if c.link.String() != l.String() || c.store != "layerstore" {
+				continue
+			}
+			if f, ok := r.floorOf(c); ok {
+				floors = append(floors, fmt.Sprintf("%s %s %s: %.2f s = %s", c.image.name, c.format, c.runtime, f.seconds(l), f))
+			}
+		}
+		if len(floors) > 0 {
+			w("Floors: %s.\n\n", strings.Join(floors, "; "))
+		}
 	}
 
 	w("## Run time\n\n")
@@ -206,7 +302,7 @@ func (r *report) markdown(plots map[string]string) string {
 		for _, s := range r.results[c.String()] {
 			runs++
 			setup += s.Seconds
-			k := c.image.name + " " + c.mode()
+			k := c.image.name + " " + c.mode() + " " + c.runtime
 			if per[k] == nil {
 				per[k] = &agg{}
 			}

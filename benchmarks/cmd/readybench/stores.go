@@ -12,6 +12,7 @@ import (
 
 	"github.com/layerstore/layerstore/benchmarks/internal/benchd"
 	"github.com/layerstore/layerstore/benchmarks/internal/peer"
+	"github.com/layerstore/layerstore/layer"
 )
 
 // store is an additional layer store under test: layerstore, or a peer given with -peer.
@@ -19,9 +20,11 @@ import (
 type store interface {
 	// name is the store's column in the report ("layerstore", "stargz-store").
 	name() string
-	// start mounts the store in a new directory dir, with its cache (or root) in cacheDir,
-	// which may hold what an earlier run left (a warm cache).
-	start(ctx context.Context, dir, cacheDir string) (mountedStore, error)
+	// serves reports whether the store is measured with runtime rt.
+	serves(rt string) bool
+	// start mounts the store for runtime rt in a new directory dir, with its cache (or root)
+	// in cacheDir, which may hold what an earlier run left (a warm cache).
+	start(ctx context.Context, rt, dir, cacheDir string) (mountedStore, error)
 }
 
 // mountedStore is a running store.
@@ -31,6 +34,9 @@ type mountedStore interface {
 	// waitComplete waits until the layers with these blob digests are fully local; a store
 	// that cannot tell returns errCannotTell.
 	waitComplete(ctx context.Context, layers []digest.Digest, timeout time.Duration) error
+	// layers returns the status of the layers the store resolved, by blob digest; a store
+	// that cannot tell returns errCannotTell.
+	layers(ctx context.Context) (map[digest.Digest]layer.LayerStatus, error)
 	// stop ends the store by its PID and unmounts it.
 	stop()
 }
@@ -49,7 +55,9 @@ var _ store = (*layerstoreStore)(nil)
 
 func (s *layerstoreStore) name() string { return "layerstore" }
 
-func (s *layerstoreStore) start(ctx context.Context, dir, cacheDir string) (mountedStore, error) {
+func (s *layerstoreStore) serves(string) bool { return true }
+
+func (s *layerstoreStore) start(ctx context.Context, _, dir, cacheDir string) (mountedStore, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, err
 	}
@@ -68,6 +76,18 @@ var _ mountedStore = (*runningLayerstore)(nil)
 func (r *runningLayerstore) mountpoint() string { return r.d.Cfg.Mountpoint }
 func (r *runningLayerstore) stop()              { r.d.Stop() }
 
+func (r *runningLayerstore) layers(ctx context.Context) (map[digest.Digest]layer.LayerStatus, error) {
+	st, err := r.d.Client.Status(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := map[digest.Digest]layer.LayerStatus{}
+	for _, l := range st.Layers {
+		out[l.Digest] = l
+	}
+	return out, nil
+}
+
 func (r *runningLayerstore) waitComplete(ctx context.Context, layers []digest.Digest, timeout time.Duration) error {
 	deadline := time.Now().Add(timeout)
 	for _, l := range layers {
@@ -79,22 +99,38 @@ func (r *runningLayerstore) waitComplete(ctx context.Context, layers []digest.Di
 }
 
 // peerStore runs another additional layer store with stargz-store's command line
-// (benchmarks/internal/peer), configured as stargz-store ships: prefetch of the prioritized
-// files and background fetch on, passthrough off. Its cache (its --root) is the cache
-// directory, so that a warm run restarts it on the cache an earlier run filled.
+// (benchmarks/internal/peer), a binary per runtime (stargz-store 0.15.1 for podman 4, which
+// looks layers up by blob digest, and 0.16 or later for podman 5), configured as stargz-store
+// ships: prefetch of the prioritized files and background fetch on, passthrough off. Its
+// cache (its --root) is the cache directory, so that a warm run restarts it on the cache an
+// earlier run filled.
 type peerStore struct {
-	bin string
+	bins map[string]string // runtime -> binary
 }
 
 var _ store = (*peerStore)(nil)
 
-func (s *peerStore) name() string { return filepath.Base(s.bin) }
+// name is the base name of its binaries (of podman 5's when they differ).
+func (s *peerStore) name() string {
+	for _, rt := range []string{rtPodman5, rtPodman4} {
+		if b, ok := s.bins[rt]; ok {
+			return filepath.Base(b)
+		}
+	}
+	return "peer"
+}
 
-func (s *peerStore) start(ctx context.Context, dir, cacheDir string) (mountedStore, error) {
+func (s *peerStore) serves(rt string) bool { _, ok := s.bins[rt]; return ok }
+
+func (s *peerStore) start(ctx context.Context, rt, dir, cacheDir string) (mountedStore, error) {
+	bin, ok := s.bins[rt]
+	if !ok {
+		return nil, fmt.Errorf("no peer binary for %s", rt)
+	}
 	if err := os.MkdirAll(cacheDir, 0o755); err != nil {
 		return nil, err
 	}
-	p, err := peer.Start(ctx, peer.Config{Bin: s.bin, Dir: cacheDir, Mountpoint: filepath.Join(dir, "mnt"),
+	p, err := peer.Start(ctx, peer.Config{Bin: bin, Dir: cacheDir, Mountpoint: filepath.Join(dir, "mnt"),
 		Prefetch: true, Background: true})
 	if err != nil {
 		return nil, err
@@ -108,6 +144,10 @@ var _ mountedStore = (*runningPeer)(nil)
 
 func (r *runningPeer) mountpoint() string { return r.p.Cfg.Mountpoint }
 func (r *runningPeer) stop()              { r.p.Stop() }
+
+func (r *runningPeer) layers(context.Context) (map[digest.Digest]layer.LayerStatus, error) {
+	return nil, errCannotTell
+}
 
 func (r *runningPeer) waitComplete(context.Context, []digest.Digest, time.Duration) error {
 	return errCannotTell

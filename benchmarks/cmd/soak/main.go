@@ -30,6 +30,7 @@ import (
 	"github.com/layerstore/layerstore/benchmarks/internal/benchenv"
 	storefs "github.com/layerstore/layerstore/fs"
 	"github.com/layerstore/layerstore/internal/testutil/dockerregistry"
+	"github.com/layerstore/layerstore/internal/testutil/podman5"
 )
 
 type options struct {
@@ -51,7 +52,7 @@ type options struct {
 
 func main() {
 	var o options
-	home, _ := os.UserCacheDir()
+	p5, _ := podman5.Path()
 	flag.DurationVar(&o.duration, "duration", 30*time.Minute, "how long new runs are started; the run under way then finishes (bounded by -podman-timeout)")
 	flag.IntVar(&o.killEvery, "kill-every", 5, "kill -9 the daemon at a random moment of every Nth run (0: never)")
 	flag.Float64Var(&o.rates.Reset, "reset", 0.03, "fraction of requests whose connection is reset mid-body")
@@ -63,7 +64,7 @@ func main() {
 	flag.Int64Var(&o.maxFileSize, "max-file-size", 3<<20, "largest file, in bytes")
 	flag.DurationVar(&o.podmanTimeout, "podman-timeout", 5*time.Minute, "bound of every podman command")
 	flag.StringVar(&o.daemonBin, "daemon", "", "layerstore binary to run (default: go build ./cmd/layerstore)")
-	flag.StringVar(&o.podman5, "podman5", filepath.Join(home, "layerstore-e2e", "podman-v5.6.2", "podman"), "podman 5 binary (the e2e suite builds it there); runs use podman 4.3.1 alone when it is missing; \"\" for none")
+	flag.StringVar(&o.podman5, "podman5", p5, "podman 5 binary (the e2e suite and readybench build it there: internal/testutil/podman5); runs use podman 4.3.1 alone when it is missing; \"\" for none")
 	flag.StringVar(&o.busybox, "busybox", "/bin/busybox", "a static busybox for the images (Debian: busybox-static)")
 	flag.StringVar(&o.workdir, "workdir", "", "where the soak's temporary directory goes (default $TMPDIR)")
 	flag.StringVar(&o.out, "out", "", "write the report here; default benchmarks/results/<date>-soak.md, \"-\" for none")
