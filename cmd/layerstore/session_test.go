@@ -212,8 +212,12 @@ func TestKeepRestartsCrashedDaemon(t *testing.T) {
 	if second := child(); second == first {
 		t.Errorf("the same daemon after the kill")
 	}
-	if !strings.Contains(log.String(), "resumed the FUSE session") {
-		t.Errorf("no resumed session in the log")
+	// The next daemon answers the resent read before it logs the resume: wait for the line.
+	for deadline := time.Now().Add(10 * time.Second); !strings.Contains(log.String(), "resumed the FUSE session"); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Errorf("no resumed session in the log")
+			break
+		}
 	}
 	f.Close()
 	keep.Process.Signal(syscall.SIGTERM)
