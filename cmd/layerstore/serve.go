@@ -383,6 +383,7 @@ func serve(ctx context.Context, cfg *Config, mountpoint string, log *slog.Logger
 	if err := sdnotify.Notify("READY=1\nSTATUS=" + servingStatus + mountpoint); err != nil {
 		log.Warn("notifying systemd", "err", err)
 	}
+	releaseStartMemory()
 
 	// A second SIGTERM or SIGINT while the store is busy detaches it (see unmount).
 	again := make(chan os.Signal, 1)
