@@ -32,6 +32,23 @@ func releaseStartMemory() {
 // the size of the mappings advised; a kernel without MADV_PAGEOUT (before 5.4) is no error:
 // nothing is done.
 func pageOutStartCode() (advised int64, err error) {
+	return adviseBinary(unix.MADV_PAGEOUT)
+}
+
+// unmapStartCode unmaps the pages of the process's binary (its code and read-only data)
+// without reclaiming them (MADV_DONTNEED): layerstore keep does it once it has started the
+// daemon, which runs the same binary. The pages the start of keep touched stay in the page cache
+// mapped by the daemon alone, so that the daemon's pageOutStartCode can reclaim them (it leaves
+// the pages another process maps), and keep, which then only waits, holds what it touches
+// while waiting. The same mappings as pageOutStartCode's: none holds anonymous pages, whose
+// contents MADV_DONTNEED would drop.
+func unmapStartCode() (advised int64, err error) {
+	return adviseBinary(unix.MADV_DONTNEED)
+}
+
+// adviseBinary gives advice about the read-only mappings of the process's binary that hold no
+// anonymous page; an advice the kernel does not know (EINVAL) is no error: nothing is done.
+func adviseBinary(advice int) (advised int64, err error) {
 	var st unix.Stat_t
 	if err := unix.Stat("/proc/self/exe", &st); err != nil {
 		return 0, err
@@ -41,7 +58,7 @@ func pageOutStartCode() (advised int64, err error) {
 		return 0, err
 	}
 	for _, r := range ranges {
-		if _, _, e := unix.Syscall(unix.SYS_MADVISE, uintptr(r[0]), uintptr(r[1]-r[0]), unix.MADV_PAGEOUT); e != 0 {
+		if _, _, e := unix.Syscall(unix.SYS_MADVISE, uintptr(r[0]), uintptr(r[1]-r[0]), uintptr(advice)); e != 0 {
 			if e == unix.EINVAL {
 				return advised, nil
 			}
