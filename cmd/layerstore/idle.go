@@ -26,8 +26,8 @@ func releaseStartMemory() {
 // the memory is free. The pages the daemon needs afterwards are read again from the file when
 // touched: the runtime's while idle, what the collection of the heap touches (a forced one
 // every two minutes), the control socket's and the FUSE and registry code at the first
-// requests (a few MiB, read once). Pages another process maps too (layerstore keep, a
-// concurrent layerstore status) are left, and so are mappings holding anonymous pages (a PIE
+// requests (a few MiB, read once). Pages another process maps too (a concurrent layerstore
+// status; layerstore keep unmaps its own, see unmapStartCode) are left, and so are mappings holding anonymous pages (a PIE
 // binary's relocated read-only data): reclaiming those would mean swapping them. It returns
 // the size of the mappings advised; a kernel without MADV_PAGEOUT (before 5.4) is no error:
 // nothing is done.
