@@ -94,6 +94,10 @@ func runKeep(args []string, stderr io.Writer) int {
 			fmt.Fprintf(stderr, "layerstore keep: %v\n", err)
 			return 1
 		}
+		// keep only waits from now on: what its start touched goes, its heap and its mappings of
+		// the binary, so that the daemon can reclaim the pages they share (see unmapStartCode).
+		releaseStartMemory()
+		_, _ = unmapStartCode()
 		exited := make(chan error, 1)
 		go func() { exited <- cmd.Wait() }()
 		var werr error

@@ -389,6 +389,14 @@ func serve(ctx context.Context, cfg *Config, mountpoint string, log *slog.Logger
 	if err := sdnotify.Notify("READY=1\nSTATUS=" + servingStatus + mountpoint); err != nil {
 		log.Warn("notifying systemd", "err", err)
 	}
+	// What only the start used: the heap first (its collection touches code and type data),
+	// then the pages of the binary.
+	releaseStartMemory()
+	if n, err := pageOutStartCode(); err != nil {
+		log.Debug("reclaiming the pages of the binary only the start used", "err", err)
+	} else {
+		log.Debug("reclaimed the pages of the binary only the start used", "mapped", n)
+	}
 
 	// A second SIGTERM or SIGINT while the store is busy detaches it (see unmount).
 	again := make(chan os.Signal, 1)
