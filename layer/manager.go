@@ -6,6 +6,7 @@ import (
 	"fmt"
 	iofs "io/fs"
 	"log/slog"
+	"slices"
 	"sync"
 	"time"
 
@@ -193,14 +194,30 @@ func (m *Manager) lookup(ctx context.Context, ref string, key digest.Digest) (l 
 	m.counters.lookups.Add(1)
 	src := sourceMemory
 	defer func() { m.counters.observeLookup(start, src, err) }()
+	l, src, err = m.resolveShared(ctx, ref, key)
+	if err != nil {
+		return nil, err
+	}
+	if m.opts.prefetch {
+		l.startPrefetch() // once: a layer resolved ahead waits for its first lookup
+	}
+	if src == sourceRegistry {
+		m.resolveAhead(ref, key)
+	}
+	return l, nil
+}
+
+// resolveShared returns the resolution of (ref, key): remembered, or shared with the
+// resolutions of the same pair under way, or made now; and where it came from.
+func (m *Manager) resolveShared(ctx context.Context, ref string, key digest.Digest) (*Layer, lookupSource, error) {
 	k := layerKey{ref, key}
 	if l, err, ok := m.remembered(k); ok {
 		if err == nil && l.v.Err() != nil {
 			err, l = l.v.Err(), nil // refused since (Layer.checkTarSplit)
 		}
-		return l, err
+		return l, sourceMemory, err
 	}
-	src = sourceRegistry // until the resolution says (a caller that gives up never learns)
+	src := sourceRegistry // until the resolution says (a caller that gives up never learns)
 	ch := m.group.DoChan(ref+"\x00"+key.String(), func() (any, error) {
 		if l, err, ok := m.remembered(k); ok {
 			return resolved{l, sourceMemory}, err
@@ -222,16 +239,69 @@ func (m *Manager) lookup(ctx context.Context, ref string, key digest.Digest) (l 
 		res := r.Val.(resolved)
 		src = res.source
 		if r.Err != nil {
-			return nil, r.Err
+			return nil, src, r.Err
 		}
 		if err := res.layer.v.Err(); err != nil {
-			return nil, err
+			return nil, src, err
 		}
-		return res.layer, nil
+		return res.layer, src, nil
 	case <-ctx.Done():
-		return nil, ctx.Err()
+		return nil, src, ctx.Err()
 	}
 }
+
+// resolveAhead resolves, in the background, the other lazily servable layers of the manifest
+// in which a lookup just found key through the registry, by the same kind of key (TOC or blob
+// digest): a runtime looks the layers of an image up one after the other, each lookup waiting
+// for its manifest, TOC and verification round trips, so that the next lookups find their
+// layers resolved or on their way. The layers are resolved for the same reference, as its own
+// lookups would (the same authorization, the same verification); their background fetch waits
+// for their first lookup, since the runtime may have them already. At most maxAhead layers,
+// aheadConcurrency at a time; nothing for a key found in another platform's manifest.
+func (m *Manager) resolveAhead(ref string, key digest.Digest) {
+	m.work.goTracked(func() {
+		ctx, cancel := m.work.bound(m.work.ctx, m.opts.resolveTimeout)
+		defer cancel()
+		img, err := m.reg.Resolve(ctx, ref) // remembered by the registry client
+		if err != nil {
+			return
+		}
+		d, modern := findIn(&img.Manifest, key)
+		if d == nil {
+			return
+		}
+		var keys []digest.Digest
+		for i := range img.Manifest.Layers {
+			l := &img.Manifest.Layers[i]
+			k := l.Digest
+			if modern {
+				k = tocKey(l.Annotations)
+			}
+			if _, err := chunked.Classify(l.Descriptor); err != nil || k == "" || k == key || slices.Contains(keys, k) {
+				continue
+			}
+			if keys = append(keys, k); len(keys) == maxAhead {
+				break
+			}
+		}
+		slots := make(chan struct{}, aheadConcurrency)
+		var wg sync.WaitGroup
+		for _, k := range keys {
+			slots <- struct{}{}
+			wg.Go(func() {
+				defer func() { <-slots }()
+				_, _, _ = m.resolveShared(ctx, ref, k)
+			})
+		}
+		wg.Wait()
+	})
+}
+
+// resolveAhead's bounds: the layers of one manifest resolved ahead, and how many at a time.
+const (
+	maxAhead         = 32
+	aheadConcurrency = 2
+)
 
 // resolved is what a shared resolution hands every lookup waiting for it.
 type resolved struct {
@@ -488,9 +558,6 @@ func (m *Manager) addLive(l *Layer, ref string) (*Layer, error) {
 				_ = l.rec.Unresident() // the pages of the index and tar-split it read
 			}
 		})
-	}
-	if m.opts.prefetch {
-		l.startPrefetch()
 	}
 	return l, nil
 }
