@@ -14,10 +14,11 @@
 // bounded in time (WithResolveTimeout), kept while the runtime uses the layer and for a while
 // after (WithKeepTTL); failures are remembered only briefly (WithNegativeTTL). Layers that are
 // not lazily pullable, and keys that name no layer of the image, are reported as
-// io/fs.ErrNotExist so that the runtime pulls them normally. A lookup answered through the
-// registry also resolves, in the background, the other lazily pullable layers of its manifest
-// for the same reference (at most 32, two at a time): a runtime looks an image's layers up one
-// after the other, and each would otherwise wait for its own round trips. A layer resolved
+// io/fs.ErrNotExist so that the runtime pulls them normally. A lookup that goes to the
+// registry also resolves, in the background and while it resolves its own, the other lazily
+// pullable layers of its manifest for the same reference (at most 32, two at a time): a
+// runtime looks an image's layers up one after the other, and each would otherwise wait for
+// its own round trips. A layer resolved
 // ahead starts its background fetch only at its first lookup: the runtime may have it already.
 //
 // A [Layer] serves reads of its files from the cache when the verified bytes are there, and

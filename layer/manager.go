@@ -194,22 +194,20 @@ func (m *Manager) lookup(ctx context.Context, ref string, key digest.Digest) (l 
 	m.counters.lookups.Add(1)
 	src := sourceMemory
 	defer func() { m.counters.observeLookup(start, src, err) }()
-	l, src, err = m.resolveShared(ctx, ref, key)
+	l, src, err = m.resolveShared(ctx, ref, key, false)
 	if err != nil {
 		return nil, err
 	}
 	if m.opts.prefetch {
 		l.startPrefetch() // once: a layer resolved ahead waits for its first lookup
 	}
-	if src == sourceRegistry {
-		m.resolveAhead(ref, key)
-	}
 	return l, nil
 }
 
 // resolveShared returns the resolution of (ref, key): remembered, or shared with the
-// resolutions of the same pair under way, or made now; and where it came from.
-func (m *Manager) resolveShared(ctx context.Context, ref string, key digest.Digest) (*Layer, lookupSource, error) {
+// resolutions of the same pair under way, or made now (ahead: for resolveAhead, which it does
+// not call again); and where it came from.
+func (m *Manager) resolveShared(ctx context.Context, ref string, key digest.Digest, ahead bool) (*Layer, lookupSource, error) {
 	k := layerKey{ref, key}
 	if l, err, ok := m.remembered(k); ok {
 		if err == nil && l.v.Err() != nil {
@@ -230,7 +228,7 @@ func (m *Manager) resolveShared(ctx context.Context, ref string, key digest.Dige
 		case <-ctx.Done():
 			return resolved{nil, sourceRegistry}, fmt.Errorf("waiting for a resolution slot: %w", ctx.Err())
 		}
-		l, src, err := m.resolve(ctx, ref, key)
+		l, src, err := m.resolve(ctx, ref, key, ahead)
 		m.remember(k, l, err)
 		return resolved{l, src}, err
 	})
@@ -251,46 +249,45 @@ func (m *Manager) resolveShared(ctx context.Context, ref string, key digest.Dige
 }
 
 // resolveAhead resolves, in the background, the other lazily servable layers of the manifest
-// in which a lookup just found key through the registry, by the same kind of key (TOC or blob
-// digest): a runtime looks the layers of an image up one after the other, each lookup waiting
-// for its manifest, TOC and verification round trips, so that the next lookups find their
-// layers resolved or on their way. The layers are resolved for the same reference, as its own
-// lookups would (the same authorization, the same verification); their background fetch waits
-// for their first lookup, since the runtime may have them already. At most maxAhead layers,
-// aheadConcurrency at a time; nothing for a key found in another platform's manifest.
-func (m *Manager) resolveAhead(ref string, key digest.Digest) {
+// in which a lookup found key through the registry, by the same kind of key (TOC or blob
+// digest), while that lookup resolves its own: a runtime looks the layers of an image up one
+// after the other, each lookup waiting for its TOC's round trips and verification, so that
+// the next lookups find their layers resolved or on their way. The layers are resolved for the
+// same reference, as its own lookups would be (the same authorization, the same
+// verification); their background fetch waits for their first lookup, since the runtime may
+// have them already. At most maxAhead layers, aheadConcurrency at a time; nothing for a key
+// found in another platform's manifest.
+func (m *Manager) resolveAhead(ref string, img *fetcher.Image, key digest.Digest, modern bool) {
+	if d, _ := findIn(&img.Manifest, key); d == nil {
+		return
+	}
+	var keys []digest.Digest
+	for i := range img.Manifest.Layers {
+		l := &img.Manifest.Layers[i]
+		k := l.Digest
+		if modern {
+			k = tocKey(l.Annotations)
+		}
+		if _, err := chunked.Classify(l.Descriptor); err != nil || k == "" || k == key || slices.Contains(keys, k) {
+			continue
+		}
+		if keys = append(keys, k); len(keys) == maxAhead {
+			break
+		}
+	}
+	if len(keys) == 0 {
+		return
+	}
 	m.work.goTracked(func() {
 		ctx, cancel := m.work.bound(m.work.ctx, m.opts.resolveTimeout)
 		defer cancel()
-		img, err := m.reg.Resolve(ctx, ref) // remembered by the registry client
-		if err != nil {
-			return
-		}
-		d, modern := findIn(&img.Manifest, key)
-		if d == nil {
-			return
-		}
-		var keys []digest.Digest
-		for i := range img.Manifest.Layers {
-			l := &img.Manifest.Layers[i]
-			k := l.Digest
-			if modern {
-				k = tocKey(l.Annotations)
-			}
-			if _, err := chunked.Classify(l.Descriptor); err != nil || k == "" || k == key || slices.Contains(keys, k) {
-				continue
-			}
-			if keys = append(keys, k); len(keys) == maxAhead {
-				break
-			}
-		}
 		slots := make(chan struct{}, aheadConcurrency)
 		var wg sync.WaitGroup
 		for _, k := range keys {
 			slots <- struct{}{}
 			wg.Go(func() {
 				defer func() { <-slots }()
-				_, _, _ = m.resolveShared(ctx, ref, k)
+				_, _, _ = m.resolveShared(ctx, ref, k, true)
 			})
 		}
 		wg.Wait()
@@ -343,7 +340,7 @@ func (m *Manager) remember(k layerKey, l *Layer, err error) {
 
 // resolve finds key in the image ref and opens the layer: from its record when one was
 // written for ref's repository, otherwise through the registry; it says which answered.
-func (m *Manager) resolve(ctx context.Context, ref string, key digest.Digest) (*Layer, lookupSource, error) {
+func (m *Manager) resolve(ctx context.Context, ref string, key digest.Digest, ahead bool) (*Layer, lookupSource, error) {
 	start := m.opts.now()
 	m.counters.resolutions.Add(1)
 	if err := key.Validate(); err != nil {
@@ -352,12 +349,12 @@ func (m *Manager) resolve(ctx context.Context, ref string, key digest.Digest) (*
 	if l, err, ok := m.resolveFromRecord(ctx, ref, key, start); ok {
 		return l, sourceRecord, err
 	}
-	l, err := m.resolveThroughRegistry(ctx, ref, key, start)
+	l, err := m.resolveThroughRegistry(ctx, ref, key, start, ahead)
 	return l, sourceRegistry, err
 }
 
 // resolveThroughRegistry finds key in the image ref through the registry and opens the layer.
-func (m *Manager) resolveThroughRegistry(ctx context.Context, ref string, key digest.Digest, start time.Time) (*Layer, error) {
+func (m *Manager) resolveThroughRegistry(ctx context.Context, ref string, key digest.Digest, start time.Time, ahead bool) (*Layer, error) {
 	img, err := m.reg.Resolve(ctx, ref)
 	if err != nil {
 		m.counters.failures.Add(1)
@@ -370,6 +367,9 @@ func (m *Manager) resolveThroughRegistry(ctx context.Context, ref string, key di
 	desc, modern, err := m.find(ctx, img, key)
 	if err != nil {
 		return nil, err
+	}
+	if !ahead {
+		m.resolveAhead(ref, img, key, modern)
 	}
 	log := m.opts.log.With("ref", ref, "layer", desc.Digest)
 	layout, err := chunked.Classify(desc.Descriptor)
