@@ -198,7 +198,8 @@ func parse(ctx context.Context, layout *Layout, r io.Reader, size int, lim Limit
 			entries:     make([]Entry, 0, guess),
 			chunks:      make([]Chunk, 0, guess),
 		},
-		cur: -1,
+		cur:   -1,
+		paths: make(map[string]EntryID, guess),
 	}
 	if b.x.payloadEnd < 0 {
 		return nil, invalidf("TOC offset %d leaves no room for data", layout.TOC.Offset)
@@ -220,6 +221,7 @@ type builder struct {
 	version   int
 	hasTimes  bool
 	opaqueDir []string
+	paths     map[string]EntryID // tree paths to the entries holding them (place)
 
 	// The last modification time parsed: most entries of a TOC share theirs.
 	lastMTime     string
@@ -239,15 +241,20 @@ func (b *builder) canceled(i int) error {
 }
 
 func (b *builder) decode(r io.Reader) error {
-	dec := jsontext.NewDecoder(r)
+	dec := jsontext.NewDecoder(r, tocJSON)
 	if err := expect(dec, '{'); err != nil {
 		return err
 	}
+	seen := map[string]bool{}
 	for dec.PeekKind() == '"' {
 		key, err := dec.ReadToken()
 		if err != nil {
 			return invalidf("TOC: %v", err)
 		}
+		if seen[key.String()] {
+			return invalidf("TOC: %v", errDuplicate([]byte(key.String())))
+		}
+		seen[key.String()] = true
 		switch key.String() {
 		case "version":
 			if err := json.UnmarshalDecode(dec, &b.version); err != nil {
@@ -268,7 +275,7 @@ func (b *builder) decode(r io.Reader) error {
 				return err
 			}
 		default:
-			if err := dec.SkipValue(); err != nil {
+			if err := skipValue(dec); err != nil {
 				return invalidf("TOC: %v", err)
 			}
 		}
@@ -376,8 +383,8 @@ func (b *builder) decodeEntries(dec *jsontext.Decoder) error {
 			var err error
 			if r.Type == "chunk" {
 				err = b.addChunk(r)
-			} else {
-				err = b.addEntry(r)
+			} else if err = b.addEntry(r); err == nil {
+				err = b.place(EntryID(len(b.x.entries) - 1))
 			}
 			if err != nil {
 				if _, ok := errors.AsType[*EntryError](err); ok {
@@ -405,7 +412,7 @@ func (b *builder) addEntry(r *rawEntry) error {
 	if err := b.closeFile(); err != nil {
 		return err
 	}
-	typ, ok := typeNames[r.Type]
+	typ, ok := typeOf(r.Type)
 	if !ok {
 		return invalidf("unknown type %q", r.Type)
 	}
@@ -686,6 +693,22 @@ func cleanName(name string) (string, error) {
 	return name, nil
 }
 
+// typeOf returns the type an entry's type name names: typeNames without a map lookup per entry.
+func typeOf(name string) (Type, bool) {
+	switch name {
+	case "reg":
+		return TypeReg, true
+	case "dir":
+		return TypeDir, true
+	case "symlink":
+		return TypeSymlink, true
+	case "hardlink":
+		return TypeHardlink, true
+	}
+	t, ok := typeNames[name]
+	return t, ok
+}
+
 func u32(what string, v int64) (uint32, error) {
 	if v < 0 || v > math.MaxUint32 {
 		return 0, invalidf("%s %d out of range", what, v)
@@ -704,14 +727,33 @@ func parseTime(s string) (time.Time, error) {
 func parseSum(s string) (Sum, error) {
 	var sum Sum
 	hexPart, ok := strings.CutPrefix(s, "sha256:")
-	if !ok || len(hexPart) != 64 || strings.ContainsAny(hexPart, "ABCDEF") {
+	if !ok || len(hexPart) != 64 {
 		return sum, invalidf("digest %q is not a lowercase sha256 digest", s)
 	}
-	if _, err := hex.Decode(sum[:], []byte(hexPart)); err != nil {
-		return sum, invalidf("digest %q: %v", s, err)
+	for i := range sum {
+		hi, lo := lowerHex[hexPart[2*i]], lowerHex[hexPart[2*i+1]]
+		if hi|lo > 0xf {
+			if strings.ContainsAny(hexPart, "ABCDEF") {
+				return Sum{}, invalidf("digest %q is not a lowercase sha256 digest", s)
+			}
+			_, err := hex.Decode(sum[:], []byte(hexPart))
+			return Sum{}, invalidf("digest %q: %v", s, err)
+		}
+		sum[i] = hi<<4 | lo
 	}
 	return sum, nil
 }
+
+// lowerHex maps the lowercase hexadecimal digits to their values, every other byte to 0xff.
+var lowerHex = func() (t [256]byte) {
+	for i := range t {
+		t[i] = 0xff
+	}
+	for i, c := range "0123456789abcdef" {
+		t[c] = byte(i)
+	}
+	return t
+}()
 
 // finish links the entries into a tree: last entry wins per path, implicit directories,
 // whiteouts and opaque markers, hardlinks, link counts, compressed ends, sorted children;
@@ -728,31 +770,7 @@ func (b *builder) finish() (*Index, error) {
 	if err := b.fillEnds(); err != nil {
 		return nil, err
 	}
-	paths := make(map[string]EntryID, len(x.entries))
-	for id := range x.entries {
-		if err := b.canceled(id); err != nil {
-			return nil, err
-		}
-		e := &x.entries[id]
-		key, err := b.classifyName(e)
-		if err != nil {
-			return nil, &EntryError{Index: -1, Name: e.Name, Err: err}
-		}
-		if e.Flags&FlagHidden != 0 {
-			continue
-		}
-		// A hardlink links to what its target path holds at this point of the layer, as
-		// extraction makes it: a later entry at that path replaces the path, not the link.
-		if e.Type == TypeHardlink {
-			if e.Inode, err = b.resolveLink(paths, e.LinkName); err != nil {
-				return nil, &EntryError{Index: -1, Name: e.Name, Err: err}
-			}
-		}
-		if old, ok := paths[key]; ok {
-			x.entries[old].Flags |= FlagShadowed
-		}
-		paths[key] = EntryID(id)
-	}
+	paths := b.paths // every TOC entry placed (place)
 	// Implicit directories count against the entry limit with the TOC's entries (the root,
 	// which every index has, does not).
 	implicit := 0
@@ -855,6 +873,33 @@ func (b *builder) finish() (*Index, error) {
 	}
 	x.sortChildren()
 	return x.compact(paths)
+}
+
+// place gives entry id, just added, its place in the tree's paths: its whiteout and hidden
+// flags, the inode of a hardlink, and the entry it shadows. It runs as the entries are added
+// (on the builder's goroutine, while the decoding goes on), in TOC order.
+func (b *builder) place(id EntryID) error {
+	x := b.x
+	e := &x.entries[id]
+	key, err := b.classifyName(e)
+	if err != nil {
+		return &EntryError{Index: -1, Name: e.Name, Err: err}
+	}
+	if e.Flags&FlagHidden != 0 {
+		return nil
+	}
+	// A hardlink links to what its target path holds at this point of the layer, as
+	// extraction makes it: a later entry at that path replaces the path, not the link.
+	if e.Type == TypeHardlink {
+		if e.Inode, err = b.resolveLink(b.paths, e.LinkName); err != nil {
+			return &EntryError{Index: -1, Name: e.Name, Err: err}
+		}
+	}
+	if old, ok := b.paths[key]; ok {
+		x.entries[old].Flags |= FlagShadowed
+	}
+	b.paths[key] = id
+	return nil
 }
 
 // sortChildren sorts the children by (Parent, BaseName): grouped by parent in one pass, then
