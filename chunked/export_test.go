@@ -10,7 +10,7 @@ import (
 // CompareWide parses a TOC as Parse does and returns the first difference between the wide
 // form the builder fills and what the compact index it becomes answers, or nil.
 func CompareWide(layout *Layout, tocJSON []byte, limits Limits) error {
-	b := &builder{ctx: context.Background(), lim: limits.WithDefaults(), cur: -1, paths: map[string]EntryID{},
+	b := &builder{ctx: context.Background(), lim: limits.WithDefaults(), cur: -1,
 		x: &wideIndex{format: layout.Format, payloadEnd: layout.PayloadEnd(), prefetchEnd: -1}}
 	if err := b.decode(bytes.NewBuffer(tocJSON)); err != nil {
 		return nil // Parse refuses it too
