@@ -220,7 +220,6 @@ type builder struct {
 	version   int
 	hasTimes  bool
 	opaqueDir []string
-	paths     map[string]EntryID // tree paths to the entries holding them (place, finish)
 
 	// The last modification time parsed: most entries of a TOC share theirs.
 	lastMTime     string
@@ -769,16 +768,31 @@ func (b *builder) finish() (*Index, error) {
 	if err := b.fillEnds(); err != nil {
 		return nil, err
 	}
-	b.paths = make(map[string]EntryID, len(x.entries))
+	paths := make(map[string]EntryID, len(x.entries))
 	for id := range x.entries {
 		if err := b.canceled(id); err != nil {
 			return nil, err
 		}
-		if err := b.place(EntryID(id)); err != nil {
-			return nil, err
+		e := &x.entries[id]
+		key, err := b.classifyName(e)
+		if err != nil {
+			return nil, &EntryError{Index: -1, Name: e.Name, Err: err}
 		}
+		if e.Flags&FlagHidden != 0 {
+			continue
+		}
+		// A hardlink links to what its target path holds at this point of the layer, as
+		// extraction makes it: a later entry at that path replaces the path, not the link.
+		if e.Type == TypeHardlink {
+			if e.Inode, err = b.resolveLink(paths, e.LinkName); err != nil {
+				return nil, &EntryError{Index: -1, Name: e.Name, Err: err}
+			}
+		}
+		if old, ok := paths[key]; ok {
+			x.entries[old].Flags |= FlagShadowed
+		}
+		paths[key] = EntryID(id)
 	}
-	paths := b.paths
 	// Implicit directories count against the entry limit with the TOC's entries (the root,
 	// which every index has, does not).
 	implicit := 0
@@ -881,34 +895,6 @@ func (b *builder) finish() (*Index, error) {
 	}
 	x.sortChildren()
 	return x.compact(paths)
-}
-
-// place gives entry id its place in the tree's paths, in TOC order: its whiteout and hidden
-// flags, the inode of a hardlink, and the entry it shadows. (Placing the entries as they are
-// added, on the builder's goroutine while the decoding goes on, cost more CPU than it saved
-// time on two processors: the map's probes miss the caches the decoding uses.)
-func (b *builder) place(id EntryID) error {
-	x := b.x
-	e := &x.entries[id]
-	key, err := b.classifyName(e)
-	if err != nil {
-		return &EntryError{Index: -1, Name: e.Name, Err: err}
-	}
-	if e.Flags&FlagHidden != 0 {
-		return nil
-	}
-	// A hardlink links to what its target path holds at this point of the layer, as
-	// extraction makes it: a later entry at that path replaces the path, not the link.
-	if e.Type == TypeHardlink {
-		if e.Inode, err = b.resolveLink(b.paths, e.LinkName); err != nil {
-			return &EntryError{Index: -1, Name: e.Name, Err: err}
-		}
-	}
-	if old, ok := b.paths[key]; ok {
-		x.entries[old].Flags |= FlagShadowed
-	}
-	b.paths[key] = id
-	return nil
 }
 
 // sortChildren sorts the children by (Parent, BaseName): grouped by parent in one pass, then
