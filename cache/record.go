@@ -37,6 +37,8 @@ const (
 	maxRecordData = 1 << 40
 	// maxRecordName is the longest record name.
 	maxRecordName = 128
+	// recordWritePiece is the most a record's data is written in one write (writeRecordFile).
+	recordWritePiece = 64 << 10
 )
 
 // record is the cache's state for one record file. Guarded by Cache.mu.
@@ -331,6 +333,13 @@ func (c *Cache) renameRecord(w *recordWrite, tmp string, rec *Record) error {
 
 // writeRecordFile writes a record to a new temporary file in dir and returns it, open; it is
 // not synced. On failure it removes it.
+//
+// The data is written in pieces of recordWritePiece bytes, not in one write: the page cache
+// keeps what one write stores in folios as large as the write (up to 2 MiB on ext4 and xfs
+// with large folios), and a fault on a mapping maps the whole folio, so that the few lookups
+// of a freshly written record (a directory's children, spread over the index) would make
+// most of it resident again after [Record.Unresident]. Small folios cost each such fault
+// what the kernel's fault-around maps anyway.
 func writeRecordFile(dir, name string, h recordHeader, meta []byte, data [][]byte) (*os.File, error) {
 	f, err := os.CreateTemp(dir, "."+name+".*"+tmpExt)
 	if err != nil {
@@ -338,9 +347,13 @@ func writeRecordFile(dir, name string, h recordHeader, meta []byte, data [][]byt
 	}
 	head := append(h.encode(), meta...)
 	_, err = f.WriteAt(head, 0)
-	for off, i := h.dataOff, 0; err == nil && i < len(data); i++ {
-		_, err = f.WriteAt(data[i], off)
-		off += int64(len(data[i]))
+	off := h.dataOff
+	for i := 0; err == nil && i < len(data); i++ {
+		for p := data[i]; err == nil && len(p) > 0; {
+			n := min(len(p), recordWritePiece)
+			_, err = f.WriteAt(p[:n], off)
+			p, off = p[n:], off+int64(n)
+		}
 	}
 	if err == nil {
 		err = f.Truncate(h.size()) // the zeros between meta and data, if no data follows

@@ -239,15 +239,20 @@ func (b *builder) canceled(i int) error {
 }
 
 func (b *builder) decode(r io.Reader) error {
-	dec := jsontext.NewDecoder(r)
+	dec := jsontext.NewDecoder(r, tocJSON)
 	if err := expect(dec, '{'); err != nil {
 		return err
 	}
+	seen := map[string]bool{}
 	for dec.PeekKind() == '"' {
 		key, err := dec.ReadToken()
 		if err != nil {
 			return invalidf("TOC: %v", err)
 		}
+		if seen[key.String()] {
+			return invalidf("TOC: %v", errDuplicate([]byte(key.String())))
+		}
+		seen[key.String()] = true
 		switch key.String() {
 		case "version":
 			if err := json.UnmarshalDecode(dec, &b.version); err != nil {
@@ -268,7 +273,7 @@ func (b *builder) decode(r io.Reader) error {
 				return err
 			}
 		default:
-			if err := dec.SkipValue(); err != nil {
+			if err := skipValue(dec); err != nil {
 				return invalidf("TOC: %v", err)
 			}
 		}
@@ -405,7 +410,7 @@ func (b *builder) addEntry(r *rawEntry) error {
 	if err := b.closeFile(); err != nil {
 		return err
 	}
-	typ, ok := typeNames[r.Type]
+	typ, ok := typeOf(r.Type)
 	if !ok {
 		return invalidf("unknown type %q", r.Type)
 	}
@@ -686,6 +691,22 @@ func cleanName(name string) (string, error) {
 	return name, nil
 }
 
+// typeOf returns the type an entry's type name names: typeNames without a map lookup per entry.
+func typeOf(name string) (Type, bool) {
+	switch name {
+	case "reg":
+		return TypeReg, true
+	case "dir":
+		return TypeDir, true
+	case "symlink":
+		return TypeSymlink, true
+	case "hardlink":
+		return TypeHardlink, true
+	}
+	t, ok := typeNames[name]
+	return t, ok
+}
+
 func u32(what string, v int64) (uint32, error) {
 	if v < 0 || v > math.MaxUint32 {
 		return 0, invalidf("%s %d out of range", what, v)
@@ -704,14 +725,33 @@ func parseTime(s string) (time.Time, error) {
 func parseSum(s string) (Sum, error) {
 	var sum Sum
 	hexPart, ok := strings.CutPrefix(s, "sha256:")
-	if !ok || len(hexPart) != 64 || strings.ContainsAny(hexPart, "ABCDEF") {
+	if !ok || len(hexPart) != 64 {
 		return sum, invalidf("digest %q is not a lowercase sha256 digest", s)
 	}
-	if _, err := hex.Decode(sum[:], []byte(hexPart)); err != nil {
-		return sum, invalidf("digest %q: %v", s, err)
+	for i := range sum {
+		hi, lo := lowerHex[hexPart[2*i]], lowerHex[hexPart[2*i+1]]
+		if hi|lo > 0xf {
+			if strings.ContainsAny(hexPart, "ABCDEF") {
+				return Sum{}, invalidf("digest %q is not a lowercase sha256 digest", s)
+			}
+			_, err := hex.Decode(sum[:], []byte(hexPart))
+			return Sum{}, invalidf("digest %q: %v", s, err)
+		}
+		sum[i] = hi<<4 | lo
 	}
 	return sum, nil
 }
+
+// lowerHex maps the lowercase hexadecimal digits to their values, every other byte to 0xff.
+var lowerHex = func() (t [256]byte) {
+	for i := range t {
+		t[i] = 0xff
+	}
+	for i, c := range "0123456789abcdef" {
+		t[c] = byte(i)
+	}
+	return t
+}()
 
 // finish links the entries into a tree: last entry wins per path, implicit directories,
 // whiteouts and opaque markers, hardlinks, link counts, compressed ends, sorted children;

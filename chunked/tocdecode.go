@@ -16,8 +16,102 @@ import (
 // spends most of its parse there otherwise.
 type entryDecoder struct {
 	dec       *jsontext.Decoder
-	scratch   []byte // unquoted strings that held escapes
-	lastMTime string // the last modtime read: most entries share theirs
+	scratch   []byte              // unquoted strings that held escapes
+	lastMTime string              // the last modtime read: most entries share theirs
+	unknown   map[string]struct{} // the names of the unknown members of the object being read
+}
+
+// tocJSON are the options of a TOC's JSON decoder. jsontext's check of duplicate member
+// names is off: it costs a set of names per object, where the entryDecoder checks the
+// entries' members with a bit per defined key (and a set only for others), their xattrs
+// with the map it fills, and the values it skips whole with Value.IsValid; the TOC's own
+// members are checked by the builder.
+var tocJSON = jsontext.AllowDuplicateNames(true)
+
+// errDuplicate reports a member name an object holds twice.
+func errDuplicate(name []byte) error {
+	return fmt.Errorf("duplicate object member name %q", name)
+}
+
+// The defined keys of a TOC entry, as bits of the set of those an entry has.
+const (
+	keyName = iota
+	keyType
+	keySize
+	keyModTime
+	keyAccessTime
+	keyChangeTime
+	keyLinkName
+	keyMode
+	keyUID
+	keyGID
+	keyDevMajor
+	keyDevMinor
+	keyXattrs
+	keyDigest
+	keyOffset
+	keyEndOffset
+	keyInnerOffset
+	keyChunkOffset
+	keyChunkSize
+	keyChunkDigest
+	keyChunkType
+	keyUserName
+	keyGroupName
+	keyUnknown = -1
+)
+
+// entryKey returns the defined key name is, or keyUnknown.
+func entryKey(name []byte) int {
+	switch string(name) {
+	case "name":
+		return keyName
+	case "type":
+		return keyType
+	case "size":
+		return keySize
+	case "modtime":
+		return keyModTime
+	case "accesstime":
+		return keyAccessTime
+	case "changetime":
+		return keyChangeTime
+	case "linkName":
+		return keyLinkName
+	case "mode":
+		return keyMode
+	case "uid":
+		return keyUID
+	case "gid":
+		return keyGID
+	case "devMajor":
+		return keyDevMajor
+	case "devMinor":
+		return keyDevMinor
+	case "xattrs":
+		return keyXattrs
+	case "digest":
+		return keyDigest
+	case "offset":
+		return keyOffset
+	case "endOffset":
+		return keyEndOffset
+	case "innerOffset":
+		return keyInnerOffset
+	case "chunkOffset":
+		return keyChunkOffset
+	case "chunkSize":
+		return keyChunkSize
+	case "chunkDigest":
+		return keyChunkDigest
+	case "chunkType":
+		return keyChunkType
+	case "userName":
+		return keyUserName
+	case "groupName":
+		return keyGroupName
+	}
+	return keyUnknown
 }
 
 // decodeEntry reads one JSON object into r, which it zeroes first. Members are matched to
@@ -25,8 +119,8 @@ type entryDecoder struct {
 // case is refused (see checkKeys), and other unknown members are skipped. Values are read as
 // json.Unmarshal reads them into the fields' types: null is the zero value, a string field
 // takes a string, an integer field a number without fraction or exponent that fits an
-// int64, and xattrs an object of strings (or nulls). The decoder refuses duplicate names,
-// invalid UTF-8 and malformed JSON.
+// int64, and xattrs an object of strings (or nulls). The decoder refuses duplicate names
+// (itself: see tocJSON), invalid UTF-8 and malformed JSON.
 func (d *entryDecoder) decodeEntry(r *rawEntry) error {
 	*r = rawEntry{}
 	if tok, err := d.dec.ReadToken(); err != nil {
@@ -34,66 +128,92 @@ func (d *entryDecoder) decodeEntry(r *rawEntry) error {
 	} else if tok.Kind() != '{' {
 		return fmt.Errorf("got %v, want an object", tok.Kind())
 	}
+	var seen uint32 // the defined keys read
+	unknown := 0    // the unknown members read, in d.unknown
 	for d.dec.PeekKind() == '"' {
 		name, err := d.name()
 		if err != nil {
 			return err
 		}
-		switch string(name) {
-		case "name":
+		k := entryKey(name)
+		if k != keyUnknown {
+			if seen&(1<<k) != 0 {
+				return errDuplicate(name)
+			}
+			seen |= 1 << k
+		}
+		switch k {
+		case keyName:
 			err = d.str(&r.Name)
-		case "type":
+		case keyType:
 			err = d.typ(&r.Type)
-		case "size":
+		case keySize:
 			err = d.int(&r.Size)
-		case "modtime":
+		case keyModTime:
 			err = d.strSame(&r.ModTime, &d.lastMTime)
-		case "accesstime":
+		case keyAccessTime:
 			err = d.str(&r.AccessTime)
-		case "changetime":
+		case keyChangeTime:
 			err = d.str(&r.ChangeTime)
-		case "linkName":
+		case keyLinkName:
 			err = d.str(&r.LinkName)
-		case "mode":
+		case keyMode:
 			err = d.int(&r.Mode)
-		case "uid":
+		case keyUID:
 			err = d.int(&r.UID)
-		case "gid":
+		case keyGID:
 			err = d.int(&r.GID)
-		case "devMajor":
+		case keyDevMajor:
 			err = d.int(&r.DevMajor)
-		case "devMinor":
+		case keyDevMinor:
 			err = d.int(&r.DevMinor)
-		case "xattrs":
+		case keyXattrs:
 			err = d.xattrs(&r.Xattrs)
-		case "digest":
+		case keyDigest:
 			err = d.str(&r.Digest)
-		case "offset":
+		case keyOffset:
 			err = d.int(&r.Offset)
-		case "endOffset":
+		case keyEndOffset:
 			err = d.int(&r.EndOffset)
-		case "innerOffset":
+		case keyInnerOffset:
 			err = d.int(&r.InnerOffset)
-		case "chunkOffset":
+		case keyChunkOffset:
 			err = d.int(&r.ChunkOffset)
-		case "chunkSize":
+		case keyChunkSize:
 			err = d.int(&r.ChunkSize)
-		case "chunkDigest":
+		case keyChunkDigest:
 			err = d.strAs(&r.ChunkDigest, r.Digest) // a single chunk's digest is the file's
-		case "chunkType":
+		case keyChunkType:
 			err = d.str(&r.ChunkType)
-		case "userName":
+		case keyUserName:
 			err = d.str(&r.UserName)
-		case "groupName":
+		case keyGroupName:
 			err = d.str(&r.GroupName)
 		default:
-			err = d.skipUnknown(name, knownKeys)
+			if unknown == 0 {
+				clear(d.unknown)
+			}
+			unknown++
+			err = d.unknownMember(name, knownKeys)
 		}
 		if err != nil {
 			return err
 		}
 	}
 	return d.endObject()
+}
+
+// unknownMember refuses a name read before in the object (d.unknown, cleared by the caller
+// at the object's first unknown member), then skips the value (skipUnknown).
+func (d *entryDecoder) unknownMember(name []byte, known map[string]bool) error {
+	if d.unknown == nil {
+		d.unknown = map[string]struct{}{}
+	}
+	if _, dup := d.unknown[string(name)]; dup {
+		return errDuplicate(name)
+	}
+	d.unknown[string(name)] = struct{}{}
+	return d.skipUnknown(name, known)
 }
 
 // name reads an object member's name, unquoted. It is valid until the next read.
@@ -261,6 +381,9 @@ func (d *entryDecoder) xattrs(dst *map[string]string) error {
 		if err != nil {
 			return err
 		}
+		if _, dup := m[string(k)]; dup {
+			return errDuplicate(k)
+		}
 		key := string(k)
 		b, _, err := d.stringValue()
 		if err != nil {
@@ -345,7 +468,20 @@ func (d *entryDecoder) skipUnknown(name []byte, known map[string]bool) error {
 	if known[strings.ToLower(string(name))] {
 		return invalidf("key %q differs from a defined key only by case", name)
 	}
-	return d.dec.SkipValue()
+	return skipValue(d.dec)
+}
+
+// skipValue skips the next value of dec, refusing duplicate names in it (a decoder made with
+// tocJSON does not).
+func skipValue(dec *jsontext.Decoder) error {
+	v, err := dec.ReadValue()
+	if err != nil {
+		return err
+	}
+	if (v.Kind() == '{' || v.Kind() == '[') && !v.IsValid() {
+		return errors.New("duplicate object member name in a skipped value")
+	}
+	return nil
 }
 
 // endObject reads the end of the object whose members were read.

@@ -38,6 +38,8 @@ var entryDecoderSeeds = []string{
 	`{"name":1}`, `{"name":["a"]}`, `{"name":{}}`, `{"xattrs":"a"}`, `{"xattrs":[]}`, `{"xattrs":{"a":1}}`,
 	`{"Name":"a"}`, `{"DIGEST":"a"}`, `{"n\u0041me":"a"}`, `{"chunkdigest":"a"}`, `{"username":"a"}`,
 	`{"name":"a","name":"b"}`, `{"name":"a","n\u0061me":"b"}`, `{"xattrs":{"a":"1","a":"2"}}`,
+	`{"x":1,"y":2,"x":3}`, `{"x":1,"X":2}`, `{"x":{"a":1,"a":2}}`, `{"x":[{"a":1,"a":2}]}`, `{"x":[{"a":1},{"a":2}]}`,
+	`{"x":1,"name":"a","x":2}`, `{"x\u0031":1,"x1":2}`, `{"xattrs":{"a":"1","\u0061":"2"}}`,
 	`{"name":"a"`, `{"name":"a",}`, `{"name":"\xff"}`, `{"\xff":1}`, `[]`, `null`, `{}`, ``, `{"a":1}}`,
 }
 
@@ -48,7 +50,7 @@ func FuzzEntryDecoder(f *testing.F) {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, in []byte) {
-		d := entryDecoder{dec: jsontext.NewDecoder(bytes.NewReader(in))}
+		d := entryDecoder{dec: jsontext.NewDecoder(bytes.NewReader(in), tocJSON)}
 		if d.dec.PeekKind() != '{' {
 			return // the parse reads entries only while an object follows
 		}
@@ -67,7 +69,7 @@ func FuzzEntryDecoder(f *testing.F) {
 // TestEntryDecoderSeeds runs FuzzEntryDecoder's seeds.
 func TestEntryDecoderSeeds(t *testing.T) {
 	for _, s := range entryDecoderSeeds {
-		d := entryDecoder{dec: jsontext.NewDecoder(bytes.NewReader([]byte(s)))}
+		d := entryDecoder{dec: jsontext.NewDecoder(bytes.NewReader([]byte(s)), tocJSON)}
 		if d.dec.PeekKind() != '{' {
 			continue
 		}
@@ -158,7 +160,7 @@ func TestEntryDecoderSharesChunkDigest(t *testing.T) {
 		{`{"name":"f","digest":"` + sum + `","chunkDigest":"` + other + `"}`, false},
 		{`{"name":"f","chunkDigest":"` + sum + `","digest":"` + sum + `"}`, false},
 	} {
-		d := entryDecoder{dec: jsontext.NewDecoder(strings.NewReader(tc.in))}
+		d := entryDecoder{dec: jsontext.NewDecoder(strings.NewReader(tc.in), tocJSON)}
 		var r rawEntry
 		if err := d.decodeEntry(&r); err != nil {
 			t.Fatal(err)

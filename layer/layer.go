@@ -146,6 +146,9 @@ func (l *Layer) saveRecord() {
 		if err := l.writeRecord(); err != nil {
 			l.env.log.Warn("updating the layer record failed", "layer", l.desc.Digest, "err", err)
 		}
+		if l.rec != nil {
+			_ = l.rec.Unresident() // the pages of the index and tar-split the write read
+		}
 		l.env.releaseMemory()
 	})
 }

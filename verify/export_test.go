@@ -2,3 +2,11 @@ package verify
 
 // HeadersCompared returns how many tar-split headers l has compared with its TOC.
 func HeadersCompared(l *Verifier) int64 { return l.headers.Load() }
+
+// SetUnresidentEvery sets how many entries the comparison reads between two calls of the
+// WithUnresident function, until the test ends.
+func SetUnresidentEvery(t interface{ Cleanup(func()) }, n int) {
+	old := unresidentEvery
+	unresidentEvery = n
+	t.Cleanup(func() { unresidentEvery = old })
+}

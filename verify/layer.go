@@ -35,11 +35,12 @@ func (s readerAtSource) ReadAt(ctx context.Context, p []byte, off int64) (int, e
 	return n, err
 }
 
-// Option configures [Open].
+// Option configures [Open] and [Restore].
 type Option func(*options) error
 
 type options struct {
-	limits chunked.Limits
+	limits     chunked.Limits
+	unresident func()
 }
 
 // newOptions applies opts to the defaults.
@@ -61,6 +62,22 @@ func WithLimits(l chunked.Limits) Option {
 		return nil
 	}
 }
+
+// WithUnresident gives [Restore] a function that lets the pages of the index and tar-split
+// it uses in place stop being resident (a mapped file's pages: madvise MADV_DONTNEED), which
+// the comparison of the TOC with the tar-split calls every unresidentEvery entries, so that
+// what it has read of them does not stay resident while it reads the rest. Only for memory
+// that reads back unchanged once dropped: never heap memory.
+func WithUnresident(f func()) Option {
+	return func(o *options) error {
+		o.unresident = f
+		return nil
+	}
+}
+
+// unresidentEvery is how many entries the comparison of the TOC with the tar-split reads
+// between two calls of the WithUnresident function: about 5 MiB of a record's index and tar-split.
+var unresidentEvery = 1 << 16 // a variable for tests
 
 // Guarantee is what has been proven about a layer's content.
 type Guarantee int32
@@ -94,6 +111,9 @@ type Verifier struct {
 	tarSplit  []byte // compressed, its digest verified against the TOC; nil when the layer has none
 	limits    chunked.Limits
 	guarantee atomic.Int32
+	// unresident drops the pages of the index and tar-split, mapped (WithUnresident); nil
+	// for those on the heap.
+	unresident func()
 
 	// The deferred comparison of the TOC with the tar-split (CheckTarSplit).
 	comparing chan struct{}              // held (cap 1) while the comparison runs

@@ -56,7 +56,8 @@ func Restore(s Saved, idx *chunked.Index, opts ...Option) (*Verifier, error) {
 		return nil, fmt.Errorf("%w: restored tar-split of %d bytes exceeds %d", chunked.ErrLimit, len(s.TarSplit), o.limits.MaxTOCSize)
 	}
 	layout := s.Layout
-	l := &Verifier{layout: &layout, index: idx, diffID: s.DiffID, limits: o.limits, comparing: make(chan struct{}, 1)}
+	l := &Verifier{layout: &layout, index: idx, diffID: s.DiffID, limits: o.limits, comparing: make(chan struct{}, 1),
+		unresident: o.unresident}
 	l.tarSize.Store(max(s.TarSize, -1))
 	if s.TarSplit != nil && s.Guarantee < DiffIDVerified {
 		l.tarSplit = s.TarSplit

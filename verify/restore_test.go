@@ -41,3 +41,28 @@ func TestRestoreUsesTarSplitInPlace(t *testing.T) {
 		t.Errorf("restored: guarantee %v, tar size %d", r.Guarantee(), r.TarSize())
 	}
 }
+
+// The comparison of a restored layer's TOC with its tar-split calls the WithUnresident
+// function as it reads them, every so many entries; a Verifier from Open has none to call.
+func TestRestoreUnresident(t *testing.T) {
+	f, err := testlayer.SyntheticZstdChunked(5_000, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, _ := open(t, f)
+	verify.SetUnresidentEvery(t, 1000)
+	calls := 0
+	r, err := verify.Restore(l.Save(), l.Index(), verify.WithUnresident(func() { calls++ }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.CheckTarSplit(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if want := int(verify.HeadersCompared(r)) / 1000; calls != want || calls < 4 {
+		t.Errorf("%d calls for %d entries, want %d", calls, verify.HeadersCompared(r), want)
+	}
+	if err := l.CheckTarSplit(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+}

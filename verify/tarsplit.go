@@ -79,6 +79,9 @@ func (l *Verifier) compareTarSplit(ctx context.Context, raw []byte) (int64, erro
 		func(k int, h *tar.Header) error {
 			headers++
 			l.headers.Add(1)
+			if headers%unresidentEvery == 0 && l.unresident != nil {
+				l.unresident() // what was read of the index and tar-split need not stay resident
+			}
 			if k >= n {
 				return fmt.Errorf("%w: tar-split has entry %q beyond the TOC's %d", chunked.ErrInvalid, h.Name, n)
 			}

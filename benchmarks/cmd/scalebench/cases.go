@@ -36,6 +36,9 @@ type sample struct {
 	Reopen         float64 // large layers: the first stat of diff after a restart on the same cache (from the layer's record), seconds
 	ReopenRSS      int64   // large layers: the restarted daemon's VmRSS after that stat and a settle, bytes
 	ReopenRequests int     // large layers: blob requests of that stat (0: answered from the record)
+	Quiet          float64 // large layers: from the first stat until the daemon's background work ended (quiet), seconds
+	QuietRSS       int64   // large layers: the daemon's VmRSS once quiet and a settle after it, bytes
+	QuietAnon      int64   // large layers: its RssAnon then, bytes
 	CPU            float64 // the daemon's user+system CPU over Wall, seconds
 	RSS, HWM       int64   // the daemon's VmRSS and VmHWM after the case and a settle, bytes
 	Anon           int64   // the daemon's RssAnon (heap, stacks: what is not a file's page) with RSS, bytes
@@ -136,8 +139,9 @@ func (b *bench) caseLarge(ctx context.Context, repoTag string, l *builtLayer, fe
 	if err != nil {
 		return s, err
 	}
+	t0 := time.Now()
 	err = guarded(ctx, d, func() error {
-		t0 := time.Now()
+		t0 = time.Now()
 		if _, err := os.Stat(diff); err != nil {
 			return fmt.Errorf("resolving: %w", err)
 		}
@@ -174,10 +178,51 @@ func (b *bench) caseLarge(ctx context.Context, repoTag string, l *builtLayer, fe
 	if err := b.finish(ctx, d, &s); err != nil || fetch {
 		return s, err
 	}
+	if err := b.quiet(ctx, d, t0, &s); err != nil {
+		return s, err
+	}
 	if err := b.walk(ctx, d, diff, l, &s); err != nil {
 		return s, err
 	}
 	return s, b.reopen(ctx, d, repoTag, l, &s)
+}
+
+// quiet waits until the daemon's background work after a resolution has ended (the
+// comparison of a zstd:chunked TOC with its tar-split, the record's storing, the release of
+// memory): until it used less than 20 ms of CPU in half a second; then, after a settle, it
+// reads the daemon's memory.
+func (b *bench) quiet(ctx context.Context, d *benchd.Daemon, t0 time.Time, s *sample) error {
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		c0, err := d.CPU()
+		if err != nil {
+			return err
+		}
+		select {
+		case <-time.After(500 * time.Millisecond):
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		c1, err := d.CPU()
+		if err != nil {
+			return err
+		}
+		if c1-c0 < 0.02 || time.Now().After(deadline) {
+			break
+		}
+	}
+	s.Quiet = time.Since(t0).Seconds()
+	select {
+	case <-time.After(b.opts.settle):
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	m, err := procMemory(d.Cmd.Process.Pid)
+	if err != nil {
+		return err
+	}
+	s.QuietRSS, s.QuietAnon = m.rss, m.anon
+	return nil
 }
 
 // caseFetchImage resolves every layer of an image with the background fetch on, and waits
