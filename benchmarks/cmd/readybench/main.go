@@ -43,6 +43,7 @@ type options struct {
 	samples     int
 	links       []shaper.Link
 	only        *regexp.Regexp
+	modes       []string // of allModes; nil: all
 	fullFormats []string
 	images      string
 	workdir     string
@@ -60,10 +61,11 @@ type options struct {
 
 func main() {
 	var o options
-	var links, only, full, runtimes, peers string
+	var links, only, full, runtimes, peers, modes string
 	flag.IntVar(&o.samples, "samples", 5, "runs of every cell (p50 and p95 are reported)")
 	flag.StringVar(&links, "links", "100mbit/10ms,1gbit/1ms", "links between the runtime and the registry, RATE/RTT, comma-separated (\"unlimited\": loopback)")
 	flag.StringVar(&only, "only", "", "run only the cells whose name (image:format:mode:link:cache, e.g. python:estargz:lazy:1gbit/1ms:cold) matches this regular expression; only the images and formats they pull are built")
+	flag.StringVar(&modes, "modes", strings.Join(allModes, ","), "modes measured, comma-separated: "+strings.Join(allModes, ", ")+" (a peer's cells are lazy ones)")
 	flag.StringVar(&full, "full", fmtGzip, "formats also pulled in full by podman alone, comma-separated ("+strings.Join(allFormats, ", ")+")")
 	flag.StringVar(&o.images, "images", "", "cache of the built images (root filesystems, blobs, registry storage); default benchmarks/work/images in the module")
 	flag.StringVar(&o.workdir, "workdir", "", "where the run's temporary directory goes (stores' caches, podman storage); default benchmarks/work in the module")
@@ -79,6 +81,9 @@ func main() {
 	flag.BoolVar(&o.noPrefetch, "no-prefetch", false, "run layerstore without its background fetch (a diagnostic: what the fetch costs the workload on a slow link)")
 	flag.Parse()
 	err := o.parse(links, only, full)
+	if err == nil {
+		err = o.parseModes(modes)
+	}
 	if err == nil {
 		err = o.parseRuntimes(runtimes, peers)
 	}
@@ -119,6 +124,26 @@ func (o *options) parse(links, only, full string) error {
 	}
 	if o.seed == 0 {
 		o.seed = uint64(time.Now().UnixNano())
+	}
+	return nil
+}
+
+// parseModes parses -modes: modes of allModes, comma-separated.
+func (o *options) parseModes(modes string) error {
+	o.modes = []string{}
+	for _, m := range strings.Split(modes, ",") {
+		if m = strings.TrimSpace(m); m == "" {
+			continue
+		}
+		if !slices.Contains(allModes, m) {
+			return fmt.Errorf("-modes: no mode %q (%s)", m, strings.Join(allModes, ", "))
+		}
+		if !slices.Contains(o.modes, m) {
+			o.modes = append(o.modes, m)
+		}
+	}
+	if len(o.modes) == 0 {
+		return errors.New("-modes: none")
 	}
 	return nil
 }
@@ -293,6 +318,11 @@ func run(ctx context.Context, o options) error {
 	}
 	if err := images.ensure(ctx, reg, needed(cells)); err != nil {
 		return fmt.Errorf("building the images: %w", err)
+	}
+	if v2 := neededV2(cells); len(v2) > 0 {
+		if err := images.ensureV2(ctx, reg, v2); err != nil {
+			return fmt.Errorf("building the new versions of the images: %w", err)
+		}
 	}
 	fmt.Fprintf(os.Stderr, "images ready (%.0fs)\n", time.Since(started).Seconds())
 
