@@ -57,6 +57,7 @@ type options struct {
 	seed        uint64
 	verbose     bool
 	noPrefetch  bool
+	quiet       time.Duration
 }
 
 func main() {
@@ -79,6 +80,7 @@ func main() {
 	flag.Uint64Var(&o.seed, "seed", 0, "seed of the shuffled run order (default: from the clock; printed in the report)")
 	flag.BoolVar(&o.verbose, "v", false, "print how long each step of every run took")
 	flag.BoolVar(&o.noPrefetch, "no-prefetch", false, "run layerstore without its background fetch (a diagnostic: what the fetch costs the workload on a slow link)")
+	flag.DurationVar(&o.quiet, "prefetch-quiet", 0, "run layerstore with this [prefetch] quiet (a diagnostic; default: the daemon's)")
 	flag.Parse()
 	err := o.parse(links, only, full)
 	if err == nil {
@@ -273,7 +275,7 @@ func run(ctx context.Context, o options) error {
 	defer reg.Stop()
 	images := &imageCache{dir: o.images, modDir: modDir, binDir: bin}
 	b := &bench{opts: o, work: work, reg: reg, images: images, warm: map[string]string{}, runtimes: map[string]string{},
-		stores: map[string]store{"layerstore": &layerstoreStore{bin: daemon, registriesConf: regConf, prefetch: !o.noPrefetch}}}
+		stores: map[string]store{"layerstore": &layerstoreStore{bin: daemon, registriesConf: regConf, prefetch: !o.noPrefetch, quiet: o.quiet}}}
 	for _, rt := range o.runtimes {
 		switch rt {
 		case rtPodman4:

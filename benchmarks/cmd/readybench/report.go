@@ -12,6 +12,7 @@ import (
 
 	"github.com/layerstore/layerstore/benchmarks/internal/benchenv"
 	"github.com/layerstore/layerstore/internal/testutil/podman5"
+	"github.com/layerstore/layerstore/layer"
 )
 
 // report is the Markdown results file and its plots.
@@ -160,6 +161,9 @@ func (r *report) markdown(plots map[string]string) string {
 	o := r.opts
 	b.WriteString(benchenv.Header("readybench: time to ready with podman, lazy vs full pull", "readybench", r.machine))
 	w("- layerstore: `layerstore serve` with background fetch %s and FUSE passthrough on\n", onOff(!o.noPrefetch))
+	if o.quiet > 0 {
+		w("- layerstore's `[prefetch] quiet`: %s (-prefetch-quiet; the default is %s)\n", o.quiet, layer.DefaultPrefetchQuiet)
+	}
 	w("- samples per cell: %d, run order shuffled with seed %d\n", o.samples, o.seed)
 	w("- wall time: %.0f s in all, of which %.0f s measuring (warm-cache preparation included)\n", time.Since(r.started).Seconds(), r.measureSeconds)
 	if r.noPlots != "" {

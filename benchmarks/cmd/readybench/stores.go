@@ -51,6 +51,7 @@ type layerstoreStore struct {
 	bin            string
 	registriesConf string
 	prefetch       bool
+	quiet          time.Duration // [prefetch] quiet, when set (-prefetch-quiet)
 }
 
 var _ store = (*layerstoreStore)(nil)
@@ -64,7 +65,7 @@ func (s *layerstoreStore) start(ctx context.Context, _, dir, cacheDir string) (m
 		return nil, err
 	}
 	d, err := benchd.Start(ctx, benchd.Config{Bin: s.bin, Dir: dir, CacheDir: cacheDir,
-		RegistriesConf: s.registriesConf, Prefetch: s.prefetch, Passthrough: true})
+		RegistriesConf: s.registriesConf, Prefetch: s.prefetch, Passthrough: true, Quiet: s.quiet})
 	if err != nil {
 		return nil, err
 	}
