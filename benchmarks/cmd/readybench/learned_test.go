@@ -275,3 +275,17 @@ func TestNewVersionTar(t *testing.T) {
 		t.Errorf("entries %q, want %q (the same paths, in the same order)", names, want)
 	}
 }
+
+func TestProfileSummary(t *testing.T) {
+	a := sample{ReadKnown: true, ProfileLayers: 2, ProfileSameLayer: 1, ProfileFiles: 58, ProfileBytes: 20_900_000, ProfileFetched: 20_900_000,
+		Imported: "imported the startup profiles of 1 repositories (2 layers)"}
+	b := a
+	b.ProfileFetched = 10_000_000
+	got := profileSummary([]sample{a, b, a, {}}, 2)
+	want := "2/2 layers (1 own), 58 files, 20.9 MB of 20.9 MB (imported the startup profiles of 1 repositories (2 layers)) [2 of 4 samples] | " +
+		"2/2 layers (1 own), 58 files, 10.0 MB of 20.9 MB (imported the startup profiles of 1 repositories (2 layers)) [1 of 4 samples] | " +
+		"status unknown [1 of 4 samples]"
+	if got != want {
+		t.Errorf("profileSummary:\n%s\nwant\n%s", got, want)
+	}
+}

@@ -397,18 +397,26 @@ func (r *report) markdown(plots map[string]string) string {
 	return b.String()
 }
 
-// profileSummary describes the replays of a learned-profile cell's samples.
+// profileSummary describes the replays of a learned-profile cell's samples, the same
+// description once with its count.
 func profileSummary(ss []sample, layers int) string {
-	var parts []string
+	var descs []string
+	count := map[string]int{}
 	for _, s := range ss {
-		if !s.ReadKnown {
-			parts = append(parts, "status unknown")
-			continue
+		d := "status unknown"
+		if s.ReadKnown {
+			d = fmt.Sprintf("%d/%d layers (%d own), %d files, %s of %s (%s)", s.ProfileLayers, layers, s.ProfileSameLayer,
+				s.ProfileFiles, mb(s.ProfileFetched), mb(s.ProfileBytes), s.Imported)
 		}
-		parts = append(parts, fmt.Sprintf("%d/%d layers (%d own), %d files, %s of %s (%s)", s.ProfileLayers, layers, s.ProfileSameLayer,
-			s.ProfileFiles, mb(s.ProfileFetched), mb(s.ProfileBytes), s.Imported))
+		if count[d] == 0 {
+			descs = append(descs, d)
+		}
+		count[d]++
 	}
-	return strings.Join(parts, " | ")
+	for i, d := range descs {
+		descs[i] = fmt.Sprintf("%s [%d of %d samples]", d, count[d], len(ss))
+	}
+	return strings.Join(descs, " | ")
 }
 
 // write prints the report and writes it (and its plots) to -out.
