@@ -28,20 +28,52 @@ type cell struct {
 	runtime string // rtPodman4 or rtPodman5
 	link    shaper.Link
 	warm    bool
+	// profile is set for layerstore's cold cells that start with the startup profiles a
+	// first run learned (see learnProfile): profileLearned (the same image again) or
+	// profileNewVersion (the image's new version, see newversion.go).
+	profile string
 }
+
+// The learned-profile cells.
+const (
+	profileLearned    = "learned"
+	profileNewVersion = "newversion"
+)
 
 func (c cell) lazy() bool { return c.store != "" }
 
-// mode is "full", "lazy" (layerstore) or "lazy-<peer>".
+// mode is "full", "lazy" (layerstore), "lazy-learned" and "lazy-newversion" (layerstore
+// with a learned profile) or "lazy-<peer>".
 func (c cell) mode() string {
 	switch c.store {
 	case "":
 		return "full"
 	case "layerstore":
+		if c.profile != "" {
+			return "lazy-" + c.profile
+		}
 		return "lazy"
 	}
 	return "lazy-" + c.store
 }
+
+// modeOf is the mode that -modes names for a cell: a peer's cells are "lazy" too.
+func (c cell) modeOf() string {
+	if c.store != "" && c.store != "layerstore" {
+		return modeLazy
+	}
+	return c.mode()
+}
+
+// The modes of -modes.
+const (
+	modeFull       = "full"
+	modeLazy       = "lazy"
+	modeLearned    = "lazy-" + profileLearned
+	modeNewVersion = "lazy-" + profileNewVersion
+)
+
+var allModes = []string{modeFull, modeLazy, modeLearned, modeNewVersion}
 
 func (c cell) cache() string {
 	if c.warm {
@@ -73,6 +105,14 @@ type sample struct {
 	ReadChunks       int64
 	ReadBytes        int64
 	PassthroughFiles int64
+	// The startup profiles replayed (learned-profile cells), summed over the image's lazy
+	// layers, from the same status: layers with a replay, those whose profile was recorded
+	// from the layer itself, files named, compressed bytes to fetch and fetched.
+	ProfileLayers, ProfileSameLayer int
+	ProfileFiles                    int
+	ProfileBytes, ProfileFetched    int64
+	// Imported is what `layerstore profiles import` said.
+	Imported string
 }
 
 func (s sample) total() float64 { return s.Pull + s.Run }
@@ -122,16 +162,83 @@ func (b *bench) plan() []cell {
 						}
 						for _, f := range lazyFormats {
 							cells = append(cells, cell{image: img, format: f, store: s, runtime: rt, link: l, warm: warm})
+							if s == "layerstore" && !warm {
+								for _, p := range []string{profileLearned, profileNewVersion} {
+									cells = append(cells, cell{image: img, format: f, store: s, runtime: rt, link: l, profile: p})
+								}
+							}
 						}
 					}
 				}
 			}
 		}
 	}
-	if b.opts.only != nil {
-		cells = slices.DeleteFunc(cells, func(c cell) bool { return !b.opts.only.MatchString(c.String()) })
+	modes := b.opts.modes
+	if modes == nil {
+		modes = allModes
 	}
+	cells = slices.DeleteFunc(cells, func(c cell) bool {
+		return !slices.Contains(modes, c.modeOf()) || (b.opts.only != nil && !b.opts.only.MatchString(c.String()))
+	})
 	return cells
+}
+
+// imageOf is the image a cell measures: the new version for lazy-newversion cells.
+func (b *bench) imageOf(c cell) *pushedImage {
+	f := c.format
+	if c.profile == profileNewVersion {
+		f = v2Format(f)
+	}
+	return b.images.cat.Images[c.image.name][f]
+}
+
+// learnProfile is the unmeasured start of a learned-profile cell: the first version of the
+// image pulled and run once through layerstore on a fresh cache, over an unshaped link; the
+// daemon stopped (which writes the startup profiles it recorded into its cache), started
+// again on that cache to export them with `layerstore profiles export`, and stopped. It
+// returns the export, which the measured run imports into a fresh cache.
+func (b *bench) learnProfile(ctx context.Context, c cell) ([]byte, error) {
+	ls, ok := b.stores["layerstore"].(*layerstoreStore)
+	if !ok {
+		return nil, errors.New("no layerstore store")
+	}
+	dir, err := b.newRunDir()
+	if err != nil {
+		return nil, err
+	}
+	if !b.opts.keep {
+		defer os.RemoveAll(dir)
+	}
+	unshaped, _ := shaper.ParseLink("unlimited")
+	b.proxy.SetLink(unshaped)
+	img := b.images.cat.Images[c.image.name][c.format]
+	cacheDir := filepath.Join(dir, "cache")
+	ms, err := ls.start(ctx, c.runtime, filepath.Join(dir, "store"), cacheDir)
+	if err != nil {
+		return nil, err
+	}
+	defer ms.stop()
+	pm, err := b.newPodman(c.runtime, filepath.Join(dir, "podman"), ms.mountpoint())
+	if err != nil {
+		return nil, err
+	}
+	name := fmt.Sprintf("learn-%d", b.runs)
+	defer pm.remove(name)
+	if _, _, _, err := pm.pullAndRun(ctx, b.proxy.Addr()+"/"+img.Repo, name, c.image.ready); err != nil {
+		return nil, fmt.Errorf("learning run: %w", err)
+	}
+	pm.remove(name)
+	ms.stop()
+	if ms, err = ls.start(ctx, c.runtime, filepath.Join(dir, "store-export"), cacheDir); err != nil {
+		return nil, err
+	}
+	defer ms.stop()
+	file := filepath.Join(dir, "profiles.jsonl")
+	if _, err := ms.(*runningLayerstore).profiles(ctx, ls.bin, "export", file); err != nil {
+		return nil, err
+	}
+	ms.stop()
+	return os.ReadFile(file)
 }
 
 // schedule returns every run of the cells (each cell -samples times) in a shuffled order.
@@ -246,6 +353,13 @@ var errLazyDownloaded = errors.New("a lazily pullable layer was downloaded in fu
 func (b *bench) runOnce(ctx context.Context, c cell) (s sample, err error) {
 	ph := &phases{last: time.Now()}
 	defer func() { s.Phases = ph.String() }()
+	var learned []byte
+	if c.profile != "" {
+		if learned, err = b.learnProfile(ctx, c); err != nil {
+			return s, fmt.Errorf("%s: %w", c, err)
+		}
+		ph.mark("learn")
+	}
 	dir, err := b.newRunDir()
 	if err != nil {
 		return s, err
@@ -260,7 +374,7 @@ func (b *bench) runOnce(ctx context.Context, c cell) (s sample, err error) {
 		return s, fmt.Errorf("%d connections of the previous run still open after 30s", b.proxy.Conns())
 	}
 	b.proxy.SetLink(c.link)
-	img := b.images.cat.Images[c.image.name][c.format]
+	img := b.imageOf(c)
 	mnt := ""
 	var ms mountedStore
 	if c.lazy() {
@@ -274,6 +388,17 @@ func (b *bench) runOnce(ctx context.Context, c cell) (s sample, err error) {
 		defer ms.stop() // after the container is removed (defers run last in, first out)
 		mnt = ms.mountpoint()
 		ph.mark("store start")
+		if learned != nil {
+			// The fresh cache gets the learned profiles as a node of a fleet would.
+			file := filepath.Join(dir, "profiles.jsonl")
+			if err := os.WriteFile(file, learned, 0o644); err != nil {
+				return s, err
+			}
+			if s.Imported, err = ms.(*runningLayerstore).profiles(ctx, b.stores[c.store].(*layerstoreStore).bin, "import", file); err != nil {
+				return s, fmt.Errorf("%s: %w", c, err)
+			}
+			ph.mark("profiles import")
+		}
 	}
 	pm, err := b.newPodman(c.runtime, filepath.Join(dir, "podman"), mnt)
 	if err != nil {
@@ -318,6 +443,15 @@ func (b *bench) runOnce(ctx context.Context, c cell) (s sample, err error) {
 					s.ReadChunks += ls.ReadChunks
 					s.ReadBytes += ls.ReadCompressed
 					s.PassthroughFiles += ls.PassthroughFiles
+					if p := ls.Profile; p != nil {
+						s.ProfileLayers++
+						if p.SameLayer {
+							s.ProfileSameLayer++
+						}
+						s.ProfileFiles += p.Files
+						s.ProfileBytes += p.Bytes
+						s.ProfileFetched += p.Fetched
+					}
 				}
 			}
 		} else if !errors.Is(err, errCannotTell) {

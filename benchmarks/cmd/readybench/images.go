@@ -300,9 +300,18 @@ func (c *imageCache) zstdChunked(ctx context.Context, reg *dockerregistry.Regist
 	if !c.need[imageFormat{img.name, fmtGzip}] {
 		return fmt.Errorf("%s: zstd:chunked is converted from the gzip image, which is not built in this run", img.name)
 	}
-	src := c.cat.Images[img.name][fmtGzip]
-	repo := "bench/" + img.name + ":" + fmtZstd
-	if old := c.cat.Images[img.name][fmtZstd]; old != nil && old.From == src.Manifest {
+	return c.convertZstd(ctx, reg, img, fmtGzip, fmtZstd, start)
+}
+
+// convertZstd converts img as catalogued under the key (and tag) from to zstd:chunked,
+// pushed and catalogued as to, unless the registry holds a conversion of the same image.
+func (c *imageCache) convertZstd(ctx context.Context, reg *dockerregistry.Registry, img imageSpec, from, to string, start time.Time) error {
+	src := c.cat.Images[img.name][from]
+	if src == nil {
+		return fmt.Errorf("%s: no %s image to convert to zstd:chunked", img.name, from)
+	}
+	repo := "bench/" + img.name + ":" + to
+	if old := c.cat.Images[img.name][to]; old != nil && old.From == src.Manifest {
 		if p, err := describe(ctx, reg, repo); err == nil && p.Manifest == old.Manifest {
 			return nil
 		}
@@ -312,7 +321,7 @@ func (c *imageCache) zstdChunked(ctx context.Context, reg *dockerregistry.Regist
 			return err
 		}
 	}
-	fmt.Fprintf(os.Stderr, "converting %s to zstd:chunked (e2e harness)\n", img.name)
+	fmt.Fprintf(os.Stderr, "converting %s:%s to zstd:chunked (e2e harness)\n", img.name, from)
 	t0 := time.Now()
 	regConf := filepath.Join(c.binDir, "registries.conf")
 	if err := os.WriteFile(regConf, []byte(testregistry.RegistriesConf(reg.Host)), 0o644); err != nil {
@@ -322,15 +331,15 @@ func (c *imageCache) zstdChunked(ctx context.Context, reg *dockerregistry.Regist
 	cmd := []string{c.harness, "convert", "--timeout", "30m", "--compress", "zstd:chunked", "--src-tls-verify=false", "--dest-tls-verify=false",
 		"docker://" + reg.Host + "/" + src.Repo, "docker://" + reg.Host + "/" + repo}
 	if err := command(ctx, logPath, "env", append([]string{"CONTAINERS_REGISTRIES_CONF=" + regConf}, cmd...)...); err != nil {
-		return fmt.Errorf("zstd:chunked conversion of %s: %w", img.name, err)
+		return fmt.Errorf("zstd:chunked conversion of %s:%s: %w", img.name, from, err)
 	}
 	p, err := describe(ctx, reg, repo)
 	if err != nil {
 		return err
 	}
 	p.From = src.Manifest
-	c.cat.Images[img.name][fmtZstd] = p
-	c.step(fmt.Sprintf("image %s: zstd:chunked conversion (harness convert)", img.name),
+	c.cat.Images[img.name][to] = p
+	c.step(fmt.Sprintf("image %s: zstd:chunked conversion of %s (harness convert)", img.name, from),
 		stamp{Seconds: time.Since(t0).Seconds(), Built: time.Now()}, start)
 	return nil
 }

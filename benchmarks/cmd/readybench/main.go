@@ -43,6 +43,7 @@ type options struct {
 	samples     int
 	links       []shaper.Link
 	only        *regexp.Regexp
+	modes       []string // of allModes; nil: all
 	fullFormats []string
 	images      string
 	workdir     string
@@ -56,14 +57,16 @@ type options struct {
 	seed        uint64
 	verbose     bool
 	noPrefetch  bool
+	quiet       time.Duration
 }
 
 func main() {
 	var o options
-	var links, only, full, runtimes, peers string
+	var links, only, full, runtimes, peers, modes string
 	flag.IntVar(&o.samples, "samples", 5, "runs of every cell (p50 and p95 are reported)")
 	flag.StringVar(&links, "links", "100mbit/10ms,1gbit/1ms", "links between the runtime and the registry, RATE/RTT, comma-separated (\"unlimited\": loopback)")
 	flag.StringVar(&only, "only", "", "run only the cells whose name (image:format:mode:link:cache, e.g. python:estargz:lazy:1gbit/1ms:cold) matches this regular expression; only the images and formats they pull are built")
+	flag.StringVar(&modes, "modes", strings.Join(allModes, ","), "modes measured, comma-separated: "+strings.Join(allModes, ", ")+" (a peer's cells are lazy ones)")
 	flag.StringVar(&full, "full", fmtGzip, "formats also pulled in full by podman alone, comma-separated ("+strings.Join(allFormats, ", ")+")")
 	flag.StringVar(&o.images, "images", "", "cache of the built images (root filesystems, blobs, registry storage); default benchmarks/work/images in the module")
 	flag.StringVar(&o.workdir, "workdir", "", "where the run's temporary directory goes (stores' caches, podman storage); default benchmarks/work in the module")
@@ -77,8 +80,12 @@ func main() {
 	flag.Uint64Var(&o.seed, "seed", 0, "seed of the shuffled run order (default: from the clock; printed in the report)")
 	flag.BoolVar(&o.verbose, "v", false, "print how long each step of every run took")
 	flag.BoolVar(&o.noPrefetch, "no-prefetch", false, "run layerstore without its background fetch (a diagnostic: what the fetch costs the workload on a slow link)")
+	flag.DurationVar(&o.quiet, "prefetch-quiet", 0, "run layerstore with this [prefetch] quiet (a diagnostic; default: the daemon's)")
 	flag.Parse()
 	err := o.parse(links, only, full)
+	if err == nil {
+		err = o.parseModes(modes)
+	}
 	if err == nil {
 		err = o.parseRuntimes(runtimes, peers)
 	}
@@ -119,6 +126,26 @@ func (o *options) parse(links, only, full string) error {
 	}
 	if o.seed == 0 {
 		o.seed = uint64(time.Now().UnixNano())
+	}
+	return nil
+}
+
+// parseModes parses -modes: modes of allModes, comma-separated.
+func (o *options) parseModes(modes string) error {
+	o.modes = []string{}
+	for _, m := range strings.Split(modes, ",") {
+		if m = strings.TrimSpace(m); m == "" {
+			continue
+		}
+		if !slices.Contains(allModes, m) {
+			return fmt.Errorf("-modes: no mode %q (%s)", m, strings.Join(allModes, ", "))
+		}
+		if !slices.Contains(o.modes, m) {
+			o.modes = append(o.modes, m)
+		}
+	}
+	if len(o.modes) == 0 {
+		return errors.New("-modes: none")
 	}
 	return nil
 }
@@ -248,7 +275,7 @@ func run(ctx context.Context, o options) error {
 	defer reg.Stop()
 	images := &imageCache{dir: o.images, modDir: modDir, binDir: bin}
 	b := &bench{opts: o, work: work, reg: reg, images: images, warm: map[string]string{}, runtimes: map[string]string{},
-		stores: map[string]store{"layerstore": &layerstoreStore{bin: daemon, registriesConf: regConf, prefetch: !o.noPrefetch}}}
+		stores: map[string]store{"layerstore": &layerstoreStore{bin: daemon, registriesConf: regConf, prefetch: !o.noPrefetch, quiet: o.quiet}}}
 	for _, rt := range o.runtimes {
 		switch rt {
 		case rtPodman4:
@@ -293,6 +320,11 @@ func run(ctx context.Context, o options) error {
 	}
 	if err := images.ensure(ctx, reg, needed(cells)); err != nil {
 		return fmt.Errorf("building the images: %w", err)
+	}
+	if v2 := neededV2(cells); len(v2) > 0 {
+		if err := images.ensureV2(ctx, reg, v2); err != nil {
+			return fmt.Errorf("building the new versions of the images: %w", err)
+		}
 	}
 	fmt.Fprintf(os.Stderr, "images ready (%.0fs)\n", time.Since(started).Seconds())
 

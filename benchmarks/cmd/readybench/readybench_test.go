@@ -180,9 +180,10 @@ func TestPlanAndOnly(t *testing.T) {
 	}
 	b := &bench{opts: o, stores: map[string]store{"layerstore": &layerstoreStore{}}}
 	cells := b.plan()
-	// 2 links x 3 images x 2 caches x 2 runtimes x (1 full + 3 lazy formats)
-	if len(cells) != 96 {
-		t.Fatalf("%d cells, want 96", len(cells))
+	// 2 links x 3 images x 2 caches x 2 runtimes x (1 full + 3 lazy formats), and the cold
+	// learned-profile cells: 2 links x 3 images x 2 runtimes x 3 formats x 2 modes.
+	if len(cells) != 96+72 {
+		t.Fatalf("%d cells, want %d", len(cells), 96+72)
 	}
 	names := map[string]bool{}
 	for _, c := range cells {
@@ -195,25 +196,25 @@ func TestPlanAndOnly(t *testing.T) {
 		}
 	}
 	b.opts.only = regexp.MustCompile(`^python:.*:1gbit/1ms:cold$`)
-	if got := len(b.plan()); got != 8 {
-		t.Errorf("-only python cold on 1gbit: %d cells, want 8", got)
+	if got := len(b.plan()); got != 8+12 {
+		t.Errorf("-only python cold on 1gbit: %d cells, want 20", got)
 	}
 	runs := b.schedule(b.plan())
-	if len(runs) != 40 {
-		t.Errorf("%d runs, want 40", len(runs))
+	if len(runs) != 100 {
+		t.Errorf("%d runs, want 100", len(runs))
 	}
 	b.opts.only = regexp.MustCompile(`^python:.*:podman5:1gbit/1ms:cold$`)
-	if got := len(b.plan()); got != 4 {
-		t.Errorf("-only python podman5 cold on 1gbit: %d cells, want 4", got)
+	if got := len(b.plan()); got != 4+6 {
+		t.Errorf("-only python podman5 cold on 1gbit: %d cells, want 10", got)
 	}
 	b.opts.only = nil
 	b.stores["stargz-store"] = &peerStore{bins: map[string]string{rtPodman4: "/usr/local/bin/stargz-store"}}
-	if got := len(b.plan()); got != 96+36 {
-		t.Errorf("with a peer for podman 4: %d cells, want %d (a lazy column more, podman 4 only)", got, 96+36)
+	if got := len(b.plan()); got != 168+36 {
+		t.Errorf("with a peer for podman 4: %d cells, want %d (a lazy column more, podman 4 only)", got, 168+36)
 	}
 	b.stores["stargz-store"] = &peerStore{bins: map[string]string{rtPodman4: "/a/stargz-store", rtPodman5: "/b/stargz-store"}}
-	if got := len(b.plan()); got != 96+72 {
-		t.Errorf("with a peer for both: %d cells, want %d", got, 96+72)
+	if got := len(b.plan()); got != 168+72 {
+		t.Errorf("with a peer for both: %d cells, want %d", got, 168+72)
 	}
 	for _, c := range b.plan() {
 		if c.store == "stargz-store" && c.mode() != "lazy-stargz-store" {

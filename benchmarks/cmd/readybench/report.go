@@ -12,6 +12,7 @@ import (
 
 	"github.com/layerstore/layerstore/benchmarks/internal/benchenv"
 	"github.com/layerstore/layerstore/internal/testutil/podman5"
+	"github.com/layerstore/layerstore/layer"
 )
 
 // report is the Markdown results file and its plots.
@@ -93,7 +94,7 @@ func (r *report) floorOf(c cell) (floor, bool) {
 			known = append(known, s)
 		}
 	}
-	img := r.b.images.cat.Images[c.image.name][c.format]
+	img := r.b.imageOf(c)
 	if len(known) == 0 || img == nil {
 		return floor{}, false
 	}
@@ -118,12 +119,51 @@ func (r *report) floorOf(c cell) (floor, bool) {
 	return f, true
 }
 
+// warmOf returns the p50 total of the warm cell of the same store, image, format, runtime and
+// link as the cold cell c (for a learned-profile cell, its store's plain warm cell), when the
+// run measured it: the runtime's own time with every byte local.
+func (r *report) warmOf(c cell) (float64, bool) {
+	if c.warm {
+		return 0, false
+	}
+	w := c
+	w.warm, w.profile = true, ""
+	ss := r.results[w.String()]
+	if len(ss) == 0 {
+		return 0, false
+	}
+	return measureOf(ss, sample.total).p50, true
+}
+
+// floorColumns formats the floor columns of a cell whose total p50 is total: the network
+// floor net (when netOK), the floor with the runtime's own time (warm + net, when the warm
+// p50 is known too) and the total over the latter. Unknown values are "-".
+func floorColumns(total, net float64, netOK bool, warm float64, warmOK bool) (netCol, floorCol, ratioCol string) {
+	netCol, floorCol, ratioCol = "-", "-", "-"
+	if !netOK {
+		return
+	}
+	netCol = fmt.Sprintf("%.2f", net)
+	if !warmOK {
+		return
+	}
+	f := warm + net
+	floorCol = fmt.Sprintf("%.2f", f)
+	if f > 0 {
+		ratioCol = fmt.Sprintf("%.2f", total/f)
+	}
+	return
+}
+
 func (r *report) markdown(plots map[string]string) string {
 	var b strings.Builder
 	w := func(format string, args ...any) { fmt.Fprintf(&b, format, args...) }
 	o := r.opts
 	b.WriteString(benchenv.Header("readybench: time to ready with podman, lazy vs full pull", "readybench", r.machine))
 	w("- layerstore: `layerstore serve` with background fetch %s and FUSE passthrough on\n", onOff(!o.noPrefetch))
+	if o.quiet > 0 {
+		w("- layerstore's `[prefetch] quiet`: %s (-prefetch-quiet; the default is %s)\n", o.quiet, layer.DefaultPrefetchQuiet)
+	}
 	w("- samples per cell: %d, run order shuffled with seed %d\n", o.samples, o.seed)
 	w("- wall time: %.0f s in all, of which %.0f s measuring (warm-cache preparation included)\n", time.Since(r.started).Seconds(), r.measureSeconds)
 	if r.noPlots != "" {
@@ -169,7 +209,23 @@ func (r *report) markdown(plots map[string]string) string {
 	w("its lazy cell; every chunk the kernel asked for through FUSE, whatever served it, and every chunk of a\n")
 	w("file opened with FUSE passthrough, whose reads the daemon does not see): compressed bytes of those\n")
 	w("chunks (their count). A peer's cell has the floor of layerstore's cell of the same image, format, runtime\n")
-	w("and link (the same workload). \"/floor\" is the total p50 over the floor.\n\n")
+	w("and link (the same workload). This is **floor (net)**, the network floor only. **floor** adds the runtime's own\n")
+	w("time: floor = the total p50 of the warm cell of the same store, image, format, runtime and link (every layer\n")
+	w("in the store's cache, nothing to fetch: podman's pull, storage set-up, container creation and the workload\n")
+	w("itself) + floor (net); `-` when the run has no such warm cell. \"/floor\" is the total p50 over floor (with the\n")
+	w("runtime's time).\n\n")
+	w("**Learned startup profiles** (layerstore, cold only). *lazy-learned*: before the measured run, one unmeasured\n")
+	w("run of the same image through layerstore on a fresh cache over an unshaped link (the daemon records which files\n")
+	w("the container reads); the daemon stopped (it writes the profiles into its cache), started again on that cache\n")
+	w("to export them with `layerstore profiles export FILE`, and stopped; the measured run is then the `lazy` cold\n")
+	w("cell's with one step more: `layerstore profiles import FILE` into the fresh store, before podman's storage is\n")
+	w("made and the page cache dropped. So the cache holds the profiles and nothing else: the content is gone, the\n")
+	w("profiles are kept, as after an eviction, or on a node that imported a fleet's profiles. *lazy-newversion*: the\n")
+	w("same, learned on the image and measured on its new version, pushed to the same repository as\n")
+	w("`<format>-v2`: the top layer rebuilt with new content at the same paths (every ELF file with bytes appended,\n")
+	w("every text file but Python sources with a newline appended; the lower layers are the same blobs), so that the\n")
+	w("top layer's profile is matched by path and the base layer's is its own. \"Profiles replayed\" below the\n")
+	w("tables is from layerstore's status after the measured run.\n\n")
 
 	w("## Images\n\n")
 	w("Built offline from Debian %s (`debootstrap --variant=minbase`, then `apt-get install --no-install-recommends`\n", suite)
@@ -235,8 +291,8 @@ func (r *report) markdown(plots map[string]string) string {
 		if p := plots[l.String()]; p != "" {
 			w("![time to ready over %s](%s)\n\n", l, p)
 		}
-		w("| image | format | mode | runtime | cache | n | pull p50 | pull p95 | run p50 | run p95 | **total p50** | total p95 | lazy/full | floor | /floor | read | from store | via link | blob GETs |\n")
-		w("|---|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+		w("| image | format | mode | runtime | cache | n | pull p50 | pull p95 | run p50 | run p95 | **total p50** | total p95 | lazy/full | floor (net) | floor | /floor | read | from store | via link | blob GETs |\n")
+		w("|---|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 		for _, c := range r.cells {
 			if c.link.String() != l.String() {
 				continue
@@ -257,10 +313,9 @@ func (r *report) markdown(plots map[string]string) string {
 				fromStr += fmt.Sprintf(" (%.0f full GETs)", full.p95)
 			}
 			gets := measureOf(ss, func(s sample) float64 { return float64(s.Requests) })
-			floorStr, overFloor := "-", "-"
-			if f, ok := r.floorOf(c); ok && f.seconds(l) > 0 {
-				floorStr, overFloor = fmt.Sprintf("%.2f", f.seconds(l)), fmt.Sprintf("%.2f", total.p50/f.seconds(l))
-			}
+			f, netOK := r.floorOf(c)
+			warm, warmOK := r.warmOf(c)
+			netStr, floorStr, overFloor := floorColumns(total.p50, f.seconds(l), netOK, warm, warmOK)
 			read := "-"
 			if c.lazy() && ss[0].ReadKnown {
 				rb := measureOf(ss, func(s sample) float64 { return float64(s.ReadBytes) })
@@ -271,9 +326,9 @@ func (r *report) markdown(plots map[string]string) string {
 			if c.runtime == rtPodman5 {
 				pull50, pull95 = "-", "-" // pulled by podman run (see Method)
 			}
-			w("| %s | %s | %s | %s | %s | %d | %s | %s | %.2f | %.2f | **%.2f** | %.2f | %s | %s | %s | %s | %s | %s | %.0f |\n",
+			w("| %s | %s | %s | %s | %s | %d | %s | %s | %.2f | %.2f | **%.2f** | %.2f | %s | %s | %s | %s | %s | %s | %s | %.0f |\n",
 				c.image.name, c.format, c.mode(), c.runtime, c.cache(), len(ss), pull50, pull95, run.p50, run.p95, total.p50, total.p95, ratio,
-				floorStr, overFloor, read, fromStr, mb(int64(bytes.p50)), gets.p50)
+				netStr, floorStr, overFloor, read, fromStr, mb(int64(bytes.p50)), gets.p50)
 		}
 		w("\n")
 		var floors []string
@@ -282,11 +337,22 @@ func (r *report) markdown(plots map[string]string) string {
 				continue
 			}
 			if f, ok := r.floorOf(c); ok {
-				floors = append(floors, fmt.Sprintf("%s %s %s: %.2f s = %s", c.image.name, c.format, c.runtime, f.seconds(l), f))
+				floors = append(floors, fmt.Sprintf("%s %s %s %s: %.2f s = %s", c.image.name, c.format, c.mode(), c.runtime, f.seconds(l), f))
 			}
 		}
 		if len(floors) > 0 {
-			w("Floors: %s.\n\n", strings.Join(floors, "; "))
+			w("Floors (net): %s.\n\n", strings.Join(floors, "; "))
+		}
+		var replays []string
+		for _, c := range r.cells {
+			if c.link.String() != l.String() || c.profile == "" || len(r.results[c.String()]) == 0 {
+				continue
+			}
+			replays = append(replays, fmt.Sprintf("%s %s %s %s: %s", c.image.name, c.format, c.mode(), c.runtime, profileSummary(r.results[c.String()], len(r.b.imageOf(c).Layers))))
+		}
+		if len(replays) > 0 {
+			w("Profiles replayed (per sample: layers with a replay of the image's layers, of them from their own recording; files\n")
+			w("named; compressed bytes fetched of those to fetch; what the import said): %s.\n\n", strings.Join(replays, "; "))
 		}
 	}
 
@@ -329,6 +395,28 @@ func (r *report) markdown(plots map[string]string) string {
 	}
 	w("\n")
 	return b.String()
+}
+
+// profileSummary describes the replays of a learned-profile cell's samples, the same
+// description once with its count.
+func profileSummary(ss []sample, layers int) string {
+	var descs []string
+	count := map[string]int{}
+	for _, s := range ss {
+		d := "status unknown"
+		if s.ReadKnown {
+			d = fmt.Sprintf("%d/%d layers (%d own), %d files, %s of %s (%s)", s.ProfileLayers, layers, s.ProfileSameLayer,
+				s.ProfileFiles, mb(s.ProfileFetched), mb(s.ProfileBytes), s.Imported)
+		}
+		if count[d] == 0 {
+			descs = append(descs, d)
+		}
+		count[d]++
+	}
+	for i, d := range descs {
+		descs[i] = fmt.Sprintf("%s [%d of %d samples]", d, count[d], len(ss))
+	}
+	return strings.Join(descs, " | ")
 }
 
 // write prints the report and writes it (and its plots) to -out.

@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/opencontainers/go-digest"
@@ -49,6 +51,7 @@ type layerstoreStore struct {
 	bin            string
 	registriesConf string
 	prefetch       bool
+	quiet          time.Duration // [prefetch] quiet, when set (-prefetch-quiet)
 }
 
 var _ store = (*layerstoreStore)(nil)
@@ -62,7 +65,7 @@ func (s *layerstoreStore) start(ctx context.Context, _, dir, cacheDir string) (m
 		return nil, err
 	}
 	d, err := benchd.Start(ctx, benchd.Config{Bin: s.bin, Dir: dir, CacheDir: cacheDir,
-		RegistriesConf: s.registriesConf, Prefetch: s.prefetch, Passthrough: true})
+		RegistriesConf: s.registriesConf, Prefetch: s.prefetch, Passthrough: true, Quiet: s.quiet})
 	if err != nil {
 		return nil, err
 	}
@@ -75,6 +78,16 @@ var _ mountedStore = (*runningLayerstore)(nil)
 
 func (r *runningLayerstore) mountpoint() string { return r.d.Cfg.Mountpoint }
 func (r *runningLayerstore) stop()              { r.d.Stop() }
+
+// profiles runs `layerstore profiles VERB FILE` (export or import) against the daemon, and
+// returns what it printed.
+func (r *runningLayerstore) profiles(ctx context.Context, bin, verb, file string) (string, error) {
+	out, err := exec.CommandContext(ctx, bin, "profiles", "--control-socket", r.d.Socket, verb, file).CombinedOutput()
+	if err != nil {
+		return "", fmt.Errorf("layerstore profiles %s: %w: %s", verb, err, strings.TrimSpace(string(out)))
+	}
+	return strings.TrimSpace(string(out)), nil
+}
 
 func (r *runningLayerstore) layers(ctx context.Context) (map[digest.Digest]layer.LayerStatus, error) {
 	st, err := r.d.Client.Status(ctx)

@@ -43,6 +43,7 @@ type Config struct {
 	RegistriesConf string // passed as --registries-conf when set
 	Prefetch       bool
 	Passthrough    bool
+	Quiet          time.Duration // [prefetch] quiet when non-zero; the daemon's default otherwise
 }
 
 // Daemon is a running `layerstore serve`; Stop ends it, Tail is the end of its log, CPU its
@@ -64,8 +65,12 @@ func Start(ctx context.Context, cfg Config) (*Daemon, error) {
 		cfg.Mountpoint = filepath.Join(cfg.Dir, "mnt")
 	}
 	socket := filepath.Join(cfg.Dir, "control.sock")
-	conf := fmt.Sprintf("cache-dir = %q\ncontrol-socket = %q\nlog-level = \"info\"\n\n[prefetch]\nenabled = %t\n\n[fuse]\npassthrough = %t\n",
-		cfg.CacheDir, socket, cfg.Prefetch, cfg.Passthrough)
+	quiet := ""
+	if cfg.Quiet > 0 {
+		quiet = fmt.Sprintf("quiet = %q\n", cfg.Quiet.String())
+	}
+	conf := fmt.Sprintf("cache-dir = %q\ncontrol-socket = %q\nlog-level = \"info\"\n\n[prefetch]\nenabled = %t\n%s\n[fuse]\npassthrough = %t\n",
+		cfg.CacheDir, socket, cfg.Prefetch, quiet, cfg.Passthrough)
 	confPath := filepath.Join(cfg.Dir, "config.toml")
 	if err := os.WriteFile(confPath, []byte(conf), 0o644); err != nil {
 		return nil, err
