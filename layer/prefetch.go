@@ -230,6 +230,10 @@ func (l *Layer) prefetchBatch(ctx context.Context, b prefetchBatch) error {
 		return err
 	}
 	defer release()
+	if b.replay {
+		l.env.sched.replayStart()
+		defer l.env.sched.replayEnd()
+	}
 	needed, mine := l.claim(keys)
 	kind := background
 	if b.replay {

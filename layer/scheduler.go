@@ -12,17 +12,20 @@ import (
 // Background requests take one of a fixed number of slots and are paced to a bandwidth when
 // one is set. Those not marked urgent also wait until the layers have been quiet for a while:
 // no read fetching on demand, and none having ended, nor a layer looked up, within the quiet
-// period. A container reads in bursts as it starts; background requests already in flight
-// would sit on the link ahead of each of its reads (32 MiB are 2.7 s at 100 Mbit/s).
+// period, and no startup profile being replayed (a container whose reads the replay fetched
+// ahead of it starts no demand fetch, yet is starting). A container reads in bursts as it
+// starts; background requests already in flight would sit on the link ahead of each of its
+// reads (32 MiB are 2.7 s at 100 Mbit/s).
 //
 // It shares the processors too: background verification steps aside while a demand fetch
 // runs, and verifies at most one chunk per processor at a time (cpu).
 type scheduler struct {
-	slots  chan struct{}
-	cpu    chan struct{}
-	quiet  time.Duration
-	demand atomic.Int64
-	last   atomic.Int64 // unix nanoseconds of the last demand fetch's start or end, or touch
+	slots   chan struct{}
+	cpu     chan struct{}
+	quiet   time.Duration
+	demand  atomic.Int64
+	replays atomic.Int64 // replay requests in flight (replayStart)
+	last    atomic.Int64 // unix nanoseconds of the last demand fetch's or replay's start or end, or touch
 
 	rate int64 // bytes per second; 0: unbounded
 	mu   sync.Mutex
@@ -60,6 +63,11 @@ func sleep(ctx context.Context, d time.Duration) error {
 
 func (s *scheduler) demandStart() { s.demand.Add(1); s.touch() }
 func (s *scheduler) demandEnd()   { s.demand.Add(-1); s.touch() }
+
+// replayStart and replayEnd bracket a request of a startup profile's replay: other background
+// requests, unless urgent, wait for it and for the quiet period after it.
+func (s *scheduler) replayStart() { s.replays.Add(1); s.touch() }
+func (s *scheduler) replayEnd()   { s.replays.Add(-1); s.touch() }
 
 // touch restarts the quiet period: a runtime is about to use a layer.
 func (s *scheduler) touch() { s.last.Store(s.now().UnixNano()) }
@@ -106,6 +114,9 @@ func (s *scheduler) wait(ctx context.Context, urgent bool) error {
 				return ctx.Err()
 			}
 			left := s.quiet - s.now().Sub(time.Unix(0, s.last.Load()))
+			if s.replays.Load() > 0 {
+				left = max(left, yieldPoll)
+			}
 			if left <= 0 {
 				return ctx.Err()
 			}

@@ -47,6 +47,22 @@ func TestSchedulerQuietPeriod(t *testing.T) {
 		t.Fatal("a request for prioritized files still waits after the demand fetch ended")
 	}
 
+	// A replay in flight holds other background requests, however long it takes, and the
+	// quiet period starts again at its end; it holds no urgent request.
+	s = newScheduler(2, 0, 30*time.Millisecond)
+	s.replayStart()
+	time.Sleep(50 * time.Millisecond) // longer than the quiet period
+	if !blocked(s, false) {
+		t.Fatal("a background request went out while a startup profile was being replayed")
+	}
+	if blocked(s, true) {
+		t.Fatal("a request for prioritized files waited for a replay")
+	}
+	s.replayEnd()
+	if blocked(s, false) { // it waits 100 ms, more than the quiet period
+		t.Fatal("a background request still waits after the replay ended and the quiet period passed")
+	}
+
 	s = newScheduler(1, 0, 50*time.Millisecond)
 	s.demandStart()
 	s.demandEnd()
