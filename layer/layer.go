@@ -273,7 +273,9 @@ func (l *Layer) ReadFile(ctx context.Context, id chunked.EntryID, p []byte, off 
 	if rest := e.Size - off; int64(len(p)) > rest {
 		p = p[:rest]
 	}
-	l.reads.note(l.idx, id, off, int64(len(p)))
+	// The read's chunks, found once: for the read set, and below for the read itself.
+	first, last := l.idx.ChunkAt(id, off), l.idx.ChunkAt(id, off+int64(len(p))-1)
+	l.reads.mark(l.idx, id, first, last)
 	var h *handle
 	if !e.Digest.IsZero() {
 		var err error
@@ -288,7 +290,6 @@ func (l *Layer) ReadFile(ctx context.Context, id chunked.EntryID, p []byte, off 
 		}
 	}
 	chunk := func(i int) chunked.Chunk { c, _ := l.idx.Chunk(id, i); return c }
-	first, last := l.idx.ChunkAt(id, off), l.idx.ChunkAt(id, off+int64(len(p))-1)
 	if first < 0 || last < 0 {
 		return 0, fmt.Errorf("%s: offset %d has no chunk", l.idx.Path(id), off)
 	}

@@ -36,7 +36,11 @@ func (s *readSet) note(x *chunked.Index, id chunked.EntryID, off, n int64) {
 	if n <= 0 {
 		return
 	}
-	first, last := x.ChunkAt(id, off), x.ChunkAt(id, off+n-1)
+	s.mark(x, id, x.ChunkAt(id, off), x.ChunkAt(id, off+n-1))
+}
+
+// mark marks chunks first to last of file id (none when either is negative).
+func (s *readSet) mark(x *chunked.Index, id chunked.EntryID, first, last int) {
 	if first < 0 || last < first {
 		return
 	}
