@@ -1,11 +1,13 @@
 package layer
 
 import (
+	"fmt"
 	"testing"
 	"time"
 
 	"github.com/opencontainers/go-digest"
 
+	"github.com/layerstore/layerstore/internal/testutil/testlayer"
 	"github.com/layerstore/layerstore/internal/testutil/testregistry"
 )
 
@@ -87,4 +89,82 @@ func (m *Manager) peek(k layerKey) (*Layer, error, bool) {
 		return nil, nil, false
 	}
 	return r.layer, r.err, true
+}
+
+// TestResolveAheadBounded plays a hostile manifest of many layers: a lookup resolves at most
+// maxAhead of the others ahead, aheadConcurrency at a time; when the registry stalls on them,
+// no more are started once a resolution's bound has passed (they do not pile up on the
+// manager's resolution slots), and their failures are not remembered: the runtime's own
+// lookup of one of them asks the registry again.
+func TestResolveAheadBounded(t *testing.T) {
+	const extra = maxAhead + 8
+	var fxs []testlayer.Fixture
+	var layers []testregistry.Blob
+	for i := range extra + 1 {
+		f := profLayer(t, fmt.Sprintf("l%02d", i), uint64(i+1), "usr/bin/f")
+		fxs, layers = append(fxs, f), append(layers, fixtureLayer(f))
+	}
+	requested := func(e *testEnv) (n int) {
+		for _, f := range fxs[1:] {
+			if st := e.reg.Stats(f.Desc.Digest); st.Full+st.Ranged > 0 {
+				n++
+			}
+		}
+		return n
+	}
+
+	t.Run("count", func(t *testing.T) {
+		e := newEnv(t)
+		ref := e.push("ahead/many:v1", layers...)
+		m := e.manager(WithPrefetch(false))
+		lookupOK(t, m, ref, profKey(fxs[0]))
+		resolved := func() (n int) {
+			for _, f := range fxs[1:] {
+				if _, _, ok := m.peek(layerKey{ref, profKey(f)}); ok {
+					n++
+				}
+			}
+			return n
+		}
+		deadline := time.Now().Add(20 * time.Second)
+		for resolved() < maxAhead && time.Now().Before(deadline) {
+			time.Sleep(10 * time.Millisecond)
+		}
+		time.Sleep(200 * time.Millisecond) // time for one too many to show
+		if n := resolved(); n != maxAhead {
+			t.Errorf("%d layers resolved ahead, want %d", n, maxAhead)
+		}
+		if n := requested(e); n != maxAhead {
+			t.Errorf("the registry was asked for %d layers' blobs, want %d", n, maxAhead)
+		}
+	})
+
+	t.Run("stalled", func(t *testing.T) {
+		e := newEnv(t)
+		ref := e.push("ahead/stall:v1", layers...)
+		for _, f := range fxs[1:] {
+			e.reg.Hang(f.Desc.Digest, true)
+		}
+		const bound = 300 * time.Millisecond
+		m := e.manager(WithPrefetch(false), WithResolveTimeout(bound), WithNegativeTTL(time.Hour))
+		start := time.Now()
+		lookupOK(t, m, ref, profKey(fxs[0]))
+		if d := time.Since(start); d > 5*time.Second {
+			t.Errorf("the lookup took %v: it waited for the layers resolved ahead", d)
+		}
+		// In flight: aheadConcurrency at a time, each for at most bound; none started once
+		// bound has passed. Without the stop, every layer is asked for once the first bound
+		// passes.
+		time.Sleep(4 * bound)
+		if n, most := requested(e), 2*aheadConcurrency; n < aheadConcurrency || n > most {
+			t.Errorf("%d stalled layers asked for, want %d to %d", n, aheadConcurrency, most)
+		}
+		for _, f := range fxs[1:] {
+			e.reg.Hang(f.Desc.Digest, false)
+		}
+		// The runtime's own lookup of a layer whose resolution ahead failed asks again.
+		if _, err := m.lookup(t.Context(), ref, profKey(fxs[1])); err != nil {
+			t.Errorf("lookup of a layer whose resolution ahead stalled: %v", err)
+		}
+	})
 }

@@ -229,7 +229,9 @@ func (m *Manager) resolveShared(ctx context.Context, ref string, key digest.Dige
 			return resolved{nil, sourceRegistry}, fmt.Errorf("waiting for a resolution slot: %w", ctx.Err())
 		}
 		l, src, err := m.resolve(ctx, ref, key, ahead)
-		m.remember(k, l, err)
+		if err == nil || !ahead {
+			m.remember(k, l, err) // a failure ahead is not the runtime's: its own lookup asks again
+		}
 		return resolved{l, src}, err
 	})
 	select {
@@ -255,8 +257,9 @@ func (m *Manager) resolveShared(ctx context.Context, ref string, key digest.Dige
 // the next lookups find their layers resolved or on their way. The layers are resolved for the
 // same reference, as its own lookups would be (the same authorization, the same
 // verification); their background fetch waits for their first lookup, since the runtime may
-// have them already. At most maxAhead layers, aheadConcurrency at a time; nothing for a key
-// found in another platform's manifest.
+// have them already. At most maxAhead layers, aheadConcurrency at a time, started within
+// resolveTimeout of the first; their failures are not remembered; nothing for a key found in
+// another platform's manifest.
 func (m *Manager) resolveAhead(ref string, img *fetcher.Image, key digest.Digest, modern bool) {
 	if d, _ := findIn(&img.Manifest, key); d == nil {
 		return
@@ -279,15 +282,20 @@ func (m *Manager) resolveAhead(ref string, img *fetcher.Image, key digest.Digest
 		return
 	}
 	m.work.goTracked(func() {
-		ctx, cancel := m.work.bound(m.work.ctx, m.opts.resolveTimeout)
-		defer cancel()
+		// Each resolution is bounded by resolveShared (resolveTimeout) and holds its slot
+		// until it ends; none starts once that bound has passed since the first: a registry
+		// that stalls on them costs aheadConcurrency resolution slots for resolveTimeout.
+		until := m.opts.now().Add(m.opts.resolveTimeout)
 		slots := make(chan struct{}, aheadConcurrency)
 		var wg sync.WaitGroup
 		for _, k := range keys {
 			slots <- struct{}{}
+			if m.work.ctx.Err() != nil || !m.opts.now().Before(until) {
+				break
+			}
 			wg.Go(func() {
 				defer func() { <-slots }()
-				_, _, _ = m.resolveShared(ctx, ref, k, true)
+				_, _, _ = m.resolveShared(m.work.ctx, ref, k, true)
 			})
 		}
 		wg.Wait()
