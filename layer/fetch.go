@@ -131,6 +131,30 @@ func (l *Layer) fetchRegion(file chunked.EntryID, i int, h *handle) {
 	if l.env.readAhead <= 0 {
 		return
 	}
+	keys := l.region(file, i)
+	if len(keys) == 0 {
+		return
+	}
+	select {
+	case l.env.regions <- struct{}{}:
+	default:
+		return
+	}
+	_, mine := l.claim(keys)
+	mine = l.takeCached(h, mine)
+	if len(mine) == 0 {
+		<-l.env.regions
+		return
+	}
+	l.env.work.goTracked(func() {
+		defer func() { <-l.env.regions }()
+		l.run(l.env.work.ctx, mine, ahead)
+	})
+}
+
+// region counts a cold read of chunk i of file and returns the other chunks of the file's
+// region around it (fetchRegion): at most the window's size of content.
+func (l *Layer) region(file chunked.EntryID, i int) []chunkKey {
 	l.mu.Lock()
 	if len(l.cold) >= maxColdFiles {
 		clear(l.cold)
@@ -158,24 +182,7 @@ func (l *Layer) fetchRegion(file chunked.EntryID, i int, h *handle) {
 			keys = append(keys, chunkKey{file, j})
 		}
 	}
-	if len(keys) == 0 {
-		return
-	}
-	select {
-	case l.env.regions <- struct{}{}:
-	default:
-		return
-	}
-	_, mine := l.claim(keys)
-	mine = l.takeCached(h, mine)
-	if len(mine) == 0 {
-		<-l.env.regions
-		return
-	}
-	l.env.work.goTracked(func() {
-		defer func() { <-l.env.regions }()
-		l.run(l.env.work.ctx, mine, ahead)
-	})
+	return keys
 }
 
 // Regions (fetchRegion): the first window of a file, the largest, how many files' cold reads

@@ -93,3 +93,41 @@ func TestRegion(t *testing.T) {
 
 	}
 }
+
+// TestRegionBoundedByContent: a region of a file of zeros (64 KiB chunks of a few dozen
+// compressed bytes each) holds at most its window of decompressed content, however little
+// it takes over the link, at every step of its growth: regions are bounded by what they
+// decompress, not by what a hostile image makes them download.
+func TestRegionBoundedByContent(t *testing.T) {
+	e := newEnv(t)
+	f := zerosLayer(t, 64<<20, 64<<10)
+	ref := e.push("zeros/region:v1", fixtureLayer(f))
+	m := e.manager(WithPrefetch(false))
+	l, err := m.lookup(t.Context(), ref, f.Desc.Digest)
+	if err != nil {
+		t.Fatal(err)
+	}
+	id, _ := l.Index().LookupPath("zeros")
+	if n := l.Index().NumChunks(id); n < 1000 {
+		t.Fatalf("%d chunks", n)
+	}
+	for step := range 12 {
+		i := step * 97 % l.Index().NumChunks(id)
+		var content, compressed int64
+		for _, k := range l.region(id, i) {
+			r := l.ref(k)
+			content += r.Size
+			compressed += r.Length
+		}
+		window := min(int64(regionBase)<<min(step, 8), regionMax)
+		if content > window {
+			t.Errorf("cold read %d: a region of %d bytes of content, above its window of %d", step, content, window)
+		}
+		if content < window/2 {
+			t.Errorf("cold read %d: a region of %d bytes of content, for a window of %d", step, content, window)
+		}
+		if step == 11 && compressed*100 > content {
+			t.Errorf("%d compressed bytes for %d of content: the zeros do not compress", compressed, content)
+		}
+	}
+}
