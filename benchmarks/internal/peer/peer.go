@@ -45,6 +45,11 @@ type Store struct {
 
 // Start writes the config, starts the peer and waits until its mount answers.
 func Start(ctx context.Context, cfg Config) (*Store, error) {
+	dir, err := filepath.Abs(cfg.Dir) // the peer runs in it
+	if err != nil {
+		return nil, err
+	}
+	cfg.Dir = dir
 	if cfg.Mountpoint == "" {
 		cfg.Mountpoint = filepath.Join(cfg.Dir, "mnt")
 	}
@@ -64,12 +69,16 @@ func Start(ctx context.Context, cfg Config) (*Store, error) {
 	args := []string{"--root", root, "--config", confPath, "--log-level", "info"}
 	// --addr (stargz-store 0.16+) defaults to a socket under /var/lib/stargz-store, and a
 	// store that cannot bind it exits after mounting, leaving a dead mount.
+	// The socket is named relative to the store's directory, its working directory: a unix
+	// socket's path is at most 107 bytes, which a deep Dir exceeds (bind: invalid argument).
 	if help, _ := exec.Command(cfg.Bin, "--help").CombinedOutput(); strings.Contains(string(help), "-addr") {
-		args = append(args, "--addr", filepath.Join(cfg.Dir, "store.sock"))
+		args = append(args, "--addr", "store.sock")
 	}
+	cmd := exec.Command(cfg.Bin, append(args, cfg.Mountpoint)...)
+	cmd.Dir = cfg.Dir
 	p, err := fuseproc.Start(ctx, fuseproc.Spec{
 		What:       "peer",
-		Cmd:        exec.Command(cfg.Bin, append(args, cfg.Mountpoint)...),
+		Cmd:        cmd,
 		Log:        filepath.Join(cfg.Dir, fmt.Sprintf("peer-%d.log", time.Now().UnixNano())),
 		Mountpoint: cfg.Mountpoint,
 		Stop:       os.Interrupt,
