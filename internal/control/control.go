@@ -176,6 +176,9 @@ func readPinRequest(w http.ResponseWriter, r *http.Request) (PinRequest, bool) {
 // Listen creates the socket at path, mode 0600, replacing a stale one left by a crash. A
 // socket some live daemon answers on is an error.
 func Listen(path string) (net.Listener, error) {
+	if len(path) > maxSocketPath {
+		return nil, fmt.Errorf("control socket %s: a path of %d bytes, longer than a unix socket's %d: choose a shorter control-socket", path, len(path), maxSocketPath)
+	}
 	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 		return nil, err
 	}
@@ -198,6 +201,10 @@ func Listen(path string) (net.Listener, error) {
 	}
 	return ln, nil
 }
+
+// maxSocketPath is the longest path a unix socket is bound at on Linux (sun_path holds 108
+// bytes, the terminating NUL included); a longer one fails with EINVAL, which names nothing.
+const maxSocketPath = 107
 
 // Client talks to a daemon's control socket.
 type Client struct {

@@ -119,3 +119,16 @@ func TestSocketPath(t *testing.T) {
 		t.Errorf("with $%s: %q, want /run/other/control.sock", SocketEnv, got)
 	}
 }
+
+// TestListenPathTooLong: a control socket path longer than a unix socket allows is refused
+// with an error that says so, not bind's bare "invalid argument".
+func TestListenPathTooLong(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), strings.Repeat("d", 120))
+	_, err := Listen(filepath.Join(dir, "control.sock"))
+	if err == nil || !strings.Contains(err.Error(), "longer than a unix socket's 107") {
+		t.Fatalf("Listen of a %d-byte path: %v", len(dir)+13, err)
+	}
+	if _, err := os.Stat(dir); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the refused socket's directory was made: %v", err)
+	}
+}
