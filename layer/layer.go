@@ -252,7 +252,7 @@ func (l *Layer) Backing(id chunked.EntryID) *os.File {
 		return nil
 	}
 	l.reads.notePassthrough(l.idx, id, e.Size)
-	l.recordRead(id) // read by the kernel from here on, never through ReadFile
+	l.recordRead(id, e.Size) // read by the kernel from here on, never through ReadFile
 	return f
 }
 
@@ -269,10 +269,10 @@ func (l *Layer) ReadFile(ctx context.Context, id chunked.EntryID, p []byte, off 
 	if off >= e.Size || len(p) == 0 {
 		return 0, nil
 	}
-	l.recordRead(id)
 	if rest := e.Size - off; int64(len(p)) > rest {
 		p = p[:rest]
 	}
+	l.recordRead(id, off+int64(len(p)))
 	// The read's chunks, found once: for the read set, and below for the read itself.
 	first, last := l.idx.ChunkAt(id, off), l.idx.ChunkAt(id, off+int64(len(p))-1)
 	l.reads.mark(l.idx, id, first, last)

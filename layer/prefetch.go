@@ -126,7 +126,7 @@ func (l *Layer) runPrefetch(ctx context.Context) error {
 	if len(keys) > 0 {
 		prof = l.profileFiles()
 	}
-	keys, nprof := l.profileFirst(keys, prof.files)
+	keys, nprof := l.profileFirst(keys, prof)
 	var profPlanned int64
 	for _, k := range keys[:nprof] {
 		profPlanned += l.ref(k).Length

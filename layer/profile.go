@@ -74,11 +74,23 @@ type repoProfile struct {
 }
 
 // profileLayer is the profile of one layer: its blob digest, when it was recorded, and the
-// paths of the files read, in order.
+// paths of the files read, in order; Ends, when present, holds for each file how much of it was
+// read: the end of its furthest read (0: the whole file, as for a file the kernel reads by
+// itself through passthrough). A replay fetches the chunks of each file that start before its
+// end: a program that reads the first pages of a large library does not have it fetched whole.
 type profileLayer struct {
 	Layer    digest.Digest `json:"layer"`
 	Recorded time.Time     `json:"recorded"`
 	Files    []string      `json:"files"`
+	Ends     []int64       `json:"ends,omitempty"`
+}
+
+// end returns how much of file i was read (0: the whole file).
+func (pl *profileLayer) end(i int) int64 {
+	if i < len(pl.Ends) {
+		return pl.Ends[i]
+	}
+	return 0
 }
 
 // profileName is the name of a repository's profile record.
@@ -110,6 +122,14 @@ func (p *repoProfile) check() error {
 		seen[l.Layer] = true
 		if len(l.Files) == 0 || len(l.Files) > maxProfileFiles {
 			return fmt.Errorf("profile of %s: layer %s: %d files, want 1 to %d", p.Repository, l.Layer, len(l.Files), maxProfileFiles)
+		}
+		if len(l.Ends) != 0 && len(l.Ends) != len(l.Files) {
+			return fmt.Errorf("profile of %s: layer %s: %d ends for %d files", p.Repository, l.Layer, len(l.Ends), len(l.Files))
+		}
+		for _, e := range l.Ends {
+			if e < 0 {
+				return fmt.Errorf("profile of %s: layer %s: negative end %d", p.Repository, l.Layer, e)
+			}
 		}
 		n := 0
 		for _, f := range l.Files {
@@ -165,7 +185,7 @@ func (p *repoProfile) merge(layers []profileLayer) ([]byte, error) {
 			byLayer = append(byLayer, profileLayer{Layer: l.Layer, Recorded: l.Recorded})
 			i = len(byLayer) - 1
 		}
-		byLayer[i].Files = unionFiles(byLayer[i].Files, l.Files)
+		byLayer[i].union(&l)
 	}
 	var kept []profileLayer
 	total := 0
@@ -190,25 +210,39 @@ func (p *repoProfile) merge(layers []profileLayer) ([]byte, error) {
 	}
 }
 
-// unionFiles returns files followed by those of more it lacks, within the bounds of one
-// layer's profile (files, path bytes).
-func unionFiles(files, more []string) []string {
-	out := slices.Clone(files)
-	have := make(map[string]bool, len(files))
+// union adds to pl the files of more it lacks, after its own, within the bounds of one layer's
+// profile (files, path bytes); a file in both keeps the larger of its ends (0, the whole file,
+// the largest).
+func (pl *profileLayer) union(more *profileLayer) {
+	files := slices.Clone(pl.Files)
+	ends := make([]int64, len(files))
+	have := make(map[string]int, len(files))
 	n := 0
-	for _, f := range files {
-		have[f] = true
+	for i, f := range files {
+		have[f] = i
+		ends[i] = pl.end(i)
 		n += len(f)
 	}
-	for _, f := range more {
-		if have[f] || len(out) == maxProfileFiles || n+len(f) > maxProfileSlotBytes {
+	for j, f := range more.Files {
+		e := more.end(j)
+		if i, ok := have[f]; ok {
+			if ends[i] != 0 && (e == 0 || e > ends[i]) {
+				ends[i] = e
+			}
 			continue
 		}
-		have[f] = true
+		if len(files) == maxProfileFiles || n+len(f) > maxProfileSlotBytes {
+			continue
+		}
+		have[f] = len(files)
 		n += len(f)
-		out = append(out, f)
+		files = append(files, f)
+		ends = append(ends, e)
 	}
-	return out
+	pl.Files, pl.Ends = files, nil
+	if slices.ContainsFunc(ends, func(e int64) bool { return e != 0 }) {
+		pl.Ends = ends
+	}
 }
 
 func pathBytes(files []string) int {
@@ -366,15 +400,17 @@ type recording struct {
 	mu      sync.Mutex
 	started bool
 	timer   *time.Timer
-	seen    map[chunked.EntryID]struct{}
+	seen    map[chunked.EntryID]int // index in files
 	files   []chunked.EntryID
+	ends    []int64 // of files: the end of the furthest read
 	content int64
 	bytes   int // path bytes
 	saved   atomic.Int64
 }
 
-// recordRead notes a read (or a passthrough open) of regular file id, while the layer records.
-func (l *Layer) recordRead(id chunked.EntryID) {
+// recordRead notes a read of regular file id that ends at end (a passthrough open: the file's
+// size), while the layer records.
+func (l *Layer) recordRead(id chunked.EntryID, end int64) {
 	r := &l.recording
 	if r.done.Load() {
 		return
@@ -388,13 +424,16 @@ func (l *Layer) recordRead(id chunked.EntryID) {
 	default:
 		if !r.started {
 			r.started = true
-			r.seen = map[chunked.EntryID]struct{}{}
+			r.seen = map[chunked.EntryID]int{}
 			r.timer = time.AfterFunc(l.env.profileWindow, l.endRecording)
 		}
-		if _, ok := r.seen[id]; ok {
+		if i, ok := r.seen[id]; ok {
+			if i >= 0 && end > r.ends[i] {
+				r.ends[i] = end
+			}
 			break
 		}
-		r.seen[id] = struct{}{}
+		r.seen[id] = -1 // not recorded, unless below
 		e := l.idx.Meta(id)
 		n := len(l.idx.Path(id))
 		if e.Size <= 0 || n == 0 || n > maxProfilePath {
@@ -404,7 +443,9 @@ func (l *Layer) recordRead(id chunked.EntryID) {
 			full = true // the paths' bound: ends the recording, as the others do
 			break
 		}
+		r.seen[id] = len(r.files)
 		r.files = append(r.files, id)
+		r.ends = append(r.ends, end)
 		r.content += e.Size
 		r.bytes += n
 		full = len(r.files) >= l.env.profileMaxFiles || r.content >= l.env.profileMaxContent
@@ -428,15 +469,26 @@ func (l *Layer) endRecording() {
 	if r.timer != nil {
 		r.timer.Stop()
 	}
-	files := r.files
-	r.files, r.seen = nil, nil
+	files, ends := r.files, r.ends
+	r.files, r.ends, r.seen = nil, nil, nil
 	r.mu.Unlock()
 	if len(files) == 0 || l.v.Err() != nil || l.env.work.ctx.Err() != nil {
 		return
 	}
 	paths := make([]string, len(files))
+	var partial []int64 // ends, when a file was not read to its end
 	for i, id := range files {
 		paths[i] = l.idx.Path(id)
+		if ends[i] < l.idx.Meta(id).Size && partial == nil {
+			partial = make([]int64, len(files))
+		}
+	}
+	if partial != nil {
+		for i, id := range files {
+			if ends[i] < l.idx.Meta(id).Size {
+				partial[i] = ends[i]
+			}
+		}
 	}
 	l.mu.Lock()
 	repos := make([]string, 0, len(l.repos))
@@ -445,7 +497,7 @@ func (l *Layer) endRecording() {
 	}
 	l.mu.Unlock()
 	slices.Sort(repos)
-	slot := profileLayer{Layer: l.desc.Digest, Recorded: time.Now().UTC(), Files: paths}
+	slot := profileLayer{Layer: l.desc.Digest, Recorded: time.Now().UTC(), Files: paths, Ends: partial}
 	l.env.work.goTracked(func() {
 		for _, repo := range repos {
 			if err := l.env.profiles.add(repo, slot); err != nil && !errors.Is(err, cache.ErrClosed) {
@@ -461,6 +513,7 @@ func (l *Layer) endRecording() {
 // replayPlan is what a layer's background fetch replays first.
 type replayPlan struct {
 	files []chunked.EntryID // in the profile's order, each an inode owner with content
+	ends  []int64           // of files: the chunks starting before it are replayed (0: all)
 	same  bool              // recorded from this very layer (else another of the repository)
 }
 
@@ -487,8 +540,9 @@ func (l *Layer) profileFiles() replayPlan {
 		}
 	}
 	if exact != nil {
-		if files := l.matchFiles(exact.Files); len(files) > 0 {
-			return replayPlan{files: files, same: true}
+		if plan := l.matchFiles(exact); len(plan.files) > 0 {
+			plan.same = true
+			return plan
 		}
 	}
 	var best replayPlan
@@ -500,9 +554,9 @@ func (l *Layer) profileFiles() replayPlan {
 				continue
 			}
 			budget -= len(pl.Files)
-			files := l.matchFiles(pl.Files)
-			if len(files) > len(best.files) || len(files) > 0 && len(files) == len(best.files) && pl.Recorded.After(bestTime) {
-				best, bestTime = replayPlan{files: files}, pl.Recorded
+			plan := l.matchFiles(&pl)
+			if len(plan.files) > len(best.files) || len(plan.files) > 0 && len(plan.files) == len(best.files) && pl.Recorded.After(bestTime) {
+				best, bestTime = plan, pl.Recorded
 			}
 		}
 	}
@@ -543,12 +597,12 @@ func (l *Layer) profileRepos() []string {
 	return out
 }
 
-// matchFiles returns the regular files with content of the layer that paths name, in order,
-// each once.
-func (l *Layer) matchFiles(paths []string) []chunked.EntryID {
-	var out []chunked.EntryID
+// matchFiles returns the regular files with content of the layer that pl's paths name, in
+// order, each once, with their ends.
+func (l *Layer) matchFiles(pl *profileLayer) replayPlan {
+	var out replayPlan
 	seen := map[chunked.EntryID]bool{}
-	for _, p := range paths {
+	for i, p := range pl.Files {
 		id, ok := l.idx.LookupPath(p)
 		if !ok {
 			continue
@@ -559,16 +613,17 @@ func (l *Layer) matchFiles(paths []string) []chunked.EntryID {
 			continue
 		}
 		seen[owner] = true
-		out = append(out, owner)
+		out.files = append(out.files, owner)
+		out.ends = append(out.ends, pl.end(i))
 	}
 	return out
 }
 
 // profileFirst moves the chunks of the profile's files to the front of keys (the background
-// fetch's plan, in blob order), in the profile's order; it returns the new order and how many
-// keys the profile took.
-func (l *Layer) profileFirst(keys []chunkKey, files []chunked.EntryID) ([]chunkKey, int) {
-	if len(files) == 0 {
+// fetch's plan, in blob order), in the profile's order, those of each file that start before
+// its end; it returns the new order and how many keys the profile took.
+func (l *Layer) profileFirst(keys []chunkKey, plan replayPlan) ([]chunkKey, int) {
+	if len(plan.files) == 0 {
 		return keys, 0
 	}
 	byDigest := map[chunked.Sum][]int{} // the plan's keys of each content
@@ -578,9 +633,16 @@ func (l *Layer) profileFirst(keys []chunkKey, files []chunked.EntryID) ([]chunkK
 	}
 	taken := make([]bool, len(keys))
 	out := make([]chunkKey, 0, len(keys))
-	for _, id := range files {
+	for j, id := range plan.files {
 		d := l.idx.Meta(id).Digest
+		end := int64(0)
+		if j < len(plan.ends) {
+			end = plan.ends[j]
+		}
 		for _, i := range byDigest[d] {
+			if end > 0 && l.ref(keys[i]).FileOffset >= end {
+				continue
+			}
 			if !taken[i] {
 				taken[i] = true
 				out = append(out, keys[i])

@@ -3,6 +3,7 @@ package layer
 import (
 	"archive/tar"
 	"math/rand/v2"
+	"slices"
 	"testing"
 	"time"
 
@@ -129,5 +130,68 @@ func TestRegionBoundedByContent(t *testing.T) {
 		if step == 11 && compressed*100 > content {
 			t.Errorf("%d compressed bytes for %d of content: the zeros do not compress", compressed, content)
 		}
+	}
+}
+
+// TestProfileReplaysWhatWasRead: a profile records how much of each file was read, and its
+// replay fetches the chunks of a file that start before that end, not the whole file: a
+// program that reads the first pages of a large library does not have it fetched whole on its
+// next cold start (it did, and a learned start was slower than one without a profile). A file
+// read to its end, or recorded by an older daemon without ends, is replayed whole.
+func TestProfileReplaysWhatWasRead(t *testing.T) {
+	rng := rand.New(rand.NewPCG(5, 6))
+	noise := func(n int) []byte {
+		b := make([]byte, n)
+		for i := range b {
+			b[i] = byte(rng.Uint32())
+		}
+		return b
+	}
+	big, small := noise(1<<20), noise(48<<10)
+	f, err := testlayer.BuildEStargz("partial", testlayer.Build([]testlayer.Entry{
+		{Header: tarFile("usr/lib/big.so", int64(len(big))), Data: big},
+		{Header: tarFile("usr/bin/f00", int64(len(small))), Data: small},
+	}), estargz.WithChunkSize(64<<10))
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := newProfEnv(t)
+	ref := profRepo + ":v1"
+	e.reg.push(ref, f)
+	m, stop := e.start(WithPrefetch(false), WithReadAhead(0), WithProfileWindow(200*time.Millisecond))
+	l := lookupOK(t, m, ref, profKey(f))
+	id := fileOf(t, l, "usr/lib/big.so")
+	buf := make([]byte, 4096)
+	if _, err := l.ReadFile(t.Context(), id, buf, 0); err != nil {
+		t.Fatal(err)
+	}
+	readPaths(t, l, "usr/bin/f00")
+	waitProfile(t, m, profRepo, f.Desc.Digest)
+	p := m.profiles.get(profRepo)
+	if pl := p.Layers[0]; !slices.Equal(pl.Files, []string{"usr/lib/big.so", "usr/bin/f00"}) || !slices.Equal(pl.Ends, []int64{4096, 0}) {
+		t.Fatalf("profile %q ends %v, want big.so to 4096 and f00 whole", pl.Files, pl.Ends)
+	}
+	stop()
+
+	e.evict()
+	m, _ = e.start(WithPrefetchConcurrency(1), WithPrefetchBatch(64<<10), WithPrefetchQuiet(0), WithReadAhead(0))
+	l = lookupOK(t, m, ref, profKey(f))
+	waitComplete(t, l)
+	st := l.Status()
+	first := l.Index().Chunks(fileOf(t, l, "usr/lib/big.so"))[0]
+	want := first.Length + l.Index().Chunks(fileOf(t, l, "usr/bin/f00"))[0].Length
+	if st.Profile == nil || st.Profile.Files != 2 || st.Profile.Bytes != want {
+		t.Errorf("status profile %+v, want 2 files and %d bytes: big.so's first chunk and f00", st.Profile, want)
+	}
+
+	// Merged with a recording that read big.so whole (or an older one without ends): whole.
+	pl := profileLayer{Files: []string{"usr/lib/big.so", "usr/bin/f00"}, Ends: []int64{4096, 0}}
+	pl.union(&profileLayer{Files: []string{"usr/bin/f01", "usr/lib/big.so"}, Ends: []int64{100, 0}})
+	if !slices.Equal(pl.Files, []string{"usr/lib/big.so", "usr/bin/f00", "usr/bin/f01"}) || !slices.Equal(pl.Ends, []int64{0, 0, 100}) {
+		t.Errorf("union: %q %v", pl.Files, pl.Ends)
+	}
+	pl.union(&profileLayer{Files: []string{"usr/bin/f01"}})
+	if pl.Ends != nil {
+		t.Errorf("union with a whole file: ends %v, want none", pl.Ends)
 	}
 }
