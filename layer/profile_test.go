@@ -733,6 +733,8 @@ func TestProfileExportImport(t *testing.T) {
 		"unknown field": {header + `{"version":1,"repository":"r","layers":[],"content":"x"}` + "\n", "line 2: invalid JSON"},
 		"bad digest":    {header + line(good) + `{"version":1,"repository":"r","layers":[{"layer":"md5:x","files":["a"]}]}` + "\n", "line 3:"},
 		"long line":     {header + strings.Repeat(" ", maxProfileLine+10) + "\n", "line 2: a line of more than"},
+		"ends count":    {header + `{"version":1,"repository":"r","layers":[{"layer":"` + a.Desc.Digest.String() + `","files":["a","b"],"ends":[1]}]}` + "\n", "1 ends for 2 files"},
+		"negative end":  {header + `{"version":1,"repository":"r","layers":[{"layer":"` + a.Desc.Digest.String() + `","files":["a"],"ends":[-5]}]}` + "\n", "negative end"},
 	} {
 		_, err := m2.ImportProfiles(strings.NewReader(tc.in))
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
