@@ -239,10 +239,15 @@ func (pl *profileLayer) union(more *profileLayer) {
 		files = append(files, f)
 		ends = append(ends, e)
 	}
-	pl.Files, pl.Ends = files, nil
+	pl.Files, pl.Ends = files, sparseEnds(ends)
+}
+
+// sparseEnds returns ends, or nil when every file is whole (no end).
+func sparseEnds(ends []int64) []int64 {
 	if slices.ContainsFunc(ends, func(e int64) bool { return e != 0 }) {
-		pl.Ends = ends
+		return ends
 	}
+	return nil
 }
 
 func pathBytes(files []string) int {
@@ -476,18 +481,10 @@ func (l *Layer) endRecording() {
 		return
 	}
 	paths := make([]string, len(files))
-	var partial []int64 // ends, when a file was not read to its end
 	for i, id := range files {
 		paths[i] = l.idx.Path(id)
-		if ends[i] < l.idx.Meta(id).Size && partial == nil {
-			partial = make([]int64, len(files))
-		}
-	}
-	if partial != nil {
-		for i, id := range files {
-			if ends[i] < l.idx.Meta(id).Size {
-				partial[i] = ends[i]
-			}
+		if ends[i] >= l.idx.Meta(id).Size {
+			ends[i] = 0 // read to its end: the whole file
 		}
 	}
 	l.mu.Lock()
@@ -497,7 +494,7 @@ func (l *Layer) endRecording() {
 	}
 	l.mu.Unlock()
 	slices.Sort(repos)
-	slot := profileLayer{Layer: l.desc.Digest, Recorded: time.Now().UTC(), Files: paths, Ends: partial}
+	slot := profileLayer{Layer: l.desc.Digest, Recorded: time.Now().UTC(), Files: paths, Ends: sparseEnds(ends)}
 	l.env.work.goTracked(func() {
 		for _, repo := range repos {
 			if err := l.env.profiles.add(repo, slot); err != nil && !errors.Is(err, cache.ErrClosed) {
