@@ -125,6 +125,7 @@ type testLayer struct {
 	reads     map[chunked.EntryID]int // ReadFile calls
 	readers   map[uint32]int          // ReadFile calls by the uid of the FUSE request
 	backings  map[chunked.EntryID]int // Backing calls
+	executing []chunked.EntryID       // Executing calls
 	opened    []*os.File              // files Backing returned
 }
 
@@ -230,6 +231,12 @@ func (l *testLayer) Backing(id chunked.EntryID) *os.File {
 	}
 	l.opened = append(l.opened, f)
 	return f
+}
+
+func (l *testLayer) Executing(id chunked.EntryID) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.executing = append(l.executing, id)
 }
 
 func (l *testLayer) BlobSize() int64 { return int64(len(l.fixture.Blob)) }

@@ -359,10 +359,17 @@ func (r *rawFS) Open(cancel <-chan struct{}, in *fuse.OpenIn, out *fuse.OpenOut)
 			return fuse.EINVAL // the kernel opens only regular files through FUSE
 		}
 		out.OpenFlags = fuse.FOPEN_KEEP_CACHE | fuse.FOPEN_NOFLUSH
+		if in.Flags&fmodeExec != 0 {
+			n.l.Executing(n.id)
+		}
 		r.fsys.openFile(n.b, n.l, n.x, n.id, n.ino, n.entry.Size, out)
 	}
 	return fuse.OK
 }
+
+// fmodeExec is the kernel's __FMODE_EXEC, set in the flags of an open to execute a file
+// (execve's, and the ELF interpreter's); overlayfs passes it on to the lower file's open.
+const fmodeExec = 0x20
 
 func (r *rawFS) Read(cancel <-chan struct{}, in *fuse.ReadIn, buf []byte) (fuse.ReadResult, fuse.Status) {
 	defer r.fsys.gate()()

@@ -1,14 +1,19 @@
 package storefs
 
 import (
+	"errors"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/layerstore/layerstore/chunked"
 )
 
 // TestReadOnly checks that every modification answers EROFS, in the diff tree and in the
@@ -83,5 +88,29 @@ func TestReadOnly(t *testing.T) {
 	}
 	if data, err := os.ReadFile(file); err != nil || string(data) != "layerstore\n" {
 		t.Errorf("etc/hostname after the attempts = %q, %v", data, err)
+	}
+}
+
+// TestExecutingOnExecOpen: an open to execute a file (execve's, __FMODE_EXEC) tells the layer;
+// an open to read it does not.
+func TestExecutingOnExecOpen(t *testing.T) {
+	store := newTestStore()
+	l := newTestLayer(t, fixture(t, "estargz"))
+	store.add(testRef, l)
+	mnt, _ := mountTest(t, store, DefaultOptions())
+	diff := layerPath(mnt, testRef, l.tocKey, "diff")
+	tool, _ := l.Index().LookupPath("usr/bin/tool")
+	b, err := os.ReadFile(filepath.Join(diff, "usr", "bin", "group-tool"))
+	if err != nil || len(b) == 0 {
+		t.Fatalf("read: %v", err)
+	}
+	// The file is text without "#!": the kernel opens it, reads it, and refuses to run it.
+	if err := exec.Command(filepath.Join(diff, "usr", "bin", "tool")).Run(); !errors.Is(err, syscall.ENOEXEC) {
+		t.Fatalf("exec: %v, want ENOEXEC", err)
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if !slices.Equal(l.executing, []chunked.EntryID{l.Index().Entry(tool).Inode}) {
+		t.Fatalf("Executing calls %v, want usr/bin/tool's (%d) alone", l.executing, tool)
 	}
 }

@@ -40,6 +40,10 @@ type Layer interface {
 	// file id, when it is complete locally, for FUSE passthrough; nil otherwise. The caller
 	// closes it.
 	Backing(id chunked.EntryID) *os.File
+	// Executing tells the layer that the kernel opened regular file id to execute it (an
+	// execve of the file, or of a program whose interpreter it is): a hint, which returns
+	// at once.
+	Executing(id chunked.EntryID)
 	// BlobSize is the size of the compressed layer blob.
 	BlobSize() int64
 	// ReadBlob reads the raw compressed blob (served as the blob file for export). It fills

@@ -29,6 +29,7 @@ type indexLayer struct{ x *chunked.Index }
 func (l indexLayer) Index() *chunked.Index            { return l.x }
 func (l indexLayer) Info(digest.Digest) []byte        { return []byte("{}") }
 func (l indexLayer) Backing(chunked.EntryID) *os.File { return nil }
+func (l indexLayer) Executing(chunked.EntryID)        {}
 func (l indexLayer) BlobSize() int64                  { return 0 }
 func (l indexLayer) ReadFile(context.Context, chunked.EntryID, []byte, int64) (int, error) {
 	return 0, iofs.ErrInvalid

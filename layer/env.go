@@ -34,7 +34,11 @@ type env struct {
 	negativeTTL time.Duration // how long a failed fetch is remembered (WithNegativeTTL)
 	readAhead   int64         // the read-ahead window (WithReadAhead)
 	regions     chan struct{} // a slot per region fetch in flight (regionSlots)
-	batch       int64         // the compressed bytes of a background request (WithPrefetchBatch)
+	predicting  chan struct{} // a slot per prediction running (predictSlots; predict.go)
+	// siblings returns the other live layers resolved through a reference l was resolved
+	// through (the rest of its image), where a prediction looks for the files it names.
+	siblings func(l *Layer) []*Layer
+	batch    int64 // the compressed bytes of a background request (WithPrefetchBatch)
 
 	// The recording of startup profiles: its window (WithProfileWindow; zero: none) and the
 	// bounds that end it early (maxProfileFiles, maxProfileContent; tests lower them).

@@ -21,9 +21,10 @@ const (
 	// onDemand: a read a runtime waits for. Background work yields while it runs, and it
 	// returns before its chunks are written to the cache.
 	onDemand fetchKind = iota
-	// ahead: the next chunk of a file read in sequence, fetched before the reader asks
-	// (fetchAhead). Nobody waits for it yet: it does not hold background work up, and stores
-	// before it forgets its fetches, as background work does.
+	// ahead: the next chunk of a file read in sequence (fetchAhead), the rest of a region
+	// (fetchRegion), what a prediction reads (predict.go): fetched before a reader asks.
+	// Nobody waits for it yet: it does not hold background work up, and stores before it
+	// forgets its fetches, as background work does.
 	ahead
 	// background: the whole layer, fetched and verified behind the reads (prefetch.go). It
 	// yields to on-demand fetches, and verifies at most one chunk per processor at a time.
@@ -54,8 +55,9 @@ type fetch struct {
 }
 
 // fetchMissing returns the verified content of chunks idx of file, which a read found missing
-// in the cache; h, when not nil, is the read's handle on the file's cache entry, and next, when
-// not -1, a chunk to fetch ahead (the file is read in sequence). Step by step:
+// in the cache; h, when not nil, is the read's handle on the file's cache entry, next, when
+// not -1, a chunk to fetch ahead (the file is read in sequence), and kind onDemand for a read
+// a runtime waits for, ahead for a prediction's (predict.go). Step by step:
 //
 //  1. claim: the chunks nobody is fetching become this read's fetches; the others'
 //     fetches are shared (and waited for at the end);
@@ -69,8 +71,9 @@ type fetch struct {
 //  6. wait for every fetch the read needs.
 //
 // A read that had to wait for the registry (a chunk of its own to fetch, or one another read
-// or the fetch-ahead was still fetching) counts its wait in the read-wait histogram.
-func (l *Layer) fetchMissing(ctx context.Context, file chunked.EntryID, idx []int, h *handle, next int) ([][]byte, error) {
+// or the fetch-ahead was still fetching) counts its wait in the read-wait histogram; a
+// prediction's does not.
+func (l *Layer) fetchMissing(ctx context.Context, file chunked.EntryID, idx []int, h *handle, next int, kind fetchKind) ([][]byte, error) {
 	keys := make([]chunkKey, len(idx))
 	for i, c := range idx {
 		keys[i] = chunkKey{file, c}
@@ -87,9 +90,9 @@ func (l *Layer) fetchMissing(ctx context.Context, file chunked.EntryID, idx []in
 	if next >= 0 {
 		l.fetchAhead(file, next)
 	}
-	l.run(ctx, mine, onDemand)
+	l.run(ctx, mine, kind)
 	out, err := wait(ctx, needed)
-	if waits {
+	if waits && kind == onDemand {
 		l.env.counters.readWait.Since(start)
 	}
 	return out, err
@@ -119,7 +122,10 @@ func (l *Layer) fetchAhead(file chunked.EntryID, i int) {
 // fetchRegion fetches, beside a cold read of chunk i of file and without the reader waiting
 // for it, the rest of the region of the file around that chunk: the file's bytes in the
 // aligned window of regionBase bytes that holds the chunk's start, a window that doubles with
-// every cold read of the same file, up to regionMax. Formats differ in chunk size (eStargz's
+// every cold read of the same file, up to regionMax, from the first cold read of a file that
+// is mapped (executed, or a library predicted: predict.go) and from the second of others (a
+// file read from its start has the kernel's readahead and ours; a second cold read shows
+// reads here and there). Formats differ in chunk size (eStargz's
 // are 4 MiB of content by default; zstd:chunked cuts a file into chunks of some tens of KiB),
 // and a program mapped from the layer faults its pages in here and there: without regions, a
 // zstd:chunked layer costs a round trip per fault where eStargz costs one per 4 MiB. A file
@@ -163,7 +169,17 @@ func (l *Layer) region(file chunked.EntryID, i int) []chunkKey {
 	if n < 255 {
 		l.cold[file] = n + 1
 	}
+	mapped := l.predicted[file]
 	l.mu.Unlock()
+	if !mapped {
+		// Read, not mapped, as far as anyone knows: a reader going through the file from its
+		// start has the kernel's readahead and ours; a second cold read shows reads here and
+		// there.
+		if n == 0 {
+			return nil
+		}
+		n--
+	}
 	size := int64(regionMax)
 	if n < 8 && regionBase<<n < regionMax {
 		size = regionBase << n

@@ -42,7 +42,7 @@ func TestFetchTakesStoredChunk(t *testing.T) {
 
 			// As a reader that looked in the cache just before the chunk was stored.
 			before := e.reg.Stats(f.Desc.Digest)
-			got, err := l.fetchMissing(t.Context(), id, []int{0}, h, -1)
+			got, err := l.fetchMissing(t.Context(), id, []int{0}, h, -1, onDemand)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -37,12 +37,13 @@ type Layer struct {
 
 	recordMu sync.Mutex // serializes saveRecord
 
-	mu       sync.Mutex
-	refs     []string                  // the image references the layer was resolved through
-	repos    map[string]bool           // their repositories, each known to serve the blob
-	inflight map[chunkKey]*fetch       // the chunks being fetched, and failures remembered
-	cold     map[chunked.EntryID]uint8 // cold reads of each file so far (region), bounded
-	blobCopy *blobCopy                 // the verified blob, while export reads it
+	mu        sync.Mutex
+	refs      []string                  // the image references the layer was resolved through
+	repos     map[string]bool           // their repositories, each known to serve the blob
+	inflight  map[chunkKey]*fetch       // the chunks being fetched, and failures remembered
+	cold      map[chunked.EntryID]uint8 // cold reads of each file so far (region), bounded
+	blobCopy  *blobCopy                 // the verified blob, while export reads it
+	predicted map[chunked.EntryID]bool  // the files predicted (predict.go), bounded
 
 	onDemand, prefetched atomic.Int64 // compressed bytes fetched for reads and in the background
 	profiled             atomic.Int64 // of prefetched, the bytes the startup profile's replay fetched
@@ -123,6 +124,13 @@ func (l *Layer) addRef(ref string) {
 	if newRepo {
 		l.saveRecord()
 	}
+}
+
+// references returns the image references the layer was resolved through.
+func (l *Layer) references() []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return slices.Clone(l.refs)
 }
 
 // restoreRefs adds what a layer's record remembers: its references and repositories.
@@ -259,6 +267,17 @@ func (l *Layer) Backing(id chunked.EntryID) *os.File {
 // ReadFile implements storefs.Layer: it reads verified content of regular file id, from the cache
 // where present and from the registry otherwise.
 func (l *Layer) ReadFile(ctx context.Context, id chunked.EntryID, p []byte, off int64) (int, error) {
+	return l.read(ctx, id, p, off, onDemand)
+}
+
+// Executing implements storefs.Layer: the files the loader of file id will open are
+// predicted (predict.go).
+func (l *Layer) Executing(id chunked.EntryID) { l.predict(id) }
+
+// read reads verified content of regular file id: a read a runtime waits for (onDemand), or a
+// prediction's (ahead), which is neither recorded nor counted as the workload's and fetches
+// nothing ahead of itself in sequence.
+func (l *Layer) read(ctx context.Context, id chunked.EntryID, p []byte, off int64, kind fetchKind) (int, error) {
 	if err := l.v.Err(); err != nil {
 		return 0, err // the layer is refused (checkTarSplit)
 	}
@@ -272,10 +291,12 @@ func (l *Layer) ReadFile(ctx context.Context, id chunked.EntryID, p []byte, off 
 	if rest := e.Size - off; int64(len(p)) > rest {
 		p = p[:rest]
 	}
-	l.recordRead(id, off+int64(len(p)))
 	// The read's chunks, found once: for the read set, and below for the read itself.
 	first, last := l.idx.ChunkAt(id, off), l.idx.ChunkAt(id, off+int64(len(p))-1)
-	l.reads.mark(l.idx, id, first, last)
+	if kind == onDemand {
+		l.recordRead(id, off+int64(len(p)))
+		l.reads.mark(l.idx, id, first, last)
+	}
 	var h *handle
 	if !e.Digest.IsZero() {
 		var err error
@@ -307,7 +328,7 @@ func (l *Layer) ReadFile(ctx context.Context, id chunked.EntryID, p []byte, off 
 		missing = append(missing, i)
 	}
 	next := -1
-	if h != nil && last > 0 && last+1 < l.idx.NumChunks(id) {
+	if kind == onDemand && h != nil && last > 0 && last+1 < l.idx.NumChunks(id) {
 		// Read in sequence (the previous chunk is here, the next one is not): fetch the
 		// next one meanwhile.
 		prev, n := chunk(last-1), chunk(last+1)
@@ -321,7 +342,7 @@ func (l *Layer) ReadFile(ctx context.Context, id chunked.EntryID, p []byte, off 
 		}
 		return len(p), nil
 	}
-	got, err := l.fetchMissing(ctx, id, missing, h, next)
+	got, err := l.fetchMissing(ctx, id, missing, h, next, kind)
 	if err != nil {
 		return 0, err
 	}

@@ -7,6 +7,7 @@ import (
 	iofs "io/fs"
 	"log/slog"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -126,6 +127,7 @@ func New(reg Registry, c *cache.Cache, opts ...Option) (*Manager, error) {
 			negativeTTL: o.negativeTTL,
 			readAhead:   o.readAhead,
 			regions:     make(chan struct{}, regionSlots),
+			predicting:  make(chan struct{}, predictSlots),
 			batch:       o.prefetchBatch,
 
 			profileWindow:     o.profileWindow,
@@ -139,6 +141,7 @@ func New(reg Registry, c *cache.Cache, opts ...Option) (*Manager, error) {
 		resolving: make(chan struct{}, maxResolutions),
 		stop:      make(chan struct{}),
 	}
+	m.siblings = m.siblingsOf
 	m.done.Add(1)
 	go m.janitor()
 	m.resumePins()
@@ -569,6 +572,31 @@ func (m *Manager) addLive(l *Layer, ref string) (*Layer, error) {
 	}
 	return l, nil
 }
+
+// siblingsOf returns the live layers other than l resolved through a reference l was
+// resolved through, in digest order, at most maxSiblings (env.siblings).
+func (m *Manager) siblingsOf(l *Layer) []*Layer {
+	m.mu.Lock()
+	live := make([]*Layer, 0, len(m.live))
+	for _, o := range m.live {
+		if o != l {
+			live = append(live, o)
+		}
+	}
+	m.mu.Unlock()
+	refs := l.references()
+	var out []*Layer
+	for _, o := range live {
+		if slices.ContainsFunc(o.references(), func(r string) bool { return slices.Contains(refs, r) }) {
+			out = append(out, o)
+		}
+	}
+	slices.SortFunc(out, func(a, b *Layer) int { return strings.Compare(string(a.desc.Digest), string(b.desc.Digest)) })
+	return out[:min(len(out), maxSiblings)]
+}
+
+// maxSiblings bounds the layers a prediction looks in besides its own.
+const maxSiblings = 128
 
 // waitsForTarSplit reports whether a lookup must wait for the TOC to be compared with the
 // tar-split before it answers: a lookup by blob digest, whose info carries the tar's size,

@@ -15,8 +15,9 @@ import (
 // TestRegion checks that a cold read of a file cut into small chunks (as zstd:chunked cuts
 // them) also fetches the rest of the region around it, without the reader waiting, so that
 // later reads in the region ask the registry nothing: the first window is regionBase bytes,
-// and it doubles with each cold read of the same file. With read-ahead off, reads fetch only
-// what they ask for.
+// and it doubles with each cold read of the same file. That is from the first cold read for a
+// file executed or predicted (mapped: its pages are faulted in here and there), from the
+// second for a file only read. With read-ahead off, reads fetch only what they ask for.
 func TestRegion(t *testing.T) {
 	const size = 6 << 20
 	data := make([]byte, size)
@@ -30,7 +31,35 @@ func TestRegion(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, window := range []int64{DefaultReadAhead, 0} {
+	type step struct {
+		off  int64
+		cold bool // a request when regions are on
+	}
+	// cold reads, each in a part of the file no earlier read's region covered, and a read
+	// within the region each fetched
+	mappedSteps := []step{
+		{100 << 10, true},  // region [0, 1 MiB)
+		{900 << 10, false}, // in it
+		{1536 << 10, true}, // second cold read: [0, 2 MiB)
+		{1900 << 10, false},
+		{3 << 20, true}, // third: [0, 4 MiB)
+		{2 << 20, false},
+		{3900 << 10, false},
+		{5 << 20, true}, // fourth: at most 4 MiB, [4, 8 MiB)
+		{4 << 20, false},
+	}
+	readSteps := []step{
+		{100 << 10, true}, // no region: the first cold read of a file read
+		{900 << 10, true}, // the second: [0, 1 MiB)
+		{1000 << 10, false},
+		{1536 << 10, true}, // [0, 2 MiB)
+		{1900 << 10, false},
+	}
+	for _, c := range []struct {
+		window int64
+		mapped bool
+	}{{DefaultReadAhead, true}, {DefaultReadAhead, false}, {0, true}} {
+		window := c.window
 		e := newEnv(t)
 		ref := e.push("region/big:v1", fixtureLayer(f))
 		m := e.manager(WithPrefetch(false), WithReadAhead(window))
@@ -68,27 +97,16 @@ func TestRegion(t *testing.T) {
 			settle()
 			return after > before
 		}
-		// cold reads, each in a part of the file no earlier read's region covered, and a read
-		// within the region each fetched
-		steps := []struct {
-			off  int64
-			cold bool // a request when regions are on
-		}{
-			{100 << 10, true},  // region [0, 1 MiB)
-			{900 << 10, false}, // in it
-			{1536 << 10, true}, // second cold read: [0, 2 MiB)
-			{1900 << 10, false},
-			{3 << 20, true}, // third: [0, 4 MiB)
-			{2 << 20, false},
-			{3900 << 10, false},
-			{5 << 20, true}, // fourth: at most 4 MiB, [4, 8 MiB)
-			{4 << 20, false},
+		steps := readSteps
+		if c.mapped {
+			steps = mappedSteps
+			l.markPredicted(id) // as Executing does, without its reads
 		}
 		for _, s := range steps {
 			got := read(s.off)
 			want := s.cold || window == 0
 			if got != want {
-				t.Errorf("read-ahead %d: read at %d KiB asked the registry: %v, want %v", window, s.off>>10, got, want)
+				t.Errorf("read-ahead %d, mapped %v: read at %d KiB asked the registry: %v, want %v", window, c.mapped, s.off>>10, got, want)
 			}
 		}
 
@@ -112,6 +130,7 @@ func TestRegionBoundedByContent(t *testing.T) {
 	if n := l.Index().NumChunks(id); n < 1000 {
 		t.Fatalf("%d chunks", n)
 	}
+	l.markPredicted(id) // mapped: regions from the first cold read
 	for step := range 12 {
 		i := step * 97 % l.Index().NumChunks(id)
 		var content, compressed int64
