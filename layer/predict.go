@@ -28,21 +28,25 @@ import (
 //
 // The kernel's open of a file to execute it (Executing: an execve, or the interpreter of
 // one) starts the prediction of that file; a file opened to be read (a copy, a checksum, a
-// package manager) is not predicted. The file's header, program headers, interpreter path
-// (PT_INTERP), dynamic section (PT_DYNAMIC) and the strings it names (DT_NEEDED, DT_RUNPATH or
-// DT_RPATH) are read as a prediction reads
+// package manager) is not predicted. A predicted file of at most maxPredictWhole of content is
+// first fetched whole, in one batch (the loader maps all of it, reads its header and then its
+// dynamic section, near its end, and faults its pages in here and there), unless its layer
+// replays a startup profile, which knows how much of it the start reads. The file's header,
+// program headers, interpreter path (PT_INTERP), dynamic section (PT_DYNAMIC) and the strings
+// it names (DT_NEEDED, DT_RUNPATH or DT_RPATH) are then read as a prediction reads
 // (kind ahead: fetched, verified and cached as any chunk, never recorded in a profile nor
 // counted as the workload's reads); each library is looked for as the loader looks (the
 // run path with $ORIGIN, then the usual system directories for the file's machine: no
 // ld.so.cache), by path in the layer and in the other live layers resolved through one of its
 // references (the rest of the image; a symlink is followed across them); each file found is
-// predicted in turn, which reads its header and dynamic section, and so brings them into the
-// cache before the loader asks. What the loader faults in later comes through reads as
+// predicted in turn, which fetches it (whole, or its header and dynamic section), and so
+// brings it into the cache before the loader asks. What the loader faults in later comes through reads as
 // before. Reads of the workload are never delayed: a prediction's fetches are shared with any
 // read that wants the same chunks, and hold background work up no more than fetch-ahead does.
 //
 // Bounds (an ELF file is untrusted input): at most maxPredicted files per layer are predicted
-// (each once), predictSlots predictions run at once per manager, a file's program headers,
+// (each once), predictSlots predictions run at once per manager (each holding at most
+// maxPredictWhole of content fetched whole), a file's program headers,
 // dynamic section, names and paths are bounded (maxPhdrs, maxDynamic, maxNeeded, maxName,
 // maxSearchDirs, maxLinkHops), and a malformed file ends its prediction without error to
 // anyone. A prediction names paths of the image's own layers and fetches their chunks of their
@@ -60,6 +64,8 @@ const (
 	maxSearchDirs = 24       // directories a library is looked for in
 	maxLinkHops   = 16       // symlinks followed to resolve a path
 	maxPathLen    = 4096     // bytes of a path resolved
+
+	maxPredictWhole = 8 << 20 // content of a predicted file fetched whole
 )
 
 // predict starts the prediction of file id (once per file, at most maxPredicted per layer),
@@ -78,10 +84,41 @@ func (l *Layer) predict(id chunked.EntryID) {
 		defer func() { <-l.env.predicting }()
 		ctx, cancel := l.env.work.bound(ctx, l.env.readTimeout)
 		defer cancel()
+		if !l.replaysProfile() {
+			l.fetchFile(ctx, id) // a profile knows how much of the file the start reads
+		}
 		for _, t := range l.predictFrom(ctx, id) {
 			t.l.predict(t.id)
 		}
 	})
+}
+
+// fetchFile fetches, as a prediction, every chunk of file id that the cache lacks and
+// nobody is fetching, in one batch, when its content is at most maxPredictWhole: the loader
+// maps the whole file, reads its header and its dynamic section (near its end) one after the
+// other, and faults its pages in here and there.
+func (l *Layer) fetchFile(ctx context.Context, id chunked.EntryID) {
+	e := l.idx.Meta(id)
+	if e.Type != chunked.TypeReg || e.Digest.IsZero() || e.Size > maxPredictWhole || l.env.cache.Has(e.Digest) {
+		return
+	}
+	keys := make([]chunkKey, l.idx.NumChunks(id))
+	for i := range keys {
+		keys[i] = chunkKey{id, i}
+	}
+	_, mine := l.claim(keys)
+	if h, err := l.env.files.acquire(e.Digest, e.Size); err == nil {
+		mine = l.takeCached(h, mine)
+		l.env.files.release(h)
+	}
+	l.run(ctx, mine, ahead)
+}
+
+// replaysProfile reports whether the layer's background fetch replays a startup profile.
+func (l *Layer) replaysProfile() bool {
+	l.prefetch.mu.Lock()
+	defer l.prefetch.mu.Unlock()
+	return l.prefetch.profileFiles > 0
 }
 
 // markPredicted marks file id as predicted, which also makes it mapped for its regions

@@ -322,8 +322,8 @@ func fetchedFiles(l *Layer, log []fetchEvent) []string {
 	return out
 }
 
-// TestPredictLoadedFiles: executing a program fetches, without any read, the program's
-// header and dynamic section, its interpreter and the libraries it names (found through its
+// TestPredictLoadedFiles: executing a program fetches, without any read, the program whole,
+// its interpreter and the libraries it names, whole too (found through its
 // run path, symlinks and the merged-/usr links of the image's lower layer), and theirs in
 // turn; a name found nowhere is skipped; an ELF file read as data is not predicted; nothing of
 // a layer of another image is fetched, and none of it counts as the workload's reads or
@@ -382,6 +382,27 @@ func TestPredictLoadedFiles(t *testing.T) {
 		log := e.reg.log(false)
 		if got := fetchedFiles(lb, log); !slices.Equal(got, wantBase) {
 			t.Errorf("fetched of the lower layer: %q, want %q", got, wantBase)
+		}
+		// Each predicted file is fetched whole (each under maxPredictWhole).
+		fetched := map[int64]bool{}
+		for _, ev := range log {
+			for _, r := range ev.ranges {
+				fetched[r.Offset] = true
+			}
+		}
+		for _, f := range []struct {
+			l *Layer
+			p string
+		}{{lb, lib + "libc.so.6"}, {lb, lib + "libz.so.1.2.13"}, {la, "usr/bin/prog"}, {la, "usr/lib/app/libfoo.so"}} {
+			cs := f.l.Index().Chunks(fileOf(t, f.l, f.p))
+			if len(cs) < 2 && (f.p == "usr/bin/prog" || f.p == lib+"libc.so.6") {
+				t.Fatalf("%s: %d chunks", f.p, len(cs))
+			}
+			for i, c := range cs {
+				if !fetched[c.Offset] {
+					t.Errorf("%s: chunk %d of %d not fetched", f.p, i, len(cs))
+				}
+			}
 		}
 		for _, ev := range log {
 			if ev.blob == df.Desc.Digest {
