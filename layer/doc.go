@@ -149,7 +149,7 @@
 //   - Manager.mu: the resolutions, the live layers, closed.
 //   - work.mu: whether the manager is closing; goTracked takes it.
 //   - Layer.mu: the references and repositories of a layer, its chunks in flight (and the
-//     failures remembered on them), its blob copy.
+//     failures remembered on them), its cold reads and files predicted, its blob copy.
 //   - Layer.prefetch.mu: the state of its background fetch.
 //   - handles.mu: the open cache files and their LRU.
 //   - Layer.recording.mu: the startup profile being recorded.

@@ -99,8 +99,8 @@ func (l *Layer) predict(id chunked.EntryID) {
 // other, and faults its pages in here and there.
 func (l *Layer) fetchFile(ctx context.Context, id chunked.EntryID) {
 	e := l.idx.Meta(id)
-	if e.Type != chunked.TypeReg || e.Digest.IsZero() || e.Size > maxPredictWhole || l.env.cache.Has(e.Digest) {
-		return
+	if l.v.Err() != nil || e.Type != chunked.TypeReg || e.Digest.IsZero() || e.Size > maxPredictWhole || l.env.cache.Has(e.Digest) {
+		return // refused (checkTarSplit), not a file with content, too large, or local
 	}
 	keys := make([]chunkKey, l.idx.NumChunks(id))
 	for i := range keys {
