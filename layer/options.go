@@ -136,7 +136,7 @@ func WithPrefetchBatch(bytes int64) Option {
 // WithReadAhead sets how many compressed bytes past a cold read's last chunk the same
 // request also fetches: the rest of the file and the files after it in the blob, which are
 // often read next (a directory's files, a program's libraries). The default is 128 KiB; zero
-// fetches only what reads ask for.
+// fetches only what reads ask for: no read-ahead, regions nor predictions.
 func WithReadAhead(bytes int64) Option {
 	return func(o *options) error {
 		if bytes < 0 {
