@@ -29,9 +29,10 @@
 // meanwhile, so that the reader does not wait for a round trip and a verification per chunk.
 // A cold read also fetches, without the reader waiting, the rest of the file's region around
 // it (an aligned window of 1 MiB of the file, doubling with each cold read of the same file up
-// to 4 MiB): formats differ in chunk size, and a program mapped from the layer faults its pages
-// in here and there, so that zstd:chunked's small chunks would otherwise cost a round trip per
-// fault where eStargz's 4 MiB chunks cost one.
+// to 4 MiB; from the first cold read of a file executed or loaded as a library, from the
+// second of a file only read): formats differ in chunk size, and a program mapped from the
+// layer faults its pages in here and there, so that zstd:chunked's small chunks would
+// otherwise cost a round trip per fault where eStargz's 4 MiB chunks cost one.
 // Concurrent reads of one chunk share one fetch. In the background every resolved layer is fetched
 // completely, prioritized files first, in large coalesced requests verified on every core;
 // background work yields to reads a runtime is waiting for, starts its requests (prioritized
