@@ -47,6 +47,15 @@ func runHelper(name string, args []string) int {
 			return 1
 		}
 		return 0
+	case "exec":
+		// execve itself, not execvp: a file the kernel refuses (ENOEXEC) is not then run as
+		// a shell script.
+		err := syscall.Exec(args[0], args[:1], nil)
+		fmt.Fprintln(os.Stderr, "exec:", err)
+		if errors.Is(err, syscall.ENOEXEC) {
+			return 3
+		}
+		return 1
 	case "overlay":
 		if err := overlayProbe(args); err != nil {
 			fmt.Fprintln(os.Stderr, err)

@@ -1,6 +1,7 @@
 package storefs
 
 import (
+	"context"
 	"errors"
 	"os"
 	"os/exec"
@@ -105,8 +106,17 @@ func TestExecutingOnExecOpen(t *testing.T) {
 		t.Fatalf("read: %v", err)
 	}
 	// The file is text without "#!": the kernel opens it, reads it, and refuses to run it.
-	if err := exec.Command(filepath.Join(diff, "usr", "bin", "tool")).Run(); !errors.Is(err, syscall.ENOEXEC) {
-		t.Fatalf("exec: %v, want ENOEXEC", err)
+	// Another process executes it: this one serves the mount, and its own fork and exec of a
+	// file of the mount can deadlock (the forking thread waits for the child's execve, which
+	// waits for this process's answer to a lookup, which may wait for a new thread).
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, os.Args[0], filepath.Join(diff, "usr", "bin", "tool"))
+	cmd.Env = append(os.Environ(), helperEnv+"=exec")
+	out, err := cmd.CombinedOutput()
+	var exit *exec.ExitError
+	if !errors.As(err, &exit) || exit.ExitCode() != 3 {
+		t.Fatalf("exec: %v, %s; want ENOEXEC", err, out)
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
