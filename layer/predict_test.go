@@ -450,3 +450,31 @@ func TestResolvePathBounded(t *testing.T) {
 		}
 	}
 }
+
+// TestPredictedBounded: a layer predicts at most maxPredicted files, each once, and nothing
+// with read-ahead off.
+func TestPredictedBounded(t *testing.T) {
+	fx := predictLayer(t, "bound", []testlayer.Entry{regEntry("f", []byte("x"))})
+	for _, readAhead := range []int64{DefaultReadAhead, 0} {
+		e := newProfEnv(t)
+		e.reg.push(profRepo+":v1", fx)
+		m, _ := e.start(WithPrefetch(false), WithReadAhead(readAhead))
+		l := lookupOK(t, m, profRepo+":v1", profKey(fx))
+		n := 0
+		for id := range chunked.EntryID(maxPredicted + 50) {
+			if l.markPredicted(id) {
+				n++
+			}
+			if l.markPredicted(id) {
+				t.Fatalf("file %d predicted twice", id)
+			}
+		}
+		want := maxPredicted
+		if readAhead == 0 {
+			want = 0
+		}
+		if n != want {
+			t.Errorf("read-ahead %d: %d files predicted, want %d", readAhead, n, want)
+		}
+	}
+}
