@@ -338,7 +338,7 @@ func (l *Layer) fetchAndVerify(ctx context.Context, batch []*fetch, kind fetchKi
 			j++
 		}
 	}
-	parallel(len(batch), func(i int) {
+	parallel(runtime.GOMAXPROCS(0), len(batch), func(i int) {
 		if kind.isBackground() {
 			defer l.env.sched.verifying(ctx)()
 		}
@@ -353,9 +353,9 @@ func (l *Layer) fetchAndVerify(ctx context.Context, batch []*fetch, kind fetchKi
 	})
 }
 
-// parallel calls fn for 0..n-1 on up to GOMAXPROCS goroutines.
-func parallel(n int, fn func(int)) {
-	workers := min(n, runtime.GOMAXPROCS(0))
+// parallel calls fn for 0..n-1 on up to workers goroutines.
+func parallel(workers, n int, fn func(int)) {
+	workers = min(n, workers)
 	if workers <= 1 {
 		for i := range n {
 			fn(i)

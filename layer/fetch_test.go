@@ -2,7 +2,9 @@ package layer
 
 import (
 	"iter"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/layerstore/layerstore/chunked"
 )
@@ -177,6 +179,31 @@ func regularFiles(x *chunked.Index) iter.Seq[chunked.EntryID] {
 			e := x.Entry(id)
 			if e.Type == chunked.TypeReg && e.Inode == id && e.Size > 0 && !e.Digest.IsZero() && !yield(id) {
 				return
+			}
+		}
+	}
+}
+
+// TestParallelBounded: parallel calls fn once for each index, on at most workers goroutines
+// at once.
+func TestParallelBounded(t *testing.T) {
+	for _, c := range []struct{ workers, n int }{{2, 9}, {1, 5}, {8, 3}, {4, 0}} {
+		var running, most atomic.Int32
+		seen := make([]atomic.Int32, c.n)
+		parallel(c.workers, c.n, func(i int) {
+			now := running.Add(1)
+			for m := most.Load(); now > m && !most.CompareAndSwap(m, now); m = most.Load() {
+			}
+			time.Sleep(2 * time.Millisecond)
+			seen[i].Add(1)
+			running.Add(-1)
+		})
+		if m := int(most.Load()); m > c.workers {
+			t.Errorf("workers %d: %d at once", c.workers, m)
+		}
+		for i := range seen {
+			if n := seen[i].Load(); n != 1 {
+				t.Errorf("workers %d: index %d called %d times", c.workers, i, n)
 			}
 		}
 	}

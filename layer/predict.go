@@ -11,6 +11,7 @@ import (
 	"path"
 	"slices"
 	"strings"
+	"sync"
 
 	"github.com/layerstore/layerstore/chunked"
 )
@@ -29,11 +30,11 @@ import (
 // The kernel's open of a file to execute it (Executing: an execve, or the interpreter of
 // one) starts the prediction of that file; a file opened to be read (a copy, a checksum, a
 // package manager) is not predicted. A predicted file of at most maxPredictWhole of content is
-// first fetched whole, in one batch (the loader maps all of it, reads its header and then its
-// dynamic section, near its end, and faults its pages in here and there), unless its layer
+// fetched whole (fetchFile: the loader maps all of it, reads its header and then its dynamic
+// section, near its end, and the program faults its pages in here and there), unless its layer
 // replays a startup profile, which knows how much of it the start reads. The file's header,
 // program headers, interpreter path (PT_INTERP), dynamic section (PT_DYNAMIC) and the strings
-// it names (DT_NEEDED, DT_RUNPATH or DT_RPATH) are then read as a prediction reads
+// it names (DT_NEEDED, DT_RUNPATH or DT_RPATH) are read beside it, as a prediction reads
 // (kind ahead: fetched, verified and cached as any chunk, never recorded in a profile nor
 // counted as the workload's reads); each library is looked for as the loader looks (the
 // run path with $ORIGIN, then the usual system directories for the file's machine: no
@@ -46,7 +47,7 @@ import (
 //
 // Bounds (an ELF file is untrusted input): at most maxPredicted files per layer are predicted
 // (each once), predictSlots predictions run at once per manager (each holding at most
-// maxPredictWhole of content fetched whole), a file's program headers,
+// wholeBatches batches of wholeBatch of content fetched whole), a file's program headers,
 // dynamic section, names and paths are bounded (maxPhdrs, maxDynamic, maxNeeded, maxName,
 // maxSearchDirs, maxLinkHops), and a malformed file ends its prediction without error to
 // anyone. A prediction names paths of the image's own layers and fetches their chunks of their
@@ -65,7 +66,9 @@ const (
 	maxLinkHops   = 16       // symlinks followed to resolve a path
 	maxPathLen    = 4096     // bytes of a path resolved
 
-	maxPredictWhole = 8 << 20 // content of a predicted file fetched whole
+	maxPredictWhole = 64 << 20 // content of a predicted file fetched whole (fetchFile)
+	wholeBatch      = 4 << 20  // content of one batch of a file fetched whole
+	wholeBatches    = 2        // batches of a file fetched whole in flight at once
 )
 
 // predict starts the prediction of file id (once per file, at most maxPredicted per layer),
@@ -84,34 +87,57 @@ func (l *Layer) predict(id chunked.EntryID) {
 		defer func() { <-l.env.predicting }()
 		ctx, cancel := l.env.work.bound(ctx, l.env.readTimeout)
 		defer cancel()
-		if !l.replaysProfile() {
-			l.fetchFile(ctx, id) // a profile knows how much of the file the start reads
+		var whole sync.WaitGroup
+		if !l.replaysProfile() { // a profile knows how much of the file the start reads
+			whole.Go(func() { l.fetchFile(ctx, id) })
 		}
+		// Beside the whole file, not after it: the reads of the header and the dynamic
+		// section share the batches' fetches or fetch their chunks first, and the libraries
+		// named there start while the rest of the file comes.
 		for _, t := range l.predictFrom(ctx, id) {
 			t.l.predict(t.id)
 		}
+		whole.Wait()
 	})
 }
 
 // fetchFile fetches, as a prediction, every chunk of file id that the cache lacks and
-// nobody is fetching, in one batch, when its content is at most maxPredictWhole: the loader
-// maps the whole file, reads its header and its dynamic section (near its end) one after the
-// other, and faults its pages in here and there.
+// nobody is fetching, when its content is at most maxPredictWhole: the loader maps the whole
+// file, reads its header and its dynamic section (near its end) one after the other, and the
+// program faults its pages in here and there, each a round trip, a decompression and a
+// verification of its chunk, one after the other. The chunks go in batches of consecutive
+// chunks of at most wholeBatch of content (one chunk when a chunk alone is larger),
+// wholeBatches at once, in the file's order: each batch is verified and served as soon as its
+// own bytes have come, side by side with the next one's transfer.
 func (l *Layer) fetchFile(ctx context.Context, id chunked.EntryID) {
 	e := l.idx.Meta(id)
 	if l.v.Err() != nil || e.Type != chunked.TypeReg || e.Digest.IsZero() || e.Size > maxPredictWhole || l.env.cache.Has(e.Digest) {
 		return // refused (checkTarSplit), not a file with content, too large, or local
 	}
-	keys := make([]chunkKey, l.idx.NumChunks(id))
-	for i := range keys {
-		keys[i] = chunkKey{id, i}
+	var batches [][]chunkKey
+	var content int64
+	for i := range l.idx.NumChunks(id) {
+		c, _ := l.idx.Chunk(id, i)
+		if len(batches) == 0 || content+c.Size > wholeBatch {
+			batches = append(batches, nil)
+			content = 0
+		}
+		batches[len(batches)-1] = append(batches[len(batches)-1], chunkKey{id, i})
+		content += c.Size
 	}
-	_, mine := l.claim(keys)
-	if h, err := l.env.files.acquire(e.Digest, e.Size); err == nil {
-		mine = l.takeCached(h, mine)
-		l.env.files.release(h)
+	h, err := l.env.files.acquire(e.Digest, e.Size)
+	if err != nil {
+		h = nil
+	} else {
+		defer l.env.files.release(h)
 	}
-	l.run(ctx, mine, ahead)
+	parallel(wholeBatches, len(batches), func(b int) {
+		if ctx.Err() != nil {
+			return
+		}
+		_, mine := l.claim(batches[b])
+		l.run(ctx, l.takeCached(h, mine), ahead)
+	})
 }
 
 // replaysProfile reports whether the layer's background fetch replays a startup profile.

@@ -29,12 +29,14 @@ type elfSpec struct {
 	needed  []string
 	runpath string
 	pad     int  // random bytes between the string table and the dynamic section
+	zeros   int  // zero bytes after them
 	static  bool // no dynamic section
 }
 
 // elfFile builds the file of s: header, program headers (PT_LOAD of the whole file at
 // address 0, PT_INTERP when s has an interpreter, PT_DYNAMIC), the interpreter path, the
-// dynamic string table, s.pad bytes of random content, then the dynamic section.
+// dynamic string table, s.pad bytes of random content and s.zeros of zeros, then the dynamic
+// section.
 func elfFile(seed uint64, s elfSpec) []byte {
 	le := binary.LittleEndian
 	nph := 1
@@ -62,8 +64,8 @@ func elfFile(seed uint64, s elfSpec) []byte {
 	}
 	body += len(strtab)
 	rng := rand.New(rand.NewPCG(seed, 11))
-	pad := make([]byte, s.pad)
-	for i := range pad {
+	pad := make([]byte, s.pad+s.zeros)
+	for i := range s.pad {
 		pad[i] = byte(rng.Uint32())
 	}
 	body += len(pad)
@@ -476,5 +478,80 @@ func TestPredictedBounded(t *testing.T) {
 		if n != want {
 			t.Errorf("read-ahead %d: %d files predicted, want %d", readAhead, n, want)
 		}
+	}
+}
+
+// TestPredictWholeInBatches: an executed file larger than a batch is fetched whole without
+// any read, in requests of at most a batch of content (plus the read-ahead of the header's
+// and dynamic section's reads); a file of more than maxPredictWhole is not fetched whole: its
+// header, its dynamic section and their regions only. (At most wholeBatches at once:
+// TestParallelBounded.)
+func TestPredictWholeInBatches(t *testing.T) {
+	big := elfFile(40, elfSpec{pad: 2*wholeBatch + wholeBatch/2})
+	huge := elfFile(41, elfSpec{pad: 64 << 10, zeros: maxPredictWhole})
+	fx := predictLayer(t, "whole", []testlayer.Entry{regEntry("usr/bin/big", big), regEntry("usr/bin/huge", huge)})
+	e := newProfEnv(t)
+	e.reg.push(profRepo+":v1", fx)
+	m, _ := e.start(WithPrefetch(false))
+	l := lookupOK(t, m, profRepo+":v1", profKey(fx))
+	x := l.Index()
+	// fileEvents returns the logged fetches of chunks of file p and how much of its content
+	// they fetched.
+	fileEvents := func(p string) (evs []fetchEvent, content int64) {
+		cs := x.Chunks(fileOf(t, l, p))
+		byOffset := map[int64]int64{}
+		for _, c := range cs {
+			byOffset[c.Offset] = c.Size
+		}
+		for _, ev := range e.reg.log(false) {
+			mine := false
+			for _, r := range ev.ranges {
+				for c := range byOffset {
+					if c >= r.Offset && c < r.End() {
+						mine = true
+						content += byOffset[c]
+						delete(byOffset, c)
+					}
+				}
+			}
+			if mine {
+				evs = append(evs, ev)
+			}
+		}
+		return evs, content
+	}
+
+	l.Executing(fileOf(t, l, "usr/bin/big"))
+	waitFor(t, "the whole file", func() bool { _, n := fileEvents("usr/bin/big"); return n == int64(len(big)) })
+	evs, _ := fileEvents("usr/bin/big")
+	if len(evs) < 3 {
+		t.Errorf("%d requests for %d bytes: want batches of at most %d", len(evs), len(big), wholeBatch)
+	}
+	for _, ev := range evs {
+		var n int64
+		for _, r := range ev.ranges {
+			n += r.Length
+		}
+		if n > wholeBatch+2*DefaultReadAhead {
+			t.Errorf("a request of %d bytes: over a batch", n)
+		}
+	}
+	e.reg.log(true)
+	l.Executing(fileOf(t, l, "usr/bin/huge"))
+	dyn := x.ChunkAt(fileOf(t, l, "usr/bin/huge"), int64(len(huge)-1))
+	waitFor(t, "the dynamic section", func() bool {
+		c, _ := x.Chunk(fileOf(t, l, "usr/bin/huge"), dyn)
+		for _, ev := range e.reg.log(false) {
+			for _, r := range ev.ranges {
+				if c.Offset >= r.Offset && c.Offset < r.End() {
+					return true
+				}
+			}
+		}
+		return false
+	})
+	time.Sleep(100 * time.Millisecond) // anything more would come now
+	if _, n := fileEvents("usr/bin/huge"); n > 2*regionMax {
+		t.Errorf("%d bytes of a file of %d fetched: over its regions", n, len(huge))
 	}
 }
