@@ -63,8 +63,10 @@ type fetch struct {
 //     fetches are shared (and waited for at the end);
 //  2. look in the cache again: a chunk stored since the read looked (a fetch writes to the
 //     cache before it is forgotten) is taken from there rather than fetched twice;
-//  3. if anything is left to fetch, claim the chunks that follow the last one in the blob
-//     (readAhead) too, those nobody is fetching: nobody waits for them;
+//  3. if anything is left to fetch for a read of the runtime, claim the chunks that follow
+//     the last one in the blob (readAhead) too, those nobody is fetching (nobody waits for
+//     them), and fetch the region around the first (fetchRegion); a prediction's read
+//     (predict.go) fetches what it reads only: the file is coming whole, or is too large to;
 //  4. fetch next ahead, on its own, unless the read-ahead took it;
 //  5. run: fetch this read's chunks in one batch of range requests, verify, complete each
 //     fetch, and store them once the read has returned;
@@ -82,7 +84,7 @@ func (l *Layer) fetchMissing(ctx context.Context, file chunked.EntryID, idx []in
 	needed, mine := l.claim(keys)
 	mine = l.takeCached(h, mine)
 	waits := len(mine) > 0 || !allDone(needed)
-	if len(mine) > 0 {
+	if len(mine) > 0 && kind == onDemand {
 		_, more := l.claim(l.readAhead(file, idx[len(idx)-1]))
 		mine = append(mine, more...)
 		l.fetchRegion(file, idx[0], h)
