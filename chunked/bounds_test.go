@@ -256,3 +256,33 @@ func TestIterateTarSplitCanceled(t *testing.T) {
 		t.Errorf("IterateTarSplit = %v", err)
 	}
 }
+
+// TestIterateTarSplitAheadBounded: records decoded ahead of the comparison are bounded: a
+// tar-split of many segments of the largest size allowed (after the end of the archive, where
+// they are consumed unparsed) allocates about the same whatever their number: the batches'
+// buffers are reused.
+func TestIterateTarSplitAheadBounded(t *testing.T) {
+	const seg = 16 << 20
+	alloc := func(n int) uint64 {
+		rs := []io.Reader{strings.NewReader(tsLine(chunked.TarSplitSegment, "", 0, make([]byte, 1024), 0))}
+		for i := range n {
+			rs = append(rs, strings.NewReader(`{"type":2,"payload":"`), io.LimitReader(repeatByte('A'), seg/3*4),
+				strings.NewReader(fmt.Sprintf(`","position":%d}`+"\n", i+1)))
+		}
+		var before, after runtime.MemStats
+		runtime.GC()
+		runtime.ReadMemStats(&before)
+		err := chunked.IterateTarSplit(context.Background(), chunked.NewTarSplitReader(io.MultiReader(rs...), chunked.Limits{}),
+			func(int, *tar.Header) error { return nil }, func(int, *chunked.TarSplitRecord) error { return nil })
+		runtime.ReadMemStats(&after)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return after.TotalAlloc - before.TotalAlloc
+	}
+	few, many := alloc(4), alloc(16)
+	t.Logf("4 segments of %d MiB: %d MiB allocated; 16: %d MiB", seg>>20, few>>20, many>>20)
+	if many > few+2*seg {
+		t.Errorf("16 segments allocated %d MiB, 4 %d MiB: records decoded ahead are not bounded", many>>20, few>>20)
+	}
+}

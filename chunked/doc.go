@@ -13,7 +13,10 @@
 //     chunks with their compressed ranges in the blob. [ParseCompressed] does both in one pass,
 //     parsing as it decompresses (on another goroutine), and [ParseHashed] hashes the JSON as
 //     well, for the formats whose TOC digest covers it.
-//   - [TarSplitReader] iterates the tar headers recorded in a tar-split stream.
+//   - [TarSplitReader] reads the records of a tar-split stream; [IterateTarSplit] walks the tar
+//     they describe, header by header, decoding the records ahead on another goroutine (at
+//     most three batches of 1 MiB or one record ahead) while the caller's callbacks run on its
+//     own.
 //
 // An [Index] is its compact binary form: one byte array holding a variable-length record per
 // entry (its base name only, its full path derived from its directory's; its link target;

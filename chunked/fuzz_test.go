@@ -13,6 +13,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -742,4 +743,130 @@ func FuzzParseCompressed(f *testing.F) {
 			t.Errorf("ParseCompressed or ParseHashed built another index than ExtractTOC and Parse")
 		}
 	})
+}
+
+// TestIterateTarSplitAhead: records decoded ahead in batches (of many records, and records
+// larger than a batch's bytes) describe, header for header, the tar they were cut from; an
+// early stop returns at once, and nothing more is read once IterateTarSplit has returned.
+func TestIterateTarSplitAhead(t *testing.T) {
+	// A tar of 3000 entries (directories, files of random content, files of zeros, some of
+	// MBs) and its tar-split: the raw bytes in segments cut at varied sizes (some of 2 MiB,
+	// more than a batch holds), the content of every other file of zeros as a file record.
+	var tb bytes.Buffer
+	var ts strings.Builder
+	tw := tar.NewWriter(&tb)
+	rec, last := int64(0), 0
+	segments := func() {
+		for b := tb.Bytes()[last:]; len(b) > 0; {
+			n := min(len(b), []int{100, 512, 3000, 2 << 20}[rec%4])
+			ts.WriteString(tsLine(chunked.TarSplitSegment, "", 0, b[:n], rec))
+			b, rec = b[n:], rec+1
+		}
+		last = tb.Len()
+	}
+	type file struct {
+		name string
+		size int64
+	}
+	var records []file
+	for i := range 3000 {
+		h := &tar.Header{Name: fmt.Sprintf("d%d/f%d", i%7, i), Mode: 0o644, ModTime: testlayer.Epoch, Typeflag: tar.TypeReg}
+		var content []byte
+		switch i % 5 {
+		case 0:
+			h.Typeflag, h.Name, h.Mode = tar.TypeDir, fmt.Sprintf("d%d/", i), 0o755
+		case 1:
+			content = bytes.Repeat([]byte{byte(i)}, i%1000+1)
+		case 2:
+			if i%100 == 2 || i%100 == 7 { // as file records and as segments of up to 2 MiB
+				content = make([]byte, i%3*(3<<20)/2) // 0, 1.5 or 3 MiB of zeros
+			}
+		default:
+			content = make([]byte, i%700)
+		}
+		h.Size = int64(len(content))
+		if err := tw.WriteHeader(h); err != nil {
+			t.Fatal(err)
+		}
+		segments()
+		tw.Write(content)
+		if i%2 == 0 && i%5 != 1 && h.Typeflag == tar.TypeReg {
+			ts.WriteString(tsLine(chunked.TarSplitFile, h.Name, h.Size, nil, rec))
+			records = append(records, file{h.Name, h.Size})
+			rec++
+			last = tb.Len()
+		}
+	}
+	tw.Close()
+	segments()
+	var want []*tar.Header
+	tr := tar.NewReader(bytes.NewReader(tb.Bytes()))
+	for {
+		h, err := tr.Next()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		want = append(want, h)
+	}
+	data := ts.String()
+
+	var got []*tar.Header
+	var gotFiles []file
+	err := chunked.IterateTarSplit(context.Background(), chunked.NewTarSplitReader(strings.NewReader(data), chunked.Limits{}),
+		func(k int, h *tar.Header) error {
+			if k != len(got) {
+				t.Errorf("header %d numbered %d", len(got), k)
+			}
+			got = append(got, h)
+			return nil
+		},
+		func(k int, r *chunked.TarSplitRecord) error {
+			gotFiles = append(gotFiles, file{r.FileName(), r.Size})
+			return nil
+		})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != len(want) || !slices.Equal(gotFiles, records) {
+		t.Fatalf("%d headers and %d file records, want %d and %d", len(got), len(gotFiles), len(want), len(records))
+	}
+	for i, w := range want {
+		if g := got[i]; g.Name != w.Name || g.Typeflag != w.Typeflag || g.Size != w.Size || g.Mode != w.Mode {
+			t.Errorf("header %d = %q %c %d %#o, want %q %c %d %#o", i, g.Name, g.Typeflag, g.Size, g.Mode, w.Name, w.Typeflag, w.Size, w.Mode)
+		}
+	}
+
+	// Stopped early: the error at once, and no read after the return.
+	src := &countingReader{r: strings.NewReader(data)}
+	stop := errors.New("stop")
+	err = chunked.IterateTarSplit(context.Background(), chunked.NewTarSplitReader(src, chunked.Limits{}),
+		func(k int, h *tar.Header) error {
+			if k == 10 {
+				return stop
+			}
+			return nil
+		}, func(int, *chunked.TarSplitRecord) error { return nil })
+	if err != stop {
+		t.Fatalf("stopped: %v", err)
+	}
+	n := src.n.Load()
+	time.Sleep(20 * time.Millisecond)
+	if m := src.n.Load(); m != n || m >= int64(len(data)) {
+		t.Errorf("read %d of %d bytes at the return, %d after", n, len(data), m)
+	}
+}
+
+// countingReader counts the bytes read through it.
+type countingReader struct {
+	r io.Reader
+	n atomic.Int64
+}
+
+func (c *countingReader) Read(p []byte) (int, error) {
+	n, err := c.r.Read(p)
+	c.n.Add(int64(n))
+	return n, err
 }

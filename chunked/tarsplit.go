@@ -153,8 +153,15 @@ func (t *TarSplitReader) TarSize() int64 { return t.size }
 // header, numbered from 0, and onFile for each file record, numbered from 0. In a well-formed
 // tar-split, header k and file record k describe the same entry. It stops with ctx's error
 // soon after ctx is done.
+//
+// The records are decoded (decompressed, read as JSON, their base64 decoded) ahead, on a
+// goroutine of its own, while their tar headers are parsed and handed to onHeader and onFile
+// on the caller's: two processors halve the time of a large comparison (decodeAhead). The
+// goroutine has ended when IterateTarSplit returns.
 func IterateTarSplit(ctx context.Context, ts *TarSplitReader, onHeader func(k int, h *tar.Header) error, onFile func(k int, r *TarSplitRecord) error) error {
-	v := &virtualTar{ctx: ctx, ts: ts, onFile: onFile}
+	a := decodeAhead(ts)
+	defer a.stop()
+	v := &virtualTar{ctx: ctx, recs: a, onFile: onFile}
 	tr := tar.NewReader(v)
 	for k := 0; ; k++ {
 		h, err := tr.Next()
@@ -187,7 +194,7 @@ func IterateTarSplit(ctx context.Context, ts *TarSplitReader, onHeader func(k in
 // virtualTar is the tar stream a tar-split describes, with zero payloads.
 type virtualTar struct {
 	ctx    context.Context
-	ts     *TarSplitReader
+	recs   *aheadReader
 	nrec   int // records read
 	onFile func(int, *TarSplitRecord) error
 	files  int
@@ -208,7 +215,7 @@ func (v *virtualTar) fill() error {
 			}
 		}
 		v.nrec++
-		r, err := v.ts.Next()
+		r, err := v.recs.next()
 		if err != nil {
 			if err != io.EOF {
 				v.err = err
@@ -267,4 +274,124 @@ func (v *virtualTar) Seek(off int64, whence int) (int64, error) {
 		v.pos += k
 	}
 	return v.pos, nil
+}
+
+// Decoding ahead (IterateTarSplit): records go from the decoding goroutine to the reader in
+// batches of at most aheadRecords records or aheadBytes of names and payloads (a larger record
+// alone), copied into the batch's buffer; aheadBatches batches exist, reused, so that the
+// goroutine decodes at most that far ahead and the comparison holds at most aheadBatches x
+// (aheadBytes + one record) besides the TarSplitReader's own buffers.
+const (
+	aheadRecords = 256
+	aheadBytes   = 1 << 20
+	aheadBatches = 3
+)
+
+// recordBatch is records decoded ahead.
+type recordBatch struct {
+	recs  []TarSplitRecord // once sealed, NameRaw and Payload point into buf
+	spans [][4]int         // where each record's NameRaw and Payload are in buf: start (-1: nil), length
+	buf   []byte
+	err   error // after recs: io.EOF at the end, or the reader's error
+}
+
+// add appends a copy of r.
+func (b *recordBatch) add(r *TarSplitRecord) {
+	at := func(p []byte) int {
+		if p == nil {
+			return -1
+		}
+		b.buf = append(b.buf, p...)
+		return len(b.buf) - len(p)
+	}
+	c := *r
+	c.NameRaw, c.Payload = nil, nil
+	b.recs = append(b.recs, c)
+	b.spans = append(b.spans, [4]int{at(r.NameRaw), len(r.NameRaw), at(r.Payload), len(r.Payload)})
+}
+
+// seal points the records' NameRaw and Payload into the buffer, which no longer grows.
+func (b *recordBatch) seal() {
+	in := func(at, n int) []byte {
+		if at < 0 {
+			return nil
+		}
+		return b.buf[at : at+n : at+n]
+	}
+	for i, sp := range b.spans {
+		b.recs[i].NameRaw, b.recs[i].Payload = in(sp[0], sp[1]), in(sp[2], sp[3])
+	}
+}
+
+// aheadReader reads the records a goroutine decodes ahead (decodeAhead).
+type aheadReader struct {
+	full, free chan *recordBatch
+	quit, done chan struct{}
+	cur        *recordBatch
+	i          int
+}
+
+// decodeAhead starts decoding the records of ts on a goroutine of its own.
+func decodeAhead(ts *TarSplitReader) *aheadReader {
+	a := &aheadReader{
+		full: make(chan *recordBatch, aheadBatches), free: make(chan *recordBatch, aheadBatches),
+		quit: make(chan struct{}), done: make(chan struct{}),
+	}
+	for range aheadBatches {
+		a.free <- &recordBatch{}
+	}
+	go a.decode(ts)
+	return a
+}
+
+func (a *aheadReader) decode(ts *TarSplitReader) {
+	defer close(a.done)
+	for {
+		var b *recordBatch
+		select {
+		case b = <-a.free:
+		case <-a.quit:
+			return
+		}
+		b.recs, b.spans, b.buf, b.err = b.recs[:0], b.spans[:0], b.buf[:0], nil
+		for len(b.recs) < aheadRecords && len(b.buf) < aheadBytes {
+			r, err := ts.Next()
+			if err != nil {
+				b.err = err
+				break
+			}
+			b.add(r)
+		}
+		b.seal()
+		select {
+		case a.full <- b:
+		case <-a.quit:
+			return
+		}
+		if b.err != nil {
+			return
+		}
+	}
+}
+
+// next returns the next record, valid until the following call, or the reader's error (io.EOF
+// at the end).
+func (a *aheadReader) next() (*TarSplitRecord, error) {
+	for a.cur == nil || a.i >= len(a.cur.recs) {
+		if a.cur != nil {
+			if a.cur.err != nil {
+				return nil, a.cur.err
+			}
+			a.free <- a.cur // never blocks: there are aheadBatches batches
+		}
+		a.cur, a.i = <-a.full, 0
+	}
+	a.i++
+	return &a.cur.recs[a.i-1], nil
+}
+
+// stop ends the decoding goroutine and waits for it.
+func (a *aheadReader) stop() {
+	close(a.quit)
+	<-a.done
 }
