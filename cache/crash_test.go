@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/layerstore/layerstore/chunked"
+	"github.com/layerstore/layerstore/verify"
 )
 
 var errCrash = errors.New("simulated crash")
@@ -247,5 +248,76 @@ func flipByte(t *testing.T, p string, i int) {
 	b[i] ^= 0xff
 	if err := os.WriteFile(p, b, 0o600); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestPutMany: chunks put together (out of order, one already present) are written with one
+// sync of the data and one of the journal, read back, survive a restart, and are known by
+// digest; a bad chunk among them stores none; a crash after the data's sync records none.
+func TestPutMany(t *testing.T) {
+	big := realFiles(t)["usr/share/big.bin"]
+	cs := big.chunks["estargz"]
+	if len(cs) < 6 {
+		t.Fatalf("test premise: %d chunks", len(cs))
+	}
+	root := t.TempDir()
+	c := newCache(t, root)
+	syncs := 0
+	c.hook = func(p string) error {
+		if p == "put:data-synced" {
+			syncs++
+		}
+		return nil
+	}
+	h := open(t, c, big)
+	putAll(t, h, cs[1:2])
+	syncs = 0
+	if err := h.Put(cs[3], cs[0], cs[1], cs[2]); err != nil {
+		t.Fatal(err)
+	}
+	if syncs != 1 {
+		t.Errorf("%d syncs of the data for one Put of 4 chunks, want 1", syncs)
+	}
+	upTo := chunkRange(cs[3]).End()
+	if got := h.Missing(0, upTo); len(got) != 0 {
+		t.Errorf("missing after the Put: %v", got)
+	}
+	buf := make([]byte, upTo)
+	if n, err := h.ReadAt(buf, 0); n != len(buf) || err != nil || !bytes.Equal(buf, big.content[:upTo]) {
+		t.Errorf("ReadAt = %d, %v", n, err)
+	}
+	// A chunk that does not fit the file: nothing of the Put is stored.
+	if err := h.Put(cs[4], verify.Chunk{}); !errors.Is(err, ErrBadChunk) {
+		t.Fatalf("Put with a bad chunk = %v, want ErrBadChunk", err)
+	}
+	if h.Missing(0, big.size())[0].Offset != upTo {
+		t.Error("a Put with a bad chunk stored the good one")
+	}
+	h.Close()
+	c.Close()
+
+	c = newCache(t, root)
+	if u := c.Usage(); u != upTo {
+		t.Errorf("usage after a restart = %d, want %d", u, upTo)
+	}
+	h = open(t, c, big)
+	if got := h.Missing(0, upTo); len(got) != 0 {
+		t.Errorf("missing after a restart: %v", got)
+	}
+	// A crash after the data's sync: none of the Put's chunks is recorded.
+	crashAt(c, "put:data-synced", 1)
+	if err := h.Put(cs[4], cs[5]); !errors.Is(err, errCrash) {
+		t.Fatalf("Put = %v, want the simulated crash", err)
+	}
+	h.Close()
+	c.Close()
+	c = newCache(t, root)
+	h = open(t, c, big)
+	if got := h.Missing(0, big.size()); len(got) == 0 || got[0].Offset != upTo {
+		t.Errorf("missing after a crash in a Put = %v, want from %d", got, upTo)
+	}
+	putAll(t, h, cs[4:])
+	if !h.Complete() {
+		t.Error("not complete after refilling")
 	}
 }

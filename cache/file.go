@@ -10,6 +10,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"sync/atomic"
 
@@ -302,22 +303,26 @@ func (e *entry) unloadLocked() {
 	e.data, e.journal, e.loaded, e.ranges, e.hashed = nil, nil, false, nil, nil
 }
 
-// put writes the parts of a verified chunk not yet present, makes them durable, records
-// them, and completes the file when that fills it. A full filesystem makes room first (see
-// withRoom); a write that fails records nothing.
-func (e *entry) put(c verify.Chunk) error {
-	ref, b := c.Ref(), c.Bytes()
-	if ref.Size <= 0 || int64(len(b)) != ref.Size || ref.FileOffset < 0 || ref.FileOffset > e.size-ref.Size {
-		return fmt.Errorf("%v: chunk at %d of %d bytes (%d given) in a %d-byte file: %w",
-			e.sum, ref.FileOffset, ref.Size, len(b), e.size, ErrBadChunk)
+// put writes the parts of verified chunks not yet present, makes them durable (one sync of
+// the data, then one of the journal recording them all), records them, and completes the file
+// when that fills it. A full filesystem makes room first (see withRoom); a write that fails
+// records nothing.
+func (e *entry) put(cs []verify.Chunk) error {
+	var need int64
+	for _, c := range cs {
+		ref, b := c.Ref(), c.Bytes()
+		if ref.Size <= 0 || int64(len(b)) != ref.Size || ref.FileOffset < 0 || ref.FileOffset > e.size-ref.Size {
+			return fmt.Errorf("%v: chunk at %d of %d bytes (%d given) in a %d-byte file: %w",
+				e.sum, ref.FileOffset, ref.Size, len(b), e.size, ErrBadChunk)
+		}
+		need += ref.Size + journalRec
 	}
-	off := ref.FileOffset
 	var full bool
-	err := e.c.withRoom(ref.Size+journalRec, func() (err error) {
-		full, err = e.write(off, b, ref.Digest)
+	err := e.c.withRoom(need, func() (err error) {
+		full, err = e.write(cs)
 		for errors.Is(err, errNoPartial) {
 			if err = e.ensurePartial(); err == nil {
-				full, err = e.write(off, b, ref.Digest)
+				full, err = e.write(cs)
 			}
 		}
 		return err
@@ -332,9 +337,9 @@ func (e *entry) put(c verify.Chunk) error {
 	return err
 }
 
-// write stores the missing parts of b at off; it reports whether the file is then full. When
-// all of b was missing, the range is known to hash to sum, b's digest.
-func (e *entry) write(off int64, b []byte, sum chunked.Sum) (full bool, err error) {
+// write stores the parts of cs not yet present; it reports whether the file is then full. A
+// chunk all of which was missing is known, from then on, to hash to its digest.
+func (e *entry) write(cs []verify.Chunk) (full bool, err error) {
 	e.mu.RLock()
 	defer e.mu.RUnlock()
 	if !e.loaded {
@@ -343,11 +348,26 @@ func (e *entry) write(off int64, b []byte, sum chunked.Sum) (full bool, err erro
 	if e.complete {
 		return false, nil
 	}
+	// The gaps each chunk fills: what neither the file nor an earlier chunk of cs holds.
+	type part struct {
+		c    verify.Chunk
+		gaps []chunked.Range
+	}
+	var parts []part
 	e.rmu.Lock()
-	gaps := e.ranges.missing(off, off+int64(len(b)))
+	pending := slices.Clone(e.ranges)
+	for _, c := range cs {
+		ref := c.Ref()
+		if gaps := pending.missing(ref.FileOffset, ref.FileOffset+ref.Size); len(gaps) > 0 {
+			for _, g := range gaps {
+				pending = pending.add(g)
+			}
+			parts = append(parts, part{c, gaps})
+		}
+	}
 	full = len(e.ranges.missing(0, e.size)) == 0
 	e.rmu.Unlock()
-	if len(gaps) == 0 {
+	if len(parts) == 0 {
 		return full, nil
 	}
 	if e.data == nil {
@@ -357,9 +377,14 @@ func (e *entry) write(off int64, b []byte, sum chunked.Sum) (full bool, err erro
 		return false, fmt.Errorf("cache: writing %v: %w", e.sum, err)
 	}
 	// Present bytes are never rewritten, so concurrent readers see stable content.
-	for _, g := range gaps {
-		if _, err := e.data.WriteAt(b[g.Offset-off:g.End()-off], g.Offset); err != nil {
-			return false, fmt.Errorf("cache: writing %v: %w", e.sum, err)
+	var rec []byte
+	for _, p := range parts {
+		off, b := p.c.Ref().FileOffset, p.c.Bytes()
+		for _, g := range p.gaps {
+			if _, err := e.data.WriteAt(b[g.Offset-off:g.End()-off], g.Offset); err != nil {
+				return false, fmt.Errorf("cache: writing %v: %w", e.sum, err)
+			}
+			rec = appendRecord(rec, g)
 		}
 	}
 	if err := e.data.Sync(); err != nil {
@@ -368,14 +393,10 @@ func (e *entry) write(off int64, b []byte, sum chunked.Sum) (full bool, err erro
 	if err := e.c.crashPoint("put:data-synced"); err != nil {
 		return false, err
 	}
-	var rec []byte
-	for _, g := range gaps {
-		rec = appendRecord(rec, g)
-	}
 	e.rmu.Lock()
 	defer e.rmu.Unlock()
 	// Written at jlen rather than appended: a failed write leaves jlen alone and the next
-	// record overwrites the torn one.
+	// records overwrite the torn ones.
 	if _, err := e.journal.WriteAt(rec, e.jlen); err != nil {
 		return false, fmt.Errorf("cache: recording ranges of %v: %w", e.sum, err)
 	}
@@ -384,12 +405,17 @@ func (e *entry) write(off int64, b []byte, sum chunked.Sum) (full bool, err erro
 	}
 	e.jlen += int64(len(rec))
 	before := e.ranges.bytes()
-	for _, g := range gaps {
-		e.ranges = e.ranges.add(g)
+	for _, p := range parts {
+		for _, g := range p.gaps {
+			e.ranges = e.ranges.add(g)
+		}
 	}
 	e.addBytes(e.ranges.bytes() - before)
-	if whole := (chunked.Range{Offset: off, Length: int64(len(b))}); len(gaps) == 1 && gaps[0] == whole {
-		e.knowLocked(whole, sum)
+	for _, p := range parts {
+		ref := p.c.Ref()
+		if whole := (chunked.Range{Offset: ref.FileOffset, Length: ref.Size}); len(p.gaps) == 1 && p.gaps[0] == whole {
+			e.knowLocked(whole, ref.Digest)
+		}
 	}
 	return len(e.ranges.missing(0, e.size)) == 0, nil
 }

@@ -34,22 +34,24 @@ func (f *File) Sum() chunked.Sum { return f.e.sum }
 // Size returns the file's size.
 func (f *File) Size() int64 { return f.e.size }
 
-// Put stores a verified chunk of the file at its Ref().FileOffset. The chunk may come from
+// Put stores verified chunks of the file, each at its Ref().FileOffset. A chunk may come from
 // any layer that holds this file, whatever its chunking: presence is recorded by byte range,
 // and bytes already present are not rewritten. Put returns once the bytes are durable (data
-// fsynced, then the range recorded and fsynced).
+// fsynced, then the ranges recorded and fsynced: two syncs for all of cs, so that the chunks
+// of a file fetched together are stored at once).
 //
 // The Put that makes the file full hashes it: if the content matches the digest the file
 // becomes complete; if not, all of its content is dropped and Put returns an error wrapping
-// [ErrCorrupt]. A chunk that is empty or does not fit the file fails with [ErrBadChunk].
+// [ErrCorrupt]. A chunk that is empty or does not fit the file fails with [ErrBadChunk], and
+// none of cs is stored.
 // Putting into a complete file does nothing.
-func (f *File) Put(c verify.Chunk) error {
+func (f *File) Put(cs ...verify.Chunk) error {
 	f.hmu.RLock()
 	defer f.hmu.RUnlock()
 	if f.closed {
 		return ErrClosed
 	}
-	return f.e.put(c)
+	return f.e.put(cs)
 }
 
 // ReadAt reads len(p) bytes at off, following [io.ReaderAt]. It reads only present bytes:

@@ -363,8 +363,9 @@ func copyChunk(p []byte, off, fileOff int64, b []byte) {
 	}
 }
 
-// keep ensures a verified chunk lands in the cache; failures only cost a refetch later.
-func (l *Layer) keep(file chunked.EntryID, c verify.Chunk) {
+// keep ensures verified chunks of file land in the cache, all in one Put (two syncs); a chunk
+// the cache refuses as such is left out and the others kept. Failures only cost a refetch later.
+func (l *Layer) keep(file chunked.EntryID, cs ...verify.Chunk) {
 	e := l.idx.Meta(file)
 	if e.Digest.IsZero() {
 		return
@@ -376,7 +377,12 @@ func (l *Layer) keep(file chunked.EntryID, c verify.Chunk) {
 	}
 	defer l.env.files.release(h)
 	// A full cache disk fails every write: the cache logs that at a bounded rate.
-	err = h.f.Put(c)
+	err = h.f.Put(cs...)
+	if errors.Is(err, cache.ErrBadChunk) && len(cs) > 1 {
+		for _, c := range cs { // keep the others of a chunk the cache refuses
+			err = errors.Join(err, h.f.Put(c))
+		}
+	}
 	switch {
 	case err == nil || errors.Is(err, cache.ErrClosed):
 	case errors.Is(err, cache.ErrNoSpace):
