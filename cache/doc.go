@@ -26,8 +26,9 @@
 // the chunk's digest, and a file becomes complete only after its whole content hashed to
 // its digest.
 //
-// Two ways in: [File.Put] stores chunks one at a time into a partial file (a reader filling
-// a file as it needs it, large files fetched piecewise) and costs a few fsyncs per chunk;
+// Two ways in: [File.Put] stores chunks into a partial file (a reader filling a file as it
+// needs it, large files fetched piecewise) and costs two fsyncs per call, whatever the number
+// of chunks it is given (a batch's chunks of one file go in one call);
 // [Cache.PutFiles] stores files whose every chunk is at hand (the small files of a background
 // batch) in one group commit, two syncfs calls for the whole group, which is what keeps a
 // layer of thousands of small files from costing seconds of fsyncs.
@@ -76,8 +77,8 @@
 //     only to read it writes nothing), as: data file truncated to the size and fsynced, then
 //     the journal written to a temporary name, fsynced, renamed into place and the directory
 //     fsynced. A data file without a journal is a leftover and is removed;
-//   - [File.Put] writes the chunk's missing bytes with pwrite, fsyncs the data file, then
-//     writes the records and fsyncs the journal. A crash before the records leaves bytes
+//   - [File.Put] writes the chunks' missing bytes with pwrite, fsyncs the data file, then
+//     writes the records of all of them and fsyncs the journal. A crash before the records leaves bytes
 //     that nothing records: they read as missing and are overwritten by the next Put. A torn
 //     record fails its CRC and ends the journal, so it and any later bytes are ignored;
 //   - completion hashes the whole data file and compares with the digest; only then is the
