@@ -275,17 +275,26 @@ func wait(ctx context.Context, fetches []*fetch) ([][]byte, error) {
 // run fetches the chunks of batch in one set of range requests, verifies them, completes
 // each fetch, and stores the verified chunks: for a demand read, after it returns (its
 // fetches stay in flight until then, so nobody fetches them again); otherwise before run
-// returns. A failed fetch is remembered for the negative TTL.
+// returns. A failed fetch is remembered for the negative TTL. A demand fetch holds background
+// work up while it runs; a fetch ahead of the reads (a prediction's, a region's) restarts the
+// quiet period that background work waits for, as a demand fetch does, without holding up what
+// is fetched at once (prioritized files, a profile's replay).
 func (l *Layer) run(ctx context.Context, batch []*fetch, kind fetchKind) {
 	if len(batch) == 0 {
 		return
 	}
-	if kind == onDemand {
+	switch kind {
+	case onDemand:
 		l.env.sched.demandStart()
+	case ahead:
+		l.env.sched.touch() // a container is starting: the rest of the layer waits its turn
 	}
 	l.fetchAndVerify(ctx, batch, kind)
-	if kind == onDemand {
+	switch kind {
+	case onDemand:
 		l.env.sched.demandEnd()
+	case ahead:
+		l.env.sched.touch()
 	}
 	l.forgetFailed(batch)
 	if kind == onDemand {

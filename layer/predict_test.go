@@ -557,3 +557,61 @@ func TestPredictWholeInBatches(t *testing.T) {
 		t.Errorf("%d bytes of a file of %d fetched: more than its header and dynamic section", n, len(huge))
 	}
 }
+
+// TestPredictHoldsBackground: a prediction's fetches are a container starting: the background
+// fetch of the rest of the layer waits for the quiet period after the last of them, as it
+// does after a demand fetch, however long the prediction takes; and it does not fetch again
+// what the prediction fetched after its plan was made.
+func TestPredictHoldsBackground(t *testing.T) {
+	big := elfFile(42, elfSpec{pad: 2*wholeBatch + wholeBatch/2})
+	es := []testlayer.Entry{regEntry("usr/bin/big", big)}
+	for i := range 8 {
+		es = append(es, regEntry(fmt.Sprintf("usr/share/data%d", i), bytes.Repeat([]byte{byte(i)}, 64<<10)))
+	}
+	fx := predictLayer(t, "held", es)
+	e := newProfEnv(t)
+	e.reg.push(profRepo+":v1", fx)
+	e.reg.mu.Lock()
+	e.reg.delay = 80 * time.Millisecond // the prediction's fetches take longer than the quiet period
+	e.reg.mu.Unlock()
+	const quiet = 120 * time.Millisecond
+	m, _ := e.start(WithPrefetchQuiet(quiet))
+	l := lookupOK(t, m, profRepo+":v1", profKey(fx))
+	l.Executing(fileOf(t, l, "usr/bin/big"))
+	x := l.Index()
+	bigChunks := map[int64]bool{}
+	for _, c := range x.Chunks(fileOf(t, l, "usr/bin/big")) {
+		bigChunks[c.Offset] = true
+	}
+	waitFor(t, "the background fetch", func() bool { return l.Status().State == StateComplete })
+	var lastPredict time.Time
+	var background []fetchEvent
+	times := map[int64]int{}
+	for _, ev := range e.reg.log(false) {
+		predicted := false
+		for _, r := range ev.ranges {
+			predicted = predicted || bigChunks[r.Offset]
+			times[r.Offset]++
+		}
+		if predicted && ev.end.After(lastPredict) {
+			lastPredict = ev.end
+		} else if !predicted {
+			background = append(background, ev)
+		}
+	}
+	for off := range bigChunks {
+		if times[off] != 1 {
+			t.Errorf("the chunk at %d of the predicted file fetched %d times: the background fetch fetched again what the prediction had", off, times[off])
+			break
+		}
+	}
+	if len(background) == 0 {
+		t.Fatal("test premise: no background fetch logged")
+	}
+	for _, ev := range background {
+		if ev.start.Before(lastPredict.Add(quiet * 3 / 4)) {
+			t.Errorf("a background fetch started %v after the prediction's last fetch ended, within the quiet period of %v",
+				ev.start.Sub(lastPredict), quiet)
+		}
+	}
+}

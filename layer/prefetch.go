@@ -230,6 +230,11 @@ func (l *Layer) prefetchBatch(ctx context.Context, b prefetchBatch) error {
 		return err
 	}
 	defer release()
+	// What the container's start fetched while this batch waited its turn is not fetched
+	// again.
+	if keys = l.uncached(keys); len(keys) == 0 {
+		return nil
+	}
 	if b.replay {
 		l.env.sched.replayStart()
 		defer l.env.sched.replayEnd()
@@ -248,6 +253,48 @@ func (l *Layer) prefetchBatch(ctx context.Context, b prefetchBatch) error {
 		return fmt.Errorf("storing fetched content: %w", cache.ErrNoSpace)
 	}
 	return nil
+}
+
+// uncached returns keys (in blob order) without the chunks the cache has come to hold since
+// the plan was made: a file completed meanwhile (read whole, predicted, stored through another
+// layer) is not fetched again, nor the chunks of a file the layer has read or predicted in
+// part.
+func (l *Layer) uncached(keys []chunkKey) []chunkKey {
+	var out []chunkKey
+	for i := 0; i < len(keys); {
+		j := i + 1
+		for j < len(keys) && keys[j].file == keys[i].file {
+			j++
+		}
+		file := keys[i].file
+		e := l.idx.Meta(file)
+		switch {
+		case l.env.cache.Has(e.Digest):
+		case l.touched(file):
+			h, err := l.env.files.acquire(e.Digest, e.Size)
+			if err != nil {
+				out = append(out, keys[i:j]...)
+				break
+			}
+			for _, k := range keys[i:j] {
+				if c := l.ref(k); len(h.f.Missing(c.FileOffset, c.Size)) > 0 {
+					out = append(out, k)
+				}
+			}
+			l.env.files.release(h)
+		default:
+			out = append(out, keys[i:j]...)
+		}
+		i = j
+	}
+	return out
+}
+
+// touched reports whether the layer has read file cold or predicted it.
+func (l *Layer) touched(file chunked.EntryID) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.cold[file] > 0 || l.predicted[file]
 }
 
 func (l *Layer) ref(k chunkKey) chunked.Chunk { c, _ := l.idx.Chunk(k.file, k.i); return c }

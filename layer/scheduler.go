@@ -11,9 +11,10 @@ import (
 // scheduler shares the registry between reads a runtime waits for and background fetches.
 // Background requests take one of a fixed number of slots and are paced to a bandwidth when
 // one is set. Those not marked urgent also wait until the layers have been quiet for a while:
-// no read fetching on demand, and none having ended, nor a layer looked up, within the quiet
-// period, and no startup profile being replayed (a container whose reads the replay fetched
-// ahead of it starts no demand fetch, yet is starting). A container reads in bursts as it
+// no read fetching on demand, and none having ended, nor a fetch ahead of the reads (a
+// prediction's, a region's) started or ended, nor a layer looked up, within the quiet period,
+// and no startup profile being replayed (a container whose reads the replay or a prediction
+// fetched ahead of it starts no demand fetch, yet is starting). A container reads in bursts as it
 // starts; background requests already in flight would sit on the link ahead of each of its
 // reads (32 MiB are 2.7 s at 100 Mbit/s).
 //
