@@ -519,18 +519,7 @@ func TestIterateTarSplitFixture(t *testing.T) {
 			}
 		}
 	}
-	var want []*tar.Header
-	tr := tar.NewReader(bytes.NewReader(stream))
-	for {
-		h, err := tr.Next()
-		if err == io.EOF {
-			break
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		want = append(want, h)
-	}
+	want := tarHeaders(t, stream)
 	var got []*tar.Header
 	var names []string
 	err := chunked.IterateTarSplit(context.Background(), chunked.NewTarSplitReader(bytes.NewReader(data), chunked.Limits{}),
@@ -799,18 +788,7 @@ func TestIterateTarSplitAhead(t *testing.T) {
 	}
 	tw.Close()
 	segments()
-	var want []*tar.Header
-	tr := tar.NewReader(bytes.NewReader(tb.Bytes()))
-	for {
-		h, err := tr.Next()
-		if err == io.EOF {
-			break
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		want = append(want, h)
-	}
+	want := tarHeaders(t, tb.Bytes())
 	data := ts.String()
 
 	var got []*tar.Header
@@ -869,4 +847,21 @@ func (c *countingReader) Read(p []byte) (int, error) {
 	n, err := c.r.Read(p)
 	c.n.Add(int64(n))
 	return n, err
+}
+
+// tarHeaders returns the headers of the tar stream, in order.
+func tarHeaders(t *testing.T, stream []byte) []*tar.Header {
+	t.Helper()
+	var hs []*tar.Header
+	tr := tar.NewReader(bytes.NewReader(stream))
+	for {
+		h, err := tr.Next()
+		if err == io.EOF {
+			return hs
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		hs = append(hs, h)
+	}
 }
