@@ -572,9 +572,9 @@ func TestPredictHoldsBackground(t *testing.T) {
 	e := newProfEnv(t)
 	e.reg.push(profRepo+":v1", fx)
 	e.reg.mu.Lock()
-	e.reg.delay = 80 * time.Millisecond // the prediction's fetches take longer than the quiet period
+	e.reg.delay = 150 * time.Millisecond // the prediction's fetches take longer than the quiet period
 	e.reg.mu.Unlock()
-	const quiet = 120 * time.Millisecond
+	const quiet = 250 * time.Millisecond // a stall this long between the lookup and the exec would start the background first
 	m, _ := e.start(WithPrefetchQuiet(quiet))
 	l := lookupOK(t, m, profRepo+":v1", profKey(fx))
 	l.Executing(fileOf(t, l, "usr/bin/big"))
