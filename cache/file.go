@@ -355,12 +355,17 @@ func (e *entry) write(cs []verify.Chunk) (full bool, err error) {
 	}
 	var parts []part
 	e.rmu.Lock()
-	pending := slices.Clone(e.ranges)
-	for _, c := range cs {
+	pending := e.ranges // a copy once a chunk's gaps are added to it (add works in place)
+	for i, c := range cs {
 		ref := c.Ref()
 		if gaps := pending.missing(ref.FileOffset, ref.FileOffset+ref.Size); len(gaps) > 0 {
-			for _, g := range gaps {
-				pending = pending.add(g)
+			if i < len(cs)-1 {
+				if len(parts) == 0 {
+					pending = slices.Clone(pending)
+				}
+				for _, g := range gaps {
+					pending = pending.add(g)
+				}
 			}
 			parts = append(parts, part{c, gaps})
 		}
