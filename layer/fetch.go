@@ -81,8 +81,7 @@ func (l *Layer) fetchMissing(ctx context.Context, file chunked.EntryID, idx []in
 		keys[i] = chunkKey{file, c}
 	}
 	start := time.Now()
-	needed, mine := l.claim(keys)
-	mine = l.takeCached(h, mine)
+	needed, mine := l.claimMissing(h, keys)
 	waits := len(mine) > 0 || !allDone(needed)
 	if len(mine) > 0 && kind == onDemand {
 		_, more := l.claim(l.readAhead(file, idx[len(idx)-1]))
@@ -148,8 +147,7 @@ func (l *Layer) fetchRegion(file chunked.EntryID, i int, h *handle) {
 	default:
 		return
 	}
-	_, mine := l.claim(keys)
-	mine = l.takeCached(h, mine)
+	_, mine := l.claimMissing(h, keys)
 	if len(mine) == 0 {
 		<-l.env.regions
 		return
@@ -231,6 +229,13 @@ func (l *Layer) claim(keys []chunkKey) (all, mine []*fetch) {
 	return all, mine
 }
 
+// claimMissing claims keys (claim) and completes from the cache file h, when not nil, the
+// fetches of its own whose chunk h holds by now: mine is what is left to fetch.
+func (l *Layer) claimMissing(h *handle, keys []chunkKey) (all, mine []*fetch) {
+	all, mine = l.claim(keys)
+	return all, l.takeCached(h, mine)
+}
+
 // takeCached completes the fetches of mine whose chunk the cache file h holds by now, forgets
 // them, and returns the others.
 func (l *Layer) takeCached(h *handle, mine []*fetch) []*fetch {
@@ -240,7 +245,7 @@ func (l *Layer) takeCached(h *handle, mine []*fetch) []*fetch {
 	var rest, found []*fetch
 	for _, f := range mine {
 		c := f.chunk
-		if c.Size > 0 && len(h.f.Missing(c.FileOffset, c.Size)) == 0 {
+		if h.holds(c) {
 			if b, err := h.f.ReadChunk(c); err == nil {
 				f.data = b
 				close(f.done)

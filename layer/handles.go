@@ -102,3 +102,8 @@ func closeAll(fs []*cache.File) {
 		f.Close()
 	}
 }
+
+// holds reports whether the cache file holds all of chunk c.
+func (h *handle) holds(c chunked.Chunk) bool {
+	return c.Size > 0 && len(h.f.Missing(c.FileOffset, c.Size)) == 0
+}

@@ -135,8 +135,8 @@ func (l *Layer) fetchFile(ctx context.Context, id chunked.EntryID) {
 		if ctx.Err() != nil {
 			return
 		}
-		_, mine := l.claim(batches[b])
-		l.run(ctx, l.takeCached(h, mine), ahead)
+		_, mine := l.claimMissing(h, batches[b])
+		l.run(ctx, mine, ahead)
 	})
 }
 

@@ -277,7 +277,7 @@ func (l *Layer) uncached(keys []chunkKey) []chunkKey {
 				break
 			}
 			for _, k := range keys[i:j] {
-				if c := l.ref(k); len(h.f.Missing(c.FileOffset, c.Size)) > 0 {
+				if !h.holds(l.ref(k)) {
 					out = append(out, k)
 				}
 			}
