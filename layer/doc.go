@@ -167,7 +167,9 @@
 // Goroutines: the janitor (one per manager, every second: forgets expired resolutions and the
 // layers none names, drops blob copies unread for the keep TTL); each resolution in
 // singleflight's goroutine; each layer's background fetch (a feeder and one worker per
-// background slot, each batch verified on up to one goroutine per processor); and the tracked
+// background slot, each batch verified on up to one goroutine per processor, on the
+// process's background threads: one per processor, locked, at a lower priority, started
+// once and never ended, idlecpu.go); and the tracked
 // work of reads that outlives them (work.goTracked): storing the chunks of an on-demand
 // fetch, fetch-ahead, blob copies, the writing of a recorded startup profile; and the timer
 // that ends each layer's recording. Close cancels the manager's context (every fetch ends),

@@ -19,10 +19,12 @@ import (
 // reads (32 MiB are 2.7 s at 100 Mbit/s).
 //
 // It shares the processors too: background verification steps aside while a demand fetch
-// runs, and verifies at most one chunk per processor at a time (cpu).
+// runs, verifies at most one chunk per processor at a time (cpu), and the background fetch's
+// runs at a lower priority than the rest of the machine's work (idle, idlecpu.go).
 type scheduler struct {
 	slots   chan struct{}
 	cpu     chan struct{}
+	idle    *lowPriority // the threads background verification runs on (idlecpu.go)
 	quiet   time.Duration
 	demand  atomic.Int64
 	replays atomic.Int64 // replay requests in flight (replayStart)
@@ -40,9 +42,11 @@ type scheduler struct {
 const yieldPoll = 2 * time.Millisecond
 
 func newScheduler(slots int, rate int64, quiet time.Duration) *scheduler {
+	idle := backgroundThreads()
 	return &scheduler{
 		slots: make(chan struct{}, slots),
-		cpu:   make(chan struct{}, runtime.GOMAXPROCS(0)),
+		cpu:   make(chan struct{}, idle.threads),
+		idle:  idle,
 		rate:  rate,
 		quiet: quiet,
 		now:   time.Now,
