@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/layerstore/layerstore/cache"
@@ -51,6 +52,10 @@ type fetch struct {
 	err      error
 
 	failedUntil time.Time // guarded by Layer.mu; set once err is
+
+	// wanted: a reader waits for it (fetchMissing): a background fetch does not put its
+	// verification below the runtimes' priority (idlecpu.go).
+	wanted atomic.Bool
 }
 
 // fetchMissing returns the verified content of chunks idx of file, which a read found missing
@@ -69,7 +74,8 @@ type fetch struct {
 //  4. fetch next ahead, on its own, unless the read-ahead took it;
 //  5. run: fetch this read's chunks in one batch of range requests, verify, complete each
 //     fetch, and store them once the read has returned;
-//  6. wait for every fetch the read needs.
+//  6. wait for every fetch the read needs, marked wanted (a background fetch then verifies
+//     it at the daemon's priority, not below: idlecpu.go).
 //
 // A read that had to wait for the registry (a chunk of its own to fetch, or one another read
 // or the fetch-ahead was still fetching) counts its wait in the read-wait histogram; a
@@ -89,6 +95,9 @@ func (l *Layer) fetchMissing(ctx context.Context, file chunked.EntryID, idx []in
 	}
 	if next >= 0 {
 		l.fetchAhead(file, next)
+	}
+	for _, f := range needed {
+		f.wanted.Store(true)
 	}
 	l.run(ctx, mine, kind)
 	out, err := wait(ctx, needed)
@@ -364,7 +373,11 @@ func (l *Layer) fetchAndVerify(ctx context.Context, batch []*fetch, kind fetchKi
 			// library of 117 MB for 64 KiB read): below the runtimes' priority. A replay
 			// fetches the chunks a start read, and verifies them as a read does.
 			release := l.env.sched.verifying(ctx)
-			l.env.sched.idle.run(verifyChunk)
+			if f.wanted.Load() {
+				verifyChunk() // a reader waits for it
+			} else {
+				l.env.sched.idle.run(verifyChunk)
+			}
 			release()
 		case replay:
 			release := l.env.sched.verifying(ctx)

@@ -24,8 +24,10 @@ import (
 // at their priority, and threads Go starts later are cloned from a thread of normal priority
 // (the runtime does so for a locked thread). What runs on them is short (one chunk's
 // verification, after stepping aside for the demand fetches running: scheduler.verifying)
-// and takes no lock a reader holds; a reader waiting for a chunk a background batch verifies
-// waits for that chunk only. While one runs it holds one of Go's Ps: on a machine whose
+// and takes no lock a reader holds. A chunk a reader waits for (fetch.wanted) is verified at
+// the daemon's priority instead, so that a container waiting for a prioritized file does not
+// wait behind the busy runtimes; a reader that comes while it is being verified here waits
+// for that chunk only. While one runs it holds one of Go's Ps: on a machine whose
 // processors are all busy at a higher priority, a goroutine serving a FUSE request may wait
 // for Go to preempt it (10 ms of running), as it would wait for the processor anyway.
 // Raising GOMAXPROCS by their number instead was slower on two cores (gcc from a

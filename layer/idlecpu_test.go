@@ -5,6 +5,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -109,4 +110,61 @@ func TestBackgroundVerifiedAtLowPriority(t *testing.T) {
 	if n := idle.ran.Load() - before; n == 0 {
 		t.Error("the background fetch verified no chunk on the background threads")
 	}
+}
+
+// TestWantedVerifiedAtOnce: a chunk of the background fetch that a reader waits for is
+// verified at the daemon's priority, the others on the background threads.
+func TestWantedVerifiedAtOnce(t *testing.T) {
+	e := newEnv(t)
+	f := e.fixtures[0]
+	ref := e.push("lowprio/wanted:v1", fixtureLayer(f))
+	m := e.manager(WithPrefetch(false))
+	l, err := m.lookup(t.Context(), ref, f.Desc.Digest)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var keys []chunkKey
+	for id := range regularFiles(l.Index()) {
+		for i := range l.Index().NumChunks(id) {
+			keys = append(keys, chunkKey{id, i})
+		}
+	}
+	if len(keys) < 2 {
+		t.Skip("fewer than two chunks")
+	}
+	_, mine := l.claim(keys) // as a background batch does
+	if len(mine) != len(keys) {
+		t.Fatalf("claimed %d of %d", len(mine), len(keys))
+	}
+
+	// A reader of the first chunk finds it in flight and waits, marking it.
+	read := make(chan error, 1)
+	go func() {
+		_, err := l.fetchMissing(t.Context(), keys[0].file, []int{keys[0].i}, nil, -1, onDemand)
+		read <- err
+	}()
+	for !mine[0].wanted.Load() {
+		select {
+		case err := <-read:
+			t.Fatalf("the read returned before its chunk was fetched: %v", err)
+		case <-time.After(time.Millisecond):
+		}
+	}
+	for _, f := range mine[1:] {
+		if f.wanted.Load() {
+			t.Fatal("a chunk nobody reads is marked wanted")
+		}
+	}
+
+	idle := backgroundThreads()
+	before := idle.ran.Load()
+	l.fetchAndVerify(t.Context(), mine, background)
+	if n := idle.ran.Load() - before; n != int64(len(mine)-1) {
+		t.Errorf("%d of %d chunks verified on the background threads, want all but the one read", n, len(mine))
+	}
+	if err := <-read; err != nil {
+		t.Fatal(err)
+	}
+	l.store(mine)
+	l.forget(mine)
 }
