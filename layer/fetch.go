@@ -367,25 +367,21 @@ func (l *Layer) fetchAndVerify(ctx context.Context, batch []*fetch, kind fetchKi
 		var c verify.Chunk
 		var err error
 		verifyChunk := func() { c, err = l.v.VerifyChunk(f.key.file, f.key.i, raws[i]) }
-		switch kind {
-		case background:
-			// The rest of the layer, and prioritized files, which name whole files (a
-			// library of 117 MB for 64 KiB read): below the runtimes' priority. A replay
-			// fetches the chunks a start read, and verifies them as a read does (below,
-			// learned starts at 1 Gbit/s took 13-20% longer for gcc and large).
+		if !kind.isBackground() {
+			verifyChunk()
+		} else {
+			// The background fetch's chunks (the rest of the layer, and prioritized files,
+			// which name whole files: a library of 117 MB for 64 KiB read) below the
+			// runtimes' priority, but for one a reader waits for. A replay fetches the chunks
+			// a start read, and verifies them as a read does (below, learned starts at
+			// 1 Gbit/s took 13-20% longer for gcc and large).
 			release := l.env.sched.verifying(ctx)
-			if f.wanted.Load() {
-				verifyChunk() // a reader waits for it
-			} else {
+			if kind == background && !f.wanted.Load() {
 				l.env.sched.idle.run(verifyChunk)
+			} else {
+				verifyChunk()
 			}
 			release()
-		case replay:
-			release := l.env.sched.verifying(ctx)
-			verifyChunk()
-			release()
-		default:
-			verifyChunk()
 		}
 		if err != nil {
 			l.env.counters.verifyFailures.Add(1)
