@@ -373,7 +373,10 @@ func (d *daemon) users(t *testing.T, blob digest.Digest) int64 {
 // store serves has ended, so that what follows counts only its own requests.
 func (d *daemon) waitComplete(t *testing.T, img *image) {
 	t.Helper()
-	for deadline := time.Now().Add(time.Minute); ; time.Sleep(50 * time.Millisecond) {
+	// Three minutes: the background fetch verifies below the priority of everything else on
+	// the machine (layer/idlecpu.go), the race-detecting test packages running beside this
+	// one included.
+	for deadline := time.Now().Add(3 * time.Minute); ; time.Sleep(50 * time.Millisecond) {
 		busy := false
 		for _, l := range d.status(t).Layers {
 			if img.legacy[l.Digest] && l.State == layer.StateFetching {
@@ -384,7 +387,7 @@ func (d *daemon) waitComplete(t *testing.T, img *image) {
 			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("background fetch of %s still running after a minute", img.ref)
+			t.Fatalf("background fetch of %s still running after three minutes", img.ref)
 		}
 	}
 }
