@@ -369,7 +369,7 @@ func (d *daemon) users(t *testing.T, blob digest.Digest) int64 {
 	return -1
 }
 
-// waitComplete waits (up to a minute) until the background fetch of every layer of img the
+// waitComplete waits (up to three minutes) until the background fetch of every layer of img the
 // store serves has ended, so that what follows counts only its own requests.
 func (d *daemon) waitComplete(t *testing.T, img *image) {
 	t.Helper()
