@@ -8,8 +8,9 @@
 // the layer in the host platform's manifest or, failing that, in the other manifests of an
 // image index, classifies its format, and opens it with package verify: the TOC is checked
 // against the manifest before it is used. The comparison of a zstd:chunked TOC with its
-// tar-split runs in the background, except for lookups by blob digest (whose info needs the
-// tar's size) and under WithRequireDiffID, which wait for it; a layer whose TOC the tar-split
+// tar-split runs in the background (after the quiet period, at the latest 5 s after the
+// lookup, below the runtimes' priority), except for lookups by blob digest (whose info needs
+// the tar's size) and under WithRequireDiffID, which wait for it; a layer whose TOC the tar-split
 // contradicts is refused from then on (lookups, reads, status). Resolutions are shared by concurrent lookups,
 // bounded in time (WithResolveTimeout), kept while the runtime uses the layer and for a while
 // after (WithKeepTTL); failures are remembered only briefly (WithNegativeTTL). Layers that are

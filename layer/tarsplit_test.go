@@ -225,3 +225,37 @@ func TestRecordsKeepNoTarSplit(t *testing.T) {
 	}
 	check("after the record is written again")
 }
+
+// TestTarSplitComparedWhenQuiet: after a modern lookup, the TOC is compared with the
+// tar-split as background work: not while the layers are busy (the quiet period after the
+// lookup), yet no later than tarSplitDelay after it (the time a layer the tar-split
+// contradicts is served), and on the background threads, below the runtimes' priority.
+func TestTarSplitComparedWhenQuiet(t *testing.T) {
+	e := newEnv(t)
+	f := syntheticLayer(t, 2000, nil)
+	ref := e.push("synthetic:v1", fixtureLayer(f))
+	idle := backgroundThreads()
+
+	m := e.manager(WithPrefetch(false), WithPrefetchQuiet(time.Hour))
+	before := idle.ran.Load()
+	start := time.Now()
+	l, err := m.lookup(t.Context(), ref, tocKey(f.Desc.Annotations))
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(200 * time.Millisecond) // far more than the comparison of 2,000 entries takes
+	if l.v.TarSize() != -1 {
+		t.Fatal("compared within the quiet period after the lookup")
+	}
+	for deadline := time.Now().Add(time.Minute); l.v.TarSize() <= 0; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("not compared a minute after the lookup")
+		}
+	}
+	if d := time.Since(start); d < tarSplitDelay {
+		t.Errorf("compared %v after the lookup, within the quiet period", d)
+	}
+	if n := idle.ran.Load() - before; n != 1 {
+		t.Errorf("%d functions ran on the background threads, want the comparison", n)
+	}
+}
