@@ -10,7 +10,8 @@
 // against the manifest before it is used. The comparison of a zstd:chunked TOC with its
 // tar-split runs in the background (after the quiet period, at the latest 5 s after the
 // lookup, below the runtimes' priority), except for lookups by blob digest (whose info needs
-// the tar's size) and under WithRequireDiffID, which wait for it; a layer whose TOC the tar-split
+// the tar's size) and under WithRequireDiffID, which run it at once, at their priority (the
+// background comparison of the same layer steps aside); a layer whose TOC the tar-split
 // contradicts is refused from then on (lookups, reads, status). Resolutions are shared by concurrent lookups,
 // bounded in time (WithResolveTimeout), kept while the runtime uses the layer and for a while
 // after (WithKeepTTL); failures are remembered only briefly (WithNegativeTTL). Layers that are

@@ -52,6 +52,11 @@ type Layer struct {
 	refused              atomic.Bool  // the TOC and the tar-split disagree (counted and logged once)
 	prefetch             prefetchState
 	reads                readSet // the chunks the kernel asked for (reads.go)
+
+	// yieldComparison cancels the comparison of the TOC with the tar-split that a modern
+	// lookup left to the background (Manager.addLive), so that a lookup that waits for it
+	// runs it at its own priority; nil when none was left. Set before the layer is live.
+	yieldComparison context.CancelFunc
 }
 
 type chunkKey struct {

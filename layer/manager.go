@@ -543,39 +543,57 @@ func (m *Manager) liveLayer(id identity) *Layer {
 // addLive makes l the live layer of its identity and starts its background fetch, unless a
 // concurrent resolution made another one live first: that one is returned, with ref added.
 func (m *Manager) addLive(l *Layer, ref string) (*Layer, error) {
-	m.mu.Lock()
-	if m.closed {
-		m.mu.Unlock()
-		return nil, errors.New("layer: the manager is closed")
+	compare := l.v.CanProveDiffID() && l.v.TarSize() < 0
+	var cctx context.Context
+	if compare {
+		cctx, l.yieldComparison = context.WithCancel(m.work.ctx)
 	}
-	if existing := m.live[l.id]; existing != nil {
+	m.mu.Lock()
+	if m.closed || m.live[l.id] != nil {
+		existing := m.live[l.id]
 		m.mu.Unlock()
+		if compare {
+			l.yieldComparison()
+		}
+		if existing == nil {
+			return nil, errors.New("layer: the manager is closed")
+		}
 		existing.addRef(ref) // this resolution read the TOC through ref's repository
 		return existing, nil
 	}
 	m.live[l.id] = l
 	m.mu.Unlock()
-	if l.v.CanProveDiffID() && l.v.TarSize() < 0 {
+	if compare {
 		// The TOC is compared with the tar-split in the background, as background work:
 		// after the quiet period (the container the lookup is for starts first), but no
 		// later than tarSplitDelay after the lookup, and below the runtimes' priority
 		// (idlecpu.go); the record learns the tar's size once it is proven. The comparison
 		// is the daemon's largest piece of work per lookup (on two cores: 200 ms for a layer
 		// of 26,000 entries, 50 ms for one of 6,700). A lookup that needs the size meanwhile
-		// (by blob digest) compares at once: concurrent comparisons are one
-		// (verify.Verifier.CheckTarSplit).
+		// (by blob digest) compares at once, at its own priority: this one yields to it
+		// (cctx is cancelled; Manager.ready), since concurrent comparisons are one
+		// (verify.Verifier.CheckTarSplit) and the lookup would otherwise wait for a niced one.
 		m.sched.touch() // a layer looked up: a container is starting
 		m.work.goTracked(func() {
-			ctx := m.work.ctx
-			wctx, cancel := context.WithTimeout(ctx, tarSplitDelay)
+			defer l.yieldComparison()
+			wctx, cancel := context.WithTimeout(cctx, tarSplitDelay)
 			_ = m.sched.wait(wctx, false)
 			cancel()
-			if ctx.Err() != nil {
-				return
-			}
-			defer m.sched.verifying(ctx)()
 			var err error
-			m.sched.idle.run(func() { err = l.checkTarSplit(ctx) })
+			if cctx.Err() == nil {
+				done := m.sched.verifying(cctx)
+				m.sched.idle.run(func() { err = l.checkTarSplit(cctx) })
+				done()
+			}
+			if cctx.Err() != nil {
+				// A lookup took the comparison over (or the manager is closing): its verdict
+				// stands, and it saved the record; had it given up (its context ended), the
+				// comparison runs here, at the daemon's priority.
+				if l.v.TarSize() >= 0 || l.v.Err() != nil || m.work.ctx.Err() != nil {
+					return
+				}
+				err = l.checkTarSplit(m.work.ctx)
+			}
 			if err == nil {
 				l.saveRecord()
 			}
@@ -628,6 +646,9 @@ func waitsForTarSplit(modern, requireDiffID bool) bool { return !modern || requi
 func (m *Manager) ready(ctx context.Context, l *Layer, modern bool, ref string) error {
 	if waitsForTarSplit(modern, m.opts.requireDiffID) {
 		known := l.v.TarSize() >= 0
+		if !known && l.yieldComparison != nil {
+			l.yieldComparison() // the background comparison steps aside: this one is not niced
+		}
 		if err := l.checkTarSplit(ctx); err != nil {
 			return err
 		}

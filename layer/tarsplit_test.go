@@ -2,6 +2,7 @@ package layer
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"strings"
@@ -257,5 +258,70 @@ func TestTarSplitComparedWhenQuiet(t *testing.T) {
 	}
 	if n := idle.ran.Load() - before; n != 1 {
 		t.Errorf("%d functions ran on the background threads, want the comparison", n)
+	}
+}
+
+// TestBlobDigestLookupComparesAtItsPriority: a lookup by blob digest of a layer whose
+// comparison a modern lookup left to the background compares at once, on its own goroutine,
+// and the background comparison steps aside for good: it never runs on the background
+// threads, where the lookup would have waited for a niced comparison.
+func TestBlobDigestLookupComparesAtItsPriority(t *testing.T) {
+	e := newEnv(t)
+	f := syntheticLayer(t, 2000, nil)
+	ref := e.push("synthetic:v1", fixtureLayer(f))
+	idle := backgroundThreads()
+
+	m := e.manager(WithPrefetch(false), WithPrefetchQuiet(time.Hour))
+	before := idle.ran.Load()
+	start := time.Now()
+	l, err := m.lookup(t.Context(), ref, tocKey(f.Desc.Annotations))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l.v.TarSize() != -1 {
+		t.Fatal("compared before the modern lookup returned")
+	}
+	old, err := m.lookup(t.Context(), ref, f.Desc.Digest)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if old != l {
+		t.Fatal("the lookup by blob digest resolved another layer")
+	}
+	if l.v.TarSize() <= 0 {
+		t.Fatal("the lookup by blob digest answered before the comparison")
+	}
+	// Past the longest the background comparison waits (tarSplitDelay), it would have run.
+	for time.Since(start) < tarSplitDelay+time.Second {
+		time.Sleep(50 * time.Millisecond)
+	}
+	if n := idle.ran.Load() - before; n != 0 {
+		t.Errorf("%d functions ran on the background threads, want none: the comparison was the lookup's", n)
+	}
+}
+
+// TestComparedWhenTheLookupGivesUp: a lookup by blob digest that takes the comparison over
+// from the background and then gives up (its context ends) leaves the comparison to the
+// background again: the layer a modern lookup serves is still compared, as soon as the
+// background comparison would have run.
+func TestComparedWhenTheLookupGivesUp(t *testing.T) {
+	e := newEnv(t)
+	f := syntheticLayer(t, 2000, nil)
+	ref := e.push("synthetic:v1", fixtureLayer(f))
+
+	m := e.manager(WithPrefetch(false), WithPrefetchQuiet(time.Hour))
+	l, err := m.lookup(t.Context(), ref, tocKey(f.Desc.Annotations))
+	if err != nil {
+		t.Fatal(err)
+	}
+	gone, cancel := context.WithCancel(t.Context())
+	cancel()
+	if err := m.ready(gone, l, false, ref); err == nil && l.v.TarSize() < 0 {
+		t.Fatal("a lookup by blob digest answered without the comparison")
+	}
+	for deadline := time.Now().Add(time.Minute); l.v.TarSize() <= 0; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("not compared a minute after the lookup that took the comparison over gave up")
+		}
 	}
 }
