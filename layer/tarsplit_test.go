@@ -227,23 +227,32 @@ func TestRecordsKeepNoTarSplit(t *testing.T) {
 	check("after the record is written again")
 }
 
+// lookedUpByTOC pushes a synthetic zstd:chunked layer of 2,000 entries and looks it up by TOC
+// digest, at start, through a manager without background fetch whose quiet period never
+// ends: the comparison of its TOC with its tar-split is left to the background, which runs it
+// tarSplitDelay after the lookup.
+func lookedUpByTOC(t *testing.T) (m *Manager, l *Layer, f testlayer.Fixture, ref string, start time.Time) {
+	t.Helper()
+	e := newEnv(t)
+	f = syntheticLayer(t, 2000, nil)
+	ref = e.push("synthetic:v1", fixtureLayer(f))
+	m = e.manager(WithPrefetch(false), WithPrefetchQuiet(time.Hour))
+	start = time.Now()
+	l, err := m.lookup(t.Context(), ref, tocKey(f.Desc.Annotations))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m, l, f, ref, start
+}
+
 // TestTarSplitComparedWhenQuiet: after a modern lookup, the TOC is compared with the
 // tar-split as background work: not while the layers are busy (the quiet period after the
 // lookup), yet no later than tarSplitDelay after it (the time a layer the tar-split
 // contradicts is served), and on the background threads, below the runtimes' priority.
 func TestTarSplitComparedWhenQuiet(t *testing.T) {
-	e := newEnv(t)
-	f := syntheticLayer(t, 2000, nil)
-	ref := e.push("synthetic:v1", fixtureLayer(f))
 	idle := backgroundThreads()
-
-	m := e.manager(WithPrefetch(false), WithPrefetchQuiet(time.Hour))
 	before := idle.ran.Load()
-	start := time.Now()
-	l, err := m.lookup(t.Context(), ref, tocKey(f.Desc.Annotations))
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, l, _, _, start := lookedUpByTOC(t)
 	time.Sleep(200 * time.Millisecond) // far more than the comparison of 2,000 entries takes
 	if l.v.TarSize() != -1 {
 		t.Fatal("compared within the quiet period after the lookup")
@@ -266,18 +275,9 @@ func TestTarSplitComparedWhenQuiet(t *testing.T) {
 // and the background comparison steps aside for good: it never runs on the background
 // threads, where the lookup would have waited for a niced comparison.
 func TestBlobDigestLookupComparesAtItsPriority(t *testing.T) {
-	e := newEnv(t)
-	f := syntheticLayer(t, 2000, nil)
-	ref := e.push("synthetic:v1", fixtureLayer(f))
 	idle := backgroundThreads()
-
-	m := e.manager(WithPrefetch(false), WithPrefetchQuiet(time.Hour))
 	before := idle.ran.Load()
-	start := time.Now()
-	l, err := m.lookup(t.Context(), ref, tocKey(f.Desc.Annotations))
-	if err != nil {
-		t.Fatal(err)
-	}
+	m, l, f, ref, start := lookedUpByTOC(t)
 	if l.v.TarSize() != -1 {
 		t.Fatal("compared before the modern lookup returned")
 	}
@@ -305,15 +305,7 @@ func TestBlobDigestLookupComparesAtItsPriority(t *testing.T) {
 // background again: the layer a modern lookup serves is still compared, as soon as the
 // background comparison would have run.
 func TestComparedWhenTheLookupGivesUp(t *testing.T) {
-	e := newEnv(t)
-	f := syntheticLayer(t, 2000, nil)
-	ref := e.push("synthetic:v1", fixtureLayer(f))
-
-	m := e.manager(WithPrefetch(false), WithPrefetchQuiet(time.Hour))
-	l, err := m.lookup(t.Context(), ref, tocKey(f.Desc.Annotations))
-	if err != nil {
-		t.Fatal(err)
-	}
+	m, l, _, ref, _ := lookedUpByTOC(t)
 	gone, cancel := context.WithCancel(t.Context())
 	cancel()
 	if err := m.ready(gone, l, false, ref); err == nil && l.v.TarSize() < 0 {
