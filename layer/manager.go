@@ -549,20 +549,21 @@ func (m *Manager) addLive(l *Layer, ref string) (*Layer, error) {
 		cctx, l.yieldComparison = context.WithCancel(m.work.ctx)
 	}
 	m.mu.Lock()
-	if m.closed || m.live[l.id] != nil {
-		existing := m.live[l.id]
-		m.mu.Unlock()
+	existing, closed := m.live[l.id], m.closed
+	if !closed && existing == nil {
+		m.live[l.id] = l
+	}
+	m.mu.Unlock()
+	if closed || existing != nil {
 		if compare {
-			l.yieldComparison()
+			l.yieldComparison() // l is dropped: its comparison never starts
 		}
-		if existing == nil {
+		if closed {
 			return nil, errors.New("layer: the manager is closed")
 		}
 		existing.addRef(ref) // this resolution read the TOC through ref's repository
 		return existing, nil
 	}
-	m.live[l.id] = l
-	m.mu.Unlock()
 	if compare {
 		// The TOC is compared with the tar-split in the background, as background work:
 		// after the quiet period (the container the lookup is for starts first), but no
