@@ -327,6 +327,13 @@ func (fsys *filesystem) blockOf(ino uint64) (*block, uint64, bool) {
 func (fsys *filesystem) layerOf(ctx context.Context, b *block) (Layer, syscall.Errno) {
 	b.used.Store(time.Now().Unix())
 	if box := b.layer.Load(); box != nil {
+		if r, ok := box.Layer.(Refuser); ok {
+			if err := r.Refused(); err != nil {
+				// Refused since its lookup: nothing of it is answered any more, though every
+				// use would otherwise renew the block's hold on it.
+				return nil, errno(fsys.log, err, "refused layer", "ref", b.ref, "key", b.key)
+			}
+		}
 		return box.Layer, 0
 	}
 	l, err := fsys.store.Lookup(ctx, b.ref, b.key)

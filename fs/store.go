@@ -50,3 +50,14 @@ type Layer interface {
 	// p up to the end of the blob.
 	ReadBlob(ctx context.Context, p []byte, off int64) (int, error)
 }
+
+// Refuser is implemented by layers that the Store may refuse after handing them out (the layer
+// package refuses a zstd:chunked layer whose tar-split contradicts its TOC, after a modern
+// lookup was answered). Refused returns the refusal, nil while the layer is served; once it
+// is set the namespace answers nothing of the layer any more (its tree's lookups, attributes,
+// listings, symlinks, xattrs, info, blob, opens and reads fail with EIO). What the kernel
+// cached before (entries and attributes for their timeouts, pages kept with FOPEN_KEEP_CACHE)
+// and files already open with passthrough cannot be revoked.
+type Refuser interface {
+	Refused() error
+}

@@ -12,7 +12,9 @@
 // lookup, below the runtimes' priority), except for lookups by blob digest (whose info needs
 // the tar's size) and under WithRequireDiffID, which run it at once, at their priority (the
 // background comparison of the same layer steps aside); a layer whose TOC the tar-split
-// contradicts is refused from then on (lookups, reads, status). Resolutions are shared by concurrent lookups,
+// contradicts is refused from then on (lookups, reads, status, and through Layer.Refused the
+// mount's answers about its tree; its identity is remembered for the manager's life, so that a
+// later resolution of it is refused at once). Resolutions are shared by concurrent lookups,
 // bounded in time (WithResolveTimeout), kept while the runtime uses the layer and for a while
 // after (WithKeepTTL); failures are remembered only briefly (WithNegativeTTL). Layers that are
 // not lazily pullable, and keys that name no layer of the image, are reported as

@@ -25,6 +25,7 @@ type env struct {
 	work     *work     // the manager's lifetime: its context, and the work Close waits for
 	records  *records  // the layer records in the cache
 	profiles *profiles // the repositories' startup profiles in the cache (profile.go)
+	refusals *refusals // the identities refused: TOC and tar-split disagree (layer.go)
 
 	release release // hands freed heap back to the kernel (releaseMemory)
 

@@ -109,9 +109,57 @@ func (l *Layer) checkTarSplit(ctx context.Context) error {
 		l.env.log.Error("layer refused: its TOC and tar-split disagree; files already served showed the TOC's metadata",
 			"layer", l.desc.Digest, "err", err)
 		l.stopPrefetch()
+		l.env.refusals.add(l.id, l.v.Err())
 		l.env.records.remove(recordName(l.id))
 	}
 	return err
+}
+
+// Refused returns the error that refuses the layer (its TOC and tar-split disagree), nil
+// while it is served: the namespace stops answering anything of its tree once it is set.
+func (l *Layer) Refused() error { return l.v.Err() }
+
+// refusals remembers the identities of the layers refused because their TOC and tar-split
+// disagree, so that a later resolution of the same identity (after the keep TTL forgot the
+// layer, through another reference) is refused at once instead of being served again until a
+// new comparison. The verdict depends only on bytes the identity names by digest (the TOC,
+// and the tar-split through the TOC or the annotation), so it never goes stale. Bounded: the
+// oldest is forgotten beyond maxRefusals. Its lock is a leaf.
+type refusals struct {
+	mu    sync.Mutex
+	errs  map[identity]error
+	order []identity
+}
+
+const maxRefusals = 4096
+
+func (r *refusals) add(id identity, err error) {
+	if r == nil || err == nil {
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.errs == nil {
+		r.errs = map[identity]error{}
+	}
+	if _, ok := r.errs[id]; ok {
+		return
+	}
+	if len(r.order) >= maxRefusals {
+		delete(r.errs, r.order[0])
+		r.order = r.order[1:]
+	}
+	r.errs[id] = err
+	r.order = append(r.order, id)
+}
+
+func (r *refusals) err(id identity) error {
+	if r == nil {
+		return nil
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.errs[id]
 }
 
 // addRef records that ref resolved to the layer, and that its repository serves the blob; a

@@ -102,7 +102,10 @@ type resolution struct {
 	expires time.Time // when an unused success or a failure is forgotten
 }
 
-var _ storefs.Store = (*Manager)(nil)
+var (
+	_ storefs.Store   = (*Manager)(nil)
+	_ storefs.Refuser = (*Layer)(nil)
+)
 
 // New returns a manager resolving layers through reg and keeping their content in c.
 func New(reg Registry, c *cache.Cache, opts ...Option) (*Manager, error) {
@@ -121,6 +124,7 @@ func New(reg Registry, c *cache.Cache, opts ...Option) (*Manager, error) {
 			work:        newWork(),
 			records:     loadRecords(c, chunked.Limits{}.WithDefaults(), o.log),
 			profiles:    newProfiles(c, o.log),
+			refusals:    &refusals{},
 			log:         o.log,
 			now:         o.now,
 			readTimeout: o.readTimeout,
@@ -396,6 +400,9 @@ func (m *Manager) resolveThroughRegistry(ctx context.Context, ref string, key di
 		return nil, fmt.Errorf("layer %s of %s has no DiffID: %w", desc.Digest, ref, iofs.ErrNotExist)
 	}
 	id := identity{layout: *layout, diffID: desc.DiffID}
+	if err := m.refusals.err(id); err != nil {
+		return nil, err // its TOC and tar-split disagree: refused before, refused again
+	}
 	if l := m.liveLayer(id); l != nil {
 		if err := m.ready(ctx, l, modern, ref); err != nil {
 			return nil, err
@@ -458,7 +465,7 @@ func (m *Manager) resolveThroughRegistry(ctx context.Context, ref string, key di
 	if err := m.unsized(l, modern, ref); err != nil {
 		return nil, err
 	}
-	if l, err = m.addLive(l, ref); err != nil {
+	if l, err = m.addLiveReady(ctx, l, modern, ref); err != nil {
 		return nil, err
 	}
 	log.Info("layer served lazily", "from", from, "format", v.Layout().Format, "toc", l.tocKey,
@@ -496,6 +503,9 @@ func (m *Manager) resolveFromRecord(ctx context.Context, ref string, key digest.
 	if err != nil {
 		return nil, nil, false // checked when indexed: not reached
 	}
+	if err := m.refusals.err(id); err != nil {
+		return nil, err, true
+	}
 	if l := m.liveLayer(id); l != nil {
 		if err := m.ready(ctx, l, modern, ref); err != nil {
 			return nil, err, true
@@ -523,7 +533,7 @@ func (m *Manager) resolveFromRecord(ctx context.Context, ref string, key digest.
 	if err := m.ready(ctx, l, modern, ref); err != nil {
 		return nil, err, true
 	}
-	if l, err = m.addLive(l, ref); err != nil {
+	if l, err = m.addLiveReady(ctx, l, modern, ref); err != nil {
 		return nil, err, true
 	}
 	m.counters.fromRecords.Add(1)
@@ -577,20 +587,28 @@ func (m *Manager) addLive(l *Layer, ref string) (*Layer, error) {
 		m.sched.touch() // a layer looked up: a container is starting
 		m.work.goTracked(func() {
 			defer l.yieldComparison()
+			// Everything the comparison waits for before it starts (the quiet period, demand
+			// fetches to step aside for, a processor) is bounded by tarSplitDelay: a read a
+			// hostile registry holds open would otherwise postpone it for as long as the
+			// attacker keeps one pending.
 			wctx, cancel := context.WithTimeout(cctx, tarSplitDelay)
 			_ = m.sched.wait(wctx, false)
-			cancel()
 			var err error
 			if cctx.Err() == nil {
-				done := m.sched.verifying(cctx)
+				done := m.sched.verifyingUntil(wctx)
 				m.sched.idle.run(func() { err = l.checkTarSplit(cctx) })
 				done()
 			}
+			cancel()
 			if cctx.Err() != nil {
 				// A lookup took the comparison over (or the manager is closing): its verdict
 				// stands, and it saved the record; had it given up (its context ended), the
 				// comparison runs here, at the daemon's priority.
-				if l.v.TarSize() >= 0 || l.v.Err() != nil || m.work.ctx.Err() != nil {
+				if l.v.Err() != nil {
+					_ = l.checkTarSplit(m.work.ctx) // refused elsewhere (CheckDiffID): the refusal's bookkeeping, at once
+					return
+				}
+				if l.v.TarSize() >= 0 || m.work.ctx.Err() != nil {
 					return
 				}
 				err = l.checkTarSplit(m.work.ctx)
@@ -605,6 +623,20 @@ func (m *Manager) addLive(l *Layer, ref string) (*Layer, error) {
 		})
 	}
 	return l, nil
+}
+
+// addLiveReady is addLive for a layer that was made ready for this lookup (Manager.ready):
+// when a concurrent resolution made another layer of the identity live first, that one is
+// returned, and it must be made ready too (compared first, for a lookup by blob digest).
+func (m *Manager) addLiveReady(ctx context.Context, l *Layer, modern bool, ref string) (*Layer, error) {
+	live, err := m.addLive(l, ref)
+	if err != nil || live == l {
+		return live, err
+	}
+	if err := m.ready(ctx, live, modern, ref); err != nil {
+		return nil, err
+	}
+	return live, nil
 }
 
 // tarSplitDelay bounds how long the comparison of a layer's TOC with its tar-split waits for

@@ -199,6 +199,11 @@ func (l *Layer) runPrefetch(ctx context.Context) error {
 			if errors.Is(err, verify.ErrDigestMismatch) {
 				l.env.counters.verifyFailures.Add(1)
 			}
+			if l.v.Err() != nil {
+				// The comparison CheckDiffID ran first failed: the layer is refused, with
+				// what a refusal does (its record removed, its identity remembered).
+				_ = l.checkTarSplit(ctx)
+			}
 			return fmt.Errorf("proving the DiffID: %w", err)
 		}
 		l.saveRecord() // the guarantee, and without the tar-split no longer needed

@@ -111,6 +111,21 @@ func (s *scheduler) verifying(ctx context.Context) func() {
 	}
 }
 
+// verifyingUntil is verifying for work that must start by a deadline (ctx's): once ctx is
+// done it steps aside for nothing more and takes no processor slot.
+func (s *scheduler) verifyingUntil(ctx context.Context) func() {
+	_ = s.wait(ctx, true)
+	select {
+	case s.cpu <- struct{}{}:
+		return func() {
+			<-s.cpu
+			runtime.Gosched()
+		}
+	case <-ctx.Done():
+		return func() {}
+	}
+}
+
 func (s *scheduler) wait(ctx context.Context, urgent bool) error {
 	for {
 		d := yieldPoll

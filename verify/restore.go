@@ -23,7 +23,10 @@ type Saved struct {
 
 // Save returns what l has established, for [Restore].
 func (l *Verifier) Save() Saved {
-	s := Saved{Layout: *l.layout, DiffID: l.diffID, TarSize: l.TarSize(), Guarantee: l.Guarantee()}
+	// The guarantee first: DiffIDVerified is stored only after the tar's size, so a record
+	// never says diffid-verified (and drops the tar-split) with the size still unknown.
+	g := l.Guarantee()
+	s := Saved{Layout: *l.layout, DiffID: l.diffID, TarSize: l.TarSize(), Guarantee: g}
 	if s.Guarantee < DiffIDVerified {
 		s.TarSplit = l.tarSplit
 	}
