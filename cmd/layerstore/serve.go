@@ -25,6 +25,7 @@ import (
 	storefs "github.com/layerstore/layerstore/fs"
 	"github.com/layerstore/layerstore/internal/control"
 	"github.com/layerstore/layerstore/internal/fdstore"
+	"github.com/layerstore/layerstore/internal/gcpolicy"
 	"github.com/layerstore/layerstore/internal/sdnotify"
 	"github.com/layerstore/layerstore/layer"
 )
@@ -335,6 +336,7 @@ func (s *stack) Close() error {
 
 // serve runs the daemon until ctx is done or the mount goes away.
 func serve(ctx context.Context, cfg *Config, mountpoint string, log *slog.Logger) error {
+	defer gcpolicy.Start(gcpolicy.DefaultMin)() // a few collections per start, not dozens
 	// SIGHUP reloads (see reload); from now on it never ends the daemon.
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
