@@ -50,6 +50,12 @@
 // gave. A block of numbers keeps its layer while it is used, and asks the Store for it again
 // after ten idle minutes (and in a process that resumed the session), so that layers the
 // runtime no longer uses are the Store's to free.
+//
+// A layer the Store refuses after handing it out ([Refuser]: a zstd:chunked layer whose
+// tar-split contradicts its TOC) answers EIO from then on, and its block's waiter has the
+// kernel drop what it cached of the layer's directory and tree (entries, attributes, kept
+// pages: refusal.go), so that a path looked up before the refusal fails too. Files already
+// open with passthrough read on: the kernel reads their backing files itself.
 // # Who may use the mount
 //
 // Only the daemon's user: root, the runtime, and overlayfs on behalf of containers (a rootless

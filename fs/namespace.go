@@ -106,6 +106,9 @@ type block struct {
 	// (layerOf then asks the Store again); used is the unix time of its last use.
 	layer atomic.Pointer[layerBox]
 	used  atomic.Int64
+	// watched is set while a goroutine waits for the refusal of the block's layer, and for
+	// good once it dropped what the kernel cached of the block (watchRefusal).
+	watched atomic.Bool
 }
 
 // layerIdle is how long a block keeps its layer unused. The daemon holds no state per
@@ -116,7 +119,14 @@ const (
 	sweepEvery = time.Minute
 )
 
-type layerBox struct{ Layer }
+// layerBox is a layer as a block holds it; gone is closed when the block lets it go (another
+// layer of the identity replaced it, or the sweep dropped it).
+type layerBox struct {
+	Layer
+	gone chan struct{}
+}
+
+func newLayerBox(l Layer) *layerBox { return &layerBox{Layer: l, gone: make(chan struct{})} }
 
 type blockKey struct {
 	ref   string
@@ -291,7 +301,10 @@ func (fsys *filesystem) block(ref string, key digest.Digest, l Layer) (*block, e
 		fsys.mu.Unlock()
 	}
 	if cur := b.layer.Load(); cur == nil || cur.Layer != l {
-		b.layer.Store(&layerBox{l})
+		if old := b.layer.Swap(newLayerBox(l)); old != nil {
+			close(old.gone)
+		}
+		fsys.watchRefusal(b, l)
 	}
 	now := time.Now()
 	b.used.Store(now.Unix())
@@ -306,8 +319,8 @@ func (fsys *filesystem) sweep(now time.Time) {
 	fsys.mu.RLock()
 	defer fsys.mu.RUnlock()
 	for _, b := range fsys.blocks {
-		if box := b.layer.Load(); box != nil && now.Unix()-b.used.Load() >= int64(layerIdle/time.Second) {
-			b.layer.CompareAndSwap(box, nil)
+		if box := b.layer.Load(); box != nil && now.Unix()-b.used.Load() >= int64(layerIdle/time.Second) && b.layer.CompareAndSwap(box, nil) {
+			close(box.gone)
 		}
 	}
 }
@@ -350,7 +363,9 @@ func (fsys *filesystem) layerOf(ctx context.Context, b *block) (Layer, syscall.E
 		fsys.log.Warn("answering ESTALE: the layer the kernel knows changed since its lookup", "ref", b.ref, "key", b.key)
 		return nil, syscall.ESTALE
 	}
-	b.layer.CompareAndSwap(nil, &layerBox{l})
+	if b.layer.CompareAndSwap(nil, newLayerBox(l)) {
+		fsys.watchRefusal(b, l)
+	}
 	return l, 0
 }
 

@@ -2,12 +2,16 @@ package storefs
 
 import (
 	"errors"
+	"os"
+	"path/filepath"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/hanwen/go-fuse/v2/fuse"
 	"github.com/opencontainers/go-digest"
+	"golang.org/x/sys/unix"
 
 	"github.com/layerstore/layerstore/chunked"
 )
@@ -16,7 +20,8 @@ import (
 // package refuses a zstd:chunked layer whose tar-split contradicts its TOC (Refused).
 type refusingLayer struct {
 	*testLayer
-	err atomic.Pointer[error]
+	err     atomic.Pointer[error]
+	refusal chan struct{} // closed by refuse; nil: Refusal never fires
 }
 
 func (l *refusingLayer) Refused() error {
@@ -24,6 +29,14 @@ func (l *refusingLayer) Refused() error {
 		return *p
 	}
 	return nil
+}
+
+func (l *refusingLayer) Refusal() <-chan struct{} { return l.refusal }
+
+// refuse refuses the layer with err, as checkTarSplit does.
+func (l *refusingLayer) refuse(err error) {
+	l.err.Store(&err)
+	close(l.refusal)
 }
 
 // TestRefusedLayerTreeNotServed: once the Store refuses a layer it handed out (the layer
@@ -79,5 +92,69 @@ func TestRefusedLayerTreeNotServed(t *testing.T) {
 	}
 	if _, st := lookup(dir, "info"); st.Ok() {
 		t.Error("info of a refused layer answered")
+	}
+}
+
+// TestRefusedLayerCacheDropped: what the kernel cached of a layer's tree before the Store
+// refused it (entries and attributes for an hour, pages kept) is dropped at the refusal, so
+// that a container whose overlay holds the layer's diff directory (as this test holds a
+// descriptor of it) stops seeing the contradicted metadata at once, not an hour later: its
+// path walks, stats of files it opened and reads of their cached pages fail with EIO.
+func TestRefusedLayerCacheDropped(t *testing.T) {
+	tl := newTestLayer(t, fixture(t, "zstdchunked-modern"))
+	l := &refusingLayer{testLayer: tl, refusal: make(chan struct{})}
+	store := newTestStore()
+	store.layers[testRef] = map[digest.Digest]Layer{tl.tocKey: l}
+	mnt, _ := mountTest(t, store, DefaultOptions())
+	diff, err := os.Open(layerPath(mnt, testRef, tl.tocKey, "diff"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer diff.Close()
+	// A file only looked up and stat'd: a read would make the kernel ask for its atime again.
+	const statted = "usr/bin/tool"
+	stat := func() error {
+		var st unix.Stat_t
+		return unix.Fstatat(int(diff.Fd()), statted, &st, 0)
+	}
+	if err := stat(); err != nil {
+		t.Fatalf("stat of %s before the refusal: %v", statted, err)
+	}
+	f, err := os.Open(filepath.Join(diff.Name(), backedFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	buf := make([]byte, 4096)
+	if _, err := f.ReadAt(buf, 0); err != nil {
+		t.Fatalf("read of %s before the refusal: %v", backedFile, err)
+	}
+	lookups := store.totalLookups()
+
+	refusal := errors.Join(chunked.ErrInvalid, errors.New("TOC and tar-split disagree"))
+	store.setErr(tl.tocKey, refusal) // as the layer package refuses the lookups of a refused layer
+	l.refuse(refusal)
+
+	// The kernel would answer from its cache for an hour: a few seconds mean it asked.
+	checks := []struct {
+		what string
+		do   func() error
+	}{
+		{"stat of a refused layer's file, looked up before the refusal", stat},
+		{"fstat of a refused layer's file opened before the refusal", func() error { _, err := f.Stat(); return err }},
+		{"read of a refused layer's file's cached pages", func() error { _, err := f.ReadAt(buf, 0); return err }},
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for _, c := range checks {
+		for err = c.do(); err == nil && time.Now().Before(deadline); err = c.do() {
+			time.Sleep(10 * time.Millisecond)
+		}
+		wantErrno(t, c.what, err, syscall.EIO)
+	}
+	if _, err := os.Stat(layerPath(mnt, testRef, tl.tocKey, "info")); errnoOf(err) != syscall.EIO {
+		t.Errorf("stat of a refused layer's info: %v, want EIO", err)
+	}
+	if store.totalLookups() == lookups {
+		t.Error("the layer directory was not looked up again")
 	}
 }

@@ -55,9 +55,14 @@ type Layer interface {
 // package refuses a zstd:chunked layer whose tar-split contradicts its TOC, after a modern
 // lookup was answered). Refused returns the refusal, nil while the layer is served; once it
 // is set the namespace answers nothing of the layer any more (its tree's lookups, attributes,
-// listings, symlinks, xattrs, info, blob, opens and reads fail with EIO). What the kernel
-// cached before (entries and attributes for their timeouts, pages kept with FOPEN_KEEP_CACHE)
-// and files already open with passthrough cannot be revoked.
+// listings, symlinks, xattrs, info, blob, opens and reads fail with EIO).
+//
+// Refusal returns a channel closed once Refused is set (nil for a layer that is never
+// refused): the namespace then drops what the kernel cached of the layer's directory and tree
+// (entries, attributes, pages), so that the next access asks the daemon and fails too. What it
+// cannot revoke: files already open with passthrough, and names the tree lacks that the kernel
+// cached as absent.
 type Refuser interface {
 	Refused() error
+	Refusal() <-chan struct{}
 }

@@ -53,6 +53,9 @@ type Layer struct {
 	prefetch             prefetchState
 	reads                readSet // the chunks the kernel asked for (reads.go)
 
+	// refusal is closed when refused is set (Refusal).
+	refusal chan struct{}
+
 	// yieldComparison cancels the comparison of the TOC with the tar-split that a modern
 	// lookup left to the background (Manager.addLive), so that a lookup that waits for it
 	// runs it at its own priority; nil when none was left. Set before the layer is live.
@@ -77,6 +80,7 @@ func newLayer(e *env, id identity, ref string, desc fetcher.Descriptor, v *verif
 		repos:    map[string]bool{repository(ref): true},
 		inflight: map[chunkKey]*fetch{},
 		cold:     map[chunked.EntryID]uint8{},
+		refusal:  make(chan struct{}),
 	}
 }
 
@@ -108,6 +112,7 @@ func (l *Layer) checkTarSplit(ctx context.Context) error {
 		l.env.counters.verifyFailures.Add(1)
 		l.env.log.Error("layer refused: its TOC and tar-split disagree; files already served showed the TOC's metadata",
 			"layer", l.desc.Digest, "err", err)
+		close(l.refusal)
 		l.stopPrefetch()
 		l.env.refusals.add(l.id, l.v.Err())
 		l.env.records.remove(recordName(l.id))
@@ -118,6 +123,10 @@ func (l *Layer) checkTarSplit(ctx context.Context) error {
 // Refused returns the error that refuses the layer (its TOC and tar-split disagree), nil
 // while it is served: the namespace stops answering anything of its tree once it is set.
 func (l *Layer) Refused() error { return l.v.Err() }
+
+// Refusal returns a channel closed once the layer is refused (when checkTarSplit finds the
+// disagreement), so that the namespace drops what the kernel cached of its tree.
+func (l *Layer) Refusal() <-chan struct{} { return l.refusal }
 
 // refusals remembers the identities of the layers refused because their TOC and tar-split
 // disagree, so that a later resolution of the same identity (after the keep TTL forgot the

@@ -605,7 +605,7 @@ func (m *Manager) addLive(l *Layer, ref string) (*Layer, error) {
 				// stands, and it saved the record; had it given up (its context ended), the
 				// comparison runs here, at the daemon's priority.
 				if l.v.Err() != nil {
-					_ = l.checkTarSplit(m.work.ctx) // refused elsewhere (CheckDiffID): the refusal's bookkeeping, at once
+					_ = l.checkTarSplit(m.work.ctx) // refused by the lookup or by CheckDiffID: the refusal's bookkeeping, done once
 					return
 				}
 				if l.v.TarSize() >= 0 || m.work.ctx.Err() != nil {
@@ -639,9 +639,10 @@ func (m *Manager) addLiveReady(ctx context.Context, l *Layer, modern bool, ref s
 	return live, nil
 }
 
-// tarSplitDelay bounds how long the comparison of a layer's TOC with its tar-split waits for
-// the quiet period after a modern lookup: the time a layer the tar-split contradicts is
-// served before it is refused (docs/security.md), the comparison's own time aside.
+// tarSplitDelay bounds how long the comparison of a layer's TOC with its tar-split waits after
+// a modern lookup before it starts (for the quiet period, for demand fetches, for a
+// processor): the time a layer the tar-split contradicts is served before it is refused
+// (docs/security.md), the comparison's own time aside.
 const tarSplitDelay = 5 * time.Second
 
 // siblingsOf returns the live layers other than l resolved through a reference l was

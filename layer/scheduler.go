@@ -105,10 +105,7 @@ func (s *scheduler) acquire(ctx context.Context, n int64, urgent bool) (func(), 
 func (s *scheduler) verifying(ctx context.Context) func() {
 	_ = s.wait(ctx, true) // on cancellation, verify anyway: the fetch is done
 	s.cpu <- struct{}{}
-	return func() {
-		<-s.cpu
-		runtime.Gosched()
-	}
+	return s.freeCPU
 }
 
 // verifyingUntil is verifying for work that must start by a deadline (ctx's): once ctx is
@@ -117,13 +114,17 @@ func (s *scheduler) verifyingUntil(ctx context.Context) func() {
 	_ = s.wait(ctx, true)
 	select {
 	case s.cpu <- struct{}{}:
-		return func() {
-			<-s.cpu
-			runtime.Gosched()
-		}
+		return s.freeCPU
 	case <-ctx.Done():
 		return func() {}
 	}
+}
+
+// freeCPU frees a processor slot verifying took, and lets a goroutine serving FUSE requests
+// run first.
+func (s *scheduler) freeCPU() {
+	<-s.cpu
+	runtime.Gosched()
 }
 
 func (s *scheduler) wait(ctx context.Context, urgent bool) error {
