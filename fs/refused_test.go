@@ -4,6 +4,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -156,5 +157,62 @@ func TestRefusedLayerCacheDropped(t *testing.T) {
 	}
 	if store.totalLookups() == lookups {
 		t.Error("the layer directory was not looked up again")
+	}
+}
+
+// TestRefusedLayerThroughOverlay: a container sees the layer through overlayfs, which keeps
+// its own dentries over the layer's diff directory; after the refusal, a stat of a path it
+// looked up before and a read of a file it opened before fail (overlayfs revalidates its
+// lower entries, which the kernel's FUSE cache no longer holds), where without the
+// notifications both are answered from the caches.
+func TestRefusedLayerThroughOverlay(t *testing.T) {
+	tl := newTestLayer(t, fixture(t, "zstdchunked-modern"))
+	l := &refusingLayer{testLayer: tl, refusal: make(chan struct{})}
+	store := newTestStore()
+	store.layers[testRef] = map[digest.Digest]Layer{tl.tocKey: l}
+	mnt, _ := mountTest(t, store, DefaultOptions())
+	dir := t.TempDir()
+	upper, work, merged := filepath.Join(dir, "upper"), filepath.Join(dir, "work"), filepath.Join(dir, "merged")
+	for _, d := range []string{upper, work, merged} {
+		if err := os.Mkdir(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	lower := strings.ReplaceAll(layerPath(mnt, testRef, tl.tocKey, "diff"), ":", `\:`)
+	if err := unix.Mount("overlay", merged, "overlay", 0, "lowerdir="+lower+",upperdir="+upper+",workdir="+work); err != nil {
+		t.Skipf("no overlay mount here: %v", err)
+	}
+	t.Cleanup(func() { _ = unix.Unmount(merged, unix.MNT_DETACH) })
+	statted := filepath.Join(merged, "usr/bin/tool")
+	stat := func() error { var st unix.Stat_t; return unix.Stat(statted, &st) }
+	if err := stat(); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.Open(filepath.Join(merged, backedFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	buf := make([]byte, 4096)
+	if _, err := f.ReadAt(buf, 0); err != nil {
+		t.Fatal(err)
+	}
+	refusal := errors.Join(chunked.ErrInvalid, errors.New("TOC and tar-split disagree"))
+	store.setErr(tl.tocKey, refusal)
+	l.refuse(refusal)
+	deadline := time.Now().Add(5 * time.Second)
+	for _, c := range []struct {
+		what string
+		do   func() error
+	}{
+		{"stat through overlayfs of a path looked up before the refusal", stat},
+		{"read through overlayfs of a file opened before the refusal", func() error { _, err := f.ReadAt(buf, 0); return err }},
+	} {
+		for err = c.do(); err == nil && time.Now().Before(deadline); err = c.do() {
+			time.Sleep(10 * time.Millisecond)
+		}
+		if err == nil {
+			t.Errorf("%s: answered", c.what)
+		}
 	}
 }
