@@ -30,3 +30,6 @@ func errno(log *slog.Logger, err error, op string, args ...any) syscall.Errno {
 	log.Warn("answering EIO", append([]any{"op", op, "err", err}, args...)...)
 	return syscall.EIO
 }
+
+// quiet is the logger of answers already logged once (errno still maps their errors).
+var quiet = slog.New(slog.DiscardHandler)

@@ -109,6 +109,9 @@ type block struct {
 	// watched is set while a goroutine waits for the refusal of the block's layer, and for
 	// good once it dropped what the kernel cached of the block (watchRefusal).
 	watched atomic.Bool
+	// refusalLogged is set once a request was answered EIO for the layer's refusal: the
+	// following ones are not logged (a container walking the tree would log a line per call).
+	refusalLogged atomic.Bool
 }
 
 // layerIdle is how long a block keeps its layer unused. The daemon holds no state per
@@ -343,8 +346,13 @@ func (fsys *filesystem) layerOf(ctx context.Context, b *block) (Layer, syscall.E
 		if r, ok := box.Layer.(Refuser); ok {
 			if err := r.Refused(); err != nil {
 				// Refused since its lookup: nothing of it is answered any more, though every
-				// use would otherwise renew the block's hold on it.
-				return nil, errno(fsys.log, err, "refused layer", "ref", b.ref, "key", b.key)
+				// use would otherwise renew the block's hold on it. Logged for the first
+				// request (the layer logged the refusal itself).
+				log := fsys.log
+				if !b.refusalLogged.CompareAndSwap(false, true) {
+					log = quiet
+				}
+				return nil, errno(log, err, "refused layer", "ref", b.ref, "key", b.key)
 			}
 		}
 		return box.Layer, 0

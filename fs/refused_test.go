@@ -2,6 +2,7 @@ package storefs
 
 import (
 	"errors"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
@@ -15,6 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/layerstore/layerstore/chunked"
+	"github.com/layerstore/layerstore/internal/testutil/testlog"
 )
 
 // refusingLayer is a test layer that the Store refuses from some point on, as the layer
@@ -51,7 +53,8 @@ func TestRefusedLayerTreeNotServed(t *testing.T) {
 	l := &refusingLayer{testLayer: tl}
 	store := newTestStore()
 	store.layers[testRef] = map[digest.Digest]Layer{tl.tocKey: l}
-	r := newRawFS(newFilesystem(store, nil, time.Hour, time.Hour, time.Now()))
+	var logged testlog.Handler
+	r := newRawFS(newFilesystem(store, slog.New(&logged), time.Hour, time.Hour, time.Now()))
 	in := func(ino uint64) *fuse.InHeader {
 		return &fuse.InHeader{NodeId: ino, Caller: fuse.Caller{Owner: fuse.Owner{Uid: daemonUID}}}
 	}
@@ -93,6 +96,10 @@ func TestRefusedLayerTreeNotServed(t *testing.T) {
 	}
 	if _, st := lookup(dir, "info"); st.Ok() {
 		t.Error("info of a refused layer answered")
+	}
+	// One line for the refusal's answers, not one per call.
+	if warns, lines := logged.Count(); warns != 1 {
+		t.Errorf("%d warnings for four answers of a refused layer, want 1: %q", warns, lines)
 	}
 }
 
