@@ -42,6 +42,34 @@ func (l *refusingLayer) refuse(err error) {
 	close(l.refusal)
 }
 
+// mountRefusing mounts a Store holding one zstd:chunked test layer that refuse refuses as the
+// layer package does: the Store fails its lookups, the layer's Refused answers the error and
+// its Refusal channel closes.
+func mountRefusing(t *testing.T) (mnt string, store *testStore, l *refusingLayer, refuse func()) {
+	t.Helper()
+	tl := newTestLayer(t, fixture(t, "zstdchunked-modern"))
+	l = &refusingLayer{testLayer: tl, refusal: make(chan struct{})}
+	store = newTestStore()
+	store.layers[testRef] = map[digest.Digest]Layer{tl.tocKey: l}
+	mnt, _ = mountTest(t, store, DefaultOptions())
+	return mnt, store, l, func() {
+		err := errors.Join(chunked.ErrInvalid, errors.New("TOC and tar-split disagree"))
+		store.setErr(tl.tocKey, err)
+		l.refuse(err)
+	}
+}
+
+// failsBy retries do until it fails or the deadline passes, and returns its last error: the
+// kernel would answer from its caches for an hour, so a failure within seconds means it asked.
+func failsBy(deadline time.Time, do func() error) error {
+	err := do()
+	for err == nil && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+		err = do()
+	}
+	return err
+}
+
 // TestRefusedLayerTreeNotServed: once the Store refuses a layer it handed out (the layer
 // package refuses a zstd:chunked layer whose tar-split contradicts its TOC, after a lookup by
 // TOC digest was answered), the mount answers nothing of its tree any more, though the block
@@ -109,12 +137,8 @@ func TestRefusedLayerTreeNotServed(t *testing.T) {
 // descriptor of it) stops seeing the contradicted metadata at once, not an hour later: its
 // path walks, stats of files it opened and reads of their cached pages fail with EIO.
 func TestRefusedLayerCacheDropped(t *testing.T) {
-	tl := newTestLayer(t, fixture(t, "zstdchunked-modern"))
-	l := &refusingLayer{testLayer: tl, refusal: make(chan struct{})}
-	store := newTestStore()
-	store.layers[testRef] = map[digest.Digest]Layer{tl.tocKey: l}
-	mnt, _ := mountTest(t, store, DefaultOptions())
-	diff, err := os.Open(layerPath(mnt, testRef, tl.tocKey, "diff"))
+	mnt, store, l, refuse := mountRefusing(t)
+	diff, err := os.Open(layerPath(mnt, testRef, l.tocKey, "diff"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -138,12 +162,8 @@ func TestRefusedLayerCacheDropped(t *testing.T) {
 		t.Fatalf("read of %s before the refusal: %v", backedFile, err)
 	}
 	lookups := store.totalLookups()
+	refuse()
 
-	refusal := errors.Join(chunked.ErrInvalid, errors.New("TOC and tar-split disagree"))
-	store.setErr(tl.tocKey, refusal) // as the layer package refuses the lookups of a refused layer
-	l.refuse(refusal)
-
-	// The kernel would answer from its cache for an hour: a few seconds mean it asked.
 	checks := []struct {
 		what string
 		do   func() error
@@ -154,12 +174,9 @@ func TestRefusedLayerCacheDropped(t *testing.T) {
 	}
 	deadline := time.Now().Add(5 * time.Second)
 	for _, c := range checks {
-		for err = c.do(); err == nil && time.Now().Before(deadline); err = c.do() {
-			time.Sleep(10 * time.Millisecond)
-		}
-		wantErrno(t, c.what, err, syscall.EIO)
+		wantErrno(t, c.what, failsBy(deadline, c.do), syscall.EIO)
 	}
-	if _, err := os.Stat(layerPath(mnt, testRef, tl.tocKey, "info")); errnoOf(err) != syscall.EIO {
+	if _, err := os.Stat(layerPath(mnt, testRef, l.tocKey, "info")); errnoOf(err) != syscall.EIO {
 		t.Errorf("stat of a refused layer's info: %v, want EIO", err)
 	}
 	if store.totalLookups() == lookups {
@@ -173,11 +190,7 @@ func TestRefusedLayerCacheDropped(t *testing.T) {
 // lower entries, which the kernel's FUSE cache no longer holds), where without the
 // notifications both are answered from the caches.
 func TestRefusedLayerThroughOverlay(t *testing.T) {
-	tl := newTestLayer(t, fixture(t, "zstdchunked-modern"))
-	l := &refusingLayer{testLayer: tl, refusal: make(chan struct{})}
-	store := newTestStore()
-	store.layers[testRef] = map[digest.Digest]Layer{tl.tocKey: l}
-	mnt, _ := mountTest(t, store, DefaultOptions())
+	mnt, _, l, refuse := mountRefusing(t)
 	dir := t.TempDir()
 	upper, work, merged := filepath.Join(dir, "upper"), filepath.Join(dir, "work"), filepath.Join(dir, "merged")
 	for _, d := range []string{upper, work, merged} {
@@ -185,7 +198,7 @@ func TestRefusedLayerThroughOverlay(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	lower := strings.ReplaceAll(layerPath(mnt, testRef, tl.tocKey, "diff"), ":", `\:`)
+	lower := strings.ReplaceAll(layerPath(mnt, testRef, l.tocKey, "diff"), ":", `\:`)
 	if err := unix.Mount("overlay", merged, "overlay", 0, "lowerdir="+lower+",upperdir="+upper+",workdir="+work); err != nil {
 		t.Skipf("no overlay mount here: %v", err)
 	}
@@ -204,9 +217,7 @@ func TestRefusedLayerThroughOverlay(t *testing.T) {
 	if _, err := f.ReadAt(buf, 0); err != nil {
 		t.Fatal(err)
 	}
-	refusal := errors.Join(chunked.ErrInvalid, errors.New("TOC and tar-split disagree"))
-	store.setErr(tl.tocKey, refusal)
-	l.refuse(refusal)
+	refuse()
 	deadline := time.Now().Add(5 * time.Second)
 	for _, c := range []struct {
 		what string
@@ -215,10 +226,7 @@ func TestRefusedLayerThroughOverlay(t *testing.T) {
 		{"stat through overlayfs of a path looked up before the refusal", stat},
 		{"read through overlayfs of a file opened before the refusal", func() error { _, err := f.ReadAt(buf, 0); return err }},
 	} {
-		for err = c.do(); err == nil && time.Now().Before(deadline); err = c.do() {
-			time.Sleep(10 * time.Millisecond)
-		}
-		if err == nil {
+		if failsBy(deadline, c.do) == nil {
 			t.Errorf("%s: answered", c.what)
 		}
 	}

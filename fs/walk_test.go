@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
+	"fmt"
 	"io"
 	iofs "io/fs"
 	"log/slog"
@@ -179,23 +180,34 @@ func TestWalkFromKernelCaches(t *testing.T) {
 		}
 	}
 
-	start := time.Now()
-	if got := walkPaths(t, diff); got != x.Len() {
-		t.Fatalf("walk by paths: %d entries, the index has %d", got, x.Len())
+	// The kernel may reclaim a cached listing under memory pressure (a loaded test machine):
+	// the walk by paths gets three tries, and a daemon that lets the kernel cache nothing
+	// fails all three.
+	var problems []string
+	for try := range 3 {
+		start := time.Now()
+		if got := walkPaths(t, diff); got != x.Len() {
+			t.Fatalf("walk by paths: %d entries, the index has %d", got, x.Len())
+		}
+		took := time.Since(start)
+		got := ops.take()
+		t.Logf("walk by paths, try %d (%v): %v", try+1, took, got)
+		problems = problems[:0]
+		if got["GETATTR"] > got["OPENDIR"] || got["READDIRPLUS"] != 0 || got["READDIR"] != 0 {
+			problems = append(problems, fmt.Sprintf("%d GETATTR of %d directories, %d READDIRPLUS, %d READDIR, want at most one per directory, none, none",
+				got["GETATTR"], got["OPENDIR"], got["READDIRPLUS"], got["READDIR"]))
+		}
+		// Each path resolves the layer directory again (its entry is never cached, so that
+		// every access to it meets the daemon's check of the caller): one LOOKUP per lstat
+		// and per open of a directory, for it alone.
+		if paths := x.Len() + got["OPENDIR"] + 1; got["LOOKUP"] > paths { // WalkDir lstats diff once more
+			problems = append(problems, fmt.Sprintf("%d LOOKUP of %d paths, want at most one per path", got["LOOKUP"], paths))
+		}
+		if len(problems) == 0 {
+			return
+		}
 	}
-	took := time.Since(start)
-	got := ops.take()
-	t.Logf("walk by paths (%v): %v", took, got)
-	if got["GETATTR"] > got["OPENDIR"] || got["READDIRPLUS"] != 0 || got["READDIR"] != 0 {
-		t.Errorf("walk by paths: %d GETATTR of %d directories, %d READDIRPLUS, %d READDIR, want at most one per directory, none, none",
-			got["GETATTR"], got["OPENDIR"], got["READDIRPLUS"], got["READDIR"])
-	}
-	// Each path resolves the layer directory again (its entry is never cached, so that
-	// every access to it meets the daemon's check of the caller): one LOOKUP per lstat and
-	// per open of a directory, for it alone.
-	if paths := x.Len() + got["OPENDIR"] + 1; got["LOOKUP"] > paths { // WalkDir lstats diff once more
-		t.Errorf("walk by paths: %d LOOKUP of %d paths, want at most one per path", got["LOOKUP"], paths)
-	}
+	t.Errorf("walk by paths: %s", strings.Join(problems, "; "))
 }
 
 // dirents reads the directory open as fd with getdents64 in buffers of size bytes until it
