@@ -31,6 +31,37 @@ type Manifest struct {
 	Digest   digest.Digest
 	Platform *v1.Platform // nil for a manifest that was not reached through an index
 	Layers   []Descriptor
+	Start    Start // what its config runs by default
+}
+
+// Start is what an image's config runs by default, as far as predicting the files a
+// container's start reads needs it: the program, the first word of the config's Entrypoint,
+// else of its Cmd (a name looked for in Path, or a path), and the PATH of the config's
+// environment. Either is empty when the config names none, or one longer than maxStartLen.
+// A runtime may run another command: this is a prediction, never a promise.
+type Start struct {
+	Program string
+	Path    string
+}
+
+// maxStartLen bounds the program and PATH taken from a config (the config is untrusted).
+const maxStartLen = 4096
+
+func startOf(c v1.Config) Start {
+	var s Start
+	argv := c.Entrypoint
+	if len(argv) == 0 {
+		argv = c.Cmd
+	}
+	if len(argv) > 0 && len(argv[0]) <= maxStartLen {
+		s.Program = argv[0]
+	}
+	for _, e := range c.Env {
+		if v, ok := strings.CutPrefix(e, "PATH="); ok && len(v) <= maxStartLen {
+			s.Path = v
+		}
+	}
+	return s
 }
 
 // Descriptor is a layer descriptor as the manifest states it, with its DiffID from the config.
@@ -471,7 +502,7 @@ func manifestOf(im v1.Image, ref name.Digest, p *v1.Platform) (*Manifest, error)
 	if len(cf.RootFS.DiffIDs) != len(mf.Layers) {
 		return nil, fmt.Errorf("%s: %d layers but %d DiffIDs in the config: %w", ref, len(mf.Layers), len(cf.RootFS.DiffIDs), ErrBadResponse)
 	}
-	m := &Manifest{Digest: digest.Digest(ref.DigestStr()), Platform: p}
+	m := &Manifest{Digest: digest.Digest(ref.DigestStr()), Platform: p, Start: startOf(cf.Config)}
 	for i, l := range mf.Layers {
 		d, diffID := digest.Digest(l.Digest.String()), digest.Digest(cf.RootFS.DiffIDs[i].String())
 		if d.Validate() != nil || diffID.Validate() != nil || l.Size < 0 {

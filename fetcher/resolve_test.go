@@ -83,7 +83,11 @@ func (r *manifestRegistry) push(t *testing.T, ref string, img v1.Image) {
 
 func TestResolveImage(t *testing.T) {
 	reg := newManifestRegistry(t)
-	img := testImage(t, 3)
+	img, err := mutate.Config(testImage(t, 3), v1.Config{Entrypoint: []string{"/usr/bin/app", "--serve"},
+		Cmd: []string{"x"}, Env: []string{"HOME=/root", "PATH=/app/bin:/usr/bin"}})
+	if err != nil {
+		t.Fatal(err)
+	}
 	reg.push(t, "app:v1", img)
 	res, err := NewResolver(http.DefaultTransport)
 	if err != nil {
@@ -92,6 +96,9 @@ func TestResolveImage(t *testing.T) {
 	got, err := res.Resolve(t.Context(), reg.host+"/app:v1")
 	if err != nil {
 		t.Fatal(err)
+	}
+	if want := (Start{Program: "/usr/bin/app", Path: "/app/bin:/usr/bin"}); got.Start != want {
+		t.Errorf("start = %+v, want %+v", got.Start, want)
 	}
 	d, _ := img.Digest()
 	if got.Digest.String() != d.String() || got.Manifest.Digest.String() != d.String() {
@@ -109,6 +116,26 @@ func TestResolveImage(t *testing.T) {
 		if g.Digest.String() != dg.String() || g.DiffID.String() != diffID.String() || g.Size != size ||
 			g.MediaType != string(types.OCILayer) || g.Annotations["test.layer"] != string(rune('a'+i)) {
 			t.Errorf("layer %d = %+v, want digest %s diffID %s size %d", i, g, dg, diffID, size)
+		}
+	}
+}
+
+// TestStartOf: the program is the Entrypoint's first word, else the Cmd's; the PATH is the
+// environment's last; a program or PATH longer than maxStartLen is dropped.
+func TestStartOf(t *testing.T) {
+	long := strings.Repeat("a", maxStartLen+1)
+	for _, c := range []struct {
+		cfg  v1.Config
+		want Start
+	}{
+		{v1.Config{}, Start{}},
+		{v1.Config{Cmd: []string{"python3", "-c", "x"}}, Start{Program: "python3"}},
+		{v1.Config{Entrypoint: []string{"/init"}, Cmd: []string{"python3"}}, Start{Program: "/init"}},
+		{v1.Config{Entrypoint: []string{}, Cmd: []string{"sh"}, Env: []string{"PATH=/a", "PATHX=/b", "PATH=/c"}}, Start{Program: "sh", Path: "/c"}},
+		{v1.Config{Cmd: []string{long}, Env: []string{"PATH=" + long}}, Start{}},
+	} {
+		if got := startOf(c.cfg); got != c.want {
+			t.Errorf("%+v: %+v, want %+v", c.cfg, got, c.want)
 		}
 	}
 }

@@ -33,7 +33,8 @@ type Layer struct {
 	// heap. It lives as long as the index (see records.open).
 	rec *cache.Record
 
-	users atomic.Int64 // runtime references over every key and reference
+	users  atomic.Int64 // runtime references over every key and reference
+	looked atomic.Bool  // a runtime looked the layer up (resolved ahead ones wait for it)
 
 	recordMu sync.Mutex // serializes saveRecord
 

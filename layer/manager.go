@@ -61,7 +61,8 @@ type Manager struct {
 
 	mu       sync.Mutex
 	resolved map[layerKey]*resolution
-	live     map[identity]*Layer // live layers, shared by every reference describing them alike
+	live     map[identity]*Layer    // live layers, shared by every reference describing them alike
+	starts   map[string]*imageStart // images whose program is to be predicted, by reference (start.go)
 	closed   bool
 
 	// resolving bounds the resolutions in flight (manifests, TOCs, verification), whoever
@@ -142,6 +143,7 @@ func New(reg Registry, c *cache.Cache, opts ...Option) (*Manager, error) {
 		opts:      o,
 		resolved:  map[layerKey]*resolution{},
 		live:      map[identity]*Layer{},
+		starts:    map[string]*imageStart{},
 		resolving: make(chan struct{}, maxResolutions),
 		stop:      make(chan struct{}),
 	}
@@ -208,6 +210,8 @@ func (m *Manager) lookup(ctx context.Context, ref string, key digest.Digest) (l 
 	if m.opts.prefetch {
 		l.startPrefetch() // once: a layer resolved ahead waits for its first lookup
 	}
+	l.looked.Store(true)
+	m.predictStart(ref)
 	return l, nil
 }
 
@@ -385,6 +389,7 @@ func (m *Manager) resolveThroughRegistry(ctx context.Context, ref string, key di
 	}
 	if !ahead {
 		m.resolveAhead(ref, img, key, modern)
+		m.noteStart(ref, img, key)
 	}
 	log := m.opts.log.With("ref", ref, "layer", desc.Digest)
 	layout, err := chunked.Classify(desc.Descriptor)

@@ -24,12 +24,15 @@ import (
 // each library's header and dynamic section before the next: a round trip each when cold. The
 // names are all in the executable's dynamic section (DT_NEEDED), so once an executable is
 // opened, the files its loader will ask for can be found and fetched at once, side by side,
-// ahead of the loader, and the libraries' own, in turn. A startup profile (profile.go) knows
-// the whole start but needs one start first; prediction needs nothing.
+// ahead of the loader, and the libraries' own, in turn (and glibc's /etc/ld.so.cache, which
+// its loader reads first). A script names its interpreter on its first line ("#!"), which
+// is predicted in turn. A startup profile (profile.go) knows the whole start but needs one
+// start first; prediction needs nothing.
 //
 // The kernel's open of a file to execute it (Executing: an execve, or the interpreter of
-// one) starts the prediction of that file; a file opened to be read (a copy, a checksum, a
-// package manager) is not predicted. A predicted file of at most maxPredictWhole of content is
+// one) starts the prediction of that file, and so does the lookup of the layer holding the
+// program the image's config names (start.go), before the runtime runs it; a file opened to
+// be read (a copy, a checksum, a package manager) is not predicted. A predicted file of at most maxPredictWhole of content is
 // fetched whole (fetchFile: the loader maps all of it, reads its header and then its dynamic
 // section, near its end, and the program faults its pages in here and there), unless its layer
 // replays a startup profile, which knows how much of it the start reads. The file's header,
@@ -37,8 +40,8 @@ import (
 // it names (DT_NEEDED, DT_RUNPATH or DT_RPATH) are read beside it, as a prediction reads
 // (kind ahead: fetched, verified and cached as any chunk, never recorded in a profile nor
 // counted as the workload's reads); each library is looked for as the loader looks (the
-// run path with $ORIGIN, then the usual system directories for the file's machine: no
-// ld.so.cache), by path in the layer and in the other live layers resolved through one of its
+// run path with $ORIGIN, then the usual system directories for the file's machine: the
+// ld.so.cache is fetched, not read), by path in the layer and in the other live layers resolved through one of its
 // references (the rest of the image; a symlink is followed across them); each file found is
 // predicted in turn, which fetches it (whole, or its header and dynamic section), and so
 // brings it into the cache before the loader asks. What the loader faults in later comes through reads as
@@ -180,11 +183,7 @@ func (l *Layer) predictFrom(ctx context.Context, id chunked.EntryID) []fileRef {
 	if e.Type != chunked.TypeReg {
 		return nil
 	}
-	deps, err := readELFDeps(&predictReader{ctx: ctx, l: l, id: id}, e.Size)
-	if err != nil {
-		l.env.log.Debug("no prediction", "layer", l.desc.Digest, "path", l.idx.Path(id), "err", err)
-		return nil
-	}
+	r := &predictReader{ctx: ctx, l: l, id: id}
 	layers := []*Layer{l}
 	if l.env.siblings != nil {
 		layers = append(layers, l.env.siblings(l)...)
@@ -197,8 +196,19 @@ func (l *Layer) predictFrom(ctx context.Context, id chunked.EntryID) []fileRef {
 		}
 		return false
 	}
+	if interp, ok := readShebang(r, e.Size); ok {
+		add(interp) // a script: the kernel executes its interpreter
+		return out
+	}
+	deps, err := readELFDeps(r, e.Size)
+	if err != nil {
+		l.env.log.Debug("no prediction", "layer", l.desc.Digest, "path", l.idx.Path(id), "err", err)
+		return nil
+	}
 	if deps.interp != "" {
 		add(deps.interp)
+		// glibc's loader reads its cache of library paths before it opens any library.
+		add(ldCache)
 	}
 	dirs := searchDirs(deps, path.Dir("/"+l.idx.Path(id)))
 	for _, name := range deps.needed {
@@ -229,6 +239,33 @@ func (r *predictReader) ReadAt(p []byte, off int64) (int, error) {
 	}
 	return n, err
 }
+
+// ldCache is glibc's cache of library paths, which its dynamic loader reads first (a system
+// without it, musl's, has no such file and nothing is predicted for it).
+const ldCache = "/etc/ld.so.cache"
+
+// readShebang returns the interpreter a script of size bytes names on its first line
+// ("#!/bin/sh -e": /bin/sh), as the kernel reads it: within its first maxShebang bytes.
+func readShebang(r io.ReaderAt, size int64) (string, bool) {
+	buf := make([]byte, min(size, maxShebang))
+	if len(buf) < 3 {
+		return "", false
+	}
+	n, _ := r.ReadAt(buf, 0)
+	if n < 3 || string(buf[:2]) != "#!" {
+		return "", false
+	}
+	buf = buf[2:n]
+	if i := bytes.IndexByte(buf, '\n'); i >= 0 {
+		buf = buf[:i]
+	}
+	interp, _, _ := strings.Cut(strings.TrimLeft(string(buf), " \t"), " ")
+	interp, _, _ = strings.Cut(interp, "\t")
+	return interp, path.IsAbs(interp)
+}
+
+// maxShebang is how much of a script's first line the kernel reads (BINPRM_BUF_SIZE).
+const maxShebang = 256
 
 // elfDeps is what an ELF file asks of its loader.
 type elfDeps struct {

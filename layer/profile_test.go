@@ -36,6 +36,7 @@ type profRegistry struct {
 	blobs  map[digest.Digest][]byte
 	events []*fetchEvent
 	delay  time.Duration
+	starts map[string]fetcher.Start // what an image's config runs, by reference
 }
 
 // fetchEvent is one Fetch of a blob: its ranges, when it started and ended.
@@ -46,7 +47,7 @@ type fetchEvent struct {
 }
 
 func newProfRegistry() *profRegistry {
-	return &profRegistry{images: map[string][]testlayer.Fixture{}, blobs: map[digest.Digest][]byte{}}
+	return &profRegistry{images: map[string][]testlayer.Fixture{}, blobs: map[digest.Digest][]byte{}, starts: map[string]fetcher.Start{}}
 }
 
 func (r *profRegistry) push(ref string, layers ...testlayer.Fixture) {
@@ -66,6 +67,7 @@ func (r *profRegistry) Resolve(_ context.Context, ref string) (*fetcher.Image, e
 		return nil, fmt.Errorf("%s: %w", ref, fetcher.ErrNotFound)
 	}
 	img := &fetcher.Image{Ref: ref}
+	img.Start = r.starts[ref]
 	for _, f := range fs {
 		img.Manifest.Layers = append(img.Manifest.Layers, fetcher.Descriptor{Descriptor: f.Desc, DiffID: f.DiffID})
 	}

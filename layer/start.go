@@ -1,0 +1,148 @@
+package layer
+
+import (
+	"path"
+	"slices"
+	"strings"
+
+	"github.com/opencontainers/go-digest"
+
+	"github.com/layerstore/layerstore/chunked"
+	"github.com/layerstore/layerstore/fetcher"
+)
+
+// Prediction of the image's program.
+//
+// A runtime looks an image's layers up a fraction of a second or more before it runs the
+// container (the pull ends, the container is created, its user is looked up), and the program
+// it runs is mostly the one the image's config names (fetcher.Start): its executable, its
+// loader and libraries are the first files the start reads, each a round trip or more when
+// cold. So once the image's layers are known, the program is predicted as an exec of it would
+// be (predict.go: fetched whole, with the files its loader will open), in that gap, not after
+// the exec.
+//
+// The program is looked for as the runtime's exec looks (a path, or a name in each absolute
+// directory of the config's PATH, or the runtimes' default PATH) in the merged tree of the
+// manifest's lazily servable layers, top first, once every one of them is live (so that the
+// file found is the one the tree shows), and predicted only once the runtime has looked its
+// layer up: a runtime holding that layer itself reads its own copy, and nothing is fetched.
+// Once per resolution of a reference through the registry (a start from the cache's records
+// needs none); at most maxStarts images wait for their layers at once. A config naming
+// another program than the one run costs the fetch of that file and its libraries, bounded
+// as any prediction (maxPredictWhole, maxPredicted), of the image's own layers, verified.
+
+// imageStart is an image whose program is to be predicted.
+type imageStart struct {
+	manifest digest.Digest
+	start    fetcher.Start
+	layers   []digest.Digest // the blob digests of its lazily servable layers, bottom to top
+}
+
+// maxStarts bounds the images whose program waits for their layers.
+const maxStarts = 256
+
+// defaultPath is the PATH runtimes give a container whose config sets none.
+const defaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+// noteStart remembers the program of the image ref resolved to, when key (the layer a
+// runtime looked up) is in its manifest for this platform, for predictStart.
+func (m *Manager) noteStart(ref string, img *fetcher.Image, key digest.Digest) {
+	if m.env.readAhead <= 0 || img.Start.Program == "" {
+		return
+	}
+	if d, _ := findIn(&img.Manifest, key); d == nil {
+		return
+	}
+	s := &imageStart{manifest: img.Manifest.Digest, start: img.Start}
+	for _, d := range img.Manifest.Layers {
+		if _, err := chunked.Classify(d.Descriptor); err == nil {
+			s.layers = append(s.layers, d.Digest)
+		}
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if old := m.starts[ref]; old != nil && old.manifest == s.manifest {
+		return
+	}
+	if len(m.starts) >= maxStarts {
+		clear(m.starts) // images whose layers never all came: their prediction is dropped
+	}
+	m.starts[ref] = s
+}
+
+// predictStart predicts the program of the image ref resolved to (noteStart), once, when all
+// its lazily servable layers are live and the runtime has looked up the one holding it.
+func (m *Manager) predictStart(ref string) {
+	m.mu.Lock()
+	s := m.starts[ref]
+	live := make([]*Layer, 0, len(m.live))
+	if s != nil {
+		for _, l := range m.live {
+			if slices.Contains(s.layers, l.desc.Digest) {
+				live = append(live, l)
+			}
+		}
+	}
+	m.mu.Unlock()
+	if s == nil {
+		return
+	}
+	layers := make([]*Layer, 0, len(s.layers))
+	for _, d := range slices.Backward(s.layers) {
+		i := slices.IndexFunc(live, func(l *Layer) bool {
+			return l.desc.Digest == d && slices.Contains(l.references(), ref)
+		})
+		if i < 0 {
+			return // not live yet: a later lookup tries again
+		}
+		layers = append(layers, live[i])
+	}
+	t, found := findProgram(layers, s.start)
+	if found && !t.l.looked.Load() {
+		return // the runtime may hold that layer itself: its lookup tries again
+	}
+	m.mu.Lock()
+	if m.starts[ref] != s {
+		m.mu.Unlock()
+		return // another lookup took it
+	}
+	delete(m.starts, ref)
+	m.mu.Unlock()
+	if !found {
+		m.opts.log.Debug("the image's program is not in its lazily served layers", "ref", ref, "program", s.start.Program)
+		return
+	}
+	m.opts.log.Debug("predicting the image's program", "ref", ref, "layer", t.l.desc.Digest, "path", t.l.idx.Path(t.id))
+	t.l.predict(t.id)
+}
+
+// findProgram looks for the program of start in the merged tree of layers (top first) as an
+// exec does: a path as is (a relative one depends on the working directory: not looked for),
+// a name in each absolute directory of its PATH (defaultPath when it sets none), the first
+// executable regular file found.
+func findProgram(layers []*Layer, start fetcher.Start) (fileRef, bool) {
+	prog := start.Program
+	if strings.Contains(prog, "/") {
+		if !path.IsAbs(prog) {
+			return fileRef{}, false
+		}
+		t, ok := resolvePath(layers, prog)
+		return t, ok && executable(t)
+	}
+	p := start.Path
+	if p == "" {
+		p = defaultPath
+	}
+	dirs := strings.Split(p, ":")
+	for _, d := range dirs[:min(len(dirs), maxSearchDirs)] {
+		if !path.IsAbs(d) {
+			continue
+		}
+		if t, ok := resolvePath(layers, path.Join(d, prog)); ok && executable(t) {
+			return t, true
+		}
+	}
+	return fileRef{}, false
+}
+
+func executable(t fileRef) bool { return t.l.idx.Meta(t.id).Mode&0o111 != 0 }

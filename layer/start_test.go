@@ -1,0 +1,129 @@
+package layer
+
+import (
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/layerstore/layerstore/fetcher"
+	"github.com/layerstore/layerstore/internal/testutil/testlayer"
+)
+
+func exeEntry(name string, data []byte) testlayer.Entry {
+	h := tarFile(name, int64(len(data)))
+	h.Mode = 0o755
+	return testlayer.Entry{Header: h, Data: data}
+}
+
+// TestPredictImageProgram: the program the image's config names is predicted when the
+// runtime looks up its layer, before anything executes it: found through the config's PATH
+// (a relative entry and a missing directory skipped), a script's interpreter named on its
+// first line, the interpreter's loader and libraries, and glibc's ld.so.cache, all fetched
+// without a read. The program is the merged tree's: a lower layer's file of the same path is
+// not fetched. Nothing is fetched of a layer the runtime has not looked up (it may hold that
+// layer itself): the prediction waits for that layer's lookup. Nothing is fetched of the
+// layers of an image whose program is nowhere, nor with read-ahead off.
+func TestPredictImageProgram(t *testing.T) {
+	const lib = "usr/lib/x86_64-linux-gnu/"
+	base := []testlayer.Entry{
+		regEntry("etc/ld.so.cache", make([]byte, 3000)),
+		regEntry(lib+"libc.so.6", elfFile(11, elfSpec{pad: 150 << 10})),
+		regEntry(lib+"ld-linux-x86-64.so.2", elfFile(13, elfSpec{static: true, pad: 10 << 10})),
+		regEntry(lib+"libunused.so.1", elfFile(14, elfSpec{pad: 10 << 10})),
+		exeEntry("usr/bin/tool", elfFile(15, elfSpec{pad: 20 << 10})), // shadowed by app's
+		linkEntry("lib64/ld-linux-x86-64.so.2", "/"+lib+"ld-linux-x86-64.so.2"),
+	}
+	app := []testlayer.Entry{
+		exeEntry("usr/bin/interp", elfFile(21, elfSpec{interp: "/lib64/ld-linux-x86-64.so.2", needed: []string{"libc.so.6"}, pad: 100 << 10})),
+		exeEntry("usr/bin/tool", elfFile(22, elfSpec{pad: 20 << 10})),
+		exeEntry("usr/local/bin/entry.sh", []byte("#! /usr/bin/interp -e\nexec tool\n")),
+		regEntry("usr/local/bin/notexe", elfFile(23, elfSpec{pad: 10 << 10})),
+	}
+	bf, af := predictLayer(t, "base", base), predictLayer(t, "app", app)
+	script := []string{"etc/ld.so.cache", lib + "ld-linux-x86-64.so.2", lib + "libc.so.6"}
+
+	for _, c := range []struct {
+		name      string
+		start     fetcher.Start
+		readAhead int64
+		base, app []string // the files fetched
+	}{
+		{"script", fetcher.Start{Program: "entry.sh", Path: "bin:/nowhere:/usr/local/bin"}, DefaultReadAhead,
+			script, []string{"usr/bin/interp", "usr/local/bin/entry.sh"}},
+		{"shadowed", fetcher.Start{Program: "tool"}, DefaultReadAhead, nil, []string{"usr/bin/tool"}},
+		{"path", fetcher.Start{Program: "/usr/local/bin/entry.sh"}, DefaultReadAhead,
+			script, []string{"usr/bin/interp", "usr/local/bin/entry.sh"}},
+		{"not executable", fetcher.Start{Program: "notexe", Path: "/usr/local/bin"}, DefaultReadAhead, nil, nil},
+		{"relative", fetcher.Start{Program: "bin/tool"}, DefaultReadAhead, nil, nil},
+		{"nowhere", fetcher.Start{Program: "missing"}, DefaultReadAhead, nil, nil},
+		{"read-ahead off", fetcher.Start{Program: "entry.sh", Path: "/usr/local/bin"}, 0, nil, nil},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			e := newProfEnv(t)
+			ref := profRepo + ":v1"
+			e.reg.push(ref, bf, af)
+			e.reg.starts[ref] = c.start
+			m, _ := e.start(WithPrefetch(false), WithReadAhead(c.readAhead))
+			lb := lookupOK(t, m, ref, profKey(bf))
+			// The lower layer alone looked up, again once the program's layer is live
+			// (resolved ahead): that layer may be the runtime's own.
+			waitFor(t, "the upper layer resolved ahead", func() bool {
+				m.mu.Lock()
+				defer m.mu.Unlock()
+				return len(m.live) == 2
+			})
+			lookupOK(t, m, ref, profKey(bf))
+			time.Sleep(100 * time.Millisecond)
+			if got := fetchedFiles(lb, e.reg.log(false)); len(got) != 0 {
+				t.Fatalf("fetched %q before the program's layer was looked up", got)
+			}
+			la := lookupOK(t, m, ref, profKey(af))
+			if len(c.app) > 0 {
+				waitFor(t, "the program's files", func() bool {
+					log := e.reg.log(false)
+					return slices.Equal(fetchedFiles(la, log), c.app) && slices.Equal(fetchedFiles(lb, log), c.base)
+				})
+			}
+			time.Sleep(100 * time.Millisecond) // anything more would come now
+			log := e.reg.log(false)
+			if got := fetchedFiles(lb, log); !slices.Equal(got, c.base) {
+				t.Errorf("fetched of the lower layer: %q, want %q", got, c.base)
+			}
+			if got := fetchedFiles(la, log); !slices.Equal(got, c.app) {
+				t.Errorf("fetched of the upper layer: %q, want %q", got, c.app)
+			}
+			if s := la.Status(); s.ReadChunks != 0 {
+				t.Errorf("the prediction counts %d chunks read", s.ReadChunks)
+			}
+		})
+	}
+}
+
+// TestReadShebang: a script's interpreter is the first word of its first line after "#!",
+// within the kernel's 256 bytes; anything else names none.
+func TestReadShebang(t *testing.T) {
+	for _, c := range []struct {
+		data, want string
+		ok         bool
+	}{
+		{"#!/bin/sh\necho\n", "/bin/sh", true},
+		{"#! \t/usr/bin/env python3\n", "/usr/bin/env", true},
+		{"#!/bin/bash\t-e\n", "/bin/bash", true},
+		{"#!sh\n", "sh", false},
+		{"#!", "", false},
+		{"\x7fELF", "", false},
+		{"echo #!/bin/sh\n", "", false},
+	} {
+		got, ok := readShebang(readerAt(c.data), int64(len(c.data)))
+		if ok != c.ok || (ok && got != c.want) {
+			t.Errorf("%q: %q %v, want %q %v", c.data, got, ok, c.want, c.ok)
+		}
+	}
+}
+
+type readerAt string
+
+func (r readerAt) ReadAt(p []byte, off int64) (int, error) {
+	n := copy(p, r[off:])
+	return n, nil
+}
