@@ -26,10 +26,12 @@ import (
 // manifest's lazily servable layers, top first, once every one of them is live (so that the
 // file found is the one the tree shows), and predicted only once the runtime has looked its
 // layer up: a runtime holding that layer itself reads its own copy, and nothing is fetched.
-// Once per resolution of a reference through the registry (a start from the cache's records
-// needs none); at most maxStarts images wait for their layers at once. A config naming
-// another program than the one run costs the fetch of that file and its libraries, bounded
-// as any prediction (maxPredictWhole, maxPredicted), of the image's own layers, verified.
+// Not when the image's repository has a startup profile (profile.go), which knows the start
+// better, and how much of each file it reads. Once per resolution of a reference through the
+// registry (a start from the cache's records needs none); at most maxStarts images wait for
+// their layers at once. A config naming another program than the one run costs the fetch of
+// that file and its libraries, bounded as any prediction (maxPredictWhole, maxPredicted), of
+// the image's own layers, verified.
 
 // imageStart is an image whose program is to be predicted.
 type imageStart struct {
@@ -108,6 +110,12 @@ func (m *Manager) predictStart(ref string) {
 	}
 	delete(m.starts, ref)
 	m.mu.Unlock()
+	if m.env.profiles.get(repository(ref)) != nil {
+		// The repository's startup profile knows the start, the runtime's reads included,
+		// and how much of each file it reads: its replay fetches them (profile.go).
+		m.opts.log.Debug("the image's start is its profile's", "ref", ref)
+		return
+	}
 	if !found {
 		m.opts.log.Debug("the image's program is not in its lazily served layers", "ref", ref, "program", s.start.Program)
 		return

@@ -21,8 +21,9 @@ func exeEntry(name string, data []byte) testlayer.Entry {
 // first line, the interpreter's loader and libraries, and glibc's ld.so.cache, all fetched
 // without a read. The program is the merged tree's: a lower layer's file of the same path is
 // not fetched. Nothing is fetched of a layer the runtime has not looked up (it may hold that
-// layer itself): the prediction waits for that layer's lookup. Nothing is fetched of the
-// layers of an image whose program is nowhere, nor with read-ahead off.
+// layer itself): the prediction waits for that layer's lookup. Nothing is fetched for an image
+// whose program is nowhere, nor with read-ahead off, nor when the repository has a startup
+// profile (its replay knows the start).
 func TestPredictImageProgram(t *testing.T) {
 	const lib = "usr/lib/x86_64-linux-gnu/"
 	base := []testlayer.Entry{
@@ -47,16 +48,18 @@ func TestPredictImageProgram(t *testing.T) {
 		start     fetcher.Start
 		readAhead int64
 		base, app []string // the files fetched
+		profiled  bool     // the repository has a startup profile
 	}{
 		{"script", fetcher.Start{Program: "entry.sh", Path: "bin:/nowhere:/usr/local/bin"}, DefaultReadAhead,
-			script, []string{"usr/bin/interp", "usr/local/bin/entry.sh"}},
-		{"shadowed", fetcher.Start{Program: "tool"}, DefaultReadAhead, nil, []string{"usr/bin/tool"}},
+			script, []string{"usr/bin/interp", "usr/local/bin/entry.sh"}, false},
+		{"shadowed", fetcher.Start{Program: "tool"}, DefaultReadAhead, nil, []string{"usr/bin/tool"}, false},
 		{"path", fetcher.Start{Program: "/usr/local/bin/entry.sh"}, DefaultReadAhead,
-			script, []string{"usr/bin/interp", "usr/local/bin/entry.sh"}},
-		{"not executable", fetcher.Start{Program: "notexe", Path: "/usr/local/bin"}, DefaultReadAhead, nil, nil},
-		{"relative", fetcher.Start{Program: "bin/tool"}, DefaultReadAhead, nil, nil},
-		{"nowhere", fetcher.Start{Program: "missing"}, DefaultReadAhead, nil, nil},
-		{"read-ahead off", fetcher.Start{Program: "entry.sh", Path: "/usr/local/bin"}, 0, nil, nil},
+			script, []string{"usr/bin/interp", "usr/local/bin/entry.sh"}, false},
+		{"not executable", fetcher.Start{Program: "notexe", Path: "/usr/local/bin"}, DefaultReadAhead, nil, nil, false},
+		{"relative", fetcher.Start{Program: "bin/tool"}, DefaultReadAhead, nil, nil, false},
+		{"nowhere", fetcher.Start{Program: "missing"}, DefaultReadAhead, nil, nil, false},
+		{"read-ahead off", fetcher.Start{Program: "entry.sh", Path: "/usr/local/bin"}, 0, nil, nil, false},
+		{"profiled", fetcher.Start{Program: "entry.sh", Path: "/usr/local/bin"}, DefaultReadAhead, nil, nil, true},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			e := newProfEnv(t)
@@ -64,6 +67,12 @@ func TestPredictImageProgram(t *testing.T) {
 			e.reg.push(ref, bf, af)
 			e.reg.starts[ref] = c.start
 			m, _ := e.start(WithPrefetch(false), WithReadAhead(c.readAhead))
+			if c.profiled {
+				pl := profileLayer{Layer: af.Desc.Digest, Recorded: time.Now().UTC(), Files: []string{"usr/bin/tool"}}
+				if err := m.profiles.add(profRepo, pl); err != nil {
+					t.Fatal(err)
+				}
+			}
 			lb := lookupOK(t, m, ref, profKey(bf))
 			// The lower layer alone looked up, again once the program's layer is live
 			// (resolved ahead): that layer may be the runtime's own.
