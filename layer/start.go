@@ -77,18 +77,17 @@ func (m *Manager) noteStart(ref string, img *fetcher.Image, key digest.Digest) {
 func (m *Manager) predictStart(ref string) {
 	m.mu.Lock()
 	s := m.starts[ref]
-	live := make([]*Layer, 0, len(m.live))
-	if s != nil {
-		for _, l := range m.live {
-			if slices.Contains(s.layers, l.desc.Digest) {
-				live = append(live, l)
-			}
+	if s == nil {
+		m.mu.Unlock()
+		return
+	}
+	var live []*Layer
+	for _, l := range m.live {
+		if slices.Contains(s.layers, l.desc.Digest) {
+			live = append(live, l)
 		}
 	}
 	m.mu.Unlock()
-	if s == nil {
-		return
-	}
 	layers := make([]*Layer, 0, len(s.layers))
 	for _, d := range slices.Backward(s.layers) {
 		i := slices.IndexFunc(live, func(l *Layer) bool {
