@@ -35,6 +35,9 @@ type Layer struct {
 
 	users  atomic.Int64 // runtime references over every key and reference
 	looked atomic.Bool  // a runtime looked the layer up (resolved ahead ones wait for it)
+	// startGuess ends the prediction of the program of the image the layer is part of
+	// (start.go); nil when none runs.
+	startGuess atomic.Pointer[context.CancelFunc]
 
 	recordMu sync.Mutex // serializes saveRecord
 
@@ -334,8 +337,15 @@ func (l *Layer) ReadFile(ctx context.Context, id chunked.EntryID, p []byte, off 
 }
 
 // Executing implements storefs.Layer: the files the loader of file id will open are
-// predicted (predict.go).
-func (l *Layer) Executing(id chunked.EntryID) { l.predict(id) }
+// predicted (predict.go). A program no prediction foresaw ends the prediction of the image's
+// program (start.go), which guessed wrong or is done.
+func (l *Layer) Executing(id chunked.EntryID) {
+	if l.predict(nil, id) {
+		if stop := l.startGuess.Swap(nil); stop != nil {
+			(*stop)()
+		}
+	}
+}
 
 // read reads verified content of regular file id: a read a runtime waits for (onDemand), or a
 // prediction's (ahead), which is neither recorded nor counted as the workload's and fetches

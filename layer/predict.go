@@ -75,21 +75,24 @@ const (
 )
 
 // predict starts the prediction of file id (once per file, at most maxPredicted per layer),
-// in the background.
-func (l *Layer) predict(id chunked.EntryID) {
+// in the background, and reports whether it did. Cancelling guess stops what the prediction,
+// and those of the files it names, have not started fetching yet; nil for none.
+func (l *Layer) predict(guess context.Context, id chunked.EntryID) bool {
 	if !l.markPredicted(id) {
-		return
+		return false
 	}
 	l.env.work.goTracked(func() {
-		ctx := l.env.work.ctx
+		ctx, cancel := l.env.work.bound(l.env.work.ctx, l.env.readTimeout)
+		defer cancel()
+		if guess != nil {
+			defer context.AfterFunc(guess, cancel)()
+		}
 		select {
 		case l.env.predicting <- struct{}{}:
 		case <-ctx.Done():
 			return
 		}
 		defer func() { <-l.env.predicting }()
-		ctx, cancel := l.env.work.bound(ctx, l.env.readTimeout)
-		defer cancel()
 		var whole sync.WaitGroup
 		if !l.replaysProfile() { // a profile knows how much of the file the start reads
 			whole.Go(func() { l.fetchFile(ctx, id) })
@@ -98,10 +101,11 @@ func (l *Layer) predict(id chunked.EntryID) {
 		// section share the batches' fetches or fetch their chunks first, and the libraries
 		// named there start while the rest of the file comes.
 		for _, t := range l.predictFrom(ctx, id) {
-			t.l.predict(t.id)
+			t.l.predict(guess, t.id)
 		}
 		whole.Wait()
 	})
+	return true
 }
 
 // fetchFile fetches, as a prediction, every chunk of file id that the cache lacks and

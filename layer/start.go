@@ -1,6 +1,7 @@
 package layer
 
 import (
+	"context"
 	"path"
 	"slices"
 	"strings"
@@ -26,11 +27,14 @@ import (
 // manifest's lazily servable layers, top first, once every one of them is live (so that the
 // file found is the one the tree shows), and predicted only once the runtime has looked its
 // layer up: a runtime holding that layer itself reads its own copy, and nothing is fetched.
-// Not when the image's repository has a startup profile (profile.go), which knows the start
-// better, and how much of each file it reads. Once per resolution of a reference through the
-// registry (a start from the cache's records needs none); at most maxStarts images wait for
-// their layers at once. A config naming another program than the one run costs the fetch of
-// that file and its libraries, bounded as any prediction (maxPredictWhole, maxPredicted), of
+// The first execution of a file the prediction did not name, in any layer of the image (the
+// runtime ran another command, or the program moved on to another), ends the prediction: what
+// it has not started fetching is not fetched. Not when the image's repository has a startup
+// profile (profile.go), which knows the start better, and how much of each file it reads.
+// Once per resolution of a reference through the registry (a start from the cache's records
+// needs none); at most maxStarts images wait for their layers at once. A config naming
+// another program than the one run costs at most the fetch of that file and its libraries
+// until the first execution, bounded as any prediction (maxPredictWhole, maxPredicted), of
 // the image's own layers, verified.
 
 // imageStart is an image whose program is to be predicted.
@@ -120,7 +124,16 @@ func (m *Manager) predictStart(ref string) {
 		return
 	}
 	m.opts.log.Debug("predicting the image's program", "ref", ref, "layer", t.l.desc.Digest, "path", t.l.idx.Path(t.id))
-	t.l.predict(t.id)
+	// Not below the manager's context: a guess nobody ends is only garbage (each prediction
+	// stops watching it when it ends), and the manager's close ends predictions itself.
+	guess, stop := context.WithCancel(context.Background())
+	p := &stop
+	for _, l := range layers {
+		if old := l.startGuess.Swap(p); old != nil {
+			(*old)()
+		}
+	}
+	t.l.predict(guess, t.id)
 }
 
 // findProgram looks for the program of start in the merged tree of layers (top first) as an

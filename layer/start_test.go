@@ -136,3 +136,52 @@ func (r readerAt) ReadAt(p []byte, off int64) (int, error) {
 	n := copy(p, r[off:])
 	return n, nil
 }
+
+// TestPredictImageProgramEndsAtAnotherExec: when the runtime executes another program than
+// the one the config names (a pod's own command), the prediction of the config's program
+// stops: of a program of six batches, fetched two at a time from a slow registry, the
+// batches not started by then are never fetched. The program's own execution does not stop
+// it.
+func TestPredictImageProgramEndsAtAnotherExec(t *testing.T) {
+	big := elfFile(40, elfSpec{pad: 6 * wholeBatch})
+	other := elfFile(41, elfSpec{pad: 10 << 10})
+	for _, exec := range []string{"usr/bin/other", "usr/bin/big"} {
+		t.Run(exec, func(t *testing.T) {
+			fx := predictLayer(t, "app", []testlayer.Entry{exeEntry("usr/bin/big", big), exeEntry("usr/bin/other", other)})
+			e := newProfEnv(t)
+			ref := profRepo + ":v1"
+			e.reg.push(ref, fx)
+			e.reg.starts[ref] = fetcher.Start{Program: "big"}
+			e.reg.delay = 100 * time.Millisecond
+			m, _ := e.start(WithPrefetch(false))
+			l := lookupOK(t, m, ref, profKey(fx))
+			id := fileOf(t, l, "usr/bin/big")
+			chunks := l.Index().NumChunks(id)
+			fetched := func() int {
+				first, _ := l.Index().Chunk(id, 0)
+				last, _ := l.Index().Chunk(id, chunks-1)
+				n := 0
+				for _, ev := range e.reg.log(false) {
+					for _, r := range ev.ranges {
+						if r.Offset >= first.Offset && r.End() <= last.End() {
+							n++
+						}
+					}
+				}
+				return n
+			}
+			waitFor(t, "the prediction's first batches", func() bool { return fetched() > 0 })
+			l.Executing(fileOf(t, l, exec))
+			if exec == "usr/bin/big" {
+				waitFor(t, "the whole program", func() bool { return fetched() == chunks })
+				return
+			}
+			time.Sleep(800 * time.Millisecond) // the six batches would have come by now
+			if n := fetched(); n >= chunks {
+				t.Errorf("%d of %d chunks of the config's program fetched after another program ran", n, chunks)
+			} else {
+				t.Logf("%d of %d chunks fetched", n, chunks)
+			}
+		})
+	}
+}
