@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/layerstore/layerstore/chunked"
+	"github.com/layerstore/layerstore/internal/ratelog"
 )
 
 // Cache is the store under one root directory. It is safe for concurrent use.
@@ -36,8 +37,8 @@ type Cache struct {
 	now            func() time.Time
 	noSpaceBackoff time.Duration
 
-	full   noSpace  // the filesystem was found full: writes are refused for a while
-	report reporter // events that recur with every write, logged at a bounded rate
+	full   noSpace         // the filesystem was found full: writes are refused for a while
+	report *ratelog.Logger // events that recur with every write, logged at a bounded rate, by message
 
 	// usage is the number of content bytes present in all entries (sum of their present
 	// bytes) plus the size of the records; pinned is the part of it that pins hold.
@@ -95,7 +96,7 @@ func New(root string, opts ...Option) (*Cache, error) {
 	}
 	c := &Cache{root: root, opts: o, lock: lock, entries: map[chunked.Sum]*entry{},
 		records: map[string]*record{}, recordWrites: map[string]chan struct{}{}, pins: map[string]*pin{}, now: time.Now, noSpaceBackoff: noSpaceBackoff,
-		report: reporter{logger: o.logger, every: reportEvery}}
+		report: ratelog.New(o.logger, reportEvery)}
 	if err := c.scan(); err != nil {
 		_ = lock.Close()
 		return nil, fmt.Errorf("cache: scanning %s: %w", root, err)

@@ -1,7 +1,6 @@
 package cache
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -17,7 +16,7 @@ import (
 // disk; the first write after it tries again (evicting again). Reading is not affected.
 const (
 	noSpaceBackoff = 5 * time.Second
-	// reportEvery bounds how often one kind of event (see reporter) is logged.
+	// reportEvery bounds how often one kind of event (Cache.report) is logged.
 	reportEvery = 30 * time.Second
 	// roomShare is the share of its content (1/roomShare) that the cache evicts at least when
 	// its filesystem is full, so that the writes that follow do not each meet a full disk.
@@ -46,7 +45,7 @@ func (c *Cache) refuseIfFull() error {
 	if !now.Before(until) {
 		return nil
 	}
-	c.report.count(msgFull)
+	c.report.Count(msgFull)
 	return fmt.Errorf("%w (writes refused for %v more)", ErrNoSpace, until.Sub(now).Round(time.Millisecond))
 }
 
@@ -65,7 +64,7 @@ func (c *Cache) withRoom(need int64, op func() error) error {
 		err = op()
 		if !isNoSpace(err) {
 			if err == nil {
-				c.report.log(c.now(), slog.LevelInfo, msgEvicted, "files", files, "bytes", freed)
+				c.report.Log(c.now(), msgEvicted, slog.LevelInfo, msgEvicted, "files", files, "bytes", freed)
 			}
 			return err
 		}
@@ -73,7 +72,7 @@ func (c *Cache) withRoom(need int64, op func() error) error {
 	c.full.mu.Lock()
 	c.full.until = c.now().Add(c.noSpaceBackoff)
 	c.full.mu.Unlock()
-	c.report.log(c.now(), slog.LevelWarn, msgFull, "backoff", c.noSpaceBackoff, "usage", c.usage.Load(), "err", err)
+	c.report.Log(c.now(), msgFull, slog.LevelWarn, msgFull, "backoff", c.noSpaceBackoff, "usage", c.usage.Load(), "err", err)
 	return fmt.Errorf("%w: %w", ErrNoSpace, err)
 }
 
@@ -91,47 +90,4 @@ func (c *Cache) makeRoom(need int64) (files int, freed int64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.evictUntilLocked(func(freed int64) bool { return freed >= want })
-}
-
-// reporter logs an event at most once per reportEvery per message; the line counts the
-// occurrences that were not logged since the previous one ("repeated"). It bounds what a
-// failure that every write meets (a full disk) costs in log lines.
-type reporter struct {
-	logger *slog.Logger
-	every  time.Duration
-
-	mu   sync.Mutex // a leaf
-	last map[string]time.Time
-	seen map[string]int64 // occurrences not logged since the last line
-}
-
-// log logs msg unless it was logged less than every ago, in which case it only counts it.
-func (r *reporter) log(now time.Time, level slog.Level, msg string, args ...any) {
-	r.mu.Lock()
-	if r.last == nil {
-		r.last, r.seen = map[string]time.Time{}, map[string]int64{}
-	}
-	last, ok := r.last[msg]
-	if ok && now.Sub(last) < r.every {
-		r.seen[msg]++
-		r.mu.Unlock()
-		return
-	}
-	repeated := r.seen[msg]
-	r.last[msg], r.seen[msg] = now, 0
-	r.mu.Unlock()
-	if repeated > 0 {
-		args = append(args, "repeated", repeated)
-	}
-	r.logger.Log(context.Background(), level, msg, args...)
-}
-
-// count counts an occurrence of msg without logging it; the next line of msg reports it.
-func (r *reporter) count(msg string) {
-	r.mu.Lock()
-	if r.seen == nil {
-		r.last, r.seen = map[string]time.Time{}, map[string]int64{}
-	}
-	r.seen[msg]++
-	r.mu.Unlock()
 }

@@ -129,7 +129,7 @@ func TestNoSpaceNothingToEvict(t *testing.T) {
 		}
 		// The next line about the full disk counts the writes refused meanwhile.
 		clock = clock.Add(reportEvery)
-		c.report.log(clock, slog.LevelWarn, msgFull)
+		c.report.Log(clock, msgFull, slog.LevelWarn, msgFull)
 		if _, lines := logs.Count(); !strings.Contains(lines[len(lines)-1], "repeated=") {
 			t.Errorf("last line %q, want the count of refused writes", lines[len(lines)-1])
 		}

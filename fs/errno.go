@@ -6,6 +6,9 @@ import (
 	iofs "io/fs"
 	"log/slog"
 	"syscall"
+	"time"
+
+	"github.com/layerstore/layerstore/internal/ratelog"
 )
 
 // errno is the one place where an error from a Store or a Layer becomes the errno a FUSE
@@ -14,11 +17,13 @@ import (
 //   - errors wrapping io/fs.ErrNotExist answer ENOENT ("not served here": the runtime then
 //     pulls the layer normally);
 //   - context.Canceled answers EINTR (the kernel interrupted the request);
-//   - everything else answers EIO, logged once here at warn level with op and args saying
-//     which call failed. Callers never log the same error again.
+//   - everything else answers EIO, logged here at warn level with op and args saying which
+//     call failed, at most once per eioEvery per op (the line counts the answers not logged
+//     since the previous one: a registry down while a container walks its tree fails every
+//     read). Callers never log the same error again.
 //
 // go-fuse's own fusefs.ToErrno does not unwrap, which is why it is not used.
-func errno(log *slog.Logger, err error, op string, args ...any) syscall.Errno {
+func errno(log *ratelog.Logger, err error, op string, args ...any) syscall.Errno {
 	switch {
 	case err == nil:
 		return 0
@@ -27,9 +32,9 @@ func errno(log *slog.Logger, err error, op string, args ...any) syscall.Errno {
 	case errors.Is(err, context.Canceled):
 		return syscall.EINTR
 	}
-	log.Warn("answering EIO", append([]any{"op", op, "err", err}, args...)...)
+	log.Log(time.Now(), op, slog.LevelWarn, "answering EIO", append([]any{"op", op, "err", err}, args...)...)
 	return syscall.EIO
 }
 
-// quiet is the logger of answers already logged once (errno still maps their errors).
-var quiet = slog.New(slog.DiscardHandler)
+// eioEvery bounds how often the EIO answers of one operation are logged.
+const eioEvery = 30 * time.Second

@@ -10,6 +10,8 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+
+	"github.com/layerstore/layerstore/internal/ratelog"
 )
 
 func TestErrno(t *testing.T) {
@@ -28,7 +30,7 @@ func TestErrno(t *testing.T) {
 		{fmt.Errorf("chunk: %w", syscall.EACCES), syscall.EIO, true},
 	} {
 		var buf bytes.Buffer
-		log := slog.New(slog.NewTextHandler(&buf, nil))
+		log := ratelog.New(slog.New(slog.NewTextHandler(&buf, nil)), eioEvery)
 		if got := errno(log, c.err, "lookup", "key", "sha256:abc"); got != c.want {
 			t.Errorf("errno(%v) = %v, want %v", c.err, got, c.want)
 		}
@@ -40,6 +42,20 @@ func TestErrno(t *testing.T) {
 		case !c.logged && lines != 0:
 			t.Errorf("errno(%v) logged %q, want nothing", c.err, buf.String())
 		}
+	}
+}
+
+// TestErrnoBounded: a failure every request meets (a registry down while a container walks
+// its tree) logs one line per operation per eioEvery, not one per answer.
+func TestErrnoBounded(t *testing.T) {
+	var buf bytes.Buffer
+	log := ratelog.New(slog.New(slog.NewTextHandler(&buf, nil)), eioEvery)
+	for i := range 1000 {
+		errno(log, errors.New("registry down"), "read", "off", i)
+	}
+	errno(log, errors.New("registry down"), "lookup")
+	if lines := strings.Count(buf.String(), "\n"); lines != 2 {
+		t.Errorf("%d lines for 1000 failed reads and a failed lookup, want 2:\n%s", lines, buf.String())
 	}
 }
 

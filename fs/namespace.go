@@ -19,6 +19,7 @@ import (
 	"go.podman.io/image/v5/docker/reference"
 
 	"github.com/layerstore/layerstore/chunked"
+	"github.com/layerstore/layerstore/internal/ratelog"
 )
 
 // Inode numbers, which are also the FUSE node IDs (see the package doc). The root is 1. A
@@ -44,12 +45,13 @@ const (
 type filesystem struct {
 	store   Store
 	log     *slog.Logger
-	entryTO time.Duration // entry timeout of the immutable parts
-	attrTO  time.Duration // attribute timeout of the immutable parts
-	started time.Time     // times of the synthetic directories and files, the same in every process of a session
-	self    fuse.Owner    // owner of the synthetic directories and files: the daemon's user
-	ids     *IDMap        // how the diff trees' owners are shown (Options.IDs)
-	srv     *fuse.Server  // set by Init, before the first request
+	eio     *ratelog.Logger // the EIO answers (errno), logged at a bounded rate
+	entryTO time.Duration   // entry timeout of the immutable parts
+	attrTO  time.Duration   // attribute timeout of the immutable parts
+	started time.Time       // times of the synthetic directories and files, the same in every process of a session
+	self    fuse.Owner      // owner of the synthetic directories and files: the daemon's user
+	ids     *IDMap          // how the diff trees' owners are shown (Options.IDs)
+	srv     *fuse.Server    // set by Init, before the first request
 	// passthrough is set once the kernel granted FUSE passthrough and Options asked for it;
 	// ptRefused once the kernel refused to register a backing file.
 	passthrough atomic.Bool
@@ -109,9 +111,6 @@ type block struct {
 	// watched is set while a goroutine waits for the refusal of the block's layer, and for
 	// good once it dropped what the kernel cached of the block (watchRefusal).
 	watched atomic.Bool
-	// refusalLogged is set once a request was answered EIO for the layer's refusal: the
-	// following ones are not logged (a container walking the tree would log a line per call).
-	refusalLogged atomic.Bool
 }
 
 // layerIdle is how long a block keeps its layer unused. The daemon holds no state per
@@ -153,6 +152,7 @@ func newFilesystem(store Store, log *slog.Logger, entryTO, attrTO time.Duration,
 	return &filesystem{
 		store:     store,
 		log:       log,
+		eio:       ratelog.New(log, eioEvery),
 		entryTO:   entryTO,
 		attrTO:    attrTO,
 		started:   started,
@@ -346,13 +346,9 @@ func (fsys *filesystem) layerOf(ctx context.Context, b *block) (Layer, syscall.E
 		if r, ok := box.Layer.(Refuser); ok {
 			if err := r.Refused(); err != nil {
 				// Refused since its lookup: nothing of it is answered any more, though every
-				// use would otherwise renew the block's hold on it. Logged for the first
-				// request (the layer logged the refusal itself).
-				log := fsys.log
-				if !b.refusalLogged.CompareAndSwap(false, true) {
-					log = quiet
-				}
-				return nil, errno(log, err, "refused layer", "ref", b.ref, "key", b.key)
+				// use would otherwise renew the block's hold on it (the layer logged the
+				// refusal itself).
+				return nil, errno(fsys.eio, err, "refused layer", "ref", b.ref, "key", b.key)
 			}
 		}
 		return box.Layer, 0
@@ -366,7 +362,7 @@ func (fsys *filesystem) layerOf(ctx context.Context, b *block) (Layer, syscall.E
 		fsys.log.Warn("answering ESTALE: a layer the kernel knows is no longer served", "ref", b.ref, "key", b.key, "err", err)
 		return nil, syscall.ESTALE
 	case err != nil:
-		return nil, errno(fsys.log, err, "lookup", "ref", b.ref, "key", b.key)
+		return nil, errno(fsys.eio, err, "lookup", "ref", b.ref, "key", b.key)
 	case l.Index().Identity() != b.ident:
 		fsys.log.Warn("answering ESTALE: the layer the kernel knows changed since its lookup", "ref", b.ref, "key", b.key)
 		return nil, syscall.ESTALE

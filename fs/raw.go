@@ -170,7 +170,7 @@ func (r *rawFS) lookupRef(c *fuse.Context, name string, out *fuse.EntryOut) fuse
 	}
 	ino, err := r.fsys.refIno(name, ref)
 	if err != nil {
-		return fuse.Status(errno(r.fsys.log, err, "lookup", "name", name))
+		return fuse.Status(errno(r.fsys.eio, err, "lookup", "name", name))
 	}
 	out.NodeId = ino
 	r.fsys.synthAttr(&out.Attr, ino, syscall.S_IFDIR|dirMode, 0)
@@ -205,7 +205,7 @@ func (r *rawFS) lookupLayer(c *fuse.Context, d refDir, name string, out *fuse.En
 		b, err = fsys.block(d.ref, key, l)
 	}
 	if err != nil {
-		return fuse.Status(errno(fsys.log, err, "lookup", "ref", d.ref, "key", key))
+		return fuse.Status(errno(fsys.eio, err, "lookup", "ref", d.ref, "key", key))
 	}
 	out.NodeId = b.base + inoLayerDir
 	r.layerDirAttr(&out.Attr, b)
@@ -393,7 +393,7 @@ func (r *rawFS) Read(cancel <-chan struct{}, in *fuse.ReadIn, buf []byte) (fuse.
 		}
 		k, err := n.l.ReadBlob(c, p, off)
 		if err != nil && !errors.Is(err, io.EOF) {
-			return nil, fuse.Status(errno(fsys.log, err, "read blob", "off", off, "len", len(p)))
+			return nil, fuse.Status(errno(fsys.eio, err, "read blob", "off", off, "len", len(p)))
 		}
 		return fuse.ReadResultData(p[:k]), fuse.OK
 	case kindEntry:
@@ -406,7 +406,7 @@ func (r *rawFS) Read(cancel <-chan struct{}, in *fuse.ReadIn, buf []byte) (fuse.
 		}
 		k, err := n.l.ReadFile(c, n.id, p, off)
 		if err != nil && !errors.Is(err, io.EOF) {
-			return nil, fuse.Status(errno(fsys.log, err, "read", "file", n.x.Path(n.id), "off", off, "len", len(p)))
+			return nil, fuse.Status(errno(fsys.eio, err, "read", "file", n.x.Path(n.id), "off", off, "len", len(p)))
 		}
 		return fuse.ReadResultData(p[:k]), fuse.OK
 	}
