@@ -35,9 +35,9 @@ type Layer struct {
 
 	users  atomic.Int64 // runtime references over every key and reference
 	looked atomic.Bool  // a runtime looked the layer up (resolved ahead ones wait for it)
-	// startGuess ends the prediction of the program of the image the layer is part of
-	// (start.go); nil when none runs.
-	startGuess atomic.Pointer[context.CancelFunc]
+	// startGuess is the prediction of the program of the image the layer was last looked up
+	// for (start.go); nil before one.
+	startGuess atomic.Pointer[startGuess]
 
 	recordMu sync.Mutex // serializes saveRecord
 
@@ -337,13 +337,12 @@ func (l *Layer) ReadFile(ctx context.Context, id chunked.EntryID, p []byte, off 
 }
 
 // Executing implements storefs.Layer: the files the loader of file id will open are
-// predicted (predict.go). A program no prediction foresaw ends the prediction of the image's
-// program (start.go), which guessed wrong or is done.
+// predicted (predict.go), and the guess of the image's program (start.go) is settled: right
+// when id is that program, wrong when a program no prediction foresaw runs first.
 func (l *Layer) Executing(id chunked.EntryID) {
-	if l.predict(nil, id) {
-		if stop := l.startGuess.Swap(nil); stop != nil {
-			(*stop)()
-		}
+	fresh := l.predict(nil, id)
+	if g := l.startGuess.Load(); g != nil {
+		g.executing(fileRef{l, id}, fresh)
 	}
 }
 

@@ -25,28 +25,29 @@ import (
 // names are all in the executable's dynamic section (DT_NEEDED), so once an executable is
 // opened, the files its loader will ask for can be found and fetched at once, side by side,
 // ahead of the loader, and the libraries' own, in turn (and glibc's /etc/ld.so.cache, which
-// its loader reads first). A script names its interpreter on its first line ("#!"), which
-// is predicted in turn. A startup profile (profile.go) knows the whole start but needs one
-// start first; prediction needs nothing.
+// its loader reads first). A script names its interpreter on its first line ("#!"), which is
+// predicted in turn. A startup profile (profile.go) knows the whole start but needs one start
+// first; prediction needs nothing.
 //
 // The kernel's open of a file to execute it (Executing: an execve, or the interpreter of
 // one) starts the prediction of that file, and so does the lookup of the layer holding the
 // program the image's config names (start.go), before the runtime runs it; a file opened to
-// be read (a copy, a checksum, a package manager) is not predicted. A predicted file of at most maxPredictWhole of content is
-// fetched whole (fetchFile: the loader maps all of it, reads its header and then its dynamic
-// section, near its end, and the program faults its pages in here and there), unless its layer
-// replays a startup profile, which knows how much of it the start reads. The file's header,
-// program headers, interpreter path (PT_INTERP), dynamic section (PT_DYNAMIC) and the strings
-// it names (DT_NEEDED, DT_RUNPATH or DT_RPATH) are read beside it, as a prediction reads
-// (kind ahead: fetched, verified and cached as any chunk, never recorded in a profile nor
-// counted as the workload's reads); each library is looked for as the loader looks (the
-// run path with $ORIGIN, then the usual system directories for the file's machine: the
-// ld.so.cache is fetched, not read), by path in the layer and in the other live layers resolved through one of its
-// references (the rest of the image; a symlink is followed across them); each file found is
-// predicted in turn, which fetches it (whole, or its header and dynamic section), and so
-// brings it into the cache before the loader asks. What the loader faults in later comes through reads as
-// before. Reads of the workload are never delayed: a prediction's fetches are shared with any
-// read that wants the same chunks, and hold background work up no more than fetch-ahead does.
+// be read (a copy, a checksum, a package manager) is not predicted. A predicted file of at
+// most maxPredictWhole of content is fetched whole (fetchFile: the loader maps all of it,
+// reads its header and then its dynamic section, near its end, and the program faults its
+// pages in here and there), unless its layer replays a startup profile, which knows how much
+// of it the start reads. The file's header, program headers, interpreter path (PT_INTERP),
+// dynamic section (PT_DYNAMIC) and the strings it names (DT_NEEDED, DT_RUNPATH or DT_RPATH)
+// are read beside it, as a prediction reads (kind ahead: fetched, verified and cached as any
+// chunk, never recorded in a profile nor counted as the workload's reads); each library is
+// looked for as the loader looks (the run path with $ORIGIN, then the usual system
+// directories for the file's machine: the ld.so.cache is fetched, not read), by path in the
+// layer and in the other live layers resolved through one of its references (the rest of the
+// image; a symlink is followed across them); each file found is predicted in turn, which
+// fetches it (whole, or its header and dynamic section), and so brings it into the cache
+// before the loader asks. What the loader faults in later comes through reads as before.
+// Reads of the workload are never delayed: a prediction's fetches are shared with any read
+// that wants the same chunks, and hold background work up no more than fetch-ahead does.
 //
 // Bounds (an ELF file is untrusted input): at most maxPredicted files per layer are predicted
 // (each once), predictSlots predictions run at once per manager (each holding at most
@@ -82,17 +83,17 @@ func (l *Layer) predict(guess context.Context, id chunked.EntryID) bool {
 		return false
 	}
 	l.env.work.goTracked(func() {
+		select {
+		case l.env.predicting <- struct{}{}:
+		case <-l.env.work.ctx.Done():
+			return
+		}
+		defer func() { <-l.env.predicting }()
 		ctx, cancel := l.env.work.bound(l.env.work.ctx, l.env.readTimeout)
 		defer cancel()
 		if guess != nil {
 			defer context.AfterFunc(guess, cancel)()
 		}
-		select {
-		case l.env.predicting <- struct{}{}:
-		case <-ctx.Done():
-			return
-		}
-		defer func() { <-l.env.predicting }()
 		var whole sync.WaitGroup
 		if !l.replaysProfile() { // a profile knows how much of the file the start reads
 			whole.Go(func() { l.fetchFile(ctx, id) })

@@ -5,6 +5,7 @@ import (
 	"path"
 	"slices"
 	"strings"
+	"sync/atomic"
 
 	"github.com/opencontainers/go-digest"
 
@@ -27,9 +28,9 @@ import (
 // manifest's lazily servable layers, top first, once every one of them is live (so that the
 // file found is the one the tree shows), and predicted only once the runtime has looked its
 // layer up: a runtime holding that layer itself reads its own copy, and nothing is fetched.
-// The first execution of a file the prediction did not name, in any layer of the image (the
-// runtime ran another command, or the program moved on to another), ends the prediction: what
-// it has not started fetching is not fetched. Not when the image's repository has a startup
+// An execution of a file the prediction did not name before the program itself runs, in any
+// layer of the image (the runtime ran another command), ends the prediction: what it has not
+// started fetching is not fetched. Not when the image's repository has a startup
 // profile (profile.go), which knows the start better, and how much of each file it reads.
 // Once per resolution of a reference through the registry (a start from the cache's records
 // needs none); at most maxStarts images wait for their layers at once. A config naming
@@ -126,14 +127,33 @@ func (m *Manager) predictStart(ref string) {
 	m.opts.log.Debug("predicting the image's program", "ref", ref, "layer", t.l.desc.Digest, "path", t.l.idx.Path(t.id))
 	// Not below the manager's context: a guess nobody ends is only garbage (each prediction
 	// stops watching it when it ends), and the manager's close ends predictions itself.
-	guess, stop := context.WithCancel(context.Background())
-	p := &stop
+	ctx, stop := context.WithCancel(context.Background())
+	g := &startGuess{program: t, stop: stop}
 	for _, l := range layers {
-		if old := l.startGuess.Swap(p); old != nil {
-			(*old)()
-		}
+		l.startGuess.Store(g)
 	}
-	t.l.predict(guess, t.id)
+	t.l.predict(ctx, t.id)
+}
+
+// startGuess is the prediction of an image's program, shared by the image's layers.
+type startGuess struct {
+	program   fileRef
+	stop      context.CancelFunc // ends the prediction's fetches not started yet
+	confirmed atomic.Bool        // the program was executed
+}
+
+// executing settles the guess at the execution of file f, which fresh says no prediction
+// had named: the program itself confirms it (the files its loader opens next, the
+// interpreter first, may not be named yet); a fresh program before it ends it (the runtime
+// ran another command). Once confirmed, nothing ends it: the program's chain of libraries
+// completes whatever runs next.
+func (g *startGuess) executing(f fileRef, fresh bool) {
+	switch {
+	case f == g.program:
+		g.confirmed.Store(true)
+	case fresh && !g.confirmed.Load():
+		g.stop()
+	}
 }
 
 // findProgram looks for the program of start in the merged tree of layers (top first) as an

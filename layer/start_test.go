@@ -140,13 +140,21 @@ func (r readerAt) ReadAt(p []byte, off int64) (int, error) {
 // TestPredictImageProgramEndsAtAnotherExec: when the runtime executes another program than
 // the one the config names (a pod's own command), the prediction of the config's program
 // stops: of a program of six batches, fetched two at a time from a slow registry, the
-// batches not started by then are never fetched. The program's own execution does not stop
-// it.
+// batches not started by then are never fetched. Once the program itself has run, the
+// execution of a file not named yet (its interpreter, before the prediction reached it; a
+// program it runs) does not stop it.
 func TestPredictImageProgramEndsAtAnotherExec(t *testing.T) {
 	big := elfFile(40, elfSpec{pad: 6 * wholeBatch})
 	other := elfFile(41, elfSpec{pad: 10 << 10})
-	for _, exec := range []string{"usr/bin/other", "usr/bin/big"} {
-		t.Run(exec, func(t *testing.T) {
+	for _, c := range []struct {
+		name  string
+		execs []string
+		whole bool
+	}{
+		{"another program", []string{"usr/bin/other"}, false},
+		{"the program, then another", []string{"usr/bin/big", "usr/bin/other"}, true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
 			fx := predictLayer(t, "app", []testlayer.Entry{exeEntry("usr/bin/big", big), exeEntry("usr/bin/other", other)})
 			e := newProfEnv(t)
 			ref := profRepo + ":v1"
@@ -171,8 +179,10 @@ func TestPredictImageProgramEndsAtAnotherExec(t *testing.T) {
 				return n
 			}
 			waitFor(t, "the prediction's first batches", func() bool { return fetched() > 0 })
-			l.Executing(fileOf(t, l, exec))
-			if exec == "usr/bin/big" {
+			for _, p := range c.execs {
+				l.Executing(fileOf(t, l, p))
+			}
+			if c.whole {
 				waitFor(t, "the whole program", func() bool { return fetched() == chunks })
 				return
 			}
