@@ -230,6 +230,14 @@ func (l *Layer) prefetchBatch(ctx context.Context, b prefetchBatch) error {
 			n += l.ref(k).Length
 		}
 	}
+	if urgent && !b.replay {
+		select {
+		case l.env.sched.prio <- struct{}{}:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		defer func() { <-l.env.sched.prio }()
+	}
 	release, err := l.env.sched.acquire(ctx, n, urgent)
 	if err != nil {
 		return err

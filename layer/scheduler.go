@@ -23,6 +23,7 @@ import (
 // runs at a lower priority than the rest of the machine's work (idle, idlecpu.go).
 type scheduler struct {
 	slots   chan struct{}
+	prio    chan struct{} // prioritized files' requests in flight (prefetch.go)
 	cpu     chan struct{}
 	idle    *lowPriority // the threads background verification runs on (idlecpu.go)
 	quiet   time.Duration
@@ -38,6 +39,13 @@ type scheduler struct {
 	sleep func(context.Context, time.Duration) error // waits d, or until ctx ends
 }
 
+// prioSlots bounds the requests of prioritized files (a producer's profile, eStargz's
+// prefetch landmark) in flight at once, of the slots: they go out at once, and each sits on the
+// link ahead of the reads of the container starting (large eStargz-prio, whose profile names a
+// 117 MB library of which the start reads 64 KiB: 10-17% faster than with 4, back to back).
+// A startup profile's replay, which names only what the start read, keeps every slot.
+const prioSlots = 2
+
 // yieldPoll is how often waiting background work checks whether demand reads are done.
 const yieldPoll = 2 * time.Millisecond
 
@@ -45,6 +53,7 @@ func newScheduler(slots int, rate int64, quiet time.Duration) *scheduler {
 	idle := backgroundThreads()
 	return &scheduler{
 		slots: make(chan struct{}, slots),
+		prio:  make(chan struct{}, prioSlots),
 		cpu:   make(chan struct{}, idle.threads),
 		idle:  idle,
 		rate:  rate,
