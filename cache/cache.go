@@ -29,7 +29,7 @@ type Cache struct {
 	lock *os.File
 
 	// hook, when set (by tests only, before any use), is called at the named crash points
-	// ("put:data-synced", "finish:verified"); an error stops the operation there, as a
+	// ("put:data-synced", "finish:hashed", "finish:verified", ...); an error stops the operation there, as a
 	// crash would.
 	hook func(point string) error
 	// now, noSpaceBackoff and the reporter's interval are fixed by New; tests change them

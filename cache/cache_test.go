@@ -12,6 +12,7 @@ import (
 	"slices"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/layerstore/layerstore/chunked"
 	"github.com/layerstore/layerstore/verify"
@@ -577,4 +578,49 @@ func TestStatsCounted(t *testing.T) {
 	}
 	c = newCache(t, root)
 	check(c, "reopened")
+}
+
+// TestPutWaitsForFinish: a Put that finds the file full while another caller is verifying it
+// (two layers storing the same file at once) returns once the file is complete, not before:
+// the layer whose Put returned checks that the cache holds its files.
+func TestPutWaitsForFinish(t *testing.T) {
+	big := realFiles(t)["usr/share/big.bin"]
+	c := newCache(t, t.TempDir())
+	cs := big.chunks["zstd"]
+	first, second := open(t, c, big), open(t, c, big)
+	putAll(t, first, cs[:len(cs)-1])
+	type outcome struct {
+		err      error
+		complete bool
+	}
+	done := make(chan outcome, 1)
+	var once sync.Once
+	c.hook = func(p string) error {
+		if p != "finish:hashed" {
+			return nil
+		}
+		once.Do(func() {
+			// The first Put is hashing the full file: the second finds it full.
+			go func() {
+				err := second.Put(cs[len(cs)-1])
+				done <- outcome{err, c.Has(big.sum)}
+			}()
+			select {
+			case o := <-done:
+				done <- o // returned while the file is being verified: seen below
+			case <-time.After(200 * time.Millisecond):
+			}
+		})
+		return nil
+	}
+	if err := first.Put(cs[len(cs)-1]); err != nil {
+		t.Fatal(err)
+	}
+	o := <-done
+	if o.err != nil {
+		t.Fatal(o.err)
+	}
+	if !o.complete {
+		t.Error("a Put that found the file full returned before the file was complete")
+	}
 }

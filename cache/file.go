@@ -51,8 +51,8 @@ type entry struct {
 	// rmu guards the range record; taken with mu held shared.
 	rmu       sync.Mutex
 	ranges    rangeSet
-	jlen      int64 // valid length of the journal; the next record goes there
-	verifying bool  // a finish is hashing the content
+	jlen      int64         // valid length of the journal; the next record goes there
+	verifying chan struct{} // a finish is hashing the content; closed once it has committed or failed
 	// hashed holds the present ranges of the partial file known to hash to a chunk digest:
 	// written whole from a verified chunk, or hashed by a read since the file was loaded.
 	// Present bytes are never rewritten while the file is loaded, so a reader asking for the
@@ -443,7 +443,9 @@ func (c *Cache) crashPoint(name string) error {
 // finish completes a full partial file: it hashes the content (readers continue meanwhile;
 // no writer can change a full file), then, if it matches, renames the data file into files/
 // and removes the journal; if not, it drops the content and returns [ErrCorrupt]. It does
-// nothing for a file that is not full, is complete, or is being finished by another caller.
+// nothing for a file that is not full or is complete; for one another caller is finishing,
+// it waits for that caller (the file is then complete, unless its content was corrupt): a
+// Put that fills a file returns once the file is complete, whoever completes it.
 func (e *entry) finish() error {
 	e.mu.RLock()
 	if !e.loaded || e.complete {
@@ -451,22 +453,30 @@ func (e *entry) finish() error {
 		return nil
 	}
 	e.rmu.Lock()
-	if e.verifying || len(e.ranges.missing(0, e.size)) > 0 {
+	if busy := e.verifying; busy != nil || len(e.ranges.missing(0, e.size)) > 0 {
 		e.rmu.Unlock()
 		e.mu.RUnlock()
+		if busy != nil {
+			<-busy
+		}
 		return nil
 	}
-	e.verifying = true
+	busy := make(chan struct{})
+	e.verifying = busy
 	e.rmu.Unlock()
 	h := sha256.New()
 	_, err := io.Copy(h, io.NewSectionReader(e.data, 0, e.size))
+	if herr := e.c.crashPoint("finish:hashed"); herr != nil && err == nil {
+		err = herr
+	}
 	e.mu.RUnlock()
 
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	e.rmu.Lock()
-	e.verifying = false
+	e.verifying = nil
 	e.rmu.Unlock()
+	defer close(busy) // before the unlock: a waiter that then looks sees the outcome
 	if !e.loaded {
 		return ErrClosed
 	}

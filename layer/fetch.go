@@ -45,6 +45,9 @@ type fetch struct {
 	key   chunkKey
 	chunk chunked.Chunk // where the chunk is: its bytes in the blob, its place in the file
 	done  chan struct{}
+	// settled is closed once the chunk is in the cache as far as this fetch puts it there
+	// (stored, found there, or failed): an on-demand fetch completes done before it stores.
+	settled chan struct{}
 
 	// Written once, before done is closed.
 	data     []byte       // the chunk's verified content
@@ -228,7 +231,7 @@ func (l *Layer) claim(keys []chunkKey) (all, mine []*fetch) {
 	for _, k := range keys {
 		f := l.inflight[k]
 		if f == nil || (!f.failedUntil.IsZero() && !now.Before(f.failedUntil)) {
-			f = &fetch{key: k, chunk: l.ref(k), done: make(chan struct{})}
+			f = &fetch{key: k, chunk: l.ref(k), done: make(chan struct{}), settled: make(chan struct{})}
 			l.inflight[k] = f
 			mine = append(mine, f)
 		}
@@ -257,6 +260,7 @@ func (l *Layer) takeCached(h *handle, mine []*fetch) []*fetch {
 			if b, err := h.f.ReadChunk(c); err == nil {
 				f.data = b
 				close(f.done)
+				close(f.settled)
 				found = append(found, f)
 				continue
 			}
@@ -265,6 +269,18 @@ func (l *Layer) takeCached(h *handle, mine []*fetch) []*fetch {
 	}
 	l.forget(found)
 	return rest
+}
+
+// settle returns once every one of fetches has settled (its chunk stored), or ctx has ended.
+func settle(ctx context.Context, fetches []*fetch) error {
+	for _, f := range fetches {
+		select {
+		case <-f.settled:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	return nil
 }
 
 // wait returns the content of fetches, in order, once every one has completed: the first
@@ -567,6 +583,9 @@ func (l *Layer) store(batch []*fetch) {
 		}
 	}
 	l.forget(batch)
+	for _, f := range batch {
+		close(f.settled)
+	}
 }
 
 // wholeFile returns the verified chunks of file id in order when fetches hold every one of

@@ -221,7 +221,13 @@ type prefetchBatch struct {
 func (l *Layer) prefetchBatch(ctx context.Context, b prefetchBatch) error {
 	keys := b.keys
 	first, last := l.ref(keys[0]), l.ref(keys[len(keys)-1])
-	urgent := b.replay || last.End() <= l.idx.PrefetchEnd()
+	u := deferred
+	switch {
+	case b.replay:
+		u = replaying
+	case last.End() <= l.idx.PrefetchEnd():
+		u = prioritized
+	}
 	n := last.End() - first.Offset
 	if b.replay {
 		// A profile's files may lie far apart in the blob: only their bytes are fetched.
@@ -230,15 +236,7 @@ func (l *Layer) prefetchBatch(ctx context.Context, b prefetchBatch) error {
 			n += l.ref(k).Length
 		}
 	}
-	if urgent && !b.replay {
-		select {
-		case l.env.sched.prio <- struct{}{}:
-		case <-ctx.Done():
-			return ctx.Err()
-		}
-		defer func() { <-l.env.sched.prio }()
-	}
-	release, err := l.env.sched.acquire(ctx, n, urgent)
+	release, err := l.env.sched.acquire(ctx, n, u)
 	if err != nil {
 		return err
 	}
@@ -259,6 +257,11 @@ func (l *Layer) prefetchBatch(ctx context.Context, b prefetchBatch) error {
 	}
 	l.run(ctx, mine, kind)
 	if _, err := wait(ctx, needed); err != nil {
+		return err
+	}
+	// The chunks a read fetched are stored after the read returns: the layer is complete
+	// (unstored) only once they are.
+	if err := settle(ctx, needed); err != nil {
 		return err
 	}
 	if l.cacheFull.Swap(false) {

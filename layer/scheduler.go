@@ -10,7 +10,7 @@ import (
 
 // scheduler shares the registry between reads a runtime waits for and background fetches.
 // Background requests take one of a fixed number of slots and are paced to a bandwidth when
-// one is set. Those not marked urgent also wait until the layers have been quiet for a while:
+// one is set. Deferred ones (urgency) also wait until the layers have been quiet for a while:
 // no read fetching on demand, and none having ended, nor a fetch ahead of the reads (a
 // prediction's, a region's) started or ended, nor a layer looked up, within the quiet period,
 // and no startup profile being replayed (a container whose reads the replay or a prediction
@@ -23,7 +23,7 @@ import (
 // runs at a lower priority than the rest of the machine's work (idle, idlecpu.go).
 type scheduler struct {
 	slots   chan struct{}
-	prio    chan struct{} // prioritized files' requests in flight (prefetch.go)
+	prio    chan struct{} // prioritized files' requests in flight (prioritized)
 	cpu     chan struct{}
 	idle    *lowPriority // the threads background verification runs on (idlecpu.go)
 	quiet   time.Duration
@@ -45,6 +45,19 @@ type scheduler struct {
 // 117 MB library of which the start reads 64 KiB: 10-17% faster than with 4, back to back).
 // A startup profile's replay, which names only what the start read, keeps every slot.
 const prioSlots = 2
+
+// urgency is how a background request shares the link with the container starting.
+type urgency int
+
+const (
+	// deferred: the rest of the layer, behind the quiet period.
+	deferred urgency = iota
+	// prioritized: a producer's prioritized files (eStargz's prefetch landmark), at once but
+	// within prioSlots requests in flight.
+	prioritized
+	// replaying: a startup profile's files, at once, in any slot.
+	replaying
+)
 
 // yieldPoll is how often waiting background work checks whether demand reads are done.
 const yieldPoll = 2 * time.Millisecond
@@ -79,26 +92,38 @@ func (s *scheduler) demandStart() { s.demand.Add(1); s.touch() }
 func (s *scheduler) demandEnd()   { s.demand.Add(-1); s.touch() }
 
 // replayStart and replayEnd bracket a request of a startup profile's replay: other background
-// requests, unless urgent, wait for it and for the quiet period after it.
+// requests, if deferred, wait for it and for the quiet period after it.
 func (s *scheduler) replayStart() { s.replays.Add(1); s.touch() }
 func (s *scheduler) replayEnd()   { s.replays.Add(-1); s.touch() }
 
 // touch restarts the quiet period: a runtime is about to use a layer.
 func (s *scheduler) touch() { s.last.Store(s.now().UnixNano()) }
 
-// acquire waits until no demand fetch is running (and, unless urgent, the quiet period has
-// passed) and a slot is free, then paces a request of n bytes. It returns the function that
-// frees the slot.
-func (s *scheduler) acquire(ctx context.Context, n int64, urgent bool) (func(), error) {
-	if err := s.wait(ctx, urgent); err != nil {
+// acquire waits until no demand fetch is running (and, for deferred requests, the quiet
+// period has passed) and a slot is free (for prioritized ones, one of prioSlots too), then
+// paces a request of n bytes. It returns the function that frees the slots.
+func (s *scheduler) acquire(ctx context.Context, n int64, u urgency) (func(), error) {
+	release := func() {}
+	if u == prioritized {
+		select {
+		case s.prio <- struct{}{}:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+		release = func() { <-s.prio }
+	}
+	if err := s.wait(ctx, u != deferred); err != nil {
+		release()
 		return nil, err
 	}
 	select {
 	case s.slots <- struct{}{}:
 	case <-ctx.Done():
+		release()
 		return nil, ctx.Err()
 	}
-	release := func() { <-s.slots }
+	freePrio := release
+	release = func() { <-s.slots; freePrio() }
 	if err := s.pace(ctx, n); err != nil {
 		release()
 		return nil, err

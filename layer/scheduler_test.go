@@ -13,10 +13,10 @@ import (
 // layer is looked up or a demand fetch ends, that prioritized (urgent) ones do not, and that
 // every background request waits while a demand fetch runs.
 func TestSchedulerQuietPeriod(t *testing.T) {
-	blocked := func(s *scheduler, urgent bool) bool {
+	blocked := func(s *scheduler, u urgency) bool {
 		ctx, cancel := context.WithTimeout(t.Context(), 100*time.Millisecond)
 		defer cancel()
-		release, err := s.acquire(ctx, 1, urgent)
+		release, err := s.acquire(ctx, 1, u)
 		if err == nil {
 			release()
 			return false
@@ -28,22 +28,22 @@ func TestSchedulerQuietPeriod(t *testing.T) {
 	}
 
 	s := newScheduler(1, 0, time.Hour)
-	if blocked(s, false) {
+	if blocked(s, deferred) {
 		t.Fatal("a background request waited although no layer was ever used")
 	}
 	s.touch()
-	if !blocked(s, false) {
+	if !blocked(s, deferred) {
 		t.Fatal("a background request went out within the quiet period after a lookup")
 	}
-	if blocked(s, true) {
+	if blocked(s, prioritized) {
 		t.Fatal("a request for prioritized files waited for the quiet period")
 	}
 	s.demandStart()
-	if !blocked(s, true) {
+	if !blocked(s, prioritized) {
 		t.Fatal("a request for prioritized files went out while a demand fetch was running")
 	}
 	s.demandEnd()
-	if blocked(s, true) {
+	if blocked(s, prioritized) {
 		t.Fatal("a request for prioritized files still waits after the demand fetch ended")
 	}
 
@@ -52,22 +52,36 @@ func TestSchedulerQuietPeriod(t *testing.T) {
 	s = newScheduler(2, 0, 30*time.Millisecond)
 	s.replayStart()
 	time.Sleep(50 * time.Millisecond) // longer than the quiet period
-	if !blocked(s, false) {
+	if !blocked(s, deferred) {
 		t.Fatal("a background request went out while a startup profile was being replayed")
 	}
-	if blocked(s, true) {
+	if blocked(s, prioritized) {
 		t.Fatal("a request for prioritized files waited for a replay")
 	}
 	s.replayEnd()
-	if blocked(s, false) { // it waits 100 ms, more than the quiet period
+	if blocked(s, deferred) { // it waits 100 ms, more than the quiet period
 		t.Fatal("a background request still waits after the replay ended and the quiet period passed")
+	}
+
+	// Prioritized requests take at most prioSlots of the slots; a replay's, any.
+	s = newScheduler(prioSlots+2, 0, time.Hour)
+	for range prioSlots {
+		if _, err := s.acquire(t.Context(), 1, prioritized); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if !blocked(s, prioritized) {
+		t.Fatalf("a request for prioritized files went out with %d of them in flight", prioSlots)
+	}
+	if blocked(s, replaying) || blocked(s, replaying) {
+		t.Fatal("a replay's request waited for the prioritized files' slots")
 	}
 
 	s = newScheduler(1, 0, 50*time.Millisecond)
 	s.demandStart()
 	s.demandEnd()
 	start := time.Now()
-	release, err := s.acquire(t.Context(), 1, false)
+	release, err := s.acquire(t.Context(), 1, deferred)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -127,7 +141,7 @@ func TestSchedulerPacing(t *testing.T) {
 	start := clock.now()
 	var starts []time.Duration
 	for range 3 {
-		release, err := s.acquire(t.Context(), mib, false)
+		release, err := s.acquire(t.Context(), mib, deferred)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -142,7 +156,7 @@ func TestSchedulerPacing(t *testing.T) {
 	// Idle for a minute: the next request goes at once, and the one after waits its turn.
 	clock.advance(time.Minute)
 	for range 2 {
-		release, err := s.acquire(t.Context(), mib/2, false)
+		release, err := s.acquire(t.Context(), mib/2, deferred)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -156,7 +170,7 @@ func TestSchedulerPacing(t *testing.T) {
 	ctx, cancel := context.WithCancel(t.Context())
 	cancel()
 	s.next = clock.now().Add(time.Hour)
-	if _, err := s.acquire(ctx, mib, false); err == nil {
+	if _, err := s.acquire(ctx, mib, deferred); err == nil {
 		t.Fatal("a cancelled request was paced and went out")
 	}
 	if n := len(s.slots); n != 0 {
@@ -166,7 +180,7 @@ func TestSchedulerPacing(t *testing.T) {
 	unbounded := newScheduler(1, 0, 0)
 	unbounded.now, unbounded.sleep = clock.now, clock.sleep
 	for range 3 {
-		release, err := unbounded.acquire(t.Context(), 1<<30, false)
+		release, err := unbounded.acquire(t.Context(), 1<<30, deferred)
 		if err != nil {
 			t.Fatal(err)
 		}
