@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/opencontainers/go-digest"
 
@@ -110,11 +111,13 @@ func tarSize(v *verify.Verifier, annotations map[string]string) int64 {
 // the background fetch (the verifier verifies nothing more), and status shows it; it is
 // counted as a verification failure and logged once.
 func (l *Layer) checkTarSplit(ctx context.Context) error {
-	err := l.v.CheckTarSplit(ctx)
+	err := l.v.CheckTarSplit(ctx, l.timedBlob())
 	if l.v.Err() != nil && l.refused.CompareAndSwap(false, true) {
 		l.env.counters.failures.Add(1)
-		l.env.counters.verifyFailures.Add(1)
-		l.env.log.Error("layer refused: its TOC and tar-split disagree; files already served showed the TOC's metadata",
+		if !errors.Is(l.v.Err(), verify.ErrUnproven) { // a read that failed is no digest's
+			l.env.counters.verifyFailures.Add(1)
+		}
+		l.env.log.Error("layer refused: its TOC is not proven by its tar-split; files already served showed the TOC's metadata",
 			"layer", l.desc.Digest, "err", err)
 		close(l.refusal)
 		l.stopPrefetch()
@@ -124,7 +127,25 @@ func (l *Layer) checkTarSplit(ctx context.Context) error {
 	return err
 }
 
-// Refused returns the error that refuses the layer (its TOC and tar-split disagree), nil
+// timedBlob is the layer's blob for the verifier's own reads (the tar-split's, read by the
+// first comparison), each bounded by the read timeout as the layer's fetches are: a registry
+// that holds the read would otherwise hold the comparison, which a lookup by blob digest
+// waits for.
+func (l *Layer) timedBlob() verify.Source { return timedSource{l.blob, l.env.readTimeout} }
+
+type timedSource struct {
+	src     verify.Source
+	timeout time.Duration
+}
+
+func (s timedSource) ReadAt(ctx context.Context, p []byte, off int64) (int, error) {
+	ctx, cancel := context.WithTimeout(ctx, s.timeout)
+	defer cancel()
+	return s.src.ReadAt(ctx, p, off)
+}
+
+// Refused returns the error that refuses the layer (its TOC and tar-split disagree, or its
+// tar-split is not the one the TOC names or could not be read in time), nil
 // while it is served: the namespace stops answering anything of its tree once it is set.
 func (l *Layer) Refused() error { return l.v.Err() }
 

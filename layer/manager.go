@@ -429,9 +429,16 @@ func (m *Manager) resolveThroughRegistry(ctx context.Context, ref string, key di
 		m.counters.failures.Add(1)
 		return nil, err
 	}
-	v, err := verify.Open(ctx, desc.Descriptor, desc.DiffID, blob)
-	if err == nil && waitsForTarSplit(modern, m.opts.requireDiffID) {
-		err = v.CheckTarSplit(ctx) // before the record is written, which then holds the size
+	// A lookup that waits for the comparison has the tar-split read with the TOC; others
+	// have it read by the comparison, in the background.
+	now := waitsForTarSplit(modern, m.opts.requireDiffID)
+	var opts []verify.Option
+	if now {
+		opts = append(opts, verify.WithTarSplit())
+	}
+	v, err := verify.Open(ctx, desc.Descriptor, desc.DiffID, blob, opts...)
+	if err == nil && now {
+		err = v.CheckTarSplit(ctx, blob) // before the record is written, which then holds the size
 	}
 	if err != nil {
 		m.counters.failures.Add(1)
@@ -600,9 +607,16 @@ func (m *Manager) addLive(l *Layer, ref string) (*Layer, error) {
 			_ = m.sched.wait(wctx, false)
 			var err error
 			if cctx.Err() == nil {
-				done := m.sched.verifyingUntil(wctx)
-				m.sched.idle.run(func() { err = l.checkTarSplit(cctx) })
-				done()
+				// The tar-split's bytes first (the lookup did not wait for them), outside
+				// the processor slot; a read that fails is final: a registry withholding
+				// them would otherwise keep the TOC's tree served unproven.
+				if err = l.v.ReadTarSplit(cctx, l.timedBlob(), true); err == nil {
+					done := m.sched.verifyingUntil(wctx)
+					m.sched.idle.run(func() { err = l.checkTarSplit(cctx) })
+					done()
+				} else if l.v.Err() != nil {
+					err = l.checkTarSplit(cctx) // the refusal's bookkeeping
+				}
 			}
 			cancel()
 			if cctx.Err() != nil {
@@ -616,7 +630,9 @@ func (m *Manager) addLive(l *Layer, ref string) (*Layer, error) {
 				if l.v.TarSize() >= 0 || m.work.ctx.Err() != nil {
 					return
 				}
-				err = l.checkTarSplit(m.work.ctx)
+				if err = l.v.ReadTarSplit(m.work.ctx, l.timedBlob(), true); err == nil || l.v.Err() != nil {
+					err = l.checkTarSplit(m.work.ctx)
+				}
 			}
 			if err == nil {
 				l.saveRecord()

@@ -195,7 +195,7 @@ func (l *Layer) runPrefetch(ctx context.Context) error {
 		return err
 	}
 	if l.v.CanProveDiffID() && l.v.Guarantee() < verify.DiffIDVerified {
-		if err := l.v.CheckDiffID(ctx, l.payload); err != nil {
+		if err := l.v.CheckDiffID(ctx, l.timedBlob(), l.payload); err != nil {
 			if errors.Is(err, verify.ErrDigestMismatch) {
 				l.env.counters.verifyFailures.Add(1)
 			}

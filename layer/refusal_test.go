@@ -10,6 +10,7 @@ import (
 	"github.com/opencontainers/go-digest"
 
 	"github.com/layerstore/layerstore/chunked"
+	"github.com/layerstore/layerstore/verify"
 )
 
 // lyingLayer pushes a zstd:chunked layer whose TOC (correctly anchored in the manifest) gives
@@ -37,6 +38,11 @@ func TestTarSplitComparedDespiteHeldRead(t *testing.T) {
 	l, err := m.lookup(t.Context(), ref, toc)
 	if err != nil {
 		t.Fatalf("modern lookup: %v", err)
+	}
+	// The registry answered the tar-split's read (the comparison's own bound on it is
+	// TestTarSplitWithheldRefused's), then holds every read.
+	if err := l.v.ReadTarSplit(t.Context(), l.timedBlob(), false); err != nil {
+		t.Fatal(err)
 	}
 	e.reg.Hang(blob, true)
 	defer e.reg.Hang(blob, false)
@@ -131,5 +137,37 @@ func TestBlobLookupRacingModernLookupCompares(t *testing.T) {
 	if a.l.v.TarSize() < 0 || in.DiffSize < 0 {
 		t.Errorf("a lookup by blob digest answered a layer never compared (the modern lookup's: %v): TarSize %d, info diff-size %d",
 			a.l == modern, a.l.v.TarSize(), in.DiffSize)
+	}
+}
+
+// TestTarSplitWithheldRefused: a lookup by TOC digest does not wait for the tar-split, which
+// the comparison reads; a registry that then withholds it (every read of the blob held) does
+// not keep the TOC's tree served unproven: the read, bounded by the read timeout, is final,
+// and the layer is refused (for the daemon's life, as any refusal).
+func TestTarSplitWithheldRefused(t *testing.T) {
+	e := newEnv(t)
+	f := syntheticLayer(t, 500, nil) // a layer that does not lie: it must be proven
+	ref := e.push("withheld:v1", fixtureLayer(f))
+	m := e.manager(WithPrefetch(false), WithReadTimeout(time.Second))
+	start := time.Now()
+	l, err := m.lookup(t.Context(), ref, tocKey(f.Desc.Annotations))
+	if err != nil {
+		t.Fatalf("modern lookup: %v", err)
+	}
+	e.reg.Hang(f.Desc.Digest, true)
+	defer e.reg.Hang(f.Desc.Digest, false)
+	waitFor(t, "the layer refused", func() bool { return l.v.Err() != nil })
+	if !errors.Is(l.v.Err(), verify.ErrUnproven) {
+		t.Errorf("refused with %v, want the tar-split unread", l.v.Err())
+	}
+	if d := time.Since(start); d > tarSplitDelay+5*time.Second {
+		t.Errorf("refused %v after the lookup, want within the %v before the comparison and the 1 s read timeout", d.Round(time.Second), tarSplitDelay)
+	}
+	e.reg.Hang(f.Desc.Digest, false)
+	if _, err := m.lookup(t.Context(), ref, tocKey(f.Desc.Annotations)); !errors.Is(err, verify.ErrUnproven) {
+		t.Errorf("lookup after the refusal = %v, want the refusal", err)
+	}
+	if n := m.Status().Counters.VerifyFailures; n != 0 {
+		t.Errorf("verify failures %d, want 0: no digest failed", n)
 	}
 }

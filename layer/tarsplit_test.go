@@ -13,6 +13,8 @@ import (
 	"github.com/layerstore/layerstore/cache"
 	"github.com/layerstore/layerstore/chunked"
 	"github.com/layerstore/layerstore/internal/testutil/testlayer"
+	"github.com/layerstore/layerstore/verify"
+	"github.com/opencontainers/go-digest"
 )
 
 func syntheticLayer(t *testing.T, n int, editTOC func([]byte) []byte) testlayer.Fixture {
@@ -315,5 +317,43 @@ func TestComparedWhenTheLookupGivesUp(t *testing.T) {
 		if time.Now().After(deadline) {
 			t.Fatal("not compared a minute after the lookup that took the comparison over gave up")
 		}
+	}
+}
+
+// A zstd:chunked layer whose tar-split is not the one its TOC names (a registry serving other
+// bytes there): a lookup by TOC digest does not read the tar-split, so it answers, and the
+// background comparison, which reads it, refuses the layer; a lookup by blob digest reads it
+// with the TOC and fails.
+func TestTarSplitTamperedRefused(t *testing.T) {
+	e := newEnv(t)
+	f := syntheticLayer(t, 500, nil)
+	lay, err := chunked.Classify(f.Desc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.Blob = bytes.Clone(f.Blob)
+	f.Blob[lay.TarSplit.Offset+lay.TarSplit.Length/2] ^= 0x40
+	ref := e.push("tampered:v1", fixtureLayer(f))
+	toc := tocKey(f.Desc.Annotations)
+
+	m := e.manager(WithPrefetch(false))
+	l, err := m.lookup(t.Context(), ref, toc)
+	if err != nil {
+		t.Fatalf("modern lookup: %v (the tar-split is read by the comparison)", err)
+	}
+	waitFor(t, "the background comparison to refuse the layer", func() bool { return l.v.Err() != nil })
+	if !errors.Is(l.v.Err(), verify.ErrDigestMismatch) {
+		t.Errorf("refused with %v, want a tar-split digest mismatch", l.v.Err())
+	}
+	if _, err := m.lookup(t.Context(), ref, toc); !errors.Is(err, verify.ErrDigestMismatch) {
+		t.Errorf("lookup after the refusal = %v, want the digest mismatch", err)
+	}
+	if st := m.Status(); len(st.Layers) != 1 || st.Layers[0].Guarantee != "none" || st.Counters.VerifyFailures != 1 {
+		t.Errorf("status %+v, counters %+v: want the layer refused, one verification failure", st.Layers, st.Counters)
+	}
+
+	m2 := e.manager(WithPrefetch(false))
+	if _, err := m2.lookup(t.Context(), ref, digest.FromBytes(f.Blob)); !errors.Is(err, verify.ErrDigestMismatch) {
+		t.Fatalf("lookup by blob digest = %v, want the digest mismatch", err)
 	}
 }

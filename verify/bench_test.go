@@ -71,7 +71,7 @@ func BenchmarkOpenLarge(b *testing.B) {
 			if err != nil {
 				b.Fatal(err)
 			}
-			if err := l.CheckTarSplit(b.Context()); err != nil {
+			if err := l.CheckTarSplit(b.Context(), src); err != nil {
 				b.Fatal(err)
 			}
 		}

@@ -50,7 +50,7 @@ func TestOpenCanceled(t *testing.T) {
 			t.Fatal(err)
 		}
 		looks := &lookCounter{Context: t.Context()}
-		if err := l.CheckTarSplit(looks); err != nil {
+		if err := l.CheckTarSplit(looks, src); err != nil {
 			t.Fatal(err)
 		}
 		if looks.looks == 0 {
@@ -61,13 +61,13 @@ func TestOpenCanceled(t *testing.T) {
 			t.Fatal(err)
 		}
 		for _, at := range []int{1, looks.looks} {
-			err := l.CheckTarSplit(&lookCounter{Context: t.Context(), cancelAt: at})
+			err := l.CheckTarSplit(&lookCounter{Context: t.Context(), cancelAt: at}, src)
 			if !errors.Is(err, context.Canceled) || l.Err() != nil || l.TarSize() != -1 {
 				t.Fatalf("comparison canceled at look %d = %v (Err %v, TarSize %d), want context.Canceled and no verdict",
 					at, err, l.Err(), l.TarSize())
 			}
 		}
-		if err := l.CheckTarSplit(t.Context()); err != nil || l.TarSize() <= 0 {
+		if err := l.CheckTarSplit(t.Context(), src); err != nil || l.TarSize() <= 0 {
 			t.Fatalf("comparison after canceled ones = %v, TarSize %d", err, l.TarSize())
 		}
 	}

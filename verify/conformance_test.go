@@ -145,7 +145,7 @@ func TestCheckDiffID(t *testing.T) {
 			if size := l.TarSize(); size != -1 {
 				t.Errorf("TarSize = %d before the tar-split comparison, want -1", size)
 			}
-			err := l.CheckDiffID(t.Context(), payloads(l, src))
+			err := l.CheckDiffID(t.Context(), src, payloads(l, src))
 			if f.Name != "zstdchunked-modern" {
 				if size := l.TarSize(); size != -1 {
 					t.Errorf("TarSize = %d without a tar-split, want -1", size)
@@ -172,18 +172,36 @@ func TestCheckDiffID(t *testing.T) {
 	}
 }
 
+// countingSource counts requests: a ReadAt is one, a Fetch of several ranges one (as a
+// multi-range request is); it records the ranges read.
 type countingSource struct {
 	verify.Source
 	reads int
+	read  []chunked.Range
 }
 
 func (c *countingSource) ReadAt(ctx context.Context, p []byte, off int64) (int, error) {
 	c.reads++
+	c.read = append(c.read, chunked.Range{Offset: off, Length: int64(len(p))})
 	return c.Source.ReadAt(ctx, p, off)
 }
 
-// Open reads the footer, TOC and tar-split in one request when the annotations place the TOC;
-// eStargz needs its footer first.
+func (c *countingSource) Fetch(ctx context.Context, ranges []chunked.Range) ([][]byte, error) {
+	c.reads++
+	out := make([][]byte, len(ranges))
+	for i, r := range ranges {
+		c.read = append(c.read, r)
+		out[i] = make([]byte, r.Length)
+		if _, err := c.Source.ReadAt(ctx, out[i], r.Offset); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}
+
+// Open reads the footer and the TOC (and the tar-split, WithTarSplit) in one request when the
+// annotations place the TOC, and none of the tar-split's bytes without WithTarSplit; eStargz
+// needs its footer first.
 func TestOpenReads(t *testing.T) {
 	want := map[string]int{"zstdchunked-modern": 1, "zstdchunked-legacy": 1, "estargz-zstd-annotated": 1, "estargz": 2, "estargz-zstd": 2}
 	for _, f := range fixtures(t) {
@@ -191,12 +209,37 @@ func TestOpenReads(t *testing.T) {
 		if !ok {
 			continue
 		}
-		src := &countingSource{Source: source(f.Blob)}
-		if _, err := verify.Open(t.Context(), f.Desc, f.DiffID, src); err != nil {
-			t.Fatal(err)
-		}
-		if src.reads != n {
-			t.Errorf("%s: Open made %d reads, want %d", f.Name, src.reads, n)
+		for _, withTarSplit := range []bool{false, true} {
+			src := &countingSource{Source: source(f.Blob)}
+			var opts []verify.Option
+			if withTarSplit {
+				opts = append(opts, verify.WithTarSplit())
+			}
+			l, err := verify.Open(t.Context(), f.Desc, f.DiffID, src, opts...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if src.reads != n {
+				t.Errorf("%s (tar-split %t): Open made %d requests, want %d", f.Name, withTarSplit, src.reads, n)
+			}
+			ts := l.Layout().TarSplit
+			if ts.Length == 0 || !l.CanProveDiffID() {
+				continue
+			}
+			var read int64
+			for _, r := range src.read {
+				read += max(0, min(r.End(), ts.End())-max(r.Offset, ts.Offset))
+			}
+			if want := map[bool]int64{false: 0, true: ts.Length}[withTarSplit]; read != want {
+				t.Errorf("%s (tar-split %t): Open read %d bytes of the tar-split's %d, want %d", f.Name, withTarSplit, read, ts.Length, want)
+			}
+			before := src.reads
+			if err := l.CheckTarSplit(t.Context(), src); err != nil {
+				t.Fatal(err)
+			}
+			if got, want := src.reads-before, map[bool]int{false: 1, true: 0}[withTarSplit]; got != want {
+				t.Errorf("%s (tar-split %t): CheckTarSplit made %d requests, want %d", f.Name, withTarSplit, got, want)
+			}
 		}
 	}
 }

@@ -9,12 +9,12 @@
 //     parsed, the index dropped unless the whole JSON matches (and, for stargz-flavoured zstd
 //     that also carries the legacy checksum annotation, over the compressed bytes too,
 //     before);
-//   - the footer agrees with the annotations;
-//   - for zstd:chunked with a tar-split, the tar-split matches the digest the TOC names.
+//   - the footer agrees with the annotations.
 //
 // That the TOC and the tar-split describe the same entries with the same metadata is
-// [Verifier.CheckTarSplit]'s to prove, off the lookup path: it reads the whole tar-split
-// (seconds for a million entries). Until it has succeeded the Verifier claims no more than
+// [Verifier.CheckTarSplit]'s to prove, off the lookup path: it reads the tar-split (unless
+// Open did, [WithTarSplit]), checks it against the digest the TOC names, and compares every
+// entry (seconds for a million entries). Until it has succeeded the Verifier claims no more than
 // [ChunksVerified] and does not know the tar's size ([Verifier.TarSize] is -1); its verdict is
 // remembered, and once it has failed the Verifier verifies no chunk and proves no DiffID any
 // more ([Verifier.Err]), so that its user stops serving the layer. [Verifier.CheckDiffID]
@@ -28,7 +28,7 @@
 // payload: [Verifier.CheckDiffID] rebuilds the tar stream from the tar-split and the payloads and
 // compares its digest with the DiffID (modern zstd:chunked only; see [Verifier.Guarantee]).
 //
-// A Verifier's methods are safe for concurrent use: the index and the tar-split are immutable
-// once Open returns; the guarantee, the tar size and the comparison's verdict are atomics,
-// and concurrent CheckTarSplit calls share one comparison.
+// A Verifier's methods are safe for concurrent use: the index is immutable once Open returns,
+// and the tar-split once read; the tar-split, the guarantee, the tar size and the
+// comparison's verdict are atomics, and concurrent CheckTarSplit calls share one comparison.
 package verify

@@ -15,6 +15,9 @@ var (
 	ErrCorrupt = errors.New("corrupt compressed data")
 	// ErrNoDiffIDProof reports a layer whose format cannot bind its TOC to the DiffID.
 	ErrNoDiffIDProof = errors.New("format cannot prove the DiffID without the whole blob")
+	// ErrUnproven reports a layer whose tar-split could not be read when its user could wait
+	// no longer for the bytes that prove its TOC (Verifier.ReadTarSplit, final).
+	ErrUnproven = errors.New("the tar-split that proves the TOC could not be read")
 )
 
 // LayerError says which layer an error is about.

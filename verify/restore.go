@@ -27,8 +27,8 @@ func (l *Verifier) Save() Saved {
 	// never says diffid-verified (and drops the tar-split) with the size still unknown.
 	g := l.Guarantee()
 	s := Saved{Layout: *l.layout, DiffID: l.diffID, TarSize: l.TarSize(), Guarantee: g}
-	if s.Guarantee < DiffIDVerified {
-		s.TarSplit = l.tarSplit
+	if p := l.tarSplit.Load(); p != nil && s.Guarantee < DiffIDVerified {
+		s.TarSplit = *p
 	}
 	return s
 }
@@ -59,14 +59,18 @@ func Restore(s Saved, idx *chunked.Index, opts ...Option) (*Verifier, error) {
 		return nil, fmt.Errorf("%w: restored tar-split of %d bytes exceeds %d", chunked.ErrLimit, len(s.TarSplit), o.limits.MaxTOCSize)
 	}
 	layout := s.Layout
-	l := &Verifier{layout: &layout, index: idx, diffID: s.DiffID, limits: o.limits, comparing: make(chan struct{}, 1),
-		unresident: o.unresident}
+	want, err := tarSplitDigest(&layout, idx, o.limits)
+	if err != nil {
+		return nil, err
+	}
+	l := &Verifier{layout: &layout, index: idx, diffID: s.DiffID, tarSplitDigest: want, limits: o.limits,
+		comparing: make(chan struct{}, 1), unresident: o.unresident}
 	l.tarSize.Store(max(s.TarSize, -1))
-	if s.TarSplit != nil && s.Guarantee < DiffIDVerified {
-		l.tarSplit = s.TarSplit
+	if s.TarSplit != nil && want != "" && s.Guarantee < DiffIDVerified {
+		l.tarSplit.Store(&s.TarSplit)
 	}
 	// A tar size is known only from a comparison that succeeded: it is not run again.
-	l.compared.Store(s.TarSize >= 0 && (l.tarSplit != nil || s.Guarantee == DiffIDVerified))
+	l.compared.Store(s.TarSize >= 0 && want != "")
 	l.guarantee.Store(int32(s.Guarantee))
 	return l, nil
 }

@@ -17,6 +17,13 @@ func TestRestoreUsesTarSplitInPlace(t *testing.T) {
 		t.Fatal(err)
 	}
 	l, src := open(t, f)
+	if s := l.Save(); s.TarSplit != nil {
+		t.Fatal("Open read the tar-split without WithTarSplit")
+	}
+	l, err = verify.Open(t.Context(), f.Desc, f.DiffID, src, verify.WithTarSplit())
+	if err != nil {
+		t.Fatal(err)
+	}
 	s := l.Save()
 	if len(s.TarSplit) < 64<<10 {
 		t.Fatalf("a tar-split of %d bytes: too small to tell", len(s.TarSplit))
@@ -31,10 +38,10 @@ func TestRestoreUsesTarSplitInPlace(t *testing.T) {
 	if n := after.TotalAlloc - before.TotalAlloc; n >= uint64(len(s.TarSplit))/2 {
 		t.Errorf("Restore allocated %d bytes for a tar-split of %d: it copied it", n, len(s.TarSplit))
 	}
-	if err := r.CheckTarSplit(t.Context()); err != nil {
+	if err := r.CheckTarSplit(t.Context(), nil); err != nil { // restored: nothing to read
 		t.Fatal(err)
 	}
-	if err := r.CheckDiffID(t.Context(), payloads(r, src)); err != nil {
+	if err := r.CheckDiffID(t.Context(), nil, payloads(r, src)); err != nil {
 		t.Fatal(err)
 	}
 	if r.Guarantee() != verify.DiffIDVerified || r.TarSize() <= 0 {
@@ -49,20 +56,24 @@ func TestRestoreUnresident(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	l, _ := open(t, f)
+	src := source(f.Blob)
+	l, err := verify.Open(t.Context(), f.Desc, f.DiffID, src, verify.WithTarSplit()) // saved with the layer
+	if err != nil {
+		t.Fatal(err)
+	}
 	verify.SetUnresidentEvery(t, 1000)
 	calls := 0
 	r, err := verify.Restore(l.Save(), l.Index(), verify.WithUnresident(func() { calls++ }))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := r.CheckTarSplit(t.Context()); err != nil {
+	if err := r.CheckTarSplit(t.Context(), nil); err != nil {
 		t.Fatal(err)
 	}
 	if want := int(verify.HeadersCompared(r)) / 1000; calls != want || calls < 4 {
 		t.Errorf("%d calls for %d entries, want %d", calls, verify.HeadersCompared(r), want)
 	}
-	if err := l.CheckTarSplit(t.Context()); err != nil {
+	if err := l.CheckTarSplit(t.Context(), src); err != nil {
 		t.Fatal(err)
 	}
 }

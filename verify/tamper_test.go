@@ -106,9 +106,10 @@ func dump(x *chunked.Index) string {
 	return b.String()
 }
 
-// Any flipped byte of the footer, the TOC or the tar-split makes Open fail with a typed error.
-// The only exception: the gzip header fields of the eStargz TOC member (mtime, flags, OS),
-// which no reader uses and which change nothing parsed.
+// Any flipped byte of the footer, the TOC or the tar-split makes Open fail with a typed error
+// (the tar-split's only when Open reads it, WithTarSplit; otherwise CheckTarSplit fails, and
+// its failure is the verdict). The only exception: the gzip header fields of the eStargz TOC
+// member (mtime, flags, OS), which no reader uses and which change nothing parsed.
 func TestTamperMetadata(t *testing.T) {
 	for _, f := range fixtures(t) {
 		t.Run(f.Name, func(t *testing.T) {
@@ -127,7 +128,17 @@ func TestTamperMetadata(t *testing.T) {
 				detected := 0
 				for _, p := range positions(int(r.Length), 160) {
 					at := int(r.Offset) + p
-					lt, err := verify.Open(t.Context(), f.Desc, f.DiffID, source(flip(f.Blob, at)))
+					src := source(flip(f.Blob, at))
+					if name == "tar-split" {
+						lazy, err := verify.Open(t.Context(), f.Desc, f.DiffID, src)
+						if err != nil {
+							t.Fatalf("tar-split byte %d: Open without the tar-split = %v", p, err)
+						}
+						if err := lazy.CheckTarSplit(t.Context(), src); !isTyped(err) || lazy.Err() == nil {
+							t.Fatalf("tar-split byte %d: CheckTarSplit = %v (Err %v), want a typed verdict", p, err, lazy.Err())
+						}
+					}
+					lt, err := verify.Open(t.Context(), f.Desc, f.DiffID, src, verify.WithTarSplit())
 					if err != nil {
 						if !isTyped(err) {
 							t.Fatalf("%s byte %d: untyped error %v", name, p, err)
@@ -228,7 +239,7 @@ func TestTarSplitDisagreement(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if l, err := verify.Open(t.Context(), same.Desc, same.DiffID, source(same.Blob)); err != nil || l.CheckTarSplit(t.Context()) != nil {
+	if l, err := verify.Open(t.Context(), same.Desc, same.DiffID, source(same.Blob)); err != nil || l.CheckTarSplit(t.Context(), source(same.Blob)) != nil {
 		t.Fatalf("repacked without changes: %v", err)
 	}
 	for name, edit := range map[string]func(string) string{
@@ -255,14 +266,14 @@ func TestTarSplitDisagreement(t *testing.T) {
 						l.Guarantee(), l.TarSize(), l.CanProveDiffID(), l.Err())
 				}
 				if first == "CheckTarSplit" {
-					err = l.CheckTarSplit(t.Context())
+					err = l.CheckTarSplit(t.Context(), src)
 				} else {
-					err = l.CheckDiffID(t.Context(), payloads(l, src))
+					err = l.CheckDiffID(t.Context(), src, payloads(l, src))
 				}
 				if !isTyped(err) || !errors.Is(err, chunked.ErrInvalid) || !strings.Contains(err.Error(), "tar-split disagree") {
 					t.Fatalf("%s = %v, want TOC and tar-split disagreement", first, err)
 				}
-				if again := l.CheckTarSplit(t.Context()); again == nil || again.Error() != l.Err().Error() {
+				if again := l.CheckTarSplit(t.Context(), src); again == nil || again.Error() != l.Err().Error() {
 					t.Fatalf("CheckTarSplit again = %v, Err = %v: the verdict is not remembered", again, l.Err())
 				}
 				if l.Guarantee() != 0 || l.TarSize() != -1 || l.CanProveDiffID() {
@@ -278,7 +289,7 @@ func TestTarSplitDisagreement(t *testing.T) {
 						break
 					}
 				}
-				if err := l.CheckDiffID(t.Context(), payloads(l, src)); !errors.Is(err, chunked.ErrInvalid) || l.Guarantee() != 0 {
+				if err := l.CheckDiffID(t.Context(), src, payloads(l, src)); !errors.Is(err, chunked.ErrInvalid) || l.Guarantee() != 0 {
 					t.Fatalf("CheckDiffID after the failure = %v, guarantee %v", err, l.Guarantee())
 				}
 			})
@@ -304,13 +315,13 @@ func TestTarSplitComparisonDeferred(t *testing.T) {
 	var wg sync.WaitGroup
 	for range 4 {
 		wg.Go(func() {
-			if err := l.CheckTarSplit(t.Context()); err != nil {
+			if err := l.CheckTarSplit(t.Context(), src); err != nil {
 				t.Error(err)
 			}
 		})
 	}
 	wg.Wait()
-	if err := l.CheckDiffID(t.Context(), payloads(l, src)); err != nil {
+	if err := l.CheckDiffID(t.Context(), src, payloads(l, src)); err != nil {
 		t.Fatal(err)
 	}
 	if got := verify.HeadersCompared(l); got != n {
@@ -326,8 +337,8 @@ func TestTarSplitComparisonDeferred(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	lb, _ := open(t, bad)
-	if err := lb.CheckTarSplit(t.Context()); !errors.Is(err, chunked.ErrInvalid) {
+	lb, bsrc := open(t, bad)
+	if err := lb.CheckTarSplit(t.Context(), bsrc); !errors.Is(err, chunked.ErrInvalid) {
 		t.Fatalf("CheckTarSplit of a lying synthetic layer = %v", err)
 	}
 }
@@ -342,7 +353,7 @@ func TestCheckDiffIDMismatch(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := wrong.CheckDiffID(t.Context(), payloads(wrong, src)); !errors.Is(err, verify.ErrDigestMismatch) {
+	if err := wrong.CheckDiffID(t.Context(), src, payloads(wrong, src)); !errors.Is(err, verify.ErrDigestMismatch) {
 		t.Fatalf("CheckDiffID with a wrong DiffID = %v", err)
 	}
 	if g := wrong.Guarantee(); g != verify.ChunksVerified {
@@ -355,7 +366,7 @@ func TestCheckDiffIDMismatch(t *testing.T) {
 	bad := func(ctx context.Context, id chunked.EntryID) (io.ReadCloser, error) {
 		return io.NopCloser(bytes.NewReader(make([]byte, l.Index().Entry(id).Size))), nil
 	}
-	if err := l.CheckDiffID(t.Context(), bad); !errors.Is(err, verify.ErrDigestMismatch) {
+	if err := l.CheckDiffID(t.Context(), src, bad); !errors.Is(err, verify.ErrDigestMismatch) {
 		t.Fatalf("CheckDiffID with wrong payloads = %v", err)
 	}
 }
@@ -392,22 +403,88 @@ func TestTarSplitChecksumAnnotation(t *testing.T) {
 				Annotations: maps.Clone(base.Desc.Annotations)}
 			d.Annotations[chunked.AnnotationTarSplitChecksum] = tc.checksum.String()
 			src := source(blob)
-			l, err := verify.Open(t.Context(), d, base.DiffID, src)
-			if !tc.ok {
-				if !errors.Is(err, verify.ErrDigestMismatch) {
-					t.Fatalf("Open = %v, want a tar-split digest mismatch", err)
-				}
-				return
+			if _, err := verify.Open(t.Context(), d, base.DiffID, src, verify.WithTarSplit()); tc.ok != (err == nil) {
+				t.Fatalf("Open with the tar-split = %v", err)
+			} else if !tc.ok && !errors.Is(err, verify.ErrDigestMismatch) {
+				t.Fatalf("Open with the tar-split = %v, want a tar-split digest mismatch", err)
 			}
+			l, err := verify.Open(t.Context(), d, base.DiffID, src)
 			if err != nil {
 				t.Fatal(err)
+			}
+			if !tc.ok {
+				// Read later, the tar-split that is not the one named refuses the layer.
+				if err := l.CheckTarSplit(t.Context(), src); !errors.Is(err, verify.ErrDigestMismatch) || l.Err() == nil || l.Guarantee() != 0 {
+					t.Fatalf("CheckTarSplit = %v (Err %v, guarantee %v), want a tar-split digest mismatch as the verdict", err, l.Err(), l.Guarantee())
+				}
+				return
 			}
 			if !l.CanProveDiffID() {
 				t.Fatal("the annotated tar-split was not used")
 			}
-			if err := l.CheckDiffID(t.Context(), payloads(l, src)); err != nil {
+			if err := l.CheckDiffID(t.Context(), src, payloads(l, src)); err != nil {
 				t.Fatal(err)
 			}
 		})
+	}
+}
+
+// failingSource fails every read.
+type failingSource struct{}
+
+func (failingSource) ReadAt(context.Context, []byte, int64) (int, error) {
+	return 0, errors.New("registry unavailable")
+}
+
+// A tar-split that cannot be read (the registry down when the comparison runs) is no verdict:
+// the layer stays served and the next comparison reads it again.
+func TestTarSplitReadFailureIsNoVerdict(t *testing.T) {
+	f, err := repackModern(t, func(s string) string { return s })
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, src := open(t, f)
+	if err := l.CheckTarSplit(t.Context(), failingSource{}); err == nil || l.Err() != nil || l.TarSize() != -1 || l.Guarantee() != verify.ChunksVerified {
+		t.Fatalf("CheckTarSplit from a failing source = %v (Err %v, TarSize %d, guarantee %v), want an error and no verdict",
+			err, l.Err(), l.TarSize(), l.Guarantee())
+	}
+	if err := l.CheckDiffID(t.Context(), failingSource{}, payloads(l, src)); err == nil || l.Err() != nil {
+		t.Fatalf("CheckDiffID from a failing source = %v (Err %v), want an error and no verdict", err, l.Err())
+	}
+	if err := l.CheckTarSplit(t.Context(), src); err != nil || l.TarSize() <= 0 {
+		t.Fatalf("CheckTarSplit once the source answers = %v, TarSize %d", err, l.TarSize())
+	}
+}
+
+// ReadTarSplit: a failed read is no verdict, nor a cancelled one, unless the caller says it
+// can wait no longer (final): then the layer is unproven, and refused as by a failed
+// comparison.
+func TestReadTarSplitFinal(t *testing.T) {
+	f, err := repackModern(t, func(s string) string { return s })
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, src := open(t, f)
+	if err := l.ReadTarSplit(t.Context(), failingSource{}, false); err == nil || l.Err() != nil {
+		t.Fatalf("ReadTarSplit, not final, from a failing source = %v (Err %v), want an error and no verdict", err, l.Err())
+	}
+	cancelled, cancel := context.WithCancel(t.Context())
+	cancel()
+	if err := l.ReadTarSplit(cancelled, src, true); err == nil || l.Err() != nil {
+		t.Fatalf("ReadTarSplit, final, cancelled = %v (Err %v), want an error and no verdict", err, l.Err())
+	}
+	if err := l.ReadTarSplit(t.Context(), failingSource{}, true); !errors.Is(err, verify.ErrUnproven) || !errors.Is(l.Err(), verify.ErrUnproven) || l.Guarantee() != 0 {
+		t.Fatalf("ReadTarSplit, final, from a failing source = %v (Err %v, guarantee %v), want the layer unproven", err, l.Err(), l.Guarantee())
+	}
+	if err := l.CheckTarSplit(t.Context(), src); !errors.Is(err, verify.ErrUnproven) {
+		t.Fatalf("CheckTarSplit after = %v, want the verdict", err)
+	}
+
+	l, src = open(t, f)
+	if err := l.ReadTarSplit(t.Context(), src, true); err != nil || l.Err() != nil {
+		t.Fatalf("ReadTarSplit = %v (Err %v)", err, l.Err())
+	}
+	if err := l.CheckTarSplit(t.Context(), failingSource{}); err != nil || l.TarSize() <= 0 {
+		t.Fatalf("CheckTarSplit after the read (needing no source) = %v, TarSize %d", err, l.TarSize())
 	}
 }

@@ -226,22 +226,26 @@ type PayloadFunc func(ctx context.Context, file chunked.EntryID) (io.ReadCloser,
 // that it hashes to the DiffID. It first runs [Verifier.CheckTarSplit] (at once when already
 // done) and fails with its error. On success the layer's guarantee becomes [DiffIDVerified].
 // Layers without a tar-split return [ErrNoDiffIDProof].
-func (l *Verifier) CheckDiffID(ctx context.Context, payload PayloadFunc) error {
-	if err := l.checkDiffID(ctx, payload); err != nil {
+func (l *Verifier) CheckDiffID(ctx context.Context, src Source, payload PayloadFunc) error {
+	if err := l.checkDiffID(ctx, src, payload); err != nil {
 		return &LayerError{Layer: l.layout.BlobDigest, Format: l.layout.Format, Err: err}
 	}
 	l.guarantee.Store(int32(DiffIDVerified))
 	return nil
 }
 
-func (l *Verifier) checkDiffID(ctx context.Context, payload PayloadFunc) error {
-	if l.tarSplit == nil {
+func (l *Verifier) checkDiffID(ctx context.Context, src Source, payload PayloadFunc) error {
+	if l.tarSplitDigest == "" {
 		return ErrNoDiffIDProof
 	}
-	if err := l.checkTarSplit(ctx); err != nil {
+	if err := l.checkTarSplit(ctx, src); err != nil {
 		return err
 	}
-	ts, done, err := l.tarSplitRecords(l.tarSplit)
+	raw, err := l.loadTarSplit(ctx, src) // read by the comparison, or restored
+	if err != nil {
+		return err
+	}
+	ts, done, err := l.tarSplitRecords(raw)
 	if err != nil {
 		return err
 	}
