@@ -9,10 +9,12 @@
 // image index, classifies its format, and opens it with package verify: the TOC is checked
 // against the manifest before it is used. The comparison of a zstd:chunked TOC with its
 // tar-split runs in the background (after the quiet period, at the latest 5 s after the
-// lookup, below the runtimes' priority), except for lookups by blob digest (whose info needs
-// the tar's size) and under WithRequireDiffID, which run it at once, at their priority (the
-// background comparison of the same layer steps aside); a layer whose TOC the tar-split
-// contradicts is refused from then on (lookups, reads, status, and through Layer.Refused the
+// lookup, below the runtimes' priority), and reads the tar-split first (the lookup did not
+// wait for it; a read that fails, bounded by the read timeout, refuses the layer: a registry
+// withholding it would otherwise keep the TOC unproven), except for lookups by blob digest
+// (whose info needs the tar's size) and under WithRequireDiffID, which read the tar-split with
+// the TOC and run the comparison at once, at their priority (the background comparison of the
+// same layer steps aside); a layer whose TOC the tar-split contradicts is refused from then on (lookups, reads, status, and through Layer.Refused the
 // mount's answers about its tree; its identity is remembered for the manager's life, so that a
 // later resolution of it is refused at once). Resolutions are shared by concurrent lookups,
 // bounded in time (WithResolveTimeout), kept while the runtime uses the layer and for a while
