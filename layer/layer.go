@@ -127,6 +127,17 @@ func (l *Layer) checkTarSplit(ctx context.Context) error {
 	return err
 }
 
+// readTarSplit reads the tar-split for the background comparison, finally: a read that fails
+// refuses the layer (verify.Verifier.ReadTarSplit), with the refusal's bookkeeping
+// (checkTarSplit, which then returns the verdict at once).
+func (l *Layer) readTarSplit(ctx context.Context) error {
+	err := l.v.ReadTarSplit(ctx, l.timedBlob(), true)
+	if err != nil && l.v.Err() != nil {
+		return l.checkTarSplit(ctx)
+	}
+	return err
+}
+
 // timedBlob is the layer's blob for the verifier's own reads (the tar-split's, read by the
 // first comparison), each bounded by the read timeout as the layer's fetches are: a registry
 // that holds the read would otherwise hold the comparison, which a lookup by blob digest

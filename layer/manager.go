@@ -610,12 +610,10 @@ func (m *Manager) addLive(l *Layer, ref string) (*Layer, error) {
 				// The tar-split's bytes first (the lookup did not wait for them), outside
 				// the processor slot; a read that fails is final: a registry withholding
 				// them would otherwise keep the TOC's tree served unproven.
-				if err = l.v.ReadTarSplit(cctx, l.timedBlob(), true); err == nil {
+				if err = l.readTarSplit(cctx); err == nil {
 					done := m.sched.verifyingUntil(wctx)
 					m.sched.idle.run(func() { err = l.checkTarSplit(cctx) })
 					done()
-				} else if l.v.Err() != nil {
-					err = l.checkTarSplit(cctx) // the refusal's bookkeeping
 				}
 			}
 			cancel()
@@ -630,7 +628,7 @@ func (m *Manager) addLive(l *Layer, ref string) (*Layer, error) {
 				if l.v.TarSize() >= 0 || m.work.ctx.Err() != nil {
 					return
 				}
-				if err = l.v.ReadTarSplit(m.work.ctx, l.timedBlob(), true); err == nil || l.v.Err() != nil {
+				if err = l.readTarSplit(m.work.ctx); err == nil {
 					err = l.checkTarSplit(m.work.ctx)
 				}
 			}
