@@ -252,6 +252,10 @@ func (l *Layer) saveRecord() {
 		if err := l.writeRecord(); err != nil {
 			l.env.log.Warn("updating the layer record failed", "layer", l.desc.Digest, "err", err)
 		}
+		// A tar-split the comparison read is in the record now, for a restart; the live
+		// layer's CheckDiffID reads it again. Off the heap, where a layer fetched slowly or
+		// never whole would keep it (up to the TOC limit per layer).
+		l.v.ReleaseTarSplit()
 		if l.rec != nil {
 			_ = l.rec.Unresident() // the pages of the index and tar-split the write read
 		}

@@ -357,3 +357,24 @@ func TestTarSplitTamperedRefused(t *testing.T) {
 		t.Fatalf("lookup by blob digest = %v, want the digest mismatch", err)
 	}
 }
+
+// TestTarSplitReleasedAfterComparison: the tar-split the background comparison read leaves
+// the heap once the record holds it (a layer whose content is fetched slowly, or never whole,
+// would otherwise keep it for its life: up to the TOC limit per layer, sized by the image),
+// and the record keeps it for a restart.
+func TestTarSplitReleasedAfterComparison(t *testing.T) {
+	m, l, f, ref, _ := lookedUpByTOC(t)
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(5 * time.Millisecond) {
+		rec, ok := m.records.find(tocKey(f.Desc.Annotations), repository(ref))
+		if l.v.TarSize() > 0 && ok && rec.meta.TarSplitSize > 0 && l.v.Save().TarSplit == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("a minute after the lookup: tar size %d, record %v, tar-split held %d bytes",
+				l.v.TarSize(), ok, len(l.v.Save().TarSplit))
+		}
+	}
+	if g := l.v.Guarantee(); g >= verify.DiffIDVerified {
+		t.Fatalf("guarantee %v: the tar-split would be dropped anyway", g)
+	}
+}

@@ -125,10 +125,13 @@ type Verifier struct {
 	// layers, the annotation) names it; empty when the layer has none.
 	tarSplitDigest digest.Digest
 	// tarSplit is the compressed tar-split, its digest checked; nil until read (Open with
-	// WithTarSplit, Restore, or loadTarSplit).
-	tarSplit  atomic.Pointer[[]byte]
-	limits    chunked.Limits
-	guarantee atomic.Int32
+	// WithTarSplit, Restore, or loadTarSplit), or again once released (ReleaseTarSplit).
+	tarSplit atomic.Pointer[[]byte]
+	// readTarSplit is tarSplit when the Verifier read it itself (on the heap, not mapped by
+	// Restore's caller): what ReleaseTarSplit drops.
+	readTarSplit atomic.Pointer[[]byte]
+	limits       chunked.Limits
+	guarantee    atomic.Int32
 	// unresident drops the pages of the index and tar-split, mapped (WithUnresident); nil
 	// for those on the heap.
 	unresident func()
@@ -188,7 +191,7 @@ func open(ctx context.Context, desc chunked.Descriptor, diffID digest.Digest, sr
 				return l, fmt.Errorf("reading the tar-split: %w", err)
 			}
 		}
-		if err := l.keepTarSplit(m.tarSplit); err != nil {
+		if _, err := l.keepTarSplit(m.tarSplit); err != nil {
 			return l, err
 		}
 	}
@@ -528,14 +531,31 @@ func tarSplitDigest(layout *chunked.Layout, idx *chunked.Index, lim chunked.Limi
 }
 
 // keepTarSplit checks raw against the tar-split's digest and keeps a copy of it (raw may be a
-// view of a larger buffer).
-func (l *Verifier) keepTarSplit(raw []byte) error {
+// view of a larger buffer), which it returns.
+func (l *Verifier) keepTarSplit(raw []byte) ([]byte, error) {
 	if err := checkDigest("tar-split", l.tarSplitDigest, raw); err != nil {
-		return err
+		return nil, err
 	}
 	b := bytes.Clone(raw)
-	l.tarSplit.CompareAndSwap(nil, &b)
-	return nil
+	if l.tarSplit.CompareAndSwap(nil, &b) {
+		l.readTarSplit.Store(&b)
+	}
+	return b, nil
+}
+
+// ReleaseTarSplit drops the tar-split the Verifier read itself (Open with [WithTarSplit],
+// [Verifier.ReadTarSplit], a comparison's or CheckDiffID's read) once the comparison has its
+// verdict, so that it does not stay on the heap for the layer's life: up to the TOC limit per
+// layer, whose size the image chooses. Only [Verifier.CheckDiffID] needs it after the verdict,
+// and reads it again from its source. A tar-split given to [Restore] (mapped by the caller) is
+// kept. Safe to call at any time, concurrently with the other methods.
+func (l *Verifier) ReleaseTarSplit() {
+	if !l.compared.Load() {
+		return
+	}
+	if p := l.readTarSplit.Swap(nil); p != nil {
+		l.tarSplit.CompareAndSwap(p, nil)
+	}
 }
 
 // loadTarSplit returns the tar-split, reading it from src (and checking its digest) the first
@@ -552,8 +572,5 @@ func (l *Verifier) loadTarSplit(ctx context.Context, src Source) ([]byte, error)
 	if err != nil {
 		return nil, fmt.Errorf("reading the tar-split: %w", err)
 	}
-	if err := l.keepTarSplit(raw); err != nil {
-		return nil, err
-	}
-	return *l.tarSplit.Load(), nil
+	return l.keepTarSplit(raw)
 }

@@ -17,7 +17,8 @@ type Saved struct {
 	TarSize   int64     `json:"tarSize"`
 	Guarantee Guarantee `json:"guarantee"`
 	// TarSplit is the compressed tar-split, verified against the TOC; nil when the layer has
-	// none. It is needed only until the DiffID is proven.
+	// none, or the Verifier has not read it or released it ([Verifier.ReleaseTarSplit]). It is
+	// needed only until the DiffID is proven.
 	TarSplit []byte `json:"-"`
 }
 

@@ -2,8 +2,10 @@ package verify_test
 
 import (
 	"runtime"
+	"slices"
 	"testing"
 
+	"github.com/layerstore/layerstore/chunked"
 	"github.com/layerstore/layerstore/internal/testutil/testlayer"
 	"github.com/layerstore/layerstore/verify"
 )
@@ -75,5 +77,51 @@ func TestRestoreUnresident(t *testing.T) {
 	}
 	if err := l.CheckTarSplit(t.Context(), src); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// ReleaseTarSplit drops the tar-split the Verifier read itself once the comparison has its
+// verdict (not before: the comparison needs it), CheckDiffID reads it again from its source,
+// and a tar-split given to Restore is kept (the caller maps it; nothing to read again).
+func TestReleaseTarSplit(t *testing.T) {
+	f, err := testlayer.SyntheticZstdChunked(2_000, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, src := open(t, f)
+	if err := l.ReadTarSplit(t.Context(), src, true); err != nil {
+		t.Fatal(err)
+	}
+	l.ReleaseTarSplit()
+	if l.Save().TarSplit == nil {
+		t.Fatal("released before the comparison")
+	}
+	if err := l.CheckTarSplit(t.Context(), nil); err != nil {
+		t.Fatal(err)
+	}
+	saved := l.Save()
+	l.ReleaseTarSplit()
+	if l.Save().TarSplit != nil {
+		t.Fatal("the tar-split the comparison read is kept after its verdict")
+	}
+	counted := &countingSource{Source: src}
+	if err := l.CheckDiffID(t.Context(), counted, payloads(l, src)); err != nil {
+		t.Fatal(err)
+	}
+	ts := l.Layout().TarSplit
+	if !slices.Contains(counted.read, chunked.Range{Offset: ts.Offset, Length: ts.Length}) {
+		t.Errorf("CheckDiffID read %v, want the tar-split %v read again", counted.read, ts)
+	}
+
+	r, err := verify.Restore(saved, l.Index())
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.ReleaseTarSplit()
+	if r.Save().TarSplit == nil {
+		t.Fatal("a restored tar-split was released")
+	}
+	if err := r.CheckDiffID(t.Context(), failingSource{}, payloads(r, src)); err != nil {
+		t.Fatalf("CheckDiffID of the restored layer read again: %v", err)
 	}
 }

@@ -231,6 +231,8 @@ func (l *Verifier) CheckDiffID(ctx context.Context, src Source, payload PayloadF
 		return &LayerError{Layer: l.layout.BlobDigest, Format: l.layout.Format, Err: err}
 	}
 	l.guarantee.Store(int32(DiffIDVerified))
+	l.tarSplit.Store(nil) // never needed again (Save drops it from records from now on)
+	l.readTarSplit.Store(nil)
 	return nil
 }
 
