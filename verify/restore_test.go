@@ -1,6 +1,9 @@
 package verify_test
 
 import (
+	"context"
+	"errors"
+	"io"
 	"runtime"
 	"slices"
 	"testing"
@@ -103,6 +106,12 @@ func TestReleaseTarSplit(t *testing.T) {
 	l.ReleaseTarSplit()
 	if l.Save().TarSplit != nil {
 		t.Fatal("the tar-split the comparison read is kept after its verdict")
+	}
+	failing := func(context.Context, chunked.EntryID) (io.ReadCloser, error) {
+		return nil, errors.New("payload failed")
+	}
+	if err := l.CheckDiffID(t.Context(), src, failing); err == nil || l.Save().TarSplit != nil {
+		t.Fatalf("CheckDiffID with failing payloads = %v, and kept %d bytes of tar-split read again", err, len(l.Save().TarSplit))
 	}
 	counted := &countingSource{Source: src}
 	if err := l.CheckDiffID(t.Context(), counted, payloads(l, src)); err != nil {

@@ -225,14 +225,15 @@ type PayloadFunc func(ctx context.Context, file chunked.EntryID) (io.ReadCloser,
 // CheckDiffID rebuilds the layer's tar stream from its tar-split and the payloads, and checks
 // that it hashes to the DiffID. It first runs [Verifier.CheckTarSplit] (at once when already
 // done) and fails with its error. On success the layer's guarantee becomes [DiffIDVerified].
+// The tar-split is read from src when the Verifier does not hold it, and not kept after.
 // Layers without a tar-split return [ErrNoDiffIDProof].
 func (l *Verifier) CheckDiffID(ctx context.Context, src Source, payload PayloadFunc) error {
+	defer l.ReleaseTarSplit() // a tar-split read again for this proof: not kept after it
 	if err := l.checkDiffID(ctx, src, payload); err != nil {
 		return &LayerError{Layer: l.layout.BlobDigest, Format: l.layout.Format, Err: err}
 	}
 	l.guarantee.Store(int32(DiffIDVerified))
-	l.tarSplit.Store(nil) // never needed again (Save drops it from records from now on)
-	l.readTarSplit.Store(nil)
+	l.tarSplit.Store(nil) // never needed again, restored or read (Save drops it from records from now on)
 	return nil
 }
 
