@@ -345,7 +345,9 @@ func (l *Layer) fetchAndVerify(ctx context.Context, batch []*fetch, kind fetchKi
 			ranges = append(ranges, f.chunk.Range)
 		}
 	}
+	start := time.Now()
 	bufs, err := l.blob.Fetch(ctx, ranges)
+	took := time.Since(start)
 	if err != nil {
 		for _, f := range batch {
 			f.err = err
@@ -357,6 +359,7 @@ func (l *Layer) fetchAndVerify(ctx context.Context, batch []*fetch, kind fetchKi
 	for _, r := range ranges {
 		fetched += r.Length
 	}
+	l.env.sched.observe(fetched, took)
 	switch kind {
 	case replay:
 		l.prefetched.Add(fetched)

@@ -326,7 +326,7 @@ func (l *Layer) batchLen(keys []chunkKey) int {
 	prio := l.ref(keys[0]).End() <= l.idx.PrefetchEnd()
 	limit := l.env.batch
 	if prio {
-		limit = min(limit, urgentBatch)
+		limit = l.env.sched.urgentSpan(limit)
 	}
 	n := 1
 	for n < len(keys) {
@@ -341,11 +341,12 @@ func (l *Layer) batchLen(keys []chunkKey) int {
 	return n
 }
 
-// urgentBatch bounds the compressed span of one request of what is fetched at once, before
+// urgentBatch is the least compressed span of one request of what is fetched at once, before
 // the quiet period (eStargz's prioritized files, a startup profile's): a container starting
 // meanwhile reads what these did not fetch, and its reads share the link with the requests in
-// flight; at most the slots' count of these is ahead of each read (4 MiB: 0.34 s at
-// 100 Mbit/s, where batches of the configured size, 8 MiB, made 2.7 s).
+// flight; at most the slots' count of these is ahead of each read. The span grows with the
+// link's measured rate (urgentSpan), so that each holds it about urgentTime (4 MiB in
+// flight: 0.34 s at 100 Mbit/s, where batches of the configured size, 8 MiB, made 2.7 s).
 const urgentBatch = 1 << 20
 
 // maxBatchContent bounds the uncompressed bytes of one background request. With the default

@@ -61,3 +61,71 @@ func TestPrioritizedRequestsBounded(t *testing.T) {
 		t.Errorf("%d requests of prioritized files in flight at once (of %d), want at most %d", most, len(log), prioSlots)
 	}
 }
+
+// TestPrioritizedSpanFollowsLink: requests of prioritized files span what the link carries in
+// urgentTime at the rate the layer's fetches measure: urgentBatch on a link of 100 Mbit/s,
+// more on one of 1 Gbit/s (fewer requests, each paying the registry's latency once), never
+// more than the batch size, and still at most prioSlots in flight.
+func TestPrioritizedSpanFollowsLink(t *testing.T) {
+	data := make([]byte, 16<<20)
+	rng := rand.New(rand.NewPCG(3, 4))
+	for i := range data {
+		data[i] = byte(rng.Uint32())
+	}
+	fx, err := testlayer.BuildEStargz("prio", testlayer.Build([]testlayer.Entry{
+		regEntry("rest", data[:1<<20]), regEntry("big.so", data)}),
+		estargzChunkSize(128<<10), estargz.WithPrioritizedFiles([]string{"big.so"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, link := range []struct {
+		name    string
+		rate    float64
+		latency time.Duration
+	}{{"100mbit", 12.5e6, 10 * time.Millisecond}, {"1gbit", 125e6, time.Millisecond}} {
+		t.Run(link.name, func(t *testing.T) {
+			e := newProfEnv(t)
+			ref := profRepo + ":v1"
+			e.reg.push(ref, fx)
+			e.reg.delay, e.reg.rate = link.latency, link.rate
+			m, _ := e.start(WithPrefetchQuiet(time.Hour))
+			l := lookupOK(t, m, ref, profKey(fx))
+			id := fileOf(t, l, "big.so")
+			last, _ := l.Index().Chunk(id, l.Index().NumChunks(id)-1)
+			waitFor(t, "the prioritized file", func() bool {
+				for _, ev := range e.reg.log(false) {
+					if !ev.end.IsZero() && ev.ranges[len(ev.ranges)-1].End() >= last.End() {
+						return true
+					}
+				}
+				return false
+			})
+			log := e.reg.log(false)
+			var widest int64
+			most := 0
+			for _, a := range log {
+				widest = max(widest, a.ranges[len(a.ranges)-1].End()-a.ranges[0].Offset)
+				n := 0
+				for _, b := range log {
+					if !b.start.After(a.start) && (b.end.IsZero() || b.end.After(a.start)) {
+						n++
+					}
+				}
+				most = max(most, n)
+			}
+			if most > prioSlots {
+				t.Errorf("%d requests of prioritized files in flight at once, want at most %d", most, prioSlots)
+			}
+			want := min(int64(link.rate*urgentTime.Seconds()), DefaultPrefetchBatch)
+			t.Logf("%d requests, the widest %d bytes", len(log), widest)
+			switch {
+			case widest > DefaultPrefetchBatch:
+				t.Errorf("a request spans %d bytes, above the batch size", widest)
+			case link.rate < 20e6 && widest > urgentBatch:
+				t.Errorf("a request spans %d bytes at 100 Mbit/s, above urgentBatch (%d)", widest, urgentBatch)
+			case link.rate > 100e6 && widest < want/2:
+				t.Errorf("the widest request spans %d bytes at 1 Gbit/s, want about %d", widest, want)
+			}
+		})
+	}
+}

@@ -656,14 +656,15 @@ func (l *Layer) profileFirst(keys []chunkKey, plan replayPlan) ([]chunkKey, int)
 }
 
 // replayBatchLen returns how many of keys (profile chunks, in the profile's order) make one
-// background request: within the batch size (at most urgentBatch) in compressed bytes and maxBatchContent in
+// background request: within the span of a request fetched at once (urgentSpan) in compressed bytes and maxBatchContent in
 // content. The batch is then fetched in blob order, coalesced as any background batch.
 func (l *Layer) replayBatchLen(keys []chunkKey) int {
 	length, content := l.ref(keys[0]).Length, l.ref(keys[0]).Size
+	limit := l.env.sched.urgentSpan(l.env.batch)
 	n := 1
 	for n < len(keys) {
 		c := l.ref(keys[n])
-		if length+c.Length > min(l.env.batch, urgentBatch) || content+c.Size > maxBatchContent {
+		if length+c.Length > limit || content+c.Size > maxBatchContent {
 			break
 		}
 		length += c.Length

@@ -29,13 +29,15 @@ import (
 // from which blob.
 
 // profRegistry serves images of in-memory layers by reference. Every Fetch of a blob is
-// logged; delay slows each down (a trickling registry).
+// logged; delay slows each down (a trickling registry), and so does rate (bytes per second:
+// each Fetch takes its bytes' time on a link of its own).
 type profRegistry struct {
 	mu     sync.Mutex
 	images map[string][]testlayer.Fixture
 	blobs  map[digest.Digest][]byte
 	events []*fetchEvent
 	delay  time.Duration
+	rate   float64
 	starts map[string]fetcher.Start // what an image's config runs, by reference
 }
 
@@ -125,6 +127,13 @@ func (b *profBlob) Fetch(ctx context.Context, ranges []chunked.Range) ([][]byte,
 	b.r.mu.Lock()
 	b.r.events = append(b.r.events, ev)
 	delay := b.r.delay
+	if b.r.rate > 0 {
+		var n int64
+		for _, rg := range ranges {
+			n += rg.Length
+		}
+		delay += time.Duration(float64(n) / b.r.rate * float64(time.Second))
+	}
 	b.r.mu.Unlock()
 	if delay > 0 {
 		if err := sleep(ctx, delay); err != nil {
