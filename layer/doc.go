@@ -4,28 +4,28 @@
 //
 // A [Manager] answers the runtime's lookups of (image reference, layer key). The key is the
 // layer's TOC digest (modern runtimes) or its compressed blob digest (older ones). Resolution
-// fetches the image's manifest once per reference (the registry client remembers it), finds
-// the layer in the host platform's manifest or, failing that, in the other manifests of an
-// image index, classifies its format, and opens it with package verify: the TOC is checked
-// against the manifest before it is used. The comparison of a zstd:chunked TOC with its
-// tar-split runs in the background (after the quiet period, at the latest 5 s after the
-// lookup, below the runtimes' priority), and reads the tar-split first (the lookup did not
-// wait for it; a read that fails, bounded by the read timeout, refuses the layer: a registry
-// withholding it would otherwise keep the TOC unproven), except for lookups by blob digest
-// (whose info needs the tar's size) and under WithRequireDiffID, which read the tar-split with
-// the TOC and run the comparison at once, at their priority (the background comparison of the
-// same layer steps aside); a layer whose TOC the tar-split contradicts is refused from then on (lookups, reads, status, and through Layer.Refused the
-// mount's answers about its tree; its identity is remembered for the manager's life, so that a
-// later resolution of it is refused at once). Resolutions are shared by concurrent lookups,
-// bounded in time (WithResolveTimeout), kept while the runtime uses the layer and for a while
-// after (WithKeepTTL); failures are remembered only briefly (WithNegativeTTL). Layers that are
-// not lazily pullable, and keys that name no layer of the image, are reported as
-// io/fs.ErrNotExist so that the runtime pulls them normally. A lookup that goes to the
-// registry also resolves, in the background and while it resolves its own, the other lazily
-// pullable layers of its manifest for the same reference (at most 32, two at a time): a
-// runtime looks an image's layers up one after the other, and each would otherwise wait for
-// its own round trips. A layer resolved
-// ahead starts its background fetch only at its first lookup: the runtime may have it already.
+// fetches the image's manifest once per reference (the registry client remembers it), finds the
+// layer in the host platform's manifest or, failing that, in the other manifests of an image
+// index, classifies its format, and opens it with package verify: the TOC is checked against
+// the manifest before it is used. The comparison of a zstd:chunked TOC with its tar-split runs
+// in the background (after the quiet period, at the latest 5 s after the lookup, below the
+// runtimes' priority), and reads the tar-split first (the lookup did not wait for it; a read
+// that fails, bounded by the read timeout, refuses the layer: a registry withholding it would
+// otherwise keep the TOC unproven), except for lookups by blob digest (whose info needs the
+// tar's size) and under WithRequireDiffID, which read the tar-split with the TOC and run the
+// comparison at once, at their priority (the background comparison of the same layer steps
+// aside); a layer whose TOC the tar-split contradicts is refused from then on (lookups, reads,
+// status, and through Layer.Refused the mount's answers about its tree; its identity is
+// remembered for the manager's life, so that a later resolution of it is refused at once).
+// Resolutions are shared by concurrent lookups, bounded in time (WithResolveTimeout), kept
+// while the runtime uses the layer and for a while after (WithKeepTTL); failures are remembered
+// only briefly (WithNegativeTTL). Layers that are not lazily pullable, and keys that name no
+// layer of the image, are reported as io/fs.ErrNotExist so that the runtime pulls them
+// normally. A lookup that goes to the registry also resolves, in the background and while it
+// resolves its own, the other lazily pullable layers of its manifest for the same reference (at
+// most 32, two at a time): a runtime looks an image's layers up one after the other, and each
+// would otherwise wait for its own round trips. A layer resolved ahead starts its background
+// fetch only at its first lookup: the runtime may have it already.
 //
 // A [Layer] serves reads of its files from the cache when the verified bytes are there, and
 // otherwise fetches the chunks a read needs (coalesced into as few range requests as the
@@ -48,13 +48,13 @@
 // and stops for layers whose users all went away.
 //
 // A read whose fetch failed (a registry error, a timeout, a chunk that did not verify) leaves
-// its failure in place for the negative TTL: the kernel retries a failed readahead with a
-// small read at once, and that read, like any other of the same chunks meanwhile, gets the
-// same error without a request. A failure of the network's or the registry's (retries used
-// up, the read's time) stays only 250 ms, for that retry: the next reader, often another
-// container of an image sharing the layer, asks the registry again. The blob file (export: podman save and push) is served from
-// a copy of the whole blob, fetched in batch-sized requests and hashed before any byte of it
-// is served; a blob whose sha256 is not its digest fails every read with
+// its failure in place for the negative TTL: the kernel retries a failed readahead with a small
+// read at once, and that read, like any other of the same chunks meanwhile, gets the same error
+// without a request. A failure of the network's or the registry's (retries used up, the read's
+// time) stays only 250 ms, for that retry: the next reader, often another container of an image
+// sharing the layer, asks the registry again. The blob file (export: podman save and push) is
+// served from a copy of the whole blob, fetched in batch-sized requests and hashed before any
+// byte of it is served; a blob whose sha256 is not its digest fails every read with
 // verify.ErrDigestMismatch. The copy lives in an anonymous file on the cache's filesystem and
 // goes once unread for the keep TTL.
 //
@@ -84,19 +84,20 @@
 //
 // When a layer's background fetch starts, it looks in the profiles of the layer's repositories
 // (at most 16, those of its most recent references first) for the layer's own profile (the
-// layer again, after the cache evicted its content) or else the layer profile of which the
-// most paths name regular files with content in this layer (a new version of the image: the
-// same paths, new content; at most 65536 paths looked up). The files it names that the layer
-// holds and the cache does not are fetched first, in the profile's order (paths the layer
-// does not hold are ignored), in requests of the background batch size, each fetched in blob
+// layer again, after the cache evicted its content) or else the layer profile of which the most
+// paths name regular files with content in this layer (a new version of the image: the same
+// paths, new content; at most 65536 paths looked up). The files it names that the layer holds
+// and the cache does not are fetched first, in the profile's order (paths the layer does not
+// hold are ignored), in requests of what the link carries in 84 ms at the rate the layer's
+// fetches measure (1 MiB at 100 Mbit/s; prioritized files' requests too), each fetched in blob
 // order and coalesced as any background request; at once, as eStargz's prioritized files are,
 // without waiting for the quiet period, and still yielding to reads: no request of the replay
-// starts while a read a runtime waits for is fetching. The replay thus goes out at the
-// lookup, while the runtime prepares the container, and the container's reads of its files
-// share its requests (a read waiting for a chunk the replay is fetching fetches nothing and
-// does not hold the replay back); reads that come first are not delayed, and the replay waits
-// for a pause between their fetches. The rest of the layer follows as before. Without
-// background fetching (WithPrefetch(false)) nothing is replayed.
+// starts while a read a runtime waits for is fetching. The replay thus goes out at the lookup,
+// while the runtime prepares the container, and the container's reads of its files share its
+// requests (a read waiting for a chunk the replay is fetching fetches nothing and does not hold
+// the replay back); reads that come first are not delayed, and the replay waits for a pause
+// between their fetches. The rest of the layer follows as before. Without background fetching
+// (WithPrefetch(false)) nothing is replayed.
 //
 // A profile names paths, nothing else: what is fetched is always chunks of the layer's own
 // verified index, verified as every chunk is. A profile, recorded from any container's reads
@@ -109,25 +110,26 @@
 //
 // Without a profile, a program's start is still a chain of round trips: its loader opens the
 // libraries it names one after the other. When the kernel opens a file to execute it
-// (Layer.Executing), the layer reads the file's program headers and dynamic section, finds
-// its interpreter and the libraries it names where the loader looks for them, in this layer
-// and the other live layers resolved through one of its references, and fetches each one in
-// turn (whole, up to 64 MiB of content, in batches of 4 MiB, two at once; else its header
-// and dynamic section), as a prediction (fetched as fetch-ahead is, never recorded as the
-// workload's reads): the loader then finds them local or on their way. The mechanism, its bounds and its safety are in predict.go.
+// (Layer.Executing), the layer reads the file's program headers and dynamic section, finds its
+// interpreter and the libraries it names where the loader looks for them, in this layer and the
+// other live layers resolved through one of its references, and fetches each one in turn
+// (whole, up to 64 MiB of content, in batches of 4 MiB, two at once; else its header and
+// dynamic section), as a prediction (fetched as fetch-ahead is, never recorded as the
+// workload's reads): the loader then finds them local or on their way. The mechanism, its
+// bounds and its safety are in predict.go.
 //
 // # Memory
 //
 // What untrusted input can make the package hold, beyond the index: a background request holds
 // at most 8 MiB of compressed bytes and 32 MiB of decompressed content (or one chunk, when a
-// chunk alone is larger), so background fetching holds at most concurrency x 32 MiB (128 MiB
-// by default); a cold read holds the chunks it reads and at most 16 read-ahead windows of
-// content (512 KiB by default); regions hold at most 4 x 4 MiB of content; 4 predictions run
-// at once, each holding at most two batches of 4 MiB of content (fetched whole) and 64 KiB of
-// dynamic section; a blob copy holds one batch-sized buffer. A layer's recording holds at most 4096 files (and the set of files read
-// during its window); choosing the profile to replay holds the profiles of at most 16
-// repositories, each at most 1 MiB of paths; an import holds one line, at most 2 MiB, at a
-// time.
+// chunk alone is larger), so background fetching holds at most concurrency x 32 MiB (128 MiB by
+// default); a cold read holds the chunks it reads and at most 16 read-ahead windows of content
+// (512 KiB by default); regions hold at most 4 x 4 MiB of content; 4 predictions run at once,
+// each holding at most two batches of 4 MiB of content (fetched whole) and 64 KiB of dynamic
+// section; a blob copy holds one batch-sized buffer. A layer's recording holds at most 4096
+// files (and the set of files read during its window); choosing the profile to replay holds the
+// profiles of at most 16 repositories, each at most 1 MiB of paths; an import holds one line,
+// at most 2 MiB, at a time.
 //
 // # Lifetime
 //
