@@ -359,7 +359,7 @@ func (l *Layer) fetchAndVerify(ctx context.Context, batch []*fetch, kind fetchKi
 	for _, r := range ranges {
 		fetched += r.Length
 	}
-	l.env.sched.observe(fetched, took)
+	l.link.observe(fetched, took)
 	switch kind {
 	case replay:
 		l.prefetched.Add(fetched)

@@ -55,6 +55,7 @@ type Layer struct {
 	recording            recording    // the startup profile being recorded (profile.go)
 	cacheFull            atomic.Bool  // a store found the cache's filesystem full (cache.ErrNoSpace)
 	refused              atomic.Bool  // the TOC and the tar-split disagree (counted and logged once)
+	link                 linkRate     // the rate its fetches get (fetchAndVerify), sizing urgent requests
 	prefetch             prefetchState
 	reads                readSet // the chunks the kernel asked for (reads.go)
 

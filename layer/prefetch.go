@@ -326,7 +326,7 @@ func (l *Layer) batchLen(keys []chunkKey) int {
 	prio := l.ref(keys[0]).End() <= l.idx.PrefetchEnd()
 	limit := l.env.batch
 	if prio {
-		limit = l.env.sched.urgentSpan(limit)
+		limit = l.link.urgentSpan(limit)
 	}
 	n := 1
 	for n < len(keys) {

@@ -65,7 +65,9 @@ func TestPrioritizedRequestsBounded(t *testing.T) {
 // TestPrioritizedSpanFollowsLink: requests of prioritized files span what the link carries in
 // urgentTime at the rate the layer's fetches measure: urgentBatch on a link of 100 Mbit/s,
 // more on one of 1 Gbit/s (fewer requests, each paying the registry's latency once), never
-// more than the batch size, and still at most prioSlots in flight.
+// more than the batch size, and still at most prioSlots in flight. Each layer measures its
+// own fetches: another layer of the same manager, which fetched nothing yet, starts at
+// urgentBatch.
 func TestPrioritizedSpanFollowsLink(t *testing.T) {
 	data := make([]byte, 16<<20)
 	rng := rand.New(rand.NewPCG(3, 4))
@@ -75,6 +77,10 @@ func TestPrioritizedSpanFollowsLink(t *testing.T) {
 	fx, err := testlayer.BuildEStargz("prio", testlayer.Build([]testlayer.Entry{
 		regEntry("rest", data[:1<<20]), regEntry("big.so", data)}),
 		estargzChunkSize(128<<10), estargz.WithPrioritizedFiles([]string{"big.so"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, err := testlayer.BuildEStargz("other", testlayer.Build([]testlayer.Entry{regEntry("other", data[:1<<20])}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -125,6 +131,11 @@ func TestPrioritizedSpanFollowsLink(t *testing.T) {
 				t.Errorf("a request spans %d bytes at 100 Mbit/s, above urgentBatch (%d)", widest, urgentBatch)
 			case link.rate > 100e6 && widest < want/2:
 				t.Errorf("the widest request spans %d bytes at 1 Gbit/s, want about %d", widest, want)
+			}
+			e.reg.push(profRepo+":other", other)
+			l2 := lookupOK(t, m, profRepo+":other", profKey(other))
+			if got := l2.link.urgentSpan(DefaultPrefetchBatch); got != urgentBatch {
+				t.Errorf("a layer that fetched nothing spans %d bytes, want urgentBatch (%d): it took another's rate", got, urgentBatch)
 			}
 		})
 	}

@@ -660,7 +660,7 @@ func (l *Layer) profileFirst(keys []chunkKey, plan replayPlan) ([]chunkKey, int)
 // content. The batch is then fetched in blob order, coalesced as any background batch.
 func (l *Layer) replayBatchLen(keys []chunkKey) int {
 	length, content := l.ref(keys[0]).Length, l.ref(keys[0]).Size
-	limit := l.env.sched.urgentSpan(l.env.batch)
+	limit := l.link.urgentSpan(l.env.batch)
 	n := 1
 	for n < len(keys) {
 		c := l.ref(keys[n])

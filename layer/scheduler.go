@@ -30,7 +30,6 @@ type scheduler struct {
 	demand  atomic.Int64
 	replays atomic.Int64 // replay requests in flight (replayStart)
 	last    atomic.Int64 // unix nanoseconds of the last demand fetch's or replay's start or end, or touch
-	link    atomic.Int64 // bytes per second a fetch gets from the registry, as measured (observe); 0: not yet
 
 	rate int64 // bytes per second; 0: unbounded
 	mu   sync.Mutex
@@ -59,49 +58,6 @@ const (
 	// replaying: a startup profile's files, at once, in any slot.
 	replaying
 )
-
-// urgentTime is how long one request of what is fetched at once (eStargz's prioritized files, a
-// startup profile's replay) may hold the link, at the rate fetches measure: urgentBatch at
-// 100 Mbit/s. At 1 Gbit/s requests of 1 MiB made gcc's prioritized files 31 requests (its
-// start 0.81 s, stargz-store's 11 requests and 0.77 s): each pays the registry's latency, more
-// than the link's time for the bytes.
-const urgentTime = 84 * time.Millisecond
-
-// minRateSample is the smallest fetch whose duration feeds the link's rate: a smaller one
-// measures the registry's latency more than the link.
-const minRateSample = 512 << 10
-
-// maxLinkRate bounds a fetch's measured rate (a registry may answer faster than any link, or a
-// clock step make a fetch seem to take a nanosecond): 1 TB/s.
-const maxLinkRate = 1e12
-
-// observe feeds the link's rate with a fetch of n bytes that took d (a moving average: each
-// fetch weighs a quarter). A fetch sharing the link with others measures less than the link:
-// the estimate errs on the side of smaller requests.
-func (s *scheduler) observe(n int64, d time.Duration) {
-	if n < minRateSample || d <= 0 {
-		return
-	}
-	r := int64(min(float64(n)/d.Seconds(), maxLinkRate))
-	for {
-		old := s.link.Load()
-		next := r
-		if old > 0 {
-			next = old + (r-old)/4
-		}
-		if s.link.CompareAndSwap(old, next) {
-			return
-		}
-	}
-}
-
-// urgentSpan is the compressed span of one request of what is fetched at once: what the link
-// carries in urgentTime at the rate measured, at least urgentBatch, at most limit (the batch
-// size).
-func (s *scheduler) urgentSpan(limit int64) int64 {
-	n := int64(float64(s.link.Load()) * urgentTime.Seconds())
-	return min(max(n, urgentBatch), limit)
-}
 
 // yieldPoll is how often waiting background work checks whether demand reads are done.
 const yieldPoll = 2 * time.Millisecond
