@@ -96,8 +96,10 @@
 // while the runtime prepares the container, and the container's reads of its files share its
 // requests (a read waiting for a chunk the replay is fetching fetches nothing and does not hold
 // the replay back); reads that come first are not delayed, and the replay waits for a pause
-// between their fetches. The rest of the layer follows as before. Without background fetching
-// (WithPrefetch(false)) nothing is replayed.
+// between their fetches. The rest of the layer follows as before, eStargz's prioritized files
+// among it (after the quiet period: the profile is what a start read, the producer's list a
+// guess made at build time, which would share the link with the replay). Without background
+// fetching (WithPrefetch(false)) nothing is replayed.
 //
 // A profile names paths, nothing else: what is fetched is always chunks of the layer's own
 // verified index, verified as every chunk is. A profile, recorded from any container's reads

@@ -402,7 +402,7 @@ func TestBatchBoundedByContent(t *testing.T) {
 	}
 	batches := 0
 	for len(keys) > 0 {
-		n := l.batchLen(keys)
+		n := l.batchLen(keys, l.idx.PrefetchEnd())
 		var content int64
 		for _, k := range keys[:n] {
 			content += l.ref(k).Size

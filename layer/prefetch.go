@@ -117,7 +117,10 @@ func (l *Layer) wait() { _ = l.waitPrefetch(context.Background()) }
 // runPrefetch fetches every chunk the cache does not hold: first the files of the startup
 // profile the layer's repositories hold (profile.go), in the profile's order, at once; then
 // the rest in blob order (so eStargz's prioritized files come first, at once: the producer
-// said the workload reads them first; the rest after the scheduler's quiet period), in
+// said the workload reads them first; the rest after the scheduler's quiet period; with a
+// profile replayed, the prioritized files wait with the rest: the profile is what a start of
+// the image read, the producer's list a guess made at build time, and both at once would
+// share the link the start's reads need), in
 // batches of about the configured size spread over the scheduler's slots; then it proves the
 // DiffID where the format allows.
 func (l *Layer) runPrefetch(ctx context.Context) error {
@@ -142,6 +145,10 @@ func (l *Layer) runPrefetch(ctx context.Context) error {
 			"bytes", profPlanned, "same_layer", prof.same)
 	}
 
+	prioEnd := l.idx.PrefetchEnd() // the end of the prioritized files in the blob
+	if nprof > 0 {
+		prioEnd = 0
+	}
 	batches := make(chan prefetchBatch)
 	errs := make(chan error, 1)
 	var wg sync.WaitGroup
@@ -168,8 +175,8 @@ func (l *Layer) runPrefetch(ctx context.Context) error {
 				b = prefetchBatch{keys: l.sortByOffset(keys[:n]), replay: true}
 				nprof -= n
 			} else {
-				n = l.batchLen(keys)
-				b = prefetchBatch{keys: keys[:n]}
+				n = l.batchLen(keys, prioEnd)
+				b = prefetchBatch{keys: keys[:n], prio: l.ref(keys[n-1]).End() <= prioEnd}
 			}
 			select {
 			case batches <- b:
@@ -212,10 +219,12 @@ func (l *Layer) runPrefetch(ctx context.Context) error {
 }
 
 // prefetchBatch is the chunks of one background request, in blob order; replay marks those of
-// the startup profile, which go out at once, as prioritized files do.
+// the startup profile, which go out at once, and prio those of prioritized files, which go
+// out at once too, at most prioSlots at a time.
 type prefetchBatch struct {
 	keys   []chunkKey
 	replay bool
+	prio   bool
 }
 
 func (l *Layer) prefetchBatch(ctx context.Context, b prefetchBatch) error {
@@ -225,7 +234,7 @@ func (l *Layer) prefetchBatch(ctx context.Context, b prefetchBatch) error {
 	switch {
 	case b.replay:
 		u = replaying
-	case last.End() <= l.idx.PrefetchEnd():
+	case b.prio:
 		u = prioritized
 	}
 	n := last.End() - first.Offset
@@ -318,12 +327,13 @@ func (l *Layer) ref(k chunkKey) chunked.Chunk { c, _ := l.idx.Chunk(k.file, k.i)
 // batchLen returns how many of keys (in blob order) make one background request: their
 // compressed span within the batch size, and their uncompressed content within
 // maxBatchContent, since every chunk of a batch is held in memory, decompressed, until the
-// batch is stored (a layer of zeros compresses a thousandfold).
-func (l *Layer) batchLen(keys []chunkKey) int {
+// batch is stored (a layer of zeros compresses a thousandfold). The prioritized files end at
+// prioEnd in the blob (0: none, or not fetched at once).
+func (l *Layer) batchLen(keys []chunkKey, prioEnd int64) int {
 	start := l.ref(keys[0]).Offset
 	content := l.ref(keys[0]).Size
 	// A batch of prioritized files stays within them, so that it goes out at once.
-	prio := l.ref(keys[0]).End() <= l.idx.PrefetchEnd()
+	prio := l.ref(keys[0]).End() <= prioEnd
 	limit := l.env.batch
 	if prio {
 		limit = l.link.urgentSpan(limit)
@@ -332,7 +342,7 @@ func (l *Layer) batchLen(keys []chunkKey) int {
 	for n < len(keys) {
 		c := l.ref(keys[n])
 		if c.End()-start > limit || content+c.Size > maxBatchContent ||
-			(prio && c.End() > l.idx.PrefetchEnd()) {
+			(prio && c.End() > prioEnd) {
 			break
 		}
 		content += c.Size

@@ -3,6 +3,7 @@ package layer
 import (
 	"archive/tar"
 	"math/rand/v2"
+	"slices"
 	"testing"
 	"time"
 
@@ -138,5 +139,56 @@ func TestPrioritizedSpanFollowsLink(t *testing.T) {
 				t.Errorf("a layer that fetched nothing spans %d bytes, want urgentBatch (%d): it took another's rate", got, urgentBatch)
 			}
 		})
+	}
+}
+
+// TestProfileSupersedesPrioritized: a layer whose background fetch replays a startup profile
+// fetches its producer's prioritized files with the rest of the layer, after the quiet
+// period, not at once beside the replay: the profile is what a start read, and the
+// prioritized files would share the link with the replay and the start's reads. Without a
+// profile they go out at once (TestPrioritizedRequestsBounded).
+func TestProfileSupersedesPrioritized(t *testing.T) {
+	data := make([]byte, 2<<20)
+	rng := rand.New(rand.NewPCG(5, 6))
+	for i := range data {
+		data[i] = byte(rng.Uint32())
+	}
+	dir := func(name string) testlayer.Entry {
+		return testlayer.Entry{Header: tar.Header{Typeflag: tar.TypeDir, Name: name, Mode: 0o755, ModTime: testlayer.Epoch}}
+	}
+	fx, err := testlayer.BuildEStargz("prio", testlayer.Build([]testlayer.Entry{dir("usr/"), dir("usr/bin/"), dir("usr/lib/"),
+		regEntry("usr/bin/app", data[:256<<10]), regEntry("usr/lib/big.so", data)}),
+		estargzChunkSize(256<<10), estargz.WithPrioritizedFiles([]string{"usr/lib/big.so"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := newProfEnv(t)
+	ref := profRepo + ":v1"
+	e.reg.push(ref, fx)
+	m, stop := e.start(WithPrefetch(false), WithReadAhead(0), WithProfileWindow(200*time.Millisecond))
+	l := lookupOK(t, m, ref, profKey(fx))
+	readPaths(t, l, "usr/bin/app")
+	if got := waitProfile(t, m, profRepo, fx.Desc.Digest); !slices.Equal(got, []string{"usr/bin/app"}) {
+		t.Fatalf("profile %q", got)
+	}
+	stop()
+
+	e.evict()
+	e.reg.log(true)
+	m, _ = e.start(WithPrefetchQuiet(time.Hour))
+	l = lookupOK(t, m, ref, profKey(fx))
+	app := fileOf(t, l, "usr/bin/app")
+	waitFor(t, "the profile's replay", func() bool { return m.env.cache.Has(l.Index().Meta(app).Digest) })
+	time.Sleep(300 * time.Millisecond)
+	offs := fileRanges(t, l, "usr/lib/big.so")
+	for _, ev := range e.reg.log(false) {
+		for _, p := range pathsOf(ev, offs) {
+			if p == "usr/lib/big.so" {
+				t.Fatalf("a prioritized file was fetched at once beside the profile's replay (%d ranges from %d)", len(ev.ranges), ev.ranges[0].Offset)
+			}
+		}
+	}
+	if st := l.Status(); st.Profile == nil || st.Profile.Files != 1 {
+		t.Errorf("status profile %+v, want the replay of 1 file", st.Profile)
 	}
 }
