@@ -17,20 +17,9 @@ import (
 // flight sits on the link ahead of the container's own reads (the big layer of the large
 // image prioritizes a 117 MB library of which its start reads 64 KiB).
 func TestPrioritizedRequestsBounded(t *testing.T) {
-	data := make([]byte, 6<<20)
-	rng := rand.New(rand.NewPCG(1, 2))
-	for i := range data {
-		data[i] = byte(rng.Uint32())
-	}
-	dir := func(name string) testlayer.Entry {
-		return testlayer.Entry{Header: tar.Header{Typeflag: tar.TypeDir, Name: name, Mode: 0o755, ModTime: testlayer.Epoch}}
-	}
-	fx, err := testlayer.BuildEStargz("prio", testlayer.Build([]testlayer.Entry{dir("usr/"), dir("usr/bin/"), dir("usr/lib/"),
-		regEntry("usr/bin/rest", data[:1<<20]), regEntry("usr/lib/big.so", data)}),
-		estargzChunkSize(256<<10), estargz.WithPrioritizedFiles([]string{"usr/lib/big.so"}))
-	if err != nil {
-		t.Fatal(err)
-	}
+	data := randomBytes(6<<20, 1)
+	fx := prioFixture(t, 256<<10, "usr/lib/big.so", dirEntry("usr/"), dirEntry("usr/bin/"), dirEntry("usr/lib/"),
+		regEntry("usr/bin/rest", data[:1<<20]), regEntry("usr/lib/big.so", data))
 	e := newProfEnv(t)
 	ref := profRepo + ":v1"
 	e.reg.push(ref, fx)
@@ -70,17 +59,8 @@ func TestPrioritizedRequestsBounded(t *testing.T) {
 // own fetches: another layer of the same manager, which fetched nothing yet, starts at
 // urgentBatch.
 func TestPrioritizedSpanFollowsLink(t *testing.T) {
-	data := make([]byte, 16<<20)
-	rng := rand.New(rand.NewPCG(3, 4))
-	for i := range data {
-		data[i] = byte(rng.Uint32())
-	}
-	fx, err := testlayer.BuildEStargz("prio", testlayer.Build([]testlayer.Entry{
-		regEntry("rest", data[:1<<20]), regEntry("big.so", data)}),
-		estargzChunkSize(128<<10), estargz.WithPrioritizedFiles([]string{"big.so"}))
-	if err != nil {
-		t.Fatal(err)
-	}
+	data := randomBytes(16<<20, 3)
+	fx := prioFixture(t, 128<<10, "big.so", regEntry("rest", data[:1<<20]), regEntry("big.so", data))
 	other, err := testlayer.BuildEStargz("other", testlayer.Build([]testlayer.Entry{regEntry("other", data[:1<<20])}))
 	if err != nil {
 		t.Fatal(err)
@@ -148,20 +128,9 @@ func TestPrioritizedSpanFollowsLink(t *testing.T) {
 // prioritized files would share the link with the replay and the start's reads. Without a
 // profile they go out at once (TestPrioritizedRequestsBounded).
 func TestProfileSupersedesPrioritized(t *testing.T) {
-	data := make([]byte, 2<<20)
-	rng := rand.New(rand.NewPCG(5, 6))
-	for i := range data {
-		data[i] = byte(rng.Uint32())
-	}
-	dir := func(name string) testlayer.Entry {
-		return testlayer.Entry{Header: tar.Header{Typeflag: tar.TypeDir, Name: name, Mode: 0o755, ModTime: testlayer.Epoch}}
-	}
-	fx, err := testlayer.BuildEStargz("prio", testlayer.Build([]testlayer.Entry{dir("usr/"), dir("usr/bin/"), dir("usr/lib/"),
-		regEntry("usr/bin/app", data[:256<<10]), regEntry("usr/lib/big.so", data)}),
-		estargzChunkSize(256<<10), estargz.WithPrioritizedFiles([]string{"usr/lib/big.so"}))
-	if err != nil {
-		t.Fatal(err)
-	}
+	data := randomBytes(2<<20, 5)
+	fx := prioFixture(t, 256<<10, "usr/lib/big.so", dirEntry("usr/"), dirEntry("usr/bin/"), dirEntry("usr/lib/"),
+		regEntry("usr/bin/app", data[:256<<10]), regEntry("usr/lib/big.so", data))
 	e := newProfEnv(t)
 	ref := profRepo + ":v1"
 	e.reg.push(ref, fx)
@@ -191,4 +160,32 @@ func TestProfileSupersedesPrioritized(t *testing.T) {
 	if st := l.Status(); st.Profile == nil || st.Profile.Files != 1 {
 		t.Errorf("status profile %+v, want the replay of 1 file", st.Profile)
 	}
+}
+
+// prioFixture builds an eStargz layer of es, in chunks of chunk bytes, whose producer
+// prioritizes the file named prioritized.
+func prioFixture(t *testing.T, chunk int64, prioritized string, es ...testlayer.Entry) testlayer.Fixture {
+	t.Helper()
+	fx, err := testlayer.BuildEStargz("prio", testlayer.Build(es), estargzChunkSize(chunk),
+		estargz.WithPrioritizedFiles([]string{prioritized}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return fx
+}
+
+// randomBytes returns n bytes of random, incompressible content drawn from seed: a chunk's
+// compressed size is then its size.
+func randomBytes(n int, seed uint64) []byte {
+	rng := rand.New(rand.NewPCG(seed, seed+1))
+	data := make([]byte, n)
+	for i := range data {
+		data[i] = byte(rng.Uint32())
+	}
+	return data
+}
+
+// dirEntry is a directory of a test layer.
+func dirEntry(name string) testlayer.Entry {
+	return testlayer.Entry{Header: tar.Header{Typeflag: tar.TypeDir, Name: name, Mode: 0o755, ModTime: testlayer.Epoch}}
 }

@@ -20,11 +20,7 @@ import (
 // second for a file only read. With read-ahead off, reads fetch only what they ask for.
 func TestRegion(t *testing.T) {
 	const size = 6 << 20
-	data := make([]byte, size)
-	rng := rand.New(rand.NewPCG(3, 4))
-	for i := range data {
-		data[i] = byte(rng.Uint32()) // incompressible: the chunks' compressed sizes are their sizes
-	}
+	data := randomBytes(size, 3) // incompressible: the chunks' compressed sizes are their sizes
 	hdr := tar.Header{Typeflag: tar.TypeReg, Name: "big.bin", Mode: 0o644, Size: size}
 	f, err := testlayer.BuildEStargz("region", testlayer.Build([]testlayer.Entry{{Header: hdr, Data: data}}),
 		estargz.WithChunkSize(64<<10))
