@@ -1,8 +1,6 @@
 package layer
 
 import (
-	"archive/tar"
-	"math/rand/v2"
 	"slices"
 	"testing"
 	"time"
@@ -172,20 +170,4 @@ func prioFixture(t *testing.T, chunk int64, prioritized string, es ...testlayer.
 		t.Fatal(err)
 	}
 	return fx
-}
-
-// randomBytes returns n bytes of random, incompressible content drawn from seed: a chunk's
-// compressed size is then its size.
-func randomBytes(n int, seed uint64) []byte {
-	rng := rand.New(rand.NewPCG(seed, seed+1))
-	data := make([]byte, n)
-	for i := range data {
-		data[i] = byte(rng.Uint32())
-	}
-	return data
-}
-
-// dirEntry is a directory of a test layer.
-func dirEntry(name string) testlayer.Entry {
-	return testlayer.Entry{Header: tar.Header{Typeflag: tar.TypeDir, Name: name, Mode: 0o755, ModTime: testlayer.Epoch}}
 }
