@@ -115,7 +115,7 @@
 // (Layer.Executing), the layer reads the file's program headers and dynamic section, finds its
 // interpreter and the libraries it names where the loader looks for them, in this layer and the
 // other live layers resolved through one of its references, and fetches each one in turn
-// (whole, up to 64 MiB of content, in batches of 4 MiB, two at once; else its header and
+// (whole, up to 64 MiB of content, in batches of 4 MiB, four at once; else its header and
 // dynamic section), as a prediction (fetched as fetch-ahead is, never recorded as the
 // workload's reads): the loader then finds them local or on their way. The mechanism, its
 // bounds and its safety are in predict.go.
@@ -127,7 +127,7 @@
 // chunk alone is larger), so background fetching holds at most concurrency x 32 MiB (128 MiB by
 // default); a cold read holds the chunks it reads and at most 16 read-ahead windows of content
 // (512 KiB by default); regions hold at most 4 x 4 MiB of content; 4 predictions run at once,
-// each holding at most two batches of 4 MiB of content (fetched whole) and 64 KiB of dynamic
+// each holding at most four batches of 4 MiB of content (fetched whole) and 64 KiB of dynamic
 // section; a blob copy holds one batch-sized buffer. A layer's recording holds at most 4096
 // files (and the set of files read during its window); choosing the profile to replay holds the
 // profiles of at most 16 repositories, each at most 1 MiB of paths; an import holds one line,

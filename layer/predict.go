@@ -72,7 +72,7 @@ const (
 
 	maxPredictWhole = 64 << 20 // content of a predicted file fetched whole (fetchFile)
 	wholeBatch      = 4 << 20  // content of one batch of a file fetched whole
-	wholeBatches    = 2        // batches of a file fetched whole in flight at once
+	wholeBatches    = 4        // batches of a file fetched whole in flight at once (wholeBatches)
 )
 
 // predict starts the prediction of file id (once per file, at most maxPredicted per layer),
@@ -147,6 +147,12 @@ func (l *Layer) fetchFile(ctx context.Context, id chunked.EntryID) {
 		l.run(ctx, mine, ahead)
 	})
 }
+
+// wholeBatches (4, was 2): a request for a batch of a few MB, on a connection that was idle,
+// starts slowly (TCP's slow start) and carries 300-400 Mbit/s at 1 Gbit/s: with twice as many
+// in flight, gcc's cold start on zstd:chunked at 1 Gbit/s took 1.05 s instead of 1.17 s
+// (4 runs each, back to back; at 100 Mbit/s, where the link is the bound, nothing changed
+// beyond noise: benchmarks/results/2026-11-29-readybench-wholebatches-ab.md).
 
 // replaysProfile reports whether the layer's background fetch replays a startup profile.
 func (l *Layer) replaysProfile() bool {
