@@ -72,7 +72,7 @@ const (
 
 	maxPredictWhole = 64 << 20 // content of a predicted file fetched whole (fetchFile)
 	wholeBatch      = 4 << 20  // content of one batch of a file fetched whole
-	wholeBatches    = 4        // batches of a file fetched whole in flight at once (wholeBatches)
+	wholeBatches    = 4        // batches of a file fetched whole in flight at once (fetchFile)
 )
 
 // predict starts the prediction of file id (once per file, at most maxPredicted per layer),
@@ -116,7 +116,12 @@ func (l *Layer) predict(guess context.Context, id chunked.EntryID) bool {
 // verification of its chunk, one after the other. The chunks go in batches of consecutive
 // chunks of at most wholeBatch of content (one chunk when a chunk alone is larger),
 // wholeBatches at once, in the file's order: each batch is verified and served as soon as its
-// own bytes have come, side by side with the next one's transfer.
+// own bytes have come, side by side with the next one's transfer. Four at once, not fewer: one
+// batch's request (1-2 MB compressed) took 40-60 ms at 1 Gbit/s, 300-400 Mbit/s (a response on
+// a connection that was idle starts in TCP's slow start), and with four in flight instead of
+// two gcc's cold start on zstd:chunked at 1 Gbit/s took 1.05 s instead of 1.17 (back to back;
+// nothing changed beyond noise at 100 Mbit/s, where the link is the bound:
+// benchmarks/results/2026-11-29-readybench-wholebatches-ab.md).
 func (l *Layer) fetchFile(ctx context.Context, id chunked.EntryID) {
 	e := l.idx.Meta(id)
 	if l.v.Err() != nil || e.Type != chunked.TypeReg || e.Digest.IsZero() || e.Size > maxPredictWhole || l.env.cache.Has(e.Digest) {
@@ -147,12 +152,6 @@ func (l *Layer) fetchFile(ctx context.Context, id chunked.EntryID) {
 		l.run(ctx, mine, ahead)
 	})
 }
-
-// wholeBatches (4, was 2): a request for a batch of a few MB, on a connection that was idle,
-// starts slowly (TCP's slow start) and carries 300-400 Mbit/s at 1 Gbit/s: with twice as many
-// in flight, gcc's cold start on zstd:chunked at 1 Gbit/s took 1.05 s instead of 1.17 s
-// (4 runs each, back to back; at 100 Mbit/s, where the link is the bound, nothing changed
-// beyond noise: benchmarks/results/2026-11-29-readybench-wholebatches-ab.md).
 
 // replaysProfile reports whether the layer's background fetch replays a startup profile.
 func (l *Layer) replaysProfile() bool {
