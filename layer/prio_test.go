@@ -101,15 +101,17 @@ func TestPrioritizedSpanFollowsLink(t *testing.T) {
 			if most > prioSlots {
 				t.Errorf("%d requests of prioritized files in flight at once, want at most %d", most, prioSlots)
 			}
-			want := min(int64(link.rate*urgentTime.Seconds()), DefaultPrefetchBatch)
 			t.Logf("%d requests, the widest %d bytes", len(log), widest)
+			// The rate a loaded machine measures is below the simulated link's (its sleeps
+			// overshoot): at 1 Gbit/s, only a span wider than urgentBatch is asked for (a
+			// measured rate above 12.5 MB/s); the span of a given rate is linkrate_test.go's.
 			switch {
 			case widest > DefaultPrefetchBatch:
 				t.Errorf("a request spans %d bytes, above the batch size", widest)
 			case link.rate < 20e6 && widest > urgentBatch:
 				t.Errorf("a request spans %d bytes at 100 Mbit/s, above urgentBatch (%d)", widest, urgentBatch)
-			case link.rate > 100e6 && widest < want/2:
-				t.Errorf("the widest request spans %d bytes at 1 Gbit/s, want about %d", widest, want)
+			case link.rate > 100e6 && widest <= urgentBatch:
+				t.Errorf("the widest request spans %d bytes at 1 Gbit/s, no more than urgentBatch (%d)", widest, urgentBatch)
 			}
 			e.reg.push(profRepo+":other", other)
 			l2 := lookupOK(t, m, profRepo+":other", profKey(other))
