@@ -81,8 +81,8 @@ type fetch struct {
 //     it at the daemon's priority, not below: idlecpu.go).
 //
 // A read that had to wait for the registry (a chunk of its own to fetch, or one another read
-// or the fetch-ahead was still fetching) counts its wait in the read-wait histogram; a
-// prediction's does not.
+// or the fetch-ahead was still fetching) counts its wait in the read-wait histogram and in
+// the layer's status (readSet.wait); a prediction's does not.
 func (l *Layer) fetchMissing(ctx context.Context, file chunked.EntryID, idx []int, h *handle, next int, kind fetchKind) ([][]byte, error) {
 	keys := make([]chunkKey, len(idx))
 	for i, c := range idx {
@@ -90,8 +90,9 @@ func (l *Layer) fetchMissing(ctx context.Context, file chunked.EntryID, idx []in
 	}
 	start := time.Now()
 	needed, mine := l.claimMissing(h, keys)
-	waits := len(mine) > 0 || !allDone(needed)
-	if len(mine) > 0 && kind == onDemand {
+	own := len(mine) > 0
+	waits := own || !allDone(needed)
+	if own && kind == onDemand {
 		_, more := l.claim(l.readAhead(file, idx[len(idx)-1]))
 		mine = append(mine, more...)
 		l.fetchRegion(file, idx[0], h)
@@ -105,7 +106,9 @@ func (l *Layer) fetchMissing(ctx context.Context, file chunked.EntryID, idx []in
 	l.run(ctx, mine, kind)
 	out, err := wait(ctx, needed)
 	if waits && kind == onDemand {
-		l.env.counters.readWait.Since(start)
+		d := time.Since(start)
+		l.env.counters.readWait.Observe(d)
+		l.reads.wait(d, own)
 	}
 	return out, err
 }

@@ -4,6 +4,7 @@ import (
 	"math/bits"
 	"slices"
 	"sync/atomic"
+	"time"
 
 	"github.com/layerstore/layerstore/chunked"
 )
@@ -14,9 +15,23 @@ import (
 // the daemon, so which parts it reads is unknown: the whole file counts). Benchmarks compare
 // what a workload needed with what crossed the link. Marking costs a bit set in an atomic
 // word per chunk; the set (a bit per chunk slot of the index) is allocated at the first read.
+// It also counts the reads of a runtime that waited for the registry, and how long they waited
+// in all: the round trips a workload paid for, which the chunks alone do not tell.
 type readSet struct {
 	words       atomic.Pointer[[]atomic.Uint64]
 	passthrough atomic.Int64 // files opened with passthrough
+	waits       atomic.Int64 // reads that waited for the registry
+	requested   atomic.Int64 // of them, those that sent a request of their own
+	waited      atomic.Int64 // their waits, summed, in nanoseconds
+}
+
+// wait counts a read that waited d for the registry, for a request of its own or not.
+func (s *readSet) wait(d time.Duration, own bool) {
+	s.waits.Add(1)
+	if own {
+		s.requested.Add(1)
+	}
+	s.waited.Add(int64(d))
 }
 
 // set returns the bit set, allocated for x on first use.

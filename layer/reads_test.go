@@ -9,7 +9,8 @@ import (
 
 // TestReadSetStatus checks that a layer's status counts exactly the chunks the reads asked for
 // and their compressed bytes: not those the read-ahead fetched beside them, not twice when
-// read again from the cache; and every chunk of a file opened with passthrough.
+// read again from the cache; and every chunk of a file opened with passthrough. It also counts
+// the reads that waited for the registry: a cold read, not one the cache answers.
 func TestReadSetStatus(t *testing.T) {
 	for _, f := range newEnv(t).fixtures {
 		toc := tocKey(f.Desc.Annotations)
@@ -51,6 +52,10 @@ func TestReadSetStatus(t *testing.T) {
 			var wantChunks, wantBytes int64
 			read(single, 0, 1)
 			wantChunks, wantBytes = 1, x.Chunks(single)[0].Length
+			if st := l.Status(); st.ReadWaits != 1 || st.ReadRequests != 1 || st.ReadWaitSeconds <= 0 {
+				t.Errorf("after a cold read: %d reads waited (%d with a request of their own), %vs; want 1 (1), more than 0",
+					st.ReadWaits, st.ReadRequests, st.ReadWaitSeconds)
+			}
 			if haveMulti {
 				// The last byte of chunk 1 and the first of chunk 2.
 				cs := x.Chunks(multi)
@@ -59,8 +64,12 @@ func TestReadSetStatus(t *testing.T) {
 				wantBytes += cs[1].Length + cs[2].Length
 				read(multi, cs[1].FileOffset, 1) // again: counted once
 			}
-			read(single, 0, 1) // again
+			waits := l.Status().ReadWaits // the multi-chunk file's read may have found its chunks on their way
+			read(single, 0, 1)            // again, from the cache
 			st := l.Status()
+			if st.ReadWaits != waits || st.ReadRequests > st.ReadWaits {
+				t.Errorf("a read from the cache counted as a wait: %d, then %d (%d requests)", waits, st.ReadWaits, st.ReadRequests)
+			}
 			if st.ReadChunks != wantChunks || st.ReadCompressed != wantBytes || st.PassthroughFiles != 0 {
 				t.Errorf("status: %d chunks, %d compressed bytes, %d passthrough files; want %d, %d, 0",
 					st.ReadChunks, st.ReadCompressed, st.PassthroughFiles, wantChunks, wantBytes)
@@ -85,9 +94,9 @@ func TestReadSetStatus(t *testing.T) {
 			}
 			bf.Close()
 			st = l2.Status()
-			if st.ReadChunks != 1 || st.ReadCompressed != x.Chunks(single)[0].Length || st.PassthroughFiles != 1 {
-				t.Errorf("after a passthrough open: %d chunks, %d compressed bytes, %d passthrough files; want 1, %d, 1",
-					st.ReadChunks, st.ReadCompressed, st.PassthroughFiles, x.Chunks(single)[0].Length)
+			if st.ReadChunks != 1 || st.ReadCompressed != x.Chunks(single)[0].Length || st.PassthroughFiles != 1 || st.ReadWaits != 0 {
+				t.Errorf("after a passthrough open: %d chunks, %d compressed bytes, %d passthrough files, %d waits; want 1, %d, 1, 0",
+					st.ReadChunks, st.ReadCompressed, st.PassthroughFiles, st.ReadWaits, x.Chunks(single)[0].Length)
 			}
 		})
 	}

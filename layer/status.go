@@ -5,6 +5,7 @@ import (
 	"iter"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/opencontainers/go-digest"
 
@@ -64,6 +65,14 @@ type LayerStatus struct {
 	ReadChunks       int64 `json:"readChunks"`
 	ReadCompressed   int64 `json:"readCompressedBytes"`
 	PassthroughFiles int64 `json:"passthroughFiles"`
+	// ReadWaits counts the reads of a runtime that waited for the registry (their chunks
+	// missing from the cache, or still on their way), ReadWaitSeconds their waits summed
+	// (reads waiting at the same time count each), and ReadRequests those that sent a request
+	// of their own: the round trips the workload paid for (the others waited for chunks a
+	// prediction, a region, a profile's replay or another read was fetching).
+	ReadWaits       int64   `json:"readWaits"`
+	ReadRequests    int64   `json:"readRequests"`
+	ReadWaitSeconds float64 `json:"readWaitSeconds"`
 }
 
 // ProfileStatus describes the startup profile a layer's background fetch replayed first.
@@ -175,6 +184,8 @@ func (l *Layer) Status() LayerStatus {
 	}
 	s.ReadChunks, s.ReadCompressed = l.reads.summary(l.idx)
 	s.PassthroughFiles = l.reads.passthrough.Load()
+	s.ReadWaits, s.ReadRequests = l.reads.waits.Load(), l.reads.requested.Load()
+	s.ReadWaitSeconds = time.Duration(l.reads.waited.Load()).Seconds()
 	if err != nil {
 		s.Error = err.Error()
 	}

@@ -80,15 +80,15 @@ func TestCredentials(t *testing.T) {
 
 func TestStatusAndMetrics(t *testing.T) {
 	st := layer.Status{Layers: []layer.LayerStatus{{Refs: []string{"r/app:v1"}, Digest: "sha256:abcd", State: layer.StateFetching, Users: 2, ToFetch: 100, Prefetched: 40,
-		ReadChunks: 3, ReadCompressed: 5 << 20, PassthroughFiles: 1}}}
+		ReadChunks: 3, ReadCompressed: 5 << 20, PassthroughFiles: 1, ReadWaits: 2, ReadRequests: 1, ReadWaitSeconds: 0.25}}}
 	st.Counters.Lookups = 7
 	c := serveTest(t, st, fakeSink{}, io.Discard)
 	got, err := c.Status(t.Context())
 	if err != nil || len(got.Layers) != 1 || got.Counters.Lookups != 7 {
 		t.Fatalf("status %+v, %v", got, err)
 	}
-	if l := got.Layers[0]; l.ReadChunks != 3 || l.ReadCompressed != 5<<20 || l.PassthroughFiles != 1 {
-		t.Errorf("read set through the socket: %d chunks, %d bytes, %d passthrough files", l.ReadChunks, l.ReadCompressed, l.PassthroughFiles)
+	if l := got.Layers[0]; l.ReadChunks != 3 || l.ReadCompressed != 5<<20 || l.PassthroughFiles != 1 || l.ReadWaits != 2 || l.ReadRequests != 1 || l.ReadWaitSeconds != 0.25 {
+		t.Errorf("read set through the socket: %d chunks, %d bytes, %d passthrough files, %d waits of %vs", l.ReadChunks, l.ReadCompressed, l.PassthroughFiles, l.ReadWaits, l.ReadWaitSeconds)
 	}
 	m, err := c.Metrics(t.Context())
 	if err != nil {
@@ -104,7 +104,7 @@ func TestStatusAndMetrics(t *testing.T) {
 	}
 	var out bytes.Buffer
 	Render(&out, got)
-	if !strings.Contains(out.String(), "40%") || !strings.Contains(out.String(), "r/app:v1") || !strings.Contains(out.String(), "read 3 chunks") {
+	if !strings.Contains(out.String(), "40%") || !strings.Contains(out.String(), "r/app:v1") || !strings.Contains(out.String(), "read 3 chunks") || !strings.Contains(out.String(), "2 reads waited for the registry (1 sent a request), 0.25s") {
 		t.Errorf("render:\n%s", out.String())
 	}
 }

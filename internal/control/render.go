@@ -44,7 +44,11 @@ func Render(w io.Writer, st layer.Status) {
 		fmt.Fprintf(w, "  fetched %s of %s (%s on demand, %s in the background)\n",
 			human(fetched), human(l.Size), human(l.OnDemand), human(l.Prefetched))
 		if l.ReadChunks > 0 {
-			fmt.Fprintf(w, "  read %d chunks, %s of the blob\n", l.ReadChunks, human(l.ReadCompressed))
+			fmt.Fprintf(w, "  read %d chunks, %s of the blob", l.ReadChunks, human(l.ReadCompressed))
+			if l.ReadWaits > 0 {
+				fmt.Fprintf(w, "; %d reads waited for the registry (%d sent a request), %.2fs in all", l.ReadWaits, l.ReadRequests, l.ReadWaitSeconds)
+			}
+			fmt.Fprintln(w)
 		}
 		if p := l.Profile; p != nil {
 			from := "recorded from this layer"

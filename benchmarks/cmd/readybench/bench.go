@@ -105,6 +105,10 @@ type sample struct {
 	ReadChunks       int64
 	ReadBytes        int64
 	PassthroughFiles int64
+	// The container's reads that waited for the registry, those that sent a request of their
+	// own, and their waits summed.
+	ReadWaits, ReadRequests int64
+	ReadWaitSeconds         float64
 	// The startup profiles replayed (learned-profile cells), summed over the image's lazy
 	// layers, from the same status: layers with a replay, those whose profile was recorded
 	// from the layer itself, files named, compressed bytes to fetch and fetched.
@@ -443,6 +447,9 @@ func (b *bench) runOnce(ctx context.Context, c cell) (s sample, err error) {
 					s.ReadChunks += ls.ReadChunks
 					s.ReadBytes += ls.ReadCompressed
 					s.PassthroughFiles += ls.PassthroughFiles
+					s.ReadWaits += ls.ReadWaits
+					s.ReadRequests += ls.ReadRequests
+					s.ReadWaitSeconds += ls.ReadWaitSeconds
 					if p := ls.Profile; p != nil {
 						s.ProfileLayers++
 						if p.SameLayer {

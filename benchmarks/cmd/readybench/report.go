@@ -197,7 +197,11 @@ func (r *report) markdown(plots map[string]string) string {
 	w("link and cache state. \"via link\" is the median of the bytes the registry sent through the link\n")
 	w("from the start of the pull to the ready line (a store's background fetch included). \"from store\" is\n")
 	w("the number of layers podman took from the store (its `additionallayer` marks); \"blob GETs\" the median of\n")
-	w("the blob requests (whole or ranged) the registry answered from the start of the pull to the ready line.\n\n")
+	w("the blob requests (whole or ranged) the registry answered from the start of the pull to the ready line;\n")
+	w("\"waited\" the medians of the container's reads that waited for the registry (layerstore's `status`, summed\n")
+	w("over the lazy layers), of those of them that sent a request of their own (the round trips the workload\n")
+	w("paid for; the others waited for chunks already on their way), and of their waits summed (reads waiting\n")
+	w("at once count each): reads / requests (seconds).\n\n")
 	w("**Floor** (cold lazy cells): the least a cold lazy start of the image can take over the link, whatever the\n")
 	w("store: round trips one after the other at the link's RTT (the manifest; the config; one TOC request per\n")
 	w("layer served lazily, a layer after its parent as the runtime looks them up; one for the chunks the workload\n")
@@ -291,8 +295,8 @@ func (r *report) markdown(plots map[string]string) string {
 		if p := plots[l.String()]; p != "" {
 			w("![time to ready over %s](%s)\n\n", l, p)
 		}
-		w("| image | format | mode | runtime | cache | n | pull p50 | pull p95 | run p50 | run p95 | **total p50** | total p95 | lazy/full | floor (net) | floor | /floor | read | from store | via link | blob GETs |\n")
-		w("|---|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+		w("| image | format | mode | runtime | cache | n | pull p50 | pull p95 | run p50 | run p95 | **total p50** | total p95 | lazy/full | floor (net) | floor | /floor | read | from store | via link | blob GETs | waited |\n")
+		w("|---|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 		for _, c := range r.cells {
 			if c.link.String() != l.String() {
 				continue
@@ -322,13 +326,20 @@ func (r *report) markdown(plots map[string]string) string {
 				rc := measureOf(ss, func(s sample) float64 { return float64(s.ReadChunks) })
 				read = fmt.Sprintf("%s (%.0f)", mb(int64(rb.p50)), rc.p50)
 			}
+			waited := "-"
+			if c.lazy() && ss[0].ReadKnown {
+				n := measureOf(ss, func(s sample) float64 { return float64(s.ReadWaits) })
+				o := measureOf(ss, func(s sample) float64 { return float64(s.ReadRequests) })
+				d := measureOf(ss, func(s sample) float64 { return s.ReadWaitSeconds })
+				waited = fmt.Sprintf("%.0f / %.0f (%.2f s)", n.p50, o.p50, d.p50)
+			}
 			pull50, pull95 := fmt.Sprintf("%.2f", pull.p50), fmt.Sprintf("%.2f", pull.p95)
 			if c.runtime == rtPodman5 {
 				pull50, pull95 = "-", "-" // pulled by podman run (see Method)
 			}
-			w("| %s | %s | %s | %s | %s | %d | %s | %s | %.2f | %.2f | **%.2f** | %.2f | %s | %s | %s | %s | %s | %s | %s | %.0f |\n",
+			w("| %s | %s | %s | %s | %s | %d | %s | %s | %.2f | %.2f | **%.2f** | %.2f | %s | %s | %s | %s | %s | %s | %s | %.0f | %s |\n",
 				c.image.name, c.format, c.mode(), c.runtime, c.cache(), len(ss), pull50, pull95, run.p50, run.p95, total.p50, total.p95, ratio,
-				netStr, floorStr, overFloor, read, fromStr, mb(int64(bytes.p50)), gets.p50)
+				netStr, floorStr, overFloor, read, fromStr, mb(int64(bytes.p50)), gets.p50, waited)
 		}
 		w("\n")
 		var floors []string
