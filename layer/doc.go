@@ -112,12 +112,14 @@
 //
 // Without a profile, a program's start is still a chain of round trips: its loader opens the
 // libraries it names one after the other. When the kernel opens a file to execute it
-// (Layer.Executing), the layer reads the file's program headers and dynamic section, finds its
-// interpreter and the libraries it names where the loader looks for them, in this layer and the
-// other live layers resolved through one of its references, and fetches each one in turn
-// (whole, up to 64 MiB of content, in batches of 4 MiB, four at once; else its header and
-// dynamic section), as a prediction (fetched as fetch-ahead is, never recorded as the
-// workload's reads): the loader then finds them local or on their way. The mechanism, its
+// (Layer.Executing), or a runtime reads the start of a file that is an ELF shared object (a
+// library a program loads itself, dlopen: Layer.ReadFile), the layer reads the file's program
+// headers and dynamic section, finds its interpreter and the libraries it names where the
+// loader looks for them, in this layer and the other live layers resolved through one of its
+// references, and fetches each one in turn (whole, up to 64 MiB of content, in batches of
+// 4 MiB, four at once; else its header and dynamic section), as a prediction (fetched as
+// fetch-ahead is, never recorded as the workload's reads): the loader then finds them local
+// or on their way. The mechanism, its
 // bounds and its safety are in predict.go.
 //
 // # Memory

@@ -368,9 +368,14 @@ func (l *Layer) Backing(id chunked.EntryID) *os.File {
 }
 
 // ReadFile implements storefs.Layer: it reads verified content of regular file id, from the cache
-// where present and from the registry otherwise.
+// where present and from the registry otherwise. A read of the start of a shared object
+// predicts it: a library being loaded (dlopen, predict.go).
 func (l *Layer) ReadFile(ctx context.Context, id chunked.EntryID, p []byte, off int64) (int, error) {
-	return l.read(ctx, id, p, off, onDemand)
+	n, err := l.read(ctx, id, p, off, onDemand)
+	if err == nil && off == 0 && isSharedObject(p[:n]) {
+		l.predict(nil, id)
+	}
+	return n, err
 }
 
 // Executing implements storefs.Layer: the files the loader of file id will open are

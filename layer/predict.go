@@ -31,8 +31,14 @@ import (
 //
 // The kernel's open of a file to execute it (Executing: an execve, or the interpreter of
 // one) starts the prediction of that file, and so does the lookup of the layer holding the
-// program the image's config names (start.go), before the runtime runs it; a file opened to
-// be read (a copy, a checksum, a package manager) is not predicted. A predicted file of at
+// program the image's config names (start.go), before the runtime runs it. A program also
+// loads libraries itself (dlopen: Python's extension modules and the libraries they name,
+// plugins, a JVM's libjvm), which no exec shows: the loader opens the file, reads its start
+// and maps it. So a runtime's read of the start of a file whose first bytes are an ELF shared
+// object's header (isSharedObject; Layer.ReadFile) starts its prediction too; a shared object
+// read as data (a checksum, a copy) is predicted alike, which costs fetches of the image's own
+// files, within the same bounds. Other files read (scripts, objects, archives) are not
+// predicted. A predicted file of at
 // most maxPredictWhole of content is fetched whole (fetchFile: the loader maps all of it,
 // reads its header and then its dynamic section, near its end, and the program faults its
 // pages in here and there), unless its layer replays a startup profile, which knows how much
@@ -248,6 +254,21 @@ func (r *predictReader) ReadAt(p []byte, off int64) (int, error) {
 		err = io.EOF
 	}
 	return n, err
+}
+
+// isSharedObject reports whether p, the start of a file, is an ELF shared object's header
+// (e_type ET_DYN: a library, or a position-independent executable).
+func isSharedObject(p []byte) bool {
+	if len(p) < 18 || string(p[:4]) != elf.ELFMAG {
+		return false
+	}
+	switch elf.Data(p[elf.EI_DATA]) {
+	case elf.ELFDATA2LSB:
+		return elf.Type(binary.LittleEndian.Uint16(p[16:])) == elf.ET_DYN
+	case elf.ELFDATA2MSB:
+		return elf.Type(binary.BigEndian.Uint16(p[16:])) == elf.ET_DYN
+	}
+	return false
 }
 
 // ldCache is glibc's cache of library paths, which its dynamic loader reads first (a system

@@ -28,9 +28,10 @@ type elfSpec struct {
 	interp  string
 	needed  []string
 	runpath string
-	pad     int  // random bytes between the string table and the dynamic section
-	zeros   int  // zero bytes after them
-	static  bool // no dynamic section
+	pad     int      // random bytes between the string table and the dynamic section
+	zeros   int      // zero bytes after them
+	static  bool     // no dynamic section
+	typ     elf.Type // ET_DYN when zero
 }
 
 // elfFile builds the file of s: header, program headers (PT_LOAD of the whole file at
@@ -88,7 +89,11 @@ func elfFile(seed uint64, s elfSpec) []byte {
 	b := make([]byte, 64, size)
 	copy(b, elf.ELFMAG)
 	b[elf.EI_CLASS], b[elf.EI_DATA], b[elf.EI_VERSION] = byte(elf.ELFCLASS64), byte(elf.ELFDATA2LSB), 1
-	le.PutUint16(b[16:], uint16(elf.ET_DYN))
+	typ := s.typ
+	if typ == 0 {
+		typ = elf.ET_DYN
+	}
+	le.PutUint16(b[16:], uint16(typ))
 	le.PutUint16(b[18:], uint16(elf.EM_X86_64))
 	le.PutUint32(b[20:], 1)
 	le.PutUint64(b[32:], 64) // e_phoff
@@ -327,9 +332,9 @@ func fetchedFiles(l *Layer, log []fetchEvent) []string {
 // TestPredictLoadedFiles: executing a program fetches, without any read, the program whole,
 // its interpreter and the libraries it names, whole too (found through its
 // run path, symlinks and the merged-/usr links of the image's lower layer), and theirs in
-// turn; a name found nowhere is skipped; an ELF file read as data is not predicted; nothing of
-// a layer of another image is fetched, and none of it counts as the workload's reads or
-// enters a profile. With read-ahead off, nothing is predicted.
+// turn; a name found nowhere is skipped; a read of a shared object, not of its start, predicts
+// nothing; nothing of a layer of another image is fetched, and none of it counts as the
+// workload's reads or enters a profile. With read-ahead off, nothing is predicted.
 func TestPredictLoadedFiles(t *testing.T) {
 	const lib = "usr/lib/x86_64-linux-gnu/"
 	base := []testlayer.Entry{
@@ -363,8 +368,9 @@ func TestPredictLoadedFiles(t *testing.T) {
 		lookupOK(t, m, "registry.example/other:v1", profKey(bf))
 		e.reg.log(true)
 
-		// Read first (as data: nothing predicted), then executed.
-		if _, err := la.ReadFile(t.Context(), fileOf(t, la, "usr/lib/app/data.so"), make([]byte, 4096), 0); err != nil {
+		// Read first, not from its start (nothing predicted: TestPredictLoadedLibrary), then
+		// executed.
+		if _, err := la.ReadFile(t.Context(), fileOf(t, la, "usr/lib/app/data.so"), make([]byte, 4096), 4096); err != nil {
 			t.Fatal(err)
 		}
 		la.Executing(fileOf(t, la, "usr/bin/prog"))
@@ -421,6 +427,98 @@ func TestPredictLoadedFiles(t *testing.T) {
 		waitFor(t, "the recordings", func() bool { return la.Status().ProfileRecorded == 2 && lb.Status().ProfileRecorded == 2 })
 		if s := lb.Status(); s.ReadChunks > int64(lb.Index().NumChunks(fileOf(t, lb, lib+"libc.so.6"))+lb.Index().NumChunks(fileOf(t, lb, lib+"libz.so.1.2.13"))) {
 			t.Errorf("the lower layer counts %d chunks read", s.ReadChunks)
+		}
+	}
+}
+
+// TestPredictLoadedLibrary: a runtime's read of the start of a shared object (a library a
+// program loads itself, dlopen) predicts it as an execution does: the file whole and the
+// libraries it names, without a read of them; a read elsewhere in it, and a read of the start
+// of an ELF file of another type (an object a linker reads), predict nothing.
+func TestPredictLoadedLibrary(t *testing.T) {
+	const dir = "usr/lib/app/"
+	fx := predictLayer(t, "dlopen", []testlayer.Entry{
+		// Before the files read in the blob: no read-ahead reaches them.
+		regEntry(dir+"libdep.so", elfFile(50, elfSpec{pad: 150 << 10})),
+		regEntry(dir+"libother.so", elfFile(51, elfSpec{pad: 10 << 10})),
+		regEntry(dir+"tool.o", elfFile(52, elfSpec{needed: []string{"libother.so"}, runpath: "$ORIGIN", typ: elf.ET_REL, pad: 10 << 10})),
+		regEntry(dir+"plugin.so", elfFile(53, elfSpec{needed: []string{"libdep.so"}, runpath: "$ORIGIN", pad: 200 << 10})),
+	})
+	e := newProfEnv(t)
+	e.reg.push(profRepo+":v1", fx)
+	m, _ := e.start(WithPrefetch(false))
+	l := lookupOK(t, m, profRepo+":v1", profKey(fx))
+	e.reg.log(true)
+	read := func(p string, off int64) {
+		t.Helper()
+		if _, err := l.ReadFile(t.Context(), fileOf(t, l, p), make([]byte, 4096), off); err != nil {
+			t.Fatal(err)
+		}
+	}
+	read(dir+"tool.o", 0)
+	read(dir+"plugin.so", 100<<10)
+	time.Sleep(200 * time.Millisecond) // a prediction would fetch now
+	if got := fetchedFiles(l, e.reg.log(false)); slices.Contains(got, dir+"libother.so") || slices.Contains(got, dir+"libdep.so") {
+		t.Fatalf("fetched %q before the shared object's start was read", got)
+	}
+
+	e.reg.log(true)
+	read(dir+"plugin.so", 0)
+	fetched := map[int64]bool{}
+	whole := func(p string) bool {
+		for _, ev := range e.reg.log(false) {
+			for _, r := range ev.ranges {
+				fetched[r.Offset] = true
+			}
+		}
+		for _, c := range l.Index().Chunks(fileOf(t, l, p)) {
+			if !fetched[c.Offset] {
+				return false
+			}
+		}
+		return true
+	}
+	complete := func(p string) bool { return l.env.cache.Has(l.Index().Meta(fileOf(t, l, p)).Digest) }
+	waitFor(t, "the library the shared object names, whole", func() bool { return whole(dir + "libdep.so") })
+	waitFor(t, "the shared object, whole", func() bool { return complete(dir + "plugin.so") })
+	if n := len(l.Index().Chunks(fileOf(t, l, dir+"libdep.so"))); n < 2 {
+		t.Fatalf("libdep.so: %d chunks", n)
+	}
+	time.Sleep(100 * time.Millisecond) // anything more would come now
+	if whole(dir + "libother.so") {
+		t.Error("the object file's library was fetched")
+	}
+	// The library was fetched, not read: the reads counted are the plugin's and the object's.
+	want := int64(0)
+	for _, p := range []string{dir + "tool.o", dir + "plugin.so"} {
+		want += int64(l.Index().NumChunks(fileOf(t, l, p)))
+	}
+	if s := l.Status(); s.ReadChunks > want {
+		t.Errorf("%d chunks counted as read, at most %d", s.ReadChunks, want)
+	}
+}
+
+// TestIsSharedObject: the header check that starts a library's prediction on a read.
+func TestIsSharedObject(t *testing.T) {
+	so := elfFile(60, elfSpec{})
+	exe := elfFile(61, elfSpec{typ: elf.ET_EXEC})
+	be := slices.Clone(so)
+	be[elf.EI_DATA] = byte(elf.ELFDATA2MSB)
+	binary.BigEndian.PutUint16(be[16:], uint16(elf.ET_DYN))
+	for _, c := range []struct {
+		name string
+		p    []byte
+		want bool
+	}{
+		{"shared object", so, true},
+		{"big-endian shared object", be, true},
+		{"executable", exe, false},
+		{"header cut short", so[:17], false},
+		{"not ELF", []byte("#!/bin/sh\nexec true\n"), false},
+		{"unknown data encoding", append([]byte(elf.ELFMAG), 2, 9, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 3, 0), false},
+	} {
+		if got := isSharedObject(c.p); got != c.want {
+			t.Errorf("%s: %v, want %v", c.name, got, c.want)
 		}
 	}
 }
