@@ -119,8 +119,7 @@
 // references, and fetches each one in turn (whole, up to 64 MiB of content, in batches of
 // 4 MiB, four at once; else its header and dynamic section), as a prediction (fetched as
 // fetch-ahead is, never recorded as the workload's reads): the loader then finds them local
-// or on their way. The mechanism, its
-// bounds and its safety are in predict.go.
+// or on their way. The mechanism, its bounds and its safety are in predict.go.
 //
 // # Memory
 //
