@@ -369,10 +369,11 @@ func (l *Layer) Backing(id chunked.EntryID) *os.File {
 
 // ReadFile implements storefs.Layer: it reads verified content of regular file id, from the cache
 // where present and from the registry otherwise. A read of the start of a shared object
-// predicts it: a library being loaded (dlopen, predict.go).
+// predicts it, unless the layer replays a startup profile: a library being loaded (dlopen,
+// predict.go).
 func (l *Layer) ReadFile(ctx context.Context, id chunked.EntryID, p []byte, off int64) (int, error) {
 	n, err := l.read(ctx, id, p, off, onDemand)
-	if err == nil && off == 0 && isSharedObject(p[:n]) {
+	if err == nil && off == 0 && isSharedObject(p[:n]) && !l.replaysProfile() {
 		l.predict(nil, id)
 	}
 	return n, err

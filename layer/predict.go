@@ -35,10 +35,11 @@ import (
 // loads libraries itself (dlopen: Python's extension modules and the libraries they name,
 // plugins, a JVM's libjvm), which no exec shows: the loader opens the file, reads its start
 // and maps it. So a runtime's read of the start of a file whose first bytes are an ELF shared
-// object's header (isSharedObject; Layer.ReadFile) starts its prediction too; a shared object
-// read as data (a checksum, a copy) is predicted alike, which costs fetches of the image's own
-// files, within the same bounds. Other files read (scripts, objects, archives) are not
-// predicted. A predicted file of at
+// object's header (isSharedObject; Layer.ReadFile) starts its prediction too, unless its layer
+// replays a startup profile (which holds what the start loaded, and nothing it read as data);
+// a shared object read as data (a checksum, a copy) is predicted alike, which costs fetches of
+// the image's own files, within the same bounds. Other files read (scripts, objects, archives)
+// are not predicted. A predicted file of at
 // most maxPredictWhole of content is fetched whole (fetchFile: the loader maps all of it,
 // reads its header and then its dynamic section, near its end, and the program faults its
 // pages in here and there), unless its layer replays a startup profile, which knows how much

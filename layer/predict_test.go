@@ -433,8 +433,9 @@ func TestPredictLoadedFiles(t *testing.T) {
 
 // TestPredictLoadedLibrary: a runtime's read of the start of a shared object (a library a
 // program loads itself, dlopen) predicts it as an execution does: the file whole and the
-// libraries it names, without a read of them; a read elsewhere in it, and a read of the start
-// of an ELF file of another type (an object a linker reads), predict nothing.
+// libraries it names, without a read of them; a read elsewhere in it, a read of the start of an
+// ELF file of another type (an object a linker reads), and any read while the layer replays a
+// startup profile (which knows what the start loads) predict nothing.
 func TestPredictLoadedLibrary(t *testing.T) {
 	const dir = "usr/lib/app/"
 	fx := predictLayer(t, "dlopen", []testlayer.Entry{
@@ -455,11 +456,19 @@ func TestPredictLoadedLibrary(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	replaying := func(on bool) {
+		l.prefetch.mu.Lock()
+		l.prefetch.profileFiles = map[bool]int{true: 1}[on]
+		l.prefetch.mu.Unlock()
+	}
 	read(dir+"tool.o", 0)
 	read(dir+"plugin.so", 100<<10)
+	replaying(true)
+	read(dir+"plugin.so", 0)
+	replaying(false)
 	time.Sleep(200 * time.Millisecond) // a prediction would fetch now
 	if got := fetchedFiles(l, e.reg.log(false)); slices.Contains(got, dir+"libother.so") || slices.Contains(got, dir+"libdep.so") {
-		t.Fatalf("fetched %q before the shared object's start was read", got)
+		t.Fatalf("fetched %q before the shared object's start was read outside a replay", got)
 	}
 
 	e.reg.log(true)
