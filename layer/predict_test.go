@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math/rand/v2"
 	"os"
 	"slices"
 	"strings"
@@ -64,11 +63,7 @@ func elfFile(seed uint64, s elfSpec) []byte {
 		strtab = append(append(strtab, s.runpath...), 0)
 	}
 	body += len(strtab)
-	rng := rand.New(rand.NewPCG(seed, 11))
-	pad := make([]byte, s.pad+s.zeros)
-	for i := range s.pad {
-		pad[i] = byte(rng.Uint32())
-	}
+	pad := append(randomBytes(s.pad, seed), make([]byte, s.zeros)...)
 	body += len(pad)
 	dynOff := body
 	var dyn []byte
