@@ -32,6 +32,9 @@ import (
 // layer of the image (the runtime ran another command), ends the prediction: what it has not
 // started fetching is not fetched. Not when the image's repository has a startup
 // profile (profile.go), which knows the start better, and how much of each file it reads.
+// The image's /etc/passwd and /etc/group, which the runtime reads to set the container's user
+// before it runs anything, are fetched whole at the same time (whether the program was found
+// or not, at most 1 MiB each, and, as the rest, not when the repository has a profile).
 // Once per resolution of a reference through the registry (a start from the cache's records
 // needs none); at most maxStarts images wait for their layers at once. A config naming
 // another program than the one run costs at most the fetch of that file and its libraries
@@ -47,6 +50,12 @@ type imageStart struct {
 
 // maxStarts bounds the images whose program waits for their layers.
 const maxStarts = 256
+
+// userFiles are what a runtime reads of an image to set its container's user and groups;
+// one larger than maxUserFile is not fetched ahead (the runtime's own reads fetch it).
+var userFiles = []string{"/etc/passwd", "/etc/group"}
+
+const maxUserFile = 1 << 20
 
 // defaultPath is the PATH runtimes give a container whose config sets none.
 const defaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -120,6 +129,12 @@ func (m *Manager) predictStart(ref string) {
 		m.opts.log.Debug("the image's start is its profile's", "ref", ref)
 		return
 	}
+	// The runtime reads the image's user database to set the container's user (podman,
+	// CRI-O), before it runs anything: fetched whole, after the program's prediction has
+	// started, beside the predictions rather than in one of their slots (two small files
+	// would otherwise hold the program's libraries up while their requests wait behind the
+	// program's on a slow link).
+	defer fetchUserFiles(layers)
 	if !found {
 		m.opts.log.Debug("the image's program is not in its lazily served layers", "ref", ref, "program", s.start.Program)
 		return
@@ -133,6 +148,20 @@ func (m *Manager) predictStart(ref string) {
 		l.startGuess.Store(g)
 	}
 	t.l.predict(ctx, t.id)
+}
+
+// fetchUserFiles fetches the userFiles of the merged tree of layers (top first) whole, in the
+// background, as a prediction's fetches go.
+func fetchUserFiles(layers []*Layer) {
+	for _, p := range userFiles {
+		if f, ok := resolvePath(layers, p); ok && f.l.idx.Meta(f.id).Size <= maxUserFile {
+			f.l.env.work.goTracked(func() {
+				ctx, cancel := f.l.env.work.bound(f.l.env.work.ctx, f.l.env.readTimeout)
+				defer cancel()
+				f.l.fetchFile(ctx, f.id)
+			})
+		}
+	}
 }
 
 // startGuess is the prediction of an image's program, shared by the image's layers.

@@ -21,13 +21,17 @@ func exeEntry(name string, data []byte) testlayer.Entry {
 // first line, the interpreter's loader and libraries, and glibc's ld.so.cache, all fetched
 // without a read. The program is the merged tree's: a lower layer's file of the same path is
 // not fetched. Nothing is fetched of a layer the runtime has not looked up (it may hold that
-// layer itself): the prediction waits for that layer's lookup. Nothing is fetched for an image
-// whose program is nowhere, nor with read-ahead off, nor when the repository has a startup
-// profile (its replay knows the start).
+// layer itself): the prediction waits for that layer's lookup. The image's /etc/passwd and
+// /etc/group, which the runtime reads to set the container's user, are fetched with the
+// program, and for an image whose program is nowhere (alone, once every layer is live).
+// Nothing is fetched with read-ahead off, nor when the repository has a startup profile (its
+// replay knows the start).
 func TestPredictImageProgram(t *testing.T) {
 	const lib = "usr/lib/x86_64-linux-gnu/"
 	base := []testlayer.Entry{
 		regEntry("etc/ld.so.cache", make([]byte, 3000)),
+		regEntry("etc/passwd", []byte("root:x:0:0:root:/root:/bin/sh\n")),
+		regEntry("etc/group", []byte("root:x:0:\n")),
 		regEntry(lib+"libc.so.6", elfFile(11, elfSpec{pad: 150 << 10})),
 		regEntry(lib+"ld-linux-x86-64.so.2", elfFile(13, elfSpec{static: true, pad: 10 << 10})),
 		regEntry(lib+"libunused.so.1", elfFile(14, elfSpec{pad: 10 << 10})),
@@ -41,7 +45,8 @@ func TestPredictImageProgram(t *testing.T) {
 		regEntry("usr/local/bin/notexe", elfFile(23, elfSpec{pad: 10 << 10})),
 	}
 	bf, af := predictLayer(t, "base", base), predictLayer(t, "app", app)
-	script := []string{"etc/ld.so.cache", lib + "ld-linux-x86-64.so.2", lib + "libc.so.6"}
+	users := []string{"etc/group", "etc/passwd"}
+	script := []string{"etc/group", "etc/ld.so.cache", "etc/passwd", lib + "ld-linux-x86-64.so.2", lib + "libc.so.6"}
 
 	for _, c := range []struct {
 		name      string
@@ -52,12 +57,12 @@ func TestPredictImageProgram(t *testing.T) {
 	}{
 		{"script", fetcher.Start{Program: "entry.sh", Path: "bin:/nowhere:/usr/local/bin"}, DefaultReadAhead,
 			script, []string{"usr/bin/interp", "usr/local/bin/entry.sh"}, false},
-		{"shadowed", fetcher.Start{Program: "tool"}, DefaultReadAhead, nil, []string{"usr/bin/tool"}, false},
+		{"shadowed", fetcher.Start{Program: "tool"}, DefaultReadAhead, users, []string{"usr/bin/tool"}, false},
 		{"path", fetcher.Start{Program: "/usr/local/bin/entry.sh"}, DefaultReadAhead,
 			script, []string{"usr/bin/interp", "usr/local/bin/entry.sh"}, false},
-		{"not executable", fetcher.Start{Program: "notexe", Path: "/usr/local/bin"}, DefaultReadAhead, nil, nil, false},
-		{"relative", fetcher.Start{Program: "bin/tool"}, DefaultReadAhead, nil, nil, false},
-		{"nowhere", fetcher.Start{Program: "missing"}, DefaultReadAhead, nil, nil, false},
+		{"not executable", fetcher.Start{Program: "notexe", Path: "/usr/local/bin"}, DefaultReadAhead, users, nil, false},
+		{"relative", fetcher.Start{Program: "bin/tool"}, DefaultReadAhead, users, nil, false},
+		{"nowhere", fetcher.Start{Program: "missing"}, DefaultReadAhead, users, nil, false},
 		{"read-ahead off", fetcher.Start{Program: "entry.sh", Path: "/usr/local/bin"}, 0, nil, nil, false},
 		{"profiled", fetcher.Start{Program: "entry.sh", Path: "/usr/local/bin"}, DefaultReadAhead, nil, nil, true},
 	} {
@@ -83,11 +88,15 @@ func TestPredictImageProgram(t *testing.T) {
 			})
 			lookupOK(t, m, ref, profKey(bf))
 			time.Sleep(100 * time.Millisecond)
-			if got := fetchedFiles(lb, e.reg.log(false)); len(got) != 0 {
+			// An image whose program is nowhere has its user database fetched now; nothing
+			// else is, before the program's layer is looked up.
+			if got := slices.DeleteFunc(fetchedFiles(lb, e.reg.log(false)), func(p string) bool {
+				return len(c.app) == 0 && slices.Contains(users, p)
+			}); len(got) != 0 {
 				t.Fatalf("fetched %q before the program's layer was looked up", got)
 			}
 			la := lookupOK(t, m, ref, profKey(af))
-			if len(c.app) > 0 {
+			if len(c.app) > 0 || len(c.base) > 0 {
 				waitFor(t, "the program's files", func() bool {
 					log := e.reg.log(false)
 					return slices.Equal(fetchedFiles(la, log), c.app) && slices.Equal(fetchedFiles(lb, log), c.base)
