@@ -39,11 +39,10 @@ import (
 // replays a startup profile (which holds what the start loaded, and nothing it read as data);
 // a shared object read as data (a checksum, a copy) is predicted alike, which costs fetches of
 // the image's own files, within the same bounds. Other files read (scripts, objects, archives)
-// are not predicted. A predicted file of at
-// most maxPredictWhole of content is fetched whole (fetchFile: the loader maps all of it,
-// reads its header and then its dynamic section, near its end, and the program faults its
-// pages in here and there), unless its layer replays a startup profile, which knows how much
-// of it the start reads. The file's header, program headers, interpreter path (PT_INTERP),
+// are not predicted. A predicted file of at most maxPredictWhole of content is fetched whole
+// (fetchFile: the loader maps all of it, reads its header and then its dynamic section, near
+// its end, and the program faults its pages in here and there), unless its layer replays a
+// startup profile, which knows how much of it the start reads. The file's header, program headers, interpreter path (PT_INTERP),
 // dynamic section (PT_DYNAMIC) and the strings it names (DT_NEEDED, DT_RUNPATH or DT_RPATH)
 // are read beside it, as a prediction reads (kind ahead: fetched, verified and cached as any
 // chunk, never recorded in a profile nor counted as the workload's reads); each library is
@@ -263,13 +262,19 @@ func isSharedObject(p []byte) bool {
 	if len(p) < 18 || string(p[:4]) != elf.ELFMAG {
 		return false
 	}
-	switch elf.Data(p[elf.EI_DATA]) {
+	bo := byteOrder(p[elf.EI_DATA])
+	return bo != nil && elf.Type(bo.Uint16(p[16:])) == elf.ET_DYN
+}
+
+// byteOrder is the byte order an ELF header's EI_DATA byte names, nil for none.
+func byteOrder(data byte) binary.ByteOrder {
+	switch elf.Data(data) {
 	case elf.ELFDATA2LSB:
-		return elf.Type(binary.LittleEndian.Uint16(p[16:])) == elf.ET_DYN
+		return binary.LittleEndian
 	case elf.ELFDATA2MSB:
-		return elf.Type(binary.BigEndian.Uint16(p[16:])) == elf.ET_DYN
+		return binary.BigEndian
 	}
-	return false
+	return nil
 }
 
 // ldCache is glibc's cache of library paths, which its dynamic loader reads first (a system
@@ -322,13 +327,8 @@ func readELFDeps(r io.ReaderAt, size int64) (elfDeps, error) {
 	if string(id[:4]) != elf.ELFMAG {
 		return d, errNotELF
 	}
-	var bo binary.ByteOrder
-	switch elf.Data(id[elf.EI_DATA]) {
-	case elf.ELFDATA2LSB:
-		bo = binary.LittleEndian
-	case elf.ELFDATA2MSB:
-		bo = binary.BigEndian
-	default:
+	bo := byteOrder(id[elf.EI_DATA])
+	if bo == nil {
 		return d, fmt.Errorf("ELF data encoding %d", id[elf.EI_DATA])
 	}
 	d.class = elf.Class(id[elf.EI_CLASS])
