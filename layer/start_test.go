@@ -204,3 +204,25 @@ func TestPredictImageProgramEndsAtAnotherExec(t *testing.T) {
 		})
 	}
 }
+
+// TestUserFilesBounded: the image's user database is fetched with its program only up to
+// maxUserFile per file: a larger /etc/passwd (a hostile image's) is left to the runtime's
+// own reads, while /etc/group beside it comes.
+func TestUserFilesBounded(t *testing.T) {
+	fx := predictLayer(t, "users", []testlayer.Entry{
+		regEntry("etc/passwd", make([]byte, maxUserFile+1)),
+		regEntry("etc/group", []byte("root:x:0:\n")),
+	})
+	e := newProfEnv(t)
+	ref := profRepo + ":v1"
+	e.reg.push(ref, fx)
+	m, _ := e.start(WithPrefetch(false))
+	l := lookupOK(t, m, ref, profKey(fx))
+	e.reg.log(true)
+	fetchUserFiles([]*Layer{l})
+	waitFor(t, "/etc/group", func() bool { return slices.Contains(fetchedFiles(l, e.reg.log(false)), "etc/group") })
+	time.Sleep(100 * time.Millisecond) // anything more would come now
+	if got := fetchedFiles(l, e.reg.log(false)); !slices.Equal(got, []string{"etc/group"}) {
+		t.Errorf("fetched %q, want only etc/group", got)
+	}
+}
