@@ -42,18 +42,19 @@ import (
 // are not predicted. A predicted file of at most maxPredictWhole of content is fetched whole
 // (fetchFile: the loader maps all of it, reads its header and then its dynamic section, near
 // its end, and the program faults its pages in here and there), unless its layer replays a
-// startup profile, which knows how much of it the start reads. The file's header, program headers, interpreter path (PT_INTERP),
-// dynamic section (PT_DYNAMIC) and the strings it names (DT_NEEDED, DT_RUNPATH or DT_RPATH)
-// are read beside it, as a prediction reads (kind ahead: fetched, verified and cached as any
-// chunk, never recorded in a profile nor counted as the workload's reads); each library is
-// looked for as the loader looks (the run path with $ORIGIN, then the usual system
-// directories for the file's machine: the ld.so.cache is fetched, not read), by path in the
-// layer and in the other live layers resolved through one of its references (the rest of the
-// image; a symlink is followed across them); each file found is predicted in turn, which
-// fetches it (whole, or its header and dynamic section), and so brings it into the cache
-// before the loader asks. What the loader faults in later comes through reads as before.
-// Reads of the workload are never delayed: a prediction's fetches are shared with any read
-// that wants the same chunks, and hold background work up no more than fetch-ahead does.
+// startup profile, which knows how much of it the start reads. The file's header, program
+// headers, interpreter path (PT_INTERP), dynamic section (PT_DYNAMIC) and the strings it names
+// (DT_NEEDED, DT_RUNPATH or DT_RPATH) are read beside it, as a prediction reads (kind ahead:
+// fetched, verified and cached as any chunk, never recorded in a profile nor counted as the
+// workload's reads); each library is looked for as the loader looks (the run path with $ORIGIN,
+// then the usual system directories for the file's machine: the ld.so.cache is fetched, not
+// read), by path in the layer and in the other live layers resolved through one of its
+// references (the rest of the image; a symlink is followed across them); each file found is
+// predicted in turn, which fetches it (whole, or its header and dynamic section), and so brings
+// it into the cache before the loader asks. What the loader faults in later comes through reads
+// as before. Reads of the workload are never delayed: a prediction's fetches are shared with
+// any read that wants the same chunks, and hold background work up no more than fetch-ahead
+// does.
 //
 // Bounds (an ELF file is untrusted input): at most maxPredicted files per layer are predicted
 // (each once), predictSlots predictions run at once per manager (each holding at most
