@@ -117,6 +117,9 @@ type sample struct {
 	ProfileBytes, ProfileFetched    int64
 	// Imported is what `layerstore profiles import` said.
 	Imported string
+	// From the start of the pull to the ready line: the store's CPU seconds (-1 without a
+	// store) and the share of the machine's processors that were busy (cpu.go).
+	StoreCPU, Busy float64
 }
 
 func (s sample) total() float64 { return s.Pull + s.Run }
@@ -228,7 +231,7 @@ func (b *bench) learnProfile(ctx context.Context, c cell) ([]byte, error) {
 	}
 	name := fmt.Sprintf("learn-%d", b.runs)
 	defer pm.remove(name)
-	if _, _, _, err := pm.pullAndRun(ctx, b.proxy.Addr()+"/"+img.Repo, name, c.image.ready); err != nil {
+	if _, _, _, err := pm.pullAndRun(ctx, b.proxy.Addr()+"/"+img.Repo, name, c.image.ready, nil); err != nil {
 		return nil, fmt.Errorf("learning run: %w", err)
 	}
 	pm.remove(name)
@@ -294,7 +297,7 @@ func (b *bench) prepareWarm(ctx context.Context, c cell) error {
 	name := fmt.Sprintf("warm-%d", b.runs)
 	defer pm.remove(name)
 	ref := b.proxy.Addr() + "/" + img.Repo
-	if _, _, _, err := pm.pullAndRun(ctx, ref, name, c.image.ready); err != nil {
+	if _, _, _, err := pm.pullAndRun(ctx, ref, name, c.image.ready, nil); err != nil {
 		return err
 	}
 	var lazy []digest.Digest
@@ -433,10 +436,17 @@ func (b *bench) runOnce(ctx context.Context, c cell) (s sample, err error) {
 	mark := b.reg.Mark()
 	_, down0 := b.proxy.Bytes()
 	ref := b.proxy.Addr() + "/" + img.Repo
-	pull, toReady, toExit, err := pm.pullAndRun(ctx, ref, name, c.image.ready)
+	pid := 0
+	if ms != nil {
+		pid = ms.pid()
+	}
+	cpu0 := snapCPU(pid)
+	var cpu1 cpuSnap
+	pull, toReady, toExit, err := pm.pullAndRun(ctx, ref, name, c.image.ready, func() { cpu1 = snapCPU(pid) })
 	if err != nil {
 		return s, err
 	}
+	s.StoreCPU, s.Busy = cpuSpent(cpu0, cpu1)
 	_, down1 := b.proxy.Bytes()
 	s.Pull, s.Run, s.Exit, s.Bytes, s.FromStore = pull.Seconds(), toReady.Seconds(), toExit.Seconds(), down1-down0, pm.fromStore()
 	if ms != nil {

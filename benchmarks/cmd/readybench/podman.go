@@ -91,19 +91,20 @@ func (p *podman) pull(ctx context.Context, ref string) (time.Duration, error) {
 
 // pullAndRun pulls ref and runs it (pull and run), or runs it at once, pulling it
 // (oneCommand; pull is then 0).
-func (p *podman) pullAndRun(ctx context.Context, ref, name, ready string) (pull, toReady, toExit time.Duration, err error) {
+func (p *podman) pullAndRun(ctx context.Context, ref, name, ready string, atReady func()) (pull, toReady, toExit time.Duration, err error) {
 	if !p.oneCommand {
 		if pull, err = p.pull(ctx, ref); err != nil {
 			return 0, 0, 0, err
 		}
 	}
-	toReady, toExit, err = p.run(ctx, ref, name, ready)
+	toReady, toExit, err = p.run(ctx, ref, name, ready, atReady)
 	return pull, toReady, toExit, err
 }
 
 // run runs `podman run --name name ref` (the image's own command) and returns how long until
-// the workload printed a line starting with ready, and until podman exited.
-func (p *podman) run(ctx context.Context, ref, name, ready string) (toReady, toExit time.Duration, err error) {
+// the workload printed a line starting with ready, and until podman exited. atReady, when not
+// nil, is called when that line comes, before run returns.
+func (p *podman) run(ctx context.Context, ref, name, ready string, atReady func()) (toReady, toExit time.Duration, err error) {
 	cmd, output, err := p.command(ctx, "run", "--name", name, "--net=none", ref)
 	if err != nil {
 		return 0, 0, err
@@ -131,6 +132,9 @@ func (p *podman) run(ctx context.Context, ref, name, ready string) (toReady, toE
 			lines = append(lines, sc.Text())
 			if toReady == 0 && strings.HasPrefix(sc.Text(), ready) {
 				toReady = time.Since(start)
+				if atReady != nil {
+					atReady()
+				}
 			}
 		}
 	}()

@@ -201,7 +201,10 @@ func (r *report) markdown(plots map[string]string) string {
 	w("\"waited\" the medians of the container's reads that waited for the registry (layerstore's `status`, summed\n")
 	w("over the lazy layers), of those of them that sent a request of their own (the round trips the workload\n")
 	w("paid for; the others waited for chunks already on their way), and of their waits summed (reads waiting\n")
-	w("at once count each): reads / requests (seconds).\n\n")
+	w("at once count each): reads / requests (seconds). \"CPU\": from the start of the pull to the ready line, the\n")
+	w("store's own CPU time (user + system, p50; `-` for a full pull) / the share of the machine's processors that\n")
+	w("were busy (p50, all processes): near 100%% the start waits for the processors (decompressing, verifying,\n")
+	w("podman's own work), which the floor below does not count.\n\n")
 	w("**Floor** (cold lazy cells): the least a cold lazy start of the image can take over the link, whatever the\n")
 	w("store: round trips one after the other at the link's RTT (the manifest; the config; one TOC request per\n")
 	w("layer served lazily, a layer after its parent as the runtime looks them up; one for the chunks the workload\n")
@@ -295,8 +298,8 @@ func (r *report) markdown(plots map[string]string) string {
 		if p := plots[l.String()]; p != "" {
 			w("![time to ready over %s](%s)\n\n", l, p)
 		}
-		w("| image | format | mode | runtime | cache | n | pull p50 | pull p95 | run p50 | run p95 | **total p50** | total p95 | lazy/full | floor (net) | floor | /floor | read | from store | via link | blob GETs | waited |\n")
-		w("|---|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+		w("| image | format | mode | runtime | cache | n | pull p50 | pull p95 | run p50 | run p95 | **total p50** | total p95 | lazy/full | floor (net) | floor | /floor | read | from store | via link | blob GETs | waited | CPU |\n")
+		w("|---|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 		for _, c := range r.cells {
 			if c.link.String() != l.String() {
 				continue
@@ -333,13 +336,14 @@ func (r *report) markdown(plots map[string]string) string {
 				d := measureOf(ss, func(s sample) float64 { return s.ReadWaitSeconds })
 				waited = fmt.Sprintf("%.0f / %.0f (%.2f s)", n.p50, o.p50, d.p50)
 			}
+			cpu := cpuColumn(ss)
 			pull50, pull95 := fmt.Sprintf("%.2f", pull.p50), fmt.Sprintf("%.2f", pull.p95)
 			if c.runtime == rtPodman5 {
 				pull50, pull95 = "-", "-" // pulled by podman run (see Method)
 			}
-			w("| %s | %s | %s | %s | %s | %d | %s | %s | %.2f | %.2f | **%.2f** | %.2f | %s | %s | %s | %s | %s | %s | %s | %.0f | %s |\n",
+			w("| %s | %s | %s | %s | %s | %d | %s | %s | %.2f | %.2f | **%.2f** | %.2f | %s | %s | %s | %s | %s | %s | %s | %.0f | %s | %s |\n",
 				c.image.name, c.format, c.mode(), c.runtime, c.cache(), len(ss), pull50, pull95, run.p50, run.p95, total.p50, total.p95, ratio,
-				netStr, floorStr, overFloor, read, fromStr, mb(int64(bytes.p50)), gets.p50, waited)
+				netStr, floorStr, overFloor, read, fromStr, mb(int64(bytes.p50)), gets.p50, waited, cpu)
 		}
 		w("\n")
 		var floors []string
@@ -444,4 +448,14 @@ func (r *report) write(ctx context.Context, modDir string) error {
 		}
 	}
 	return benchenv.WriteReport(out, r.markdown(plots))
+}
+
+// cpuColumn formats what the samples' starts cost the processors: the store's CPU seconds
+// (p50; "-" without a store) and the share of the machine's processors busy (p50).
+func cpuColumn(ss []sample) string {
+	store := "-"
+	if ss[0].StoreCPU >= 0 {
+		store = fmt.Sprintf("%.2f s", measureOf(ss, func(s sample) float64 { return s.StoreCPU }).p50)
+	}
+	return fmt.Sprintf("%s / %.0f%%", store, 100*measureOf(ss, func(s sample) float64 { return s.Busy }).p50)
 }

@@ -41,6 +41,8 @@ type mountedStore interface {
 	layers(ctx context.Context) (map[digest.Digest]layer.LayerStatus, error)
 	// stop ends the store by its PID and unmounts it.
 	stop()
+	// pid is the store's process.
+	pid() int
 }
 
 var errCannotTell = errors.New("the store does not report its layers")
@@ -78,6 +80,7 @@ var _ mountedStore = (*runningLayerstore)(nil)
 
 func (r *runningLayerstore) mountpoint() string { return r.d.Cfg.Mountpoint }
 func (r *runningLayerstore) stop()              { r.d.Stop() }
+func (r *runningLayerstore) pid() int           { return r.d.Cmd.Process.Pid }
 
 // profiles runs `layerstore profiles VERB FILE` (export or import) against the daemon, and
 // returns what it printed.
@@ -157,6 +160,7 @@ var _ mountedStore = (*runningPeer)(nil)
 
 func (r *runningPeer) mountpoint() string { return r.p.Cfg.Mountpoint }
 func (r *runningPeer) stop()              { r.p.Stop() }
+func (r *runningPeer) pid() int           { return r.p.Cmd.Process.Pid }
 
 func (r *runningPeer) layers(context.Context) (map[digest.Digest]layer.LayerStatus, error) {
 	return nil, errCannotTell
