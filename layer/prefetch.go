@@ -378,7 +378,8 @@ func (l *Layer) plan() ([]chunkKey, int64) {
 			continue
 		}
 		seen[e.Digest] = true
-		for i, c := range l.idx.Chunks(id) {
+		for i := range l.idx.NumChunks(id) { // one at a time: a hostile file has millions
+			c, _ := l.idx.Chunk(id, i)
 			keys = append(keys, chunkKey{id, i})
 			offs = append(offs, c.Offset)
 			total += c.Length

@@ -43,21 +43,20 @@ func (l *Verifier) VerifyChunk(file chunked.EntryID, i int, compressed []byte) (
 }
 
 func (l *Verifier) verifyChunk(file chunked.EntryID, i int, compressed []byte) (Chunk, error) {
-	cs := l.index.Chunks(file)
-	name := l.index.Entry(file).Name
-	if i < 0 || i >= len(cs) {
-		return Chunk{}, fmt.Errorf("%q has no chunk %d", name, i)
+	// The one chunk, not the file's list: a file of zstd:chunked's small chunks has hundreds.
+	ref, ok := l.index.Chunk(file, i)
+	if !ok {
+		return Chunk{}, fmt.Errorf("%q has no chunk %d", l.index.Entry(file).Name, i)
 	}
-	ref := cs[i]
 	if want := ref.Length; int64(len(compressed)) > want {
 		compressed = compressed[:want]
 	}
 	data := make([]byte, ref.Size)
 	if err := decompress(l.layout.Format, ref, compressed, data); err != nil {
-		return Chunk{}, fmt.Errorf("chunk %d of %q: %w: %v", i, name, ErrCorrupt, err)
+		return Chunk{}, fmt.Errorf("chunk %d of %q: %w: %v", i, l.index.Entry(file).Name, ErrCorrupt, err)
 	}
 	if got := sha256.Sum256(data); got != ref.Digest {
-		return Chunk{}, &MismatchError{What: fmt.Sprintf("chunk %d of %q", i, name),
+		return Chunk{}, &MismatchError{What: fmt.Sprintf("chunk %d of %q", i, l.index.Entry(file).Name),
 			Want: digest.Digest(ref.Digest.String()), Got: digest.NewDigestFromBytes(digest.SHA256, got[:])}
 	}
 	return Chunk{ref: ref, data: data}, nil

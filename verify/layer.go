@@ -494,11 +494,11 @@ func (l *Verifier) ReadTarSplit(ctx context.Context, src Source, final bool) err
 
 // ReadChunk fetches chunk i of a file from src and verifies it.
 func (l *Verifier) ReadChunk(ctx context.Context, src Source, file chunked.EntryID, i int) (Chunk, error) {
-	cs := l.index.Chunks(file)
-	if i < 0 || i >= len(cs) {
+	c, ok := l.index.Chunk(file, i)
+	if !ok {
 		return Chunk{}, fmt.Errorf("chunk %d of %q: %w", i, l.index.Entry(file).Name, errors.ErrUnsupported)
 	}
-	raw, err := readRange(ctx, src, cs[i].Offset, cs[i].Length)
+	raw, err := readRange(ctx, src, c.Offset, c.Length)
 	if err != nil {
 		return Chunk{}, &LayerError{Layer: l.layout.BlobDigest, Format: l.layout.Format, Err: err}
 	}
