@@ -3,6 +3,7 @@ package layer
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -109,6 +110,10 @@ func (l *Layer) fetchMissing(ctx context.Context, file chunked.EntryID, idx []in
 		d := time.Since(start)
 		l.env.counters.readWait.Observe(d)
 		l.reads.wait(d, own)
+		if l.env.log.Enabled(ctx, slog.LevelDebug) { // a slow start's reads, one by one
+			l.env.log.Debug("read waited for the registry", "layer", l.desc.Digest, "path", l.idx.Path(file),
+				"chunk", idx[0], "chunks", len(idx), "request", own, "waited", d, "err", err)
+		}
 	}
 	return out, err
 }

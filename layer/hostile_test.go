@@ -601,3 +601,57 @@ func TestTransientFailureForgottenSoon(t *testing.T) {
 		t.Fatalf("a read %v later: %v, want the bytes", transientNegativeTTL, err)
 	}
 }
+
+// TestReadWaitLogged: at debug level, a read that waited for the registry logs which file
+// and chunk, whether it sent a request of its own and how long it waited (how an operator
+// finds what a slow start waited for); a read the cache serves logs nothing, nor at info level.
+func TestReadWaitLogged(t *testing.T) {
+	e := newEnv(t)
+	f := e.fixtures[0]
+	ref := e.push("waitlog:v1", fixtureLayer(f))
+	for _, level := range []slog.Level{slog.LevelDebug, slog.LevelInfo} {
+		logs := &testlog.Handler{}
+		m := e.manager(WithLogger(slog.New(levelHandler{logs, level})), WithPrefetch(false))
+		l, err := m.lookup(t.Context(), ref, f.Desc.Digest)
+		if err != nil {
+			t.Fatal(err)
+		}
+		id, _ := l.Index().LookupPath("usr/bin/tool")
+		id = l.Index().Entry(id).Inode
+		buf := make([]byte, 4096)
+		for range 2 { // cold, then from the cache
+			if _, err := l.ReadFile(t.Context(), id, buf, 0); err != nil {
+				t.Fatal(err)
+			}
+		}
+		var waits []string
+		_, lines := logs.Count()
+		for _, line := range lines {
+			if strings.Contains(line, "read waited for the registry") {
+				waits = append(waits, line)
+			}
+		}
+		want := 0
+		if level == slog.LevelDebug {
+			want = 1
+		}
+		if len(waits) != want {
+			t.Fatalf("at %v, %d lines %q: want %d", level, len(waits), waits, want)
+		}
+		for _, w := range waits {
+			for _, part := range []string{"path=usr/bin/tool", "chunk=0", "request=true", "waited="} {
+				if !strings.Contains(w, part) {
+					t.Errorf("%q lacks %q", w, part)
+				}
+			}
+		}
+	}
+}
+
+// levelHandler passes on the records at or above its level.
+type levelHandler struct {
+	slog.Handler
+	level slog.Level
+}
+
+func (h levelHandler) Enabled(_ context.Context, l slog.Level) bool { return l >= h.level }
