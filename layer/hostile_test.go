@@ -616,9 +616,7 @@ func TestReadWaitLogged(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		id, _ := l.Index().LookupPath("usr/bin/tool")
-		id = l.Index().Entry(id).Inode
-		buf := make([]byte, 4096)
+		id, buf := fileOf(t, l, "usr/bin/tool"), make([]byte, 4096)
 		for range 2 { // cold, then from the cache
 			if _, err := l.ReadFile(t.Context(), id, buf, 0); err != nil {
 				t.Fatal(err)

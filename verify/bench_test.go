@@ -1,10 +1,7 @@
 package verify_test
 
 import (
-	"archive/tar"
 	"testing"
-
-	"github.com/containerd/stargz-snapshotter/estargz"
 
 	"github.com/layerstore/layerstore/chunked"
 	"github.com/layerstore/layerstore/internal/testutil/testlayer"
@@ -86,28 +83,13 @@ func BenchmarkOpenLarge(b *testing.B) {
 // (zstd:chunked cuts files into chunks of tens of KiB), in uncompressed bytes per second: the
 // cost of finding one chunk must not grow with the file's count.
 func BenchmarkVerifyChunkOfManyChunks(b *testing.B) {
-	data := make([]byte, 16<<20)
-	for i := range data {
-		data[i] = byte(i * 7 / 5)
-	}
-	tarBlob := testlayer.Build([]testlayer.Entry{{Header: tar.Header{Typeflag: tar.TypeReg, Name: "big", Mode: 0o644, Size: int64(len(data))}, Data: data}})
-	f, err := testlayer.BuildEStargz("many-chunks", tarBlob, estargz.WithChunkSize(16<<10))
-	if err != nil {
-		b.Fatal(err)
-	}
-	l, _ := open(b, f)
-	x := l.Index()
-	var id chunked.EntryID
-	for e := range chunked.EntryID(x.Len()) {
-		if x.Entry(e).Name == "big" {
-			id = e
-		}
-	}
-	cs := x.Chunks(id)
+	const size = 16 << 20
+	l, f, id := manyChunks(b, size, 16<<10)
+	cs := l.Index().Chunks(id)
 	if len(cs) < 1000 {
 		b.Fatalf("%d chunks", len(cs))
 	}
-	b.SetBytes(int64(len(data)))
+	b.SetBytes(size)
 	for b.Loop() {
 		for i, c := range cs {
 			if _, err := l.VerifyChunk(id, i, f.Blob[c.Offset:c.End()]); err != nil {

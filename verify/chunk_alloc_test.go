@@ -8,6 +8,7 @@ import (
 	"github.com/containerd/stargz-snapshotter/estargz"
 	"github.com/layerstore/layerstore/chunked"
 	"github.com/layerstore/layerstore/internal/testutil/testlayer"
+	"github.com/layerstore/layerstore/verify"
 )
 
 // TestVerifyChunkMemoryOfManyChunks: verifying one chunk of a file costs memory for that chunk,
@@ -16,24 +17,9 @@ import (
 // for every verification took 80 bytes per chunk of the file each time (640 MB for a file of
 // eight million), and as many decodings.
 func TestVerifyChunkMemoryOfManyChunks(t *testing.T) {
-	const size, chunk = 4 << 20, 512 // 8192 chunks
-	data := make([]byte, size)
-	for i := range data {
-		data[i] = byte(i * 13 / 7)
-	}
-	tarBlob := testlayer.Build([]testlayer.Entry{{Header: tar.Header{Typeflag: tar.TypeReg, Name: "big", Mode: 0o644, Size: size}, Data: data}})
-	f, err := testlayer.BuildEStargz("many-chunks", tarBlob, estargz.WithChunkSize(chunk))
-	if err != nil {
-		t.Fatal(err)
-	}
-	l, _ := open(t, f)
+	const size, chunk = 4 << 20, 512
+	l, f, id := manyChunks(t, size, chunk)
 	x := l.Index()
-	var id chunked.EntryID
-	for e := range chunked.EntryID(x.Len()) {
-		if x.Entry(e).Name == "big" {
-			id = e
-		}
-	}
 	n := x.NumChunks(id)
 	if n < size/chunk {
 		t.Fatalf("%d chunks, want %d", n, size/chunk)
@@ -54,4 +40,25 @@ func TestVerifyChunkMemoryOfManyChunks(t *testing.T) {
 	if per > 16<<10 { // the chunk's bytes and the decompressor's state; not 80 x 8192
 		t.Errorf("%d bytes allocated per chunk verified: want at most 16 KiB", per)
 	}
+}
+
+// manyChunks builds an eStargz layer of one file, "big", of size bytes cut into chunks of
+// chunk bytes, and returns its verifier, the fixture and the file.
+func manyChunks(t testing.TB, size, chunk int) (*verify.Verifier, testlayer.Fixture, chunked.EntryID) {
+	t.Helper()
+	data := make([]byte, size)
+	for i := range data {
+		data[i] = byte(i * 13 / 7)
+	}
+	tarBlob := testlayer.Build([]testlayer.Entry{{Header: tar.Header{Typeflag: tar.TypeReg, Name: "big", Mode: 0o644, Size: int64(size)}, Data: data}})
+	f, err := testlayer.BuildEStargz("many-chunks", tarBlob, estargz.WithChunkSize(chunk))
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, _ := open(t, f)
+	id, ok := l.Index().LookupPath("big")
+	if !ok {
+		t.Fatal("no big")
+	}
+	return l, f, id
 }
