@@ -646,10 +646,19 @@ func TestReadWaitLogged(t *testing.T) {
 	}
 }
 
-// levelHandler passes on the records at or above its level.
+// levelHandler passes on the records at or above its level, and so do the handlers derived
+// from it (a logger's With).
 type levelHandler struct {
 	slog.Handler
 	level slog.Level
 }
 
 func (h levelHandler) Enabled(_ context.Context, l slog.Level) bool { return l >= h.level }
+
+func (h levelHandler) WithAttrs(as []slog.Attr) slog.Handler {
+	return levelHandler{h.Handler.WithAttrs(as), h.level}
+}
+
+func (h levelHandler) WithGroup(name string) slog.Handler {
+	return levelHandler{h.Handler.WithGroup(name), h.level}
+}
