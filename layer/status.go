@@ -25,6 +25,21 @@ type Status struct {
 	// Session is what becomes of the store's FUSE session when the daemon restarts; set by the
 	// daemon, not by the Manager.
 	Session *Session `json:"session,omitempty"`
+	// Runtimes is what the daemon recorded in the runtimes' own storage for them; set by the
+	// daemon, not by the Manager.
+	Runtimes *RuntimeRecords `json:"runtimes,omitempty"`
+}
+
+// RuntimeRecords says what the daemon wrote into runtimes' layers.json: the entries of layers
+// they took from the store and that their containers/storage did not record.
+type RuntimeRecords struct {
+	// Graphroots are the runtimes' storage roots the daemon records into; none when off.
+	Graphroots []string `json:"graphroots"`
+	// Recorded counts the entries added; Failures the passes over a graphroot that failed,
+	// LastError the last one's error.
+	Recorded  int64  `json:"recorded"`
+	Failures  int64  `json:"failures"`
+	LastError string `json:"lastError,omitempty"`
 }
 
 // Session says whether running containers survive a restart or a crash of the daemon.

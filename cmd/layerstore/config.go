@@ -92,6 +92,13 @@ type Config struct {
 		Passthrough *bool `toml:"passthrough"`
 	} `toml:"fuse"`
 
+	// Runtimes is the runtimes' storage the daemon records the layers they take from the
+	// store into (see internal/runtimestore).
+	Runtimes struct {
+		RecordLayers *bool    `toml:"record-layers"`
+		Graphroots   []string `toml:"graphroots"`
+	} `toml:"runtimes"`
+
 	CredentialTTL Duration `toml:"credential-ttl"`
 }
 

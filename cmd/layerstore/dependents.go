@@ -25,10 +25,17 @@ made from them. Those images work only while the daemon serves the store: before
 store off, remove them (--remove), then remove the additionallayerstores line from
 storage.conf, then stop the service.
 
---remove removes them through the runtime's own command: crictl rmi where CRI-O runs (its
-socket exists), podman rmi otherwise. An image that containers still use is left, and said so:
+Where CRI-O runs (the socket its configuration names, /var/run/crio/crio.sock by default,
+exists), its storage is the one of its configuration's root, and crictl, told that socket,
+is its command; podman otherwise. Images that lost their layers (taken from a store, not
+recorded by a runtime on containers/storage 1.58 or later, and removed at its next start
+before the daemon recorded them) are listed as broken, with the pull that mends each.
+
+--remove removes the dependent images through the runtime's own command (crictl rmi or podman
+rmi). An image that containers still use is left, and said so:
 remove those containers first. It can be run again at any time: what is gone stays gone.
-Exit status: 0 when no image depends on a store (after --remove: none is left), 1 otherwise.
+Exit status: 0 when no image depends on a store and none is broken (after --remove: none is
+left), 1 otherwise.
 
 `
 
@@ -40,6 +47,14 @@ type dependentImage struct {
 	Containers []string `json:"containers"`      // names (or IDs) of containers made from it
 }
 
+// brokenImage is an image of the runtime's storage that lost its layers, and the command that
+// mends it.
+type brokenImage struct {
+	ID    string   `json:"id"`
+	Names []string `json:"names"`
+	Fix   string   `json:"fix"`
+}
+
 type dependentsReport struct {
 	GraphRoot string           `json:"graphRoot"`
 	Images    []dependentImage `json:"images"`
@@ -47,7 +62,12 @@ type dependentsReport struct {
 	// by a runtime that did not record them (podman 5, see the README's known issue) or by an
 	// interrupted removal. The runtime no longer uses them.
 	Orphans []string `json:"orphanLayers"`
-	Removed []string `json:"removed,omitempty"` // images removed by --remove
+	// Broken are images whose top layer the runtime's layers.json no longer names and whose
+	// layer directory is gone: layers taken from a store that the runtime did not record
+	// (containers/storage 1.58+) and that its next start removed, before the daemon recorded
+	// them. Pulling each again through the store mends it.
+	Broken  []brokenImage `json:"broken"`
+	Removed []string      `json:"removed,omitempty"` // images removed by --remove
 	Failed  []string `json:"failed,omitempty"`  // images --remove could not remove, with why
 }
 
@@ -66,6 +86,11 @@ func runDependents(ctx context.Context, args []string, stdout, stderr io.Writer)
 		return 2
 	}
 	_, setup := checkStorageConf(ctx, or(*conf, storageConfPath()), "")
+	if c, _ := readCrioConfig(); *conf == "" && c.Crio.Root != "" {
+		if _, ok := crioSocket(); ok {
+			setup.graphroot = c.Crio.Root // CRI-O runs, with a root of its own
+		}
+	}
 	rep, err := findDependents(setup.graphroot)
 	if err == nil && *remove {
 		removeDependents(ctx, &rep, stderr)
@@ -89,7 +114,7 @@ func runDependents(ctx context.Context, args []string, stdout, stderr io.Writer)
 	} else {
 		renderDependents(stdout, rep)
 	}
-	if len(rep.Images) > 0 {
+	if len(rep.Images) > 0 || len(rep.Broken) > 0 {
 		return 1
 	}
 	return 0
@@ -114,7 +139,7 @@ type storageContainer struct {
 // does not fill for layers taken from a store: overlay/<id>/additionallayer marks a layer from
 // a store, and overlay/<id>/lower lists the lower layers of an image's top layer.
 func findDependents(graphroot string) (dependentsReport, error) {
-	rep := dependentsReport{GraphRoot: graphroot, Images: []dependentImage{}, Orphans: []string{}}
+	rep := dependentsReport{GraphRoot: graphroot, Images: []dependentImage{}, Orphans: []string{}, Broken: []brokenImage{}}
 	overlay := filepath.Join(graphroot, "overlay")
 	marks, err := filepath.Glob(filepath.Join(overlay, "*", "additionallayer"))
 	if err != nil {
@@ -124,12 +149,15 @@ func findDependents(graphroot string) (dependentsReport, error) {
 	for _, m := range marks {
 		fromStore[filepath.Base(filepath.Dir(m))] = true
 	}
-	if len(fromStore) == 0 {
-		return rep, nil
-	}
 	var images []storageImage
 	if err := readJSONFile(filepath.Join(graphroot, "overlay-images", "images.json"), &images); err != nil {
 		return rep, err
+	}
+	if rep.Broken, err = brokenImages(graphroot, images); err != nil {
+		return rep, err
+	}
+	if len(fromStore) == 0 {
+		return rep, nil
 	}
 	var containers []storageContainer
 	if err := readJSONFile(filepath.Join(graphroot, "overlay-containers", "containers.json"), &containers); err != nil {
@@ -170,6 +198,40 @@ func findDependents(graphroot string) (dependentsReport, error) {
 	return rep, nil
 }
 
+// brokenImages lists the images whose top layer layers.json does not name and whose layer
+// directory is gone, with the command that pulls each again (the runtime's own).
+func brokenImages(graphroot string, images []storageImage) ([]brokenImage, error) {
+	var layers []struct {
+		ID string `json:"id"`
+	}
+	if err := readJSONFile(filepath.Join(graphroot, "overlay-layers", "layers.json"), &layers); err != nil {
+		return nil, err
+	}
+	known := map[string]bool{}
+	for _, l := range layers {
+		known[l.ID] = true
+	}
+	tool := "podman pull"
+	if _, ok := crioSocket(); ok {
+		tool = "crictl pull"
+	}
+	broken := []brokenImage{}
+	for _, img := range images {
+		if img.Layer == "" || known[img.Layer] {
+			continue
+		}
+		if _, err := os.Stat(filepath.Join(graphroot, "overlay", img.Layer)); err == nil {
+			continue // not recorded yet: the daemon records it at its next pass
+		}
+		fix := "no name to pull it by: " + strings.Replace(tool, "pull", "rmi", 1) + " " + img.ID
+		if len(img.Names) > 0 {
+			fix = tool + " " + img.Names[0]
+		}
+		broken = append(broken, brokenImage{ID: img.ID, Names: or2(img.Names, img.ID), Fix: fix})
+	}
+	return broken, nil
+}
+
 // layerChain returns the top layer and the lower layers the overlay driver records for it
 // (overlay/<top>/lower: "l/LINK:l/LINK...", each link a symlink to ../<id>/diff).
 func layerChain(overlay, top string) []string {
@@ -208,18 +270,23 @@ func readJSONFile(path string, v any) error {
 	return nil
 }
 
-// crioSockets are where CRI-O listens: when one exists, CRI-O owns the images and crictl
-// removes them.
-var crioSockets = []string{"/run/crio/crio.sock", "/var/run/crio/crio.sock"}
+// crioDefaultSocket is where CRI-O listens unless its configuration says otherwise.
+const crioDefaultSocket = "/var/run/crio/crio.sock"
+
+// crioSocket is CRI-O's socket, from its configuration ([crio.api] listen); ok when it exists:
+// then CRI-O owns the images, and crictl, told that socket, removes and pulls them.
+func crioSocket() (string, bool) {
+	c, _ := readCrioConfig()
+	sock := or(c.Crio.API.Listen, crioDefaultSocket)
+	return sock, fileExists(sock)
+}
 
 // removeDependents removes each dependent image through the runtime, bounded in time.
 func removeDependents(ctx context.Context, rep *dependentsReport, stderr io.Writer) {
-	tool := "podman"
-	for _, s := range crioSockets {
-		if fileExists(s) {
-			if _, err := exec.LookPath("crictl"); err == nil {
-				tool = "crictl"
-			}
+	tool, args := "podman", []string{"rmi"}
+	if sock, ok := crioSocket(); ok {
+		if _, err := exec.LookPath("crictl"); err == nil {
+			tool, args = "crictl", []string{"--runtime-endpoint", "unix://" + sock, "rmi"}
 		}
 	}
 	for _, img := range rep.Images {
@@ -230,7 +297,7 @@ func removeDependents(ctx context.Context, rep *dependentsReport, stderr io.Writ
 		// By its names: podman refuses to remove by ID an image with several; untagging the
 		// last name removes the image.
 		cctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
-		out, err := exec.CommandContext(cctx, tool, append([]string{"rmi"}, or2(img.Names, img.ID)...)...).CombinedOutput()
+		out, err := exec.CommandContext(cctx, tool, append(slices.Clone(args), or2(img.Names, img.ID)...)...).CombinedOutput()
 		cancel()
 		if err != nil {
 			rep.Failed = append(rep.Failed, fmt.Sprintf("%s: %s rmi: %v: %s", imageName(img), tool, err, strings.TrimSpace(string(out))))
@@ -264,6 +331,9 @@ func renderDependents(w io.Writer, rep dependentsReport) {
 			fmt.Fprintf(tw, "%s\t%s\t%d\t%s\n", strings.Join(img.Names, ","), img.ID[:min(12, len(img.ID))], len(img.Layers), strings.Join(img.Containers, ","))
 		}
 		tw.Flush()
+	}
+	for _, b := range rep.Broken {
+		fmt.Fprintf(w, "broken: %s lost its layers (taken from a store, not recorded by the runtime, removed at its start): %s\n", b.Names[0], b.Fix)
 	}
 	if len(rep.Orphans) > 0 {
 		fmt.Fprintf(w, "%d layers from a store that no image or container uses (the runtime does not use them)\n", len(rep.Orphans))

@@ -175,6 +175,7 @@ func diagnose(ctx context.Context, p doctorPaths) doctorReport {
 			checkRestarts(kernelRelease(), st),
 			checkCache(ctx, or(cfg.CacheDir, defaultCacheDir()), int64(cfg.CacheMaxSize), cacheUsed),
 			deps,
+			checkRuntimeRecords(setup.graphroot, st),
 		},
 		DependentLayers: layers,
 	}

@@ -10,12 +10,14 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 
 	"github.com/BurntSushi/toml"
 
 	"github.com/layerstore/layerstore/fetcher"
 	"github.com/layerstore/layerstore/internal/control"
+	"github.com/layerstore/layerstore/layer"
 )
 
 // The doctor's checks of the containers configuration: storage.conf (the store listed with
@@ -343,4 +345,57 @@ func uniq(s []string) []string {
 		}
 	}
 	return out
+}
+
+// checkRuntimeRecords checks that the runtime's own records (graphroot's layers.json) name the
+// layers it took from a store, which containers/storage 1.58 and later do not write: the daemon
+// writes them where it records into graphroot (st, its status, nil when it does not answer).
+// Images that lost their layers already are named with the pull that mends each.
+func checkRuntimeRecords(graphroot string, st *layer.Status) check {
+	const name = "runtime records"
+	marks, _ := filepath.Glob(filepath.Join(graphroot, "overlay", "*", "additionallayer"))
+	var layers []struct {
+		ID string `json:"id"`
+	}
+	var images []storageImage
+	err := readJSONFile(filepath.Join(graphroot, "overlay-layers", "layers.json"), &layers)
+	if err == nil {
+		err = readJSONFile(filepath.Join(graphroot, "overlay-images", "images.json"), &images)
+	}
+	if err != nil {
+		return check{name, statusFail, err.Error(), "the runtime's storage does not load: see its own error"}
+	}
+	known := map[string]bool{}
+	for _, l := range layers {
+		known[l.ID] = true
+	}
+	unrecorded := 0
+	for _, m := range marks {
+		if !known[filepath.Base(filepath.Dir(m))] {
+			unrecorded++
+		}
+	}
+	records := st != nil && st.Runtimes != nil && slices.Contains(st.Runtimes.Graphroots, filepath.Clean(graphroot))
+	broken, _ := brokenImages(graphroot, images)
+	if len(broken) > 0 {
+		var fixes []string
+		for _, b := range broken {
+			fixes = append(fixes, b.Fix)
+		}
+		return check{name, statusFail, fmt.Sprintf("%s in %s lost their layers (taken from a store, not recorded by the runtime, removed at its start)", plural(len(broken), "image"), graphroot),
+			strings.Join(fixes, "; ")}
+	}
+	switch {
+	case records && unrecorded > 0:
+		return check{name, statusOK, fmt.Sprintf("%s taken from the store not in %s's layers.json yet: the daemon records them at its next pass", plural(unrecorded, "layer"), graphroot), ""}
+	case records:
+		return check{name, statusOK, fmt.Sprintf("the daemon records the layers runtimes take from the store in %s where their containers/storage does not (%d recorded so far)", graphroot, st.Runtimes.Recorded), ""}
+	case unrecorded > 0:
+		return check{name, statusFail, fmt.Sprintf("%s of %d taken from a store are not in %s's layers.json: the runtime (containers/storage 1.58 or later) does not record them, and the daemon does not for it; the runtime's next start removes them",
+				plural(unrecorded, "layer"), len(marks), graphroot),
+			"set [runtimes] record-layers = true (the default) with " + graphroot + " among [runtimes] graphroots (or found in storage.conf or crio.conf), and restart the daemon"}
+	case len(marks) > 0:
+		return check{name, statusOK, fmt.Sprintf("the runtime records the layers it takes from the store itself (%d in %s)", len(marks), graphroot), ""}
+	}
+	return check{name, statusOK, "no layer of " + graphroot + " comes from a store", ""}
 }

@@ -26,6 +26,7 @@ import (
 	"github.com/layerstore/layerstore/internal/control"
 	"github.com/layerstore/layerstore/internal/fdstore"
 	"github.com/layerstore/layerstore/internal/gcpolicy"
+	"github.com/layerstore/layerstore/internal/runtimestore"
 	"github.com/layerstore/layerstore/internal/sdnotify"
 	"github.com/layerstore/layerstore/layer"
 )
@@ -117,6 +118,9 @@ type stack struct {
 	// descriptor store): a stop may then leave the mount to the next process.
 	stored  bool
 	session layer.Session // for status
+	// recorder records the layers runtimes take from the store in their own storage; nil
+	// when turned off.
+	recorder *runtimestore.Recorder
 }
 
 // Status is the manager's status with the session's.
@@ -124,6 +128,7 @@ func (s *stack) Status() layer.Status {
 	st := s.manager.Status()
 	sess := s.session
 	st.Session = &sess
+	st.Runtimes = runtimeRecords(s.recorder)
 	return st
 }
 
@@ -177,7 +182,11 @@ func openStack(cfg *Config, mountpoint string, inherited []fdstore.Named, log *s
 			opts.Passthrough = false
 		}
 	}
-	if s.mount, s.session.Resumed, err = mountStore(mountpoint, s.manager, opts, inherited, log); err != nil {
+	var store storefs.Store = s.manager
+	if s.recorder = newRecorder(cfg, mountpoint, log); s.recorder != nil {
+		store = recordingStore{s.manager, s.recorder}
+	}
+	if s.mount, s.session.Resumed, err = mountStore(mountpoint, store, opts, inherited, log); err != nil {
 		return nil, err
 	}
 	s.session.Why = keepSession(s.mount, log)
@@ -387,6 +396,7 @@ func serve(ctx context.Context, cfg *Config, mountpoint string, log *slog.Logger
 		servers = append(servers, m)
 		attrs = append(attrs, "metrics", metricsLn.Addr().String())
 	}
+	startRecorder(ctx, s.recorder)
 	log.Info("serving", append(attrs, "version", version)...)
 	if err := sdnotify.Notify("READY=1\nSTATUS=" + servingStatus + mountpoint); err != nil {
 		log.Warn("notifying systemd", "err", err)

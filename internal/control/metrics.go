@@ -84,6 +84,10 @@ func writeMetrics(w io.Writer, st layer.Status) {
 	metric("layerstore_cache_hits_total", "counter", "Cache reads that found all their bytes.", sample{v: cs.Hits})
 	metric("layerstore_cache_misses_total", "counter", "Cache reads that found bytes missing.", sample{v: cs.Misses})
 	metric("layerstore_cache_evictions_total", "counter", "Files and layer records evicted to keep the cache within its bound or make room on its filesystem.", sample{v: cs.Evictions})
+	if rt := st.Runtimes; rt != nil {
+		metric("layerstore_runtime_layers_recorded_total", "counter", "Layer entries the daemon added to runtimes' layers.json (their containers/storage did not record the layers taken from the store).", sample{v: rt.Recorded})
+		metric("layerstore_runtime_record_failures_total", "counter", "Passes over a runtime's storage that failed to record its layers.", sample{v: rt.Failures})
+	}
 }
 
 // writeHistogram writes the series of one histogram: its cumulative buckets (le), +Inf
