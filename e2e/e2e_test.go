@@ -427,7 +427,7 @@ func TestPodman5(t *testing.T) {
 				}
 			}
 			// podman 5 removes the image but never drops its uses of the layers it took from
-			// the store (it did not record them: the README's known upstream issue), so the
+			// the store (it did not record them: docs/upstream-cstorage.md; this daemon does not record them for it), so the
 			// daemon keeps counting them; the harness, in one process, does drop them.
 			p.must(t, "rmi", img.ref)
 			var users []int64

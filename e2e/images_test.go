@@ -23,6 +23,7 @@ import (
 	"github.com/opencontainers/go-digest"
 
 	"github.com/layerstore/layerstore/chunked"
+	"github.com/layerstore/layerstore/internal/testutil/testfuse"
 	"github.com/layerstore/layerstore/internal/testutil/testlayer"
 	"github.com/layerstore/layerstore/internal/testutil/testregistry"
 
@@ -289,11 +290,12 @@ func (b *builder) ociLayout(ref string) (string, error) {
 
 // skopeoZstdChunked converts with Debian's skopeo, which writes the legacy zstd:chunked format.
 // c/image 5.23 would reuse a blob recorded in its cache in another compression, so skopeo runs
-// in a private mount namespace with an empty /var/lib/containers.
+// in a private mount namespace with an empty /var/lib/containers (and none of the FUSE mounts
+// of tests running beside, which it would keep alive: DetachScript).
 func (b *builder) skopeoZstdChunked(ctx context.Context, src, dst string) error {
 	// Where /var/lib/containers does not exist yet (no container tool ran), an empty /var/lib
 	// stands in for the namespace's life: the host's is left as it is.
-	script := `{ [ -d /var/lib/containers ] || { mount -t tmpfs layerstore-e2e /var/lib && mkdir /var/lib/containers; }; } && ` +
+	script := testfuse.DetachScript() + `{ [ -d /var/lib/containers ] || { mount -t tmpfs layerstore-e2e /var/lib && mkdir /var/lib/containers; }; } && ` +
 		`mount -t tmpfs layerstore-e2e /var/lib/containers && exec skopeo copy --dest-tls-verify=false --dest-compress --dest-compress-format zstd:chunked "$0" "$1"`
 	out, err := run(ctx, b.env, "unshare", "--mount", "--propagation", "private", "sh", "-c", script, src, dst)
 	if err != nil {

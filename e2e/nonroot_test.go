@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/opencontainers/go-digest"
+
+	"github.com/layerstore/layerstore/internal/testutil/testfuse"
 )
 
 // nonRootFiles are world-readable files of the reference layer that containers of any user
@@ -68,7 +70,7 @@ func TestNonRootContainers(t *testing.T) {
 			args = append(args, img.ref, "/bin/busybox", "sh", "-c", script)
 			cmd := append([]string{p.bin}, args...)
 			if c.auto {
-				cmd = withContainersUser(t, cmd)
+				cmd = withContainersUser(t, cmd, d.mnt)
 			}
 			start := time.Now()
 			out, stderr, err := output(t.Context(), p.env, false, cmd[0], cmd[1:]...)
@@ -112,7 +114,10 @@ func TestNonRootContainers(t *testing.T) {
 // "containers" user, as podman's documentation sets them up: where the machine's /etc/subuid
 // has none, argv runs in a private mount namespace in which /etc/subuid, /etc/subgid,
 // /etc/passwd and /etc/group are copies that add them (the machine's files are untouched).
-func withContainersUser(t *testing.T, argv []string) []string {
+// The namespace keeps the FUSE mounts at keep (the store argv's runtime reads) and detaches
+// the other FUSE mounts it inherits, other tests', whose connections it would keep alive
+// after their unmounts for as long as the container runs.
+func withContainersUser(t *testing.T, argv []string, keep ...string) []string {
 	t.Helper()
 	subuid, _ := os.ReadFile("/etc/subuid")
 	subgid, _ := os.ReadFile("/etc/subgid")
@@ -120,7 +125,7 @@ func withContainersUser(t *testing.T, argv []string) []string {
 		return argv
 	}
 	dir := t.TempDir()
-	script := ""
+	script := testfuse.DetachScript(keep...)
 	for _, f := range []struct{ name, add string }{
 		{"subuid", "containers:2147483647:2147483648\n"},
 		{"subgid", "containers:2147483647:2147483648\n"},

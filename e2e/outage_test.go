@@ -115,7 +115,8 @@ func TestRestartDuringOutage(t *testing.T) {
 // pulled lazily is read after the daemon restarted with the registry stopped. The runtime
 // reads it in the process that pulled it, as a CRI-O that outlives the daemon would: modern
 // c/storage does not record layers taken from an additional layer store, so another process
-// would not know the image (the README's known upstream issue).
+// would not know the image without the daemon's records (docs/upstream-cstorage.md), which this
+// daemon does not write.
 func TestModernRestartDuringOutage(t *testing.T) {
 	s := need(t)
 	refs := s.references(t)

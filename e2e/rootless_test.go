@@ -4,9 +4,13 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 
+	"github.com/layerstore/layerstore/internal/testutil/testfuse"
 	"github.com/layerstore/layerstore/internal/testutil/testregistry"
 )
 
@@ -78,8 +82,73 @@ func newRootless(t *testing.T) *rootless {
 func (r *rootless) command(script string) []string {
 	// Shared mounts, as systemd makes them, but in a peer group of the namespace's own (its
 	// mounts were made private first): the mounts of the daemon propagate into the rootless
-	// runtime's namespace, and nothing reaches the machine's.
-	return []string{"unshare", "--mount", "--propagation", "private", "sh", "-c", "set -e\n" + r.mounts + "mount --make-rshared /\n" + script}
+	// runtime's namespace, and nothing reaches the machine's. The FUSE mounts the namespace
+	// inherits are other tests' (the user's store is mounted later, inside): detached first,
+	// lest the namespaces of the user's processes (its podman's pause process) keep their
+	// connections alive after their unmounts.
+	return []string{"unshare", "--mount", "--propagation", "private", "sh", "-c",
+		"set -e\n" + testfuse.DetachScript() + r.mounts + "mount --make-rshared /\n" + script}
+}
+
+// killLeftovers kills, when the test ends (failed or not), the user's processes that outlive
+// its script: its podman's pause process, which rootless podman leaves running to keep its
+// user namespace (pid in $XDG_RUNTIME_DIR/libpod/tmp/pause.pid), and its daemon, when the
+// script failed before stopping it.
+func (r *rootless) killLeftovers(t *testing.T) {
+	t.Cleanup(func() {
+		for _, f := range []string{filepath.Join(r.run, "libpod", "tmp", "pause.pid"), filepath.Join(r.home, "daemon.pid")} {
+			r.kill(t, f)
+		}
+	})
+}
+
+// kill kills the user's process whose pid is in pidFile, if it still runs, and checks that it
+// is gone within ten seconds.
+func (r *rootless) kill(t *testing.T, pidFile string) {
+	b, err := os.ReadFile(pidFile)
+	if err != nil {
+		return // never started
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil || pid <= 1 {
+		t.Errorf("%s: %q is not a pid", pidFile, b)
+		return
+	}
+	if !runsAs(pid, rootlessUID) {
+		return // ended (its pid may be another process's now)
+	}
+	comm, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid))
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		t.Errorf("kill %d (%s): %v", pid, strings.TrimSpace(string(comm)), err)
+		return
+	}
+	for deadline := time.Now().Add(10 * time.Second); runsAs(pid, rootlessUID); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Errorf("process %d (%s) of the rootless user still runs 10s after SIGKILL", pid, strings.TrimSpace(string(comm)))
+			return
+		}
+	}
+	t.Logf("killed process %d (%s) of the rootless user, from %s", pid, strings.TrimSpace(string(comm)), filepath.Base(pidFile))
+}
+
+// runsAs reports whether process pid exists, has not ended (a zombie waiting for its parent
+// has) and runs as uid.
+func runsAs(pid, uid int) bool {
+	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return false
+	}
+	var state, uids string
+	for _, line := range strings.Split(string(status), "\n") {
+		if v, ok := strings.CutPrefix(line, "State:"); ok {
+			state = strings.TrimSpace(v)
+		}
+		if v, ok := strings.CutPrefix(line, "Uid:"); ok {
+			uids = v
+		}
+	}
+	f := strings.Fields(uids)
+	return !strings.HasPrefix(state, "Z") && !strings.HasPrefix(state, "X") && len(f) > 0 && f[0] == strconv.Itoa(uid)
 }
 
 // userDir returns a new temporary directory the rootless user can enter: the test's own
@@ -166,6 +235,7 @@ podman rmi "$IMG" >/dev/null
 stop'
 `
 	r := newRootless(t)
+	r.killLeftovers(t)
 	home := r.home
 	env := []string{"UHOME=" + r.home, "URUN=" + r.run, "REGCONF=" + regConf, "LS=" + ls, "IMG=" + img.ref, "LIST=" + list,
 		"USERFUNCS=" + user}

@@ -122,7 +122,13 @@ func (s *suite) newPodmanWith(t *testing.T, store, registries string, extraEnv .
 // newRuntime is newPodmanWith for the podman at bin ("podman" or suite.podman5).
 func (s *suite) newRuntime(t *testing.T, bin, store, registries string, extraEnv ...string) *podman {
 	t.Helper()
-	dir := t.TempDir()
+	return s.newRuntimeIn(t, t.TempDir(), bin, store, registries, extraEnv...)
+}
+
+// newRuntimeIn is newRuntime with its storage under dir (graphroot dir/graph), for a daemon
+// told that graphroot before the runtime exists.
+func (s *suite) newRuntimeIn(t *testing.T, dir, bin, store, registries string, extraEnv ...string) *podman {
+	t.Helper()
 	extraEnv = append([]string{"PODMAN_IGNORE_CGROUPSV1_WARNING=1"}, extraEnv...)
 	p := &podman{bin: bin, dir: dir, env: s.runtimeEnv(t, dir, store, registries, extraEnv...)}
 	t.Cleanup(func() {

@@ -23,6 +23,7 @@ import (
 	"github.com/layerstore/layerstore/internal/fdstore"
 	"github.com/layerstore/layerstore/internal/testutil/svcmanager"
 	"github.com/layerstore/layerstore/internal/testutil/syncbuf"
+	"github.com/layerstore/layerstore/internal/testutil/testfuse"
 	"github.com/layerstore/layerstore/layer"
 
 	"github.com/layerstore/layerstore/internal/testutil/dockerregistry"
@@ -171,16 +172,21 @@ func setUp() (_ *suite, err error) {
 	return s, nil
 }
 
-// build compiles the two product binaries and the modern runtime harness.
+// build compiles the two product binaries and the modern runtime harness, twice: harness on
+// the newest c/image and c/storage (go.mod), harness-crio on those CRI-O vendors (go.crio.mod).
 func (s *suite) build(ctx context.Context) error {
-	for _, b := range []struct{ dir, pkg, out string }{
-		{"..", "./cmd/layerstore", "layerstore"},
-		{"..", "./cmd/layerstore-auth-helper", "layerstore-auth-helper"},
-		{"harness", ".", "harness"},
+	for _, b := range []struct{ dir, pkg, out, modfile string }{
+		{"..", "./cmd/layerstore", "layerstore", ""},
+		{"..", "./cmd/layerstore-auth-helper", "layerstore-auth-helper", ""},
+		{"harness", ".", "harness", ""},
+		{"harness", ".", "harness-crio", "go.crio.mod"},
 	} {
 		args := []string{"build", "-C", b.dir, "-o", filepath.Join(s.bin, b.out)}
-		if b.out == "harness" {
+		if b.dir == "harness" {
 			args = append(args, "-tags", "exclude_graphdriver_btrfs exclude_graphdriver_devicemapper containers_image_openpgp")
+		}
+		if b.modfile != "" {
+			args = append(args, "-modfile", b.modfile)
 		}
 		if out, err := run(ctx, nil, "go", append(args, b.pkg)...); err != nil {
 			return fmt.Errorf("go build %s: %v\n%s", b.pkg, err, out)
@@ -242,6 +248,7 @@ func authJSON(host, user, pass string) string {
 
 // daemon is a running `layerstore serve`.
 type daemon struct {
+	t       *testing.T // the test that started it
 	s       *suite
 	dir     string
 	mnt     string
@@ -271,7 +278,7 @@ type daemonConfig struct {
 func (s *suite) startDaemonWith(t *testing.T, c daemonConfig, extraEnv ...string) *daemon {
 	t.Helper()
 	dir := t.TempDir()
-	d := &daemon{s: s, dir: dir, mnt: filepath.Join(dir, "store"), socket: filepath.Join(dir, "control.sock"),
+	d := &daemon{t: t, s: s, dir: dir, mnt: filepath.Join(dir, "store"), socket: filepath.Join(dir, "control.sock"),
 		env: s.env(extraEnv...)}
 	if c.registries == "" {
 		c.registries = s.regConf
@@ -318,6 +325,7 @@ func (d *daemon) startBinary(t *testing.T, path string) {
 	}
 	d.cmd = cmd
 	d.cmd.Stdout, d.cmd.Stderr = d.log, d.log
+	d.cmd.WaitDelay = 10 * time.Second // for its output, once it exited
 	err = d.cmd.Start()
 	fdstore.CloseExtra(cmd)
 	if err != nil {
@@ -331,7 +339,9 @@ func (d *daemon) startBinary(t *testing.T, path string) {
 	}
 }
 
-// stop signals the daemon and waits for it to exit.
+// stop signals the daemon and waits for it to exit; after 30 seconds it is killed, and waited
+// for with a bound (testfuse.WaitExit: a daemon killed while it waits for an answer of a FUSE
+// mount, its own kept alive by its service manager, cannot exit before the answer).
 func (d *daemon) stop(sig syscall.Signal) {
 	if d.cmd == nil || d.cmd.ProcessState != nil {
 		return
@@ -346,7 +356,7 @@ func (d *daemon) stop(sig syscall.Signal) {
 	case <-d.done:
 	case <-time.After(30 * time.Second):
 		d.cmd.Process.Kill()
-		<-d.done
+		testfuse.WaitExit(d.t, d.mnt, d.done)
 	}
 }
 

@@ -93,11 +93,15 @@ func TestClearDeadMount(t *testing.T) {
 		if err != nil {
 			t.Fatalf("Mount after clearing: %v", err)
 		}
+		conn := testfuse.Record(t, dir)
 		defer func() {
 			if err := srv.Unmount(); err != nil {
 				t.Error(err)
-				abortMount(dir)
+				if err := conn.Abort(); err != nil {
+					t.Error(err)
+				}
 			}
+			conn.WaitEnd(t, srv.Wait)
 		}()
 		if _, err := os.Stat(layerPath(dir, testRef, l.tocKey, "diff")); err != nil {
 			t.Errorf("stat through the new mount: %v", err)
@@ -117,10 +121,11 @@ func TestClearDeadMount(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		conn := testfuse.Record(t, dir)
 		root.hang.Store(true)
 		defer func() {
 			close(root.release) // lets the abandoned probe return, and the server end
-			srv.Wait()
+			conn.WaitEnd(t, srv.Wait)
 		}()
 		defer func(d time.Duration) { probeTimeout = d }(probeTimeout)
 		probeTimeout = 200 * time.Millisecond
@@ -148,7 +153,7 @@ func TestClearDeadMount(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		defer func() { _ = srv.Unmount() }()
+		defer testfuse.Record(t, dir).Unmount(t, srv)
 		if err := ClearDeadMount(dir); err == nil {
 			t.Error("ClearDeadMount of a live foreign mount succeeded")
 		}

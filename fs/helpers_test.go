@@ -1,7 +1,6 @@
 package storefs
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/base64"
@@ -11,7 +10,6 @@ import (
 	iofs "io/fs"
 	"os"
 	"path/filepath"
-	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -291,7 +289,9 @@ func layerPath(mnt, ref string, key digest.Digest, elem ...string) string {
 
 // mountTest mounts store on a fresh directory and unmounts it when the test ends. A
 // watchdog aborts the FUSE connection if the test outlives its budget, so that a hung
-// server fails the test instead of blocking it forever.
+// server fails the test instead of blocking it forever; the wait for the server's end after
+// the unmount is bounded too (a copy of the mount in another mount namespace keeps the
+// connection alive).
 func mountTest(t *testing.T, store Store, opts Options) (string, *Server) {
 	t.Helper()
 	testfuse.Require(t)
@@ -306,60 +306,26 @@ func mountTest(t *testing.T, store Store, opts Options) (string, *Server) {
 	if err != nil {
 		t.Fatalf("Mount: %v", err)
 	}
+	conn := testfuse.Record(t, mnt)
 	budget := 2 * time.Minute
 	if d, ok := t.Deadline(); ok && time.Until(d)-10*time.Second < budget {
 		budget = max(time.Until(d)-10*time.Second, time.Second)
 	}
 	watchdog := time.AfterFunc(budget, func() {
 		t.Errorf("watchdog: aborting the FUSE connection at %s after %v", mnt, budget)
-		abortMount(mnt)
+		_ = conn.Abort()
 	})
 	t.Cleanup(func() {
 		watchdog.Stop()
 		if err := srv.Unmount(); err != nil {
 			t.Errorf("Unmount: %v", err)
-			abortMount(mnt)
-		}
-		srv.Wait()
-	})
-	return mnt, srv
-}
-
-// abortMount aborts the FUSE connection of the mount at mnt (failing every pending and
-// future request) and detaches it.
-func abortMount(mnt string) {
-	if minor, ok := fuseConnection(mnt); ok {
-		ctl := "/sys/fs/fuse/connections"
-		if _, err := os.Stat(filepath.Join(ctl, minor)); err != nil {
-			// fusectl is not mounted there: mount a private instance.
-			if dir, err := os.MkdirTemp("", "fusectl-"); err == nil {
-				defer func() { _ = os.Remove(dir) }() // after the unmount below (defers run last first)
-				if syscall.Mount("fusectl", dir, "fusectl", 0, "") == nil {
-					defer func() { _ = syscall.Unmount(dir, syscall.MNT_DETACH) }()
-					ctl = dir
-				}
+			if err := conn.Abort(); err != nil {
+				t.Error(err)
 			}
 		}
-		_ = os.WriteFile(filepath.Join(ctl, minor, "abort"), []byte("1"), 0)
-	}
-	_ = syscall.Unmount(mnt, syscall.MNT_DETACH)
-}
-
-// fuseConnection returns the fusectl connection name (the device minor) of the mount at mnt.
-func fuseConnection(mnt string) (string, bool) {
-	data, err := os.ReadFile("/proc/self/mountinfo")
-	if err != nil {
-		return "", false
-	}
-	var minor string
-	sc := bufio.NewScanner(bytes.NewReader(data))
-	for sc.Scan() {
-		f := strings.Fields(sc.Text())
-		if len(f) > 4 && unescapeMountinfo(f[4]) == mnt {
-			_, minor, _ = strings.Cut(f[2], ":")
-		}
-	}
-	return minor, minor != ""
+		conn.WaitEnd(t, srv.Wait)
+	})
+	return mnt, srv
 }
 
 // errnoOf extracts the errno of an error from the os package.

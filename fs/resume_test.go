@@ -148,7 +148,9 @@ func resumeNext() error {
 	return err
 }
 
-// resumeChild starts the test binary as a child in role; it is killed at the end of the test.
+// resumeChild starts the test binary as a child in role; it is killed at the end of the test,
+// and waited for with a bound (a child killed in the middle of a request to the mount cannot
+// exit before its answer; the test holds the session's descriptor).
 func resumeChild(t *testing.T, role, mnt string, env []string, files ...*os.File) *exec.Cmd {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
@@ -160,7 +162,12 @@ func resumeChild(t *testing.T, role, mnt string, env []string, files ...*os.File
 	}
 	t.Cleanup(func() {
 		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
+		exited := make(chan struct{})
+		go func() {
+			_ = cmd.Wait()
+			close(exited)
+		}()
+		testfuse.WaitExit(t, mnt, exited)
 	})
 	return cmd
 }
@@ -237,10 +244,10 @@ func TestResumeAfterKillAndStop(t *testing.T) {
 
 	// Whatever happens, the connection ends with the test (a hung request would hang it).
 	var opened []*os.File
-	watchdog := time.AfterFunc(4*time.Minute, func() { abortMount(mnt) })
+	watchdog := time.AfterFunc(4*time.Minute, func() { testfuse.Abort(mnt) })
 	t.Cleanup(func() {
 		watchdog.Stop()
-		abortMount(mnt)
+		testfuse.Abort(mnt)
 		for _, f := range opened {
 			f.Close()
 		}
@@ -442,10 +449,10 @@ func TestResumeKeepsPassthrough(t *testing.T) {
 	}
 	dev, state := os.NewFile(uintptr(fds[0]), "dev"), os.NewFile(uintptr(fds[1]), "state")
 	var opened []*os.File
-	watchdog := time.AfterFunc(4*time.Minute, func() { abortMount(mnt) })
+	watchdog := time.AfterFunc(4*time.Minute, func() { testfuse.Abort(mnt) })
 	t.Cleanup(func() {
 		watchdog.Stop()
-		abortMount(mnt)
+		testfuse.Abort(mnt)
 		for _, f := range opened {
 			f.Close()
 		}

@@ -237,8 +237,7 @@ func stopDaemon(t *testing.T, d *daemon) {
 	case <-d.exited:
 	case <-time.After(20 * time.Second):
 		t.Errorf("the daemon did not stop on SIGTERM")
-		d.cmd.Process.Kill()
-		<-d.exited
+		d.kill()
 	}
 }
 

@@ -97,6 +97,10 @@ type Config struct {
 	Runtimes struct {
 		RecordLayers *bool    `toml:"record-layers"`
 		Graphroots   []string `toml:"graphroots"`
+		// CrioConfig and CrioConfigDir are CRI-O's configuration (its --config and
+		// --config-dir): its root and its pinned images.
+		CrioConfig    string `toml:"crio-config"`
+		CrioConfigDir string `toml:"crio-config-dir"`
 	} `toml:"runtimes"`
 
 	CredentialTTL Duration `toml:"credential-ttl"`

@@ -68,7 +68,7 @@ type dependentsReport struct {
 	// them. Pulling each again through the store mends it.
 	Broken  []brokenImage `json:"broken"`
 	Removed []string      `json:"removed,omitempty"` // images removed by --remove
-	Failed  []string `json:"failed,omitempty"`  // images --remove could not remove, with why
+	Failed  []string      `json:"failed,omitempty"`  // images --remove could not remove, with why
 }
 
 func runDependents(ctx context.Context, args []string, stdout, stderr io.Writer) int {

@@ -392,7 +392,7 @@ func checkRuntimeRecords(graphroot string, st *layer.Status) check {
 		return check{name, statusOK, fmt.Sprintf("the daemon records the layers runtimes take from the store in %s where their containers/storage does not (%d recorded so far)", graphroot, st.Runtimes.Recorded), ""}
 	case unrecorded > 0:
 		return check{name, statusFail, fmt.Sprintf("%s of %d taken from a store are not in %s's layers.json: the runtime (containers/storage 1.58 or later) does not record them, and the daemon does not for it; the runtime's next start removes them",
-				plural(unrecorded, "layer"), len(marks), graphroot),
+			plural(unrecorded, "layer"), len(marks), graphroot),
 			"set [runtimes] record-layers = true (the default) with " + graphroot + " among [runtimes] graphroots (or found in storage.conf or crio.conf), and restart the daemon"}
 	case len(marks) > 0:
 		return check{name, statusOK, fmt.Sprintf("the runtime records the layers it takes from the store itself (%d in %s)", len(marks), graphroot), ""}

@@ -360,13 +360,11 @@ func TestDoctorHungMount(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	conn := testfuse.Record(t, dir)
 	root.hang.Store(true)
 	defer func() {
 		close(root.release) // lets the abandoned probe return
-		if err := srv.Unmount(); err != nil {
-			t.Error(err)
-		}
-		srv.Wait()
+		conn.Unmount(t, srv)
 	}()
 	defer func(d time.Duration) { probeTimeout = d }(probeTimeout)
 	probeTimeout = 200 * time.Millisecond
@@ -415,6 +413,7 @@ func TestDoctor(t *testing.T) {
 	graph := filepath.Join(dir, "graph")
 	toc := digest.Digest(e.fixture.Desc.Annotations["io.github.containers.zstd-chunked.manifest-checksum"])
 	graphLayer(t, graph, "live", e.layerDir(toc))
+	writeFile(t, filepath.Join(graph, "overlay-layers"), "layers.json", `[{"id":"live"}]`, 0o600) // a runtime that records it
 	storageConf := writeFile(t, dir, "storage.conf", storageConfText("overlay", graph, e.mnt+":ref"), 0o644)
 	helperLine := `additional-layer-store-auth-helper = "layerstore-auth-helper"` + "\n"
 	registry := "[[registry]]\nlocation = \"registry.example\"\n"
@@ -447,7 +446,7 @@ func TestDoctor(t *testing.T) {
 		Checks          []map[string]any `json:"checks"`
 		DependentLayers []map[string]any `json:"dependentLayers"`
 	}
-	if err := json.Unmarshal(out.Bytes(), &shape); err != nil || len(shape.Checks) != 12 || len(shape.DependentLayers) != 1 {
+	if err := json.Unmarshal(out.Bytes(), &shape); err != nil || len(shape.Checks) != 13 || len(shape.DependentLayers) != 1 {
 		t.Fatalf("JSON shape (%v):\n%s", err, out.String())
 	}
 	for _, k := range []string{"name", "status", "message", "fix"} {
@@ -520,8 +519,7 @@ func TestDoctor(t *testing.T) {
 	}
 
 	// SIGKILL leaves a dead mount: ENOTCONN, found at once.
-	d.cmd.Process.Kill()
-	<-d.exited
+	d.kill()
 	start := time.Now()
 	code, rep = doctorRun(t, base...)
 	if c := checkNamed(t, rep, "mount"); code != 1 || c.Status != statusFail ||
@@ -599,5 +597,37 @@ func TestFindDependents(t *testing.T) {
 	empty, err := findDependents(t.TempDir())
 	if err != nil || len(empty.Images) != 0 || len(empty.Orphans) != 0 {
 		t.Errorf("empty storage: %+v, %v", empty, err)
+	}
+}
+
+// TestCheckRuntimeRecords: the layers a runtime took from the store and did not record fail
+// the check unless the daemon records into that graphroot; images that lost their layers
+// fail it with the pull that mends each; a runtime that records them itself passes.
+func TestCheckRuntimeRecords(t *testing.T) {
+	graph := t.TempDir()
+	if c := checkRuntimeRecords(graph, nil); c.Status != statusOK || !strings.Contains(c.Message, "no layer") {
+		t.Errorf("empty: %+v", c)
+	}
+	graphLayer(t, graph, "taken", "/store/cmVm/sha256:"+strings.Repeat("a", 64))
+	c := checkRuntimeRecords(graph, nil)
+	if c.Status != statusFail || !strings.Contains(c.Message, "1 layer of 1") || !strings.Contains(c.Fix, "record-layers") {
+		t.Errorf("unrecorded, no daemon: %+v", c)
+	}
+	st := &layer.Status{Runtimes: &layer.RuntimeRecords{Graphroots: []string{graph}, Recorded: 3}}
+	if c := checkRuntimeRecords(graph, st); c.Status != statusOK || !strings.Contains(c.Message, "next pass") {
+		t.Errorf("unrecorded, the daemon records: %+v", c)
+	}
+	writeFile(t, filepath.Join(graph, "overlay-layers"), "layers.json", `[{"id":"taken"}]`, 0o600)
+	if c := checkRuntimeRecords(graph, nil); c.Status != statusOK || !strings.Contains(c.Message, "itself") {
+		t.Errorf("recorded by the runtime: %+v", c)
+	}
+	if c := checkRuntimeRecords(graph, st); c.Status != statusOK || !strings.Contains(c.Message, "3 recorded") {
+		t.Errorf("recorded, the daemon records: %+v", c)
+	}
+	writeFile(t, filepath.Join(graph, "overlay-images"), "images.json",
+		`[{"id":"i1","names":["reg.example/app:v1"],"layer":"lost"},{"id":"i2","layer":"taken"}]`, 0o600)
+	c = checkRuntimeRecords(graph, st)
+	if c.Status != statusFail || !strings.Contains(c.Message, "1 image") || !strings.Contains(c.Fix, "podman pull reg.example/app:v1") {
+		t.Errorf("an image that lost its layers: %+v", c)
 	}
 }

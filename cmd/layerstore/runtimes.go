@@ -16,9 +16,17 @@ import (
 	"github.com/layerstore/layerstore/layer"
 )
 
-// crioConf is CRI-O's configuration file and its drop-in directory, read in that order (the
+// crioPaths are CRI-O's configuration file and its drop-in directory, read in that order (the
 // drop-ins in lexical order), a later value winning, as CRI-O reads them.
-var crioConf = struct{ file, dir string }{"/etc/crio/crio.conf", "/etc/crio/crio.conf.d"}
+type crioPaths struct{ file, dir string }
+
+// crioConf is where CRI-O's configuration is unless [runtimes] crio-config says otherwise.
+var crioConf = crioPaths{"/etc/crio/crio.conf", "/etc/crio/crio.conf.d"}
+
+// crioPathsOf are the CRI-O configuration paths of cfg: its [runtimes] keys, else crioConf.
+func crioPathsOf(cfg *Config) crioPaths {
+	return crioPaths{or(cfg.Runtimes.CrioConfig, crioConf.file), or(cfg.Runtimes.CrioConfigDir, crioConf.dir)}
+}
 
 // crioConfig is what the daemon reads of CRI-O's configuration.
 type crioConfig struct {
@@ -27,21 +35,32 @@ type crioConfig struct {
 		API  struct {
 			Listen string `toml:"listen"`
 		} `toml:"api"`
+		Image struct {
+			PinnedImages []string `toml:"pinned_images"`
+		} `toml:"image"`
 	} `toml:"crio"`
 }
 
-// readCrioConfig reads CRI-O's configuration files that exist; ok is false when there are none.
-func readCrioConfig() (c crioConfig, ok bool) {
-	drops, _ := filepath.Glob(filepath.Join(crioConf.dir, "*.conf"))
+// readCrioConfig reads CRI-O's configuration files that exist at the default paths; ok is
+// false when there are none.
+func readCrioConfig() (crioConfig, bool) { return crioConf.read() }
+
+// read reads the configuration files at p that exist; ok is false when there are none.
+func (p crioPaths) read() (c crioConfig, ok bool) {
+	drops, _ := filepath.Glob(filepath.Join(p.dir, "*.conf"))
 	slices.Sort(drops)
-	for _, p := range append([]string{crioConf.file}, drops...) {
+	for _, f := range append([]string{p.file}, drops...) {
 		var one crioConfig
-		if _, err := toml.DecodeFile(p, &one); err != nil {
+		md, err := toml.DecodeFile(f, &one)
+		if err != nil {
 			continue // missing, or CRI-O's own error to report
 		}
 		ok = true
 		c.Crio.Root = or(one.Crio.Root, c.Crio.Root)
 		c.Crio.API.Listen = or(one.Crio.API.Listen, c.Crio.API.Listen)
+		if md.IsDefined("crio", "image", "pinned_images") {
+			c.Crio.Image.PinnedImages = one.Crio.Image.PinnedImages
+		}
 	}
 	return c, ok
 }
@@ -59,7 +78,7 @@ func runtimeGraphroots(cfg *Config) []string {
 	if _, err := toml.DecodeFile(storageConfPath(), &sc); err == nil && sc.Storage.GraphRoot != "" {
 		roots[0] = os.ExpandEnv(sc.Storage.GraphRoot)
 	}
-	if c, ok := readCrioConfig(); ok && c.Crio.Root != "" && os.Geteuid() == 0 {
+	if c, ok := crioPathsOf(cfg).read(); ok && c.Crio.Root != "" && os.Geteuid() == 0 {
 		roots = append(roots, c.Crio.Root)
 	}
 	return cleanPaths(roots)

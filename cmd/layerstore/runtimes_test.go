@@ -127,7 +127,7 @@ func TestDaemonRecordsNothingWhenOff(t *testing.T) {
 func TestRuntimeGraphroots(t *testing.T) {
 	dir := t.TempDir()
 	t.Setenv(storageConfEnv, writeFile(t, dir, "storage.conf", storageConfText("overlay", "/var/lib/podman-root/"), 0o644))
-	defer func(c struct{ file, dir string }) { crioConf = c }(crioConf)
+	defer func(c crioPaths) { crioConf = c }(crioConf)
 	crioConf.file = writeFile(t, dir, "crio.conf", "[crio]\nroot = \"/var/lib/crio-first\"\n", 0o644)
 	crioConf.dir = filepath.Join(dir, "crio.conf.d")
 	writeFile(t, crioConf.dir, "10-root.conf", "[crio]\nroot = \"/var/lib/crio-root\"\n", 0o644)
@@ -157,7 +157,7 @@ func TestDependentsCrioSocket(t *testing.T) {
 	dir := t.TempDir()
 	graph := filepath.Join(dir, "crio-root")
 	sock := writeFile(t, dir, "crio.sock", "", 0o600) // exists: CRI-O runs
-	defer func(c struct{ file, dir string }) { crioConf = c }(crioConf)
+	defer func(c crioPaths) { crioConf = c }(crioConf)
 	crioConf.file = writeFile(t, dir, "crio.conf", "[crio]\nroot = \""+graph+"\"\n[crio.api]\nlisten = \""+sock+"\"\n", 0o644)
 	crioConf.dir = filepath.Join(dir, "none")
 	t.Setenv(storageConfEnv, writeFile(t, dir, "storage.conf", storageConfText("overlay", filepath.Join(dir, "podman-root"), "/store:ref"), 0o644))
@@ -191,5 +191,46 @@ func TestDependentsCrioSocket(t *testing.T) {
 	}
 	if !strings.Contains(out.String(), "broken: reg.example/lost:v1") {
 		t.Errorf("human report:\n%s", out.String())
+	}
+}
+
+// TestCrioPinnedRefs: CRI-O's exact, glob and keyword patterns, as CRI-O reads them.
+func TestCrioPinnedRefs(t *testing.T) {
+	names := []string{"quay.io/app/web:v1", "quay.io/app/db:v2", "registry.k8s.io/pause:3.10", "docker.io/library/busybox:latest"}
+	got := crioPinnedRefs([]string{"quay.io/app/*", "*pause*", "example.com/preload:v9", "*", "", "quay.io/app/web:v1", "mid*dle:v1"}, names)
+	want := []string{"quay.io/app/web:v1", "quay.io/app/db:v2", "registry.k8s.io/pause:3.10", "example.com/preload:v9"}
+	if strings.Join(got, " ") != strings.Join(want, " ") {
+		t.Errorf("got %v, want %v", got, want)
+	}
+}
+
+// TestDaemonPinsCrioPinnedImages: an image CRI-O's configuration pins (written while the
+// daemon runs, as the pin-and-preload enhancement does before reloading CRI-O) is pinned by
+// the daemon: fetched completely and listed under the pins of its status.
+func TestDaemonPinsCrioPinnedImages(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("CRI-O's pins are followed by a daemon running as root")
+	}
+	e := newServeEnv(t)
+	dir := t.TempDir()
+	crio := filepath.Join(dir, "crio.conf")
+	cfg, _ := os.ReadFile(e.config)
+	mustWrite(t, e.config, string(cfg)+"[runtimes]\ngraphroots = [\""+runtimeGraph(t)+"\"]\ncrio-config = \""+crio+"\"\ncrio-config-dir = \""+filepath.Join(dir, "crio.conf.d")+"\"\n")
+	mustWrite(t, crio, "[crio]\nroot = \""+filepath.Join(dir, "root")+"\"\n")
+	e.start()
+	if st := e.status(); len(st.Pins) != 0 {
+		t.Fatalf("pins before CRI-O pins anything: %+v", st.Pins)
+	}
+	mustWrite(t, crio, "[crio]\nroot = \""+filepath.Join(dir, "root")+"\"\n[crio.image]\npinned_images = [\""+e.ref+"\"]\n")
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		st := e.status()
+		if len(st.Pins) == 1 && st.Pins[0].Ref == e.ref && st.Pins[0].Bytes > 0 && st.Pins[0].Present == st.Pins[0].Bytes {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("CRI-O's pinned image not pinned: %+v", st.Pins)
+		}
+		time.Sleep(200 * time.Millisecond)
 	}
 }

@@ -397,6 +397,7 @@ func serve(ctx context.Context, cfg *Config, mountpoint string, log *slog.Logger
 		attrs = append(attrs, "metrics", metricsLn.Addr().String())
 	}
 	startRecorder(ctx, s.recorder)
+	startCrioPins(ctx, cfg, s.manager, log)
 	log.Info("serving", append(attrs, "version", version)...)
 	if err := sdnotify.Notify("READY=1\nSTATUS=" + servingStatus + mountpoint); err != nil {
 		log.Warn("notifying systemd", "err", err)

@@ -36,7 +36,26 @@ type daemon struct {
 	mnt    string
 	socket string
 	log    *syncbuf.Buffer
-	exited chan error
+	exited chan error    // cmd.Wait's error, once
+	done   chan struct{} // closed at the exit
+}
+
+// watch waits for the daemon's exit in the background (exited, done).
+func (d *daemon) watch() {
+	d.done = make(chan struct{})
+	go func() {
+		d.exited <- d.cmd.Wait()
+		close(d.done)
+	}()
+}
+
+// kill kills the daemon and waits for its exit, with a bound: a daemon killed while it waits
+// for an answer of its own mount (a service manager keeps the connection) could not exit
+// before the connection is aborted (testfuse.WaitExit).
+func (d *daemon) kill() {
+	d.t.Helper()
+	d.cmd.Process.Kill()
+	testfuse.WaitExit(d.t, d.mnt, d.done)
 }
 
 // stop sends SIGTERM, as systemctl stop does, and waits for a clean exit.
@@ -135,12 +154,10 @@ func (e *serveEnv) startUnmanaged() *daemon {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	go func() { d.exited <- cmd.Wait() }()
+	d.watch()
 	t.Cleanup(func() {
-		if cmd.ProcessState == nil {
-			cmd.Process.Kill()
-			<-d.exited
-		}
+		cmd.Process.Kill()
+		testfuse.WaitExit(t, e.mnt, d.done)
 		syscall.Unmount(e.mnt, syscall.MNT_DETACH)
 		if t.Failed() {
 			t.Logf("daemon log:\n%s", d.log.String())
@@ -165,12 +182,10 @@ func (e *serveEnv) startCmd(cmd *exec.Cmd) *daemon {
 	if err := d.cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	go func() { d.exited <- d.cmd.Wait() }()
+	d.watch()
 	t.Cleanup(func() {
-		if d.cmd.ProcessState == nil {
-			d.cmd.Process.Kill()
-			<-d.exited
-		}
+		d.cmd.Process.Kill()
+		testfuse.WaitExit(t, e.mnt, d.done)
 		syscall.Unmount(e.mnt, syscall.MNT_DETACH)
 		if t.Failed() {
 			t.Logf("daemon log:\n%s", d.log.String())
@@ -309,8 +324,7 @@ func TestRestartAfterKill(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer open.Close()
-	d.cmd.Process.Kill()
-	<-d.exited
+	d.kill()
 	if _, err := os.Stat(tool); !errors.Is(err, syscall.ENOTCONN) {
 		t.Fatalf("stat after SIGKILL: %v, want ENOTCONN", err)
 	}
@@ -516,14 +530,17 @@ func TestReloadOnSIGHUP(t *testing.T) {
 func TestStopWithMountCopyElsewhere(t *testing.T) {
 	e := newServeEnv(t)
 	d := e.startUnmanaged()
-	holder := exec.Command("unshare", "--mount", "--propagation", "private", "sleep", "60")
+	// The holder keeps its copy of the store's mount and detaches those of other tests' FUSE
+	// mounts, whose connections it would keep alive after their unmounts.
+	holder := exec.Command("unshare", "--mount", "--propagation", "private", "sh", "-c", testfuse.DetachScript(e.mnt)+"exec sleep 60")
+	holder.Stderr = os.Stderr
 	if err := holder.Start(); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { holder.Process.Kill(); holder.Wait() })
 	// The copy is private once the holder runs sleep in its own namespace: unshare makes the
-	// namespace, then its mounts private, then executes sleep; an unmount between the first two
-	// steps would propagate to the copy.
+	// namespace, then its mounts private, then executes sh, which executes sleep; an unmount
+	// between the first two steps would propagate to the copy.
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
 		ns, _ := os.Readlink(fmt.Sprintf("/proc/%d/ns/mnt", holder.Process.Pid))
 		self, _ := os.Readlink("/proc/self/ns/mnt")

@@ -21,6 +21,7 @@ import (
 	"github.com/layerstore/layerstore/internal/fdstore"
 	"github.com/layerstore/layerstore/internal/testutil/svcmanager"
 	"github.com/layerstore/layerstore/internal/testutil/syncbuf"
+	"github.com/layerstore/layerstore/internal/testutil/testfuse"
 	"github.com/layerstore/layerstore/internal/testutil/testlayer"
 	"github.com/layerstore/layerstore/layer"
 )
@@ -41,14 +42,13 @@ func (e *serveEnv) startManaged(m *svcmanager.Manager, bin string, log *syncbuf.
 	if err != nil {
 		t.Fatal(err)
 	}
-	exited := make(chan struct{})
-	go func() { d.exited <- cmd.Wait(); close(exited) }()
+	d.watch()
 	t.Cleanup(func() {
 		cmd.Process.Kill()
-		<-exited
+		testfuse.WaitExit(t, e.mnt, d.done)
 		syscall.Unmount(e.mnt, syscall.MNT_DETACH) // the manager may keep its session alive
 	})
-	if err := m.WaitReady(30*time.Second, exited); err != nil {
+	if err := m.WaitReady(30*time.Second, d.done); err != nil {
 		t.Fatalf("%v:\n%s", err, log.String())
 	}
 	return d
@@ -130,12 +130,16 @@ func TestSessionSurvivesRestart(t *testing.T) {
 			f, head, ino := e.openHalf()
 			switch tc {
 			case "kill":
-				d.cmd.Process.Kill()
-				<-d.exited
+				d.kill()
 			case "stop", "upgrade":
 				d.cmd.Process.Signal(syscall.SIGTERM)
-				if err := <-d.exited; err != nil {
-					t.Fatalf("SIGTERM: %v", err)
+				select {
+				case err := <-d.exited:
+					if err != nil {
+						t.Fatalf("SIGTERM: %v", err)
+					}
+				case <-time.After(30 * time.Second):
+					t.Fatal("the daemon did not exit 30s after SIGTERM")
 				}
 				if !strings.Contains(log.String(), "leaving the store's FUSE session") {
 					t.Errorf("the store stopped without leaving its session")
@@ -178,10 +182,22 @@ func TestKeepRestartsCrashedDaemon(t *testing.T) {
 	if err := keep.Start(); err != nil {
 		t.Fatal(err)
 	}
-	exited := make(chan error, 1)
-	go func() { exited <- keep.Wait() }()
+	exited, done := make(chan error, 1), make(chan struct{})
+	go func() {
+		exited <- keep.Wait()
+		close(done)
+	}()
 	t.Cleanup(func() {
-		keep.Process.Kill()
+		select {
+		case <-done:
+		default:
+			// keep's daemon goes with it: killed with keep, it would serve on.
+			for _, pid := range childrenOf(keep.Process.Pid) {
+				syscall.Kill(pid, syscall.SIGKILL)
+			}
+			keep.Process.Kill()
+			testfuse.WaitExit(t, e.mnt, done)
+		}
 		syscall.Unmount(e.mnt, syscall.MNT_DETACH)
 		if t.Failed() {
 			t.Logf("keep's log:\n%s", log.String())
@@ -190,13 +206,8 @@ func TestKeepRestartsCrashedDaemon(t *testing.T) {
 	child := func() int {
 		t.Helper()
 		for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-			// Children are listed by the thread that forked them.
-			tasks, _ := filepath.Glob(filepath.Join("/proc", strconv.Itoa(keep.Process.Pid), "task", "*", "children"))
-			for _, task := range tasks {
-				b, _ := os.ReadFile(task)
-				if pid, err := strconv.Atoi(strings.TrimSpace(string(b))); err == nil && strings.Contains(log.String(), "serving") {
-					return pid
-				}
+			if pids := childrenOf(keep.Process.Pid); len(pids) == 1 && strings.Contains(log.String(), "serving") {
+				return pids[0]
 			}
 			if time.Now().After(deadline) {
 				t.Fatalf("no daemon under keep:\n%s", log.String())
@@ -232,6 +243,22 @@ func TestKeepRestartsCrashedDaemon(t *testing.T) {
 	if isMount(t, e.mnt) {
 		t.Error("still mounted after keep stopped")
 	}
+}
+
+// childrenOf returns the pids of the children of process pid.
+func childrenOf(pid int) []int {
+	var pids []int
+	// Children are listed by the thread that forked them.
+	tasks, _ := filepath.Glob(filepath.Join("/proc", strconv.Itoa(pid), "task", "*", "children"))
+	for _, task := range tasks {
+		b, _ := os.ReadFile(task)
+		for _, f := range strings.Fields(string(b)) {
+			if p, err := strconv.Atoi(f); err == nil {
+				pids = append(pids, p)
+			}
+		}
+	}
+	return pids
 }
 
 // TestKillAtEveryPhase kills the daemon (kill -9) while a request of the kernel waits for it
@@ -294,8 +321,7 @@ func TestKillAtEveryPhase(t *testing.T) {
 		diff := filepath.Join(e.layerDir(e.tocKey()), "diff")
 		wait := inFlight(t, func() error { return checkFile(t, diff, tool) })
 		waitFor(t, "the lookup's range request", func() bool { return e.reg.Stats(blob).Ranged > 0 })
-		d.cmd.Process.Kill()
-		<-d.exited
+		d.kill()
 		e.reg.Hang(blob, false)
 		start := time.Now()
 		e.startManaged(m, e.bin, log)
@@ -322,8 +348,7 @@ func TestKillAtEveryPhase(t *testing.T) {
 		e.reg.Hang(blob, true)
 		wait := inFlight(t, func() error { return checkFile(t, diff, tool) })
 		waitFor(t, "the read's range request", func() bool { return e.reg.Stats(blob).Ranged > before })
-		d.cmd.Process.Kill()
-		<-d.exited
+		d.kill()
 		e.reg.Hang(blob, false)
 		e.startManaged(m, e.bin, log)
 		if err := wait(30 * time.Second); err != nil {
@@ -364,8 +389,7 @@ func TestKillAtEveryPhase(t *testing.T) {
 				t.Fatalf("kill %d: the background fetch is not running: %+v", kill, st.Layers)
 			}
 			t.Logf("kill %d with %d bytes in the cache", kill, last)
-			d.cmd.Process.Kill()
-			<-d.exited
+			d.kill()
 			d = e.startManaged(m, e.bin, log)
 			// The runtime's use is taken back from the session: the layer is resolved again
 			// and its background fetch goes on with no request of the runtime's.

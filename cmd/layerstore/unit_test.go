@@ -323,8 +323,7 @@ func TestUnitExecStart(t *testing.T) {
 	// here: no job, as after a crash that Restart= restarts); without the mark, ExecStopPost
 	// detaches it.
 	d = e.startCmd(unitCommand(t, u, execStart, paths))
-	d.cmd.Process.Kill()
-	<-d.exited
+	d.kill()
 	if _, err := os.ReadDir(e.mnt); !errors.Is(err, syscall.ENOTCONN) {
 		t.Fatalf("store after SIGKILL: %v, want ENOTCONN", err)
 	}
@@ -488,6 +487,10 @@ func TestShippedConfig(t *testing.T) {
 	quiet := Duration(layer.DefaultPrefetchQuiet)
 	want.Prefetch.Quiet = &quiet
 	want.FUSE.Passthrough = &fo.Passthrough
+	record := true
+	want.Runtimes.RecordLayers = &record
+	want.Runtimes.Graphroots = []string{}
+	want.Runtimes.CrioConfig, want.Runtimes.CrioConfigDir = crioConf.file, crioConf.dir
 	for _, d := range configDiff(reflect.ValueOf(*got), reflect.ValueOf(want), "") {
 		t.Errorf("%s: %s (the daemon's default)", shippedConfigPath, d)
 	}

@@ -46,11 +46,28 @@ func run(args []string, stdout, stderr io.Writer) int {
 		result, err = runPull(ctx, args[1:])
 	case "compress":
 		result, err = runCompress(ctx, args[1:])
+	case "crio-start":
+		result, err = runCRIOStart(ctx, args[1:])
+	case "crio-repair":
+		result, err = runCRIORepair(ctx, args[1:])
+	case "crio-stop":
+		result, err = runCRIOStop(ctx, args[1:])
+	case "images":
+		result, err = runImages(ctx, args[1:])
+	case "run":
+		result, err = runRun(ctx, args[1:])
+	case "rmi":
+		result, err = runRmi(ctx, args[1:])
 	case "help", "-h", "--help":
 		fmt.Fprint(stdout, usage)
 		return 0
 	default:
 		err = fmt.Errorf("%w: unknown subcommand %q", errUsage, args[0])
+	}
+	// A failure that comes with a result prints the result too: what was found before it.
+	var f *failure
+	if errors.As(err, &f) {
+		result = f.result
 	}
 	switch {
 	case errors.Is(err, flag.ErrHelp):
@@ -58,23 +75,52 @@ func run(args []string, stdout, stderr io.Writer) int {
 	case errors.Is(err, errUsage):
 		fmt.Fprintf(stderr, "harness: %v\n\n%s", err, usage)
 		return 2
-	case err != nil:
+	case err != nil && f == nil:
 		fmt.Fprintf(stderr, "harness: %v\n", err)
 		return 1
 	}
 	enc := json.NewEncoder(stdout)
 	enc.SetIndent("", "  ")
-	if err := enc.Encode(result); err != nil {
-		fmt.Fprintf(stderr, "harness: writing result: %v\n", err)
+	if werr := enc.Encode(result); werr != nil {
+		fmt.Fprintf(stderr, "harness: writing result: %v\n", werr)
+		return 1
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "harness: %v\n", err)
 		return 1
 	}
 	return 0
+}
+
+// failure is an error that comes with a result: run prints the result as JSON on stdout, the
+// error on stderr, and exits with status 1.
+type failure struct {
+	result any
+	err    error
+}
+
+func (f *failure) Error() string { return f.err.Error() }
+func (f *failure) Unwrap() error { return f.err }
+
+// failWith returns err with result attached, or nil when err is nil.
+func failWith(result any, err error) error {
+	if err == nil {
+		return nil
+	}
+	return &failure{result: result, err: err}
 }
 
 const usage = `usage:
   harness convert [--compress gzip|zstd|zstd:chunked] [--all] [--dest-tls-verify=false] SRC DST
   harness pull REF [--pause FILE] [--list SCRIPT] [--save PATH] [--push DSTREF] [--rmi]
   harness compress BLOBFILE < TAR     (zstd:chunked with c/storage's compressor; prints the annotations)
+CRI-O's storage steps, each in a new process as after a restart:
+  harness crio-start [--clean-shutdown-file FILE]
+  harness crio-repair
+  harness crio-stop [--clean-shutdown-file FILE]
+  harness images [--pinned PATTERN]... [IMAGE...]
+  harness run IMAGE --list SCRIPT [--name NAME] [--hold FILE]
+  harness rmi IMAGE
 common flags: --timeout DURATION (default 2m), --debug
 configuration: CONTAINERS_STORAGE_CONF, CONTAINERS_REGISTRIES_CONF, REGISTRY_AUTH_FILE
 `

@@ -162,7 +162,7 @@ func (p *puller) run(ctx context.Context) (*pullResult, error) {
 	res.ImageID = img.ID
 	res.Layers, err = p.layers(img.TopLayer)
 	if err == nil && p.flags.pause != "" {
-		err = pause(ctx, p.flags.pause)
+		err = pause(ctx, "--pause", p.flags.pause)
 	}
 	if err == nil {
 		err = p.use(ctx, res, img.ID, local)
@@ -243,6 +243,12 @@ func (p *puller) list(ctx context.Context, imageID, script string) (out string, 
 			retErr = errors.Join(retErr, fmt.Errorf("unmounting image %s: %w", imageID, err))
 		}
 	}()
+	return runChrooted(ctx, mnt, script)
+}
+
+// runChrooted runs script with the busybox sh of the root file system at mnt, chrooted into
+// it, and returns the script's stdout, which must not be empty.
+func runChrooted(ctx context.Context, mnt, script string) (string, error) {
 	var stdout, stderr bytes.Buffer
 	cmd := exec.CommandContext(ctx, "chroot", mnt, "/bin/busybox", "sh", "-c", script)
 	cmd.Env = []string{"PATH=/bin:/sbin:/usr/bin:/usr/sbin", "HOME=/"}
@@ -296,10 +302,11 @@ func (p *puller) save(ctx context.Context, local types.ImageReference, path stri
 // pause creates path and returns once it is gone, or ctx is done: the caller can change the
 // world (restart the store, stop the registry) between a pull and the use of the image by the
 // same process, which knows the layers it took from an additional layer store (see the
-// README's known upstream issue: another process would not).
-func pause(ctx context.Context, path string) error {
+// README's known upstream issue: another process would not), or kill the process while it
+// holds a container mounted (run --hold). flag names the option in errors.
+func pause(ctx context.Context, flag, path string) error {
 	if err := os.WriteFile(path, nil, 0o644); err != nil {
-		return fmt.Errorf("--pause: %w", err)
+		return fmt.Errorf("%s: %w", flag, err)
 	}
 	for {
 		if _, err := os.Lstat(path); errors.Is(err, os.ErrNotExist) {
@@ -307,7 +314,7 @@ func pause(ctx context.Context, path string) error {
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("--pause: %s still there: %w", path, ctx.Err())
+			return fmt.Errorf("%s: %s still there: %w", flag, path, ctx.Err())
 		case <-time.After(50 * time.Millisecond):
 		}
 	}

@@ -49,17 +49,27 @@ func (r *runContext) close() {
 
 // systemContext returns a SystemContext configured the way podman configures one from
 // its environment, using the blob-info cache named cache (created on first use, empty).
-// registries.conf comes from CONTAINERS_REGISTRIES_CONF, which c/image reads itself;
-// REGISTRY_AUTH_FILE is podman's convention, applied here.
+// REGISTRY_AUTH_FILE is podman's convention, applied here. registries.conf comes from
+// CONTAINERS_REGISTRIES_CONF: c/image >= 5.42 reads it itself (and then reads no drop-in
+// directory), older ones (CRI-O's 5.38) do not, their callers pass the path; so the path is
+// passed here for both, with an empty drop-in directory, and both read that file alone.
 func (r *runContext) systemContext(cache string) (*types.SystemContext, error) {
 	dir := filepath.Join(r.cacheRoot, cache)
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("creating blob-info cache dir: %w", err)
 	}
-	return &types.SystemContext{
+	sys := &types.SystemContext{
 		BlobInfoCacheDir: dir,
 		AuthFilePath:     os.Getenv("REGISTRY_AUTH_FILE"),
-	}, nil
+	}
+	if conf := os.Getenv("CONTAINERS_REGISTRIES_CONF"); conf != "" {
+		dropIns := filepath.Join(r.cacheRoot, "registries.conf.d")
+		if err := os.MkdirAll(dropIns, 0o700); err != nil {
+			return nil, err
+		}
+		sys.SystemRegistriesConfPath, sys.SystemRegistriesConfDirPath = conf, dropIns
+	}
+	return sys, nil
 }
 
 // copyImage runs copy.Image with the progress going to stderr, and returns the manifest

@@ -15,6 +15,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/layerstore/layerstore/internal/testutil/testfuse"
 )
 
 // env names the directory on which a test re-executed by Run mounts its tmpfs.
@@ -27,6 +29,11 @@ const env = "LAYERSTORE_TEST_TMPFS_DIR"
 func Run(t *testing.T, size string, fn func(t *testing.T, dir string)) {
 	t.Helper()
 	if dir := os.Getenv(env); dir != "" {
+		// The namespace's copies of other tests' FUSE mounts would keep their connections
+		// alive after their unmounts, for as long as this child runs.
+		if err := testfuse.DetachForeign(); err != nil {
+			t.Fatalf("detaching FUSE mounts in the private namespace: %v", err)
+		}
 		if err := syscall.Mount("tmpfs", dir, "tmpfs", 0, "size="+size+",mode=0700"); err != nil {
 			t.Fatalf("mounting a tmpfs in the private namespace: %v", err)
 		}
