@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/layerstore/layerstore/internal/mountinfo"
 )
 
 // probeTimeout bounds how long ClearDeadMount waits for a mount to answer. Tests shorten it.
@@ -127,7 +129,7 @@ func topMount(mountpoint string) (mountInfo, error) {
 		if sep < 0 || sep+1 >= len(f) {
 			continue
 		}
-		if unescapeMountinfo(f[4]) == mountpoint {
+		if mountinfo.Unescape(f[4]) == mountpoint {
 			m = mountInfo{mounted: true, fstype: f[sep+1]}
 			if maj, min, ok := strings.Cut(f[2], ":"); ok {
 				a, err1 := strconv.ParseUint(maj, 10, 32)
@@ -142,23 +144,4 @@ func topMount(mountpoint string) (mountInfo, error) {
 		return mountInfo{}, fmt.Errorf("fs: reading mountinfo: %w", err)
 	}
 	return m, nil
-}
-
-// unescapeMountinfo undoes the octal escapes (\040 for a space, ...) of mountinfo fields.
-func unescapeMountinfo(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+4 <= len(s) {
-			if v, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
-				b.WriteByte(byte(v))
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
 }

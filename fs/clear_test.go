@@ -176,20 +176,6 @@ func TestClearDeadMount(t *testing.T) {
 	})
 }
 
-func TestUnescapeMountinfo(t *testing.T) {
-	for in, want := range map[string]string{
-		`/plain`:                `/plain`,
-		`/a\040b`:               `/a b`,
-		`/tab\011nl\012bs\134x`: "/tab\tnl\nbs\\x",
-		`/trailing\04`:          `/trailing\04`,
-		`/bad\09x`:              `/bad\09x`,
-	} {
-		if got := unescapeMountinfo(in); got != want {
-			t.Errorf("unescapeMountinfo(%q) = %q, want %q", in, got, want)
-		}
-	}
-}
-
 // hungRoot is the root of a server that stops answering statfs once hang is set.
 type hungRoot struct {
 	fusefs.Inode

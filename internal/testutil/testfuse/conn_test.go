@@ -130,17 +130,3 @@ func TestDetachScriptRefusesTheParentNamespace(t *testing.T) {
 	}
 	c.Unmount(t, srv)
 }
-
-func TestUnescapeMountinfo(t *testing.T) {
-	for in, want := range map[string]string{
-		`/plain`:                `/plain`,
-		`/a\040b`:               `/a b`,
-		`/tab\011nl\012bs\134x`: "/tab\tnl\nbs\\x",
-		`/trailing\04`:          `/trailing\04`,
-		`/bad\09x`:              `/bad\09x`,
-	} {
-		if got := UnescapeMountinfo(in); got != want {
-			t.Errorf("UnescapeMountinfo(%q) = %q, want %q", in, got, want)
-		}
-	}
-}

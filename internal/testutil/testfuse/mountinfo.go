@@ -6,9 +6,10 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"strconv"
 	"strings"
 	"syscall"
+
+	"github.com/layerstore/layerstore/internal/mountinfo"
 )
 
 // mount is what a line of a mountinfo file says of a mount.
@@ -43,7 +44,7 @@ func readMounts(path string) ([]mount, error) {
 			continue
 		}
 		_, minor, _ := strings.Cut(f[2], ":")
-		ms = append(ms, mount{point: UnescapeMountinfo(f[4]), dev: f[2], minor: minor, fstype: f[sep+1]})
+		ms = append(ms, mount{point: mountinfo.Unescape(f[4]), dev: f[2], minor: minor, fstype: f[sep+1]})
 	}
 	return ms, sc.Err()
 }
@@ -65,26 +66,6 @@ func findMount(mnt string) (mount, bool) {
 // fuseblk, fuseblk.<name>); fusectl is not.
 func IsFUSE(fstype string) bool {
 	return fstype == "fuse" || fstype == "fuseblk" || strings.HasPrefix(fstype, "fuse.") || strings.HasPrefix(fstype, "fuseblk.")
-}
-
-// UnescapeMountinfo undoes the octal escapes (\040 for a space, ...) of mountinfo fields. It
-// is storefs's own, which the tests of package storefs cannot import from here.
-func UnescapeMountinfo(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+4 <= len(s) {
-			if v, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
-				b.WriteByte(byte(v))
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
 }
 
 // DetachForeign detaches (MNT_DETACH) every FUSE mount of this process's mount namespace but
