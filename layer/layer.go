@@ -314,7 +314,8 @@ const (
 )
 
 // Info implements storefs.Layer. Seen through its TOC digest (a modern runtime), the layer says
-// which DiffID the runtime must expect and claims only what is proven; seen through its blob
+// which DiffID the runtime must expect, claims the DiffID only once proven, and gives the tar's
+// size once known; seen through its blob
 // digest (an older runtime, which needs both digests), it names the blob and the DiffID.
 func (l *Layer) Info(key digest.Digest) []byte {
 	in := info{CompressedSize: l.desc.Size, DiffSize: -1, Compression: compressionGzip}
@@ -330,9 +331,13 @@ func (l *Layer) Info(key digest.Digest) []byte {
 		in.DiffSize = tarSize(l.v, l.desc.Annotations) // never -1: such layers are not served by blob digest
 	} else {
 		in.TOCDigest = key
+		// The tar's size as soon as it is known (the eStargz annotation, the tar-split's once
+		// compared with the TOC): what the runtime reports as the image's size, which the
+		// kubelet's image collection reasons with. containers/storage trusts a size only with
+		// the DiffID beside it, which is claimed only once proven.
+		in.DiffSize = tarSize(l.v, l.desc.Annotations)
 		if l.v.Guarantee() >= verify.DiffIDVerified {
 			in.DiffDigest = l.desc.DiffID
-			in.DiffSize = tarSize(l.v, l.desc.Annotations)
 		}
 	}
 	b, err := json.Marshal(in)

@@ -347,6 +347,43 @@ func uniq(s []string) []string {
 	return out
 }
 
+// runtimeRoots are the graphroots of the node's runtimes the doctor looks at: storage.conf's
+// and, as root, CRI-O's root where its configuration names one.
+func runtimeRoots(graphroot string, crio crioPaths) []string {
+	roots := []string{graphroot}
+	if c, ok := crio.read(); ok && c.Crio.Root != "" && os.Geteuid() == 0 {
+		roots = append(roots, c.Crio.Root)
+	}
+	return cleanPaths(roots)
+}
+
+// checkRuntimesRecords is checkRuntimeRecords of each graphroot, in one check: the worst
+// status, the messages of those that are not ok (of all when all are).
+func checkRuntimesRecords(roots []string, st *layer.Status) check {
+	var all, bad []check
+	for _, r := range roots {
+		c := checkRuntimeRecords(r, st)
+		all = append(all, c)
+		if c.Status != statusOK {
+			bad = append(bad, c)
+		}
+	}
+	if len(bad) == 0 {
+		bad = all
+	}
+	out := bad[0]
+	for _, c := range bad[1:] {
+		out.Message += "; " + c.Message
+		if c.Fix != "" {
+			out.Fix = strings.TrimPrefix(out.Fix+"; "+c.Fix, "; ")
+		}
+		if c.Status == statusFail {
+			out.Status = statusFail
+		}
+	}
+	return out
+}
+
 // checkRuntimeRecords checks that the runtime's own records (graphroot's layers.json) name the
 // layers it took from a store, which containers/storage 1.58 and later do not write: the daemon
 // writes them where it records into graphroot (st, its status, nil when it does not answer).

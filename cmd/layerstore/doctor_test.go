@@ -630,4 +630,12 @@ func TestCheckRuntimeRecords(t *testing.T) {
 	if c.Status != statusFail || !strings.Contains(c.Message, "1 image") || !strings.Contains(c.Fix, "podman pull reg.example/app:v1") {
 		t.Errorf("an image that lost its layers: %+v", c)
 	}
+	// Several graphroots (storage.conf's and CRI-O's): the failing one decides.
+	other := t.TempDir()
+	if c := checkRuntimesRecords([]string{other, graph}, st); c.Status != statusFail || !strings.Contains(c.Message, graph) || strings.Contains(c.Message, other) {
+		t.Errorf("two graphroots: %+v", c)
+	}
+	if c := checkRuntimesRecords([]string{other, other + "2"}, st); c.Status != statusOK || !strings.Contains(c.Message, other+"2") {
+		t.Errorf("two sound graphroots: %+v", c)
+	}
 }

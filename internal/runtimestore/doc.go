@@ -21,7 +21,10 @@
 // c/storage decodes it, the id, the parent (the first link of the overlay driver's lower file,
 // resolved through overlay/l), and the creation time (the additionallayer file's). Entries
 // already there are never reordered, rewritten or dropped: the new ones are appended to the
-// file's bytes as they are, whatever fields a newer c/storage put in them.
+// file's bytes as they are, whatever fields a newer c/storage put in them. An entry is written
+// once: a layer whose tar size the store does not know yet (zstd:chunked, until its tar-split
+// is compared with its TOC, seconds after the lookup) waits for it up to Config.SizeWait, so
+// that the runtime reports the image's true size; at the daemon's start, nothing waits.
 //
 // It follows c/storage's own write protocol, with its own lock-file code: the graphroot's
 // overlay-layers/layers.lock taken for writing (TryLock, until a deadline: the wait holds

@@ -43,6 +43,7 @@ type candidate struct {
 	id     string
 	mark   string // the additionallayer file's content: the store's layer directory
 	parent string
+	size   int64 // the tar's size the store gave, -1 when unknown
 	entry  []byte
 }
 
@@ -62,12 +63,21 @@ type entry struct {
 	Flags              map[string]any `json:"flags,omitempty"`
 }
 
+// recordOpts are how record goes about it.
+type recordOpts struct {
+	lockWait time.Duration // bounds the wait for the runtime's lock
+	warn     func(msg string, args ...any)
+	// hold, when set, says whether to leave a layer whose tar size the store does not know
+	// yet for a later pass (its size is what the runtime reports for the image).
+	hold func(graphroot, id string) bool
+}
+
 // record adds to graphroot's layers.json the layers that point into store and that it lacks,
-// and returns the ids it added. lockWait bounds the wait for the runtime's lock.
-func record(ctx context.Context, graphroot, store string, lockWait time.Duration, warn func(msg string, args ...any)) ([]string, error) {
+// and returns the ids it added and how many it held back (opts.hold).
+func record(ctx context.Context, graphroot, store string, opts recordOpts) (ids []string, held int, err error) {
 	dir := filepath.Join(graphroot, "overlay-layers")
 	if fi, err := os.Stat(dir); err != nil || !fi.IsDir() {
-		return nil, nil // no runtime has used this graphroot (yet)
+		return nil, 0, nil // no runtime has used this graphroot (yet)
 	}
 	jsonPath := filepath.Join(dir, "layers.json")
 	removeStaleTemps(dir)
@@ -75,52 +85,54 @@ func record(ctx context.Context, graphroot, store string, lockWait time.Duration
 	// Unlocked: what is missing, and the entries for it (the store's info may take a lookup).
 	known, _, _, err := readLayers(jsonPath)
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
-	cands := scan(graphroot, store, known, warn)
+	cands := scan(graphroot, store, known, opts.warn)
 	if len(cands) == 0 {
-		return nil, nil
+		return nil, 0, nil
 	}
 	for _, c := range cands {
-		if err := c.build(ctx, graphroot, warn); err != nil {
-			warn("not recording a runtime layer taken from the store", "graphroot", graphroot, "layer", c.id, "err", err)
+		if err := c.build(ctx, graphroot); err != nil {
+			opts.warn("not recording a runtime layer taken from the store", "graphroot", graphroot, "layer", c.id, "err", err)
+		} else if c.size < 0 && opts.hold != nil && opts.hold(graphroot, c.id) {
+			c.entry = nil
+			held++
 		}
 	}
 
 	lock, err := lockfile.GetLockFile(filepath.Join(dir, "layers.lock"))
 	if err != nil {
-		return nil, err
+		return nil, held, err
 	}
-	if err := tryLock(ctx, lock, lockWait); err != nil {
-		return nil, fmt.Errorf("%s: %w", filepath.Join(dir, "layers.lock"), err)
+	if err := tryLock(ctx, lock, opts.lockWait); err != nil {
+		return nil, held, fmt.Errorf("%s: %w", filepath.Join(dir, "layers.lock"), err)
 	}
 	defer lock.Unlock()
 	hook("locked")
 
 	known, n, data, err := readLayers(jsonPath)
 	if err != nil {
-		return nil, err
+		return nil, held, err
 	}
 	add := ready(graphroot, cands, known)
 	if len(add) == 0 {
-		return nil, nil // the runtime recorded them itself, or removed them
+		return nil, held, nil // the runtime recorded them itself, or removed them
 	}
 	if _, err := lock.RecordWrite(); err != nil {
-		return nil, err
+		return nil, held, err
 	}
 	hook("recorded-write")
 	out, err := appendEntries(data, n > 0, add)
 	if err != nil {
-		return nil, fmt.Errorf("%s: %w", jsonPath, err)
+		return nil, held, fmt.Errorf("%s: %w", jsonPath, err)
 	}
 	if err := writeAtomic(jsonPath, out); err != nil {
-		return nil, err
+		return nil, held, err
 	}
-	ids := make([]string, len(add))
-	for i, c := range add {
-		ids[i] = c.id
+	for _, c := range add {
+		ids = append(ids, c.id)
 	}
-	return ids, nil
+	return ids, held, nil
 }
 
 // tryLock takes lock for writing, trying until wait has passed: a runtime holds it for the
@@ -218,7 +230,7 @@ func inStore(store, p string) bool {
 
 // build makes c's entry: the store's info, the parent from the lower file, the time the
 // runtime took the layer.
-func (c *candidate) build(ctx context.Context, graphroot string, warn func(string, ...any)) error {
+func (c *candidate) build(ctx context.Context, graphroot string) error {
 	dir := filepath.Join(graphroot, "overlay", c.id)
 	parent, err := parentOf(graphroot, c.id)
 	if err != nil {
@@ -247,7 +259,10 @@ func (c *candidate) build(ctx context.Context, graphroot string, warn func(strin
 	if c.entry, err = json.Marshal(e); err != nil {
 		return err
 	}
-	c.parent = parent
+	c.parent, c.size = parent, e.UncompressedSize
+	if e.UncompressedSize == 0 {
+		c.size = -1 // absent from the info
+	}
 	return nil
 }
 

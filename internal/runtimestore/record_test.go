@@ -112,9 +112,14 @@ func (f *fixture) storeLayer(ref string, key string, info string) string {
 }
 
 func (f *fixture) record() ([]string, error) {
-	return record(context.Background(), f.graphroot, f.store, 5*time.Second, func(msg string, args ...any) {
+	ids, _, err := record(context.Background(), f.graphroot, f.store, f.opts(5*time.Second))
+	return ids, err
+}
+
+func (f *fixture) opts(lockWait time.Duration) recordOpts {
+	return recordOpts{lockWait: lockWait, warn: func(msg string, args ...any) {
 		f.warnings = append(f.warnings, fmt.Sprint(append([]any{msg}, args...)...))
-	})
+	}}
 }
 
 func info(toc string) string {
@@ -166,6 +171,45 @@ func TestRecordAppends(t *testing.T) {
 	}
 	if len(f.warnings) > 0 {
 		t.Errorf("warnings: %q", f.warnings)
+	}
+}
+
+// A layer whose tar size the store does not know yet is held back while hold says so, then
+// recorded with its size once the store gives it; a layer with its size is never held.
+func TestRecordHoldsForSize(t *testing.T) {
+	f := newFixture(t)
+	sized := f.storeLayer("r", "sha256:"+hex2, strings.Replace(info(hex2), `"diff-size":-1`, `"diff-size":4096`, 1))
+	unsized := f.storeLayer("r", "sha256:"+hex3, info(hex3))
+	f.layerDir(midID, baseID, sized)
+	f.layerDir(topID, baseID, unsized)
+	opts := f.opts(time.Second)
+	var asked []string
+	opts.hold = func(_, id string) bool { asked = append(asked, id); return true }
+	ids, held, err := record(context.Background(), f.graphroot, f.store, opts)
+	if err != nil || held != 1 || len(ids) != 1 || ids[0] != midID || len(asked) != 1 || asked[0] != topID {
+		t.Fatalf("first pass: added %v, held %d, asked %v, %v", ids, held, asked, err)
+	}
+	if err := os.WriteFile(filepath.Join(unsized, "info"), []byte(strings.Replace(info(hex3), `"diff-size":-1`, `"diff-size":8192`, 1)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if ids, held, err = record(context.Background(), f.graphroot, f.store, opts); err != nil || held != 0 || len(ids) != 1 {
+		t.Fatalf("once the size is known: added %v, held %d, %v", ids, held, err)
+	}
+	if got := f.read("overlay-layers/layers.json"); !strings.Contains(got, `"diff-size":8192`) || !strings.Contains(got, `"diff-size":4096`) {
+		t.Errorf("the sizes: %s", got)
+	}
+}
+
+// The Recorder holds a layer without a size for SizeWait after the first pass that met it,
+// then records it without.
+func TestRecorderSizeWait(t *testing.T) {
+	r := New(Config{SizeWait: 50 * time.Millisecond})
+	if !r.holdForSize("/g", "a") || !r.holdForSize("/g", "a") {
+		t.Fatal("not held at first")
+	}
+	time.Sleep(60 * time.Millisecond)
+	if r.holdForSize("/g", "a") {
+		t.Error("held past SizeWait")
 	}
 }
 
@@ -298,7 +342,7 @@ func TestRecordFiles(t *testing.T) {
 	}
 	dir := t.TempDir()
 	for _, root := range []string{filepath.Join(dir, "missing"), dir} {
-		ids, err := record(context.Background(), root, "/store", time.Second, nil)
+		ids, _, err := record(context.Background(), root, "/store", recordOpts{lockWait: time.Second})
 		if err != nil || len(ids) > 0 {
 			t.Errorf("%s: %v %v", root, ids, err)
 		}
@@ -326,7 +370,7 @@ func TestRecordTakesTheRuntimesLock(t *testing.T) {
 		t.Fatalf("holder: %q", line)
 	}
 	start := time.Now()
-	_, err := record(context.Background(), f.graphroot, f.store, 300*time.Millisecond, func(string, ...any) {})
+	_, _, err := record(context.Background(), f.graphroot, f.store, f.opts(300*time.Millisecond))
 	if err == nil || !strings.Contains(err.Error(), "held by a runtime") {
 		t.Errorf("with the lock held: %v", err)
 	}
@@ -424,7 +468,7 @@ func TestHelperProcess(t *testing.T) {
 				time.Sleep(time.Minute)
 			}
 		}
-		_, err := record(context.Background(), args[0], args[1], 5*time.Second, func(string, ...any) {})
+		_, _, err := record(context.Background(), args[0], args[1], recordOpts{lockWait: 5 * time.Second, warn: func(string, ...any) {}})
 		fmt.Fprintln(os.Stderr, "not killed:", err)
 		os.Exit(3)
 	}

@@ -27,6 +27,11 @@ type Config struct {
 	Settle time.Duration
 	// InfoTimeout bounds the read of one layer's info through the store (default 30 s).
 	InfoTimeout time.Duration
+	// SizeWait is how long a pass after a poke leaves a layer whose tar size the store does
+	// not know yet (a zstd:chunked layer's tar-split is compared seconds after its lookup) for
+	// a later pass, so that its entry has the size the runtime reports for the image (default
+	// 10 s; then it is recorded without). The first pass, at the daemon's start, waits for none.
+	SizeWait time.Duration
 	Logger      *slog.Logger
 }
 
@@ -38,7 +43,8 @@ type Recorder struct {
 
 	mu     sync.Mutex
 	stats  Stats
-	warned map[string]bool // the warnings about layers given once
+	warned map[string]bool      // the warnings about layers given once
+	seen   map[string]time.Time // when a layer without a size was first held back
 }
 
 // Stats is what a Recorder did, for status and metrics.
@@ -58,10 +64,12 @@ func New(cfg Config) *Recorder {
 	cfg.Interval = orDuration(cfg.Interval, time.Minute)
 	cfg.Settle = orDuration(cfg.Settle, 200*time.Millisecond)
 	cfg.InfoTimeout = orDuration(cfg.InfoTimeout, 30*time.Second)
+	cfg.SizeWait = orDuration(cfg.SizeWait, 10*time.Second)
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	return &Recorder{cfg: cfg, poke: make(chan struct{}, 1), stats: Stats{Graphroots: slices.Clone(cfg.Graphroots)}}
+	return &Recorder{cfg: cfg, poke: make(chan struct{}, 1), stats: Stats{Graphroots: slices.Clone(cfg.Graphroots)},
+		warned: map[string]bool{}, seen: map[string]time.Time{}}
 }
 
 func orDuration(d, def time.Duration) time.Duration {
@@ -96,16 +104,22 @@ func (r *Recorder) Run(ctx context.Context) {
 			case <-time.After(r.cfg.Settle):
 			}
 		}
-		r.Sync(ctx)
+		if held := r.pass(ctx, true); held > 0 {
+			time.AfterFunc(time.Second, r.Poke) // look again for their sizes
+		}
 	}
 }
 
-// Sync makes one pass over every graphroot and returns the number of entries it added.
-func (r *Recorder) Sync(ctx context.Context) int {
-	added := 0
+// Sync makes one pass over every graphroot, recording every layer found (none is held back for
+// its size).
+func (r *Recorder) Sync(ctx context.Context) { r.pass(ctx, false) }
+
+// pass makes one pass over every graphroot; with hold, layers whose size is not known yet are
+// left for a later pass for up to SizeWait. It returns how many it held back.
+func (r *Recorder) pass(ctx context.Context, hold bool) (held int) {
 	for _, root := range r.cfg.Graphroots {
-		ids, err := r.syncOne(ctx, root)
-		added += len(ids)
+		ids, n, err := r.syncOne(ctx, root, hold)
+		held += n
 		r.mu.Lock()
 		r.stats.Recorded += int64(len(ids))
 		if err != nil {
@@ -121,13 +135,44 @@ func (r *Recorder) Sync(ctx context.Context) int {
 				"graphroot", root, "layers", ids)
 		}
 	}
-	return added
+	return held
 }
 
-func (r *Recorder) syncOne(ctx context.Context, root string) ([]string, error) {
+func (r *Recorder) syncOne(ctx context.Context, root string, hold bool) ([]string, int, error) {
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.InfoTimeout+r.cfg.LockWait)
 	defer cancel()
-	return record(ctx, root, r.cfg.Store, r.cfg.LockWait, r.warnOnce)
+	opts := recordOpts{lockWait: r.cfg.LockWait, warn: r.warnOnce}
+	if hold {
+		opts.hold = r.holdForSize
+	}
+	ids, held, err := record(ctx, root, r.cfg.Store, opts)
+	r.mu.Lock()
+	for _, id := range ids {
+		delete(r.seen, root+"\x00"+id)
+	}
+	r.mu.Unlock()
+	return ids, held, err
+}
+
+// holdForSize says whether a layer without a size is left for a later pass: for SizeWait from
+// the first pass that met it.
+func (r *Recorder) holdForSize(root, id string) bool {
+	key := root + "\x00" + id
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	first, ok := r.seen[key]
+	if !ok {
+		if len(r.seen) >= 4096 {
+			return false // bounded: record at once
+		}
+		r.seen[key] = time.Now()
+		return true
+	}
+	if time.Since(first) < r.cfg.SizeWait {
+		return true
+	}
+	delete(r.seen, key)
+	return false
 }
 
 // warnOnce logs a warning about a layer once: a pass every minute would repeat it.
@@ -136,9 +181,6 @@ func (r *Recorder) warnOnce(msg string, args ...any) {
 	r.mu.Lock()
 	seen := r.warned[key]
 	if !seen && len(r.warned) < 4096 {
-		if r.warned == nil {
-			r.warned = map[string]bool{}
-		}
 		r.warned[key] = true
 	}
 	r.mu.Unlock()
