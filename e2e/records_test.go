@@ -3,8 +3,10 @@ package e2e
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -192,4 +194,74 @@ func TestPodman5RestartDuringOutage(t *testing.T) {
 	}
 	sameListing(t, "podman 5 after a restart during an outage", out, refs[imgGzip])
 	checkNoRegistry(t, d)
+}
+
+// killSteps are the steps of a record's write (internal/runtimestore's hook).
+var killSteps = []string{"locked", "recorded-write", "temp-created", "temp-written", "temp-synced", "renamed"}
+
+// TestRecordKilledAtEachStep: the daemon's write of a runtime's records killed (kill -9) at
+// each of its steps, on real storage (c/storage 1.65, a lazily pulled eStargz image that no
+// one recorded): layers.json still parses with every entry it had, and after the pass the
+// next daemon makes at its start, CRI-O's steps pass (its start's GarbageCollect removes
+// nothing of the image, images resolves it, a container of it lists the reference content).
+// The write is internal/runtimestore's own, run by its test binary's helper process.
+func TestRecordKilledAtEachStep(t *testing.T) {
+	s := need(t)
+	refs := s.references(t)
+	helper := filepath.Join(t.TempDir(), "runtimestore.test")
+	if out, err := run(t.Context(), nil, "go", "test", "-C", "..", "-c", "-o", helper, "./internal/runtimestore"); err != nil {
+		t.Fatalf("building the runtimestore test binary: %v\n%s", err, out)
+	}
+	img := s.images[imgEStargz]
+	for _, step := range killSteps {
+		t.Run(step, func(t *testing.T) {
+			c := s.newCRIO(t, "harness", "v1.65.", false)
+			c.files = c.readFiles(t)
+			r := c.pull(t, img)
+			before := snapshotStorage(t, c.graph)
+			recordStep := func(what string) (string, error) {
+				cmd := exec.CommandContext(t.Context(), helper, "-test.run=^TestHelperProcess$")
+				cmd.Env = append(os.Environ(), "RUNTIMESTORE_HELPER="+what, "RUNTIMESTORE_ARGS="+c.graph+"\x1f"+c.d.mnt+"\x1f"+step)
+				out, err := cmd.CombinedOutput()
+				return string(out), err
+			}
+			out, err := recordStep("kill")
+			if ws, ok := waitStatusOf(err); !ok || ws.Signal() != syscall.SIGKILL {
+				t.Fatalf("the write was not killed at %s: %v\n%s", step, err, out)
+			}
+			if bad := lostOrChanged(before, snapshotStorage(t, c.graph), nil); len(bad) > 0 {
+				t.Errorf("after the kill: %v", bad)
+			}
+			if out, err := recordStep("record"); err != nil {
+				t.Fatalf("the next pass: %v\n%s", err, out)
+			}
+			recorded := snapshotStorage(t, c.graph)
+			if bad := lostOrChanged(before, recorded, nil); len(bad) > 0 {
+				t.Errorf("after the next pass: %v", bad)
+			}
+			layers := pulledLayers(r)
+			for _, id := range layers {
+				if _, ok := recorded["overlay-layers/layers.json"][id]; !ok {
+					t.Errorf("layer %s not recorded after the next pass", id)
+				}
+			}
+			c.files = c.readFiles(t)
+			st := c.start(t, false)
+			if !st.GarbageCollect.empty() {
+				t.Errorf("the start removed %+v", st.GarbageCollect)
+			}
+			c.checkImages(t, map[string][]string{r.ImageID: layers}, img.ref)
+			c.checkRun(t, img, refs[img.ref0])
+		})
+	}
+}
+
+// waitStatusOf is the wait status of a command's error, when it exited or was killed.
+func waitStatusOf(err error) (syscall.WaitStatus, bool) {
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) {
+		return 0, false
+	}
+	ws, ok := ee.Sys().(syscall.WaitStatus)
+	return ws, ok
 }

@@ -443,7 +443,10 @@ func helper(t *testing.T, what string, args ...string) *exec.Cmd {
 	return cmd
 }
 
-// TestHelperProcess is not a test: it is the helper of the tests above.
+// TestHelperProcess is not a test: it is the helper of the tests above, and of
+// e2e.TestRecordKilledAtEachStep, which runs it on a runtime's real storage (RUNTIMESTORE_HELPER
+// "record" or "kill", RUNTIMESTORE_ARGS the graphroot, the store and the step, separated by
+// \x1f).
 func TestHelperProcess(t *testing.T) {
 	what := os.Getenv("RUNTIMESTORE_HELPER")
 	if what == "" {
@@ -460,6 +463,14 @@ func TestHelperProcess(t *testing.T) {
 		fmt.Println("locked")
 		_, _ = bufio.NewReader(os.Stdin).ReadString('\n')
 		l.Unlock()
+		os.Exit(0)
+	case "record": // one pass, as the daemon's next start makes
+		ids, _, err := record(context.Background(), args[0], args[1], recordOpts{lockWait: 5 * time.Second, warn: func(string, ...any) {}})
+		fmt.Println(strings.Join(ids, " "))
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
 		os.Exit(0)
 	case "kill": // records, killing itself at the step named
 		hook = func(step string) {

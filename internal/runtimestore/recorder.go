@@ -32,7 +32,7 @@ type Config struct {
 	// a later pass, so that its entry has the size the runtime reports for the image (default
 	// 10 s; then it is recorded without). The first pass, at the daemon's start, waits for none.
 	SizeWait time.Duration
-	Logger      *slog.Logger
+	Logger   *slog.Logger
 }
 
 // Recorder records, into runtimes' layers.json, the layers they took from the store and did
