@@ -59,7 +59,7 @@ type dependentsReport struct {
 	GraphRoot string           `json:"graphRoot"`
 	Images    []dependentImage `json:"images"`
 	// Orphans are layers from a store that no image or container of the storage uses: left
-	// by a runtime that did not record them (podman 5, see the README's known issue) or by an
+	// by a runtime that did not record them (podman 5, docs/upstream-cstorage.md) or by an
 	// interrupted removal. The runtime no longer uses them.
 	Orphans []string `json:"orphanLayers"`
 	// Broken are images whose top layer the runtime's layers.json no longer names and whose

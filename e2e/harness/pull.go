@@ -301,8 +301,8 @@ func (p *puller) save(ctx context.Context, local types.ImageReference, path stri
 
 // pause creates path and returns once it is gone, or ctx is done: the caller can change the
 // world (restart the store, stop the registry) between a pull and the use of the image by the
-// same process, which knows the layers it took from an additional layer store (see the
-// README's known upstream issue: another process would not), or kill the process while it
+// same process, which knows the layers it took from an additional layer store (without the
+// daemon's records another process would not: docs/upstream-cstorage.md), or kill the process while it
 // holds a container mounted (run --hold). flag names the option in errors.
 func pause(ctx context.Context, flag, path string) error {
 	if err := os.WriteFile(path, nil, 0o644); err != nil {

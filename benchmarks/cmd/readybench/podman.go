@@ -22,8 +22,8 @@ type podman struct {
 	bin string
 	// oneCommand: pull and run in one `podman run`. podman 5 (c/storage up to at least 1.65)
 	// does not record a layer taken from an additional layer store in layers.json, so that
-	// the command after `podman pull` finds the image corrupted and pulls it again (the
-	// README's known upstream issue); `podman run IMAGE` is what the README tells its users.
+	// the command after `podman pull` finds the image corrupted and pulls it again (docs/upstream-cstorage.md, when the daemon does not record the layers for it);
+	// `podman run IMAGE` is one command either way.
 	oneCommand bool
 	dir        string
 	runroot    string

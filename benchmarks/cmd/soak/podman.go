@@ -96,7 +96,7 @@ func (p *podman) fromStore() int {
 
 // removeImages removes every container and image from the private storage. When podman fails
 // to, or leaves layers taken from the store behind (podman 5 does not record them in
-// layers.json, see the README's known upstream issue), the storage is wiped (its mounts
+// layers.json, see docs/upstream-cstorage.md), the storage is wiped (its mounts
 // detached, its directories removed), so that fromStore counts the next run's layers alone.
 func (p *podman) removeImages(ctx context.Context) (wiped bool, why string) {
 	r := p.do(ctx, "rmi", "--all", "--force")
