@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"time"
 
@@ -45,6 +46,7 @@ type candidate struct {
 	parent string
 	size   int64 // the tar's size the store gave, -1 when unknown
 	entry  []byte
+	gone   bool // removed, or made anew, since the scan
 }
 
 // entry is the JSON a c/storage with the fix writes for a layer taken from an additional
@@ -73,8 +75,10 @@ type recordOpts struct {
 }
 
 // record adds to graphroot's layers.json the layers that point into store and that it lacks,
-// and returns the ids it added and how many it held back (opts.hold).
-func record(ctx context.Context, graphroot, store string, opts recordOpts) (ids []string, held int, err error) {
+// and returns the ids it added and how many it left for a later pass: held back for their
+// size (opts.hold), or not ready (a parent not recorded, a lower file or an info that did not
+// read: a runtime may be in the middle of writing them).
+func record(ctx context.Context, graphroot, store string, opts recordOpts) (ids []string, pending int, err error) {
 	dir := filepath.Join(graphroot, "overlay-layers")
 	if fi, err := os.Stat(dir); err != nil || !fi.IsDir() {
 		return nil, 0, nil // no runtime has used this graphroot (yet)
@@ -96,43 +100,49 @@ func record(ctx context.Context, graphroot, store string, opts recordOpts) (ids 
 			opts.warn("not recording a runtime layer taken from the store", "graphroot", graphroot, "layer", c.id, "err", err)
 		} else if c.size < 0 && opts.hold != nil && opts.hold(graphroot, c.id) {
 			c.entry = nil
-			held++
 		}
 	}
+	pending = len(cands)
 
 	lock, err := lockfile.GetLockFile(filepath.Join(dir, "layers.lock"))
 	if err != nil {
-		return nil, held, err
+		return nil, pending, err
 	}
 	if err := tryLock(ctx, lock, opts.lockWait); err != nil {
-		return nil, held, fmt.Errorf("%s: %w", filepath.Join(dir, "layers.lock"), err)
+		return nil, pending, fmt.Errorf("%s: %w", filepath.Join(dir, "layers.lock"), err)
 	}
 	defer lock.Unlock()
 	hook("locked")
 
 	known, n, data, err := readLayers(jsonPath)
 	if err != nil {
-		return nil, held, err
+		return nil, pending, err
 	}
 	add := ready(graphroot, cands, known)
+	pending = 0
+	for _, c := range cands {
+		if !c.gone && !slices.Contains(add, c) {
+			pending++
+		}
+	}
 	if len(add) == 0 {
-		return nil, held, nil // the runtime recorded them itself, or removed them
+		return nil, pending, nil // the runtime recorded them itself, or removed them
 	}
 	if _, err := lock.RecordWrite(); err != nil {
-		return nil, held, err
+		return nil, pending, err
 	}
 	hook("recorded-write")
 	out, err := appendEntries(data, n > 0, add)
 	if err != nil {
-		return nil, held, fmt.Errorf("%s: %w", jsonPath, err)
+		return nil, pending, fmt.Errorf("%s: %w", jsonPath, err)
 	}
 	if err := writeAtomic(jsonPath, out); err != nil {
-		return nil, held, err
+		return nil, pending, err
 	}
 	for _, c := range add {
 		ids = append(ids, c.id)
 	}
-	return ids, held, nil
+	return ids, pending, nil
 }
 
 // tryLock takes lock for writing, trying until wait has passed: a runtime holds it for the
@@ -313,8 +323,8 @@ func readInfo(ctx context.Context, path string) ([]byte, error) {
 	}
 }
 
-// ready returns the candidates to add now: built, not known, still pointing into the store,
-// and with their parent known or added before them (parents first).
+// ready returns the candidates to add now: built, not known, still pointing into the store on
+// the same parent, and with their parent known or added before them (parents first).
 func ready(graphroot string, cands []*candidate, known map[string]bool) []*candidate {
 	var add []*candidate
 	have := func(id string) bool { return id == "" || known[id] }
@@ -326,7 +336,11 @@ func ready(graphroot string, cands []*candidate, known map[string]bool) []*candi
 			}
 			mark, err := readBounded(filepath.Join(graphroot, "overlay", c.id, "additionallayer"), maxMarkSize)
 			if err != nil || string(mark) != c.mark {
-				c.entry = nil // removed meanwhile
+				c.entry, c.gone = nil, true // removed meanwhile
+				continue
+			}
+			if parent, err := parentOf(graphroot, c.id); err != nil || parent != c.parent {
+				c.entry = nil // made anew meanwhile, on another parent: the next pass builds it again
 				continue
 			}
 			add = append(add, c)

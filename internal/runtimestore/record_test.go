@@ -484,3 +484,35 @@ func TestHelperProcess(t *testing.T) {
 		os.Exit(3)
 	}
 }
+
+// A layer not ready at a pass (here its lower file names a link a concurrent runtime has not
+// made yet) is looked at again a second later, without another poke or the minute's pass.
+func TestRecorderRetriesWhatWasNotReady(t *testing.T) {
+	f := newFixture(t)
+	f.layerDir(midID, baseID, f.storeLayer("r", "sha256:"+hex2, strings.Replace(info(hex2), `"diff-size":-1`, `"diff-size":1`, 1)))
+	link := filepath.Join(f.graphroot, "overlay/l", f.links[baseID])
+	if err := os.Rename(link, link+".away"); err != nil {
+		t.Fatal(err)
+	}
+	r := New(Config{Store: f.store, Graphroots: []string{f.graphroot}, Interval: time.Hour, Settle: time.Millisecond})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { r.Run(ctx); close(done) }()
+	defer func() { cancel(); <-done }()
+	r.Poke()
+	time.Sleep(300 * time.Millisecond)
+	if strings.Contains(f.read("overlay-layers/layers.json"), midID) {
+		t.Fatal("recorded with its parent's link missing")
+	}
+	if err := os.Rename(link+".away", link); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); !strings.Contains(f.read("overlay-layers/layers.json"), midID); time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("not recorded once ready, 10 s later")
+		}
+	}
+	if st := r.Stats(); st.Recorded != 1 {
+		t.Errorf("stats: %+v", st)
+	}
+}

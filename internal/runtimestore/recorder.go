@@ -88,10 +88,12 @@ func (r *Recorder) Poke() {
 }
 
 // Run makes a pass after each poke (once the runtime settled) and every Interval, until ctx
-// is done.
+// is done. A pass that left layers for later (not ready, held for their size, the runtime's
+// lock not taken) is followed by another one second later, then two, four..., up to Interval.
 func (r *Recorder) Run(ctx context.Context) {
 	t := time.NewTicker(r.cfg.Interval)
 	defer t.Stop()
+	var backoff time.Duration
 	for {
 		select {
 		case <-ctx.Done():
@@ -104,9 +106,12 @@ func (r *Recorder) Run(ctx context.Context) {
 			case <-time.After(r.cfg.Settle):
 			}
 		}
-		if held := r.pass(ctx, true); held > 0 {
-			time.AfterFunc(time.Second, r.Poke) // look again for their sizes
+		if r.pass(ctx, true) == 0 {
+			backoff = 0
+			continue
 		}
+		backoff = min(max(2*backoff, time.Second), r.cfg.Interval)
+		time.AfterFunc(backoff, r.Poke)
 	}
 }
 
@@ -115,11 +120,15 @@ func (r *Recorder) Run(ctx context.Context) {
 func (r *Recorder) Sync(ctx context.Context) { r.pass(ctx, false) }
 
 // pass makes one pass over every graphroot; with hold, layers whose size is not known yet are
-// left for a later pass for up to SizeWait. It returns how many it held back.
-func (r *Recorder) pass(ctx context.Context, hold bool) (held int) {
+// left for a later pass for up to SizeWait. It returns how many layers, and graphroots that
+// failed, it left for a later pass.
+func (r *Recorder) pass(ctx context.Context, hold bool) (pending int) {
 	for _, root := range r.cfg.Graphroots {
 		ids, n, err := r.syncOne(ctx, root, hold)
-		held += n
+		pending += n
+		if err != nil {
+			pending++
+		}
 		r.mu.Lock()
 		r.stats.Recorded += int64(len(ids))
 		if err != nil {
@@ -135,7 +144,7 @@ func (r *Recorder) pass(ctx context.Context, hold bool) (held int) {
 				"graphroot", root, "layers", ids)
 		}
 	}
-	return held
+	return pending
 }
 
 func (r *Recorder) syncOne(ctx context.Context, root string, hold bool) ([]string, int, error) {
@@ -145,13 +154,13 @@ func (r *Recorder) syncOne(ctx context.Context, root string, hold bool) ([]strin
 	if hold {
 		opts.hold = r.holdForSize
 	}
-	ids, held, err := record(ctx, root, r.cfg.Store, opts)
+	ids, pending, err := record(ctx, root, r.cfg.Store, opts)
 	r.mu.Lock()
 	for _, id := range ids {
 		delete(r.seen, root+"\x00"+id)
 	}
 	r.mu.Unlock()
-	return ids, held, err
+	return ids, pending, err
 }
 
 // holdForSize says whether a layer without a size is left for a later pass: for SizeWait from
