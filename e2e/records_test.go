@@ -265,3 +265,27 @@ func waitStatusOf(err error) (syscall.WaitStatus, bool) {
 	ws, ok := ee.Sys().(syscall.WaitStatus)
 	return ws, ok
 }
+
+// TestRecordsNoOpOnPodman4: podman 4.3.1 (c/storage 1.45) records the layers it takes from
+// the store itself: the daemon, recording into its graphroot, writes nothing (the runtime's
+// entries are there when it looks), and a new podman process runs the image.
+func TestRecordsNoOpOnPodman4(t *testing.T) {
+	s := need(t)
+	refs := s.references(t)
+	dir := t.TempDir()
+	graph := filepath.Join(dir, "graph")
+	d := s.startDaemonWith(t, daemonConfig{tables: runtimeTables(graph, true)})
+	p := s.newRuntimeIn(t, dir, "podman", d.mnt, testregistry.RegistriesConf(s.open.Host, s.private.Host))
+	img := s.images[imgEStargz]
+	p.must(t, "pull", img.ref)
+	waitRecorded(t, graph, count(img.legacy))
+	time.Sleep(time.Second) // the daemon's pass after the runtime's use of the layers
+	if st := d.status(t); st.Runtimes == nil || st.Runtimes.Recorded != 0 || st.Runtimes.Failures != 0 {
+		t.Errorf("the daemon wrote into podman 4's storage: %+v", st.Runtimes)
+	}
+	out, stderr, err := p.runScript(t, img.ref, listScript, "--pull=never")
+	if err != nil {
+		t.Fatalf("podman 4 run --pull=never: %v\n%s", err, stderr)
+	}
+	sameListing(t, "podman 4", out, refs[img.ref0])
+}
