@@ -13,6 +13,7 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/opencontainers/go-digest"
@@ -83,6 +84,11 @@ func record(ctx context.Context, graphroot, store string, opts recordOpts) (ids 
 	if fi, err := os.Stat(dir); err != nil || !fi.IsDir() {
 		return nil, 0, nil // no runtime has used this graphroot (yet)
 	}
+	for _, d := range []string{graphroot, filepath.Join(graphroot, "overlay"), dir} {
+		if err := owned(d); err != nil {
+			return nil, 0, err
+		}
+	}
 	jsonPath := filepath.Join(dir, "layers.json")
 	removeStaleTemps(dir)
 
@@ -143,6 +149,29 @@ func record(ctx context.Context, graphroot, store string, opts recordOpts) (ids 
 		ids = append(ids, c.id)
 	}
 	return ids, pending, nil
+}
+
+// owned refuses a directory of the runtime's storage that another user than the daemon's owns
+// or may write: what it holds would make the daemon look layers up and write entries on that
+// user's word. A runtime's storage is its user's alone (c/storage makes it 0700).
+func owned(dir string) error {
+	fi, err := os.Lstat(dir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	switch {
+	case !fi.IsDir():
+		return fmt.Errorf("%s is not a directory: not recording into it", dir)
+	case ok && int(st.Uid) != os.Geteuid():
+		return fmt.Errorf("%s belongs to uid %d, not to the daemon's: not recording into it", dir, st.Uid)
+	case fi.Mode().Perm()&0o022 != 0:
+		return fmt.Errorf("%s may be written by other users (mode %v): not recording into it", dir, fi.Mode().Perm())
+	}
+	return nil
 }
 
 // tryLock takes lock for writing, trying until wait has passed: a runtime holds it for the

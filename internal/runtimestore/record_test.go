@@ -352,6 +352,41 @@ func TestRecordFiles(t *testing.T) {
 	}
 }
 
+// A graphroot another user may write, or that is not the daemon's, is refused: its layer
+// directories would make the daemon look layers up and write entries on that user's word.
+func TestRecordRefusesOthersStorage(t *testing.T) {
+	f := newFixture(t)
+	f.layerDir(midID, baseID, f.storeLayer("r", "sha256:"+hex2, info(hex2)))
+	for _, d := range []string{f.graphroot, filepath.Join(f.graphroot, "overlay"), filepath.Join(f.graphroot, "overlay-layers")} {
+		if err := os.Chmod(d, 0o777); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := f.record(); err == nil || !strings.Contains(err.Error(), "other users") {
+			t.Errorf("%s writable by others: %v", d, err)
+		}
+		if err := os.Chmod(d, 0o700); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if os.Geteuid() == 0 {
+		if err := os.Chown(filepath.Join(f.graphroot, "overlay"), 1000, 1000); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := f.record(); err == nil || !strings.Contains(err.Error(), "uid 1000") {
+			t.Errorf("another user's overlay: %v", err)
+		}
+		if err := os.Chown(filepath.Join(f.graphroot, "overlay"), 0, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if f.read("overlay-layers/layers.json") != existing {
+		t.Error("written")
+	}
+	if ids, err := f.record(); err != nil || len(ids) != 1 {
+		t.Errorf("the daemon's own storage: %v %v", ids, err)
+	}
+}
+
 // The runtime's lock is respected: while another process holds it, nothing is written and
 // the pass gives up after its bound; once released, the entry is added and the lock's last
 // writer changed, so that running runtimes reload.
