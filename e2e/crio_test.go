@@ -273,6 +273,9 @@ type crioRuntime struct {
 	cleanFile string    // CRI-O's clean_shutdown_file
 	files     crioFiles // the storage files after the last step checked
 	d         *daemon   // serving its additional layer store
+	// sizeUnknown accepts images without their true size (a c/storage that records a
+	// zstd:chunked layer itself, at once, before the store knows the tar's size).
+	sizeUnknown bool
 }
 
 // newCRIO starts a daemon recording (or, with record false, not recording) the layers into a
@@ -448,7 +451,7 @@ func (c *crioRuntime) checkImages(t *testing.T, want map[string][]string, name s
 		// The true size, as a normal pull's: the layers' tar sizes (the busybox of every test
 		// image alone is over 1 MiB). Without the layers' sizes CRI-O reports its config's
 		// and manifest's bytes, a few kB.
-		if img.Size == nil || *img.Size < 1<<20 {
+		if !c.sizeUnknown && (img.Size == nil || *img.Size < 1<<20) {
 			t.Errorf("images: image %s without its true size: %v", img.ID, img.Size)
 		}
 		if top := layers[len(layers)-1]; img.TopLayer != top {

@@ -289,3 +289,74 @@ func TestRecordsNoOpOnPodman4(t *testing.T) {
 	}
 	sameListing(t, "podman 4", out, refs[img.ref0])
 }
+
+// upstreamFix is the one line docs/upstream-cstorage.md proposes for c/storage's
+// PutAdditionalLayer, and the line it follows.
+const (
+	upstreamFixAfter = "\tlayer.Created = time.Now().UTC()\n\n\tif err := aLayer.CreateAs(id, parent); err != nil {"
+	upstreamFix      = "\tlayer.Created = time.Now().UTC()\n\tlayer.location = r.pickStoreLocation(false, false)\n\n\tif err := aLayer.CreateAs(id, parent); err != nil {"
+)
+
+// TestUpstreamFix: the harness built on c/storage 1.65 with the one-line fix of
+// docs/upstream-cstorage.md (applied at build time to a copy of the module, through a replace
+// in a module file of the test's own) runs CRI-O's storage life with the daemon's records
+// turned off: c/storage records the layers itself and every step passes. A zstd:chunked
+// image's size is then unknown to CRI-O: c/storage records the layer at once, with the size
+// the lookup gave, before the tar-split is compared (docs/upstream-cstorage.md).
+func TestUpstreamFix(t *testing.T) {
+	s := need(t)
+	refs := s.references(t)
+	tmp := t.TempDir()
+	out, err := run(t.Context(), nil, "go", "list", "-C", "harness", "-m", "-f", "{{.Dir}}", "go.podman.io/storage")
+	if err != nil {
+		t.Fatalf("go list: %v\n%s", err, out)
+	}
+	fixed := filepath.Join(tmp, "storage")
+	if out, err := run(t.Context(), nil, "cp", "-r", strings.TrimSpace(out), fixed); err != nil {
+		t.Fatal(err, out)
+	}
+	if out, err := run(t.Context(), nil, "chmod", "-R", "u+w", fixed); err != nil {
+		t.Fatal(err, out)
+	}
+	layersGo := filepath.Join(fixed, "layers.go")
+	src, err := os.ReadFile(layersGo)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Count(string(src), upstreamFixAfter) != 1 {
+		t.Fatalf("c/storage's PutAdditionalLayer changed: the fix's place is not found once in %s", layersGo)
+	}
+	if err := os.WriteFile(layersGo, []byte(strings.Replace(string(src), upstreamFixAfter, upstreamFix, 1)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	mod, err := os.ReadFile("harness/go.mod")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum, err := os.ReadFile("harness/go.sum")
+	if err != nil {
+		t.Fatal(err)
+	}
+	modfile := filepath.Join(tmp, "go.fixed.mod")
+	if err := os.WriteFile(modfile, append(mod, "\nreplace go.podman.io/storage => "+fixed+"\n"...), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(strings.TrimSuffix(modfile, ".mod")+".sum", sum, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	bin := "harness-upstream-fix"
+	if out, err := run(t.Context(), nil, "go", "build", "-C", "harness", "-modfile", modfile, "-o", filepath.Join(s.bin, bin),
+		"-tags", "exclude_graphdriver_btrfs exclude_graphdriver_devicemapper containers_image_openpgp", "."); err != nil {
+		t.Fatalf("building the harness with the fix: %v\n%s", err, out)
+	}
+	for _, n := range []string{imgEStargz, imgZstdModern} {
+		t.Run(n, func(t *testing.T) {
+			c := s.newCRIO(t, bin, "", false)
+			c.sizeUnknown = n == imgZstdModern
+			crioLife(t, c, s.images[n], refs[s.images[n].ref0])
+			if st := c.d.status(t); st.Runtimes != nil {
+				t.Errorf("the daemon recorded: %+v", st.Runtimes)
+			}
+		})
+	}
+}
