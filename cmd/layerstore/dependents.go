@@ -86,16 +86,22 @@ func runDependents(ctx context.Context, args []string, stdout, stderr io.Writer)
 		return 2
 	}
 	_, setup := checkStorageConf(ctx, or(*conf, storageConfPath()), "")
-	if c, _ := readCrioConfig(); *conf == "" && c.Crio.Root != "" {
-		if _, ok := crioSocket(); ok {
+	// CRI-O's configuration where the daemon's says it is (its default file, optional).
+	cfg, err := loadConfig(defaultConfigPath(), false)
+	if err != nil {
+		cfg = &Config{}
+	}
+	crio := crioPathsOf(cfg)
+	if c, _ := crio.read(); *conf == "" && c.Crio.Root != "" {
+		if _, ok := crio.socket(); ok {
 			setup.graphroot = c.Crio.Root // CRI-O runs, with a root of its own
 		}
 	}
-	rep, err := findDependents(setup.graphroot)
+	rep, err := findDependents(setup.graphroot, crio)
 	if err == nil && *remove {
-		removeDependents(ctx, &rep, stderr)
+		removeDependents(ctx, &rep, crio, stderr)
 		var again dependentsReport
-		if again, err = findDependents(setup.graphroot); err == nil {
+		if again, err = findDependents(setup.graphroot, crio); err == nil {
 			again.Removed, again.Failed = rep.Removed, rep.Failed
 			rep = again
 		}
@@ -138,7 +144,7 @@ type storageContainer struct {
 // graphroot. It reads the driver's own directories rather than layers.json, which podman 5
 // does not fill for layers taken from a store: overlay/<id>/additionallayer marks a layer from
 // a store, and overlay/<id>/lower lists the lower layers of an image's top layer.
-func findDependents(graphroot string) (dependentsReport, error) {
+func findDependents(graphroot string, crio crioPaths) (dependentsReport, error) {
 	rep := dependentsReport{GraphRoot: graphroot, Images: []dependentImage{}, Orphans: []string{}, Broken: []brokenImage{}}
 	overlay := filepath.Join(graphroot, "overlay")
 	marks, err := filepath.Glob(filepath.Join(overlay, "*", "additionallayer"))
@@ -153,7 +159,7 @@ func findDependents(graphroot string) (dependentsReport, error) {
 	if err := readJSONFile(filepath.Join(graphroot, "overlay-images", "images.json"), &images); err != nil {
 		return rep, err
 	}
-	if rep.Broken, err = brokenImages(graphroot, images); err != nil {
+	if rep.Broken, err = brokenImages(graphroot, images, crio); err != nil {
 		return rep, err
 	}
 	if len(fromStore) == 0 {
@@ -200,7 +206,7 @@ func findDependents(graphroot string) (dependentsReport, error) {
 
 // brokenImages lists the images whose top layer layers.json does not name and whose layer
 // directory is gone, with the command that pulls each again (the runtime's own).
-func brokenImages(graphroot string, images []storageImage) ([]brokenImage, error) {
+func brokenImages(graphroot string, images []storageImage, crio crioPaths) ([]brokenImage, error) {
 	var layers []struct {
 		ID string `json:"id"`
 	}
@@ -212,7 +218,7 @@ func brokenImages(graphroot string, images []storageImage) ([]brokenImage, error
 		known[l.ID] = true
 	}
 	tool := "podman pull"
-	if _, ok := crioSocket(); ok {
+	if _, ok := crio.socket(); ok {
 		tool = "crictl pull"
 	}
 	broken := []brokenImage{}
@@ -273,18 +279,18 @@ func readJSONFile(path string, v any) error {
 // crioDefaultSocket is where CRI-O listens unless its configuration says otherwise.
 const crioDefaultSocket = "/var/run/crio/crio.sock"
 
-// crioSocket is CRI-O's socket, from its configuration ([crio.api] listen); ok when it exists:
-// then CRI-O owns the images, and crictl, told that socket, removes and pulls them.
-func crioSocket() (string, bool) {
-	c, _ := readCrioConfig()
+// socket is CRI-O's socket, from its configuration at p ([crio.api] listen); ok when it
+// exists: then CRI-O owns the images, and crictl, told that socket, removes and pulls them.
+func (p crioPaths) socket() (string, bool) {
+	c, _ := p.read()
 	sock := or(c.Crio.API.Listen, crioDefaultSocket)
 	return sock, fileExists(sock)
 }
 
 // removeDependents removes each dependent image through the runtime, bounded in time.
-func removeDependents(ctx context.Context, rep *dependentsReport, stderr io.Writer) {
+func removeDependents(ctx context.Context, rep *dependentsReport, crio crioPaths, stderr io.Writer) {
 	tool, args := "podman", []string{"rmi"}
-	if sock, ok := crioSocket(); ok {
+	if sock, ok := crio.socket(); ok {
 		if _, err := exec.LookPath("crictl"); err == nil {
 			tool, args = "crictl", []string{"--runtime-endpoint", "unix://" + sock, "rmi"}
 		}

@@ -175,7 +175,7 @@ func diagnose(ctx context.Context, p doctorPaths) doctorReport {
 			checkRestarts(kernelRelease(), st),
 			checkCache(ctx, or(cfg.CacheDir, defaultCacheDir()), int64(cfg.CacheMaxSize), cacheUsed),
 			deps,
-			checkRuntimesRecords(runtimeRoots(setup.graphroot, crioPathsOf(cfg)), st),
+			checkRuntimesRecords(runtimeRoots(setup.graphroot, crioPathsOf(cfg)), st, crioPathsOf(cfg)),
 		},
 		DependentLayers: layers,
 	}

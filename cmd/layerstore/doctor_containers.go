@@ -359,10 +359,10 @@ func runtimeRoots(graphroot string, crio crioPaths) []string {
 
 // checkRuntimesRecords is checkRuntimeRecords of each graphroot, in one check: the worst
 // status, the messages of those that are not ok (of all when all are).
-func checkRuntimesRecords(roots []string, st *layer.Status) check {
+func checkRuntimesRecords(roots []string, st *layer.Status, crio crioPaths) check {
 	var all, bad []check
 	for _, r := range roots {
-		c := checkRuntimeRecords(r, st)
+		c := checkRuntimeRecords(r, st, crio)
 		all = append(all, c)
 		if c.Status != statusOK {
 			bad = append(bad, c)
@@ -388,7 +388,7 @@ func checkRuntimesRecords(roots []string, st *layer.Status) check {
 // layers it took from a store, which containers/storage 1.58 and later do not write: the daemon
 // writes them where it records into graphroot (st, its status, nil when it does not answer).
 // Images that lost their layers already are named with the pull that mends each.
-func checkRuntimeRecords(graphroot string, st *layer.Status) check {
+func checkRuntimeRecords(graphroot string, st *layer.Status, crio crioPaths) check {
 	const name = "runtime records"
 	marks, _ := filepath.Glob(filepath.Join(graphroot, "overlay", "*", "additionallayer"))
 	var layers []struct {
@@ -413,7 +413,7 @@ func checkRuntimeRecords(graphroot string, st *layer.Status) check {
 		}
 	}
 	records := st != nil && st.Runtimes != nil && slices.Contains(st.Runtimes.Graphroots, filepath.Clean(graphroot))
-	broken, _ := brokenImages(graphroot, images)
+	broken, _ := brokenImages(graphroot, images, crio)
 	if len(broken) > 0 {
 		var fixes []string
 		for _, b := range broken {

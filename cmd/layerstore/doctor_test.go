@@ -575,7 +575,7 @@ func TestFindDependents(t *testing.T) {
 		`[{"id":"img1","names":["example.com/app:v1"],"layer":"top"},{"id":"img2","names":["example.com/plain:v1"],"layer":"plain"},{"id":"img3","layer":"lazy"}]`, 0o644)
 	writeFile(t, filepath.Join(graph, "overlay-containers"), "containers.json",
 		`[{"id":"c1","names":["web"],"image":"img1","layer":"x"}]`, 0o644)
-	rep, err := findDependents(graph)
+	rep, err := findDependents(graph, crioConf)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -594,7 +594,7 @@ func TestFindDependents(t *testing.T) {
 		}
 	}
 	// Nothing from a store: nothing to read, nothing listed.
-	empty, err := findDependents(t.TempDir())
+	empty, err := findDependents(t.TempDir(), crioConf)
 	if err != nil || len(empty.Images) != 0 || len(empty.Orphans) != 0 {
 		t.Errorf("empty storage: %+v, %v", empty, err)
 	}
@@ -605,37 +605,45 @@ func TestFindDependents(t *testing.T) {
 // fail it with the pull that mends each; a runtime that records them itself passes.
 func TestCheckRuntimeRecords(t *testing.T) {
 	graph := t.TempDir()
-	if c := checkRuntimeRecords(graph, nil); c.Status != statusOK || !strings.Contains(c.Message, "no layer") {
+	if c := checkRuntimeRecords(graph, nil, crioConf); c.Status != statusOK || !strings.Contains(c.Message, "no layer") {
 		t.Errorf("empty: %+v", c)
 	}
 	graphLayer(t, graph, "taken", "/store/cmVm/sha256:"+strings.Repeat("a", 64))
-	c := checkRuntimeRecords(graph, nil)
+	c := checkRuntimeRecords(graph, nil, crioConf)
 	if c.Status != statusFail || !strings.Contains(c.Message, "1 layer of 1") || !strings.Contains(c.Fix, "record-layers") {
 		t.Errorf("unrecorded, no daemon: %+v", c)
 	}
 	st := &layer.Status{Runtimes: &layer.RuntimeRecords{Graphroots: []string{graph}, Recorded: 3}}
-	if c := checkRuntimeRecords(graph, st); c.Status != statusOK || !strings.Contains(c.Message, "next pass") {
+	if c := checkRuntimeRecords(graph, st, crioConf); c.Status != statusOK || !strings.Contains(c.Message, "next pass") {
 		t.Errorf("unrecorded, the daemon records: %+v", c)
 	}
 	writeFile(t, filepath.Join(graph, "overlay-layers"), "layers.json", `[{"id":"taken"}]`, 0o600)
-	if c := checkRuntimeRecords(graph, nil); c.Status != statusOK || !strings.Contains(c.Message, "itself") {
+	if c := checkRuntimeRecords(graph, nil, crioConf); c.Status != statusOK || !strings.Contains(c.Message, "itself") {
 		t.Errorf("recorded by the runtime: %+v", c)
 	}
-	if c := checkRuntimeRecords(graph, st); c.Status != statusOK || !strings.Contains(c.Message, "3 recorded") {
+	if c := checkRuntimeRecords(graph, st, crioConf); c.Status != statusOK || !strings.Contains(c.Message, "3 recorded") {
 		t.Errorf("recorded, the daemon records: %+v", c)
 	}
 	writeFile(t, filepath.Join(graph, "overlay-images"), "images.json",
 		`[{"id":"i1","names":["reg.example/app:v1"],"layer":"lost"},{"id":"i2","layer":"taken"}]`, 0o600)
-	c = checkRuntimeRecords(graph, st)
+	c = checkRuntimeRecords(graph, st, crioConf)
 	if c.Status != statusFail || !strings.Contains(c.Message, "1 image") || !strings.Contains(c.Fix, "podman pull reg.example/app:v1") {
 		t.Errorf("an image that lost its layers: %+v", c)
 	}
+	// CRI-O runs, its configuration where the daemon's says (not the default path): the fix is
+	// CRI-O's own pull.
+	cdir := t.TempDir()
+	sock := writeFile(t, cdir, "crio.sock", "", 0o600)
+	crio := crioPaths{writeFile(t, cdir, "crio.conf", "[crio.api]\nlisten = \""+sock+"\"\n", 0o644), filepath.Join(cdir, "none")}
+	if c := checkRuntimeRecords(graph, st, crio); c.Status != statusFail || !strings.Contains(c.Fix, "crictl pull reg.example/app:v1") {
+		t.Errorf("an image that lost its layers, CRI-O running: %+v", c)
+	}
 	// Several graphroots (storage.conf's and CRI-O's): the failing one decides.
 	other := t.TempDir()
-	if c := checkRuntimesRecords([]string{other, graph}, st); c.Status != statusFail || !strings.Contains(c.Message, graph) || strings.Contains(c.Message, other) {
+	if c := checkRuntimesRecords([]string{other, graph}, st, crioConf); c.Status != statusFail || !strings.Contains(c.Message, graph) || strings.Contains(c.Message, other) {
 		t.Errorf("two graphroots: %+v", c)
 	}
-	if c := checkRuntimesRecords([]string{other, other + "2"}, st); c.Status != statusOK || !strings.Contains(c.Message, other+"2") {
+	if c := checkRuntimesRecords([]string{other, other + "2"}, st, crioConf); c.Status != statusOK || !strings.Contains(c.Message, other+"2") {
 		t.Errorf("two sound graphroots: %+v", c)
 	}
 }

@@ -41,10 +41,6 @@ type crioConfig struct {
 	} `toml:"crio"`
 }
 
-// readCrioConfig reads CRI-O's configuration files that exist at the default paths; ok is
-// false when there are none.
-func readCrioConfig() (crioConfig, bool) { return crioConf.read() }
-
 // read reads the configuration files at p that exist; ok is false when there are none.
 func (p crioPaths) read() (c crioConfig, ok bool) {
 	drops, _ := filepath.Glob(filepath.Join(p.dir, "*.conf"))

@@ -145,7 +145,7 @@ func TestRuntimeGraphroots(t *testing.T) {
 	if got := runtimeGraphroots(&cfg); strings.Join(got, " ") != "/a /b" {
 		t.Errorf("configured: %v", got)
 	}
-	if c, _ := readCrioConfig(); c.Crio.API.Listen != "/run/other.sock" {
+	if c, _ := crioConf.read(); c.Crio.API.Listen != "/run/other.sock" {
 		t.Errorf("CRI-O's socket %q", c.Crio.API.Listen)
 	}
 }
