@@ -1,8 +1,6 @@
 package storefs
 
 import (
-	"bufio"
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -114,24 +112,14 @@ func topMount(mountpoint string) (mountInfo, error) {
 	if err != nil {
 		return m, fmt.Errorf("fs: %w", err)
 	}
-	sc := bufio.NewScanner(bytes.NewReader(data))
-	sc.Buffer(nil, 1<<20)
-	for sc.Scan() {
-		// 36 35 98:0 /mnt1 /mnt2 rw,noatime master:1 - ext3 /dev/root rw,errors=continue
-		f := strings.Fields(sc.Text())
-		sep := -1
-		for i := 6; i < len(f); i++ {
-			if f[i] == "-" {
-				sep = i
-				break
-			}
-		}
-		if sep < 0 || sep+1 >= len(f) {
-			continue
-		}
-		if mountinfo.Unescape(f[4]) == mountpoint {
-			m = mountInfo{mounted: true, fstype: f[sep+1]}
-			if maj, min, ok := strings.Cut(f[2], ":"); ok {
+	mounts, err := mountinfo.Parse(data)
+	if err != nil {
+		return mountInfo{}, fmt.Errorf("fs: reading mountinfo: %w", err)
+	}
+	for _, mi := range mounts {
+		if mi.Point == mountpoint {
+			m = mountInfo{mounted: true, fstype: mi.FSType}
+			if maj, min, ok := strings.Cut(mi.Dev, ":"); ok {
 				a, err1 := strconv.ParseUint(maj, 10, 32)
 				b, err2 := strconv.ParseUint(min, 10, 32)
 				if err1 == nil && err2 == nil {
@@ -139,9 +127,6 @@ func topMount(mountpoint string) (mountInfo, error) {
 				}
 			}
 		}
-	}
-	if err := sc.Err(); err != nil {
-		return mountInfo{}, fmt.Errorf("fs: reading mountinfo: %w", err)
 	}
 	return m, nil
 }

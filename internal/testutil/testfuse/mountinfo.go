@@ -1,8 +1,6 @@
 package testfuse
 
 import (
-	"bufio"
-	"bytes"
 	"errors"
 	"fmt"
 	"os"
@@ -28,25 +26,16 @@ func readMounts(path string) ([]mount, error) {
 	if err != nil {
 		return nil, err
 	}
-	var ms []mount
-	sc := bufio.NewScanner(bytes.NewReader(data))
-	sc.Buffer(nil, 1<<20)
-	for sc.Scan() {
-		f := strings.Fields(sc.Text())
-		sep := -1
-		for i := 6; i < len(f); i++ {
-			if f[i] == "-" {
-				sep = i
-				break
-			}
-		}
-		if sep < 0 || sep+1 >= len(f) {
-			continue
-		}
-		_, minor, _ := strings.Cut(f[2], ":")
-		ms = append(ms, mount{point: mountinfo.Unescape(f[4]), dev: f[2], minor: minor, fstype: f[sep+1]})
+	parsed, err := mountinfo.Parse(data)
+	if err != nil {
+		return nil, err
 	}
-	return ms, sc.Err()
+	ms := make([]mount, len(parsed))
+	for i, m := range parsed {
+		_, minor, _ := strings.Cut(m.Dev, ":")
+		ms[i] = mount{point: m.Point, dev: m.Dev, minor: minor, fstype: m.FSType}
+	}
+	return ms, nil
 }
 
 // findMount returns the topmost (last) FUSE mount at mnt in this process's namespace.
