@@ -154,9 +154,14 @@ func crioConcurrentPulls(t *testing.T, c *crioRuntime, imgs []*image) {
 			// c/storage's own fault with concurrent pulls through an additional layer store
 			// (TestConcurrentRuns): a process that took a layer from the store keeps it in memory
 			// only, and loses it when it reloads layers.json after another process wrote it,
-			// before the daemon's record of it is there. The kubelet pulls again; so does this.
-			t.Logf("concurrent pull of %s failed, pulled again: %v", img.name, errs[i])
-			results[i], errs[i] = c.tryPull(t, img.ref)
+			// before the daemon's record of it is there (a zstd:chunked layer's waits up to 10 s
+			// for its size, and a retry's write of another layer can drop it again). The kubelet
+			// pulls again, with a back-off; so does this, up to five times.
+			for try := 1; try <= 5 && errs[i] != nil && strings.Contains(errs[i].Error(), "layer not known"); try++ {
+				t.Logf("concurrent pull of %s failed, pulled again (%d): %v", img.name, try, errs[i])
+				time.Sleep(time.Duration(try) * time.Second)
+				results[i], errs[i] = c.tryPull(t, img.ref)
+			}
 		}
 		if errs[i] != nil {
 			t.Fatalf("concurrent pull of %s: %v", img.name, errs[i])
