@@ -89,3 +89,22 @@ func BenchmarkIndexAccess(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkLoadIndex measures checking the compact form of a synthetic layer's index, as a
+// restart does before it uses an index it wrote.
+func BenchmarkLoadIndex(b *testing.B) {
+	js, end := testlayer.SyntheticTOC(1_000_000)
+	layout := &chunked.Layout{Format: chunked.ZstdChunked, TOC: chunked.Range{Offset: end + 8, Length: 1}}
+	x, err := chunked.Parse(context.Background(), layout, js, chunked.Limits{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	data := x.Binary()
+	b.SetBytes(int64(len(data)))
+	for b.Loop() {
+		if _, err := chunked.LoadIndex(data, chunked.Limits{}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	runtime.KeepAlive(x)
+}
