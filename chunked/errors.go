@@ -39,3 +39,6 @@ func invalidf(format string, args ...any) error {
 func limitf(format string, args ...any) error {
 	return fmt.Errorf("%w: "+format, append([]any{ErrLimit}, args...)...)
 }
+
+// ErrTOCNotFound reports an eStargz TOC member that does not hold stargz.index.json.
+var ErrTOCNotFound = errors.New("stargz.index.json not found")

@@ -1,0 +1,421 @@
+package chunked
+
+import (
+	"context"
+	"encoding/base64"
+	"encoding/hex"
+	"fmt"
+	"math"
+	"path"
+	"slices"
+	"strings"
+	"time"
+)
+
+// wideIndex is the form the builder fills: one Go value per entry, chunk and xattr.
+type wideIndex struct {
+	format   Format
+	entries  []Entry
+	chunks   []Chunk
+	xattrs   []Xattr
+	children []EntryID // visible entries except the root, sorted by (Parent, BaseName)
+	root     EntryID
+	tocCount int // entries[:tocCount] are the TOC's non-chunk entries, in TOC order
+
+	// times holds access and change times, in TOC order, when the TOC has them.
+	times []extTimes
+
+	tarSplitDigest Sum
+	prefetchEnd    int64
+	payloadEnd     int64
+}
+
+type extTimes struct {
+	atime, ctime int64 // Unix nanoseconds, 0 when absent
+}
+
+// baseName is Index.BaseName on the wide form.
+func (w *wideIndex) baseName(id EntryID) string {
+	e := &w.entries[id]
+	b := e.Name[strings.LastIndexByte(e.Name, '/')+1:]
+	if e.Flags&FlagWhiteout != 0 {
+		b = b[len(whiteoutPrefix):]
+	}
+	return b
+}
+
+type builder struct {
+	ctx       context.Context
+	lim       Limits
+	x         *wideIndex
+	raw       int   // TOC entries read so far (chunks included)
+	cur       int   // index of the last non-chunk entry, -1 before the first
+	curRaw    int   // its position in the TOC's entries array
+	curEnd    int64 // its endOffset (zstd:chunked), 0 when absent
+	version   int
+	hasTimes  bool
+	opaqueDir []string
+
+	// The last modification time parsed: most entries of a TOC share theirs.
+	lastMTime     string
+	lastMTimeSec  int64
+	lastMTimeNsec uint32
+}
+
+// ctxCheckEvery is how many entries the parse handles between two looks at its context.
+const ctxCheckEvery = 1 << 12
+
+// canceled returns the context's error on every ctxCheckEvery-th i.
+func (b *builder) canceled(i int) error {
+	if i%ctxCheckEvery != 0 {
+		return nil
+	}
+	return b.ctx.Err()
+}
+
+func (b *builder) addEntry(r *rawEntry) error {
+	if err := b.closeFile(); err != nil {
+		return err
+	}
+	typ, ok := typeOf(r.Type)
+	if !ok {
+		return invalidf("unknown type %q", r.Type)
+	}
+	name, err := cleanName(r.Name)
+	if err != nil {
+		return err
+	}
+	e := Entry{Name: name, Type: typ, Inode: EntryID(len(b.x.entries)), attr: EntryID(len(b.x.entries))}
+	if r.Mode < 0 || r.Size < 0 {
+		return invalidf("negative mode or size")
+	}
+	e.Mode = uint32(r.Mode & 0o7777)
+	e.Size = r.Size
+	if e.UID, err = u32("uid", r.UID); err != nil {
+		return err
+	}
+	if e.GID, err = u32("gid", r.GID); err != nil {
+		return err
+	}
+	if e.DevMajor, err = u32("devMajor", r.DevMajor); err != nil {
+		return err
+	}
+	if e.DevMinor, err = u32("devMinor", r.DevMinor); err != nil {
+		return err
+	}
+	if r.ModTime != "" && r.ModTime == b.lastMTime {
+		e.ModTimeSec, e.ModTimeNsec = b.lastMTimeSec, b.lastMTimeNsec
+	} else if r.ModTime != "" {
+		t, err := parseTime(r.ModTime)
+		if err != nil {
+			return err
+		}
+		e.ModTimeSec, e.ModTimeNsec = t.Unix(), uint32(t.Nanosecond())
+		b.lastMTime, b.lastMTimeSec, b.lastMTimeNsec = r.ModTime, e.ModTimeSec, e.ModTimeNsec
+	}
+	if err := b.addTimes(r); err != nil {
+		return err
+	}
+	switch typ {
+	case TypeSymlink:
+		if r.LinkName == "" || len(r.LinkName) > maxNameLen || strings.IndexByte(r.LinkName, 0) >= 0 {
+			return invalidf("bad symlink target %q", r.LinkName)
+		}
+		e.LinkName = r.LinkName
+	case TypeHardlink:
+		if e.LinkName, err = cleanName(r.LinkName); err != nil {
+			return fmt.Errorf("hardlink target: %w", err)
+		}
+		if e.LinkName == "" {
+			return invalidf("hardlink to the root")
+		}
+	}
+	if r.Digest != "" {
+		if e.Digest, err = parseSum(r.Digest); err != nil {
+			return err
+		}
+	}
+	if err := b.addXattrs(&e, r.Xattrs); err != nil {
+		return err
+	}
+	b.cur, b.curRaw = len(b.x.entries), b.raw
+	b.curEnd = 0
+	e.chunk0 = uint32(len(b.x.chunks))
+	b.x.entries = append(b.x.entries, e)
+
+	if name == prefetchLandmark {
+		if r.Offset < 0 || r.Offset > b.x.payloadEnd {
+			return invalidf("prefetch landmark at offset %d outside the data (0-%d)", r.Offset, b.x.payloadEnd)
+		}
+		b.x.prefetchEnd = r.Offset
+	}
+	if typ != TypeReg || r.Size == 0 {
+		return nil
+	}
+	if r.ChunkOffset != 0 {
+		return invalidf("first chunk at file offset %d", r.ChunkOffset)
+	}
+	if b.x.format.Zstd() && !b.x.format.StargzTOC() {
+		if r.EndOffset < 0 {
+			return invalidf("negative endOffset")
+		}
+		b.curEnd = r.EndOffset
+		if r.ChunkDigest == "" {
+			// A single-chunk zstd:chunked file: its digest is the chunk's.
+			if e.Digest.IsZero() {
+				return invalidf("regular file without a digest")
+			}
+			return b.appendChunk(Chunk{Range: Range{Offset: r.Offset}, Size: r.Size, Digest: e.Digest})
+		}
+	}
+	return b.chunkFrom(r)
+}
+
+// addChunk attaches a "chunk" entry to the regular file before it.
+func (b *builder) addChunk(r *rawEntry) error {
+	if b.cur < 0 || b.x.entries[b.cur].Type != TypeReg {
+		return invalidf("chunk entry does not follow a regular file")
+	}
+	name, err := cleanName(r.Name)
+	if err != nil {
+		return err
+	}
+	if cur := &b.x.entries[b.cur]; name != cur.Name {
+		return invalidf("chunk entry follows a different file %q", cur.Name)
+	}
+	if r.ChunkOffset <= 0 {
+		return invalidf("chunk at file offset %d", r.ChunkOffset)
+	}
+	return b.chunkFrom(r)
+}
+
+func (b *builder) chunkFrom(r *rawEntry) error {
+	file := &b.x.entries[b.cur]
+	size := r.ChunkSize
+	if size == 0 {
+		size = file.Size - r.ChunkOffset
+	}
+	c := Chunk{Range: Range{Offset: r.Offset}, InnerOffset: r.InnerOffset, FileOffset: r.ChunkOffset, Size: size}
+	switch r.ChunkType {
+	case "":
+	case "zeros":
+		c.Zeros = true
+	default:
+		return invalidf("unknown chunkType %q", r.ChunkType)
+	}
+	if r.ChunkDigest == "" {
+		return invalidf("chunk without a chunkDigest")
+	}
+	var err error
+	if c.Digest, err = parseSum(r.ChunkDigest); err != nil {
+		return err
+	}
+	return b.appendChunk(c)
+}
+
+func (b *builder) appendChunk(c Chunk) error {
+	if c.Offset < 0 || c.Offset >= b.x.payloadEnd {
+		return invalidf("chunk offset %d outside the data (0-%d)", c.Offset, b.x.payloadEnd)
+	}
+	if c.InnerOffset < 0 || c.Size <= 0 || c.FileOffset < 0 {
+		return invalidf("chunk with negative or empty range")
+	}
+	if c.Size > b.lim.MaxChunkSize || c.InnerOffset > b.lim.MaxChunkSize-c.Size {
+		return limitf("chunk of %d bytes (inner offset %d) exceeds %d", c.Size, c.InnerOffset, b.lim.MaxChunkSize)
+	}
+	if uint64(len(b.x.chunks)) >= math.MaxUint32 {
+		return limitf("too many chunks")
+	}
+	b.x.chunks = append(b.x.chunks, c)
+	b.x.entries[b.cur].nchunks++
+	return nil
+}
+
+// closeFile checks that the chunks of the current file cover it exactly, and sets their
+// compressed ends where the format records them.
+func (b *builder) closeFile() error {
+	if b.cur < 0 {
+		return nil
+	}
+	e := &b.x.entries[b.cur]
+	cs := b.x.chunks[e.chunk0 : e.chunk0+e.nchunks]
+	var off int64
+	for _, c := range cs {
+		if c.FileOffset != off {
+			return &EntryError{Index: b.curRaw, Name: e.Name, Err: invalidf("chunk at file offset %d, want %d", c.FileOffset, off)}
+		}
+		off += c.Size
+	}
+	if off != e.Size {
+		return &EntryError{Index: b.curRaw, Name: e.Name, Err: invalidf("chunks cover %d of %d bytes", off, e.Size)}
+	}
+	if b.curEnd > 0 {
+		for i := range cs {
+			end := b.curEnd
+			if i+1 < len(cs) {
+				end = cs[i+1].Offset
+			}
+			if end == 0 {
+				continue // as if not recorded: fillEnds finds it
+			}
+			if end <= cs[i].Offset {
+				return &EntryError{Index: b.curRaw, Name: e.Name, Err: invalidf("chunk at blob offset %d ends at %d (data ends at %d)", cs[i].Offset, end, b.x.payloadEnd)}
+			}
+			cs[i].Length = end - cs[i].Offset
+		}
+	}
+	b.cur = -1
+	return nil
+}
+
+func (b *builder) addTimes(r *rawEntry) error {
+	if r.AccessTime == "" && r.ChangeTime == "" && !b.hasTimes {
+		return nil
+	}
+	if !b.hasTimes {
+		b.hasTimes = true
+		b.x.times = make([]extTimes, len(b.x.entries), cap(b.x.entries))
+	}
+	var t extTimes
+	for _, f := range []struct {
+		s   string
+		dst *int64
+	}{{r.AccessTime, &t.atime}, {r.ChangeTime, &t.ctime}} {
+		if f.s == "" {
+			continue
+		}
+		tm, err := parseTime(f.s)
+		if err != nil {
+			return err
+		}
+		// c/storage wrote zero times for a while; they mean "none".
+		if !tm.IsZero() && tm.Unix() != 0 {
+			*f.dst = tm.UnixNano()
+		}
+	}
+	b.x.times = append(b.x.times, t)
+	return nil
+}
+
+func (b *builder) addXattrs(e *Entry, xs map[string]string) error {
+	if len(xs) == 0 {
+		return nil
+	}
+	if len(xs) > math.MaxUint16 {
+		return limitf("too many xattrs")
+	}
+	e.xattr0 = uint32(len(b.x.xattrs))
+	total := 0
+	for k, v := range xs {
+		val, err := base64.StdEncoding.Strict().DecodeString(v)
+		if err != nil {
+			return invalidf("xattr %q: %v", k, err)
+		}
+		if k == "" || strings.IndexByte(k, 0) >= 0 {
+			return invalidf("bad xattr name %q", k)
+		}
+		total += len(k) + len(val)
+		if total > b.lim.MaxXattrBytes {
+			return limitf("xattrs exceed %d bytes", b.lim.MaxXattrBytes)
+		}
+		b.x.xattrs = append(b.x.xattrs, Xattr{Name: k, Value: string(val)})
+	}
+	own := b.x.xattrs[e.xattr0:]
+	slices.SortFunc(own, func(a, b Xattr) int { return strings.Compare(a.Name, b.Name) })
+	e.nxattrs = uint16(len(own))
+	return nil
+}
+
+// cleanName validates a TOC name and returns it cleaned and relative ("" for the root).
+func cleanName(name string) (string, error) {
+	switch {
+	case name == "":
+		return "", invalidf("empty name")
+	case len(name) > maxNameLen:
+		return "", limitf("name of %d bytes", len(name))
+	case strings.IndexByte(name, 0) >= 0:
+		return "", invalidf("name contains NUL")
+	case name[0] == '/':
+		return "", invalidf("absolute name")
+	}
+	tidy := true // as path.Clean leaves it, but for one trailing slash
+	for part := range strings.SplitSeq(strings.TrimSuffix(name, "/"), "/") {
+		switch part {
+		case "..":
+			return "", invalidf("name escapes the layer root")
+		case "", ".":
+			tidy = false
+		}
+	}
+	if tidy {
+		name = strings.TrimSuffix(name, "/")
+	} else {
+		name = path.Clean("/" + name)[1:]
+	}
+	if depth := strings.Count(name, "/") + 1; depth > maxDepth {
+		return "", limitf("name of %d components exceeds %d", depth, maxDepth)
+	}
+	return name, nil
+}
+
+// typeOf returns the type an entry's type name names: typeNames without a map lookup per entry.
+func typeOf(name string) (Type, bool) {
+	switch name {
+	case "reg":
+		return TypeReg, true
+	case "dir":
+		return TypeDir, true
+	case "symlink":
+		return TypeSymlink, true
+	case "hardlink":
+		return TypeHardlink, true
+	}
+	t, ok := typeNames[name]
+	return t, ok
+}
+
+func u32(what string, v int64) (uint32, error) {
+	if v < 0 || v > math.MaxUint32 {
+		return 0, invalidf("%s %d out of range", what, v)
+	}
+	return uint32(v), nil
+}
+
+func parseTime(s string) (time.Time, error) {
+	t, err := time.Parse(time.RFC3339Nano, s)
+	if err != nil {
+		return time.Time{}, invalidf("time %q: %v", s, err)
+	}
+	return t, nil
+}
+
+func parseSum(s string) (Sum, error) {
+	var sum Sum
+	hexPart, ok := strings.CutPrefix(s, "sha256:")
+	if !ok || len(hexPart) != 64 {
+		return sum, invalidf("digest %q is not a lowercase sha256 digest", s)
+	}
+	for i := range sum {
+		hi, lo := lowerHex[hexPart[2*i]], lowerHex[hexPart[2*i+1]]
+		if hi|lo > 0xf {
+			if strings.ContainsAny(hexPart, "ABCDEF") {
+				return Sum{}, invalidf("digest %q is not a lowercase sha256 digest", s)
+			}
+			_, err := hex.Decode(sum[:], []byte(hexPart))
+			return Sum{}, invalidf("digest %q: %v", s, err)
+		}
+		sum[i] = hi<<4 | lo
+	}
+	return sum, nil
+}
+
+// lowerHex maps the lowercase hexadecimal digits to their values, every other byte to 0xff.
+var lowerHex = func() (t [256]byte) {
+	for i := range t {
+		t[i] = 0xff
+	}
+	for i, c := range "0123456789abcdef" {
+		t[c] = byte(i)
+	}
+	return t
+}()

@@ -1,0 +1,271 @@
+package chunked
+
+import (
+	"path"
+	"slices"
+	"strings"
+)
+
+const (
+	whiteoutPrefix = ".wh."
+	opaqueMarker   = ".wh..wh..opq"
+	// reservedPrefix starts names overlay reserves (".wh..wh.plnk" and the like).
+	reservedPrefix   = ".wh..wh."
+	prefetchLandmark = ".prefetch.landmark"
+	noPrefetchMark   = ".no.prefetch.landmark"
+)
+
+// artefacts are root-level entries that formats add and the tree hides.
+var artefacts = map[string]bool{"stargz.index.json": true, prefetchLandmark: true, noPrefetchMark: true}
+
+func dirOf(p string) string {
+	if i := strings.LastIndexByte(p, '/'); i >= 0 {
+		return p[:i]
+	}
+	return ""
+}
+
+// finish links the entries into a tree: last entry wins per path, implicit directories,
+// whiteouts and opaque markers, hardlinks, link counts, compressed ends, sorted children;
+// then compacts the index.
+func (b *builder) finish() (*Index, error) {
+	if err := b.closeFile(); err != nil {
+		return nil, err
+	}
+	x := b.x
+	x.tocCount = len(x.entries)
+	if x.times != nil {
+		x.times = x.times[:len(x.entries)]
+	}
+	if err := b.fillEnds(); err != nil {
+		return nil, err
+	}
+	paths := make(map[string]EntryID, len(x.entries))
+	for id := range x.entries {
+		if err := b.canceled(id); err != nil {
+			return nil, err
+		}
+		e := &x.entries[id]
+		key, err := b.classifyName(e)
+		if err != nil {
+			return nil, &EntryError{Index: -1, Name: e.Name, Err: err}
+		}
+		if e.Flags&FlagHidden != 0 {
+			continue
+		}
+		// A hardlink links to what its target path holds at this point of the layer, as
+		// extraction makes it: a later entry at that path replaces the path, not the link.
+		if e.Type == TypeHardlink {
+			if e.Inode, err = b.resolveLink(paths, e.LinkName); err != nil {
+				return nil, &EntryError{Index: -1, Name: e.Name, Err: err}
+			}
+		}
+		if old, ok := paths[key]; ok {
+			x.entries[old].Flags |= FlagShadowed
+		}
+		paths[key] = EntryID(id)
+	}
+	// Implicit directories count against the entry limit with the TOC's entries (the root,
+	// which every index has, does not).
+	implicit := 0
+	ensureDir := func(p string) error {
+		for {
+			if _, ok := paths[p]; ok {
+				return nil
+			}
+			if p != "" {
+				if b.raw+implicit >= b.lim.MaxEntries {
+					return &EntryError{Index: -1, Name: p, Err: limitf(
+						"the TOC's %d entries and the directories they imply exceed %d", b.raw, b.lim.MaxEntries)}
+				}
+				implicit++
+			}
+			id := EntryID(len(x.entries))
+			x.entries = append(x.entries, Entry{Name: p, Type: TypeDir, Mode: 0o755, Inode: id, attr: id, Flags: FlagImplicit})
+			paths[p] = id
+			if p == "" {
+				return nil
+			}
+			p = dirOf(p)
+		}
+	}
+	if err := ensureDir(""); err != nil {
+		return nil, err
+	}
+	lastDir := "" // ensured: entries of a directory mostly follow one another
+	for id := range x.tocCount {
+		if err := b.canceled(id); err != nil {
+			return nil, err
+		}
+		if e := &x.entries[id]; e.Visible() && e.Name != "" {
+			if d := dirOf(e.Name); d != lastDir {
+				if err := ensureDir(d); err != nil {
+					return nil, err
+				}
+				lastDir = d
+			}
+		}
+	}
+	for _, d := range b.opaqueDir {
+		if err := ensureDir(d); err != nil {
+			return nil, err
+		}
+		dir := &x.entries[paths[d]]
+		if dir.Type != TypeDir {
+			return nil, &EntryError{Index: -1, Name: d + "/" + opaqueMarker, Err: invalidf("opaque marker in a non-directory")}
+		}
+		dir.Flags |= FlagOpaque
+	}
+	x.root = paths[""]
+	if x.entries[x.root].Type != TypeDir {
+		return nil, &EntryError{Index: -1, Name: "/", Err: invalidf("root is not a directory")}
+	}
+	x.children = make([]EntryID, 0, len(paths)-1)
+	lastDir, lastParent := "", x.root
+	for id := range x.entries {
+		if err := b.canceled(id); err != nil {
+			return nil, err
+		}
+		e := &x.entries[id]
+		if !e.Visible() {
+			continue
+		}
+		e.Nlink = 1
+		if e.Type == TypeDir {
+			e.Nlink = 2
+		}
+		if EntryID(id) == x.root {
+			e.Parent = x.root
+			continue
+		}
+		if d := dirOf(e.Name); d != lastDir {
+			lastDir, lastParent = d, paths[d]
+		}
+		e.Parent = lastParent
+		if x.entries[e.Parent].Type != TypeDir {
+			return nil, &EntryError{Index: -1, Name: e.Name, Err: invalidf("parent is not a directory")}
+		}
+		x.children = append(x.children, EntryID(id))
+	}
+	for _, id := range x.children {
+		switch e := &x.entries[id]; e.Type {
+		case TypeDir:
+			x.entries[e.Parent].Nlink++
+		case TypeHardlink:
+			// The owner counts its visible names: itself unless a later entry replaced it.
+			owner := &x.entries[e.Inode]
+			owner.Nlink++
+			// Extractors apply a hardlink's header to the inode it shares (c/storage chowns,
+			// chmods and sets times through the new name), so the last header wins.
+			if owner.Type != TypeSymlink {
+				owner.attr = id
+			}
+		}
+	}
+	if err := b.ctx.Err(); err != nil {
+		return nil, err
+	}
+	x.sortChildren()
+	return x.compact(paths)
+}
+
+// sortChildren sorts the children by (Parent, BaseName): grouped by parent in one pass, then
+// each directory's sorted by name (often sorted already, in TOC order).
+func (x *wideIndex) sortChildren() {
+	start := make([]uint32, len(x.entries)+1) // where each parent's children start
+	for _, id := range x.children {
+		start[x.entries[id].Parent+1]++
+	}
+	for i := 1; i < len(start); i++ {
+		start[i] += start[i-1]
+	}
+	sorted := make([]EntryID, len(x.children))
+	next := slices.Clone(start[:len(x.entries)])
+	for _, id := range x.children {
+		p := x.entries[id].Parent
+		sorted[next[p]] = id
+		next[p]++
+	}
+	byName := func(a, b EntryID) int { return strings.Compare(x.baseName(a), x.baseName(b)) }
+	for p := range x.entries {
+		if dir := sorted[start[p]:start[p+1]]; len(dir) > 1 && !slices.IsSortedFunc(dir, byName) {
+			slices.SortFunc(dir, byName)
+		}
+	}
+	x.children = sorted
+}
+
+// classifyName sets the whiteout and hidden flags of an entry and returns its path in the tree.
+func (b *builder) classifyName(e *Entry) (string, error) {
+	dir, base := path.Split(e.Name)
+	switch {
+	case e.Name == "":
+		return "", nil
+	case dir == "" && artefacts[base]:
+		e.Flags |= FlagHidden
+	case base == opaqueMarker:
+		e.Flags |= FlagHidden
+		b.opaqueDir = append(b.opaqueDir, strings.TrimSuffix(dir, "/"))
+	case strings.HasPrefix(base, reservedPrefix):
+		e.Flags |= FlagHidden
+	case strings.HasPrefix(base, whiteoutPrefix):
+		vis := base[len(whiteoutPrefix):]
+		if vis == "" || vis == "." || vis == ".." {
+			return "", invalidf("bad whiteout name")
+		}
+		if e.Type == TypeDir {
+			return "", invalidf("whiteout is a directory")
+		}
+		e.Flags |= FlagWhiteout
+		return dir + vis, nil
+	}
+	return e.Name, nil
+}
+
+// resolveLink returns the entry that owns the inode at path target, given paths, the entries
+// before the hardlink by path. A hardlink there is resolved already.
+func (b *builder) resolveLink(paths map[string]EntryID, target string) (EntryID, error) {
+	id, ok := paths[target]
+	if !ok {
+		return 0, invalidf("hardlink target %q does not exist before the hardlink", target)
+	}
+	switch t := &b.x.entries[id]; {
+	case t.Flags&FlagWhiteout != 0:
+		return 0, invalidf("hardlink to the whiteout %q", target)
+	case t.Type == TypeDir:
+		return 0, invalidf("hardlink to the directory %q", target)
+	default:
+		return t.Inode, nil
+	}
+}
+
+// fillEnds sets the compressed end of chunks whose format does not record it: the next
+// larger chunk offset in the blob, or the end of the data; then caps every chunk's span at
+// [MaxSpan].
+func (b *builder) fillEnds() error {
+	x := b.x
+	var offs []int64 // sorted distinct chunk offsets, when some chunk needs them
+	if slices.ContainsFunc(x.chunks, func(c Chunk) bool { return c.Length == 0 }) {
+		offs = make([]int64, len(x.chunks))
+		for i, c := range x.chunks {
+			offs[i] = c.Offset
+		}
+		slices.Sort(offs)
+		offs = slices.Compact(offs)
+	}
+	for i := range x.chunks {
+		c := &x.chunks[i]
+		end := c.End()
+		if c.Length == 0 {
+			end = x.payloadEnd
+			if j, _ := slices.BinarySearch(offs, c.Offset+1); j < len(offs) {
+				end = offs[j]
+			}
+		}
+		if end <= c.Offset || end > x.payloadEnd {
+			return invalidf("chunk at blob offset %d ends at %d (data ends at %d)", c.Offset, end, x.payloadEnd)
+		}
+		c.Length = min(end, c.Offset+MaxSpan(c.InnerOffset+c.Size)) - c.Offset
+	}
+	return nil
+}
