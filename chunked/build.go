@@ -44,6 +44,8 @@ func (w *wideIndex) baseName(id EntryID) string {
 	return b
 }
 
+// builder fills the wide form from the TOC's entries, in TOC order, then links it into a
+// tree (finish).
 type builder struct {
 	ctx       context.Context
 	lim       Limits
@@ -60,6 +62,11 @@ type builder struct {
 	lastMTime     string
 	lastMTimeSec  int64
 	lastMTimeNsec uint32
+
+	// paths maps the tree's paths to the entries holding them, once finish has mapped them;
+	// implicit counts the directories it added that the TOC does not list.
+	paths    map[string]EntryID
+	implicit int
 }
 
 // ctxCheckEvery is how many entries the parse handles between two looks at its context.

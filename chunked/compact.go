@@ -67,6 +67,34 @@ func (w *wideIndex) compact(paths map[string]EntryID) (*Index, error) {
 	if uint64(n) > math.MaxUint32 {
 		return nil, limitf("%d entries", n)
 	}
+	recs := w.startForm() // the records are appended, their ends set in place
+	prefix := len(recs)
+	var table []byte
+	for i := range w.entries {
+		id := EntryID(i)
+		name, dir, full, err := w.recordName(id, paths)
+		if err != nil {
+			return nil, err
+		}
+		opt := w.recordOpt(id, full)
+		recs = w.appendRecord(recs, id, opt, name, dir, len(table)/chunkSize)
+		if opt&optChunks != 0 {
+			table = w.appendChunkTable(table, &w.entries[id])
+		}
+		if uint64(len(recs)-prefix) > math.MaxUint32 {
+			return nil, limitf("index of more than 4 GiB")
+		}
+		binary.LittleEndian.PutUint32(recs[headerSize+4*i:], uint32(len(recs)-prefix))
+	}
+	data := joinTable(recs, table)
+	w.putHeader(data, len(recs)-prefix, len(table)/chunkSize)
+	return indexOf(data)
+}
+
+// startForm returns the binary form up to its records: room for the header and the ends,
+// the children and the times. Its capacity guesses the records' size too.
+func (w *wideIndex) startForm() []byte {
+	n := len(w.entries)
 	ntimes := 0
 	if w.times != nil {
 		ntimes = w.tocCount
@@ -84,156 +112,181 @@ func (w *wideIndex) compact(paths map[string]EntryID) (*Index, error) {
 		}
 		data = le.AppendUint64(le.AppendUint64(data, uint64(t.atime)), uint64(t.ctime))
 	}
-	recs := data // the records are appended to data, ends set in place
-	var table []byte
-	for id := range w.entries {
-		e := &w.entries[id]
-		visible := e.Visible()
-		var opt uint64
-		name, dir, full := e.Name, EntryID(0), true
-		if visible {
-			dir = e.Parent
-		}
-		if EntryID(id) != w.root {
-			i := strings.LastIndexByte(e.Name, '/')
-			d, base := e.Name[:max(i, 0)], e.Name[i+1:]
-			cand, ok := dir, visible
-			if !visible {
-				cand, ok = paths[d]
-			}
-			if ok && int(cand) != id && w.entries[cand].Name == d {
-				if e.Flags&FlagWhiteout != 0 {
-					base = base[len(whiteoutPrefix):]
-				}
-				name, dir, full = base, cand, false
-			}
-		}
-		if full {
-			if visible && EntryID(id) != w.root {
-				return nil, fmt.Errorf("index: entry %q has no parent directory entry", e.Name)
-			}
-			opt |= optFullName
-		}
-		defNlink := uint32(0)
-		if visible {
-			defNlink = 1
-			if e.Type == TypeDir {
-				defNlink = 2
-			}
-		}
-		var c Chunk
-		switch {
-		case e.nchunks == 1:
-			c = w.chunks[e.chunk0]
-			opt |= optChunk
-			if c.Digest != e.Digest {
-				opt |= optChunkSum
-			}
-			if c.Zeros {
-				opt |= optZeros
-			}
-		case e.nchunks > 1:
-			opt |= optChunks
-		}
-		if e.LinkName != "" {
-			opt |= optLink
-		}
-		if e.DevMajor != 0 || e.DevMinor != 0 {
-			opt |= optDev
-		}
-		if e.Inode != EntryID(id) {
-			opt |= optInode
-		}
-		if e.attr != EntryID(id) {
-			opt |= optAttr
-		}
-		if e.Nlink != defNlink {
-			opt |= optNlink
-		}
-		if !e.Digest.IsZero() {
-			opt |= optDigest
-		}
-		if e.nxattrs != 0 {
-			opt |= optXattrs
-		}
-		recs = append(recs, byte(e.Type), byte(e.Flags))
-		recs = binary.AppendUvarint(recs, opt)
-		recs = binary.AppendUvarint(recs, uint64(dir))
-		recs = binary.AppendUvarint(recs, uint64(len(name)))
-		recs = append(recs, name...)
-		recs = binary.AppendUvarint(recs, uint64(e.Mode))
-		recs = binary.AppendUvarint(recs, uint64(e.UID))
-		recs = binary.AppendUvarint(recs, uint64(e.GID))
-		recs = binary.AppendVarint(recs, e.ModTimeSec)
-		recs = binary.AppendUvarint(recs, uint64(e.ModTimeNsec))
-		recs = binary.AppendUvarint(recs, uint64(e.Size))
-		if opt&optLink != 0 {
-			recs = binary.AppendUvarint(recs, uint64(len(e.LinkName)))
-			recs = append(recs, e.LinkName...)
-		}
-		if opt&optDev != 0 {
-			recs = binary.AppendUvarint(recs, uint64(e.DevMajor))
-			recs = binary.AppendUvarint(recs, uint64(e.DevMinor))
-		}
-		if opt&optInode != 0 {
-			recs = binary.AppendUvarint(recs, uint64(e.Inode))
-		}
-		if opt&optAttr != 0 {
-			recs = binary.AppendUvarint(recs, uint64(e.attr))
-		}
-		if opt&optNlink != 0 {
-			recs = binary.AppendUvarint(recs, uint64(e.Nlink))
-		}
-		if opt&optDigest != 0 {
-			recs = append(recs, e.Digest[:]...)
-		}
-		if opt&optChunk != 0 {
-			recs = binary.AppendUvarint(recs, uint64(c.Offset))
-			recs = binary.AppendUvarint(recs, uint64(c.Length))
-			recs = binary.AppendUvarint(recs, uint64(c.InnerOffset))
-			if opt&optChunkSum != 0 {
-				recs = append(recs, c.Digest[:]...)
-			}
-		}
-		if opt&optChunks != 0 {
-			recs = binary.AppendUvarint(recs, uint64(len(table)/chunkSize))
-			recs = binary.AppendUvarint(recs, uint64(e.nchunks))
-			for _, c := range w.chunks[e.chunk0 : e.chunk0+e.nchunks] {
-				for _, v := range []int64{c.Offset, c.Length, c.InnerOffset, c.FileOffset} {
-					table = binary.LittleEndian.AppendUint64(table, uint64(v))
-				}
-				table = append(table, c.Digest[:]...)
-				table = append(table, b2byte(c.Zeros))
-			}
-		}
-		if opt&optXattrs != 0 {
-			recs = binary.AppendUvarint(recs, uint64(e.nxattrs))
-			for _, xa := range w.xattrs[e.xattr0 : e.xattr0+uint32(e.nxattrs)] {
-				recs = binary.AppendUvarint(recs, uint64(len(xa.Name)))
-				recs = append(recs, xa.Name...)
-				recs = binary.AppendUvarint(recs, uint64(len(xa.Value)))
-				recs = append(recs, xa.Value...)
-			}
-		}
-		if uint64(len(recs)-prefix) > math.MaxUint32 {
-			return nil, limitf("index of more than 4 GiB")
-		}
-		le.PutUint32(recs[headerSize+4*id:], uint32(len(recs)-prefix))
+	return data
+}
+
+// recordName returns the name entry id's record holds and its dir: the entry's base name
+// and the entry its name continues when there is one, else its whole Name (full).
+func (w *wideIndex) recordName(id EntryID, paths map[string]EntryID) (name string, dir EntryID, full bool, err error) {
+	e := &w.entries[id]
+	visible := e.Visible()
+	if visible {
+		dir = e.Parent
 	}
-	nTable := len(table) / chunkSize
+	if id != w.root {
+		i := strings.LastIndexByte(e.Name, '/')
+		d, base := e.Name[:max(i, 0)], e.Name[i+1:]
+		cand, ok := dir, visible
+		if !visible {
+			cand, ok = paths[d]
+		}
+		if ok && cand != id && w.entries[cand].Name == d {
+			if e.Flags&FlagWhiteout != 0 {
+				base = base[len(whiteoutPrefix):]
+			}
+			return base, cand, false, nil
+		}
+		if visible {
+			return "", 0, false, fmt.Errorf("index: entry %q has no parent directory entry", e.Name)
+		}
+	}
+	return e.Name, dir, true, nil
+}
+
+// recordOpt returns the opt bits of entry id's record: which optional fields it holds.
+func (w *wideIndex) recordOpt(id EntryID, full bool) uint64 {
+	e := &w.entries[id]
+	var opt uint64
+	if full {
+		opt |= optFullName
+	}
+	defNlink := uint32(0)
+	if e.Visible() {
+		defNlink = 1
+		if e.Type == TypeDir {
+			defNlink = 2
+		}
+	}
+	switch {
+	case e.nchunks == 1:
+		c := &w.chunks[e.chunk0]
+		opt |= optChunk
+		if c.Digest != e.Digest {
+			opt |= optChunkSum
+		}
+		if c.Zeros {
+			opt |= optZeros
+		}
+	case e.nchunks > 1:
+		opt |= optChunks
+	}
+	if e.LinkName != "" {
+		opt |= optLink
+	}
+	if e.DevMajor != 0 || e.DevMinor != 0 {
+		opt |= optDev
+	}
+	if e.Inode != id {
+		opt |= optInode
+	}
+	if e.attr != id {
+		opt |= optAttr
+	}
+	if e.Nlink != defNlink {
+		opt |= optNlink
+	}
+	if !e.Digest.IsZero() {
+		opt |= optDigest
+	}
+	if e.nxattrs != 0 {
+		opt |= optXattrs
+	}
+	return opt
+}
+
+// appendRecord appends entry id's record, with the fields opt names, name and dir (see
+// recordName); chunk0 is where its chunks start in the chunk table, with optChunks.
+func (w *wideIndex) appendRecord(recs []byte, id EntryID, opt uint64, name string, dir EntryID, chunk0 int) []byte {
+	e := &w.entries[id]
+	recs = append(recs, byte(e.Type), byte(e.Flags))
+	recs = binary.AppendUvarint(recs, opt)
+	recs = binary.AppendUvarint(recs, uint64(dir))
+	recs = binary.AppendUvarint(recs, uint64(len(name)))
+	recs = append(recs, name...)
+	recs = binary.AppendUvarint(recs, uint64(e.Mode))
+	recs = binary.AppendUvarint(recs, uint64(e.UID))
+	recs = binary.AppendUvarint(recs, uint64(e.GID))
+	recs = binary.AppendVarint(recs, e.ModTimeSec)
+	recs = binary.AppendUvarint(recs, uint64(e.ModTimeNsec))
+	recs = binary.AppendUvarint(recs, uint64(e.Size))
+	if opt&optLink != 0 {
+		recs = binary.AppendUvarint(recs, uint64(len(e.LinkName)))
+		recs = append(recs, e.LinkName...)
+	}
+	if opt&optDev != 0 {
+		recs = binary.AppendUvarint(recs, uint64(e.DevMajor))
+		recs = binary.AppendUvarint(recs, uint64(e.DevMinor))
+	}
+	if opt&optInode != 0 {
+		recs = binary.AppendUvarint(recs, uint64(e.Inode))
+	}
+	if opt&optAttr != 0 {
+		recs = binary.AppendUvarint(recs, uint64(e.attr))
+	}
+	if opt&optNlink != 0 {
+		recs = binary.AppendUvarint(recs, uint64(e.Nlink))
+	}
+	if opt&optDigest != 0 {
+		recs = append(recs, e.Digest[:]...)
+	}
+	if opt&optChunk != 0 {
+		c := &w.chunks[e.chunk0]
+		recs = binary.AppendUvarint(recs, uint64(c.Offset))
+		recs = binary.AppendUvarint(recs, uint64(c.Length))
+		recs = binary.AppendUvarint(recs, uint64(c.InnerOffset))
+		if opt&optChunkSum != 0 {
+			recs = append(recs, c.Digest[:]...)
+		}
+	}
+	if opt&optChunks != 0 {
+		recs = binary.AppendUvarint(recs, uint64(chunk0))
+		recs = binary.AppendUvarint(recs, uint64(e.nchunks))
+	}
+	if opt&optXattrs != 0 {
+		recs = binary.AppendUvarint(recs, uint64(e.nxattrs))
+		for _, xa := range w.xattrs[e.xattr0 : e.xattr0+uint32(e.nxattrs)] {
+			recs = binary.AppendUvarint(recs, uint64(len(xa.Name)))
+			recs = append(recs, xa.Name...)
+			recs = binary.AppendUvarint(recs, uint64(len(xa.Value)))
+			recs = append(recs, xa.Value...)
+		}
+	}
+	return recs
+}
+
+// appendChunkTable appends the chunks of file e to the chunk table.
+func (w *wideIndex) appendChunkTable(table []byte, e *Entry) []byte {
+	for _, c := range w.chunks[e.chunk0 : e.chunk0+e.nchunks] {
+		for _, v := range []int64{c.Offset, c.Length, c.InnerOffset, c.FileOffset} {
+			table = binary.LittleEndian.AppendUint64(table, uint64(v))
+		}
+		table = append(table, c.Digest[:]...)
+		table = append(table, b2byte(c.Zeros))
+	}
+	return table
+}
+
+// joinTable returns the form up to its records followed by the chunk table.
+func joinTable(recs, table []byte) []byte {
 	if size := len(recs) + len(table); size <= cap(recs) && cap(recs)-size <= size/8 {
-		data = append(recs, table...)
-	} else { // not to keep much spare capacity for the index's life (a copy costs its size again)
-		data = make([]byte, len(recs)+len(table))
-		copy(data[copy(data, recs):], table)
+		return append(recs, table...)
 	}
-	recsLen := len(recs) - prefix
+	// Not to keep much spare capacity for the index's life (a copy costs its size again).
+	data := make([]byte, len(recs)+len(table))
+	copy(data[copy(data, recs):], table)
+	return data
+}
+
+// putHeader writes the header of the binary form data, whose records take recsLen bytes
+// and whose chunk table holds nTable chunks.
+func (w *wideIndex) putHeader(data []byte, recsLen, nTable int) {
+	le := binary.LittleEndian
 	copy(data, indexMagic)
 	le.PutUint32(data[4:], indexVersion)
 	data[8] = byte(w.format)
 	data[9] = b2byte(w.times != nil)
 	le.PutUint32(data[12:], uint32(w.root))
-	le.PutUint32(data[16:], uint32(n))
+	le.PutUint32(data[16:], uint32(len(w.entries)))
 	le.PutUint32(data[20:], uint32(w.tocCount))
 	le.PutUint32(data[24:], uint32(nTable))
 	le.PutUint32(data[28:], uint32(len(w.children)))
@@ -241,7 +294,6 @@ func (w *wideIndex) compact(paths map[string]EntryID) (*Index, error) {
 	le.PutUint64(data[40:], uint64(w.prefetchEnd))
 	le.PutUint64(data[48:], uint64(w.payloadEnd))
 	copy(data[56:], w.tarSplitDigest[:])
-	return indexOf(data)
 }
 
 func b2byte(b bool) byte {

@@ -29,6 +29,43 @@ func LoadIndex(data []byte, limits Limits) (*Index, error) {
 
 // check validates an index whose sections fit (see indexOf).
 func (x *Index) check(lim Limits) error {
+	if err := x.checkHeader(lim); err != nil {
+		return err
+	}
+	n := x.n
+	nTable := len(x.chunks) / chunkSize
+	dirs := make([]uint32, n)
+	kinds := make([]uint8, n) // type, and 0x80 when visible
+	own := make([]uint16, n)  // length of the own name, 0x8000 when it is the whole name
+	for i := range n {
+		r, err := x.checkRecord(EntryID(i), nTable, lim)
+		if err != nil {
+			return err
+		}
+		dirs[i], kinds[i], own[i] = uint32(r.dir), uint8(r.typ), uint16(len(r.name))
+		if r.visible() {
+			kinds[i] |= 0x80
+		}
+		if r.opt&optFullName != 0 {
+			own[i] |= 0x8000
+		} else if r.flags&FlagWhiteout != 0 {
+			own[i] += uint16(len(whiteoutPrefix))
+		}
+	}
+	if err := checkNames(dirs, own); err != nil {
+		return err
+	}
+	for i := range n {
+		if kinds[i]&0x80 != 0 && EntryID(i) != x.root && kinds[dirs[i]] != 0x80|uint8(TypeDir) {
+			return invalidf("index: entry %d: parent %d is not a visible directory", i, dirs[i])
+		}
+	}
+	return x.checkChildren(kinds)
+}
+
+// checkHeader checks the header's fields against each other and the limits, and that the
+// records fill their section.
+func (x *Index) checkHeader(lim Limits) error {
 	n := x.n
 	switch {
 	case n > lim.MaxEntries+1:
@@ -45,81 +82,80 @@ func (x *Index) check(lim Limits) error {
 	if end := binary.LittleEndian.Uint32(x.ends[4*(n-1):]); uint64(end) != uint64(len(x.recs)) {
 		return invalidf("index: records end at %d of %d bytes", end, len(x.recs))
 	}
-	nTable := len(x.chunks) / chunkSize
-	dirs := make([]uint32, n)
-	kinds := make([]uint8, n) // type, and 0x80 when visible
-	own := make([]uint16, n)  // length of the own name, 0x8000 when it is the whole name
-	for i := range n {
-		id := EntryID(i)
-		bad := func(format string, args ...any) error {
-			return invalidf("index: entry %d: "+format, append([]any{i}, args...)...)
-		}
-		raw := x.raw(id)
-		if raw == nil {
-			return bad("record out of bounds")
-		}
-		d := decoder{b: raw}
-		r := decodeRec(&d, id)
-		if d.bad {
-			return bad("malformed record")
-		}
-		if int(r.dir) >= n || int(r.inode) >= n || int(r.attr) >= n {
-			return bad("reference out of range")
-		}
-		full, vis := r.opt&optFullName != 0, r.visible()
-		switch {
-		case bytes.IndexByte(r.name, 0) >= 0 || bytes.IndexByte(r.link, 0) >= 0:
-			return bad("NUL in a name")
-		case id == x.root && (!full || len(r.name) != 0 || !vis || r.typ != TypeDir || r.dir != id):
-			return bad("bad root")
-		case full && vis && id != x.root:
-			return bad("visible entry without a parent")
-		case !full && (len(r.name) == 0 || bytes.IndexByte(r.name, '/') >= 0 ||
-			string(r.name) == "." || string(r.name) == ".."):
-			return bad("bad name %q", r.name)
-		case (r.opt&optLink != 0) != (r.typ == TypeSymlink || r.typ == TypeHardlink) ||
-			(r.opt&optLink != 0 && len(r.link) == 0):
-			return bad("link target of a %v", r.typ)
-		}
-		if err := x.checkChunks(&r, nTable, lim); err != nil {
-			return bad("%v", err)
-		}
-		var prev []byte
-		total := 0
-		xd := decoder{b: r.xattrs}
-		for range r.nxattrs {
-			k := xd.bytes(xd.uvarint(math.MaxUint32))
-			v := xd.bytes(xd.uvarint(math.MaxUint32))
-			total += len(k) + len(v)
-			if xd.bad || len(k) == 0 || bytes.IndexByte(k, 0) >= 0 || (prev != nil && bytes.Compare(prev, k) >= 0) {
-				return bad("bad xattrs")
-			}
-			if total > lim.MaxXattrBytes {
-				return limitf("index: entry %d: xattrs exceed %d bytes", i, lim.MaxXattrBytes)
-			}
-			prev = k
-		}
-		if len(xd.b) != 0 {
-			return bad("bad xattrs")
-		}
-		dirs[i], kinds[i], own[i] = uint32(r.dir), uint8(r.typ), uint16(len(r.name))
-		if vis {
-			kinds[i] |= 0x80
-		}
-		if full {
-			own[i] |= 0x8000
-		} else if r.flags&FlagWhiteout != 0 {
-			own[i] += uint16(len(whiteoutPrefix))
-		}
+	return nil
+}
+
+// entryInvalid returns the error of a malformed record.
+func entryInvalid(id EntryID, format string, args ...any) error {
+	return invalidf("index: entry %d: "+format, append([]any{id}, args...)...)
+}
+
+// checkRecord decodes entry id's record and checks what it can alone: references in range,
+// its name, link target, chunks and xattrs.
+func (x *Index) checkRecord(id EntryID, nTable int, lim Limits) (rec, error) {
+	raw := x.raw(id)
+	if raw == nil {
+		return rec{}, entryInvalid(id, "record out of bounds")
 	}
-	if err := checkNames(dirs, own); err != nil {
-		return err
+	d := decoder{b: raw}
+	r := decodeRec(&d, id)
+	if d.bad {
+		return rec{}, entryInvalid(id, "malformed record")
 	}
-	for i := range n {
-		if kinds[i]&0x80 != 0 && EntryID(i) != x.root && kinds[dirs[i]] != 0x80|uint8(TypeDir) {
-			return invalidf("index: entry %d: parent %d is not a visible directory", i, dirs[i])
+	if n := x.n; int(r.dir) >= n || int(r.inode) >= n || int(r.attr) >= n {
+		return rec{}, entryInvalid(id, "reference out of range")
+	}
+	full, vis := r.opt&optFullName != 0, r.visible()
+	switch {
+	case bytes.IndexByte(r.name, 0) >= 0 || bytes.IndexByte(r.link, 0) >= 0:
+		return rec{}, entryInvalid(id, "NUL in a name")
+	case id == x.root && (!full || len(r.name) != 0 || !vis || r.typ != TypeDir || r.dir != id):
+		return rec{}, entryInvalid(id, "bad root")
+	case full && vis && id != x.root:
+		return rec{}, entryInvalid(id, "visible entry without a parent")
+	case !full && (len(r.name) == 0 || bytes.IndexByte(r.name, '/') >= 0 ||
+		string(r.name) == "." || string(r.name) == ".."):
+		return rec{}, entryInvalid(id, "bad name %q", r.name)
+	case (r.opt&optLink != 0) != (r.typ == TypeSymlink || r.typ == TypeHardlink) ||
+		(r.opt&optLink != 0 && len(r.link) == 0):
+		return rec{}, entryInvalid(id, "link target of a %v", r.typ)
+	}
+	if err := x.checkChunks(&r, nTable, lim); err != nil {
+		return rec{}, entryInvalid(id, "%v", err)
+	}
+	if err := checkXattrs(&r, lim); err != nil {
+		return rec{}, err
+	}
+	return r, nil
+}
+
+// checkXattrs checks a record's xattrs: well-formed, named, sorted by name and within the
+// limits.
+func checkXattrs(r *rec, lim Limits) error {
+	var prev []byte
+	total := 0
+	d := decoder{b: r.xattrs}
+	for range r.nxattrs {
+		k := d.bytes(d.uvarint(math.MaxUint32))
+		v := d.bytes(d.uvarint(math.MaxUint32))
+		total += len(k) + len(v)
+		if d.bad || len(k) == 0 || bytes.IndexByte(k, 0) >= 0 || (prev != nil && bytes.Compare(prev, k) >= 0) {
+			return entryInvalid(r.id, "bad xattrs")
 		}
+		if total > lim.MaxXattrBytes {
+			return limitf("index: entry %d: xattrs exceed %d bytes", r.id, lim.MaxXattrBytes)
+		}
+		prev = k
 	}
+	if len(d.b) != 0 {
+		return entryInvalid(r.id, "bad xattrs")
+	}
+	return nil
+}
+
+// checkChildren checks that the children are visible entries but the root, sorted by
+// (dir, base name); kinds is as check fills it.
+func (x *Index) checkChildren(kinds []uint8) error {
 	var prev head
 	for i := range x.numChildren() {
 		id := x.child(i)

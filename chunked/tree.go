@@ -40,15 +40,36 @@ func (b *builder) finish() (*Index, error) {
 	if err := b.fillEnds(); err != nil {
 		return nil, err
 	}
-	paths := make(map[string]EntryID, len(x.entries))
+	if err := b.mapPaths(); err != nil {
+		return nil, err
+	}
+	if err := b.addDirs(); err != nil {
+		return nil, err
+	}
+	if err := b.linkParents(); err != nil {
+		return nil, err
+	}
+	b.countLinks()
+	if err := b.ctx.Err(); err != nil {
+		return nil, err
+	}
+	x.sortChildren()
+	return x.compact(b.paths)
+}
+
+// mapPaths maps every path of the tree to the last TOC entry at it, marking the entries it
+// replaces shadowed, and resolves hardlinks as it goes.
+func (b *builder) mapPaths() error {
+	x := b.x
+	b.paths = make(map[string]EntryID, len(x.entries))
 	for id := range x.entries {
 		if err := b.canceled(id); err != nil {
-			return nil, err
+			return err
 		}
 		e := &x.entries[id]
 		key, err := b.classifyName(e)
 		if err != nil {
-			return nil, &EntryError{Index: -1, Name: e.Name, Err: err}
+			return &EntryError{Index: -1, Name: e.Name, Err: err}
 		}
 		if e.Flags&FlagHidden != 0 {
 			continue
@@ -56,75 +77,91 @@ func (b *builder) finish() (*Index, error) {
 		// A hardlink links to what its target path holds at this point of the layer, as
 		// extraction makes it: a later entry at that path replaces the path, not the link.
 		if e.Type == TypeHardlink {
-			if e.Inode, err = b.resolveLink(paths, e.LinkName); err != nil {
-				return nil, &EntryError{Index: -1, Name: e.Name, Err: err}
+			if e.Inode, err = b.resolveLink(b.paths, e.LinkName); err != nil {
+				return &EntryError{Index: -1, Name: e.Name, Err: err}
 			}
 		}
-		if old, ok := paths[key]; ok {
+		if old, ok := b.paths[key]; ok {
 			x.entries[old].Flags |= FlagShadowed
 		}
-		paths[key] = EntryID(id)
+		b.paths[key] = EntryID(id)
 	}
-	// Implicit directories count against the entry limit with the TOC's entries (the root,
-	// which every index has, does not).
-	implicit := 0
-	ensureDir := func(p string) error {
-		for {
-			if _, ok := paths[p]; ok {
-				return nil
-			}
-			if p != "" {
-				if b.raw+implicit >= b.lim.MaxEntries {
-					return &EntryError{Index: -1, Name: p, Err: limitf(
-						"the TOC's %d entries and the directories they imply exceed %d", b.raw, b.lim.MaxEntries)}
-				}
-				implicit++
-			}
-			id := EntryID(len(x.entries))
-			x.entries = append(x.entries, Entry{Name: p, Type: TypeDir, Mode: 0o755, Inode: id, attr: id, Flags: FlagImplicit})
-			paths[p] = id
-			if p == "" {
-				return nil
-			}
-			p = dirOf(p)
-		}
-	}
-	if err := ensureDir(""); err != nil {
-		return nil, err
+	return nil
+}
+
+// addDirs adds the root and the directories the visible entries need that the TOC does not
+// list, and marks the directories of opaque markers opaque.
+func (b *builder) addDirs() error {
+	x := b.x
+	if err := b.ensureDir(""); err != nil {
+		return err
 	}
 	lastDir := "" // ensured: entries of a directory mostly follow one another
 	for id := range x.tocCount {
 		if err := b.canceled(id); err != nil {
-			return nil, err
+			return err
 		}
 		if e := &x.entries[id]; e.Visible() && e.Name != "" {
 			if d := dirOf(e.Name); d != lastDir {
-				if err := ensureDir(d); err != nil {
-					return nil, err
+				if err := b.ensureDir(d); err != nil {
+					return err
 				}
 				lastDir = d
 			}
 		}
 	}
 	for _, d := range b.opaqueDir {
-		if err := ensureDir(d); err != nil {
-			return nil, err
+		if err := b.ensureDir(d); err != nil {
+			return err
 		}
-		dir := &x.entries[paths[d]]
+		dir := &x.entries[b.paths[d]]
 		if dir.Type != TypeDir {
-			return nil, &EntryError{Index: -1, Name: d + "/" + opaqueMarker, Err: invalidf("opaque marker in a non-directory")}
+			return &EntryError{Index: -1, Name: d + "/" + opaqueMarker, Err: invalidf("opaque marker in a non-directory")}
 		}
 		dir.Flags |= FlagOpaque
 	}
-	x.root = paths[""]
-	if x.entries[x.root].Type != TypeDir {
-		return nil, &EntryError{Index: -1, Name: "/", Err: invalidf("root is not a directory")}
+	return nil
+}
+
+// ensureDir adds an implicit directory at p and at each of its parents that no entry holds.
+// Implicit directories count against the entry limit with the TOC's entries (the root,
+// which every index has, does not).
+func (b *builder) ensureDir(p string) error {
+	x := b.x
+	for {
+		if _, ok := b.paths[p]; ok {
+			return nil
+		}
+		if p != "" {
+			if b.raw+b.implicit >= b.lim.MaxEntries {
+				return &EntryError{Index: -1, Name: p, Err: limitf(
+					"the TOC's %d entries and the directories they imply exceed %d", b.raw, b.lim.MaxEntries)}
+			}
+			b.implicit++
+		}
+		id := EntryID(len(x.entries))
+		x.entries = append(x.entries, Entry{Name: p, Type: TypeDir, Mode: 0o755, Inode: id, attr: id, Flags: FlagImplicit})
+		b.paths[p] = id
+		if p == "" {
+			return nil
+		}
+		p = dirOf(p)
 	}
-	x.children = make([]EntryID, 0, len(paths)-1)
+}
+
+// linkParents sets the root, and each visible entry's Parent and default link count, and
+// lists the visible entries but the root as children.
+func (b *builder) linkParents() error {
+	x := b.x
+	x.root = b.paths[""]
+	if x.entries[x.root].Type != TypeDir {
+		return &EntryError{Index: -1, Name: "/", Err: invalidf("root is not a directory")}
+	}
+	x.children = make([]EntryID, 0, len(b.paths)-1)
 	lastDir, lastParent := "", x.root
 	for id := range x.entries {
 		if err := b.canceled(id); err != nil {
-			return nil, err
+			return err
 		}
 		e := &x.entries[id]
 		if !e.Visible() {
@@ -139,14 +176,21 @@ func (b *builder) finish() (*Index, error) {
 			continue
 		}
 		if d := dirOf(e.Name); d != lastDir {
-			lastDir, lastParent = d, paths[d]
+			lastDir, lastParent = d, b.paths[d]
 		}
 		e.Parent = lastParent
 		if x.entries[e.Parent].Type != TypeDir {
-			return nil, &EntryError{Index: -1, Name: e.Name, Err: invalidf("parent is not a directory")}
+			return &EntryError{Index: -1, Name: e.Name, Err: invalidf("parent is not a directory")}
 		}
 		x.children = append(x.children, EntryID(id))
 	}
+	return nil
+}
+
+// countLinks counts a directory's subdirectories and an inode's hardlinks in their link
+// counts, and gives a hardlinked inode the attributes of its last header.
+func (b *builder) countLinks() {
+	x := b.x
 	for _, id := range x.children {
 		switch e := &x.entries[id]; e.Type {
 		case TypeDir:
@@ -162,11 +206,6 @@ func (b *builder) finish() (*Index, error) {
 			}
 		}
 	}
-	if err := b.ctx.Err(); err != nil {
-		return nil, err
-	}
-	x.sortChildren()
-	return x.compact(paths)
 }
 
 // sortChildren sorts the children by (Parent, BaseName): grouped by parent in one pass, then
