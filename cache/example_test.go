@@ -1,7 +1,6 @@
 package cache_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -24,7 +23,7 @@ func Example() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	src := verify.ReaderAtSource(bytes.NewReader(fx.Blob))
+	src := testlayer.BlobSource(fx.Blob)
 	l, err := verify.Open(ctx, fx.Desc, fx.DiffID, src)
 	if err != nil {
 		log.Fatal(err)

@@ -1,7 +1,6 @@
 package cache
 
 import (
-	"bytes"
 	"crypto/sha256"
 	"path/filepath"
 	"sync"
@@ -50,7 +49,7 @@ func loadFiles(t testing.TB) (map[string]*testFile, error) {
 	}
 	out := map[string]*testFile{}
 	for kind, fx := range map[string]testlayer.Fixture{"zstd": zf, "estargz": ef} {
-		src := verify.ReaderAtSource(bytes.NewReader(fx.Blob))
+		src := testlayer.BlobSource(fx.Blob)
 		l, err := verify.Open(t.Context(), fx.Desc, fx.DiffID, src)
 		if err != nil {
 			return nil, err

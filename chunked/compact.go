@@ -349,16 +349,6 @@ func indexOf(data []byte) (*Index, error) {
 	return x, nil
 }
 
-// BinarySize returns the size of the index's compact binary form.
-func (x *Index) BinarySize() int { return len(x.data) }
-
-// AppendBinary appends the index's compact binary form to b.
-func (x *Index) AppendBinary(b []byte) ([]byte, error) {
-	b = append(b, x.data...)
-	runtime.KeepAlive(x)
-	return b, nil
-}
-
 // Binary returns the index's compact binary form itself, not a copy, for writing it out
 // without a second copy of it on the heap: the caller must not modify it, and must keep x
 // alive while it uses it (runtime.KeepAlive), as the form may be a mapping released with x.

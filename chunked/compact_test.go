@@ -21,16 +21,13 @@ var loadLimits = chunked.Limits{MaxChunkSize: 1 << 30}
 // answers every question as x does.
 func roundTrip(t testing.TB, x *chunked.Index) *chunked.Index {
 	t.Helper()
-	bin, err := x.AppendBinary([]byte("prefix"))
-	if err != nil || !bytes.HasPrefix(bin, []byte("prefix")) {
-		t.Fatalf("AppendBinary: %v", err)
-	}
+	bin := append([]byte("prefix"), x.Binary()...)
 	y, err := chunked.LoadIndex(bin[len("prefix"):], loadLimits)
 	if err != nil {
-		t.Fatalf("LoadIndex(AppendBinary): %v", err)
+		t.Fatalf("LoadIndex(Binary): %v", err)
 	}
-	if again, _ := y.AppendBinary(nil); !bytes.Equal(again, bin[len("prefix"):]) {
-		t.Fatalf("AppendBinary of the loaded index differs")
+	if !bytes.Equal(y.Binary(), bin[len("prefix"):]) {
+		t.Fatalf("Binary of the loaded index differs")
 	}
 	if a, b := answers(x), answers(y); a != b {
 		t.Fatalf("the loaded index answers differently:\n%.2000s\nwant\n%.2000s", b, a)
@@ -116,8 +113,7 @@ func TestIndexCompact(t *testing.T) {
 	}
 	runtime.GC()
 	runtime.ReadMemStats(&after)
-	bin, _ := x.AppendBinary(nil)
-	perEntry := float64(len(bin)) / float64(x.Len())
+	perEntry := float64(len(x.Binary())) / float64(x.Len())
 	heap := (float64(after.HeapAlloc) - float64(before.HeapAlloc)) / float64(x.Len())
 	runtime.KeepAlive(x)
 	runtime.KeepAlive(js)
@@ -137,7 +133,7 @@ func TestLoadIndexRefuses(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	good, _ := x.AppendBinary(nil)
+	good := bytes.Clone(x.Binary())
 	mutate := func(f func(b []byte) []byte) []byte { return f(bytes.Clone(good)) }
 	for name, data := range map[string][]byte{
 		"empty":     nil,
@@ -170,16 +166,14 @@ func FuzzLoadIndex(f *testing.F) {
 		if err != nil {
 			f.Fatal(err)
 		}
-		bin, _ := x.AppendBinary(nil)
-		f.Add(bin)
+		f.Add(x.Binary())
 	}
 	js, end := testlayer.SyntheticTOC(60)
 	x, err := chunked.Parse(context.Background(), syntheticLayout(end), js, fuzzLimits)
 	if err != nil {
 		f.Fatal(err)
 	}
-	bin, _ := x.AppendBinary(nil)
-	f.Add(bin)
+	f.Add(x.Binary())
 	f.Fuzz(func(t *testing.T, data []byte) {
 		x, err := chunked.LoadIndex(data, fuzzLimits)
 		if err != nil {
@@ -188,8 +182,8 @@ func FuzzLoadIndex(f *testing.F) {
 			}
 			return
 		}
-		if got, _ := x.AppendBinary(nil); !bytes.Equal(got, data) {
-			t.Fatal("AppendBinary differs from the loaded bytes")
+		if !bytes.Equal(x.Binary(), data) {
+			t.Fatal("Binary differs from the loaded bytes")
 		}
 		answers(x)
 		if !reflect.DeepEqual(x.Entry(x.Root()).Type, chunked.TypeDir) {
@@ -214,7 +208,7 @@ func TestIndexMoved(t *testing.T) {
 	if &y.Binary()[0] != &cp[0] {
 		t.Error("the moved index does not use the bytes given")
 	}
-	if a, b := mustBinary(t, x), mustBinary(t, y); !bytes.Equal(a, b) || y.Len() != x.Len() || y.Path(chunked.EntryID(x.Len()-1)) != x.Path(chunked.EntryID(x.Len()-1)) {
+	if a, b := x.Binary(), y.Binary(); !bytes.Equal(a, b) || y.Len() != x.Len() || y.Path(chunked.EntryID(x.Len()-1)) != x.Path(chunked.EntryID(x.Len()-1)) {
 		t.Error("the moved index differs")
 	}
 	for _, bad := range [][]byte{cp[:len(cp)-1], append(bytes.Clone(cp), 0), nil} {

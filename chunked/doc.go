@@ -26,7 +26,7 @@
 // and costs its size: about 85 bytes per entry for a tree of small files (a name of 15
 // bytes, a 32-byte digest), where the wide form it is built from (one Entry, Chunk and
 // string per entry) costs about 300. [Parse] builds the wide form and compacts it at its end.
-// [Index.AppendBinary] copies the form out, [Index.Binary] hands it out for writing;
+// [Index.Binary] hands the form out for writing;
 // [LoadIndex] uses one in place (a read-only mapping of a file, say), once it has checked
 // every record, offset, count and reference, so that no method panics, loops or reads out of
 // bounds whatever the bytes; [Index.Moved] uses a copy of an index's own form in place,

@@ -7,6 +7,9 @@ import (
 	"reflect"
 )
 
+// Children returns the visible entries of a directory, sorted by name.
+func (x *Index) Children(dir EntryID) []EntryID { return x.ChildrenFrom(dir, 0, x.Len()) }
+
 // CompareWide parses a TOC as Parse does and returns the first difference between the wide
 // form the builder fills and what the compact index it becomes answers, or nil.
 func CompareWide(layout *Layout, tocJSON []byte, limits Limits) error {

@@ -314,19 +314,8 @@ func (x *Index) TOCTimes(id EntryID) (atime, ctime int64) {
 	return atime, ctime
 }
 
-// Children returns the visible entries of a directory, sorted by name.
-func (x *Index) Children(dir EntryID) []EntryID {
-	lo, hi := x.childRange(dir)
-	ids := make([]EntryID, hi-lo)
-	for i := range ids {
-		ids[i] = x.child(lo + i)
-	}
-	runtime.KeepAlive(x)
-	return ids
-}
-
 // ChildrenFrom returns at most n visible entries of a directory, sorted by name, starting
-// with its i-th (0 is the first): a page of Children without building the whole list.
+// with its i-th (0 is the first): a page of them, without building the whole list.
 func (x *Index) ChildrenFrom(dir EntryID, i, n int) []EntryID {
 	lo, hi := x.childRange(dir)
 	if i < 0 || n <= 0 || i >= hi-lo {

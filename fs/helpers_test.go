@@ -1,7 +1,6 @@
 package storefs
 
 import (
-	"bytes"
 	"context"
 	"encoding/base64"
 	"errors"
@@ -141,7 +140,7 @@ func newTestLayer(t *testing.T, f testlayer.Fixture) *testLayer {
 // openTestLayer opens fixture f as a layer; the same fixture gives the same index in every
 // process.
 func openTestLayer(ctx context.Context, f testlayer.Fixture) (*testLayer, error) {
-	src := verify.ReaderAtSource(bytes.NewReader(f.Blob))
+	src := testlayer.BlobSource(f.Blob)
 	v, err := verify.Open(ctx, f.Desc, f.DiffID, src)
 	if err != nil {
 		return nil, fmt.Errorf("verify.Open(%s): %w", f.Name, err)

@@ -300,7 +300,7 @@ func TestResumeAfterKillAndStop(t *testing.T) {
 	}
 	t.Cleanup(func() { unix.Close(dirFd) })
 	var wantNames []string
-	for _, c := range l.Index().Children(l.Index().Root()) {
+	for _, c := range l.Index().ChildrenFrom(l.Index().Root(), 0, l.Index().Len()) {
 		wantNames = append(wantNames, l.Index().BaseName(c))
 	}
 	listed, _ := dirents(t, dirFd, 100, 1)

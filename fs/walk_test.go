@@ -248,7 +248,7 @@ func TestReaddirOffsets(t *testing.T) {
 		t.Fatal("no usr/lib in the index")
 	}
 	var want []string
-	for _, c := range x.Children(id) {
+	for _, c := range x.ChildrenFrom(id, 0, x.Len()) {
 		want = append(want, x.BaseName(c))
 	}
 

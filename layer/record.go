@@ -32,7 +32,7 @@ const maxRecordRefs = 16
 
 // recordMeta is a layer record's meta: what the manifest said of the layer, what its
 // verification established, and the repositories it was resolved through. The record's data
-// holds the verified index (chunked.Index.AppendBinary), then the tar-split while it is
+// holds the verified index (chunked.Index.Binary), then the tar-split while it is
 // needed.
 type recordMeta struct {
 	Version      int                `json:"version"`

@@ -23,7 +23,7 @@ func fixtures(t testing.TB) []testlayer.Fixture {
 	return fs
 }
 
-func source(blob []byte) verify.Source { return verify.ReaderAtSource(bytes.NewReader(blob)) }
+func source(blob []byte) verify.Source { return testlayer.BlobSource(blob) }
 
 // open opens a fixture that must verify.
 func open(t testing.TB, f testlayer.Fixture) (*verify.Verifier, verify.Source) {
@@ -77,7 +77,7 @@ func viewTree(t *testing.T, l *verify.Verifier, src verify.Source) testlayer.Tre
 			n.HardTo = x.Path(e.Inode)
 		}
 		tree[x.Path(id)] = n
-		for _, c := range x.Children(id) {
+		for _, c := range x.ChildrenFrom(id, 0, x.Len()) {
 			walk(c)
 		}
 	}

@@ -1,7 +1,6 @@
 package verify_test
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -15,6 +14,7 @@ import (
 	"github.com/opencontainers/go-digest"
 
 	"github.com/layerstore/layerstore/chunked"
+	"github.com/layerstore/layerstore/internal/testutil/testlayer"
 	"github.com/layerstore/layerstore/verify"
 )
 
@@ -42,7 +42,7 @@ func ExampleOpen() {
 	}
 
 	// The source is random access to the blob: a fetcher.Blob in the daemon.
-	src := verify.ReaderAtSource(bytes.NewReader(blob))
+	src := testlayer.BlobSource(blob)
 	l, err := verify.Open(ctx, desc, digest.Digest(strings.TrimSpace(string(diffID))), src)
 	if err != nil {
 		log.Fatal(err)

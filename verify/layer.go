@@ -19,22 +19,6 @@ type Source interface {
 	ReadAt(ctx context.Context, p []byte, off int64) (int, error)
 }
 
-// ReaderAtSource adapts an io.ReaderAt (a local file, a byte slice) to a [Source].
-func ReaderAtSource(r io.ReaderAt) Source { return readerAtSource{r} }
-
-type readerAtSource struct{ r io.ReaderAt }
-
-func (s readerAtSource) ReadAt(ctx context.Context, p []byte, off int64) (int, error) {
-	if err := ctx.Err(); err != nil {
-		return 0, err
-	}
-	n, err := s.r.ReadAt(p, off)
-	if n == len(p) {
-		err = nil
-	}
-	return n, err
-}
-
 // Option configures [Open] and [Restore].
 type Option func(*options) error
 
