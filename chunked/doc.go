@@ -26,15 +26,14 @@
 // and costs its size: about 85 bytes per entry for a tree of small files (a name of 15
 // bytes, a 32-byte digest), where the wide form it is built from (one Entry, Chunk and
 // string per entry) costs about 300. [Parse] builds the wide form and compacts it at its end.
-// [Index.Binary] hands the form out for writing;
-// [LoadIndex] uses one in place (a read-only mapping of a file, say), once it has checked
-// every record, offset, count and reference, so that no method panics, loops or reads out of
-// bounds whatever the bytes; [Index.Moved] uses a copy of an index's own form in place,
-// once compared with it. Methods decode what
-// they are asked for and return copies, never memory of the form, and keep the *Index alive
-// while they read it: a caller may unmap the form in a cleanup of the *Index
-// (runtime.AddCleanup). [Index.Entry] builds the entry's path; [Index.Meta], [Index.Chunk]
-// and [Index.NumChunks] are the cheap accessors of the read paths.
+// [Index.Binary] hands the form out for writing; [LoadIndex] uses one in place (a read-only
+// mapping of a file, say), once it has checked every record, offset, count and reference, so
+// that no method panics, loops or reads out of bounds whatever the bytes; [Index.Moved] uses
+// a copy of an index's own form in place, once compared with it. Methods decode what they
+// are asked for and return copies, never memory of the form, and keep the *Index alive while
+// they read it: a caller may unmap the form in a cleanup of the *Index (runtime.AddCleanup).
+// [Index.Entry] builds the entry's path; [Index.Meta], [Index.Chunk] and [Index.NumChunks]
+// are the cheap accessors of the read paths.
 //
 // Nothing here checks a digest: the chain of trust is package verify's, which uses an index
 // only once its TOC bytes are verified ([ParseHashed] hashes them for it as it parses).
@@ -44,4 +43,13 @@
 // cleaned and escapes rejected, JSON with duplicate keys, invalid UTF-8 or trailing data is
 // refused. Errors wrap [ErrInvalid], [ErrLimit] or [ErrNotLazy], and name the entry at fault
 // through [EntryError].
+//
+// The package keeps no mutable state: its functions may run on any number of goroutines at
+// once, and those that start goroutines of their own (the parsers, [IterateTarSplit]) have
+// ended them when they return. An [Index] is immutable and safe for concurrent use; the
+// bytes one uses in place ([LoadIndex], [Index.Moved]) must not change while it is in use.
+// [Layout] and [Limits] are plain values: [Layout.ApplyFooter] changes its Layout, which is
+// therefore completed before it is shared. A [TarSplitReader] serves one goroutine at a
+// time, and the record its Next returns is valid until the following call;
+// [IterateTarSplit] calls its callbacks on the caller's goroutine.
 package chunked

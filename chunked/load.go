@@ -7,9 +7,9 @@ import (
 	"math"
 )
 
-// LoadIndex returns the index whose compact binary form is data (as [Index.Binary]
-// hands it out), after checking its structure so that no method of the returned index can panic
-// or misbehave on it, whatever the bytes: every record, offset, count and reference, the
+// LoadIndex returns the index whose compact binary form is data (as [Index.Binary] hands it
+// out), after checking its structure so that no method of the returned index can panic or
+// misbehave on it, whatever the bytes: every record, offset, count and reference, the
 // chunks against limits (as [Parse] would have), names and their paths (no cycle, none too
 // long), the order of the children. data is used in place: it may be a read-only mapping that
 // the caller unmaps once the *Index is unreachable (runtime.AddCleanup), so no method returns

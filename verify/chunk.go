@@ -31,32 +31,32 @@ func (c Chunk) Ref() chunked.Chunk { return c.ref }
 // nothing is returned but an error wrapping [ErrDigestMismatch] or [ErrCorrupt].
 //
 // Once [Verifier.CheckTarSplit] has failed, it verifies nothing and returns that failure.
-func (l *Verifier) VerifyChunk(file chunked.EntryID, i int, compressed []byte) (Chunk, error) {
-	if err := l.Err(); err != nil {
+func (v *Verifier) VerifyChunk(file chunked.EntryID, i int, compressed []byte) (Chunk, error) {
+	if err := v.Err(); err != nil {
 		return Chunk{}, err
 	}
-	c, err := l.verifyChunk(file, i, compressed)
+	c, err := v.verifyChunk(file, i, compressed)
 	if err != nil {
-		return Chunk{}, &LayerError{Layer: l.layout.BlobDigest, Format: l.layout.Format, Err: err}
+		return Chunk{}, &LayerError{Layer: v.layout.BlobDigest, Format: v.layout.Format, Err: err}
 	}
 	return c, nil
 }
 
-func (l *Verifier) verifyChunk(file chunked.EntryID, i int, compressed []byte) (Chunk, error) {
+func (v *Verifier) verifyChunk(file chunked.EntryID, i int, compressed []byte) (Chunk, error) {
 	// The one chunk, not the file's list: a file of zstd:chunked's small chunks has hundreds.
-	ref, ok := l.index.Chunk(file, i)
+	ref, ok := v.index.Chunk(file, i)
 	if !ok {
-		return Chunk{}, fmt.Errorf("%q has no chunk %d", l.index.Entry(file).Name, i)
+		return Chunk{}, fmt.Errorf("%q has no chunk %d", v.index.Entry(file).Name, i)
 	}
 	if want := ref.Length; int64(len(compressed)) > want {
 		compressed = compressed[:want]
 	}
 	data := make([]byte, ref.Size)
-	if err := decompress(l.layout.Format, ref, compressed, data); err != nil {
-		return Chunk{}, fmt.Errorf("chunk %d of %q: %w: %v", i, l.index.Entry(file).Name, ErrCorrupt, err)
+	if err := decompress(v.layout.Format, ref, compressed, data); err != nil {
+		return Chunk{}, fmt.Errorf("chunk %d of %q: %w: %v", i, v.index.Entry(file).Name, ErrCorrupt, err)
 	}
 	if got := sha256.Sum256(data); got != ref.Digest {
-		return Chunk{}, &MismatchError{What: fmt.Sprintf("chunk %d of %q", i, l.index.Entry(file).Name),
+		return Chunk{}, &MismatchError{What: fmt.Sprintf("chunk %d of %q", i, v.index.Entry(file).Name),
 			Want: digest.Digest(ref.Digest.String()), Got: digest.NewDigestFromBytes(digest.SHA256, got[:])}
 	}
 	return Chunk{ref: ref, data: data}, nil

@@ -28,7 +28,11 @@
 // payload: [Verifier.CheckDiffID] rebuilds the tar stream from the tar-split and the payloads and
 // compares its digest with the DiffID (modern zstd:chunked only; see [Verifier.Guarantee]).
 //
-// A Verifier's methods are safe for concurrent use: the index is immutable once Open returns,
-// and the tar-split once read; the tar-split, the guarantee, the tar size and the
-// comparison's verdict are atomics, and concurrent CheckTarSplit calls share one comparison.
+// The package keeps no mutable state: [Open] and [Restore] may run on any number of
+// goroutines at once. A Verifier's methods are safe for concurrent use: the index is
+// immutable once Open returns, and the tar-split once read; the tar-split, the guarantee, the
+// tar size and the comparison's verdict are atomics, and concurrent CheckTarSplit calls share
+// one comparison. A [Chunk] is immutable and may be shared; its bytes must not be modified. A
+// [Source] shared by calls on several goroutines must be safe for concurrent use, as
+// fetcher's is.
 package verify

@@ -1,7 +1,7 @@
 package verify
 
-// HeadersCompared returns how many tar-split headers l has compared with its TOC.
-func HeadersCompared(l *Verifier) int64 { return l.headers.Load() }
+// HeadersCompared returns how many tar-split headers v has compared with its TOC.
+func HeadersCompared(v *Verifier) int64 { return v.headers.Load() }
 
 // SetUnresidentEvery sets how many entries the comparison reads between two calls of the
 // WithUnresident function, until the test ends.

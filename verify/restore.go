@@ -22,13 +22,13 @@ type Saved struct {
 	TarSplit []byte `json:"-"`
 }
 
-// Save returns what l has established, for [Restore].
-func (l *Verifier) Save() Saved {
+// Save returns what v has established, for [Restore].
+func (v *Verifier) Save() Saved {
 	// The guarantee first: DiffIDVerified is stored only after the tar's size, so a record
 	// never says diffid-verified (and drops the tar-split) with the size still unknown.
-	g := l.Guarantee()
-	s := Saved{Layout: *l.layout, DiffID: l.diffID, TarSize: l.TarSize(), Guarantee: g}
-	if p := l.tarSplit.Load(); p != nil && s.Guarantee < DiffIDVerified {
+	g := v.Guarantee()
+	s := Saved{Layout: *v.layout, DiffID: v.diffID, TarSize: v.TarSize(), Guarantee: g}
+	if p := v.tarSplit.Load(); p != nil && s.Guarantee < DiffIDVerified {
 		s.TarSplit = *p
 	}
 	return s
@@ -64,14 +64,14 @@ func Restore(s Saved, idx *chunked.Index, opts ...Option) (*Verifier, error) {
 	if err != nil {
 		return nil, err
 	}
-	l := &Verifier{layout: &layout, index: idx, diffID: s.DiffID, tarSplitDigest: want, limits: o.limits,
+	v := &Verifier{layout: &layout, index: idx, diffID: s.DiffID, tarSplitDigest: want, limits: o.limits,
 		comparing: make(chan struct{}, 1), unresident: o.unresident}
-	l.tarSize.Store(max(s.TarSize, -1))
+	v.tarSize.Store(max(s.TarSize, -1))
 	if s.TarSplit != nil && want != "" && s.Guarantee < DiffIDVerified {
-		l.tarSplit.Store(&s.TarSplit)
+		v.tarSplit.Store(&s.TarSplit)
 	}
 	// A tar size is known only from a comparison that succeeded: it is not run again.
-	l.compared.Store(s.TarSize >= 0 && want != "")
-	l.guarantee.Store(int32(s.Guarantee))
-	return l, nil
+	v.compared.Store(s.TarSize >= 0 && want != "")
+	v.guarantee.Store(int32(s.Guarantee))
+	return v, nil
 }

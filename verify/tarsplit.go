@@ -28,7 +28,7 @@ var tarTypes = map[byte]chunked.Type{
 // tarSplitRecords returns a reader of the records of a compressed tar-split, and a function that
 // releases it. Called with check set, once the records are read, it first checks that the
 // stream decompresses to the size the layout states; without, it decompresses nothing more.
-func (l *Verifier) tarSplitRecords(compressed []byte) (*chunked.TarSplitReader, func(check bool) error, error) {
+func (v *Verifier) tarSplitRecords(compressed []byte) (*chunked.TarSplitReader, func(check bool) error, error) {
 	d, err := zstd.NewReader(bytes.NewReader(compressed), zstd.WithDecoderConcurrency(1),
 		zstd.WithDecoderMaxWindow(1<<27))
 	if err != nil {
@@ -43,12 +43,12 @@ func (l *Verifier) tarSplitRecords(compressed []byte) (*chunked.TarSplitReader, 
 		if _, err := io.Copy(io.Discard, cr); err != nil {
 			return fmt.Errorf("%w: tar-split: %v", chunked.ErrInvalid, err)
 		}
-		if want := l.layout.TarSplitUncompressed; want != 0 && cr.n != want {
+		if want := v.layout.TarSplitUncompressed; want != 0 && cr.n != want {
 			return fmt.Errorf("%w: tar-split decompressed to %d bytes, the layout says %d", chunked.ErrInvalid, cr.n, want)
 		}
 		return nil
 	}
-	return chunked.NewTarSplitReader(cr, l.limits), done, nil
+	return chunked.NewTarSplitReader(cr, v.limits), done, nil
 }
 
 type countingReader struct {
@@ -65,11 +65,11 @@ func (c *countingReader) Read(p []byte) (int, error) {
 // compareTarSplit checks that the tar-split describes exactly the TOC's entries, in order, with
 // the same metadata (type, name, link target, mode, size, owner, times, device, xattrs). It
 // returns the size of the tar stream the tar-split describes.
-func (l *Verifier) compareTarSplit(ctx context.Context, raw []byte) (int64, error) {
-	x := l.index
+func (v *Verifier) compareTarSplit(ctx context.Context, raw []byte) (int64, error) {
+	x := v.index
 	// A restored tar-split is readable as long as the index is (Restore): until the end.
 	defer runtime.KeepAlive(x)
-	ts, done, err := l.tarSplitRecords(raw)
+	ts, done, err := v.tarSplitRecords(raw)
 	if err != nil {
 		return 0, err
 	}
@@ -78,9 +78,9 @@ func (l *Verifier) compareTarSplit(ctx context.Context, raw []byte) (int64, erro
 	err = chunked.IterateTarSplit(ctx, ts,
 		func(k int, h *tar.Header) error {
 			headers++
-			l.headers.Add(1)
-			if headers%unresidentEvery == 0 && l.unresident != nil {
-				l.unresident() // what was read of the index and tar-split need not stay resident
+			v.headers.Add(1)
+			if headers%unresidentEvery == 0 && v.unresident != nil {
+				v.unresident() // what was read of the index and tar-split need not stay resident
 			}
 			if k >= n {
 				return fmt.Errorf("%w: tar-split has entry %q beyond the TOC's %d", chunked.ErrInvalid, h.Name, n)
@@ -227,32 +227,32 @@ type PayloadFunc func(ctx context.Context, file chunked.EntryID) (io.ReadCloser,
 // done) and fails with its error. On success the layer's guarantee becomes [DiffIDVerified].
 // The tar-split is read from src when the Verifier does not hold it, and not kept after.
 // Layers without a tar-split return [ErrNoDiffIDProof].
-func (l *Verifier) CheckDiffID(ctx context.Context, src Source, payload PayloadFunc) error {
-	defer l.ReleaseTarSplit() // a tar-split read again for this proof: not kept after it
-	if err := l.checkDiffID(ctx, src, payload); err != nil {
-		return &LayerError{Layer: l.layout.BlobDigest, Format: l.layout.Format, Err: err}
+func (v *Verifier) CheckDiffID(ctx context.Context, src Source, payload PayloadFunc) error {
+	defer v.ReleaseTarSplit() // a tar-split read again for this proof: not kept after it
+	if err := v.checkDiffID(ctx, src, payload); err != nil {
+		return &LayerError{Layer: v.layout.BlobDigest, Format: v.layout.Format, Err: err}
 	}
-	l.guarantee.Store(int32(DiffIDVerified))
-	l.tarSplit.Store(nil) // never needed again, restored or read (Save drops it from records from now on)
+	v.guarantee.Store(int32(DiffIDVerified))
+	v.tarSplit.Store(nil) // never needed again, restored or read (Save drops it from records from now on)
 	return nil
 }
 
-func (l *Verifier) checkDiffID(ctx context.Context, src Source, payload PayloadFunc) error {
-	if l.tarSplitDigest == "" {
+func (v *Verifier) checkDiffID(ctx context.Context, src Source, payload PayloadFunc) error {
+	if v.tarSplitDigest == "" {
 		return ErrNoDiffIDProof
 	}
-	if err := l.checkTarSplit(ctx, src); err != nil {
+	if err := v.checkTarSplit(ctx, src); err != nil {
 		return err
 	}
-	raw, err := l.loadTarSplit(ctx, src) // read by the comparison, or restored
+	raw, err := v.loadTarSplit(ctx, src) // read by the comparison, or restored
 	if err != nil {
 		return err
 	}
-	ts, done, err := l.tarSplitRecords(raw)
+	ts, done, err := v.tarSplitRecords(raw)
 	if err != nil {
 		return err
 	}
-	defer runtime.KeepAlive(l.index) // and with it a restored tar-split (Restore)
+	defer runtime.KeepAlive(v.index) // and with it a restored tar-split (Restore)
 	defer done(false)                //nolint:errcheck // checked by checkTarSplit
 	h := sha256.New()
 	for files, n := 0, 0; ; n++ {
@@ -272,7 +272,7 @@ func (l *Verifier) checkDiffID(ctx context.Context, src Source, payload PayloadF
 			h.Write(r.Payload)
 			continue
 		}
-		if err := fileRecordMatches(l.index, files, r); err != nil {
+		if err := fileRecordMatches(v.index, files, r); err != nil {
 			return err
 		}
 		id := chunked.EntryID(files)
@@ -284,12 +284,12 @@ func (l *Verifier) checkDiffID(ctx context.Context, src Source, payload PayloadF
 			return err
 		}
 		if err := copyPayload(ctx, h, payload, id, r.Size); err != nil {
-			return fmt.Errorf("payload of %q: %w", l.index.Entry(id).Name, err)
+			return fmt.Errorf("payload of %q: %w", v.index.Entry(id).Name, err)
 		}
 	}
 	got := digest.NewDigest(digest.SHA256, h)
-	if got != l.diffID {
-		return &MismatchError{What: "DiffID", Want: l.diffID, Got: got}
+	if got != v.diffID {
+		return &MismatchError{What: "DiffID", Want: v.diffID, Got: got}
 	}
 	return nil
 }

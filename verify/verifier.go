@@ -138,15 +138,15 @@ func Open(ctx context.Context, desc chunked.Descriptor, diffID digest.Digest, sr
 	if err != nil {
 		return nil, err
 	}
-	l, err := open(ctx, desc, diffID, src, o)
+	v, err := open(ctx, desc, diffID, src, o)
 	if err != nil {
 		le := &LayerError{Layer: desc.Digest, Err: err}
-		if l != nil {
-			le.Format = l.layout.Format
+		if v != nil {
+			le.Format = v.layout.Format
 		}
 		return nil, le
 	}
-	return l, nil
+	return v, nil
 }
 
 func open(ctx context.Context, desc chunked.Descriptor, diffID digest.Digest, src Source, o options) (*Verifier, error) {
@@ -154,33 +154,33 @@ func open(ctx context.Context, desc chunked.Descriptor, diffID digest.Digest, sr
 	if err != nil {
 		return nil, err
 	}
-	l := &Verifier{layout: layout, diffID: diffID, limits: o.limits, comparing: make(chan struct{}, 1)}
-	l.tarSize.Store(-1)
+	v := &Verifier{layout: layout, diffID: diffID, limits: o.limits, comparing: make(chan struct{}, 1)}
+	v.tarSize.Store(-1)
 	if err := diffID.Validate(); err != nil {
-		return l, fmt.Errorf("%w: DiffID %q: %v", chunked.ErrInvalid, diffID, err)
+		return v, fmt.Errorf("%w: DiffID %q: %v", chunked.ErrInvalid, diffID, err)
 	}
 	m, err := readMetadata(ctx, src, layout, o.limits, o.tarSplit)
 	if err != nil {
-		return l, err
+		return v, err
 	}
-	if l.index, err = parseTOC(ctx, layout, m.toc, o.limits); err != nil {
-		return l, err
+	if v.index, err = parseTOC(ctx, layout, m.toc, o.limits); err != nil {
+		return v, err
 	}
-	if l.tarSplitDigest, err = tarSplitDigest(layout, l.index, o.limits); err != nil {
-		return l, err
+	if v.tarSplitDigest, err = tarSplitDigest(layout, v.index, o.limits); err != nil {
+		return v, err
 	}
-	if o.tarSplit && l.tarSplitDigest != "" {
+	if o.tarSplit && v.tarSplitDigest != "" {
 		if m.tarSplit == nil { // the footer placed it: read now
 			if m.tarSplit, err = readRange(ctx, src, layout.TarSplit.Offset, layout.TarSplit.Length); err != nil {
-				return l, fmt.Errorf("reading the tar-split: %w", err)
+				return v, fmt.Errorf("reading the tar-split: %w", err)
 			}
 		}
-		if _, err := l.keepTarSplit(m.tarSplit); err != nil {
-			return l, err
+		if _, err := v.keepTarSplit(m.tarSplit); err != nil {
+			return v, err
 		}
 	}
-	l.guarantee.Store(int32(ChunksVerified))
-	return l, nil
+	v.guarantee.Store(int32(ChunksVerified))
+	return v, nil
 }
 
 // metadata is the raw footer-side parts of a blob.
@@ -325,35 +325,35 @@ func readRange(ctx context.Context, src Source, off, n int64) ([]byte, error) {
 }
 
 // Index returns the layer's verified index.
-func (l *Verifier) Index() *chunked.Index { return l.index }
+func (v *Verifier) Index() *chunked.Index { return v.index }
 
 // Layout returns where the parts of the blob are.
-func (l *Verifier) Layout() chunked.Layout { return *l.layout }
+func (v *Verifier) Layout() chunked.Layout { return *v.layout }
 
 // DiffID returns the DiffID the layer was opened with.
-func (l *Verifier) DiffID() digest.Digest { return l.diffID }
+func (v *Verifier) DiffID() digest.Digest { return v.diffID }
 
 // Guarantee returns what has been proven so far: [ChunksVerified] from Open on (the TOC's
 // metadata is not proven to equal the tar's, whether or not [Verifier.CheckTarSplit] has
 // run), [DiffIDVerified] once [Verifier.CheckDiffID] has succeeded, and none (0) once
 // CheckTarSplit has failed.
-func (l *Verifier) Guarantee() Guarantee { return Guarantee(l.guarantee.Load()) }
+func (v *Verifier) Guarantee() Guarantee { return Guarantee(v.guarantee.Load()) }
 
 // TarSize returns the size of the layer's uncompressed tar as its tar-split describes it, once
 // [Verifier.CheckTarSplit] has succeeded; -1 before, and for layers without a tar-split.
-func (l *Verifier) TarSize() int64 { return l.tarSize.Load() }
+func (v *Verifier) TarSize() int64 { return v.tarSize.Load() }
 
 // CanProveDiffID reports whether [Verifier.CheckDiffID] can raise the guarantee to
 // [DiffIDVerified]: the layer must be zstd:chunked with a tar-split whose comparison with the
 // TOC has not failed.
-func (l *Verifier) CanProveDiffID() bool { return l.tarSplitDigest != "" && l.Err() == nil }
+func (v *Verifier) CanProveDiffID() bool { return v.tarSplitDigest != "" && v.Err() == nil }
 
 // Err returns the failure of [Verifier.CheckTarSplit] (a [*LayerError] wrapping
 // [chunked.ErrInvalid]), or nil while it has not failed. Once it has failed, the TOC is
 // known to misdescribe the layer: the Verifier verifies no chunk any more, and the layer must
 // not be served.
-func (l *Verifier) Err() error {
-	if le := l.failed.Load(); le != nil {
+func (v *Verifier) Err() error {
+	if le := v.failed.Load(); le != nil {
 		return le
 	}
 	return nil
@@ -372,75 +372,75 @@ func (l *Verifier) Err() error {
 // from then on) is a [*LayerError] wrapping [chunked.ErrInvalid] or [ErrDigestMismatch] (a
 // tar-split that is not the one the TOC names), the guarantee drops to none, and
 // [Verifier.VerifyChunk] and [Verifier.CheckDiffID] fail with it.
-func (l *Verifier) CheckTarSplit(ctx context.Context, src Source) error {
-	if err := l.checkTarSplit(ctx, src); err != nil {
-		if le := l.failed.Load(); le != nil {
+func (v *Verifier) CheckTarSplit(ctx context.Context, src Source) error {
+	if err := v.checkTarSplit(ctx, src); err != nil {
+		if le := v.failed.Load(); le != nil {
 			return le
 		}
-		return &LayerError{Layer: l.layout.BlobDigest, Format: l.layout.Format, Err: err}
+		return &LayerError{Layer: v.layout.BlobDigest, Format: v.layout.Format, Err: err}
 	}
 	return nil
 }
 
 // checkTarSplit is CheckTarSplit with errors not wrapped in a LayerError.
-func (l *Verifier) checkTarSplit(ctx context.Context, src Source) error {
-	if l.tarSplitDigest == "" {
+func (v *Verifier) checkTarSplit(ctx context.Context, src Source) error {
+	if v.tarSplitDigest == "" {
 		return nil
 	}
-	release, err := l.startComparing(ctx)
+	release, err := v.startComparing(ctx)
 	if release == nil {
 		return err // the verdict, or ctx's error
 	}
 	defer release()
-	raw, err := l.loadTarSplit(ctx, src)
+	raw, err := v.loadTarSplit(ctx, src)
 	if err != nil && !errors.Is(err, ErrDigestMismatch) {
 		return err // not a verdict: read again next time
 	}
 	var size int64
 	if err == nil {
-		size, err = l.compareTarSplit(ctx, raw)
+		size, err = v.compareTarSplit(ctx, raw)
 	}
 	if err != nil {
 		if ctx.Err() != nil && (errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)) {
 			return err
 		}
-		l.fail(err)
+		v.fail(err)
 		return err
 	}
-	l.tarSize.Store(size)
-	l.compared.Store(true)
+	v.tarSize.Store(size)
+	v.compared.Store(true)
 	return nil
 }
 
 // startComparing takes the comparison's turn and returns the function that gives it back; nil
 // with the verdict (nil for success) once there is one, or with ctx's error.
-func (l *Verifier) startComparing(ctx context.Context) (func(), error) {
+func (v *Verifier) startComparing(ctx context.Context) (func(), error) {
 	held := false
-	if !l.compared.Load() {
+	if !v.compared.Load() {
 		select {
-		case l.comparing <- struct{}{}:
+		case v.comparing <- struct{}{}:
 			held = true
 		case <-ctx.Done():
 			return nil, ctx.Err()
 		}
 	}
-	if l.compared.Load() {
+	if v.compared.Load() {
 		if held {
-			<-l.comparing
+			<-v.comparing
 		}
-		if le := l.failed.Load(); le != nil {
+		if le := v.failed.Load(); le != nil {
 			return nil, le.Err
 		}
 		return nil, nil
 	}
-	return func() { <-l.comparing }, nil
+	return func() { <-v.comparing }, nil
 }
 
 // fail records err as the comparison's verdict: the layer is not to be served.
-func (l *Verifier) fail(err error) {
-	l.failed.Store(&LayerError{Layer: l.layout.BlobDigest, Format: l.layout.Format, Err: err})
-	l.guarantee.Store(0)
-	l.compared.Store(true)
+func (v *Verifier) fail(err error) {
+	v.failed.Store(&LayerError{Layer: v.layout.BlobDigest, Format: v.layout.Format, Err: err})
+	v.guarantee.Store(0)
+	v.compared.Store(true)
 }
 
 // ReadTarSplit reads the tar-split from src and checks its digest, unless it has been read
@@ -450,43 +450,43 @@ func (l *Verifier) fail(err error) {
 // caller can wait no longer for the bytes that prove the TOC (a hostile registry may withhold
 // them for as long as the TOC's tree is served unproven), and the failure becomes the verdict,
 // wrapping [ErrUnproven]. An error of ctx is never a verdict. Layers without a tar-split: nil.
-func (l *Verifier) ReadTarSplit(ctx context.Context, src Source, final bool) error {
-	if l.tarSplitDigest == "" || l.tarSplit.Load() != nil {
+func (v *Verifier) ReadTarSplit(ctx context.Context, src Source, final bool) error {
+	if v.tarSplitDigest == "" || v.tarSplit.Load() != nil {
 		return nil
 	}
-	release, err := l.startComparing(ctx)
+	release, err := v.startComparing(ctx)
 	if release == nil {
 		if err != nil {
-			return &LayerError{Layer: l.layout.BlobDigest, Format: l.layout.Format, Err: err}
+			return &LayerError{Layer: v.layout.BlobDigest, Format: v.layout.Format, Err: err}
 		}
 		return nil
 	}
 	defer release()
-	_, err = l.loadTarSplit(ctx, src)
+	_, err = v.loadTarSplit(ctx, src)
 	switch {
 	case err == nil:
 		return nil
 	case ctx.Err() != nil:
 	case errors.Is(err, ErrDigestMismatch):
-		l.fail(err)
+		v.fail(err)
 	case final:
 		err = fmt.Errorf("%w: %v", ErrUnproven, err)
-		l.fail(err)
+		v.fail(err)
 	}
-	return &LayerError{Layer: l.layout.BlobDigest, Format: l.layout.Format, Err: err}
+	return &LayerError{Layer: v.layout.BlobDigest, Format: v.layout.Format, Err: err}
 }
 
 // ReadChunk fetches chunk i of a file from src and verifies it.
-func (l *Verifier) ReadChunk(ctx context.Context, src Source, file chunked.EntryID, i int) (Chunk, error) {
-	c, ok := l.index.Chunk(file, i)
+func (v *Verifier) ReadChunk(ctx context.Context, src Source, file chunked.EntryID, i int) (Chunk, error) {
+	c, ok := v.index.Chunk(file, i)
 	if !ok {
-		return Chunk{}, fmt.Errorf("chunk %d of %q: %w", i, l.index.Entry(file).Name, errors.ErrUnsupported)
+		return Chunk{}, fmt.Errorf("chunk %d of %q: %w", i, v.index.Entry(file).Name, errors.ErrUnsupported)
 	}
 	raw, err := readRange(ctx, src, c.Offset, c.Length)
 	if err != nil {
-		return Chunk{}, &LayerError{Layer: l.layout.BlobDigest, Format: l.layout.Format, Err: err}
+		return Chunk{}, &LayerError{Layer: v.layout.BlobDigest, Format: v.layout.Format, Err: err}
 	}
-	return l.VerifyChunk(file, i, raw)
+	return v.VerifyChunk(file, i, raw)
 }
 
 // tarSplitDigest returns the digest of a modern zstd:chunked layer's tar-split as its TOC (or,
@@ -516,13 +516,13 @@ func tarSplitDigest(layout *chunked.Layout, idx *chunked.Index, lim chunked.Limi
 
 // keepTarSplit checks raw against the tar-split's digest and keeps a copy of it (raw may be a
 // view of a larger buffer), which it returns.
-func (l *Verifier) keepTarSplit(raw []byte) ([]byte, error) {
-	if err := checkDigest("tar-split", l.tarSplitDigest, raw); err != nil {
+func (v *Verifier) keepTarSplit(raw []byte) ([]byte, error) {
+	if err := checkDigest("tar-split", v.tarSplitDigest, raw); err != nil {
 		return nil, err
 	}
 	b := bytes.Clone(raw)
-	if l.tarSplit.CompareAndSwap(nil, &b) {
-		l.readTarSplit.Store(&b)
+	if v.tarSplit.CompareAndSwap(nil, &b) {
+		v.readTarSplit.Store(&b)
 	}
 	return b, nil
 }
@@ -533,28 +533,28 @@ func (l *Verifier) keepTarSplit(raw []byte) ([]byte, error) {
 // layer, whose size the image chooses. Only [Verifier.CheckDiffID] needs it after the verdict,
 // and reads it again from its source. A tar-split given to [Restore] (mapped by the caller) is
 // kept. Safe to call at any time, concurrently with the other methods.
-func (l *Verifier) ReleaseTarSplit() {
-	if !l.compared.Load() {
+func (v *Verifier) ReleaseTarSplit() {
+	if !v.compared.Load() {
 		return
 	}
-	if p := l.readTarSplit.Swap(nil); p != nil {
-		l.tarSplit.CompareAndSwap(p, nil)
+	if p := v.readTarSplit.Swap(nil); p != nil {
+		v.tarSplit.CompareAndSwap(p, nil)
 	}
 }
 
 // loadTarSplit returns the tar-split, reading it from src (and checking its digest) the first
 // time. A digest mismatch is a *MismatchError (the blob is not the one the manifest names); a
 // failed read is the source's error, and the next call reads again.
-func (l *Verifier) loadTarSplit(ctx context.Context, src Source) ([]byte, error) {
-	if p := l.tarSplit.Load(); p != nil {
+func (v *Verifier) loadTarSplit(ctx context.Context, src Source) ([]byte, error) {
+	if p := v.tarSplit.Load(); p != nil {
 		return *p, nil
 	}
 	if src == nil {
 		return nil, errors.New("the tar-split is not read yet, and no source is given")
 	}
-	raw, err := readRange(ctx, src, l.layout.TarSplit.Offset, l.layout.TarSplit.Length)
+	raw, err := readRange(ctx, src, v.layout.TarSplit.Offset, v.layout.TarSplit.Length)
 	if err != nil {
 		return nil, fmt.Errorf("reading the tar-split: %w", err)
 	}
-	return l.keepTarSplit(raw)
+	return v.keepTarSplit(raw)
 }
