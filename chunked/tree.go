@@ -18,6 +18,7 @@ const (
 // artefacts are root-level entries that formats add and the tree hides.
 var artefacts = map[string]bool{"stargz.index.json": true, prefetchLandmark: true, noPrefetchMark: true}
 
+// dirOf returns the directory of a slash-separated path, "" for a top-level one.
 func dirOf(p string) string {
 	if i := strings.LastIndexByte(p, '/'); i >= 0 {
 		return p[:i]
