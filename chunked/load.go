@@ -38,15 +38,47 @@ func (x *Index) check(lim Limits) error {
 	kinds := make([]uint8, n) // type, and 0x80 when visible
 	own := make([]uint16, n)  // length of the own name, 0x8000 when it is the whole name
 	for i := range n {
-		r, err := x.checkRecord(EntryID(i), nTable, lim)
-		if err != nil {
-			return err
+		id := EntryID(i)
+		raw := x.raw(id)
+		if raw == nil {
+			return entryInvalid(id, "record out of bounds")
+		}
+		d := decoder{b: raw}
+		r := decodeRec(&d, id)
+		if d.bad {
+			return entryInvalid(id, "malformed record")
+		}
+		if int(r.dir) >= n || int(r.inode) >= n || int(r.attr) >= n {
+			return entryInvalid(id, "reference out of range")
+		}
+		full, vis := r.opt&optFullName != 0, r.visible()
+		switch {
+		case bytes.IndexByte(r.name, 0) >= 0 || bytes.IndexByte(r.link, 0) >= 0:
+			return entryInvalid(id, "NUL in a name")
+		case id == x.root && (!full || len(r.name) != 0 || !vis || r.typ != TypeDir || r.dir != id):
+			return entryInvalid(id, "bad root")
+		case full && vis && id != x.root:
+			return entryInvalid(id, "visible entry without a parent")
+		case !full && (len(r.name) == 0 || bytes.IndexByte(r.name, '/') >= 0 ||
+			string(r.name) == "." || string(r.name) == ".."):
+			return entryInvalid(id, "bad name %q", r.name)
+		case (r.opt&optLink != 0) != (r.typ == TypeSymlink || r.typ == TypeHardlink) ||
+			(r.opt&optLink != 0 && len(r.link) == 0):
+			return entryInvalid(id, "link target of a %v", r.typ)
+		}
+		if err := x.checkChunks(&r, nTable, lim); err != nil {
+			return entryInvalid(id, "%v", err)
+		}
+		if r.opt&optXattrs != 0 {
+			if err := checkXattrs(&r, lim); err != nil {
+				return err
+			}
 		}
 		dirs[i], kinds[i], own[i] = uint32(r.dir), uint8(r.typ), uint16(len(r.name))
-		if r.visible() {
+		if vis {
 			kinds[i] |= 0x80
 		}
-		if r.opt&optFullName != 0 {
+		if full {
 			own[i] |= 0x8000
 		} else if r.flags&FlagWhiteout != 0 {
 			own[i] += uint16(len(whiteoutPrefix))
@@ -88,45 +120,6 @@ func (x *Index) checkHeader(lim Limits) error {
 // entryInvalid returns the error of a malformed record.
 func entryInvalid(id EntryID, format string, args ...any) error {
 	return invalidf("index: entry %d: "+format, append([]any{id}, args...)...)
-}
-
-// checkRecord decodes entry id's record and checks what it can alone: references in range,
-// its name, link target, chunks and xattrs.
-func (x *Index) checkRecord(id EntryID, nTable int, lim Limits) (rec, error) {
-	raw := x.raw(id)
-	if raw == nil {
-		return rec{}, entryInvalid(id, "record out of bounds")
-	}
-	d := decoder{b: raw}
-	r := decodeRec(&d, id)
-	if d.bad {
-		return rec{}, entryInvalid(id, "malformed record")
-	}
-	if n := x.n; int(r.dir) >= n || int(r.inode) >= n || int(r.attr) >= n {
-		return rec{}, entryInvalid(id, "reference out of range")
-	}
-	full, vis := r.opt&optFullName != 0, r.visible()
-	switch {
-	case bytes.IndexByte(r.name, 0) >= 0 || bytes.IndexByte(r.link, 0) >= 0:
-		return rec{}, entryInvalid(id, "NUL in a name")
-	case id == x.root && (!full || len(r.name) != 0 || !vis || r.typ != TypeDir || r.dir != id):
-		return rec{}, entryInvalid(id, "bad root")
-	case full && vis && id != x.root:
-		return rec{}, entryInvalid(id, "visible entry without a parent")
-	case !full && (len(r.name) == 0 || bytes.IndexByte(r.name, '/') >= 0 ||
-		string(r.name) == "." || string(r.name) == ".."):
-		return rec{}, entryInvalid(id, "bad name %q", r.name)
-	case (r.opt&optLink != 0) != (r.typ == TypeSymlink || r.typ == TypeHardlink) ||
-		(r.opt&optLink != 0 && len(r.link) == 0):
-		return rec{}, entryInvalid(id, "link target of a %v", r.typ)
-	}
-	if err := x.checkChunks(&r, nTable, lim); err != nil {
-		return rec{}, entryInvalid(id, "%v", err)
-	}
-	if err := checkXattrs(&r, lim); err != nil {
-		return rec{}, err
-	}
-	return r, nil
 }
 
 // checkXattrs checks a record's xattrs: well-formed, named, sorted by name and within the
