@@ -21,6 +21,7 @@ import (
 	"github.com/layerstore/layerstore/chunked"
 	"github.com/layerstore/layerstore/internal/testutil/testfuse"
 	"github.com/layerstore/layerstore/internal/testutil/testlayer"
+	"github.com/layerstore/layerstore/internal/testutil/testproc"
 )
 
 // The resume test's children: "resume-first" mounts and hands its Session over the socket on
@@ -148,55 +149,30 @@ func resumeNext() error {
 	return err
 }
 
-// resumeChild starts the test binary as a child in role; it is killed at the end of the test,
-// and waited for with a bound (a child killed in the middle of a request to the mount cannot
-// exit before its answer; the test holds the session's descriptor).
+// resumeChild starts the test binary as a child in role serving mnt (testproc.Start).
 func resumeChild(t *testing.T, role, mnt string, env []string, files ...*os.File) *exec.Cmd {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(append(os.Environ(), helperEnv+"="+role, resumeMntEnv+"="+mnt), env...)
-	cmd.ExtraFiles = files
-	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
+	return testproc.Start(t, mnt, append([]string{helperEnv + "=" + role, resumeMntEnv + "=" + mnt}, env...), files...)
+}
+
+// receiveSession receives the session the first child sends on c. Whatever happens, the FUSE
+// connection at mnt ends with the test (a hung request would hang it), and then the session
+// and the files in *opened are closed.
+func receiveSession(t *testing.T, c *net.UnixConn, mnt string, opened *[]*os.File) (dev, state *os.File) {
+	t.Helper()
+	_, fds := testproc.Receive(t, c, 2, resumeWait)
+	dev, state = os.NewFile(uintptr(fds[0]), "dev"), os.NewFile(uintptr(fds[1]), "state")
+	watchdog := time.AfterFunc(4*time.Minute, func() { testfuse.Abort(mnt) })
 	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		exited := make(chan struct{})
-		go func() {
-			_ = cmd.Wait()
-			close(exited)
-		}()
-		testfuse.WaitExit(t, mnt, exited)
+		watchdog.Stop()
+		testfuse.Abort(mnt)
+		for _, f := range *opened {
+			f.Close()
+		}
+		dev.Close()
+		state.Close()
 	})
-	return cmd
-}
-
-func seqpacket(t *testing.T) (*net.UnixConn, *os.File) {
-	t.Helper()
-	fds, err := syscall.Socketpair(syscall.AF_UNIX, syscall.SOCK_SEQPACKET|syscall.SOCK_CLOEXEC, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	f := os.NewFile(uintptr(fds[0]), "test end")
-	c, err := net.FileConn(f)
-	f.Close()
-	if err != nil {
-		t.Fatal(err)
-	}
-	theirs := os.NewFile(uintptr(fds[1]), "child end")
-	t.Cleanup(func() { c.Close(); theirs.Close() })
-	return c.(*net.UnixConn), theirs
-}
-
-func expectMsg(t *testing.T, c *net.UnixConn, msg string) {
-	t.Helper()
-	_ = c.SetReadDeadline(time.Now().Add(resumeWait))
-	b := make([]byte, 16)
-	n, err := c.Read(b)
-	if err != nil || string(b[:n]) != msg {
-		t.Fatalf("waiting for %q from a child: got %q, %v", msg, b[:n], err)
-	}
+	return dev, state
 }
 
 // TestResumeAfterKillAndStop: a daemon killed with SIGKILL, and then one stopped gracefully,
@@ -222,38 +198,10 @@ func TestResumeAfterKillAndStop(t *testing.T) {
 	l := newTestLayer(t, fixture(t, resumeFixture))
 	diff := layerPath(mnt, testRef, l.tocKey, "diff")
 
-	conn1, end1 := seqpacket(t)
+	conn1, end1 := testproc.Socketpair(t)
 	first := resumeChild(t, "resume-first", mnt, nil, end1)
-	_ = conn1.SetReadDeadline(time.Now().Add(resumeWait))
-	msg, oob := make([]byte, 16), make([]byte, unix.CmsgSpace(8))
-	_, oobn, _, _, err := conn1.ReadMsgUnix(msg, oob)
-	if err != nil {
-		t.Fatalf("receiving the session: %v", err)
-	}
-	scm, err := unix.ParseSocketControlMessage(oob[:oobn])
-	if err != nil || len(scm) != 1 {
-		t.Fatalf("control message: %v", err)
-	}
-	fds, err := unix.ParseUnixRights(&scm[0])
-	if err != nil || len(fds) != 2 {
-		t.Fatalf("rights: %v, %v", fds, err)
-	}
-	dev, state := os.NewFile(uintptr(fds[0]), "dev"), os.NewFile(uintptr(fds[1]), "state")
-	unix.CloseOnExec(fds[0])
-	unix.CloseOnExec(fds[1])
-
-	// Whatever happens, the connection ends with the test (a hung request would hang it).
 	var opened []*os.File
-	watchdog := time.AfterFunc(4*time.Minute, func() { testfuse.Abort(mnt) })
-	t.Cleanup(func() {
-		watchdog.Stop()
-		testfuse.Abort(mnt)
-		for _, f := range opened {
-			f.Close()
-		}
-		dev.Close()
-		state.Close()
-	})
+	dev, state := receiveSession(t, conn1, mnt, &opened)
 	open := func(p string) *os.File {
 		t.Helper()
 		f, err := os.Open(p)
@@ -322,7 +270,7 @@ func TestResumeAfterKillAndStop(t *testing.T) {
 		}
 		inflight <- err
 	}()
-	expectMsg(t, conn1, "B")
+	testproc.Expect(t, conn1, "B", resumeWait)
 	if err := first.Process.Kill(); err != nil {
 		t.Fatal(err)
 	}
@@ -334,10 +282,10 @@ func TestResumeAfterKillAndStop(t *testing.T) {
 	}
 
 	// The second process resumes after the kill.
-	conn2, end2 := seqpacket(t)
+	conn2, end2 := testproc.Socketpair(t)
 	start := time.Now()
 	resumeChild(t, "resume-next", mnt, nil, dev, state, end2)
-	expectMsg(t, conn2, "R")
+	testproc.Expect(t, conn2, "R", resumeWait)
 	t.Logf("second process serving %v after its start", time.Since(start))
 	select {
 	case err := <-inflight:
@@ -362,7 +310,7 @@ func TestResumeAfterKillAndStop(t *testing.T) {
 	if _, err := conn2.Write([]byte("S")); err != nil {
 		t.Fatal(err)
 	}
-	expectMsg(t, conn2, "T")
+	testproc.Expect(t, conn2, "T", resumeWait)
 	// An open always reaches the daemon (a read might find its pages in the kernel's cache).
 	var other string
 	for name, data := range content {
@@ -388,9 +336,9 @@ func TestResumeAfterKillAndStop(t *testing.T) {
 	}
 
 	// The third resumes; the layer of otherRef changed meanwhile.
-	conn3, end3 := seqpacket(t)
+	conn3, end3 := testproc.Socketpair(t)
 	resumeChild(t, "resume-next", mnt, []string{resumeStoreEnv + "=changed"}, dev, state, end3)
-	expectMsg(t, conn3, "R")
+	testproc.Expect(t, conn3, "R", resumeWait)
 	select {
 	case err := <-pending:
 		if err != nil {
@@ -431,34 +379,10 @@ func TestResumeKeepsPassthrough(t *testing.T) {
 	path := layerPath(mnt, testRef, l.tocKey, "diff", bigFile)
 	env := []string{resumePTEnv + "=" + local}
 
-	conn1, end1 := seqpacket(t)
+	conn1, end1 := testproc.Socketpair(t)
 	first := resumeChild(t, "resume-first", mnt, env, end1)
-	_ = conn1.SetReadDeadline(time.Now().Add(resumeWait))
-	msg, oob := make([]byte, 16), make([]byte, unix.CmsgSpace(8))
-	_, oobn, _, _, err := conn1.ReadMsgUnix(msg, oob)
-	if err != nil {
-		t.Fatalf("receiving the session: %v", err)
-	}
-	scm, err := unix.ParseSocketControlMessage(oob[:oobn])
-	if err != nil || len(scm) != 1 {
-		t.Fatalf("control message: %v", err)
-	}
-	fds, err := unix.ParseUnixRights(&scm[0])
-	if err != nil || len(fds) != 2 {
-		t.Fatalf("rights: %v, %v", fds, err)
-	}
-	dev, state := os.NewFile(uintptr(fds[0]), "dev"), os.NewFile(uintptr(fds[1]), "state")
 	var opened []*os.File
-	watchdog := time.AfterFunc(4*time.Minute, func() { testfuse.Abort(mnt) })
-	t.Cleanup(func() {
-		watchdog.Stop()
-		testfuse.Abort(mnt)
-		for _, f := range opened {
-			f.Close()
-		}
-		dev.Close()
-		state.Close()
-	})
+	dev, state := receiveSession(t, conn1, mnt, &opened)
 	read := func(what string, f *os.File) {
 		t.Helper()
 		b := make([]byte, len(content))
@@ -478,9 +402,9 @@ func TestResumeKeepsPassthrough(t *testing.T) {
 	_ = first.Wait()
 	read("passthrough without a daemon", early)
 
-	conn2, end2 := seqpacket(t)
+	conn2, end2 := testproc.Socketpair(t)
 	resumeChild(t, "resume-next", mnt, env, dev, state, end2)
-	expectMsg(t, conn2, "R")
+	testproc.Expect(t, conn2, "R", resumeWait)
 	late, err := os.Open(path)
 	if err != nil {
 		t.Fatalf("open after the takeover of a file open with passthrough: %v", err)
