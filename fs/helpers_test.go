@@ -328,6 +328,28 @@ func mountTest(t *testing.T, store Store, opts Options) (string, *Server) {
 	return mnt, srv
 }
 
+// mountedLayer is a fresh mount whose store serves one layer under testRef by both of its keys.
+type mountedLayer struct {
+	store *testStore
+	mnt   string
+	srv   *Server
+	l     *testLayer
+}
+
+// mountLayer mounts, with opts, a store serving l under testRef (mountTest).
+func mountLayer(t *testing.T, l *testLayer, opts Options) mountedLayer {
+	t.Helper()
+	store := newTestStore()
+	store.add(testRef, l)
+	mnt, srv := mountTest(t, store, opts)
+	return mountedLayer{store: store, mnt: mnt, srv: srv, l: l}
+}
+
+// path returns the path of elem... in the layer's directory of testRef by its TOC key.
+func (m mountedLayer) path(elem ...string) string {
+	return layerPath(m.mnt, testRef, m.l.tocKey, elem...)
+}
+
 // errnoOf extracts the errno of an error from the os package.
 func errnoOf(err error) syscall.Errno {
 	var e syscall.Errno

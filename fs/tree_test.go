@@ -274,11 +274,9 @@ func TestLargeDirectory(t *testing.T) {
 		t.Fatal(err)
 	}
 	f.Format = chunked.EStargz
-	store := newTestStore()
 	l := newTestLayer(t, f)
-	store.add(testRef, l)
-	mnt, _ := mountTest(t, store, DefaultOptions())
-	des, err := os.ReadDir(layerPath(mnt, testRef, l.tocKey, "diff", "many"))
+	m := mountLayer(t, l, DefaultOptions())
+	des, err := os.ReadDir(m.path("diff", "many"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -289,7 +287,7 @@ func TestLargeDirectory(t *testing.T) {
 	if !slices.Equal(got, want) {
 		t.Errorf("listed %d entries, want %d (first got %q)", len(got), len(want), got[:min(len(got), 3)])
 	}
-	data, err := os.ReadFile(layerPath(mnt, testRef, l.tocKey, "diff", "many", want[345]))
+	data, err := os.ReadFile(m.path("diff", "many", want[345]))
 	if err != nil || len(data) != 1 || data[0] != byte(345%256) {
 		t.Errorf("read %s = %v, %v", want[345], data, err)
 	}
