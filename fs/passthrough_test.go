@@ -22,19 +22,27 @@ func backedLayer(t *testing.T) (*testLayer, chunked.EntryID, []byte) {
 	if !ok {
 		t.Fatalf("no %s in the layer", backedFile)
 	}
+	name, content := localCopy(t, backedFile)
+	l.backing[id] = name
+	return l, id, content
+}
+
+// localCopy writes the content of the fixtures' file name to a new local file, a backing file
+// for passthrough, and returns its path and the content.
+func localCopy(t *testing.T, name string) (string, []byte) {
+	t.Helper()
 	var content []byte
 	for _, e := range testlayer.Entries() {
-		if e.Header.Name == backedFile {
+		if e.Header.Name == name {
 			content = e.Data
 		}
 	}
 	// t.TempDir is on the root filesystem here, not a stacked one, as passthrough needs.
-	name := filepath.Join(t.TempDir(), "big.bin")
-	if err := os.WriteFile(name, content, 0o600); err != nil {
+	local := filepath.Join(t.TempDir(), filepath.Base(name))
+	if err := os.WriteFile(local, content, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	l.backing[id] = name
-	return l, id, content
+	return local, content
 }
 
 func readBacked(t *testing.T, m mountedLayer, want []byte) {

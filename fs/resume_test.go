@@ -175,6 +175,20 @@ func receiveSession(t *testing.T, c *net.UnixConn, mnt string, opened *[]*os.Fil
 	return dev, state
 }
 
+// awaitRead fails the test unless the read called what, waiting for a takeover, reports on done
+// without an error within resumeWait.
+func awaitRead(t *testing.T, what string, done <-chan error) {
+	t.Helper()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+	case <-time.After(resumeWait):
+		t.Fatalf("%s did not complete within %v of the takeover", what, resumeWait)
+	}
+}
+
 // TestResumeAfterKillAndStop: a daemon killed with SIGKILL, and then one stopped gracefully,
 // are each taken over by a new process resuming their FUSE session: the read in flight at the
 // kill completes with the right bytes, files and directories opened before read and list on,
@@ -287,14 +301,7 @@ func TestResumeAfterKillAndStop(t *testing.T) {
 	resumeChild(t, "resume-next", mnt, nil, dev, state, end2)
 	testproc.Expect(t, conn2, "R", resumeWait)
 	t.Logf("second process serving %v after its start", time.Since(start))
-	select {
-	case err := <-inflight:
-		if err != nil {
-			t.Fatalf("the read in flight at the kill: %v", err)
-		}
-	case <-time.After(resumeWait):
-		t.Fatalf("the read in flight at the kill did not complete within %v of the takeover", resumeWait)
-	}
+	awaitRead(t, "the read in flight at the kill", inflight)
 	readAt("after the kill", big, bigFile, 512<<10, 64<<10)
 	rest, _ := dirents(t, dirFd, 4096, -1)
 	if got := append(slices.Clone(listed), rest...); !slices.Equal(got, wantNames) {
@@ -339,14 +346,7 @@ func TestResumeAfterKillAndStop(t *testing.T) {
 	conn3, end3 := testproc.Socketpair(t)
 	resumeChild(t, "resume-next", mnt, []string{resumeStoreEnv + "=changed"}, dev, state, end3)
 	testproc.Expect(t, conn3, "R", resumeWait)
-	select {
-	case err := <-pending:
-		if err != nil {
-			t.Fatalf("the read made during the stop: %v", err)
-		}
-	case <-time.After(resumeWait):
-		t.Fatalf("the read made during the stop did not complete within %v of the takeover", resumeWait)
-	}
+	awaitRead(t, "the read made during the stop", pending)
 	readAt("after the stop", big, bigFile, 256<<10, 64<<10)
 	if after := inos(); !maps.Equal(after, before) {
 		t.Errorf("inode numbers after the stop: %v, were %v", after, before)
@@ -364,16 +364,7 @@ func TestResumeAfterKillAndStop(t *testing.T) {
 // passthrough.
 func TestResumeKeepsPassthrough(t *testing.T) {
 	testfuse.Require(t)
-	var content []byte
-	for _, e := range testlayer.Entries() {
-		if e.Header.Name == bigFile {
-			content = e.Data
-		}
-	}
-	local := filepath.Join(t.TempDir(), "big.bin")
-	if err := os.WriteFile(local, content, 0o600); err != nil {
-		t.Fatal(err)
-	}
+	local, content := localCopy(t, bigFile)
 	mnt := t.TempDir()
 	l := newTestLayer(t, fixture(t, resumeFixture))
 	path := layerPath(mnt, testRef, l.tocKey, "diff", bigFile)
