@@ -14,13 +14,13 @@ import (
 	"slices"
 	"sort"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/layerstore/layerstore/chunked"
+	"github.com/layerstore/layerstore/internal/testutil/syncbuf"
 	"github.com/layerstore/layerstore/internal/testutil/testlayer"
 )
 
@@ -302,7 +302,7 @@ func TestCloseSendsNoFlush(t *testing.T) {
 	l := newTestLayer(t, f)
 	ref := "registry.example/noflush:" + f.Name
 	store.add(ref, l)
-	var log lockedBuffer
+	var log syncbuf.Buffer
 	opts := DefaultOptions()
 	opts.Debug = true
 	opts.Logger = slog.New(slog.NewTextHandler(&log, &slog.HandlerOptions{Level: slog.LevelDebug}))
@@ -328,22 +328,4 @@ func TestCloseSendsNoFlush(t *testing.T) {
 	if strings.Contains(s, ": FLUSH ") { // a request, not the NOFLUSH of an answer
 		t.Errorf("a close sent FLUSH: %.4000s", s)
 	}
-}
-
-// lockedBuffer is a bytes.Buffer safe for concurrent writers.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
 }
