@@ -175,20 +175,6 @@ func receiveSession(t *testing.T, c *net.UnixConn, mnt string, opened *[]*os.Fil
 	return dev, state
 }
 
-// awaitRead fails the test unless the read called what, waiting for a takeover, reports on done
-// without an error within resumeWait.
-func awaitRead(t *testing.T, what string, done <-chan error) {
-	t.Helper()
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatalf("%s: %v", what, err)
-		}
-	case <-time.After(resumeWait):
-		t.Fatalf("%s did not complete within %v of the takeover", what, resumeWait)
-	}
-}
-
 // TestResumeAfterKillAndStop: a daemon killed with SIGKILL, and then one stopped gracefully,
 // are each taken over by a new process resuming their FUSE session: the read in flight at the
 // kill completes with the right bytes, files and directories opened before read and list on,
@@ -285,15 +271,8 @@ func TestResumeAfterKillAndStop(t *testing.T) {
 		inflight <- err
 	}()
 	testproc.Expect(t, conn1, "B", resumeWait)
-	if err := first.Process.Kill(); err != nil {
-		t.Fatal(err)
-	}
-	_ = first.Wait()
-	select {
-	case err := <-inflight:
-		t.Fatalf("the read in flight returned before a server took over: %v", err)
-	case <-time.After(100 * time.Millisecond):
-	}
+	testproc.Kill(t, first)
+	testproc.Pending(t, "the read in flight", inflight)
 
 	// The second process resumes after the kill.
 	conn2, end2 := testproc.Socketpair(t)
@@ -301,7 +280,7 @@ func TestResumeAfterKillAndStop(t *testing.T) {
 	resumeChild(t, "resume-next", mnt, nil, dev, state, end2)
 	testproc.Expect(t, conn2, "R", resumeWait)
 	t.Logf("second process serving %v after its start", time.Since(start))
-	awaitRead(t, "the read in flight at the kill", inflight)
+	testproc.Completes(t, "the read in flight at the kill", inflight, resumeWait)
 	readAt("after the kill", big, bigFile, 512<<10, 64<<10)
 	rest, _ := dirents(t, dirFd, 4096, -1)
 	if got := append(slices.Clone(listed), rest...); !slices.Equal(got, wantNames) {
@@ -336,17 +315,13 @@ func TestResumeAfterKillAndStop(t *testing.T) {
 		}
 		pending <- err
 	}()
-	select {
-	case err := <-pending:
-		t.Fatalf("a read after the stop returned before a server took over: %v", err)
-	case <-time.After(100 * time.Millisecond):
-	}
+	testproc.Pending(t, "a read after the stop", pending)
 
 	// The third resumes; the layer of otherRef changed meanwhile.
 	conn3, end3 := testproc.Socketpair(t)
 	resumeChild(t, "resume-next", mnt, []string{resumeStoreEnv + "=changed"}, dev, state, end3)
 	testproc.Expect(t, conn3, "R", resumeWait)
-	awaitRead(t, "the read made during the stop", pending)
+	testproc.Completes(t, "the read made during the stop", pending, resumeWait)
 	readAt("after the stop", big, bigFile, 256<<10, 64<<10)
 	if after := inos(); !maps.Equal(after, before) {
 		t.Errorf("inode numbers after the stop: %v, were %v", after, before)
@@ -387,10 +362,7 @@ func TestResumeKeepsPassthrough(t *testing.T) {
 	}
 	opened = append(opened, early)
 	read("before the kill", early)
-	if err := first.Process.Kill(); err != nil {
-		t.Fatal(err)
-	}
-	_ = first.Wait()
+	testproc.Kill(t, first)
 	read("passthrough without a daemon", early)
 
 	conn2, end2 := testproc.Socketpair(t)

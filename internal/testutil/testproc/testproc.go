@@ -103,6 +103,41 @@ func Receive(t testing.TB, c *net.UnixConn, n int, wait time.Duration) ([]byte, 
 	return msg[:k], fds
 }
 
+// Kill kills the child cmd and waits for its end: a request it took and did not answer is
+// left to the process that takes its session over.
+func Kill(t testing.TB, cmd *exec.Cmd) {
+	t.Helper()
+	if err := cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	_ = cmd.Wait()
+}
+
+// Pending fails the test if what, a request that must wait for a server to take the session
+// over, reports on done within 100 ms.
+func Pending(t testing.TB, what string, done <-chan error) {
+	t.Helper()
+	select {
+	case err := <-done:
+		t.Fatalf("%s returned before a server took over: %v", what, err)
+	case <-time.After(100 * time.Millisecond):
+	}
+}
+
+// Completes fails the test unless what, a request waiting for a takeover, reports on done
+// without an error within wait.
+func Completes(t testing.TB, what string, done <-chan error, wait time.Duration) {
+	t.Helper()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+	case <-time.After(wait):
+		t.Fatalf("%s did not complete within %v of the takeover", what, wait)
+	}
+}
+
 // RSSFile returns the test process's resident pages of files (RssFile in /proc/self/status),
 // in bytes; it skips the test where the kernel does not tell.
 func RSSFile(t testing.TB) int64 {
