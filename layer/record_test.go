@@ -32,16 +32,23 @@ func newRestartEnv(t *testing.T) *restartEnv {
 	return &restartEnv{testEnv: e, root: t.TempDir()}
 }
 
-// start opens the cache and a manager on it, as a daemon start does. stop closes both.
+// start opens the cache and a manager on it (startManager).
 func (e *restartEnv) start(opts ...Option) (m *Manager, stop func()) {
 	e.t.Helper()
-	c, err := cache.New(e.root)
+	return startManager(e.t, e.root, ClientRegistry(testClient(e.t, e.reg)), opts...)
+}
+
+// startManager opens the cache at root and a manager on it resolving through reg, as a daemon
+// start does. stop closes both, at the latest when the test ends.
+func startManager(t *testing.T, root string, reg Registry, opts ...Option) (m *Manager, stop func()) {
+	t.Helper()
+	c, err := cache.New(root)
 	if err != nil {
-		e.t.Fatal(err)
+		t.Fatal(err)
 	}
-	m, err = New(ClientRegistry(testClient(e.t, e.reg)), c, opts...)
+	m, err = New(reg, c, opts...)
 	if err != nil {
-		e.t.Fatal(err)
+		t.Fatal(err)
 	}
 	done := false
 	stop = func() {
@@ -51,7 +58,7 @@ func (e *restartEnv) start(opts ...Option) (m *Manager, stop func()) {
 			c.Close()
 		}
 	}
-	e.t.Cleanup(stop)
+	t.Cleanup(stop)
 	return m, stop
 }
 
