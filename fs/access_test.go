@@ -215,18 +215,6 @@ func helperBinary(t *testing.T) string {
 	return bin
 }
 
-// openTempDir returns a new temporary directory that every user may enter.
-func openTempDir(t *testing.T) string {
-	t.Helper()
-	dir := t.TempDir()
-	for _, d := range []string{filepath.Dir(dir), dir} {
-		if err := os.Chmod(d, 0o755); err != nil {
-			t.Fatal(err)
-		}
-	}
-	return dir
-}
-
 // nobody is the credential of the other local user in these tests.
 var nobody = &syscall.Credential{Uid: 65534, Gid: 65534}
 

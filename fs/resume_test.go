@@ -189,12 +189,7 @@ func TestResumeAfterKillAndStop(t *testing.T) {
 	want := func(name string, off int64, n int) []byte {
 		return content[name][off:min(off+int64(n), int64(len(content[name])))]
 	}
-	mnt := t.TempDir()
-	for _, d := range []string{filepath.Dir(mnt), mnt} {
-		if err := os.Chmod(d, 0o755); err != nil {
-			t.Fatal(err)
-		}
-	}
+	mnt := openTempDir(t)
 	l := newTestLayer(t, fixture(t, resumeFixture))
 	diff := layerPath(mnt, testRef, l.tocKey, "diff")
 
