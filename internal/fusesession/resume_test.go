@@ -13,6 +13,7 @@ import (
 	"github.com/hanwen/go-fuse/v2/fuse"
 	"golang.org/x/sys/unix"
 
+	"github.com/layerstore/layerstore/internal/testutil/testfuse"
 	"github.com/layerstore/layerstore/internal/testutil/testproc"
 )
 
@@ -204,12 +205,7 @@ func readAt(t *testing.T, f *os.File, node uint64, off int64, n int) {
 // handle, a read the dead server had taken completes once the kernel resent it, and lookups
 // answer the same inode.
 func TestResumeAfterKill(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root to mount")
-	}
-	if _, err := os.Stat("/dev/fuse"); err != nil {
-		t.Skip("no /dev/fuse")
-	}
+	testfuse.Require(t)
 	mnt := t.TempDir()
 	var before syscall.Stat_t
 	if err := syscall.Stat(mnt, &before); err != nil {
