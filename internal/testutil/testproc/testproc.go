@@ -1,9 +1,10 @@
 // Package testproc holds what tests share about processes: the test binary started again as a
 // child that serves a FUSE mount in a role its TestMain reads from the environment (Start), the
-// socket pair the test talks with such a child over (Socketpair, Expect, Receive), and the
-// test process's own resident file pages (RSSFile). A takeover test kills a child in the middle
-// of a request and has another one resume its session: the waits on a child are bounded, so
-// that a child that hangs fails the test instead of hanging it.
+// socket pair the test talks with such a child over (Socketpair, Expect, Receive), the checks
+// of a takeover, in which a test kills a child in the middle of a request and has another one
+// resume its session (Kill, Pending, Completes), and the test process's own resident file pages
+// (RSSFile). Every wait on a child is bounded, so that a child that hangs fails the test
+// instead of hanging it.
 //
 // Its functions are safe for concurrent use by the tests of a package.
 package testproc
