@@ -20,6 +20,7 @@ import (
 	"unsafe"
 
 	"github.com/layerstore/layerstore/internal/testutil/testlog"
+	"github.com/layerstore/layerstore/internal/testutil/testproc"
 )
 
 // recordData returns deterministic data of n bytes for seed.
@@ -557,27 +558,6 @@ func TestRecordParts(t *testing.T) {
 	}
 }
 
-// rssFile returns the process's resident pages of files (RssFile in /proc/self/status), in
-// bytes.
-func rssFile(t *testing.T) int64 {
-	t.Helper()
-	b, err := os.ReadFile("/proc/self/status")
-	if err != nil {
-		t.Skip(err)
-	}
-	for _, l := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(l, "RssFile:"); ok {
-			kb, err := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
-			if err != nil {
-				t.Fatal(err)
-			}
-			return kb << 10
-		}
-	}
-	t.Skip("no RssFile in /proc/self/status")
-	return 0
-}
-
 // TestRecordUnresident: a record read whole is resident in the process until Unresident, after
 // which its data is still read as it was, only the pages read again becoming resident.
 func TestRecordUnresident(t *testing.T) {
@@ -588,18 +568,18 @@ func TestRecordUnresident(t *testing.T) {
 	}
 	putRecord(t, c, "big", []byte("{}"), data)
 	r := openRecord(t, c, "big")
-	before := rssFile(t)
+	before := testproc.RSSFile(t)
 	if !bytes.Equal(r.Data(), data) {
 		t.Fatal("data read back differs")
 	}
-	read := rssFile(t)
+	read := testproc.RSSFile(t)
 	if read-before < int64(len(data))/2 {
 		t.Skipf("reading the record's %d bytes made %d resident: RssFile does not count the mapping", len(data), read-before)
 	}
 	if err := r.Unresident(); err != nil {
 		t.Fatal(err)
 	}
-	after := rssFile(t)
+	after := testproc.RSSFile(t)
 	if read-after < int64(len(data))/2 {
 		t.Errorf("resident file pages %d after reading the record, %d after Unresident: want %d fewer", read, after, len(data))
 	}

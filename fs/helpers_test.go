@@ -287,6 +287,19 @@ func layerPath(mnt, ref string, key digest.Digest, elem ...string) string {
 	return filepath.Join(append([]string{mnt, refDirName(ref), key.String()}, elem...)...)
 }
 
+// openTempDir returns a new temporary directory that every user may enter (t.TempDir makes
+// 0700 directories).
+func openTempDir(t *testing.T) string {
+	t.Helper()
+	dir := t.TempDir()
+	for _, d := range []string{filepath.Dir(dir), dir} {
+		if err := os.Chmod(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return dir
+}
+
 // mountTest mounts store on a fresh directory and unmounts it when the test ends. A
 // watchdog aborts the FUSE connection if the test outlives its budget, so that a hung
 // server fails the test instead of blocking it forever; the wait for the server's end after
@@ -295,13 +308,7 @@ func layerPath(mnt, ref string, key digest.Digest, elem ...string) string {
 func mountTest(t *testing.T, store Store, opts Options) (string, *Server) {
 	t.Helper()
 	testfuse.Require(t)
-	mnt := t.TempDir()
-	// Let other users reach the mount (t.TempDir makes 0700 directories).
-	for _, d := range []string{filepath.Dir(mnt), mnt} {
-		if err := os.Chmod(d, 0o755); err != nil {
-			t.Fatal(err)
-		}
-	}
+	mnt := openTempDir(t) // other users reach the mount
 	srv, err := Mount(mnt, store, opts)
 	if err != nil {
 		t.Fatalf("Mount: %v", err)
@@ -326,6 +333,28 @@ func mountTest(t *testing.T, store Store, opts Options) (string, *Server) {
 		conn.WaitEnd(t, srv.Wait)
 	})
 	return mnt, srv
+}
+
+// mountedLayer is a fresh mount whose store serves one layer under testRef by both of its keys.
+type mountedLayer struct {
+	store *testStore
+	mnt   string
+	srv   *Server
+	l     *testLayer
+}
+
+// mountLayer mounts, with opts, a store serving l under testRef (mountTest).
+func mountLayer(t *testing.T, l *testLayer, opts Options) mountedLayer {
+	t.Helper()
+	store := newTestStore()
+	store.add(testRef, l)
+	mnt, srv := mountTest(t, store, opts)
+	return mountedLayer{store: store, mnt: mnt, srv: srv, l: l}
+}
+
+// path returns the path of elem... in the layer's directory of testRef by its TOC key.
+func (m mountedLayer) path(elem ...string) string {
+	return layerPath(m.mnt, testRef, m.l.tocKey, elem...)
 }
 
 // errnoOf extracts the errno of an error from the os package.

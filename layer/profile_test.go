@@ -18,7 +18,6 @@ import (
 
 	"github.com/opencontainers/go-digest"
 
-	"github.com/layerstore/layerstore/cache"
 	"github.com/layerstore/layerstore/chunked"
 	"github.com/layerstore/layerstore/fetcher"
 	"github.com/layerstore/layerstore/internal/testutil/testlayer"
@@ -162,27 +161,10 @@ func newProfEnv(t *testing.T) *profEnv {
 	return &profEnv{t: t, reg: newProfRegistry(), root: t.TempDir()}
 }
 
-// start opens the cache and a manager on it; stop closes both.
+// start opens the cache and a manager on it (startManager).
 func (e *profEnv) start(opts ...Option) (*Manager, func()) {
 	e.t.Helper()
-	c, err := cache.New(e.root)
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	m, err := New(e.reg, c, opts...)
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	done := false
-	stop := func() {
-		if !done {
-			done = true
-			m.Close()
-			c.Close()
-		}
-	}
-	e.t.Cleanup(stop)
-	return m, stop
+	return startManager(e.t, e.root, e.reg, opts...)
 }
 
 // evict removes every file's content from the (closed) cache, as eviction would: the layer

@@ -2,7 +2,6 @@ package main
 
 import (
 	"bytes"
-	"context"
 	"encoding/base64"
 	"encoding/json"
 	"net"
@@ -11,8 +10,6 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
@@ -334,36 +331,20 @@ func TestDoctorUsage(t *testing.T) {
 	}
 }
 
-// stuckRoot is a FUSE root whose statfs does not answer until released.
-type stuckRoot struct {
-	fusefs.Inode
-	hang    atomic.Bool
-	release chan struct{}
-}
-
-func (r *stuckRoot) Statfs(ctx context.Context, out *fuse.StatfsOut) syscall.Errno {
-	if r.hang.Load() {
-		<-r.release
-	}
-	return 0
-}
-
-var _ fusefs.NodeStatfser = (*stuckRoot)(nil)
-
 // TestDoctorHungMount: a FUSE server that does not answer makes the mount check fail in
 // bounded time instead of hanging doctor.
 func TestDoctorHungMount(t *testing.T) {
 	testfuse.Require(t)
 	dir := t.TempDir()
-	root := &stuckRoot{release: make(chan struct{})}
+	root := &testfuse.StuckRoot{Release: make(chan struct{})}
 	srv, err := fusefs.Mount(dir, root, &fusefs.Options{MountOptions: fuse.MountOptions{DirectMountStrict: true}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	conn := testfuse.Record(t, dir)
-	root.hang.Store(true)
+	root.Hang.Store(true)
 	defer func() {
-		close(root.release) // lets the abandoned probe return
+		close(root.Release) // lets the abandoned probe return
 		conn.Unmount(t, srv)
 	}()
 	defer func(d time.Duration) { probeTimeout = d }(probeTimeout)
