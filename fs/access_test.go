@@ -17,6 +17,8 @@ import (
 	"time"
 
 	"github.com/opencontainers/go-digest"
+
+	"github.com/layerstore/layerstore/internal/testutil/testfuse"
 )
 
 // helperEnv makes the test binary run a helper (probe or overlay) instead of the tests.
@@ -207,7 +209,7 @@ func helperBinary(t *testing.T) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	dir := openTempDir(t)
+	dir := testfuse.OpenTempDir(t)
 	bin := filepath.Join(dir, "helper")
 	if err := os.WriteFile(bin, self, 0o755); err != nil {
 		t.Fatal(err)
@@ -352,7 +354,7 @@ func TestOverlayReadsAsOtherUsers(t *testing.T) {
 			ops = append(ops, o)
 		}
 		slices.Sort(ops)
-		args := append([]string{diff, openTempDir(t), fmt.Sprintf("%d:%d", c.uid, c.gid)}, ops...)
+		args := append([]string{diff, testfuse.OpenTempDir(t), fmt.Sprintf("%d:%d", c.uid, c.gid)}, ops...)
 		res := runHelperAs(t, "overlay", nil, true, args...)
 		for _, o := range ops {
 			if e, ok := res[o]; !ok || e != c.want[o] {

@@ -287,19 +287,6 @@ func layerPath(mnt, ref string, key digest.Digest, elem ...string) string {
 	return filepath.Join(append([]string{mnt, refDirName(ref), key.String()}, elem...)...)
 }
 
-// openTempDir returns a new temporary directory that every user may enter (t.TempDir makes
-// 0700 directories).
-func openTempDir(t *testing.T) string {
-	t.Helper()
-	dir := t.TempDir()
-	for _, d := range []string{filepath.Dir(dir), dir} {
-		if err := os.Chmod(d, 0o755); err != nil {
-			t.Fatal(err)
-		}
-	}
-	return dir
-}
-
 // mountTest mounts store on a fresh directory and unmounts it when the test ends. A
 // watchdog aborts the FUSE connection if the test outlives its budget, so that a hung
 // server fails the test instead of blocking it forever; the wait for the server's end after
@@ -308,7 +295,7 @@ func openTempDir(t *testing.T) string {
 func mountTest(t *testing.T, store Store, opts Options) (string, *Server) {
 	t.Helper()
 	testfuse.Require(t)
-	mnt := openTempDir(t) // other users reach the mount
+	mnt := testfuse.OpenTempDir(t) // other users reach the mount
 	srv, err := Mount(mnt, store, opts)
 	if err != nil {
 		t.Fatalf("Mount: %v", err)

@@ -189,7 +189,7 @@ func TestResumeAfterKillAndStop(t *testing.T) {
 	want := func(name string, off int64, n int) []byte {
 		return content[name][off:min(off+int64(n), int64(len(content[name])))]
 	}
-	mnt := openTempDir(t)
+	mnt := testfuse.OpenTempDir(t)
 	l := newTestLayer(t, fixture(t, resumeFixture))
 	diff := layerPath(mnt, testRef, l.tocKey, "diff")
 

@@ -9,6 +9,7 @@ package testfuse
 
 import (
 	"os"
+	"path/filepath"
 	"testing"
 )
 
@@ -25,4 +26,17 @@ func Require(t testing.TB) {
 		t.Skipf("skipping: FUSE mounts are not possible here: %v", err)
 	}
 	_ = f.Close()
+}
+
+// OpenTempDir returns a new temporary directory that other users may enter (mode 0755, its
+// parent too): a mountpoint or a storage directory a rootless user or a container reaches.
+func OpenTempDir(t *testing.T) string {
+	t.Helper()
+	dir := t.TempDir()
+	for _, d := range []string{filepath.Dir(dir), dir} {
+		if err := os.Chmod(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return dir
 }
