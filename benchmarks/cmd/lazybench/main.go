@@ -72,7 +72,7 @@ func main() {
 	}
 	var o options
 	var large, fioSize sizeFlag = 256 << 20, 1 << 30
-	flag.StringVar(&o.out, "out", "", "write the results (Markdown) here; default benchmarks/results/<date>-lazybench.md in the module, \"-\" for none")
+	flag.StringVar(&o.out, "out", "", "write the results (Markdown) here; default benchmarks/results/<date>-lazybench/lazybench.md in the module, \"-\" for none")
 	flag.IntVar(&o.runs, "runs", 3, "rounds of (baseline, baseline to disk, background fetch); medians are reported")
 	flag.IntVar(&o.small, "small", 6000, "small files (1-50 KiB, text) in the rootfs layer")
 	flag.IntVar(&o.medium, "medium", 100, "library-sized files (64 KiB-3 MiB, binary) in the rootfs layer")

@@ -70,7 +70,7 @@ func main() {
 	flag.StringVar(&full, "full", fmtGzip, "formats also pulled in full by podman alone, comma-separated ("+strings.Join(allFormats, ", ")+")")
 	flag.StringVar(&o.images, "images", "", "cache of the built images (root filesystems, blobs, registry storage); default benchmarks/work/images in the module")
 	flag.StringVar(&o.workdir, "workdir", "", "where the run's temporary directory goes (stores' caches, podman storage); default benchmarks/work in the module")
-	flag.StringVar(&o.out, "out", "", "write the report (Markdown) here, and the plots next to it; default benchmarks/results/<date>-readybench.md, \"-\" for none")
+	flag.StringVar(&o.out, "out", "", "write the report (Markdown) here, and the plots next to it; default benchmarks/results/<date>-readybench/readybench.md, \"-\" for none")
 	flag.DurationVar(&o.timeout, "timeout", 60*time.Minute, "bound on the whole run, image building included")
 	flag.BoolVar(&o.keep, "keep", false, "keep the run's temporary directory: daemon and podman logs, every run's podman storage and cache (much disk), warm caches")
 	flag.StringVar(&runtimes, "runtimes", rtPodman4+","+rtPodman5, "runtimes, comma-separated: "+rtPodman4+" (podman in $PATH, Debian 12's 4.3.1), "+rtPodman5+" (podman "+podman5.Version+", see -podman5)")

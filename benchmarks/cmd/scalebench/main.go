@@ -65,7 +65,7 @@ type options struct {
 
 func main() {
 	var o options
-	flag.StringVar(&o.out, "out", "", "write the results (Markdown) here; default benchmarks/results/<date>-scalebench.md in the module, \"-\" for none")
+	flag.StringVar(&o.out, "out", "", "write the results (Markdown) here; default benchmarks/results/<date>-scalebench/scalebench.md in the module, \"-\" for none")
 	flag.IntVar(&o.runs, "runs", 3, "runs of every case, each on a fresh daemon; medians are reported")
 	only := flag.String("only", "", "run only the cases whose name matches this regular expression (idle, estargz-100k, zstdchunked-1m, layers50-seq, images100, fetch-100k, ...)")
 	entries := flag.String("entries", "100000,1000000", "entry counts of the large layers, comma-separated")

@@ -67,7 +67,7 @@ func main() {
 	flag.StringVar(&o.podman5, "podman5", p5, "podman 5 binary (the e2e suite and readybench build it there: internal/testutil/podman5); runs use podman 4.3.1 alone when it is missing; \"\" for none")
 	flag.StringVar(&o.busybox, "busybox", "/bin/busybox", "a static busybox for the images (Debian: busybox-static)")
 	flag.StringVar(&o.workdir, "workdir", "", "where the soak's temporary directory goes (default $TMPDIR)")
-	flag.StringVar(&o.out, "out", "", "write the report here; default benchmarks/results/<date>-soak.md, \"-\" for none")
+	flag.StringVar(&o.out, "out", "", "write the report here; default benchmarks/results/<date>-soak/soak.md, \"-\" for none")
 	flag.BoolVar(&o.keep, "keep", false, "keep the temporary directory (daemon logs, registry, storage)")
 	flag.Uint64Var(&o.seed, "seed", 0, "seed of the run order, faults and kill moments (default: from the clock; printed in the report)")
 	flag.Parse()

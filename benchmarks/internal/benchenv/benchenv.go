@@ -2,7 +2,7 @@
 // the machine (CPU, cores, memory, kernel, load), the Go toolchain, the layerstore version,
 // the tools measured and the filesystem of the work directory, for a report's header; the
 // layerstore module the benchmark measures and its work directory; and the report's file,
-// benchmarks/results/<date>-<name>.md by default. Its functions keep no state and are safe
+// benchmarks/results/<date>-<name>/<name>.md by default. Its functions keep no state and are safe
 // for concurrent use.
 package benchenv
 
@@ -190,11 +190,12 @@ func Header(title, name string, machine []string) string {
 }
 
 // ReportPath is the file benchmark name writes its report to: out (its -out flag) when set,
-// none ("") for "-", by default benchmarks/results/<date>-<name>.md in the module at modDir.
+// none ("") for "-", by default benchmarks/results/<date>-<name>/<name>.md in the module at modDir:
+// each run in a folder of its own, beside whatever else it writes (readybench's plots).
 func ReportPath(modDir, name, out string) string {
 	switch out {
 	case "":
-		return filepath.Join(modDir, "benchmarks", "results", time.Now().Format("2006-01-02")+"-"+name+".md")
+		return filepath.Join(modDir, "benchmarks", "results", time.Now().Format("2006-01-02")+"-"+name, name+".md")
 	case "-":
 		return ""
 	}
