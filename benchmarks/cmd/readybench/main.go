@@ -81,7 +81,15 @@ func main() {
 	flag.BoolVar(&o.verbose, "v", false, "print how long each step of every run took")
 	flag.BoolVar(&o.noPrefetch, "no-prefetch", false, "run layerstore without its background fetch (a diagnostic: what the fetch costs the workload on a slow link)")
 	flag.DurationVar(&o.quiet, "prefetch-quiet", 0, "run layerstore with this [prefetch] quiet (a diagnostic; default: the daemon's)")
+	replotReport := flag.String("replot", "", "measure nothing: draw the plots of this report (readybench.md) again from its tables, next to it")
 	flag.Parse()
+	if *replotReport != "" {
+		if err := replot(context.Background(), *replotReport); err != nil {
+			fmt.Fprintln(os.Stderr, "readybench:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	err := o.parse(links, only, full)
 	if err == nil {
 		err = o.parseModes(modes)
