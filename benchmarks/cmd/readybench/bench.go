@@ -448,7 +448,7 @@ func (b *bench) runOnce(ctx context.Context, c cell) (s sample, err error) {
 	}
 	s.StoreCPU, s.Busy = cpuSpent(cpu0, cpu1)
 	_, down1 := b.proxy.Bytes()
-	s.Pull, s.Run, s.Exit, s.Bytes, s.FromStore = pull.Seconds(), toReady.Seconds(), toExit.Seconds(), down1-down0, pm.fromStore()
+	s.Pull, s.Run, s.Exit, s.Bytes, s.FromStore = pull.Seconds(), toReady.Seconds(), toExit.Seconds(), down1-down0, pm.FromStore()
 	if ms != nil {
 		if st, err := ms.layers(ctx); err == nil {
 			s.ReadKnown = true

@@ -22,7 +22,6 @@ import (
 	"flag"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"runtime"
@@ -32,8 +31,8 @@ import (
 
 	"github.com/layerstore/layerstore/benchmarks/internal/benchd"
 	"github.com/layerstore/layerstore/benchmarks/internal/benchenv"
+	"github.com/layerstore/layerstore/benchmarks/internal/podmanrun"
 	"github.com/layerstore/layerstore/benchmarks/internal/shaper"
-	storefs "github.com/layerstore/layerstore/fs"
 	"github.com/layerstore/layerstore/internal/testutil/dockerregistry"
 	"github.com/layerstore/layerstore/internal/testutil/podman5"
 	"github.com/layerstore/layerstore/internal/testutil/testregistry"
@@ -215,17 +214,9 @@ func (o *options) parseRuntimes(runtimes, peers string) error {
 
 func run(ctx context.Context, o options) error {
 	started := time.Now()
-	if os.Geteuid() != 0 {
-		return errors.New("needs root: FUSE and overlay mounts, drop_caches, podman")
-	}
-	if err := storefs.Usable(); err != nil {
+	if err := podmanrun.Preflight("FUSE and overlay mounts, drop_caches, podman", podmanrun.Tool{Name: "strace", Package: "strace"},
+		podmanrun.Tool{Name: "unshare", Package: "util-linux"}); err != nil {
 		return err
-	}
-	for _, t := range []struct{ tool, pkg string }{{"podman", "podman"}, {"docker-registry", "docker-registry"},
-		{"runc", "runc"}, {"fusermount3", "fuse3"}, {"strace", "strace"}, {"unshare", "util-linux"}} {
-		if _, err := exec.LookPath(t.tool); err != nil {
-			return fmt.Errorf("%s not found: apt-get install -y %s", t.tool, t.pkg)
-		}
 	}
 	modDir, err := benchenv.ModuleDir()
 	if err != nil {
@@ -248,7 +239,7 @@ func run(ctx context.Context, o options) error {
 	}
 	machine := append(benchenv.Machine(modDir, work, o.daemonBin), toolVersions()...)
 	defer func() {
-		unmountUnder(work)
+		podmanrun.UnmountUnder(work)
 		if o.keep {
 			fmt.Fprintln(os.Stderr, "work directory kept:", work)
 		} else {
@@ -265,12 +256,9 @@ func run(ctx context.Context, o options) error {
 	if err := os.MkdirAll(bin, 0o755); err != nil {
 		return err
 	}
-	daemon := o.daemonBin
-	if daemon == "" {
-		daemon = filepath.Join(bin, "layerstore")
-		if err := benchd.Build(ctx, modDir, daemon); err != nil {
-			return err
-		}
+	daemon, err := benchd.Binary(ctx, modDir, o.daemonBin, bin)
+	if err != nil {
+		return err
 	}
 
 	// The stores read the registry's address (the shaping proxy's, started once the images
@@ -298,8 +286,8 @@ func run(ctx context.Context, o options) error {
 					return fmt.Errorf("podman 5: %w", err)
 				}
 			}
-			v := benchenv.ToolVersion(p5, "--version")
-			if !strings.Contains(v, "version 5.") {
+			v, ok := podmanrun.Version5(p5)
+			if !ok {
 				return fmt.Errorf("-podman5 %s: %q is not podman 5", p5, v)
 			}
 			b.runtimes[rt] = p5
@@ -346,7 +334,7 @@ func run(ctx context.Context, o options) error {
 	}
 	b.proxy = proxy
 	b.runBase = fmt.Sprintf("/run/readybench-%d", os.Getpid())
-	defer func() { unmountUnder(b.runBase); os.RemoveAll(b.runBase) }()
+	defer func() { podmanrun.UnmountUnder(b.runBase); os.RemoveAll(b.runBase) }()
 	fmt.Fprintf(os.Stderr, "%d cells x %d samples = %d runs, shuffled (seed %d)\n", len(cells), o.samples, len(cells)*o.samples, o.seed)
 	measureStart := time.Now()
 	results, err := b.measure(ctx, cells)

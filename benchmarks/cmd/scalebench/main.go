@@ -150,12 +150,9 @@ func run(ctx context.Context, o options) error {
 	}
 	started := time.Now()
 	rep := &report{opts: o, machine: benchenv.Machine(modDir, work, o.daemonBin)}
-	b := &bench{opts: o, work: work, bin: o.daemonBin}
-	if b.bin == "" {
-		b.bin = filepath.Join(work, "layerstore")
-		if err := benchd.Build(ctx, modDir, b.bin); err != nil {
-			return err
-		}
+	b := &bench{opts: o, work: work}
+	if b.bin, err = benchd.Binary(ctx, modDir, o.daemonBin, work); err != nil {
+		return err
 	}
 	rep.daemon = daemonInfo(b.bin, o.daemonBin != "")
 	reg, err := testregistry.Start()

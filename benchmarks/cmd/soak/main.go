@@ -15,12 +15,10 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"math/rand/v2"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -28,7 +26,7 @@ import (
 
 	"github.com/layerstore/layerstore/benchmarks/internal/benchd"
 	"github.com/layerstore/layerstore/benchmarks/internal/benchenv"
-	storefs "github.com/layerstore/layerstore/fs"
+	"github.com/layerstore/layerstore/benchmarks/internal/podmanrun"
 	"github.com/layerstore/layerstore/internal/testutil/dockerregistry"
 	"github.com/layerstore/layerstore/internal/testutil/podman5"
 )
@@ -129,17 +127,8 @@ type soak struct {
 }
 
 func run(ctx context.Context, o options) (err error) {
-	if os.Geteuid() != 0 {
-		return errors.New("needs root: FUSE and overlay mounts, podman")
-	}
-	if err := storefs.Usable(); err != nil {
+	if err := podmanrun.Preflight("FUSE and overlay mounts, podman", podmanrun.Tool{Name: o.busybox, Package: "busybox-static"}); err != nil {
 		return err
-	}
-	for _, t := range []struct{ tool, pkg string }{{"podman", "podman"}, {"docker-registry", "docker-registry"},
-		{"runc", "runc"}, {"fusermount3", "fuse3"}, {o.busybox, "busybox-static"}} {
-		if _, err := exec.LookPath(t.tool); err != nil {
-			return fmt.Errorf("%s not found: apt-get install -y %s", t.tool, t.pkg)
-		}
 	}
 	s := &soak{o: o, rnd: rand.New(rand.NewPCG(o.seed, o.seed>>7^0x50a6)), counters: map[int]countersAt{}, wipes: map[string]int{}}
 	if s.modDir, err = benchenv.ModuleDir(); err != nil {
@@ -156,22 +145,19 @@ func run(ctx context.Context, o options) (err error) {
 	}
 	s.work, s.runroots = work, runroots
 	defer func() {
-		unmountUnder(runroots)
+		podmanrun.UnmountUnder(runroots)
 		os.RemoveAll(runroots)
 		if o.keep {
 			fmt.Fprintln(os.Stderr, "kept", work)
 			return
 		}
-		unmountUnder(work)
+		podmanrun.UnmountUnder(work)
 		os.RemoveAll(work)
 	}()
 
-	bin := o.daemonBin
-	if bin == "" {
-		bin = filepath.Join(work, "layerstore")
-		if err := benchd.Build(ctx, s.modDir, bin); err != nil {
-			return err
-		}
+	bin, err := benchd.Binary(ctx, s.modDir, o.daemonBin, work)
+	if err != nil {
+		return err
 	}
 	s.machine = benchenv.Machine(s.modDir, work, o.daemonBin)
 	s.tools = []string{
@@ -217,7 +203,7 @@ func run(ctx context.Context, o options) (err error) {
 		r := ref.runWorkload(ctx, img.Ref)
 		if r.Err != nil {
 			ref.wipe(context.Background())
-			return fmt.Errorf("reference run of %s: %v\n%s", img.Name(), r.Err, lastLines(r.Stderr, 10))
+			return fmt.Errorf("reference run of %s: %v\n%s", img.Name(), r.Err, podmanrun.LastLines(r.Stderr, 10))
 		}
 		if r.Stdout != img.Content.Expected {
 			ref.wipe(context.Background())
@@ -248,7 +234,7 @@ func run(ctx context.Context, o options) (err error) {
 	}
 	s.runtimes = append(s.runtimes, p4)
 	if o.podman5 != "" {
-		if v := benchenv.ToolVersion(o.podman5, "--version"); strings.Contains(v, "version 5") {
+		if v, ok := podmanrun.Version5(o.podman5); ok {
 			p5, err := newPodman("podman "+strings.TrimPrefix(v, "podman version "), o.podman5, filepath.Join(work, "podman5"), filepath.Join(runroots, "5"), s.d.mnt, s.reg.Host, o.podmanTimeout)
 			if err != nil {
 				return err
@@ -312,7 +298,7 @@ func errLine(e string) string {
 	if e == "" {
 		return ""
 	}
-	return ": " + strings.ReplaceAll(lastLines(e, 1), "\n", " ")
+	return ": " + strings.ReplaceAll(podmanrun.LastLines(e, 1), "\n", " ")
 }
 
 // runOne prepares and runs one container and records what happened.
@@ -372,7 +358,7 @@ func (s *soak) runOne(ctx context.Context, p *podman, r *runRecord) {
 	r.End = time.Now()
 	close(done)
 	<-killed
-	r.FromStore = p.fromStore()
+	r.FromStore = p.FromStore()
 	s.sampleCounters(ctx)
 
 	for _, rec := range s.proxy.Records() {
@@ -393,7 +379,7 @@ func (s *soak) runOne(ctx context.Context, p *podman, r *runRecord) {
 		r.Err = fmt.Sprintf("timed out after %v\n", s.o.podmanTimeout)
 	}
 	if res.Err != nil {
-		r.Err += res.Err.Error() + "\n" + lastLines(res.Stderr, 8)
+		r.Err += res.Err.Error() + "\n" + podmanrun.LastLines(res.Stderr, 8)
 	}
 	if r.FromStore == 0 && r.Outcome == "ok" {
 		r.Notes = append(r.Notes, "no layer taken from the store: podman pulled the image itself")

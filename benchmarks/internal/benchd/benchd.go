@@ -22,6 +22,16 @@ import (
 	"github.com/layerstore/layerstore/layer"
 )
 
+// Binary is the daemon to run: given (a -daemon flag) when set, else one built now into
+// dir/layerstore.
+func Binary(ctx context.Context, modDir, given, dir string) (string, error) {
+	if given != "" {
+		return given, nil
+	}
+	bin := filepath.Join(dir, "layerstore")
+	return bin, Build(ctx, modDir, bin)
+}
+
 // Build compiles the daemon of the layerstore module at modDir (`go build ./cmd/layerstore`)
 // into out.
 func Build(ctx context.Context, modDir, out string) error {
