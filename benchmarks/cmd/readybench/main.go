@@ -104,6 +104,72 @@ func main() {
 	benchenv.Run("readybench", o.timeout, func(ctx context.Context) error { return run(ctx, o) })
 }
 
+// makeDirs makes -images and -workdir (defaults under the module's work directory) and the
+// run's temporary directory in -workdir, which it returns.
+func (o *options) makeDirs(modDir string) (string, error) {
+	if o.images == "" {
+		o.images = filepath.Join(benchenv.WorkDir(modDir), "images")
+	}
+	if o.workdir == "" {
+		o.workdir = benchenv.WorkDir(modDir)
+	}
+	for _, d := range []string{o.images, o.workdir} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return "", err
+		}
+	}
+	return os.MkdirTemp(o.workdir, "readybench-")
+}
+
+// addRuntimes gives every runtime of -runtimes its binary (podman 5 built on first use),
+// naming podman 5's version in the machine lines.
+func (b *bench) addRuntimes(ctx context.Context, machine *[]string) error {
+	for _, rt := range b.opts.runtimes {
+		switch rt {
+		case rtPodman4:
+			b.runtimes[rt] = "podman"
+		case rtPodman5:
+			p5 := b.opts.podman5
+			if p5 == "" {
+				if _, ok := podman5.Built(ctx); !ok {
+					fmt.Fprintf(os.Stderr, "building podman %s from its Go module (a few minutes; kept in the user's cache directory)\n", podman5.Version)
+				}
+				var err error
+				if p5, err = podman5.Build(ctx, b.work); err != nil {
+					return fmt.Errorf("podman 5: %w", err)
+				}
+			}
+			v, ok := podmanrun.Version5(p5)
+			if !ok {
+				return fmt.Errorf("-podman5 %s: %q is not podman 5", p5, v)
+			}
+			b.runtimes[rt] = p5
+			*machine = append(*machine, "podman 5: "+v+" (built from github.com/containers/podman/v5, tags: "+podman5.Tags+")")
+		}
+	}
+	return nil
+}
+
+// addPeer adds the -peer store, naming each runtime's binary in the machine lines.
+func (b *bench) addPeer(machine *[]string) error {
+	if len(b.opts.peers) > 0 {
+		p := &peerStore{bins: b.opts.peers}
+		b.stores[p.name()] = p
+		for _, rt := range b.opts.runtimes {
+			if path, ok := b.opts.peers[rt]; ok {
+				v := benchenv.ToolVersion(path, "--version")
+				if _, err := os.Stat(path); err != nil {
+					return fmt.Errorf("-peer %s: %w", rt, err)
+				} else if v == "not installed" {
+					v = "no --version flag"
+				}
+				*machine = append(*machine, fmt.Sprintf("peer with %s: %s: %s", rt, filepath.Base(path), v))
+			}
+		}
+	}
+	return nil
+}
+
 func (o *options) parse(links, only, full string) error {
 	if o.samples < 1 {
 		return errors.New("-samples must be at least 1")
@@ -222,18 +288,7 @@ func run(ctx context.Context, o options) error {
 	if err != nil {
 		return err
 	}
-	if o.images == "" {
-		o.images = filepath.Join(benchenv.WorkDir(modDir), "images")
-	}
-	if o.workdir == "" {
-		o.workdir = benchenv.WorkDir(modDir)
-	}
-	for _, d := range []string{o.images, o.workdir} {
-		if err := os.MkdirAll(d, 0o755); err != nil {
-			return err
-		}
-	}
-	work, err := os.MkdirTemp(o.workdir, "readybench-")
+	work, err := o.makeDirs(modDir)
 	if err != nil {
 		return err
 	}
@@ -272,42 +327,11 @@ func run(ctx context.Context, o options) error {
 	images := &imageCache{dir: o.images, modDir: modDir, binDir: bin}
 	b := &bench{opts: o, work: work, reg: reg, images: images, warm: map[string]string{}, runtimes: map[string]string{},
 		stores: map[string]store{"layerstore": &layerstoreStore{bin: daemon, registriesConf: regConf, prefetch: !o.noPrefetch, quiet: o.quiet}}}
-	for _, rt := range o.runtimes {
-		switch rt {
-		case rtPodman4:
-			b.runtimes[rt] = "podman"
-		case rtPodman5:
-			p5 := o.podman5
-			if p5 == "" {
-				if _, ok := podman5.Built(ctx); !ok {
-					fmt.Fprintf(os.Stderr, "building podman %s from its Go module (a few minutes; kept in the user's cache directory)\n", podman5.Version)
-				}
-				if p5, err = podman5.Build(ctx, work); err != nil {
-					return fmt.Errorf("podman 5: %w", err)
-				}
-			}
-			v, ok := podmanrun.Version5(p5)
-			if !ok {
-				return fmt.Errorf("-podman5 %s: %q is not podman 5", p5, v)
-			}
-			b.runtimes[rt] = p5
-			machine = append(machine, "podman 5: "+v+" (built from github.com/containers/podman/v5, tags: "+podman5.Tags+")")
-		}
+	if err := b.addRuntimes(ctx, &machine); err != nil {
+		return err
 	}
-	if len(o.peers) > 0 {
-		p := &peerStore{bins: o.peers}
-		b.stores[p.name()] = p
-		for _, rt := range o.runtimes {
-			if path, ok := o.peers[rt]; ok {
-				v := benchenv.ToolVersion(path, "--version")
-				if _, err := os.Stat(path); err != nil {
-					return fmt.Errorf("-peer %s: %w", rt, err)
-				} else if v == "not installed" {
-					v = "no --version flag"
-				}
-				machine = append(machine, fmt.Sprintf("peer with %s: %s: %s", rt, filepath.Base(path), v))
-			}
-		}
+	if err := b.addPeer(&machine); err != nil {
+		return err
 	}
 	// The cells first: only the images and formats they pull are built and pushed.
 	cells := b.plan()
