@@ -81,6 +81,83 @@ func main() {
 	benchenv.Run("soak", 20*time.Minute+o.duration+o.podmanTimeout+5*time.Minute, func(ctx context.Context) error { return run(ctx, o) })
 }
 
+// pushImages makes the soak's two families of content and pushes their images.
+func (s *soak) pushImages(ctx context.Context) error {
+	contents := []*content{
+		makeContent("a", s.o.files, s.o.maxFileSize, 1),
+		makeContent("b", s.o.files, s.o.maxFileSize, 2),
+	}
+	var err error
+	s.images, err = pushImages(ctx, s.reg, s.modDir, s.work, s.o.busybox, contents)
+	return err
+}
+
+// configs are the digests of the images' configs, as the proxy tells their requests.
+func (s *soak) configs() []string {
+	var configs []string
+	for _, img := range s.images {
+		configs = append(configs, img.Config.String())
+	}
+	return configs
+}
+
+// writeDaemonRegistries writes the daemon's registries.conf at path: the registry's references
+// rewritten to the proxy, so that the daemon reaches the registry through it only.
+func (s *soak) writeDaemonRegistries(path string) error {
+	conf := fmt.Sprintf("[[registry]]\nprefix = %q\nlocation = %q\ninsecure = true\n\n[[registry]]\nlocation = %q\ninsecure = true\n",
+		s.reg.Host, s.proxy.Host, s.proxy.Host)
+	return os.WriteFile(path, []byte(conf), 0o644)
+}
+
+// referenceOutputs runs every image with podman 4.3.1 without the store, straight from the
+// registry: its output, which must be the sha256 of the files as written, is what every run
+// of the soak is compared with.
+func (s *soak) referenceOutputs(ctx context.Context, runroots string) error {
+	ref, err := newPodman("podman 4.3.1 (reference)", "podman", filepath.Join(s.work, "ref"), filepath.Join(runroots, "r"), "", s.reg.Host, s.o.podmanTimeout)
+	if err != nil {
+		return err
+	}
+	for _, img := range s.images {
+		r := ref.runWorkload(ctx, img.Ref)
+		if r.Err != nil {
+			ref.wipe(context.Background())
+			return fmt.Errorf("reference run of %s: %v\n%s", img.Name(), r.Err, podmanrun.LastLines(r.Stderr, 10))
+		}
+		if r.Stdout != img.Content.Expected {
+			ref.wipe(context.Background())
+			return fmt.Errorf("reference run of %s: its output (%d bytes) is not the sha256 of the files written (%d bytes)", img.Name(), len(r.Stdout), len(img.Content.Expected))
+		}
+		img.Reference = r.Stdout
+		fmt.Fprintf(os.Stderr, "reference output of %s: %d lines, normal pull and run %v\n", img.Name(), strings.Count(r.Stdout, "\n"), r.Took.Round(time.Millisecond))
+	}
+	ref.wipe(context.Background())
+	return nil
+}
+
+// addRuntimes makes the runtimes of the soak, with the daemon's store: podman 4.3.1, and
+// podman 5 when -podman5 is one.
+func (s *soak) addRuntimes(work, runroots string) error {
+	p4, err := newPodman("podman 4.3.1", "podman", filepath.Join(work, "podman4"), filepath.Join(runroots, "4"), s.d.mnt, s.reg.Host, s.o.podmanTimeout)
+	if err != nil {
+		return err
+	}
+	s.runtimes = append(s.runtimes, p4)
+	if s.o.podman5 != "" {
+		if v, ok := podmanrun.Version5(s.o.podman5); ok {
+			p5, err := newPodman("podman "+strings.TrimPrefix(v, "podman version "), s.o.podman5, filepath.Join(work, "podman5"), filepath.Join(runroots, "5"), s.d.mnt, s.reg.Host, s.o.podmanTimeout)
+			if err != nil {
+				return err
+			}
+			s.runtimes = append(s.runtimes, p5)
+			s.tools = append(s.tools, "podman 5: "+v+" ("+s.o.podman5+")")
+		} else {
+			s.events = append(s.events, fmt.Sprintf("podman 5 not found at %s: every run uses podman 4.3.1", s.o.podman5))
+			s.tools = append(s.tools, "podman 5: not found at "+s.o.podman5)
+		}
+	}
+	return nil
+}
+
 // runRecord is one container run of the soak.
 type runRecord struct {
 	N          int
@@ -177,49 +254,23 @@ func run(ctx context.Context, o options) (err error) {
 	}
 	defer s.reg.Stop()
 
-	contents := []*content{
-		makeContent("a", o.files, o.maxFileSize, 1),
-		makeContent("b", o.files, o.maxFileSize, 2),
-	}
-	if s.images, err = pushImages(ctx, s.reg, s.modDir, work, o.busybox, contents); err != nil {
+	if err := s.pushImages(ctx); err != nil {
 		return err
 	}
-	var configs []string
-	for _, img := range s.images {
-		configs = append(configs, img.Config.String())
-	}
-	s.proxy, err = startProxy(s.reg.Host, o.rates, o.stall, configs, o.seed)
+	s.proxy, err = startProxy(s.reg.Host, o.rates, o.stall, s.configs(), o.seed)
 	if err != nil {
 		return err
 	}
 	defer s.proxy.Close()
 
-	// References: podman 4.3.1 without the store, straight from the registry.
-	ref, err := newPodman("podman 4.3.1 (reference)", "podman", filepath.Join(work, "ref"), filepath.Join(runroots, "r"), "", s.reg.Host, o.podmanTimeout)
-	if err != nil {
+	if err := s.referenceOutputs(ctx, runroots); err != nil {
 		return err
 	}
-	for _, img := range s.images {
-		r := ref.runWorkload(ctx, img.Ref)
-		if r.Err != nil {
-			ref.wipe(context.Background())
-			return fmt.Errorf("reference run of %s: %v\n%s", img.Name(), r.Err, podmanrun.LastLines(r.Stderr, 10))
-		}
-		if r.Stdout != img.Content.Expected {
-			ref.wipe(context.Background())
-			return fmt.Errorf("reference run of %s: its output (%d bytes) is not the sha256 of the files written (%d bytes)", img.Name(), len(r.Stdout), len(img.Content.Expected))
-		}
-		img.Reference = r.Stdout
-		fmt.Fprintf(os.Stderr, "reference output of %s: %d lines, normal pull and run %v\n", img.Name(), strings.Count(r.Stdout, "\n"), r.Took.Round(time.Millisecond))
-	}
-	ref.wipe(context.Background())
 
 	// The daemon reaches the registry through the proxy only: its registries.conf rewrites
 	// the registry's references to the proxy.
 	regConf := filepath.Join(work, "daemon", "registries.conf")
-	conf := fmt.Sprintf("[[registry]]\nprefix = %q\nlocation = %q\ninsecure = true\n\n[[registry]]\nlocation = %q\ninsecure = true\n",
-		s.reg.Host, s.proxy.Host, s.proxy.Host)
-	if err := os.WriteFile(regConf, []byte(conf), 0o644); err != nil {
+	if err := s.writeDaemonRegistries(regConf); err != nil {
 		return err
 	}
 	s.d = newDaemon(bin, filepath.Join(work, "daemon"), regConf)
@@ -228,23 +279,8 @@ func run(ctx context.Context, o options) (err error) {
 	}
 	defer func() { s.d.stop() }()
 
-	p4, err := newPodman("podman 4.3.1", "podman", filepath.Join(work, "podman4"), filepath.Join(runroots, "4"), s.d.mnt, s.reg.Host, o.podmanTimeout)
-	if err != nil {
+	if err := s.addRuntimes(work, runroots); err != nil {
 		return err
-	}
-	s.runtimes = append(s.runtimes, p4)
-	if o.podman5 != "" {
-		if v, ok := podmanrun.Version5(o.podman5); ok {
-			p5, err := newPodman("podman "+strings.TrimPrefix(v, "podman version "), o.podman5, filepath.Join(work, "podman5"), filepath.Join(runroots, "5"), s.d.mnt, s.reg.Host, o.podmanTimeout)
-			if err != nil {
-				return err
-			}
-			s.runtimes = append(s.runtimes, p5)
-			s.tools = append(s.tools, "podman 5: "+v+" ("+o.podman5+")")
-		} else {
-			s.events = append(s.events, fmt.Sprintf("podman 5 not found at %s: every run uses podman 4.3.1", o.podman5))
-			s.tools = append(s.tools, "podman 5: not found at "+o.podman5)
-		}
 	}
 	defer func() {
 		for _, p := range s.runtimes {
