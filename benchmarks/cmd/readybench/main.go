@@ -69,13 +69,13 @@ func main() {
 	flag.StringVar(&full, "full", fmtGzip, "formats also pulled in full by podman alone, comma-separated ("+strings.Join(allFormats, ", ")+")")
 	flag.StringVar(&o.images, "images", "", "cache of the built images (root filesystems, blobs, registry storage); default benchmarks/work/images in the module")
 	flag.StringVar(&o.workdir, "workdir", "", "where the run's temporary directory goes (stores' caches, podman storage); default benchmarks/work in the module")
-	flag.StringVar(&o.out, "out", "", "write the report (Markdown) here, and the plots next to it; default benchmarks/results/<date>-readybench/readybench.md, \"-\" for none")
+	benchenv.OutFlag(&o.out, "readybench", ", and the plots next to it")
 	flag.DurationVar(&o.timeout, "timeout", 60*time.Minute, "bound on the whole run, image building included")
 	flag.BoolVar(&o.keep, "keep", false, "keep the run's temporary directory: daemon and podman logs, every run's podman storage and cache (much disk), warm caches")
 	flag.StringVar(&runtimes, "runtimes", rtPodman4+","+rtPodman5, "runtimes, comma-separated: "+rtPodman4+" (podman in $PATH, Debian 12's 4.3.1), "+rtPodman5+" (podman "+podman5.Version+", see -podman5)")
 	flag.StringVar(&o.podman5, "podman5", "", "podman 5 binary (default: podman "+podman5.Version+" built from its Go module on first use and kept in the user's cache directory, as the e2e suite does)")
 	flag.StringVar(&peers, "peer", "", "another additional layer store (stargz-store's command line) measured as a second lazy column: RUNTIME=PATH per runtime, comma-separated (e.g. podman4=/opt/stargz-store-0.15.1/stargz-store,podman5=/opt/stargz-store-0.18.2/stargz-store), or PATH alone for podman4")
-	flag.StringVar(&o.daemonBin, "daemon", "", "layerstore binary to run (default: go build ./cmd/layerstore)")
+	benchd.Flag(&o.daemonBin)
 	flag.Uint64Var(&o.seed, "seed", 0, "seed of the shuffled run order (default: from the clock; printed in the report)")
 	flag.BoolVar(&o.verbose, "v", false, "print how long each step of every run took")
 	flag.BoolVar(&o.noPrefetch, "no-prefetch", false, "run layerstore without its background fetch (a diagnostic: what the fetch costs the workload on a slow link)")
@@ -292,7 +292,7 @@ func run(ctx context.Context, o options) error {
 	if err != nil {
 		return err
 	}
-	machine := append(benchenv.Machine(modDir, work, o.daemonBin), toolVersions()...)
+	machine := append(benchenv.Machine(modDir, work, o.daemonBin), podmanrun.ToolVersions()...)
 	defer func() {
 		podmanrun.UnmountUnder(work)
 		if o.keep {

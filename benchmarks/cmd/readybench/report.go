@@ -28,15 +28,6 @@ type report struct {
 	noPlots        string // why the report has no plots, when it has none
 }
 
-// toolVersions names the runtime pieces measured, beside benchenv's machine lines.
-func toolVersions() []string {
-	return []string{
-		"podman 4 (podman in $PATH): " + benchenv.ToolVersion("podman", "--version"),
-		"runc: " + benchenv.ToolVersion("runc", "--version"),
-		"docker-registry: " + benchenv.ToolVersion("docker-registry", "--version"),
-	}
-}
-
 func onOff(b bool) string {
 	if b {
 		return "on"

@@ -61,11 +61,11 @@ func main() {
 	flag.IntVar(&o.files, "files", 200, "files in each image's data layer (80% of 1-64 KiB, 20% of 64 KiB to -max-file-size)")
 	flag.Int64Var(&o.maxFileSize, "max-file-size", 3<<20, "largest file, in bytes")
 	flag.DurationVar(&o.podmanTimeout, "podman-timeout", 5*time.Minute, "bound of every podman command")
-	flag.StringVar(&o.daemonBin, "daemon", "", "layerstore binary to run (default: go build ./cmd/layerstore)")
+	benchd.Flag(&o.daemonBin)
 	flag.StringVar(&o.podman5, "podman5", p5, "podman 5 binary (the e2e suite and readybench build it there: internal/testutil/podman5); runs use podman 4.3.1 alone when it is missing; \"\" for none")
 	flag.StringVar(&o.busybox, "busybox", "/bin/busybox", "a static busybox for the images (Debian: busybox-static)")
 	flag.StringVar(&o.workdir, "workdir", "", "where the soak's temporary directory goes (default $TMPDIR)")
-	flag.StringVar(&o.out, "out", "", "write the report here; default benchmarks/results/<date>-soak/soak.md, \"-\" for none")
+	benchenv.OutFlag(&o.out, "soak", "")
 	flag.BoolVar(&o.keep, "keep", false, "keep the temporary directory (daemon logs, registry, storage)")
 	flag.Uint64Var(&o.seed, "seed", 0, "seed of the run order, faults and kill moments (default: from the clock; printed in the report)")
 	flag.Parse()
@@ -237,11 +237,7 @@ func run(ctx context.Context, o options) (err error) {
 		return err
 	}
 	s.machine = benchenv.Machine(s.modDir, work, o.daemonBin)
-	s.tools = []string{
-		"podman: " + benchenv.ToolVersion("podman", "--version"),
-		"docker-registry: " + benchenv.ToolVersion("docker-registry", "--version"),
-		"runc: " + benchenv.ToolVersion("runc", "--version"),
-	}
+	s.tools = podmanrun.ToolVersions()
 
 	for _, d := range []string{"registry", "daemon", "ref", "podman4", "podman5"} {
 		if err := os.MkdirAll(filepath.Join(work, d), 0o755); err != nil {

@@ -83,6 +83,16 @@ func Version5(bin string) (string, bool) {
 	return v, strings.Contains(v, "version 5.")
 }
 
+// ToolVersions are a report's lines naming the pieces the benchmark runs beside layerstore:
+// podman (the one in $PATH, Debian 12's 4.3.1), runc and docker-registry.
+func ToolVersions() []string {
+	return []string{
+		"podman 4 (podman in $PATH): " + benchenv.ToolVersion("podman", "--version"),
+		"runc: " + benchenv.ToolVersion("runc", "--version"),
+		"docker-registry: " + benchenv.ToolVersion("docker-registry", "--version"),
+	}
+}
+
 // UnmountUnder detaches every mount below dir, deepest first.
 func UnmountUnder(dir string) {
 	b, err := os.ReadFile("/proc/self/mountinfo")
