@@ -128,7 +128,7 @@ func (l *Layer) predict(guess context.Context, id chunked.EntryID) bool {
 // a connection that was idle starts in TCP's slow start), and with four in flight instead of
 // two gcc's cold start on zstd:chunked at 1 Gbit/s took 1.05 s instead of 1.17 (back to back;
 // nothing changed beyond noise at 100 Mbit/s, where the link is the bound:
-// benchmarks/results/2026-11-29-readybench-wholebatches-ab.md).
+// benchmarks/results/2026-11-29-readybench-wholebatches-ab/readybench.md).
 func (l *Layer) fetchFile(ctx context.Context, id chunked.EntryID) {
 	e := l.idx.Meta(id)
 	if l.v.Err() != nil || e.Type != chunked.TypeReg || e.Digest.IsZero() || e.Size > maxPredictWhole || l.env.cache.Has(e.Digest) {

@@ -1,4 +1,5 @@
-// Package benchd builds, starts and stops the real `layerstore serve` for the benchmarks: a config
+// Package benchd builds, starts and stops the real `layerstore serve` for the benchmarks: the
+// -daemon flag and the binary it names or one built from the checkout, a config
 // file per start, the mount awaited (statfs says FUSE and the control socket answers), the
 // daemon's CPU time and layer status read while it runs, and a stop by PID that never leaves
 // a mount behind (package fuseproc). A Daemon's methods are safe for concurrent use.
@@ -7,6 +8,7 @@ package benchd
 import (
 	"bytes"
 	"context"
+	"flag"
 	"fmt"
 	"os"
 	"os/exec"
@@ -21,6 +23,21 @@ import (
 	"github.com/layerstore/layerstore/internal/control"
 	"github.com/layerstore/layerstore/layer"
 )
+
+// Flag defines -daemon, the layerstore binary a benchmark runs (see Binary).
+func Flag(p *string) {
+	flag.StringVar(p, "daemon", "", "layerstore binary to run (default: go build ./cmd/layerstore)")
+}
+
+// Binary is the daemon to run: given (a -daemon flag) when set, else one built now into
+// dir/layerstore.
+func Binary(ctx context.Context, modDir, given, dir string) (string, error) {
+	if given != "" {
+		return given, nil
+	}
+	bin := filepath.Join(dir, "layerstore")
+	return bin, Build(ctx, modDir, bin)
+}
 
 // Build compiles the daemon of the layerstore module at modDir (`go build ./cmd/layerstore`)
 // into out.
