@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/layerstore/layerstore/chunked"
+	"github.com/layerstore/layerstore/internal/byterange"
 	"github.com/layerstore/layerstore/internal/ratelog"
 )
 
@@ -403,7 +404,7 @@ func (c *Cache) scan() error {
 			return
 		}
 		e := &entry{c: c, sum: sum, size: size}
-		e.bytes.Store(set.bytes())
+		e.bytes.Store(set.Bytes())
 		all = append(all, found{e, mtime})
 	})
 	if err != nil {
@@ -471,7 +472,7 @@ func fileExists(p string) bool {
 
 // readJournal reads and checks a partial file's journal against its data file, and returns
 // the data file's mtime.
-func readJournal(journal, data string) (int64, rangeSet, time.Time, error) {
+func readJournal(journal, data string) (int64, byterange.Set, time.Time, error) {
 	b, err := os.ReadFile(journal)
 	if err != nil {
 		return 0, nil, time.Time{}, err

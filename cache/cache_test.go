@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/layerstore/layerstore/chunked"
+	"github.com/layerstore/layerstore/internal/byterange"
 	"github.com/layerstore/layerstore/verify"
 )
 
@@ -122,12 +123,12 @@ func TestPartialRead(t *testing.T) {
 	if n != k-100 || !bytes.Equal(buf[:n], tf.content[100:k]) {
 		t.Errorf("ReadAt over a hole read %d bytes, want the %d present ones", n, k-100)
 	}
-	if want := []chunked.Range{{Offset: k, Length: k}, {Offset: 3 * k, Length: 100}}; !slices.Equal(me.Ranges, want) || me.File != tf.sum {
+	if want := []byterange.Range{{Offset: k, Length: k}, {Offset: 3 * k, Length: 100}}; !slices.Equal(me.Ranges, want) || me.File != tf.sum {
 		t.Errorf("missing = %v, want %v", me.Ranges, want)
 	}
 
 	n, err = h.ReadAt(buf, k+5)
-	if n != 0 || !errors.As(err, &me) || !slices.Equal(me.Ranges, []chunked.Range{{Offset: k + 5, Length: k - 5}, {Offset: 3 * k, Length: k + 5}}) {
+	if n != 0 || !errors.As(err, &me) || !slices.Equal(me.Ranges, []byterange.Range{{Offset: k + 5, Length: k - 5}, {Offset: 3 * k, Length: k + 5}}) {
 		t.Errorf("ReadAt at a hole = %d, %v", n, err)
 	}
 	if n, err := h.ReadAt(buf[:k], 2*k); n != k || err != nil || !bytes.Equal(buf[:k], tf.content[2*k:3*k]) {
@@ -140,7 +141,7 @@ func TestPartialRead(t *testing.T) {
 	if n, err := h.ReadAt(buf, last.FileOffset); n != int(last.Size) || err != io.EOF {
 		t.Errorf("ReadAt across the end = %d, %v", n, err)
 	}
-	wantMissing := []chunked.Range{{Offset: k, Length: k}, {Offset: 3 * k, Length: last.FileOffset - 3*k}}
+	wantMissing := []byterange.Range{{Offset: k, Length: k}, {Offset: 3 * k, Length: last.FileOffset - 3*k}}
 	if got := h.Missing(0, tf.size()); !slices.Equal(got, wantMissing) {
 		t.Errorf("Missing = %v, want %v", got, wantMissing)
 	}
@@ -248,7 +249,7 @@ func TestCorruptWholeFile(t *testing.T) {
 	if c.Usage() != 0 {
 		t.Errorf("usage = %d after dropping", c.Usage())
 	}
-	if got := h.Missing(0, tool.size()); !slices.Equal(got, []chunked.Range{{Offset: 0, Length: tool.size()}}) {
+	if got := h.Missing(0, tool.size()); !slices.Equal(got, []byterange.Range{{Offset: 0, Length: tool.size()}}) {
 		t.Errorf("missing = %v, want everything", got)
 	}
 	if _, err := os.Stat(completePath(c.root, other.sum)); !errors.Is(err, os.ErrNotExist) {

@@ -8,7 +8,7 @@ import (
 	"slices"
 	"testing"
 
-	"github.com/layerstore/layerstore/chunked"
+	"github.com/layerstore/layerstore/internal/byterange"
 	"github.com/layerstore/layerstore/verify"
 )
 
@@ -61,7 +61,7 @@ func TestCrashBeforeRecord(t *testing.T) {
 		t.Errorf("usage = %d, want only the recorded chunk", c.Usage())
 	}
 	h = open(t, c, big)
-	want := []chunked.Range{{Offset: r1.Offset, Length: big.size() - r1.Offset}}
+	want := []byterange.Range{{Offset: r1.Offset, Length: big.size() - r1.Offset}}
 	if got := h.Missing(0, big.size()); !slices.Equal(got, want) {
 		t.Errorf("missing after crash = %v, want %v", got, want)
 	}
@@ -147,16 +147,16 @@ func TestDamagedJournal(t *testing.T) {
 	big := realFiles(t)["usr/share/big.bin"]
 	cs := big.chunks["estargz"]
 	r0, r1 := chunkRange(cs[0]), chunkRange(cs[1])
-	all := []chunked.Range{{Offset: 0, Length: big.size()}}
+	all := []byterange.Range{{Offset: 0, Length: big.size()}}
 	for _, tc := range []struct {
 		name   string
 		damage func(t *testing.T, journal, data string)
-		want   []chunked.Range // missing after the damage
+		want   []byterange.Range // missing after the damage
 	}{
 		{"torn last record", func(t *testing.T, j, _ string) { truncate(t, j, -7) },
-			[]chunked.Range{{Offset: r1.Offset, Length: big.size() - r1.Offset}}},
+			[]byterange.Range{{Offset: r1.Offset, Length: big.size() - r1.Offset}}},
 		{"garbage appended", func(t *testing.T, j, _ string) { appendBytes(t, j, []byte("garbage")) },
-			[]chunked.Range{{Offset: r1.End(), Length: big.size() - r1.End()}}},
+			[]byterange.Range{{Offset: r1.End(), Length: big.size() - r1.End()}}},
 		{"flipped bit in first record", func(t *testing.T, j, _ string) { flipByte(t, j, journalRec+3) }, all},
 		{"truncated header", func(t *testing.T, j, _ string) { truncate(t, j, 5-fileSize(t, j)) }, all},
 		{"empty journal", func(t *testing.T, j, _ string) { truncate(t, j, -fileSize(t, j)) }, all},
@@ -176,7 +176,7 @@ func TestDamagedJournal(t *testing.T) {
 			tc.damage(t, p+journalExt, p)
 
 			c = newCache(t, root)
-			if want := big.size() - rangeSet(tc.want).bytes(); c.Usage() != want {
+			if want := big.size() - byterange.Set(tc.want).Bytes(); c.Usage() != want {
 				t.Errorf("usage = %d, want %d", c.Usage(), want)
 			}
 			h = open(t, c, big)

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/layerstore/layerstore/chunked"
+	"github.com/layerstore/layerstore/internal/byterange"
 	"github.com/layerstore/layerstore/internal/testutil/testlayer"
 	"github.com/layerstore/layerstore/verify"
 )
@@ -125,6 +126,6 @@ func fill(t *testing.T, c *Cache, f *testFile) {
 	h.Close()
 }
 
-func chunkRange(c verify.Chunk) chunked.Range {
-	return chunked.Range{Offset: c.Ref().FileOffset, Length: c.Ref().Size}
+func chunkRange(c verify.Chunk) byterange.Range {
+	return byterange.Range{Offset: c.Ref().FileOffset, Length: c.Ref().Size}
 }

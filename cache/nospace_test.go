@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/layerstore/layerstore/chunked"
+	"github.com/layerstore/layerstore/internal/byterange"
 	"github.com/layerstore/layerstore/internal/testutil/testlog"
 	"github.com/layerstore/layerstore/internal/testutil/testtmpfs"
 )
@@ -70,7 +71,7 @@ func TestNoSpaceNothingToEvict(t *testing.T) {
 		if !errors.Is(err, ErrNoSpace) || !errors.Is(err, syscall.ENOSPC) {
 			t.Fatalf("Put on a full filesystem = %v, want ErrNoSpace wrapping ENOSPC", err)
 		}
-		if got, want := h.Missing(0, big.size()), []chunked.Range{{Offset: chunkRange(cs[1]).Offset, Length: big.size() - chunkRange(cs[1]).Offset}}; !slices.Equal(got, want) {
+		if got, want := h.Missing(0, big.size()), []byterange.Range{{Offset: chunkRange(cs[1]).Offset, Length: big.size() - chunkRange(cs[1]).Offset}}; !slices.Equal(got, want) {
 			t.Errorf("missing %v after the failed Put, want %v", got, want)
 		}
 		if c.Usage() != chunkRange(cs[0]).Length {

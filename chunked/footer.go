@@ -217,13 +217,13 @@ func (f zstdFooter) parse(tail []byte, blobSize int64) (Footer, error) {
 	}
 	end := blobSize - int64(total)
 	ft := Footer{Size: int64(total), TOC: Range{Offset: v[0], Length: v[1]}, TOCUncompressed: v[2]}
-	if ft.TOC.Length <= 0 || !ft.TOC.within(end) {
+	if ft.TOC.Length <= 0 || !ft.TOC.Within(end) {
 		return Footer{}, invalidf("zstd footer: TOC range %d+%d outside the data end %d", v[0], v[1], end)
 	}
 	ft.TarSplitFields = f.fields == 7
 	if ft.TarSplitFields && v[5] > 0 {
 		ft.TarSplit, ft.TarSplitUncompressed = Range{Offset: v[4], Length: v[5]}, v[6]
-		if !ft.TarSplit.within(end) {
+		if !ft.TarSplit.Within(end) {
 			return Footer{}, invalidf("zstd footer: tar-split range %d+%d outside the data end %d", v[4], v[5], end)
 		}
 	}
@@ -250,7 +250,7 @@ func (l *Layout) ApplyFooter(tail []byte) error {
 		}
 		l.TarSplit, l.TarSplitUncompressed = ft.TarSplit, ft.TarSplitUncompressed
 	}
-	if end := l.BlobSize - ft.Size; !l.TOC.within(end) || !l.TarSplit.within(end) {
+	if end := l.BlobSize - ft.Size; !l.TOC.Within(end) || !l.TarSplit.Within(end) {
 		return invalidf("TOC or tar-split overlaps the footer")
 	}
 	return nil

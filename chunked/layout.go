@@ -6,6 +6,8 @@ import (
 	"strings"
 
 	digest "github.com/opencontainers/go-digest"
+
+	"github.com/layerstore/layerstore/internal/byterange"
 )
 
 // Annotation keys that lazy-pullable layers carry in their descriptors.
@@ -72,19 +74,8 @@ type Descriptor struct {
 	Annotations map[string]string
 }
 
-// Range is a byte range of a blob: Length bytes from Offset.
-type Range struct {
-	Offset int64
-	Length int64
-}
-
-// End returns the offset just past the range.
-func (r Range) End() int64 { return r.Offset + r.Length }
-
-// within reports whether the range lies in [0, end), without overflowing.
-func (r Range) within(end int64) bool {
-	return r.Offset >= 0 && r.Length >= 0 && r.Offset <= end && r.Length <= end-r.Offset
-}
+// Range is a byte range of a blob: where the TOC, the tar-split and each chunk are.
+type Range = byterange.Range
 
 // Layout says where the parts of a lazy-pullable blob are. It starts from the descriptor
 // ([Classify]) and is completed and cross-checked by the footer ([Layout.ApplyFooter]).

@@ -10,8 +10,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/layerstore/layerstore/chunked"
 	"github.com/layerstore/layerstore/fetcher"
+	"github.com/layerstore/layerstore/internal/byterange"
 )
 
 // A Blob reads ranges of one blob with HTTP range requests. Here the registry is a test
@@ -33,7 +33,7 @@ func ExampleBlob_Fetch() {
 	}
 	// The two ranges are too far apart to be merged into one span, so the Blob asks for both
 	// in one multi-range request. The bytes are not verified: that is package verify's job.
-	ranges := []chunked.Range{{Offset: 0, Length: 5}, {Offset: 150_000, Length: 5}}
+	ranges := []byterange.Range{{Offset: 0, Length: 5}, {Offset: 150_000, Length: 5}}
 	got, err := b.Fetch(context.Background(), ranges)
 	if err != nil {
 		log.Fatal(err)

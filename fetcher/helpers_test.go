@@ -17,7 +17,7 @@ import (
 	"time"
 
 	"github.com/google/go-containerregistry/pkg/registry"
-	"github.com/layerstore/layerstore/chunked"
+	"github.com/layerstore/layerstore/internal/byterange"
 )
 
 const testRepo = "test/layer"
@@ -174,7 +174,7 @@ func newTestBlob(t *testing.T, reg *testRegistry, opts ...Option) (*Blob, *sleep
 }
 
 // checkFetch fetches ranges and compares each with data.
-func checkFetch(t *testing.T, b *Blob, data []byte, ranges ...chunked.Range) {
+func checkFetch(t *testing.T, b *Blob, data []byte, ranges ...byterange.Range) {
 	t.Helper()
 	got, err := b.Fetch(t.Context(), ranges)
 	if err != nil {

@@ -17,7 +17,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/layerstore/layerstore/chunked"
+	"github.com/layerstore/layerstore/internal/byterange"
 )
 
 // storage plays blob storage behind a registry: it serves the blob at /blob?sig=<signature>,
@@ -354,7 +354,7 @@ func TestRedirectPoolsApart(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	checkFetch(t, local, data, chunked.Range{Offset: 0, Length: 10}) // allowed: the registry is on loopback
+	checkFetch(t, local, data, byterange.Range{Offset: 0, Length: 10}) // allowed: the registry is on loopback
 	public, err := New(authTransport{plainTransport(t)}, strings.Replace(reg.blobURL, "127.0.0.1", "localhost", 1), int64(len(data)),
 		WithHostLimiter(NewHostLimiter(8)), storage,
 		withLookup(map[string]string{"localhost": "203.0.113.7", "storage.test": "203.0.113.8"}))

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/layerstore/layerstore/chunked"
+	"github.com/layerstore/layerstore/internal/byterange"
 )
 
 func TestRetryTransient(t *testing.T) {
@@ -127,7 +127,7 @@ func TestRetryAfter(t *testing.T) {
 			reg := newTestRegistry(t, data)
 			reg.fault = failStatus(1, tt.status, "Retry-After", tt.value)
 			b, sleeps := newTestBlob(t, reg, WithClock(func() time.Time { return now }))
-			checkFetch(t, b, data, chunked.Range{Offset: 10, Length: 20})
+			checkFetch(t, b, data, byterange.Range{Offset: 10, Length: 20})
 			if ds := sleeps.delays(); len(ds) != 1 || ds[0] != tt.want {
 				t.Errorf("slept %v, want [%v]", ds, tt.want)
 			}

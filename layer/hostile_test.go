@@ -418,7 +418,7 @@ func TestBatchBoundedByContent(t *testing.T) {
 	}
 	id, _ := l.Index().LookupPath("zeros")
 	var content int64
-	for _, k := range l.readAhead(id, 0) {
+	for _, k := range l.readAhead(chunkKey{id, 0}) {
 		content += l.ref(k).Size
 	}
 	if limit := int64(readAheadContent * DefaultReadAhead); content > limit {

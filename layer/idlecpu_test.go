@@ -132,7 +132,7 @@ func TestWantedVerifiedAtOnce(t *testing.T) {
 	if len(keys) < 2 {
 		t.Skip("fewer than two chunks")
 	}
-	_, mine := l.claim(keys) // as a background batch does
+	_, mine := l.claim(nil, keys) // as a background batch does
 	if len(mine) != len(keys) {
 		t.Fatalf("claimed %d of %d", len(mine), len(keys))
 	}

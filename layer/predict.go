@@ -155,8 +155,7 @@ func (l *Layer) fetchFile(ctx context.Context, id chunked.EntryID) {
 		if ctx.Err() != nil {
 			return
 		}
-		_, mine := l.claimMissing(h, batches[b])
-		l.run(ctx, mine, ahead)
+		l.fetchChunks(ctx, batches[b], want{kind: ahead, h: h})
 	})
 }
 

@@ -259,12 +259,11 @@ func (l *Layer) prefetchBatch(ctx context.Context, b prefetchBatch) error {
 		l.env.sched.replayStart()
 		defer l.env.sched.replayEnd()
 	}
-	needed, mine := l.claim(keys)
 	kind := background
 	if b.replay {
 		kind = replay
 	}
-	l.run(ctx, mine, kind)
+	needed, _ := l.fetchChunks(ctx, keys, want{kind: kind})
 	if _, err := wait(ctx, needed); err != nil {
 		return err
 	}

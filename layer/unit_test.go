@@ -346,7 +346,7 @@ func TestFetchKinds(t *testing.T) {
 	}
 
 	gate := blob.hold()
-	l.fetchAhead(id, 2)
+	l.fetchAhead(chunkKey{id, 2})
 	<-blob.started
 	if n := m.sched.demand.Load(); n != 0 {
 		t.Errorf("a fetch ahead counts as %d demand fetches", n)
