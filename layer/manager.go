@@ -18,7 +18,6 @@ import (
 	"github.com/layerstore/layerstore/cache"
 	"github.com/layerstore/layerstore/chunked"
 	"github.com/layerstore/layerstore/fetcher"
-	storefs "github.com/layerstore/layerstore/fs"
 	"github.com/layerstore/layerstore/verify"
 )
 
@@ -51,7 +50,9 @@ func (r clientRegistry) Blob(ctx context.Context, img *fetcher.Image, l *fetcher
 	return b, nil
 }
 
-// Manager resolves and serves layers. It implements storefs.Store. It is safe for concurrent use.
+// Manager resolves and serves layers: it is the store the FUSE namespace (package storefs)
+// serves, whose Store interface it meets but for Lookup's result, a *Layer where the namespace
+// takes its storefs.Layer (the daemon converts it). It is safe for concurrent use.
 type Manager struct {
 	env  // shared with its layers
 	reg  Registry
@@ -102,11 +103,6 @@ type resolution struct {
 	users   int       // runtime references taken through this key (use) and not released
 	expires time.Time // when an unused success or a failure is forgotten
 }
-
-var (
-	_ storefs.Store   = (*Manager)(nil)
-	_ storefs.Refuser = (*Layer)(nil)
-)
 
 // New returns a manager resolving layers through reg and keeping their content in c.
 func New(reg Registry, c *cache.Cache, opts ...Option) (*Manager, error) {
@@ -188,14 +184,10 @@ func (m *Manager) Close() error {
 	return nil
 }
 
-// Lookup implements storefs.Store: it returns the layer key names in the image ref, resolving it
-// if needed. Layers that are not served lazily give an error wrapping io/fs.ErrNotExist.
-func (m *Manager) Lookup(ctx context.Context, ref string, key digest.Digest) (storefs.Layer, error) {
-	l, err := m.lookup(ctx, ref, key)
-	if err != nil {
-		return nil, err
-	}
-	return l, nil
+// Lookup returns the layer key names in the image ref, resolving it if needed. Layers that are
+// not served lazily give an error wrapping io/fs.ErrNotExist.
+func (m *Manager) Lookup(ctx context.Context, ref string, key digest.Digest) (*Layer, error) {
+	return m.lookup(ctx, ref, key)
 }
 
 func (m *Manager) lookup(ctx context.Context, ref string, key digest.Digest) (l *Layer, err error) {
@@ -772,7 +764,7 @@ func tocKey(a map[string]string) digest.Digest {
 	}
 }
 
-// Use implements storefs.Store: the runtime took a reference to the layer.
+// Use records that the runtime took a reference to the layer.
 func (m *Manager) Use(ref string, key digest.Digest) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -784,7 +776,7 @@ func (m *Manager) Use(ref string, key digest.Digest) {
 	r.layer.users.Add(1)
 }
 
-// Release implements storefs.Store: the runtime dropped a reference. When the last user of a layer
+// Release records that the runtime dropped a reference. When the last user of a layer
 // goes away its background fetch stops.
 func (m *Manager) Release(ref string, key digest.Digest) {
 	m.mu.Lock()
