@@ -11,6 +11,7 @@ import (
 
 	"github.com/layerstore/layerstore/chunked"
 	"github.com/layerstore/layerstore/fetcher"
+	"github.com/layerstore/layerstore/internal/execdeps"
 )
 
 // Prediction of the image's program.
@@ -203,7 +204,7 @@ func findProgram(layers []*Layer, start fetcher.Start) (fileRef, bool) {
 		p = defaultPath
 	}
 	dirs := strings.Split(p, ":")
-	for _, d := range dirs[:min(len(dirs), maxSearchDirs)] {
+	for _, d := range dirs[:min(len(dirs), execdeps.MaxSearchDirs)] {
 		if !path.IsAbs(d) {
 			continue
 		}
