@@ -15,8 +15,11 @@ import (
 )
 
 // env is what the layers of one manager share, and all a layer knows of its manager: where
-// content is kept, how the registry is shared, what is counted, the settings of reads, and the
-// lifetime of background work. A layer never sees the manager's resolutions.
+// content is kept, how the registry is shared, what is counted, the settings of reads, the
+// lifetime of background work, and one read-only view of the manager's live layers (siblings).
+// A layer never sees the manager's resolutions, nor reaches the registry through it: a layer
+// holds its own blob (a layer restored from its record, the registry, reference and descriptor
+// to reach it: registryBlob).
 type env struct {
 	cache    *cache.Cache
 	files    *handles   // the open cache files
@@ -37,7 +40,9 @@ type env struct {
 	regions     chan struct{} // a slot per region fetch in flight (regionSlots)
 	predicting  chan struct{} // a slot per prediction running (predictSlots; predict.go)
 	// siblings returns the other live layers resolved through a reference l was resolved
-	// through (the rest of its image), where a prediction looks for the files it names.
+	// through (the rest of its image), where a prediction looks for the files it names. The
+	// manager sets it to Manager.siblingsOf, which takes Manager.mu: the one call from a layer
+	// into its manager, made by predictions only, never under a layer's lock.
 	siblings func(l *Layer) []*Layer
 	batch    int64 // the compressed bytes of a background request (WithPrefetchBatch)
 
