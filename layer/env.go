@@ -25,10 +25,10 @@ type env struct {
 	files    *handles   // the open cache files
 	sched    *scheduler // the registry and the processors, shared with background work
 	counters *counters
-	work     *work     // the manager's lifetime: its context, and the work Close waits for
-	records  *records  // the layer records in the cache
-	profiles *profiles // the repositories' startup profiles in the cache (profile.go)
-	refusals *refusals // the identities refused: TOC and tar-split disagree (layer.go)
+	work     *work        // the manager's lifetime: its context, and the work Close waits for
+	records  *records     // the layer records in the cache
+	profiles profileStore // the repositories' startup profiles in the cache (package profile)
+	refusals *refusals    // the identities refused: TOC and tar-split disagree (layer.go)
 
 	release release // hands freed heap back to the kernel (releaseMemory)
 
@@ -47,7 +47,7 @@ type env struct {
 	batch    int64 // the compressed bytes of a background request (WithPrefetchBatch)
 
 	// The recording of startup profiles: its window (WithProfileWindow; zero: none) and the
-	// bounds that end it early (maxProfileFiles, maxProfileContent; tests lower them).
+	// bounds that end it early (profile.MaxFiles, profile.MaxContent; tests lower them).
 	profileWindow     time.Duration
 	profileMaxFiles   int
 	profileMaxContent int64

@@ -17,6 +17,7 @@ import (
 	"github.com/layerstore/layerstore/cache"
 	"github.com/layerstore/layerstore/chunked"
 	"github.com/layerstore/layerstore/fetcher"
+	"github.com/layerstore/layerstore/layer/profile"
 	"github.com/layerstore/layerstore/verify"
 )
 
@@ -119,7 +120,7 @@ func New(reg Registry, c *cache.Cache, opts ...Option) (*Manager, error) {
 			counters:    newCounters(),
 			work:        newWork(),
 			records:     loadRecords(c, chunked.Limits{}.WithDefaults(), o.log),
-			profiles:    newProfiles(c, o.log),
+			profiles:    profile.NewStore(c, o.log),
 			refusals:    &refusals{},
 			log:         o.log,
 			now:         o.now,
@@ -131,8 +132,8 @@ func New(reg Registry, c *cache.Cache, opts ...Option) (*Manager, error) {
 			batch:       o.prefetchBatch,
 
 			profileWindow:     o.profileWindow,
-			profileMaxFiles:   maxProfileFiles,
-			profileMaxContent: maxProfileContent,
+			profileMaxFiles:   profile.MaxFiles,
+			profileMaxContent: profile.MaxContent,
 		},
 		reg:       reg,
 		opts:      o,

@@ -124,7 +124,7 @@ func (m *Manager) predictStart(ref string) {
 	}
 	delete(m.starts, ref)
 	m.mu.Unlock()
-	if m.env.profiles.get(repository(ref)) != nil {
+	if m.env.profiles.Get(repository(ref)) != nil {
 		// The repository's startup profile knows the start, the runtime's reads included,
 		// and how much of each file it reads: its replay fetches them (profile.go).
 		m.opts.log.Debug("the image's start is its profile's", "ref", ref)

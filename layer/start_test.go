@@ -8,6 +8,7 @@ import (
 	"github.com/layerstore/layerstore/fetcher"
 	"github.com/layerstore/layerstore/internal/testutil/testelf"
 	"github.com/layerstore/layerstore/internal/testutil/testlayer"
+	"github.com/layerstore/layerstore/layer/profile"
 )
 
 func exeEntry(name string, data []byte) testlayer.Entry {
@@ -74,8 +75,8 @@ func TestPredictImageProgram(t *testing.T) {
 			e.reg.starts[ref] = c.start
 			m, _ := e.start(WithPrefetch(false), WithReadAhead(c.readAhead))
 			if c.profiled {
-				pl := profileLayer{Layer: af.Desc.Digest, Recorded: time.Now().UTC(), Files: []string{"usr/bin/tool"}}
-				if err := m.profiles.add(profRepo, pl); err != nil {
+				pl := profile.Layer{Layer: af.Desc.Digest, Recorded: time.Now().UTC(), Files: []string{"usr/bin/tool"}}
+				if err := m.profiles.Add(profRepo, pl); err != nil {
 					t.Fatal(err)
 				}
 			}
