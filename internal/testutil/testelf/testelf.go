@@ -6,7 +6,8 @@ package testelf
 import (
 	"debug/elf"
 	"encoding/binary"
-	"math/rand/v2"
+
+	"github.com/layerstore/layerstore/internal/testutil/testlayer"
 )
 
 // Spec describes a synthetic ELF64 little-endian x86-64 file (File).
@@ -50,7 +51,7 @@ func File(seed uint64, s Spec) []byte {
 		strtab = append(append(strtab, s.Runpath...), 0)
 	}
 	body += len(strtab)
-	pad := append(randomBytes(s.Pad, seed), make([]byte, s.Zeros)...)
+	pad := append(testlayer.RandomBytes(s.Pad, seed), make([]byte, s.Zeros)...)
 	body += len(pad)
 	dynOff := body
 	var dyn []byte
@@ -107,14 +108,4 @@ func File(seed uint64, s Spec) []byte {
 	b = append(b, strtab...)
 	b = append(b, pad...)
 	return append(b, dyn...)
-}
-
-// randomBytes returns n bytes of random, incompressible content drawn from seed.
-func randomBytes(n int, seed uint64) []byte {
-	rng := rand.New(rand.NewPCG(seed, seed+1))
-	data := make([]byte, n)
-	for i := range data {
-		data[i] = byte(rng.Uint32())
-	}
-	return data
 }
