@@ -30,10 +30,10 @@ import (
 // program the image's config names (start.go), before the runtime runs it. A program also
 // loads libraries itself (dlopen: Python's extension modules and the libraries they name,
 // plugins, a JVM's libjvm), which no exec shows: the loader opens the file, reads its start
-// and maps it. So a runtime's read of the start of a file whose first bytes are an ELF shared
-// object's header (isSharedObject; Layer.ReadFile) starts its prediction too, unless its layer
-// replays a startup profile (which holds what the start loaded, and nothing it read as data);
-// a shared object read as data (a checksum, a copy) is predicted alike, which costs fetches of
+// and maps it. So a runtime's read of the start of a file whose first bytes are an ELF
+// shared object's header (execdeps.IsSharedObject; Layer.ReadFile) starts its prediction
+// too, unless its layer replays a startup profile (which holds what the start loaded, and
+// nothing it read as data); a shared object read as data (a checksum, a copy) is predicted alike, which costs fetches of
 // the image's own files, within the same bounds. Other files read (scripts, objects, archives)
 // are not predicted. A predicted file of at most maxPredictWhole of content is fetched whole
 // (fetchFile: the loader maps all of it, reads its header and then its dynamic section, near
