@@ -2,7 +2,6 @@ package layer
 
 import (
 	"archive/tar"
-	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -109,17 +108,6 @@ func testClient(t *testing.T, reg *testregistry.Registry) *fetcher.Client {
 		t.Fatal(err)
 	}
 	return c
-}
-
-// randomBytes returns n bytes of random, incompressible content drawn from seed: a chunk's
-// compressed size is then its size.
-func randomBytes(n int, seed uint64) []byte {
-	rng := rand.New(rand.NewPCG(seed, seed+1))
-	data := make([]byte, n)
-	for i := range data {
-		data[i] = byte(rng.Uint32())
-	}
-	return data
 }
 
 // dirEntry is a directory of a test layer.

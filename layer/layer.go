@@ -17,6 +17,7 @@ import (
 	"github.com/layerstore/layerstore/cache"
 	"github.com/layerstore/layerstore/chunked"
 	"github.com/layerstore/layerstore/fetcher"
+	"github.com/layerstore/layerstore/internal/execdeps"
 	"github.com/layerstore/layerstore/verify"
 )
 
@@ -378,7 +379,7 @@ func (l *Layer) Backing(id chunked.EntryID) *os.File {
 // predict.go).
 func (l *Layer) ReadFile(ctx context.Context, id chunked.EntryID, p []byte, off int64) (int, error) {
 	n, err := l.read(ctx, id, p, off, onDemand)
-	if err == nil && off == 0 && isSharedObject(p[:n]) && !l.replaysProfile() {
+	if err == nil && off == 0 && execdeps.IsSharedObject(p[:n]) && !l.replaysProfile() {
 		l.predict(nil, id)
 	}
 	return n, err

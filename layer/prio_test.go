@@ -15,7 +15,7 @@ import (
 // flight sits on the link ahead of the container's own reads (the big layer of the large
 // image prioritizes a 117 MB library of which its start reads 64 KiB).
 func TestPrioritizedRequestsBounded(t *testing.T) {
-	data := randomBytes(6<<20, 1)
+	data := testlayer.RandomBytes(6<<20, 1)
 	fx := prioFixture(t, 256<<10, "usr/lib/big.so", dirEntry("usr/"), dirEntry("usr/bin/"), dirEntry("usr/lib/"),
 		regEntry("usr/bin/rest", data[:1<<20]), regEntry("usr/lib/big.so", data))
 	e := newProfEnv(t)
@@ -57,7 +57,7 @@ func TestPrioritizedRequestsBounded(t *testing.T) {
 // own fetches: another layer of the same manager, which fetched nothing yet, starts at
 // urgentBatch.
 func TestPrioritizedSpanFollowsLink(t *testing.T) {
-	data := randomBytes(16<<20, 3)
+	data := testlayer.RandomBytes(16<<20, 3)
 	fx := prioFixture(t, 128<<10, "big.so", regEntry("rest", data[:1<<20]), regEntry("big.so", data))
 	other, err := testlayer.BuildEStargz("other", testlayer.Build([]testlayer.Entry{regEntry("other", data[:1<<20])}))
 	if err != nil {
@@ -128,7 +128,7 @@ func TestPrioritizedSpanFollowsLink(t *testing.T) {
 // prioritized files would share the link with the replay and the start's reads. Without a
 // profile they go out at once (TestPrioritizedRequestsBounded).
 func TestProfileSupersedesPrioritized(t *testing.T) {
-	data := randomBytes(2<<20, 5)
+	data := testlayer.RandomBytes(2<<20, 5)
 	fx := prioFixture(t, 256<<10, "usr/lib/big.so", dirEntry("usr/"), dirEntry("usr/bin/"), dirEntry("usr/lib/"),
 		regEntry("usr/bin/app", data[:256<<10]), regEntry("usr/lib/big.so", data))
 	e := newProfEnv(t)

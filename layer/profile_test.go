@@ -21,6 +21,7 @@ import (
 	"github.com/layerstore/layerstore/chunked"
 	"github.com/layerstore/layerstore/fetcher"
 	"github.com/layerstore/layerstore/internal/testutil/testlayer"
+	"github.com/layerstore/layerstore/layer/profile"
 )
 
 // Tests of startup profiles: a registry in memory serves images by reference and logs every
@@ -229,7 +230,7 @@ func waitProfile(t *testing.T, m *Manager, repo string, layer digest.Digest) []s
 	t.Helper()
 	var files []string
 	waitFor(t, "the profile of "+repo, func() bool {
-		p := m.profiles.get(repo)
+		p := m.profiles.Get(repo)
 		if p == nil {
 			return false
 		}
@@ -406,8 +407,8 @@ func TestProfileNewVersion(t *testing.T) {
 }
 
 // TestProfileBounded: a recording ends with its window, after its count of files, and after
-// its bytes of content; a repository's profile keeps at most maxProfileLayers layers and
-// refuses what exceeds the bounds when read back.
+// its bytes of content. (A repository's profile's own bounds are package profile's, tested
+// there.)
 func TestProfileBounded(t *testing.T) {
 	files := profFiles("f", 0, 10)
 	t.Run("window", func(t *testing.T) {
@@ -446,46 +447,6 @@ func TestProfileBounded(t *testing.T) {
 			}
 		})
 	}
-	t.Run("layers", func(t *testing.T) {
-		e := newProfEnv(t)
-		m, _ := e.start(WithPrefetch(false))
-		base := time.Now().UTC()
-		for i := range maxProfileLayers + 8 {
-			slot := profileLayer{Layer: digest.FromString(fmt.Sprint(i)), Recorded: base.Add(time.Duration(i) * time.Second), Files: []string{"usr/bin/x"}}
-			if err := m.profiles.add(profRepo, slot); err != nil {
-				t.Fatal(err)
-			}
-		}
-		p := m.profiles.get(profRepo)
-		if p == nil || len(p.Layers) != maxProfileLayers {
-			t.Fatalf("profile %+v", p)
-		}
-		if p.Layers[0].Layer != digest.FromString(fmt.Sprint(maxProfileLayers+7)) {
-			t.Error("the most recent layer is not first")
-		}
-	})
-	t.Run("checked", func(t *testing.T) {
-		long := strings.Repeat("a", maxProfilePath+1)
-		many := make([]string, maxProfileFiles+1)
-		for i := range many {
-			many[i] = fmt.Sprint(i)
-		}
-		d := digest.FromString("x")
-		for name, p := range map[string]repoProfile{
-			"version":    {Version: 2, Repository: profRepo},
-			"repository": {Version: 1, Repository: "a\nb"},
-			"digest":     {Version: 1, Repository: profRepo, Layers: []profileLayer{{Layer: "sha256:zz", Files: []string{"a"}}}},
-			"no files":   {Version: 1, Repository: profRepo, Layers: []profileLayer{{Layer: d}}},
-			"many files": {Version: 1, Repository: profRepo, Layers: []profileLayer{{Layer: d, Files: many}}},
-			"long path":  {Version: 1, Repository: profRepo, Layers: []profileLayer{{Layer: d, Files: []string{long}}}},
-			"nul":        {Version: 1, Repository: profRepo, Layers: []profileLayer{{Layer: d, Files: []string{"a\x00b"}}}},
-			"twice":      {Version: 1, Repository: profRepo, Layers: []profileLayer{{Layer: d, Files: []string{"a"}}, {Layer: d, Files: []string{"b"}}}},
-		} {
-			if err := p.check(); err == nil {
-				t.Errorf("%s: accepted", name)
-			}
-		}
-	})
 }
 
 // TestProfileChoice: the layer's own profile wins over another layer's that matches more of
@@ -499,7 +460,7 @@ func TestProfileChoice(t *testing.T) {
 	now := time.Now().UTC()
 	add := func(d digest.Digest, ago time.Duration, files ...string) {
 		t.Helper()
-		if err := m.profiles.add(profRepo, profileLayer{Layer: d, Recorded: now.Add(-ago), Files: files}); err != nil {
+		if err := m.profiles.Add(profRepo, profile.Layer{Layer: d, Recorded: now.Add(-ago), Files: files}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -557,9 +518,9 @@ func TestProfileDamagedDropped(t *testing.T) {
 	a := profLayer(t, "a", 1, profFiles("f", 0, 4)...)
 	e.reg.push(profRepo+":v1", a)
 	m, _ := e.start(WithPrefetchQuiet(0))
-	bad, _ := json.Marshal(repoProfile{Version: 1, Repository: "registry.example/someone-else",
-		Layers: []profileLayer{{Layer: a.Desc.Digest, Files: []string{"usr/bin/f01"}}}})
-	if err := m.cache.PutRecord(profileName(profRepo), bad); err != nil {
+	bad, _ := json.Marshal(profile.Repo{Version: 1, Repository: "registry.example/someone-else",
+		Layers: []profile.Layer{{Layer: a.Desc.Digest, Files: []string{"usr/bin/f01"}}}})
+	if err := m.cache.PutRecord(profile.RecordName(profRepo), bad); err != nil {
 		t.Fatal(err)
 	}
 	l := lookupOK(t, m, profRepo+":v1", profKey(a))
@@ -567,7 +528,7 @@ func TestProfileDamagedDropped(t *testing.T) {
 	if st := l.Status(); st.Profile != nil {
 		t.Errorf("replayed a profile stored under another repository's name: %+v", st.Profile)
 	}
-	if _, err := m.cache.RecordMeta(profileName(profRepo)); err == nil {
+	if _, err := m.cache.RecordMeta(profile.RecordName(profRepo)); err == nil {
 		t.Error("the bad profile was kept")
 	}
 }
@@ -581,8 +542,8 @@ func TestOnDemandOvertakesProfileReplay(t *testing.T) {
 	ref := profRepo + ":v1"
 	e.reg.push(ref, a)
 	m, stop := e.start(WithPrefetch(false))
-	slot := profileLayer{Layer: a.Desc.Digest, Recorded: time.Now().UTC(), Files: profFiles("f", 0, 10)}
-	if err := m.profiles.add(profRepo, slot); err != nil {
+	slot := profile.Layer{Layer: a.Desc.Digest, Recorded: time.Now().UTC(), Files: profFiles("f", 0, 10)}
+	if err := m.profiles.Add(profRepo, slot); err != nil {
 		t.Fatal(err)
 	}
 	stop()
@@ -650,8 +611,8 @@ func TestProfileSavesRoundTrips(t *testing.T) {
 		e.reg.delay = 30 * time.Millisecond
 		m, _ := e.start(WithReadAhead(0), WithProfileWindow(0))
 		if withProfile {
-			slot := profileLayer{Layer: a.Desc.Digest, Recorded: time.Now().UTC(), Files: startup}
-			if err := m.profiles.add(profRepo, slot); err != nil {
+			slot := profile.Layer{Layer: a.Desc.Digest, Recorded: time.Now().UTC(), Files: startup}
+			if err := m.profiles.Add(profRepo, slot); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -688,8 +649,8 @@ func TestProfileExportImport(t *testing.T) {
 	ref := profRepo + ":v1"
 	e.reg.push(ref, a)
 	m, _ := e.start(WithPrefetch(false))
-	slot := profileLayer{Layer: a.Desc.Digest, Recorded: time.Now().UTC(), Files: []string{"usr/bin/f07", "usr/bin/f02", "usr/bin/nope"}}
-	if err := m.profiles.add(profRepo, slot); err != nil {
+	slot := profile.Layer{Layer: a.Desc.Digest, Recorded: time.Now().UTC(), Files: []string{"usr/bin/f07", "usr/bin/f02", "usr/bin/nope"}}
+	if err := m.profiles.Add(profRepo, slot); err != nil {
 		t.Fatal(err)
 	}
 	var buf bytes.Buffer
@@ -714,52 +675,4 @@ func TestProfileExportImport(t *testing.T) {
 	if st := l.Status(); st.Profile == nil || st.Profile.Files != 2 {
 		t.Errorf("imported profile replayed as %+v, want 2 files", st.Profile)
 	}
-
-	header := `{"format":"layerstore-profiles","version":1}` + "\n"
-	line := func(p repoProfile) string { b, _ := json.Marshal(p); return string(b) + "\n" }
-	good := repoProfile{Version: 1, Repository: "registry.example/b", Layers: []profileLayer{{Layer: a.Desc.Digest, Files: []string{"x"}}}}
-	for name, tc := range map[string]struct{ in, want string }{
-		"empty":         {"", "empty input"},
-		"not an export": {"{}\n", "not an export"},
-		"version":       {`{"format":"layerstore-profiles","version":9}` + "\n", "version 9"},
-		"invalid JSON":  {header + "{\n", "line 2: invalid JSON"},
-		"unknown field": {header + `{"version":1,"repository":"r","layers":[],"content":"x"}` + "\n", "line 2: invalid JSON"},
-		"bad digest":    {header + line(good) + `{"version":1,"repository":"r","layers":[{"layer":"md5:x","files":["a"]}]}` + "\n", "line 3:"},
-		"long line":     {header + strings.Repeat(" ", maxProfileLine+10) + "\n", "line 2: a line of more than"},
-		"ends count":    {header + `{"version":1,"repository":"r","layers":[{"layer":"` + a.Desc.Digest.String() + `","files":["a","b"],"ends":[1]}]}` + "\n", "1 ends for 2 files"},
-		"negative end":  {header + `{"version":1,"repository":"r","layers":[{"layer":"` + a.Desc.Digest.String() + `","files":["a"],"ends":[-5]}]}` + "\n", "negative end"},
-	} {
-		_, err := m2.ImportProfiles(strings.NewReader(tc.in))
-		if err == nil || !strings.Contains(err.Error(), tc.want) {
-			t.Errorf("%s: %v, want an error with %q", name, err, tc.want)
-		}
-	}
-	// An endless line is read no further than the bound.
-	r := &countingReader{r: endless{}}
-	if _, err := m2.ImportProfiles(io.MultiReader(strings.NewReader(header), r)); err == nil {
-		t.Error("an endless line was accepted")
-	}
-	if r.n > 2*maxProfileLine {
-		t.Errorf("read %d bytes of an endless line", r.n)
-	}
-}
-
-type endless struct{}
-
-func (endless) Read(p []byte) (int, error) {
-	for i := range p {
-		p[i] = 'a'
-	}
-	return len(p), nil
-}
-
-type countingReader struct {
-	r io.Reader
-	n int
-}
-
-func (c *countingReader) Read(p []byte) (int, error) {
-	n, err := c.r.Read(p)
-	c.n += n
-	return n, err
 }

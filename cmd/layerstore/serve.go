@@ -182,9 +182,9 @@ func openStack(cfg *Config, mountpoint string, inherited []fdstore.Named, log *s
 			opts.Passthrough = false
 		}
 	}
-	var store storefs.Store = s.manager
+	var store storefs.Store = managerStore{s.manager}
 	if s.recorder = newRecorder(cfg, mountpoint, log); s.recorder != nil {
-		store = recordingStore{s.manager, s.recorder}
+		store = recordingStore{store, s.recorder}
 	}
 	if s.mount, s.session.Resumed, err = mountStore(mountpoint, store, opts, inherited, log); err != nil {
 		return nil, err
