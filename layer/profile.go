@@ -22,6 +22,7 @@ import (
 
 	"github.com/layerstore/layerstore/cache"
 	"github.com/layerstore/layerstore/chunked"
+	"github.com/layerstore/layerstore/internal/control/protocol"
 )
 
 // Startup profiles: what a layer's first users read first, learned by the daemon and replayed
@@ -681,12 +682,6 @@ func (l *Layer) sortByOffset(keys []chunkKey) []chunkKey {
 	return out
 }
 
-// ProfileImport says what an import of profiles did.
-type ProfileImport struct {
-	Repositories int `json:"repositories"`
-	Layers       int `json:"layers"`
-}
-
 // exportHeader is the first line of an export.
 type exportHeader struct {
 	Format  string `json:"format"`
@@ -728,8 +723,8 @@ const maxProfileLine = maxProfileRecord + 1
 // repositories on the lines before it are imported). A profile names only paths: it orders
 // the background fetch of a layer's own files and never adds content. Times in the future are
 // taken as now.
-func (m *Manager) ImportProfiles(r io.Reader) (ProfileImport, error) {
-	var out ProfileImport
+func (m *Manager) ImportProfiles(r io.Reader) (protocol.ProfileImport, error) {
+	var out protocol.ProfileImport
 	br := bufio.NewReaderSize(r, 64<<10)
 	now := time.Now().UTC()
 	for line := 1; ; line++ {
