@@ -65,7 +65,7 @@ func checkComplete(t *testing.T, d *daemon, img *image, served map[digest.Digest
 	t.Helper()
 	d.waitComplete(t, img)
 	for _, l := range d.status(t).Layers {
-		if served[l.Digest] && l.State != protocol.StateComplete {
+		if served[digest.Digest(l.Digest)] && l.State != protocol.StateComplete {
 			t.Fatalf("layer %s: %s before the outage: %s", l.Digest, l.State, l.Error)
 		}
 	}

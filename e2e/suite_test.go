@@ -371,7 +371,7 @@ func (d *daemon) status(t *testing.T) protocol.Status {
 // users returns the daemon's users count of the layer with blob digest d (-1: not tracked).
 func (d *daemon) users(t *testing.T, blob digest.Digest) int64 {
 	for _, l := range d.status(t).Layers {
-		if l.Digest == blob {
+		if l.Digest == blob.String() {
 			return l.Users
 		}
 	}
@@ -388,7 +388,7 @@ func (d *daemon) waitComplete(t *testing.T, img *image) {
 	for deadline := time.Now().Add(3 * time.Minute); ; time.Sleep(50 * time.Millisecond) {
 		busy := false
 		for _, l := range d.status(t).Layers {
-			if img.legacy[l.Digest] && l.State == protocol.StateFetching {
+			if img.legacy[digest.Digest(l.Digest)] && l.State == protocol.StateFetching {
 				busy = true
 			}
 		}

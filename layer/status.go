@@ -61,7 +61,7 @@ func (l *Layer) Status() protocol.LayerStatus {
 		state = protocol.StateIdle
 	}
 	s := protocol.LayerStatus{
-		Refs: refs, Digest: l.desc.Digest, TOCDigest: l.tocKey,
+		Refs: refs, Digest: l.desc.Digest.String(), TOCDigest: l.tocKey.String(),
 		Format: l.v.Layout().Format.String(), Guarantee: l.v.Guarantee().String(),
 		Size: l.desc.Size, ToFetch: planned,
 		OnDemand: l.onDemand.Load(), Prefetched: l.prefetched.Load(),

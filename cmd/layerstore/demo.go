@@ -163,7 +163,7 @@ func since(t time.Time) time.Duration { return time.Since(t).Round(time.Millisec
 func layerStatus(m *layer.Manager, l demo.Blob) protocol.LayerStatus {
 	d := l.Digest()
 	for _, st := range m.Status().Layers {
-		if st.Digest == d {
+		if st.Digest == d.String() {
 			return st
 		}
 	}

@@ -99,7 +99,7 @@ func (r *runningLayerstore) layers(ctx context.Context) (map[digest.Digest]proto
 	}
 	out := map[digest.Digest]protocol.LayerStatus{}
 	for _, l := range st.Layers {
-		out[l.Digest] = l
+		out[digest.Digest(l.Digest)] = l
 	}
 	return out, nil
 }

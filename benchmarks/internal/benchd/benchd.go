@@ -117,7 +117,7 @@ func (d *Daemon) LayerStatus(ctx context.Context, dg digest.Digest) (protocol.La
 		return protocol.LayerStatus{}, st, false, err
 	}
 	for _, l := range st.Layers {
-		if l.Digest == dg {
+		if l.Digest == dg.String() {
 			return l, st, true, nil
 		}
 	}

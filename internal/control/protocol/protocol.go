@@ -3,9 +3,10 @@
 // credentials) and the [Client] that `layerstore status`, `pin`, `unpin`, `profiles` and the
 // auth helper use. The daemon's side (the handlers) is package control.
 //
-// It depends on the standard library alone (with the digest type and the histogram
-// snapshots), so that the auth helper, which the container runtime runs on every pull, links
-// little more than that. The layer manager fills the status types it declares.
+// It depends on the standard library alone (and on the histogram snapshots of package
+// metrics, which does too), so that the auth helper, which the container runtime runs on
+// every pull, links little more. The layer manager and the cache fill the status types it
+// declares.
 //
 // A [Client] is safe for concurrent use; the types are plain values.
 package protocol

@@ -3,8 +3,6 @@ package protocol
 import (
 	"time"
 
-	"github.com/opencontainers/go-digest"
-
 	"github.com/layerstore/layerstore/internal/metrics"
 )
 
@@ -50,11 +48,13 @@ type Session struct {
 
 // LayerStatus describes one resolved layer.
 type LayerStatus struct {
-	Refs      []string      `json:"refs"`
-	Digest    digest.Digest `json:"digest"`
-	TOCDigest digest.Digest `json:"tocDigest"`
-	Format    string        `json:"format"`
-	Guarantee string        `json:"guarantee"`
+	Refs []string `json:"refs"`
+	// Digest is the layer's blob digest and TOCDigest its TOC's, as "algorithm:hex" (plain
+	// strings: the protocol links no digest package).
+	Digest    string `json:"digest"`
+	TOCDigest string `json:"tocDigest"`
+	Format    string `json:"format"`
+	Guarantee string `json:"guarantee"`
 	// Size is the compressed blob size; ToFetch what the background fetch set out to fetch.
 	Size       int64   `json:"size"`
 	ToFetch    int64   `json:"toFetch"`
