@@ -55,7 +55,7 @@ func (c *Client) Pin(ctx context.Context, req PinRequest) (Pin, error) {
 	if err != nil {
 		return p, err
 	}
-	resp, err := c.doLong(ctx, "/pin", bytes.NewReader(body))
+	resp, err := c.doLong(ctx, http.MethodPost, "/pin", bytes.NewReader(body))
 	if err != nil {
 		return p, err
 	}
@@ -92,13 +92,9 @@ func (c *Client) do(ctx context.Context, method, path string, body io.Reader) (*
 	return c.send(ctx, c.hc, method, path, body)
 }
 
-// doLong posts without the client's timeout: ctx alone bounds the request (a pin fetches
-// whole layers).
-func (c *Client) doLong(ctx context.Context, path string, body io.Reader) (*http.Response, error) {
-	return c.doLongMethod(ctx, http.MethodPost, path, body)
-}
-
-func (c *Client) doLongMethod(ctx context.Context, method, path string, body io.Reader) (*http.Response, error) {
+// doLong sends without the client's timeout: ctx alone bounds the request (a pin fetches
+// whole layers, an export or import of profiles reads or writes all of them).
+func (c *Client) doLong(ctx context.Context, method, path string, body io.Reader) (*http.Response, error) {
 	hc := *c.hc
 	hc.Timeout = 0
 	return c.send(ctx, &hc, method, path, body)
@@ -123,7 +119,7 @@ func (c *Client) send(ctx context.Context, hc *http.Client, method, path string,
 
 // ExportProfiles writes the daemon's startup profiles to w, as lines of JSON.
 func (c *Client) ExportProfiles(ctx context.Context, w io.Writer) error {
-	resp, err := c.doLongMethod(ctx, http.MethodGet, "/profiles", nil)
+	resp, err := c.doLong(ctx, http.MethodGet, "/profiles", nil)
 	if err != nil {
 		return err
 	}
@@ -136,7 +132,7 @@ func (c *Client) ExportProfiles(ctx context.Context, w io.Writer) error {
 // them into its own.
 func (c *Client) ImportProfiles(ctx context.Context, r io.Reader) (ProfileImport, error) {
 	var imp ProfileImport
-	resp, err := c.doLongMethod(ctx, http.MethodPost, "/profiles", r)
+	resp, err := c.doLong(ctx, http.MethodPost, "/profiles", r)
 	if err != nil {
 		return imp, err
 	}
