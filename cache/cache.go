@@ -15,6 +15,7 @@ import (
 
 	"github.com/layerstore/layerstore/chunked"
 	"github.com/layerstore/layerstore/internal/byterange"
+	"github.com/layerstore/layerstore/internal/control/protocol"
 	"github.com/layerstore/layerstore/internal/ratelog"
 )
 
@@ -138,23 +139,12 @@ func (c *Cache) Close() error {
 // metadata and filesystem block rounding are not counted). Pinned content is included.
 func (c *Cache) Usage() int64 { return c.usage.Load() }
 
-// Stats are the cache's figures for status and metrics.
-type Stats struct {
-	Bytes     int64 `json:"bytes"`     // content bytes held (see [Cache.Usage])
-	MaxBytes  int64 `json:"maxBytes"`  // the size bound
-	Files     int   `json:"files"`     // files held, complete or partial
-	Complete  int   `json:"complete"`  // of which complete
-	Hits      int64 `json:"hits"`      // reads that found all their bytes
-	Misses    int64 `json:"misses"`    // reads that found some bytes missing
-	Evictions int64 `json:"evictions"` // files and records removed to stay within the bound
-}
-
 // Stats returns the cache's current figures.
-func (c *Cache) Stats() Stats {
+func (c *Cache) Stats() protocol.CacheStats {
 	c.mu.Lock()
 	files := len(c.entries)
 	c.mu.Unlock()
-	return Stats{
+	return protocol.CacheStats{
 		Bytes: c.usage.Load(), MaxBytes: c.opts.maxSize, Files: files, Complete: int(c.completeFiles.Load()),
 		Hits: c.hits.Load(), Misses: c.misses.Load(), Evictions: c.evictions.Load(),
 	}

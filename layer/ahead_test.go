@@ -7,6 +7,7 @@ import (
 
 	"github.com/opencontainers/go-digest"
 
+	"github.com/layerstore/layerstore/internal/control/protocol"
 	"github.com/layerstore/layerstore/internal/testutil/testlayer"
 	"github.com/layerstore/layerstore/internal/testutil/testregistry"
 )
@@ -51,7 +52,7 @@ func TestResolveAhead(t *testing.T) {
 				if err != nil {
 					t.Fatalf("%s resolved ahead: %v", k, err)
 				}
-				if st := l.Status().State; st != StateIdle {
+				if st := l.Status().State; st != protocol.StateIdle {
 					t.Errorf("%s resolved ahead: background fetch %s before its lookup", k, st)
 				}
 				break
@@ -71,8 +72,8 @@ func TestResolveAhead(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if st := l.Status().State; st != StateFetching {
-			t.Errorf("%s after its lookup: background fetch %s, want %s", k, st, StateFetching)
+		if st := l.Status().State; st != protocol.StateFetching {
+			t.Errorf("%s after its lookup: background fetch %s, want %s", k, st, protocol.StateFetching)
 		}
 	}
 	if after := requests(); after != before {

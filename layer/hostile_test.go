@@ -24,6 +24,7 @@ import (
 
 	"github.com/layerstore/layerstore/chunked"
 	"github.com/layerstore/layerstore/fetcher"
+	"github.com/layerstore/layerstore/internal/control/protocol"
 	"github.com/layerstore/layerstore/internal/testutil/testlayer"
 	"github.com/layerstore/layerstore/internal/testutil/testlog"
 	"github.com/layerstore/layerstore/internal/testutil/testregistry"
@@ -444,7 +445,7 @@ func TestZerosBombMemory(t *testing.T) {
 			t.Fatal(err)
 		}
 		l.wait()
-		if st := l.Status(); st.State != StateComplete {
+		if st := l.Status(); st.State != protocol.StateComplete {
 			t.Fatalf("background fetch %s: %s", st.State, st.Error)
 		}
 	})

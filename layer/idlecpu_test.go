@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/layerstore/layerstore/internal/control/protocol"
 )
 
 // threadNice is the niceness of the calling goroutine's thread.
@@ -104,7 +106,7 @@ func TestBackgroundVerifiedAtLowPriority(t *testing.T) {
 		t.Fatal(err)
 	}
 	l.wait()
-	if st := l.Status(); st.State != StateComplete {
+	if st := l.Status(); st.State != protocol.StateComplete {
 		t.Fatalf("state %s (%s)", st.State, st.Error)
 	}
 	if n := idle.ran.Load() - before; n == 0 {

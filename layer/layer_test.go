@@ -13,6 +13,7 @@ import (
 	"github.com/opencontainers/go-digest"
 
 	"github.com/layerstore/layerstore/chunked"
+	"github.com/layerstore/layerstore/internal/control/protocol"
 	"github.com/layerstore/layerstore/internal/testutil/testlayer"
 	"github.com/layerstore/layerstore/internal/testutil/testregistry"
 	"github.com/layerstore/layerstore/verify"
@@ -185,7 +186,7 @@ func TestPrefetchCompletes(t *testing.T) {
 			}
 			l.wait()
 			st := l.Status()
-			if st.State != StateComplete {
+			if st.State != protocol.StateComplete {
 				t.Fatalf("state %s (%s)", st.State, st.Error)
 			}
 			wantG := verify.ChunksVerified

@@ -6,6 +6,8 @@ import (
 	"net"
 	"testing"
 	"time"
+
+	"github.com/layerstore/layerstore/internal/control/protocol"
 )
 
 // TestResolveBounded: a registry that accepts connections and never answers makes the lookup
@@ -49,7 +51,7 @@ func TestPrefetchStopsWithoutUsers(t *testing.T) {
 		t.Fatal(err)
 	}
 	m.Use(ref, f.Desc.Digest)
-	if st := l.Status(); st.State != StateFetching {
+	if st := l.Status(); st.State != protocol.StateFetching {
 		t.Fatalf("state %s, want fetching", st.State)
 	}
 	m.Release(ref, f.Desc.Digest)
@@ -60,7 +62,7 @@ func TestPrefetchStopsWithoutUsers(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("background fetch still running after the last user left")
 	}
-	if st := l.Status(); st.State != StateStopped {
+	if st := l.Status(); st.State != protocol.StateStopped {
 		t.Errorf("state %s, want stopped", st.State)
 	}
 }

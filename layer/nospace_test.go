@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/layerstore/layerstore/cache"
+	"github.com/layerstore/layerstore/internal/control/protocol"
 	"github.com/layerstore/layerstore/internal/testutil/testlog"
 	"github.com/layerstore/layerstore/internal/testutil/testtmpfs"
 )
@@ -38,7 +39,7 @@ func TestPrefetchNotStored(t *testing.T) {
 				t.Fatal(err)
 			}
 			l.wait()
-			if st := l.Status(); st.State != StateFailed || !strings.Contains(st.Error, "not stored") {
+			if st := l.Status(); st.State != protocol.StateFailed || !strings.Contains(st.Error, "not stored") {
 				t.Errorf("state %s (%s), want failed: files not stored", st.State, st.Error)
 			}
 			if _, lines := logs.Count(); slicesContain(lines, "layer fully local") {
@@ -78,7 +79,7 @@ func TestPrefetchNoSpace(t *testing.T) {
 			t.Fatal(err)
 		}
 		l.wait()
-		if st := l.Status(); st.State != StateFailed || !strings.Contains(st.Error, cache.ErrNoSpace.Error()) {
+		if st := l.Status(); st.State != protocol.StateFailed || !strings.Contains(st.Error, cache.ErrNoSpace.Error()) {
 			t.Errorf("state %s (%s), want failed: no space", st.State, st.Error)
 		}
 		warns, lines := logs.Count()

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/layerstore/layerstore/chunked"
+	"github.com/layerstore/layerstore/internal/control/protocol"
 	"github.com/layerstore/layerstore/internal/testutil/testelf"
 	"github.com/layerstore/layerstore/internal/testutil/testlayer"
 )
@@ -397,7 +398,7 @@ func TestPredictHoldsBackground(t *testing.T) {
 	for _, c := range x.Chunks(fileOf(t, l, "usr/bin/big")) {
 		bigChunks[c.Offset] = true
 	}
-	waitFor(t, "the background fetch", func() bool { return l.Status().State == StateComplete })
+	waitFor(t, "the background fetch", func() bool { return l.Status().State == protocol.StateComplete })
 	var lastPredict time.Time
 	var background []fetchEvent
 	times := map[int64]int{}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/layerstore/layerstore/cache"
 	"github.com/layerstore/layerstore/chunked"
+	"github.com/layerstore/layerstore/internal/control/protocol"
 	"github.com/layerstore/layerstore/layer/profile"
 )
 
@@ -28,7 +29,7 @@ type profileStore interface {
 	Get(repo string) *profile.Repo
 	Add(repo string, layers ...profile.Layer) error
 	Export(w io.Writer) (int, error)
-	Import(r io.Reader) (profile.Imported, error)
+	Import(r io.Reader) (protocol.ProfileImport, error)
 }
 
 // recording is a layer's recording of its startup profile: from its first read on, for the
@@ -316,9 +317,6 @@ func (l *Layer) sortByOffset(keys []chunkKey) []chunkKey {
 	return out
 }
 
-// ProfileImport says what an import of profiles did.
-type ProfileImport = profile.Imported
-
 // ExportProfiles writes every repository's startup profile to w: a first line naming the
 // format, then one line of JSON per repository (its layers' profiles: blob digest, time of
 // the recording, paths in the order of their first read). It returns how many repositories
@@ -333,4 +331,6 @@ func (m *Manager) ExportProfiles(w io.Writer) (int, error) { return m.profiles.E
 // repositories on the lines before it are imported). A profile names only paths: it orders
 // the background fetch of a layer's own files and never adds content. Times in the future are
 // taken as now.
-func (m *Manager) ImportProfiles(r io.Reader) (ProfileImport, error) { return m.profiles.Import(r) }
+func (m *Manager) ImportProfiles(r io.Reader) (protocol.ProfileImport, error) {
+	return m.profiles.Import(r)
+}

@@ -15,6 +15,7 @@ import (
 	"github.com/layerstore/layerstore/cache"
 	"github.com/layerstore/layerstore/chunked"
 	"github.com/layerstore/layerstore/fetcher"
+	"github.com/layerstore/layerstore/internal/control/protocol"
 	"github.com/layerstore/layerstore/internal/testutil/testlayer"
 	"github.com/layerstore/layerstore/internal/testutil/testproc"
 	"github.com/layerstore/layerstore/verify"
@@ -262,7 +263,7 @@ func mustFixtures(t *testing.T) []testlayer.Fixture {
 func waitComplete(t *testing.T, l *Layer) {
 	t.Helper()
 	l.wait()
-	if s := l.Status(); s.State != StateComplete {
+	if s := l.Status(); s.State != protocol.StateComplete {
 		t.Fatalf("background fetch %s: %s", s.State, s.Error)
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/layerstore/layerstore/chunked"
+	"github.com/layerstore/layerstore/internal/control/protocol"
 	"github.com/layerstore/layerstore/internal/testutil/testlayer"
 )
 
@@ -91,7 +92,7 @@ func TestStress(t *testing.T) {
 	wg.Wait()
 	for _, l := range layers {
 		l.wait()
-		if st := l.Status(); st.State != StateComplete {
+		if st := l.Status(); st.State != protocol.StateComplete {
 			t.Errorf("%s: state %s (%s)", l.Digest(), st.State, st.Error)
 		}
 	}

@@ -19,6 +19,7 @@ import (
 
 	"github.com/layerstore/layerstore/chunked"
 	storefs "github.com/layerstore/layerstore/fs"
+	"github.com/layerstore/layerstore/internal/control/protocol"
 	"github.com/layerstore/layerstore/internal/demo"
 	"github.com/layerstore/layerstore/layer"
 )
@@ -159,14 +160,14 @@ only the TOCs and content not seen before are fetched.
 
 func since(t time.Time) time.Duration { return time.Since(t).Round(time.Millisecond) }
 
-func layerStatus(m *layer.Manager, l demo.Blob) layer.LayerStatus {
+func layerStatus(m *layer.Manager, l demo.Blob) protocol.LayerStatus {
 	d := l.Digest()
 	for _, st := range m.Status().Layers {
-		if st.Digest == d {
+		if st.Digest == d.String() {
 			return st
 		}
 	}
-	return layer.LayerStatus{}
+	return protocol.LayerStatus{}
 }
 
 // waitLocal waits for the background fetch of a layer and returns how long it took.
@@ -175,9 +176,9 @@ func waitLocal(ctx context.Context, m *layer.Manager, l demo.Blob) (time.Duratio
 	for time.Now().Before(deadline) {
 		st := layerStatus(m, l)
 		switch st.State {
-		case layer.StateComplete:
+		case protocol.StateComplete:
 			return time.Duration(st.Seconds * float64(time.Second)), nil
-		case layer.StateFailed:
+		case protocol.StateFailed:
 			return 0, fmt.Errorf("background fetch failed: %s", st.Error)
 		}
 		select {

@@ -17,8 +17,8 @@ import (
 	"github.com/hanwen/go-fuse/v2/fuse"
 	"github.com/opencontainers/go-digest"
 
+	"github.com/layerstore/layerstore/internal/control/protocol"
 	"github.com/layerstore/layerstore/internal/testutil/testfuse"
-	"github.com/layerstore/layerstore/layer"
 )
 
 // writeFile writes content to dir/name, creating dir, and returns the path.
@@ -222,12 +222,12 @@ func TestDoctorPassthrough(t *testing.T) {
 }
 
 func TestDoctorRestarts(t *testing.T) {
-	kept := &layer.Status{Session: &layer.Session{Kept: true}}
-	resumed := &layer.Status{Session: &layer.Session{Kept: true, Resumed: true}}
-	lost := &layer.Status{Session: &layer.Session{Why: "no service manager keeps the FUSE session"}}
+	kept := &protocol.Status{Session: &protocol.Session{Kept: true}}
+	resumed := &protocol.Status{Session: &protocol.Session{Kept: true, Resumed: true}}
+	lost := &protocol.Status{Session: &protocol.Session{Why: "no service manager keeps the FUSE session"}}
 	for _, tc := range []struct {
 		release string
-		st      *layer.Status
+		st      *protocol.Status
 		status  checkStatus
 		want    string
 	}{
@@ -235,7 +235,7 @@ func TestDoctorRestarts(t *testing.T) {
 		{"6.18.44", resumed, statusOK, "resumed its predecessor's"},
 		{"6.1.0-28-amd64", kept, statusWarn, "cannot re-send"},
 		{"6.18.44", lost, statusWarn, "no service manager keeps the FUSE session: a crash of the daemon breaks running containers"},
-		{"6.18.44", &layer.Status{}, statusWarn, "does not say"},
+		{"6.18.44", &protocol.Status{}, statusWarn, "does not say"},
 		{"6.18.44", nil, statusWarn, "does not say"},
 	} {
 		wantCheck(t, checkRestarts(tc.release, tc.st), tc.status, tc.want)
@@ -594,7 +594,7 @@ func TestCheckRuntimeRecords(t *testing.T) {
 	if c.Status != statusFail || !strings.Contains(c.Message, "1 layer of 1") || !strings.Contains(c.Fix, "record-layers") {
 		t.Errorf("unrecorded, no daemon: %+v", c)
 	}
-	st := &layer.Status{Runtimes: &layer.RuntimeRecords{Graphroots: []string{graph}, Recorded: 3}}
+	st := &protocol.Status{Runtimes: &protocol.RuntimeRecords{Graphroots: []string{graph}, Recorded: 3}}
 	if c := checkRuntimeRecords(graph, st, crioConf); c.Status != statusOK || !strings.Contains(c.Message, "next pass") {
 		t.Errorf("unrecorded, the daemon records: %+v", c)
 	}

@@ -24,6 +24,7 @@ import (
 	"github.com/layerstore/layerstore/fetcher"
 	storefs "github.com/layerstore/layerstore/fs"
 	"github.com/layerstore/layerstore/internal/control"
+	"github.com/layerstore/layerstore/internal/control/protocol"
 	"github.com/layerstore/layerstore/internal/fdstore"
 	"github.com/layerstore/layerstore/internal/gcpolicy"
 	"github.com/layerstore/layerstore/internal/runtimestore"
@@ -61,7 +62,7 @@ func runServe(ctx context.Context, args []string, stderr io.Writer) error {
 	fl.StringVar(&f.config, "config", defaultConfigPath(), "configuration file (TOML); a missing default file means all defaults")
 	fl.StringVar(&f.cacheDir, "cache-dir", "", "cache directory (default "+defaultCacheDir()+")")
 	fl.StringVar(&f.registriesConf, "registries-conf", "", "registries.conf to use, with its .d drop-ins (default: the system's)")
-	fl.StringVar(&f.socket, "control-socket", "", "control socket path (default $"+control.SocketEnv+" or "+control.DefaultSocket+")")
+	fl.StringVar(&f.socket, "control-socket", "", "control socket path (default $"+protocol.SocketEnv+" or "+protocol.DefaultSocket+")")
 	fl.StringVar(&f.logLevel, "log-level", "", "debug, info, warn or error (default info)")
 	if err := fl.Parse(args); err != nil {
 		return errUsage
@@ -77,7 +78,7 @@ func runServe(ctx context.Context, args []string, stderr io.Writer) error {
 		return err
 	}
 	cfg.CacheDir = or(f.cacheDir, or(cfg.CacheDir, defaultCacheDir()))
-	cfg.ControlSocket = or(f.socket, or(cfg.ControlSocket, control.SocketPath()))
+	cfg.ControlSocket = or(f.socket, or(cfg.ControlSocket, protocol.SocketPath()))
 	cfg.LogLevel = or(f.logLevel, cfg.LogLevel)
 	if f.registriesConf != "" {
 		cfg.Registries.Conf, cfg.Registries.ConfDir = f.registriesConf, f.registriesConf+".d"
@@ -117,14 +118,14 @@ type stack struct {
 	// stored is set while the service manager keeps the mount's FUSE session (the file
 	// descriptor store): a stop may then leave the mount to the next process.
 	stored  bool
-	session layer.Session // for status
+	session protocol.Session // for status
 	// recorder records the layers runtimes take from the store in their own storage; nil
 	// when turned off.
 	recorder *runtimestore.Recorder
 }
 
 // Status is the manager's status with the session's.
-func (s *stack) Status() layer.Status {
+func (s *stack) Status() protocol.Status {
 	st := s.manager.Status()
 	sess := s.session
 	st.Session = &sess
@@ -133,7 +134,7 @@ func (s *stack) Status() layer.Status {
 }
 
 // Pin and Unpin are the manager's.
-func (s *stack) Pin(ctx context.Context, ref, platform string) (layer.Pin, error) {
+func (s *stack) Pin(ctx context.Context, ref, platform string) (protocol.Pin, error) {
 	return s.manager.Pin(ctx, ref, platform)
 }
 
@@ -141,7 +142,7 @@ func (s *stack) Unpin(ref, platform string) error { return s.manager.Unpin(ref, 
 
 func (s *stack) ExportProfiles(w io.Writer) (int, error) { return s.manager.ExportProfiles(w) }
 
-func (s *stack) ImportProfiles(r io.Reader) (layer.ProfileImport, error) {
+func (s *stack) ImportProfiles(r io.Reader) (protocol.ProfileImport, error) {
 	return s.manager.ImportProfiles(r)
 }
 

@@ -28,6 +28,7 @@ import (
 	"github.com/layerstore/layerstore/fetcher"
 	storefs "github.com/layerstore/layerstore/fs"
 	"github.com/layerstore/layerstore/internal/control"
+	"github.com/layerstore/layerstore/internal/control/protocol"
 	"github.com/layerstore/layerstore/internal/testutil/testlayer"
 	"github.com/layerstore/layerstore/layer"
 )
@@ -461,7 +462,7 @@ func TestShippedConfig(t *testing.T) {
 	var want Config
 	want.CacheDir = DefaultCacheDir
 	want.CacheMaxSize = Size(cache.DefaultMaxSize)
-	want.ControlSocket = control.DefaultSocket
+	want.ControlSocket = protocol.DefaultSocket
 	want.LogLevel = DefaultLogLevel
 	want.AuthFiles = []string{}
 	want.CredentialTTL = Duration(control.DefaultCredentialTTL)

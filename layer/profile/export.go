@@ -8,6 +8,8 @@ import (
 	"fmt"
 	"io"
 	"time"
+
+	"github.com/layerstore/layerstore/internal/control/protocol"
 )
 
 // exportFormat names an export's first line.
@@ -17,12 +19,6 @@ const exportFormat = "layerstore-profiles"
 type exportHeader struct {
 	Format  string `json:"format"`
 	Version int    `json:"version"`
-}
-
-// Imported says what an import of profiles did.
-type Imported struct {
-	Repositories int `json:"repositories"`
-	Layers       int `json:"layers"`
 }
 
 // Export writes every repository's profile to w: a first line naming the format, then one
@@ -57,8 +53,8 @@ const MaxLine = maxRecord + 1
 // read only up to MaxLine and checked as a profile read from the cache is, and the first
 // invalid line ends the import with an error that names it (the repositories on the lines
 // before it are imported). Times in the future are taken as now.
-func (s *Store) Import(r io.Reader) (Imported, error) {
-	var out Imported
+func (s *Store) Import(r io.Reader) (protocol.ProfileImport, error) {
+	var out protocol.ProfileImport
 	br := bufio.NewReaderSize(r, 64<<10)
 	now := time.Now().UTC()
 	for line := 1; ; line++ {

@@ -14,6 +14,7 @@ import (
 	"github.com/opencontainers/go-digest"
 
 	"github.com/layerstore/layerstore/cache"
+	"github.com/layerstore/layerstore/internal/control/protocol"
 )
 
 const repo = "registry.example/app"
@@ -98,7 +99,7 @@ func TestExportImport(t *testing.T) {
 	}
 	s2 := newStore(t)
 	imp, err := s2.Import(&buf)
-	if err != nil || imp != (Imported{Repositories: 1, Layers: 1}) {
+	if err != nil || imp != (protocol.ProfileImport{Repositories: 1, Layers: 1}) {
 		t.Fatalf("import: %+v, %v", imp, err)
 	}
 	got := s2.Get(repo)

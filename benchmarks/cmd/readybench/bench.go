@@ -16,8 +16,8 @@ import (
 	"github.com/opencontainers/go-digest"
 
 	"github.com/layerstore/layerstore/benchmarks/internal/shaper"
+	"github.com/layerstore/layerstore/internal/control/protocol"
 	"github.com/layerstore/layerstore/internal/testutil/dockerregistry"
-	"github.com/layerstore/layerstore/layer"
 )
 
 // cell is one measured configuration: an image in a format, pulled by a runtime alone (full)
@@ -497,7 +497,7 @@ func (b *bench) importProfiles(ctx context.Context, c cell, ms mountedStore, dir
 
 // addReads adds what the store's status says of the image's layers: the reads, their waits
 // and the profiles replayed.
-func (s *sample) addReads(st map[digest.Digest]layer.LayerStatus, layers []pushedLayer) {
+func (s *sample) addReads(st map[digest.Digest]protocol.LayerStatus, layers []pushedLayer) {
 	s.ReadKnown = true
 	for _, l := range layers {
 		ls, ok := st[l.Digest]

@@ -13,10 +13,10 @@ import (
 	"time"
 
 	"github.com/layerstore/layerstore/benchmarks/internal/benchenv"
-	"github.com/layerstore/layerstore/layer"
+	"github.com/layerstore/layerstore/internal/control/protocol"
 )
 
-type countersAt = layer.Counters
+type countersAt = protocol.Counters
 
 // sampleCounters records the serving daemon's counters under its PID: the last sample of each
 // process adds up to the soak's.
@@ -423,7 +423,7 @@ func writeLogCounts(b *strings.Builder, logs []logLine) {
 
 // writeCounters: the daemon's counters summed over its processes.
 func (s *soak) writeCounters(b *strings.Builder) {
-	var sum layer.Counters
+	var sum protocol.Counters
 	for _, c := range s.counters {
 		sum.Lookups += c.Lookups
 		sum.Resolutions += c.Resolutions

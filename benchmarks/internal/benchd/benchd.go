@@ -20,8 +20,7 @@ import (
 	"github.com/opencontainers/go-digest"
 
 	"github.com/layerstore/layerstore/benchmarks/internal/fuseproc"
-	"github.com/layerstore/layerstore/internal/control"
-	"github.com/layerstore/layerstore/layer"
+	"github.com/layerstore/layerstore/internal/control/protocol"
 )
 
 // Flag defines -daemon, the layerstore binary a benchmark runs (see Binary).
@@ -69,7 +68,7 @@ type Daemon struct {
 	*fuseproc.Proc
 	Cfg    Config
 	Socket string
-	Client *control.Client
+	Client *protocol.Client
 }
 
 // Start writes the config file, starts the daemon and waits until its mount and its control
@@ -99,7 +98,7 @@ func Start(ctx context.Context, cfg Config) (*Daemon, error) {
 	if cfg.RegistriesConf != "" {
 		args = append(args, "--registries-conf", cfg.RegistriesConf)
 	}
-	client := control.NewClient(socket)
+	client := protocol.NewClient(socket)
 	p, err := fuseproc.Start(ctx, fuseproc.Spec{
 		What:       "daemon",
 		Cmd:        exec.Command(cfg.Bin, append(args, cfg.Mountpoint)...),
@@ -129,21 +128,21 @@ func (d *Daemon) Passthrough() string {
 }
 
 // LayerStatus returns the status of the layer with blob digest dg, if the daemon has it.
-func (d *Daemon) LayerStatus(ctx context.Context, dg digest.Digest) (layer.LayerStatus, layer.Status, bool, error) {
+func (d *Daemon) LayerStatus(ctx context.Context, dg digest.Digest) (protocol.LayerStatus, protocol.Status, bool, error) {
 	st, err := d.Client.Status(ctx)
 	if err != nil {
-		return layer.LayerStatus{}, st, false, err
+		return protocol.LayerStatus{}, st, false, err
 	}
 	for _, l := range st.Layers {
-		if l.Digest == dg {
+		if l.Digest == dg.String() {
 			return l, st, true, nil
 		}
 	}
-	return layer.LayerStatus{}, st, false, nil
+	return protocol.LayerStatus{}, st, false, nil
 }
 
 // WaitComplete polls the control socket until the layer is complete; poll is the interval.
-func (d *Daemon) WaitComplete(ctx context.Context, dg digest.Digest, poll time.Duration, timeout time.Duration) (layer.LayerStatus, error) {
+func (d *Daemon) WaitComplete(ctx context.Context, dg digest.Digest, poll time.Duration, timeout time.Duration) (protocol.LayerStatus, error) {
 	deadline := time.Now().Add(timeout)
 	for {
 		ls, _, ok, err := d.LayerStatus(ctx, dg)
@@ -152,9 +151,9 @@ func (d *Daemon) WaitComplete(ctx context.Context, dg digest.Digest, poll time.D
 		}
 		if ok {
 			switch ls.State {
-			case layer.StateComplete:
+			case protocol.StateComplete:
 				return ls, nil
-			case layer.StateFailed, layer.StateStopped:
+			case protocol.StateFailed, protocol.StateStopped:
 				return ls, fmt.Errorf("background fetch %s: %s", ls.State, ls.Error)
 			}
 		}
