@@ -183,8 +183,9 @@
 // registry through the reference and descriptor it was resolved by (registryBlob), not
 // through the manager. Startup profiles are package profile's (format, persistence, merge,
 // export and import); this package records them and replays them. The read
-// path, from Layer.ReadFile, is one sequence in fetch.go: claim the missing chunks, look in
-// the cache again, fetch and verify them in one batch, store them. A fetch names its chunk
+// path, from Layer.ReadFile, probes the cache file and hands what is missing to fetchChunks
+// (fetch.go), the one way chunks come to be present, whoever asks: claim the missing
+// chunks, look in the cache again, fetch and verify them in one batch, store them. A fetch names its chunk
 // and is shared by every reader of it; its kind (on demand, ahead, background, a startup
 // profile's replay) decides how it shares the link and the processors.
 //
