@@ -103,8 +103,7 @@ func testClient(t *testing.T, reg *testregistry.Registry) *fetcher.Client {
 	if err := os.WriteFile(conf, []byte(testregistry.RegistriesConf(reg.Host)), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	c, err := fetcher.NewClient(fetcher.WithRegistriesConf(conf, conf+".d"),
-		fetcher.WithBlobOptions(fetcher.WithBackoff(time.Millisecond, 10*time.Millisecond)))
+	c, err := fetcher.NewClient(fetcher.Config{RegistriesConf: conf, RegistriesConfDir: conf + ".d"})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -633,41 +633,25 @@ func (s *stack) unmount(log *slog.Logger, again <-chan os.Signal, gone <-chan st
 	s.mount = nil // files open in it keep it alive: Wait would wait for them
 }
 
-// newClient builds the registry client from the configuration.
+// newClient builds the registry client from the configuration. A negative count, which the
+// file's integers let through, means the default, as zero does.
 func newClient(cfg *Config, keys *fetcher.MemoryKeychain, log *slog.Logger) (*fetcher.Client, error) {
 	r := &cfg.Registries
-	var blob []fetcher.Option
-	if r.Timeout > 0 {
-		blob = append(blob, fetcher.WithRequestTimeout(time.Duration(r.Timeout)))
-	}
-	if r.Stall > 0 {
-		blob = append(blob, fetcher.WithStallTimeout(time.Duration(r.Stall)))
-	}
-	if r.Attempts > 0 {
-		blob = append(blob, fetcher.WithMaxAttempts(r.Attempts))
-	}
-	if r.MaxGap > 0 {
-		blob = append(blob, fetcher.WithMaxGap(int64(r.MaxGap)))
-	}
-	if r.MaxSpan > 0 {
-		blob = append(blob, fetcher.WithMaxSpan(int64(r.MaxSpan)))
-	}
-	if r.MaxRanges > 0 {
-		blob = append(blob, fetcher.WithMaxRangesPerRequest(r.MaxRanges))
-	}
-	blob = append(blob, fetcher.WithHostLimiter(fetcher.NewHostLimiter(r.PerHost)), fetcher.WithLogger(log))
-	var res []fetcher.ResolverOption
-	if r.TagTTL > 0 {
-		res = append(res, fetcher.WithTagTTL(time.Duration(r.TagTTL)))
-	}
-	return fetcher.NewClient(
-		fetcher.WithRegistriesConf(r.Conf, r.ConfDir),
-		fetcher.WithAuthFiles(cfg.AuthFiles...),
-		fetcher.WithMemoryKeychain(keys),
-		fetcher.WithBlobOptions(blob...),
-		fetcher.WithResolverOptions(res...),
-		fetcher.WithClientLogger(log),
-	)
+	return fetcher.NewClient(fetcher.Config{
+		RegistriesConf:      r.Conf,
+		RegistriesConfDir:   r.ConfDir,
+		AuthFiles:           cfg.AuthFiles,
+		Keychain:            keys,
+		Logger:              log,
+		TagTTL:              time.Duration(r.TagTTL),
+		RequestTimeout:      time.Duration(r.Timeout),
+		StallTimeout:        time.Duration(r.Stall),
+		MaxAttempts:         max(r.Attempts, 0),
+		ConcurrencyPerHost:  max(r.PerHost, 0),
+		MaxGap:              int64(r.MaxGap),
+		MaxSpan:             int64(r.MaxSpan),
+		MaxRangesPerRequest: max(r.MaxRanges, 0),
+	})
 }
 
 func layerOptions(cfg *Config, log *slog.Logger) []layer.Option {

@@ -251,7 +251,7 @@ func (b *bench) fetchInProcess(ctx context.Context, repo string, l *builtLayer, 
 		return run, err
 	}
 	defer c.Close()
-	client, err := fetcher.NewClient(fetcher.WithRegistriesConf(b.regsConf, b.regsConf+".d"))
+	client, err := fetcher.NewClient(fetcher.Config{RegistriesConf: b.regsConf, RegistriesConfDir: b.regsConf + ".d"})
 	if err != nil {
 		return run, err
 	}
