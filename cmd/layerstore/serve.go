@@ -360,18 +360,9 @@ func serve(ctx context.Context, cfg *Config, mountpoint string, log *slog.Logger
 	if err != nil {
 		log.Warn("descriptors passed at start: ignored", "err", err)
 	}
-	ln, err := control.Listen(cfg.ControlSocket)
+	ln, metricsLn, err := listen(cfg)
 	if err != nil {
 		return err
-	}
-	// The metrics address, when configured: taken before the mount, so that an address in use
-	// fails the start rather than a scrape later.
-	var metricsLn net.Listener
-	if cfg.MetricsAddress != "" {
-		if metricsLn, err = net.Listen("tcp", cfg.MetricsAddress); err != nil {
-			ln.Close()
-			return fmt.Errorf("metrics-address %s: %w", cfg.MetricsAddress, err)
-		}
 	}
 	s, err := openStack(cfg, mountpoint, inherited, log)
 	if err != nil {
@@ -410,14 +401,38 @@ func serve(ctx context.Context, cfg *Config, mountpoint string, log *slog.Logger
 	} else {
 		log.Debug("reclaimed the pages of the binary only the start used", "mapped", n)
 	}
+	if err := s.run(ctx, mountpoint, hup, usr2, servers, log); err != nil {
+		return err // the stack is closed: the re-execution failed after the store stopped
+	}
+	s.Close()
+	return nil
+}
 
+// listen takes the control socket and the metrics address, when configured: before the
+// mount, so that an address in use fails the start rather than a scrape later.
+func listen(cfg *Config) (api, metrics net.Listener, err error) {
+	if api, err = control.Listen(cfg.ControlSocket); err != nil {
+		return nil, nil, err
+	}
+	if cfg.MetricsAddress != "" {
+		if metrics, err = net.Listen("tcp", cfg.MetricsAddress); err != nil {
+			api.Close()
+			return nil, nil, fmt.Errorf("metrics-address %s: %w", cfg.MetricsAddress, err)
+		}
+	}
+	return api, metrics, nil
+}
+
+// run serves until ctx is done, then unmounts (see unmount), or until the mount goes away. It
+// reloads on SIGHUP (hup) and re-executes the binary on SIGUSR2 (usr2), returning only the
+// error of a re-execution that failed after the store stopped serving.
+func (s *stack) run(ctx context.Context, mountpoint string, hup, usr2 <-chan os.Signal, servers []*http.Server, log *slog.Logger) error {
 	// A second SIGTERM or SIGINT while the store is busy detaches it (see unmount).
 	again := make(chan os.Signal, 1)
 	signal.Notify(again, syscall.SIGTERM, os.Interrupt)
 	defer signal.Stop(again)
 	gone := make(chan struct{})
 	go func() { s.mount.Wait(); close(gone) }()
-wait:
 	for {
 		select {
 		case <-hup:
@@ -435,15 +450,13 @@ wait:
 			default:
 			}
 			s.unmount(log, again, gone)
-			break wait
+			return nil
 		case <-gone:
 			log.Warn("the mount went away; exiting", "mountpoint", mountpoint)
 			s.mount = nil
-			break wait
+			return nil
 		}
 	}
-	s.Close()
-	return nil
 }
 
 // metricsServer serves the metrics alone (GET /metrics) on the metrics address, bounded as the
