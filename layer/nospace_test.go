@@ -21,7 +21,7 @@ func TestPrefetchNotStored(t *testing.T) {
 			if servedKey(f) == "" {
 				t.Skip("served to no runtime")
 			}
-			c, err := cache.New(t.TempDir(), cache.WithMaxSize(1))
+			c, err := cache.New(t.TempDir(), cache.Config{MaxSize: 1})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -61,7 +61,7 @@ func TestPrefetchNoSpace(t *testing.T) {
 			}
 		}
 		cacheLogs, logs := &testlog.Handler{}, &testlog.Handler{}
-		c, err := cache.New(filepath.Join(dir, "cache"), cache.WithLogger(slog.New(cacheLogs)))
+		c, err := cache.New(filepath.Join(dir, "cache"), cache.Config{Logger: slog.New(cacheLogs)})
 		if err != nil {
 			t.Fatal(err)
 		}

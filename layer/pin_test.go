@@ -34,7 +34,7 @@ func TestPinSurvivesEviction(t *testing.T) {
 	fs := mustFixtures(t)
 	e := newRestartEnv(t)
 	pinned := e.push("app/pinned:v1", fixtureLayer(fs[3]))
-	c, err := cache.New(e.root, cache.WithMaxSize(1)) // every file not held is evicted at once
+	c, err := cache.New(e.root, cache.Config{MaxSize: 1}) // every file not held is evicted at once
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -138,7 +138,7 @@ func TestPinRefusedWithoutRoom(t *testing.T) {
 			t.Fatal(err)
 		}
 		ref := e.push("app/big:v1", fixtureLayer(f))
-		c, err := cache.New(dir)
+		c, err := cache.New(dir, cache.Config{})
 		if err != nil {
 			t.Fatal(err)
 		}

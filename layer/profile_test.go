@@ -165,7 +165,7 @@ func newProfEnv(t *testing.T) *profEnv {
 // start opens the cache and a manager on it; stop closes both.
 func (e *profEnv) start(opts ...Option) (*Manager, func()) {
 	e.t.Helper()
-	c, err := cache.New(e.root)
+	c, err := cache.New(e.root, cache.Config{})
 	if err != nil {
 		e.t.Fatal(err)
 	}

@@ -36,7 +36,7 @@ func newRestartEnv(t *testing.T) *restartEnv {
 // start opens the cache and a manager on it, as a daemon start does. stop closes both.
 func (e *restartEnv) start(opts ...Option) (m *Manager, stop func()) {
 	e.t.Helper()
-	c, err := cache.New(e.root)
+	c, err := cache.New(e.root, cache.Config{})
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -272,7 +272,7 @@ func TestRecordWrittenInPlace(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := cache.New(t.TempDir())
+	c, err := cache.New(t.TempDir(), cache.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -352,7 +352,7 @@ func TestRecordIndexNotResident(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := cache.New(t.TempDir())
+	c, err := cache.New(t.TempDir(), cache.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -84,7 +84,7 @@ func TestTarSplitBeforeAnswer(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			// A cache of its own: a record of the layer, written with the tar's size once
 			// compared, would answer the next case's lookups.
-			c, err := cache.New(t.TempDir())
+			c, err := cache.New(t.TempDir(), cache.Config{})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -187,7 +187,7 @@ func TestRecordsKeepNoTarSplit(t *testing.T) {
 	e := newEnv(t)
 	f := syntheticLayer(t, 2000, nil)
 	ref := e.push("synthetic:v1", fixtureLayer(f))
-	c, err := cache.New(t.TempDir())
+	c, err := cache.New(t.TempDir(), cache.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -116,7 +116,7 @@ func memManager(t *testing.T, opts ...Option) (*Manager, *memBlob, testlayer.Fix
 	if f.Format != chunked.EStargz {
 		t.Fatalf("fixture 3 is %v", f.Format)
 	}
-	c, err := cache.New(t.TempDir())
+	c, err := cache.New(t.TempDir(), cache.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -162,7 +162,7 @@ func openStack(cfg *Config, mountpoint string, inherited []fdstore.Named, log *s
 			s.Close()
 		}
 	}()
-	s.cache, err = cache.New(cfg.CacheDir, cache.WithMaxSize(int64(or(cfg.CacheMaxSize, Size(cache.DefaultMaxSize)))), cache.WithLogger(log))
+	s.cache, err = cache.New(cfg.CacheDir, cache.Config{MaxSize: int64(cfg.CacheMaxSize), Logger: log})
 	if err != nil {
 		return nil, fmt.Errorf("cache: %w", err)
 	}

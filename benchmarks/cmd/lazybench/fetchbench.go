@@ -246,7 +246,7 @@ func (b *bench) fetchInProcess(ctx context.Context, repo string, l *builtLayer, 
 		return run, err
 	}
 	dropCaches()
-	c, err := cache.New(filepath.Join(dir, "cache"))
+	c, err := cache.New(filepath.Join(dir, "cache"), cache.Config{})
 	if err != nil {
 		return run, err
 	}
