@@ -259,7 +259,7 @@ func TestOtherUsersCannotUseTheStore(t *testing.T) {
 	l := newTestLayer(t, fixture(t, "zstdchunked-modern"))
 	store.add(testRef, l)
 	store.add("docker.io/library/private:latest", l)
-	mnt, _ := mountTest(t, store, DefaultOptions())
+	mnt, _ := mountTest(t, store, defaultOptions())
 	// Root (the runtime) uses the layer first.
 	for _, p := range []string{layerPath(mnt, testRef, l.tocKey, "diff", "etc", "hostname"), layerPath(mnt, testRef, l.tocKey, "blob")} {
 		if _, err := os.ReadFile(p); err != nil {
@@ -286,7 +286,7 @@ func TestDaemonRefusesOtherUsers(t *testing.T) {
 	l := newTestLayer(t, fixture(t, "zstdchunked-modern"))
 	store.add(testRef, l)
 	store.add("docker.io/library/private:latest", l)
-	opts := DefaultOptions()
+	opts := defaultOptions()
 	opts.allowOther = true
 	mnt, _ := mountTest(t, store, opts)
 	if _, err := os.ReadFile(layerPath(mnt, testRef, l.tocKey, "diff", "etc", "hostname")); err != nil {
@@ -336,7 +336,7 @@ func TestOverlayReadsAsOtherUsers(t *testing.T) {
 	store := newTestStore()
 	l := newTestLayer(t, fixture(t, "zstdchunked-modern"))
 	store.add(testRef, l)
-	opts := DefaultOptions()
+	opts := defaultOptions()
 	opts.Passthrough = false // every read reaches the daemon
 	mnt, _ := mountTest(t, store, opts)
 	diff := layerPath(mnt, testRef, l.tocKey, "diff")

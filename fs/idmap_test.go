@@ -46,7 +46,7 @@ func TestIDsShowOwners(t *testing.T) {
 	store := newTestStore()
 	store.add(testRef, l)
 	m := &IDMap{UIDs: []IDRange{{0, 1500, 1}, {1, 300000, 65536}}, GIDs: []IDRange{{0, 1600, 1}, {1, 400000, 65536}}}
-	opts := DefaultOptions()
+	opts := defaultOptions()
 	opts.IDs = m
 	mnt, _ := mountTest(t, store, opts)
 	ref, err := testlayer.ReferenceTree(testlayer.Tar())

@@ -26,7 +26,7 @@ func TestLookupByBothKeys(t *testing.T) {
 	store := newTestStore()
 	l := newTestLayer(t, fixture(t, "zstdchunked-modern"))
 	store.add(testRef, l)
-	mnt, _ := mountTest(t, store, DefaultOptions())
+	mnt, _ := mountTest(t, store, defaultOptions())
 	for _, key := range []digest.Digest{l.tocKey, l.blobKey} {
 		for _, elem := range []string{"diff", "info", "blob"} {
 			if _, err := os.Stat(layerPath(mnt, testRef, key, elem)); err != nil {
@@ -65,7 +65,7 @@ func TestLookupByBothKeys(t *testing.T) {
 // layer key answer ENOENT without asking the store.
 func TestInvalidNamesDoNotReachTheStore(t *testing.T) {
 	store := newTestStore()
-	mnt, _ := mountTest(t, store, DefaultOptions())
+	mnt, _ := mountTest(t, store, defaultOptions())
 	hex := strings.Repeat("ab", 32)
 	refDir := refDirName(testRef)
 	for _, p := range []string{
@@ -110,7 +110,7 @@ func TestStoreErrors(t *testing.T) {
 	store := newTestStore()
 	l := newTestLayer(t, fixture(t, "estargz"))
 	store.add(testRef, l)
-	mnt, _ := mountTest(t, store, DefaultOptions())
+	mnt, _ := mountTest(t, store, defaultOptions())
 	diff := layerPath(mnt, testRef, l.tocKey, "diff")
 
 	store.setErr(l.tocKey, fmt.Errorf("resolving: %w", iofs.ErrNotExist))
@@ -163,7 +163,7 @@ func TestUseAndRelease(t *testing.T) {
 	store := newTestStore()
 	l := newTestLayer(t, fixture(t, "zstdchunked-modern"))
 	store.add(testRef, l)
-	mnt, _ := mountTest(t, store, DefaultOptions())
+	mnt, _ := mountTest(t, store, defaultOptions())
 	for _, key := range []digest.Digest{l.tocKey, l.blobKey} {
 		use := layerPath(mnt, testRef, key, "use")
 		_, err := os.Stat(use)
@@ -215,7 +215,7 @@ func TestReaddir(t *testing.T) {
 	store := newTestStore()
 	l := newTestLayer(t, fixture(t, "estargz"))
 	store.add(testRef, l)
-	mnt, _ := mountTest(t, store, DefaultOptions())
+	mnt, _ := mountTest(t, store, defaultOptions())
 	for _, c := range []struct {
 		dir  string
 		want []string
@@ -248,7 +248,7 @@ func TestInodeNumbers(t *testing.T) {
 	l := newTestLayer(t, fixture(t, "estargz"))
 	store.add(testRef, l)
 	store.add("docker.io/library/other:latest", l)
-	mnt, srv := mountTest(t, store, DefaultOptions())
+	mnt, srv := mountTest(t, store, defaultOptions())
 	before := scanTree(t, layerPath(mnt, testRef, l.tocKey, "diff")).inos
 	diff := layerPath(mnt, testRef, l.tocKey, "diff")
 	known := forgetAll(t, srv, diff, before)
@@ -308,7 +308,7 @@ func TestInfoFollowsTheLayer(t *testing.T) {
 	store := newTestStore()
 	l := newTestLayer(t, fixture(t, "zstdchunked-modern"))
 	store.add(testRef, l)
-	mnt, _ := mountTest(t, store, DefaultOptions())
+	mnt, _ := mountTest(t, store, defaultOptions())
 	info := layerPath(mnt, testRef, l.tocKey, "info")
 	// Changes of the same size too: the kernel's own invalidation on a size change would
 	// hide cached pages otherwise.
@@ -338,7 +338,7 @@ func TestReferenceInodeNumbers(t *testing.T) {
 	l := newTestLayer(t, fixture(t, "estargz"))
 	refs := []string{testRef, "docker.io/library/a:1", "docker.io/library/b:1", "quay.io/x/y@sha256:" + strings.Repeat("12", 32)}
 	store.add(refs[0], l)
-	mnt, _ := mountTest(t, store, DefaultOptions())
+	mnt, _ := mountTest(t, store, defaultOptions())
 	seen := map[uint64]string{}
 	for _, ref := range refs {
 		fi, err := os.Stat(filepath.Join(mnt, refDirName(ref)))

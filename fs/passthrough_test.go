@@ -54,7 +54,7 @@ func TestPassthrough(t *testing.T) {
 	l, id, content := backedLayer(t)
 	store := newTestStore()
 	store.add(testRef, l)
-	mnt, srv := mountTest(t, store, DefaultOptions())
+	mnt, srv := mountTest(t, store, defaultOptions())
 	if !srv.passthroughOn() {
 		t.Skip("skipping: the kernel did not grant FUSE passthrough (needs Linux >= 6.9 with CONFIG_FUSE_PASSTHROUGH)")
 	}
@@ -81,7 +81,7 @@ func TestPassthroughDisabled(t *testing.T) {
 	l, id, content := backedLayer(t)
 	store := newTestStore()
 	store.add(testRef, l)
-	opts := DefaultOptions()
+	opts := defaultOptions()
 	opts.Passthrough = false
 	mnt, srv := mountTest(t, store, opts)
 	if srv.passthroughOn() {
@@ -103,7 +103,7 @@ func TestPassthroughRefusedByKernel(t *testing.T) {
 	l, id, content := backedLayer(t)
 	store := newTestStore()
 	store.add(testRef, l)
-	opts := DefaultOptions()
+	opts := defaultOptions()
 	opts.Passthrough = false
 	opts.forceBackingFiles = true
 	mnt, _ := mountTest(t, store, opts)
@@ -136,7 +136,7 @@ func TestPassthroughWhileOpenThroughDaemon(t *testing.T) {
 	l.mu.Unlock()
 	store := newTestStore()
 	store.add(testRef, l)
-	mnt, srv := mountTest(t, store, DefaultOptions())
+	mnt, srv := mountTest(t, store, defaultOptions())
 	if !srv.passthroughOn() {
 		t.Skip("skipping: the kernel did not grant FUSE passthrough (needs Linux >= 6.9 with CONFIG_FUSE_PASSTHROUGH)")
 	}

@@ -23,7 +23,7 @@ func TestReadOnly(t *testing.T) {
 	store := newTestStore()
 	l := newTestLayer(t, fixture(t, "estargz"))
 	store.add(testRef, l)
-	mnt, _ := mountTest(t, store, DefaultOptions())
+	mnt, _ := mountTest(t, store, defaultOptions())
 	diff := layerPath(mnt, testRef, l.tocKey, "diff")
 	file := filepath.Join(diff, "etc", "hostname")
 	open := func(p string, flags int) error {
@@ -98,7 +98,7 @@ func TestExecutingOnExecOpen(t *testing.T) {
 	store := newTestStore()
 	l := newTestLayer(t, fixture(t, "estargz"))
 	store.add(testRef, l)
-	mnt, _ := mountTest(t, store, DefaultOptions())
+	mnt, _ := mountTest(t, store, defaultOptions())
 	diff := layerPath(mnt, testRef, l.tocKey, "diff")
 	tool, _ := l.Index().LookupPath("usr/bin/tool")
 	b, err := os.ReadFile(filepath.Join(diff, "usr", "bin", "group-tool"))

@@ -206,7 +206,7 @@ func TestDiffTreeMatchesReference(t *testing.T) {
 		layers[f.Name] = l
 		store.add("registry.example/fixtures:"+f.Name, l)
 	}
-	mnt, _ := mountTest(t, store, DefaultOptions())
+	mnt, _ := mountTest(t, store, defaultOptions())
 	for _, f := range loadFixtures(t) {
 		t.Run(f.Name, func(t *testing.T) {
 			l := layers[f.Name]
@@ -277,7 +277,7 @@ func TestLargeDirectory(t *testing.T) {
 	store := newTestStore()
 	l := newTestLayer(t, f)
 	store.add(testRef, l)
-	mnt, _ := mountTest(t, store, DefaultOptions())
+	mnt, _ := mountTest(t, store, defaultOptions())
 	des, err := os.ReadDir(layerPath(mnt, testRef, l.tocKey, "diff", "many"))
 	if err != nil {
 		t.Fatal(err)
@@ -305,7 +305,7 @@ func TestCloseSendsNoFlush(t *testing.T) {
 	ref := "registry.example/noflush:" + f.Name
 	store.add(ref, l)
 	var log lockedBuffer
-	opts := DefaultOptions()
+	opts := defaultOptions()
 	opts.Debug = true
 	opts.Logger = slog.New(slog.NewTextHandler(&log, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	mnt, _ := mountTest(t, store, opts)

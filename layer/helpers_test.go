@@ -42,9 +42,9 @@ func newEnv(t *testing.T) *testEnv {
 	return &testEnv{t: t, reg: reg, cache: c, fixtures: fs}
 }
 
-func (e *testEnv) manager(opts ...Option) *Manager {
+func (e *testEnv) manager(opts ...option) *Manager {
 	e.t.Helper()
-	m, err := New(ClientRegistry(testClient(e.t, e.reg)), e.cache, opts...)
+	m, err := newTestManager(ClientRegistry(testClient(e.t, e.reg)), e.cache, opts...)
 	if err != nil {
 		e.t.Fatal(err)
 	}

@@ -27,7 +27,7 @@ func TestPrefetchNotStored(t *testing.T) {
 			}
 			t.Cleanup(func() { c.Close() })
 			logs := &testlog.Handler{}
-			m, err := New(ClientRegistry(testClient(t, e.reg)), c, WithLogger(slog.New(logs)), WithPrefetchQuiet(0))
+			m, err := newTestManager(ClientRegistry(testClient(t, e.reg)), c, withLogger(slog.New(logs)), withPrefetchQuiet(0))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -67,7 +67,7 @@ func TestPrefetchNoSpace(t *testing.T) {
 		}
 		t.Cleanup(func() { c.Close() })
 		testtmpfs.Fill(t, dir)
-		m, err := New(ClientRegistry(testClient(t, e.reg)), c, WithLogger(slog.New(logs)), WithPrefetchQuiet(0))
+		m, err := newTestManager(ClientRegistry(testClient(t, e.reg)), c, withLogger(slog.New(logs)), withPrefetchQuiet(0))
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -28,9 +28,6 @@ import (
 // by the background fetch of a later cold start. See the package documentation (Startup
 // profiles) for the design; the bounds are here.
 
-// DefaultProfileWindow is how long after a layer's first read the files read are recorded.
-const DefaultProfileWindow = 30 * time.Second
-
 // Bounds of a profile.
 const (
 	// maxProfileFiles and maxProfileContent end a recording early: at most this many files,
@@ -397,7 +394,7 @@ func (ps *profiles) readName(name string) *repoProfile {
 }
 
 // recording is a layer's recording of its startup profile: from its first read on, for the
-// window (WithProfileWindow) or until the bounds, the files read, in the order of their first
+// window (options.profileWindow) or until the bounds, the files read, in the order of their first
 // read. Once it ends (done), a read costs one atomic load and nothing more.
 type recording struct {
 	done atomic.Bool

@@ -34,13 +34,13 @@ func newRestartEnv(t *testing.T) *restartEnv {
 }
 
 // start opens the cache and a manager on it, as a daemon start does. stop closes both.
-func (e *restartEnv) start(opts ...Option) (m *Manager, stop func()) {
+func (e *restartEnv) start(opts ...option) (m *Manager, stop func()) {
 	e.t.Helper()
 	c, err := cache.New(e.root, cache.Config{})
 	if err != nil {
 		e.t.Fatal(err)
 	}
-	m, err = New(ClientRegistry(testClient(e.t, e.reg)), c, opts...)
+	m, err = newTestManager(ClientRegistry(testClient(e.t, e.reg)), c, opts...)
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -67,7 +67,7 @@ func TestRestartWithoutRegistry(t *testing.T) {
 			}
 			e := newRestartEnv(t)
 			ref := e.push("app/records:v1", fixtureLayer(f))
-			m, stop := e.start(WithPrefetch(true))
+			m, stop := e.start(withPrefetch(true))
 			l, err := m.lookup(t.Context(), ref, servedKey(f))
 			if err != nil {
 				t.Fatal(err)
@@ -77,7 +77,7 @@ func TestRestartWithoutRegistry(t *testing.T) {
 			stop()
 
 			e.reg.Close() // the registry is down from here on
-			m, _ = e.start(WithPrefetch(true))
+			m, _ = e.start(withPrefetch(true))
 			l, err = m.lookup(t.Context(), ref, servedKey(f))
 			if err != nil {
 				t.Fatalf("lookup after the restart, registry down: %v", err)
@@ -99,7 +99,7 @@ func TestRestartPartialWithoutRegistry(t *testing.T) {
 	f := mustFixtures(t)[3]
 	e := newRestartEnv(t)
 	ref := e.push("app/partial:v1", fixtureLayer(f))
-	m, stop := e.start(WithReadAhead(0))
+	m, stop := e.start(withReadAhead(0))
 	l, err := m.lookup(t.Context(), ref, servedKey(f))
 	if err != nil {
 		t.Fatal(err)
@@ -130,7 +130,7 @@ func TestRestartPartialWithoutRegistry(t *testing.T) {
 	stop()
 
 	e.reg.Close()
-	m, _ = e.start(WithReadTimeout(5 * time.Second))
+	m, _ = e.start(withReadTimeout(5 * time.Second))
 	l, err = m.lookup(t.Context(), ref, servedKey(f))
 	if err != nil {
 		t.Fatalf("lookup after the restart, registry down: %v", err)

@@ -169,7 +169,7 @@ func openStack(cfg *Config, mountpoint string, inherited []fdstore.Named, log *s
 	if s.client, err = newClient(cfg, s.keys, log); err != nil {
 		return nil, err
 	}
-	if s.manager, err = layer.New(layer.ClientRegistry(s.client), s.cache, layerOptions(cfg, log)...); err != nil {
+	if s.manager, err = layer.New(layer.ClientRegistry(s.client), s.cache, layerConfig(cfg, log)); err != nil {
 		return nil, err
 	}
 	opts := storefs.Options{Logger: log, Passthrough: orBool(cfg.FUSE.Passthrough, true)}
@@ -667,34 +667,20 @@ func newClient(cfg *Config, keys *fetcher.MemoryKeychain, log *slog.Logger) (*fe
 	})
 }
 
-func layerOptions(cfg *Config, log *slog.Logger) []layer.Option {
+// layerConfig is the layer manager's configuration.
+func layerConfig(cfg *Config, log *slog.Logger) layer.Config {
 	l, p := &cfg.Layers, &cfg.Prefetch
-	opts := []layer.Option{
-		layer.WithLogger(log),
-		layer.WithPrefetch(orBool(p.Enabled, true)),
-		layer.WithRequireDiffID(l.RequireDiffID),
-		layer.WithPrefetchBandwidth(int64(p.Bandwidth)),
+	return layer.Config{
+		Logger:              log,
+		ResolveTimeout:      time.Duration(l.ResolveTimeout),
+		ReadTimeout:         time.Duration(l.ReadTimeout),
+		KeepTTL:             time.Duration(l.KeepTTL),
+		NegativeTTL:         time.Duration(l.NegativeTTL),
+		RequireDiffID:       l.RequireDiffID,
+		NoPrefetch:          !orBool(p.Enabled, true),
+		PrefetchConcurrency: max(p.Concurrency, 0),
+		PrefetchBatch:       int64(p.BatchSize),
+		PrefetchBandwidth:   int64(p.Bandwidth),
+		PrefetchQuiet:       (*time.Duration)(p.Quiet),
 	}
-	if l.ResolveTimeout > 0 {
-		opts = append(opts, layer.WithResolveTimeout(time.Duration(l.ResolveTimeout)))
-	}
-	if l.ReadTimeout > 0 {
-		opts = append(opts, layer.WithReadTimeout(time.Duration(l.ReadTimeout)))
-	}
-	if l.KeepTTL > 0 {
-		opts = append(opts, layer.WithKeepTTL(time.Duration(l.KeepTTL)))
-	}
-	if l.NegativeTTL > 0 {
-		opts = append(opts, layer.WithNegativeTTL(time.Duration(l.NegativeTTL)))
-	}
-	if p.Concurrency > 0 {
-		opts = append(opts, layer.WithPrefetchConcurrency(p.Concurrency))
-	}
-	if p.BatchSize > 0 {
-		opts = append(opts, layer.WithPrefetchBatch(int64(p.BatchSize)))
-	}
-	if p.Quiet != nil {
-		opts = append(opts, layer.WithPrefetchQuiet(time.Duration(*p.Quiet)))
-	}
-	return opts
 }

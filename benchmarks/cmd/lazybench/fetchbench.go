@@ -255,7 +255,7 @@ func (b *bench) fetchInProcess(ctx context.Context, repo string, l *builtLayer, 
 	if err != nil {
 		return run, err
 	}
-	m, err := layer.New(layer.ClientRegistry(client), c)
+	m, err := layer.New(layer.ClientRegistry(client), c, layer.Config{})
 	if err != nil {
 		return run, err
 	}
