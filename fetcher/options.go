@@ -11,18 +11,23 @@ import (
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 )
 
-// Defaults of the fields of [Config].
+// Defaults of the fields of [Config], and of the backoff between attempts.
 const (
-	DefaultMaxGap                    = 64 << 10
-	DefaultMaxSpan                   = 16 << 20
-	DefaultMaxRangesPerRequest       = 16
-	DefaultMaxAttempts               = 4
-	DefaultRequestTimeout            = 30 * time.Second
-	DefaultInitialBackoff            = 100 * time.Millisecond
-	DefaultMaxBackoff                = 10 * time.Second
-	DefaultConcurrencyPerHost        = 8
-	maxRedirects                     = 5
-	drainLimit                 int64 = 4 << 10
+	DefaultTagTTL              = 5 * time.Minute
+	DefaultRequestTimeout      = 30 * time.Second
+	DefaultStallTimeout        = 10 * time.Second
+	DefaultMaxAttempts         = 4
+	DefaultConcurrencyPerHost  = 8
+	DefaultMaxGap              = 64 << 10
+	DefaultMaxSpan             = 16 << 20
+	DefaultMaxRangesPerRequest = 16
+	DefaultInitialBackoff      = 100 * time.Millisecond
+	DefaultMaxBackoff          = 10 * time.Second
+)
+
+const (
+	maxRedirects       = 5       // hops of a blob request's redirects
+	drainLimit   int64 = 4 << 10 // bytes of an unread body read to keep its connection
 )
 
 // Config configures a [Client], and the [Resolver] of [NewResolver] (which takes only the

@@ -114,14 +114,9 @@ type resolved struct {
 	expires time.Time // zero: never (pulled by digest)
 }
 
-// Defaults of a Resolver.
-const (
-	// DefaultTagTTL is how long a resolution by tag is reused.
-	DefaultTagTTL = 5 * time.Minute
-	// MaxResolutions is how many resolutions a Resolver keeps at most; beyond, the least
-	// recently used are dropped. Expired ones are dropped whenever one is added.
-	MaxResolutions = 1024
-)
+// MaxResolutions is how many resolutions a Resolver keeps at most; beyond, the least recently
+// used are dropped. Expired ones are dropped whenever one is added.
+const MaxResolutions = 1024
 
 // NewResolver returns a resolver whose requests go through rt, which carries authentication
 // and the registries' TLS settings, configured by the fields of cfg about resolutions and
