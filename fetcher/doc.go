@@ -22,13 +22,13 @@
 // # registries.conf
 //
 // The Client reads registries.conf (v2) and its drop-ins with containers/image's
-// sysregistriesv2, from the paths Config.RegistriesConf and RegistriesConfDir give or, by default, where
-// podman reads them. containers/image keeps parsed files in a process-wide cache keyed by their
-// paths: a Client re-reads its files when it is made (so Clients on different files, tests
-// among them, each see their own as they are), and [Client.Reload] re-reads them and forgets
-// every resolution (an invalid file leaves the previous configuration in force); the daemon
-// calls it on SIGHUP. Short names are not resolved: references come
-// fully qualified from the runtime.
+// sysregistriesv2, from the paths Config.RegistriesConf and RegistriesConfDir give or, by
+// default, where podman reads them. containers/image keeps parsed files in a process-wide cache
+// keyed by their paths: a Client re-reads its files when it is made (so Clients on different
+// files, tests among them, each see their own as they are), and [Client.Reload] re-reads them
+// and forgets every resolution (an invalid file leaves the previous configuration in force);
+// the daemon calls it on SIGHUP. Short names are not resolved: references come fully
+// qualified from the runtime.
 //
 // For each reference, the entry with the longest matching prefix ("*.example.com" wildcards
 // included) gives the sources, in order: its mirrors that pull-from-mirror (all, digest-only,
@@ -101,8 +101,9 @@
 //     and from then on sends one request per span.
 //   - Redirects are followed by the Blob itself (at most 5 hops). A hop to another host goes
 //     through the Client's transport (Config.Transport) without the registry's credentials,
-//     so that they never reach it. The final redirected URL is cached; when the storage answers 403 (signed URL expired) or 404
-//     on the cached URL, the registry is asked once for a fresh redirect. A hop from https to
+//     so that they never reach it. The final redirected URL is cached; when the storage
+//     answers 403 (signed URL expired) or 404 on the cached URL, the registry is asked once
+//     for a fresh redirect. A hop from https to
 //     plain http is refused, and so is a hop to an address that is not public (loopback,
 //     link-local, unspecified, private, other special ranges; IPv4-mapped and NAT64 addresses
 //     count as their IPv4 address) unless the registry's host resolves to an address of that

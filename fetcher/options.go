@@ -95,13 +95,20 @@ type Config struct {
 	MaxRangesPerRequest int
 
 	// What only the package's tests change; zero means the default.
+
 	manifestAttempts           int // tries of a reference's last source (default MaxAttempts)
 	initialBackoff, maxBackoff time.Duration
-	sleep                      func(context.Context, time.Duration) error // waits between attempts
-	now                        func() time.Time                           // the tag TTL's and Retry-After's clock
-	limiter                    *hostLimiter                               // instead of one of ConcurrencyPerHost
-	storageTransport           http.RoundTripper                          // for hops to other hosts, as guardDials makes it
-	lookup                     func(ctx context.Context, host string) ([]netip.Addr, error)
+	// sleep waits between attempts.
+	sleep func(context.Context, time.Duration) error
+	// now is the clock of the tag TTL and of Retry-After dates.
+	now func() time.Time
+	// limiter bounds the requests per host, instead of one of ConcurrencyPerHost.
+	limiter *hostLimiter
+	// storageTransport carries the hops to other hosts, instead of Transport; guardDials
+	// made it.
+	storageTransport http.RoundTripper
+	// lookup resolves the hosts of a redirect's hops, to check them.
+	lookup func(ctx context.Context, host string) ([]netip.Addr, error)
 }
 
 // defaultStorageTransport is http.DefaultTransport with its dials checked for redirects.

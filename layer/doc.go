@@ -30,7 +30,7 @@
 // A [Layer] serves reads of its files from the cache when the verified bytes are there, and
 // otherwise fetches the chunks a read needs (coalesced into as few range requests as the
 // fetcher can make), with those that follow them in the blob within a small read-ahead window
-// (the read-ahead, 32 KiB), verifies them, serves them and writes them to the cache. A file read in
+// (32 KiB), verifies them, serves them and writes them to the cache. A file read in
 // sequence (the chunk before the one read is in the cache) has its next chunk fetched
 // meanwhile, so that the reader does not wait for a round trip and a verification per chunk.
 // A cold read also fetches, without the reader waiting, the rest of the file's region around
