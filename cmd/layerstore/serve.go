@@ -667,7 +667,8 @@ func newClient(cfg *Config, keys *fetcher.MemoryKeychain, log *slog.Logger) (*fe
 	})
 }
 
-// layerConfig is the layer manager's configuration.
+// layerConfig is the layer manager's configuration; a negative concurrency means the default,
+// as newClient's counts do.
 func layerConfig(cfg *Config, log *slog.Logger) layer.Config {
 	l, p := &cfg.Layers, &cfg.Prefetch
 	return layer.Config{
