@@ -168,9 +168,11 @@ func (c Config) options() (options, error) {
 	if o.log == nil {
 		o.log = discardLogger()
 	}
-	if o.storageRT == nil && c.Transport != nil {
+	switch {
+	case o.storageRT != nil:
+	case c.Transport != nil:
 		o.storageRT = guardDials(c.Transport)
-	} else if o.storageRT == nil {
+	default:
 		o.storageRT = defaultStorageTransport
 	}
 	if o.limiter == nil {
