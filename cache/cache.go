@@ -79,12 +79,10 @@ type Cache struct {
 // files, recorded ranges of partial files, records and pins left by a previous Cache are
 // kept; unrecorded bytes, damaged journals, record headers and pins, and temporary files are
 // discarded.
-func New(root string, opts ...Option) (*Cache, error) {
-	o := defaultOptions()
-	for _, opt := range opts {
-		if err := opt(&o); err != nil {
-			return nil, err
-		}
+func New(root string, cfg Config) (*Cache, error) {
+	o, err := cfg.options()
+	if err != nil {
+		return nil, err
 	}
 	for _, d := range []string{root, filepath.Join(root, filesDir), filepath.Join(root, partialDir),
 		filepath.Join(root, recordsDir), filepath.Join(root, pinsDir)} {

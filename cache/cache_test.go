@@ -26,7 +26,7 @@ func TestFillConcurrent(t *testing.T) {
 	for _, name := range []string{"usr/share/big.bin", "usr/share/sparse.img"} {
 		t.Run(filepath.Base(name), func(t *testing.T) {
 			tf := realFiles(t)[name]
-			c := newCache(t, t.TempDir())
+			c := newCache(t, t.TempDir(), Config{})
 			h := open(t, c, tf)
 			cs := append(slices.Clone(tf.chunks["zstd"]), tf.chunks["estargz"]...)
 			rand.New(rand.NewPCG(5, 6)).Shuffle(len(cs), func(i, j int) { cs[i], cs[j] = cs[j], cs[i] })
@@ -107,7 +107,7 @@ func TestPartialRead(t *testing.T) {
 	tf := realFiles(t)["usr/share/big.bin"]
 	cs := tf.chunks["estargz"] // 64 KiB chunks
 	const k = 64 << 10
-	c := newCache(t, t.TempDir())
+	c := newCache(t, t.TempDir(), Config{})
 	h := open(t, c, tf)
 	putAll(t, h, []verify.Chunk{cs[0], cs[2], cs[len(cs)-1]})
 	if u, want := c.Usage(), 2*k+cs[len(cs)-1].Ref().Size; u != want {
@@ -163,7 +163,7 @@ func TestRestart(t *testing.T) {
 	fs := realFiles(t)
 	big, tool := fs["usr/share/big.bin"], fs["usr/bin/tool"]
 	root := t.TempDir()
-	c := newCache(t, root)
+	c := newCache(t, root, Config{})
 	fill(t, c, tool)
 	h := open(t, c, big)
 	putAll(t, h, big.chunks["zstd"][:3])
@@ -175,7 +175,7 @@ func TestRestart(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	c = newCache(t, root)
+	c = newCache(t, root, Config{})
 	if c.Usage() != usage {
 		t.Errorf("usage after restart = %d, want %d", c.Usage(), usage)
 	}
@@ -204,25 +204,23 @@ func TestRestart(t *testing.T) {
 
 func TestLocked(t *testing.T) {
 	root := t.TempDir()
-	c := newCache(t, root)
-	if _, err := New(root); !errors.Is(err, ErrLocked) {
+	c := newCache(t, root, Config{})
+	if _, err := New(root, Config{}); !errors.Is(err, ErrLocked) {
 		t.Fatalf("second New = %v, want ErrLocked", err)
 	}
 	c.Close()
-	c2, err := New(root)
+	c2, err := New(root, Config{})
 	if err != nil {
 		t.Fatalf("New after Close: %v", err)
 	}
 	c2.Close()
 }
 
-func TestOptions(t *testing.T) {
-	for _, opt := range []Option{WithMaxSize(0), WithMaxSize(-1), WithLogger(nil)} {
-		if _, err := New(t.TempDir(), opt); err == nil {
-			t.Error("invalid option accepted")
-		}
+func TestConfig(t *testing.T) {
+	if _, err := New(t.TempDir(), Config{MaxSize: -1}); err == nil {
+		t.Error("a negative max size was accepted")
 	}
-	c := newCache(t, t.TempDir())
+	c := newCache(t, t.TempDir(), Config{})
 	if c.opts.maxSize != DefaultMaxSize || DefaultMaxSize != 10<<30 {
 		t.Errorf("default max size = %d", c.opts.maxSize)
 	}
@@ -233,7 +231,7 @@ func TestOptions(t *testing.T) {
 func TestCorruptWholeFile(t *testing.T) {
 	fs := realFiles(t)
 	tool, other := fs["usr/bin/tool"], fs["usr/share/big.bin"]
-	c := newCache(t, t.TempDir())
+	c := newCache(t, t.TempDir(), Config{})
 	h, err := c.Open(other.sum, tool.size())
 	if err != nil {
 		t.Fatal(err)
@@ -263,7 +261,7 @@ func TestCorruptWholeFile(t *testing.T) {
 func TestBadChunk(t *testing.T) {
 	fs := realFiles(t)
 	tool, big := fs["usr/bin/tool"], fs["usr/share/big.bin"]
-	c := newCache(t, t.TempDir())
+	c := newCache(t, t.TempDir(), Config{})
 	h := open(t, c, tool)
 	for _, ch := range []verify.Chunk{{}, big.chunks["estargz"][3], big.chunks["zstd"][0]} {
 		if err := h.Put(ch); !errors.Is(err, ErrBadChunk) {
@@ -276,7 +274,7 @@ func TestBadChunk(t *testing.T) {
 }
 
 func TestEmptyFile(t *testing.T) {
-	c := newCache(t, t.TempDir())
+	c := newCache(t, t.TempDir(), Config{})
 	h, err := c.Open(sha256.Sum256(nil), 0)
 	if err != nil {
 		t.Fatal(err)
@@ -303,7 +301,7 @@ func TestEmptyFile(t *testing.T) {
 func TestSizeMismatch(t *testing.T) {
 	fs := realFiles(t)
 	tool, big := fs["usr/bin/tool"], fs["usr/share/big.bin"]
-	c := newCache(t, t.TempDir())
+	c := newCache(t, t.TempDir(), Config{})
 	fill(t, c, tool)
 	if _, err := c.Open(tool.sum, tool.size()+1); !errors.Is(err, ErrSizeMismatch) {
 		t.Errorf("complete file with another size: %v", err)
@@ -328,7 +326,7 @@ func TestSizeMismatch(t *testing.T) {
 func TestClosedCache(t *testing.T) {
 	fs := realFiles(t)
 	big := fs["usr/share/big.bin"]
-	c, err := New(t.TempDir())
+	c, err := New(t.TempDir(), Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -359,7 +357,7 @@ func TestClosedCache(t *testing.T) {
 func TestReadChunkPoisoned(t *testing.T) {
 	fs := realFiles(t)
 	big, sparse := fs["usr/share/big.bin"], fs["usr/share/sparse.img"]
-	c := newCache(t, t.TempDir())
+	c := newCache(t, t.TempDir(), Config{})
 	h := open(t, c, big)
 	honest, liar := big.chunks["estargz"], sparse.chunks["estargz"]
 	putAll(t, h, []verify.Chunk{honest[0], liar[1]}) // same offsets and sizes, other bytes
@@ -398,7 +396,7 @@ func TestReadChunkPoisoned(t *testing.T) {
 func TestReadChunkAt(t *testing.T) {
 	fs := realFiles(t)
 	big, sparse := fs["usr/share/big.bin"], fs["usr/share/sparse.img"]
-	c := newCache(t, t.TempDir())
+	c := newCache(t, t.TempDir(), Config{})
 	h := open(t, c, big)
 	honest, liar, other := big.chunks["estargz"], sparse.chunks["estargz"], big.chunks["zstd"]
 	putAll(t, h, []verify.Chunk{honest[0], liar[1]})
@@ -490,7 +488,7 @@ func TestReadChunkAt(t *testing.T) {
 }
 
 func TestStats(t *testing.T) {
-	c := newCache(t, t.TempDir())
+	c := newCache(t, t.TempDir(), Config{})
 	var f *testFile
 	for _, tf := range realFiles(t) {
 		if f == nil || tf.size() > f.size() {
@@ -551,7 +549,7 @@ func TestStatsCounted(t *testing.T) {
 	if others < 5 {
 		t.Fatalf("%d other files", others)
 	}
-	c := newCache(t, root, WithMaxSize(rest+a.size()+b.size()+cf.size()-1))
+	c := newCache(t, root, Config{MaxSize: rest + a.size() + b.size() + cf.size() - 1})
 	check(c, "empty")
 	fill(t, c, a)
 	check(c, "one complete")
@@ -577,7 +575,7 @@ func TestStatsCounted(t *testing.T) {
 	if err := c.Close(); err != nil {
 		t.Fatal(err)
 	}
-	c = newCache(t, root)
+	c = newCache(t, root, Config{})
 	check(c, "reopened")
 }
 
@@ -586,7 +584,7 @@ func TestStatsCounted(t *testing.T) {
 // the layer whose Put returned checks that the cache holds its files.
 func TestPutWaitsForFinish(t *testing.T) {
 	big := realFiles(t)["usr/share/big.bin"]
-	c := newCache(t, t.TempDir())
+	c := newCache(t, t.TempDir(), Config{})
 	cs := big.chunks["zstd"]
 	first, second := open(t, c, big), open(t, c, big)
 	putAll(t, first, cs[:len(cs)-1])

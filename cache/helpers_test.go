@@ -86,9 +86,9 @@ func loadFiles(t testing.TB) (map[string]*testFile, error) {
 	return out, nil
 }
 
-func newCache(t *testing.T, root string, opts ...Option) *Cache {
+func newCache(t *testing.T, root string, cfg Config) *Cache {
 	t.Helper()
-	c, err := New(root, opts...)
+	c, err := New(root, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

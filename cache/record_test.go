@@ -54,7 +54,7 @@ func recordSize(meta, data []byte) int64 { return alignRecord(int64(len(meta))) 
 // RemoveRecord; a missing one is ErrMissing and fs.ErrNotExist.
 func TestRecord(t *testing.T) {
 	root := t.TempDir()
-	c := newCache(t, root)
+	c := newCache(t, root, Config{})
 	meta, data := []byte(`{"layer":"a"}`), recordData(1, 300<<10+17)
 	putRecord(t, c, "layer-a", meta, data)
 	putRecord(t, c, "empty", nil, nil)
@@ -94,7 +94,7 @@ func TestRecord(t *testing.T) {
 	e.Close()
 	c.Close()
 
-	c = newCache(t, root)
+	c = newCache(t, root, Config{})
 	if want := recordSize([]byte("v2"), data2) + recordSize(nil, nil); c.Usage() != want {
 		t.Errorf("after restart, usage %d, want %d", c.Usage(), want)
 	}
@@ -155,7 +155,7 @@ func TestRecordDamaged(t *testing.T) {
 			for _, restart := range []bool{false, true} {
 				root := t.TempDir()
 				logs := &testlog.Handler{}
-				c := newCache(t, root, WithLogger(slog.New(logs)))
+				c := newCache(t, root, Config{Logger: slog.New(logs)})
 				putRecord(t, c, "rec", meta, data)
 				putRecord(t, c, "other", meta, data)
 				p := c.recordPath("rec")
@@ -165,7 +165,7 @@ func TestRecordDamaged(t *testing.T) {
 				tc.damage(t, p)
 				if restart {
 					c.Close()
-					c = newCache(t, root, WithLogger(slog.New(logs)))
+					c = newCache(t, root, Config{Logger: slog.New(logs)})
 					if names, _ := c.Records(); slices.Contains(names, "rec") == tc.atScan {
 						t.Fatalf("after restart, records %q: scan should remove it: %v", names, tc.atScan)
 					}
@@ -203,7 +203,7 @@ func TestRecordDamaged(t *testing.T) {
 
 	t.Run("leftovers", func(t *testing.T) {
 		root := t.TempDir()
-		c := newCache(t, root)
+		c := newCache(t, root, Config{})
 		putRecord(t, c, "rec", meta, data)
 		c.Close()
 		dir := filepath.Join(root, recordsDir)
@@ -213,7 +213,7 @@ func TestRecordDamaged(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		c = newCache(t, root)
+		c = newCache(t, root, Config{})
 		des, _ := os.ReadDir(dir)
 		if len(des) != 1 || des[0].Name() != "rec" {
 			t.Errorf("records/ holds %v, want only rec", des)
@@ -288,7 +288,7 @@ func TestRecordKill(t *testing.T) {
 		}
 
 		before, _ := os.ReadDir(filepath.Join(root, recordsDir))
-		c, err := New(root)
+		c, err := New(root, Config{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -320,7 +320,7 @@ func killVersion(v int) []byte { return recordData(uint64(v), 4<<20+v*4099) }
 // recordChild writes versions of a record until killed (or a minute has passed), by PutRecord
 // and by WriteRecord in turn.
 func recordChild(t *testing.T, root string) {
-	c, err := New(root)
+	c, err := New(root, Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -358,7 +358,7 @@ func TestEvictRecords(t *testing.T) {
 	meta := []byte("m")
 	rs := recordSize(meta, make([]byte, 1000))
 	root := t.TempDir()
-	c := newCache(t, root, WithMaxSize(3*rs+b.size()))
+	c := newCache(t, root, Config{MaxSize: 3*rs + b.size()})
 	putRecord(t, c, "r1", meta, recordData(1, 1000))
 	fill(t, c, a)
 	putRecord(t, c, "r2", meta, recordData(2, 1000))
@@ -405,7 +405,7 @@ func TestEvictRecords(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	c = newCache(t, root, WithMaxSize(rs+cf.size()))
+	c = newCache(t, root, Config{MaxSize: rs + cf.size()})
 	if !c.Has(cf.sum) || c.Has(b.sum) || !slices.Equal(records(t, c), []string{"r2"}) {
 		t.Errorf("after restart: has cf=%v b=%v records %q, want cf and r2", c.Has(cf.sum), c.Has(b.sum), records(t, c))
 	}
@@ -454,7 +454,7 @@ func FuzzRecordHeader(f *testing.F) {
 // evicted while open), and Close waits for a write under way, whose file it removes.
 func TestWriteRecord(t *testing.T) {
 	root := t.TempDir()
-	c := newCache(t, root)
+	c := newCache(t, root, Config{})
 	release := make(chan struct{})
 	c.hook = func(point string) error {
 		if point == "record:written" {
@@ -527,7 +527,7 @@ func TestWriteRecord(t *testing.T) {
 	if des, _ := os.ReadDir(filepath.Join(root, recordsDir)); len(des) != 1 {
 		t.Errorf("records/ holds %v", des)
 	}
-	c = newCache(t, root)
+	c = newCache(t, root, Config{})
 	r = openRecord(t, c, "layer-a")
 	if string(r.Meta()) != "v2" {
 		t.Errorf("after restart, record %q, want v2", r.Meta())
@@ -539,7 +539,7 @@ func TestWriteRecord(t *testing.T) {
 // and size, after a restart too.
 func TestRecordParts(t *testing.T) {
 	root := t.TempDir()
-	c := newCache(t, root)
+	c := newCache(t, root, Config{})
 	data := recordData(7, 200<<10+5)
 	parts := [][]byte{data[:100<<10+3], nil, data[100<<10+3 : 150<<10], data[150<<10:]}
 	if err := c.PutRecord("parts", []byte("m"), parts...); err != nil {
@@ -549,7 +549,7 @@ func TestRecordParts(t *testing.T) {
 		t.Fatalf("data of %d bytes read back, want the %d of the parts joined", len(got), len(data))
 	}
 	c.Close()
-	c2 := newCache(t, root)
+	c2 := newCache(t, root, Config{})
 	if got := openRecord(t, c2, "parts").Data(); !bytes.Equal(got, data) {
 		t.Fatal("after a restart: not the parts joined")
 	}
@@ -561,7 +561,7 @@ func TestRecordParts(t *testing.T) {
 // TestRecordUnresident: a record read whole is resident in the process until Unresident, after
 // which its data is still read as it was, only the pages read again becoming resident.
 func TestRecordUnresident(t *testing.T) {
-	c := newCache(t, t.TempDir())
+	c := newCache(t, t.TempDir(), Config{})
 	data := make([]byte, 32<<20)
 	for i := range data {
 		data[i] = byte(i * 7 >> 12)

@@ -65,7 +65,7 @@ func BenchmarkWholeBlob(b *testing.B) {
 			b.SetBytes(benchBlobSize)
 			var requests int64
 			for b.Loop() {
-				blob, err := New(rt, reg.blobURL, benchBlobSize, WithHostLimiter(NewHostLimiter(8)))
+				blob, err := newURLBlob(rt, reg.blobURL, benchBlobSize, Config{limiter: newHostLimiter(8)})
 				if err != nil {
 					b.Fatal(err)
 				}

@@ -64,16 +64,6 @@ type Stats struct {
 	Retries       int64 // attempts after a transient failure
 }
 
-// New returns a Blob reading the blob at blobURL (https://host/v2/<repo>/blobs/<digest>),
-// whose size is size bytes, through rt, a transport already authenticated to the registry.
-func New(rt http.RoundTripper, blobURL string, size int64, opts ...Option) (*Blob, error) {
-	ep, err := newEndpoint(rt, blobURL)
-	if err != nil {
-		return nil, err
-	}
-	return newBlob([]*endpoint{ep}, size, opts...)
-}
-
 // newEndpoint checks an endpoint's transport and blob URL.
 func newEndpoint(rt http.RoundTripper, blobURL string) (*endpoint, error) {
 	if rt == nil {
@@ -90,18 +80,12 @@ func newEndpoint(rt http.RoundTripper, blobURL string) (*endpoint, error) {
 }
 
 // newBlob returns a Blob reading from eps, the first one first: see [Blob.Fetch].
-func newBlob(eps []*endpoint, size int64, opts ...Option) (*Blob, error) {
+func newBlob(eps []*endpoint, size int64, o options) (*Blob, error) {
 	if len(eps) == 0 {
 		return nil, errors.New("fetcher: no endpoint to read the blob from")
 	}
 	if size < 0 {
 		return nil, fmt.Errorf("fetcher: negative blob size %d", size)
-	}
-	o := defaultOptions()
-	for _, opt := range opts {
-		if err := opt(&o); err != nil {
-			return nil, fmt.Errorf("fetcher: %w", err)
-		}
 	}
 	o.storageRT = bounded(o.storageRT, o.stall)
 	for _, ep := range eps {

@@ -110,7 +110,7 @@ func TestClientPlatforms(t *testing.T) {
 		r.pushIndex(t, "team/multi:v1", idx)
 	}
 	path, dropIn := writeConf(t, "[[registry]]\nlocation = \"registry.example.com\"\n[[registry.mirror]]\nlocation = \"mirror.example.com\"\n")
-	c := w.client(t, path, dropIn, WithResolverOptions(WithPlatform(v1.Platform{OS: "linux", Architecture: "arm64"})))
+	c := w.client(t, path, dropIn, Config{Platform: v1.Platform{OS: "linux", Architecture: "arm64"}})
 	got, err := c.Resolve(t.Context(), "registry.example.com/team/multi:v1")
 	if err != nil {
 		t.Fatal(err)

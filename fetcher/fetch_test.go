@@ -4,8 +4,10 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync"
 	"testing"
@@ -437,7 +439,7 @@ var zeroTime time.Time
 func TestFetchResultsAreViews(t *testing.T) {
 	data := testBlob(300_000)
 	reg := newTestRegistry(t, data)
-	b, _ := newTestBlob(t, reg, WithMaxSpan(100_000))
+	b, _ := newTestBlob(t, reg, Config{MaxSpan: 100_000})
 	ranges := []byterange.Range{{Offset: 0, Length: 10}, {Offset: 10, Length: 10}, {Offset: 5, Length: 10}, {Offset: 99_990, Length: 20}, {Offset: 0, Length: 0}}
 	got, err := b.Fetch(t.Context(), ranges)
 	if err != nil {
@@ -451,5 +453,31 @@ func TestFetchResultsAreViews(t *testing.T) {
 	}
 	if got[4] == nil {
 		t.Error("an empty range returned nil")
+	}
+}
+
+// TestFetchFarRangesOneRequest: two ranges too far apart to be merged into one span are asked
+// for in one multi-range request, of a server answering Range requests as net/http does.
+func TestFetchFarRangesOneRequest(t *testing.T) {
+	blob := bytes.Repeat([]byte("."), 200<<10)
+	copy(blob[0:], "hello")
+	copy(blob[150_000:], "world")
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		http.ServeContent(w, r, "", time.Time{}, bytes.NewReader(blob))
+	}))
+	t.Cleanup(srv.Close)
+	b, err := newURLBlob(srv.Client().Transport, srv.URL+"/v2/app/blobs/sha256:"+strings.Repeat("0", 64), int64(len(blob)), Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := b.Fetch(t.Context(), []byterange.Range{{Offset: 0, Length: 5}, {Offset: 150_000, Length: 5}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s := fmt.Sprintf("%s %s", got[0], got[1]); s != "hello world" {
+		t.Errorf("fetched %q, want \"hello world\"", s)
+	}
+	if n := b.Stats().Requests; n != 1 {
+		t.Errorf("%d requests, want 1", n)
 	}
 }

@@ -75,7 +75,7 @@ func TestClearDeadMount(t *testing.T) {
 		}
 		deadMount(t, dir, "fuse."+fsName)
 		deadMount(t, dir, "fuse."+fsName) // two crashes in a row
-		if _, err := Mount(dir, newTestStore(), DefaultOptions()); err == nil {
+		if _, err := Mount(dir, newTestStore(), defaultOptions()); err == nil {
 			t.Fatal("Mount over a dead mount succeeded")
 		}
 		if err := ClearDeadMount(dir); err != nil {
@@ -87,7 +87,7 @@ func TestClearDeadMount(t *testing.T) {
 		store := newTestStore()
 		l := newTestLayer(t, fixture(t, "estargz"))
 		store.add(testRef, l)
-		srv, err := Mount(dir, store, DefaultOptions())
+		srv, err := Mount(dir, store, defaultOptions())
 		if err != nil {
 			t.Fatalf("Mount after clearing: %v", err)
 		}

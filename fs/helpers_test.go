@@ -360,3 +360,9 @@ func wantErrno(t *testing.T, what string, err error, want syscall.Errno) {
 		t.Errorf("%s: got error %v (%d), want %v", what, err, got, want)
 	}
 }
+
+// defaultOptions are the options the daemon runs with as root: passthrough, one hour timeouts
+// for the immutable tree, no logging.
+func defaultOptions() Options {
+	return Options{EntryTimeout: DefaultEntryTimeout, AttrTimeout: DefaultAttrTimeout, Passthrough: true}
+}

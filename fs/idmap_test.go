@@ -44,7 +44,7 @@ func TestIDsShowOwners(t *testing.T) {
 	f := fixture(t, "estargz")
 	l := newTestLayer(t, f)
 	ids := &IDMap{UIDs: []IDRange{{0, 1500, 1}, {1, 300000, 65536}}, GIDs: []IDRange{{0, 1600, 1}, {1, 400000, 65536}}}
-	opts := DefaultOptions()
+	opts := defaultOptions()
 	opts.IDs = ids
 	m := mountLayer(t, l, opts)
 	ref, err := testlayer.ReferenceTree(testlayer.Tar())

@@ -97,7 +97,7 @@ func (l *blockingLayer) ReadFile(ctx context.Context, id chunked.EntryID, p []by
 }
 
 func resumeOptions() Options {
-	opts := DefaultOptions()
+	opts := defaultOptions()
 	opts.Passthrough = os.Getenv(resumePTEnv) != "" // else every read reaches the daemon
 	return opts
 }

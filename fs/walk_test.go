@@ -152,7 +152,7 @@ func TestWalkFromKernelCaches(t *testing.T) {
 	const n = 5000
 	store, ref, key, x := syntheticLayer(t, n)
 	ops := &opCounter{ops: map[string]int{}}
-	opts := DefaultOptions()
+	opts := defaultOptions()
 	opts.Debug = true
 	opts.Logger = slog.New(ops)
 	mnt, _ := mountTest(t, store, opts)
@@ -241,7 +241,7 @@ func dirents(t *testing.T, fd, size, want int) (names []string, offs []int64) {
 // listing) goes on with the entry after it, and that the whole listing is the index's.
 func TestReaddirOffsets(t *testing.T) {
 	store, ref, key, x := syntheticLayer(t, 5000)
-	mnt, _ := mountTest(t, store, DefaultOptions())
+	mnt, _ := mountTest(t, store, defaultOptions())
 	dir := layerPath(mnt, ref, key, "diff", "usr", "lib")
 	id, ok := x.LookupPath("usr/lib")
 	if !ok {

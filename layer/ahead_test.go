@@ -39,7 +39,7 @@ func TestResolveAhead(t *testing.T) {
 	plain := gzipLayer(t)
 	layers = append(layers, plain)
 	ref := e.push("ahead/img:v1", layers...)
-	m := e.manager(WithPrefetchQuiet(time.Hour)) // background fetch on, its requests held back
+	m := e.manager(withPrefetchQuiet(time.Hour)) // background fetch on, its requests held back
 
 	if _, err := m.lookup(t.Context(), ref, keys[0]); err != nil {
 		t.Fatal(err)
@@ -117,7 +117,7 @@ func TestResolveAheadBounded(t *testing.T) {
 	t.Run("count", func(t *testing.T) {
 		e := newEnv(t)
 		ref := e.push("ahead/many:v1", layers...)
-		m := e.manager(WithPrefetch(false))
+		m := e.manager(withPrefetch(false))
 		lookupOK(t, m, ref, profKey(fxs[0]))
 		resolved := func() (n int) {
 			for _, f := range fxs[1:] {
@@ -147,7 +147,7 @@ func TestResolveAheadBounded(t *testing.T) {
 			e.reg.Hang(f.Desc.Digest, true)
 		}
 		const bound = 300 * time.Millisecond
-		m := e.manager(WithPrefetch(false), WithResolveTimeout(bound), WithNegativeTTL(time.Hour))
+		m := e.manager(withPrefetch(false), withResolveTimeout(bound), withNegativeTTL(time.Hour))
 		start := time.Now()
 		lookupOK(t, m, ref, profKey(fxs[0]))
 		if d := time.Since(start); d > 5*time.Second {

@@ -13,14 +13,14 @@
 // runtimes' priority), and reads the tar-split first (the lookup did not wait for it; a read
 // that fails, bounded by the read timeout, refuses the layer: a registry withholding it would
 // otherwise keep the TOC unproven), except for lookups by blob digest (whose info needs the
-// tar's size) and under WithRequireDiffID, which read the tar-split with the TOC and run the
+// tar's size) and under Config.RequireDiffID, which read the tar-split with the TOC and run the
 // comparison at once, at their priority (the background comparison of the same layer steps
 // aside); a layer whose TOC the tar-split contradicts is refused from then on (lookups, reads,
 // status, and through Layer.Refused the mount's answers about its tree; its identity is
 // remembered for the manager's life, so that a later resolution of it is refused at once).
-// Resolutions are shared by concurrent lookups, bounded in time (WithResolveTimeout), kept
-// while the runtime uses the layer and for a while after (WithKeepTTL); failures are remembered
-// only briefly (WithNegativeTTL). Layers that are not lazily pullable, and keys that name no
+// Resolutions are shared by concurrent lookups, bounded in time (Config.ResolveTimeout), kept
+// while the runtime uses the layer and for a while after (Config.KeepTTL); failures are remembered
+// only briefly (Config.NegativeTTL). Layers that are not lazily pullable, and keys that name no
 // layer of the image, are reported as io/fs.ErrNotExist so that the runtime pulls them
 // normally. A lookup that goes to the registry also resolves, in the background and while it
 // resolves its own, the other lazily pullable layers of its manifest for the same reference (at
@@ -31,7 +31,7 @@
 // A [Layer] serves reads of its files from the cache when the verified bytes are there, and
 // otherwise fetches the chunks a read needs (coalesced into as few range requests as the
 // fetcher can make), with those that follow them in the blob within a small read-ahead window
-// (WithReadAhead), verifies them, serves them and writes them to the cache. A file read in
+// (32 KiB), verifies them, serves them and writes them to the cache. A file read in
 // sequence (the chunk before the one read is in the cache) has its next chunk fetched
 // meanwhile, so that the reader does not wait for a round trip and a verification per chunk.
 // A cold read also fetches, without the reader waiting, the rest of the file's region around
@@ -43,7 +43,7 @@
 // Concurrent reads of one chunk share one fetch. In the background every resolved layer is fetched
 // completely, prioritized files first, in large coalesced requests verified on every core;
 // background work yields to reads a runtime is waiting for, starts its requests (prioritized
-// files aside) only once the runtime has been quiet for a while (WithPrefetchQuiet) and no
+// files aside) only once the runtime has been quiet for a while (Config.PrefetchQuiet) and no
 // startup profile is being replayed (a container whose reads a replay fetched ahead of it
 // fetches nothing on demand, yet is starting), can be bounded in concurrency and bandwidth,
 // and stops for layers whose users all went away.
@@ -94,7 +94,7 @@
 // A container's start reads a few files of each layer one after another, each a round trip
 // when cold. The manager learns them, with nothing to configure and no producer step. From a
 // layer's first read on (Layer.ReadFile, or an open served by passthrough, Layer.Backing), for
-// WithProfileWindow (30 s by default), it records the files read, by path, in the order of
+// the profile window (30 s), it records the files read, by path, in the order of
 // their first read, and ends early at 4096 files, 256 MiB of their content or 256 KiB of
 // their paths; then it writes that list, the layer's profile, into the profile of each
 // repository the layer was resolved through. A live layer records once; a layer resolved
@@ -130,7 +130,7 @@
 // between their fetches. The rest of the layer follows as before, eStargz's prioritized files
 // among it (after the quiet period: the profile is what a start read, the producer's list a
 // guess made at build time, which would share the link with the replay). Without background
-// fetching (WithPrefetch(false)) nothing is replayed.
+// fetching (Config.NoPrefetch) nothing is replayed.
 //
 // A profile names paths, nothing else: what is fetched is always chunks of the layer's own
 // verified index, verified as every chunk is. A profile, recorded from any container's reads

@@ -34,9 +34,9 @@ type env struct {
 
 	log         *slog.Logger
 	now         func() time.Time
-	readTimeout time.Duration // bounds each fetch (WithReadTimeout)
-	negativeTTL time.Duration // how long a failed fetch is remembered (WithNegativeTTL)
-	readAhead   int64         // the read-ahead window (WithReadAhead)
+	readTimeout time.Duration // bounds each fetch (Config.ReadTimeout)
+	negativeTTL time.Duration // how long a failed fetch is remembered (Config.NegativeTTL)
+	readAhead   int64         // the read-ahead window (options.readAhead)
 	regions     chan struct{} // a slot per region fetch in flight (regionSlots)
 	predicting  chan struct{} // a slot per prediction running (predictSlots; predict.go)
 	// siblings returns the other live layers resolved through a reference l was resolved
@@ -44,10 +44,10 @@ type env struct {
 	// manager sets it to Manager.siblingsOf, which takes Manager.mu: the one call from a layer
 	// into its manager, made by predictions only, never under a layer's lock.
 	siblings func(l *Layer) []*Layer
-	batch    int64 // the compressed bytes of a background request (WithPrefetchBatch)
+	batch    int64 // the compressed bytes of a background request (Config.PrefetchBatch)
 
-	// The recording of startup profiles: its window (WithProfileWindow; zero: none) and the
-	// bounds that end it early (profile.MaxFiles, profile.MaxContent; tests lower them).
+	// The recording of startup profiles: its window (options.profileWindow; zero: none) and
+	// the bounds that end it early (profile.MaxFiles, profile.MaxContent; tests lower them).
 	profileWindow     time.Duration
 	profileMaxFiles   int
 	profileMaxContent int64

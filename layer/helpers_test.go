@@ -29,7 +29,7 @@ func newEnv(t *testing.T) *testEnv {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { reg.Close() })
-	c, err := cache.New(t.TempDir())
+	c, err := cache.New(t.TempDir(), cache.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -41,9 +41,9 @@ func newEnv(t *testing.T) *testEnv {
 	return &testEnv{t: t, reg: reg, cache: c, fixtures: fs}
 }
 
-func (e *testEnv) manager(opts ...Option) *Manager {
+func (e *testEnv) manager(opts ...option) *Manager {
 	e.t.Helper()
-	m, err := New(ClientRegistry(testClient(e.t, e.reg)), e.cache, opts...)
+	m, err := newTestManager(ClientRegistry(testClient(e.t, e.reg)), e.cache, opts...)
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -102,8 +102,7 @@ func testClient(t *testing.T, reg *testregistry.Registry) *fetcher.Client {
 	if err := os.WriteFile(conf, []byte(testregistry.RegistriesConf(reg.Host)), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	c, err := fetcher.NewClient(fetcher.WithRegistriesConf(conf, conf+".d"),
-		fetcher.WithBlobOptions(fetcher.WithBackoff(time.Millisecond, 10*time.Millisecond)))
+	c, err := fetcher.NewClient(fetcher.Config{RegistriesConf: conf, RegistriesConfDir: conf + ".d"})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -86,7 +86,7 @@ func TestBackgroundVerifiedAtLowPriority(t *testing.T) {
 	idle := backgroundThreads()
 
 	ref := e.push("lowprio/demand:v1", fixtureLayer(f))
-	m := e.manager(WithPrefetch(false))
+	m := e.manager(withPrefetch(false))
 	l, err := m.lookup(t.Context(), ref, f.Desc.Digest)
 	if err != nil {
 		t.Fatal(err)
@@ -120,7 +120,7 @@ func TestWantedVerifiedAtOnce(t *testing.T) {
 	e := newEnv(t)
 	f := e.fixtures[0]
 	ref := e.push("lowprio/wanted:v1", fixtureLayer(f))
-	m := e.manager(WithPrefetch(false))
+	m := e.manager(withPrefetch(false))
 	l, err := m.lookup(t.Context(), ref, f.Desc.Digest)
 	if err != nil {
 		t.Fatal(err)

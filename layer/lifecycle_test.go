@@ -28,7 +28,7 @@ func TestResolveBounded(t *testing.T) {
 			defer c.Close() // hold it open, say nothing
 		}
 	}()
-	m := e.manager(WithPrefetch(false), WithResolveTimeout(300*time.Millisecond))
+	m := e.manager(withPrefetch(false), withResolveTimeout(300*time.Millisecond))
 	start := time.Now()
 	_, err = m.lookup(t.Context(), ln.Addr().String()+"/silent:v1", e.fixtures[0].Desc.Digest)
 	if err == nil || errors.Is(err, iofs.ErrNotExist) {
@@ -45,7 +45,7 @@ func TestPrefetchStopsWithoutUsers(t *testing.T) {
 	e := newEnv(t)
 	f := e.fixtures[0]
 	ref := e.push("users:v1", fixtureLayer(f))
-	m := e.manager(WithPrefetchBandwidth(64<<10), WithPrefetchBatch(64<<10)) // slow: it cannot finish first
+	m := e.manager(withPrefetchBandwidth(64<<10), withPrefetchBatch(64<<10)) // slow: it cannot finish first
 	l, err := m.lookup(t.Context(), ref, f.Desc.Digest)
 	if err != nil {
 		t.Fatal(err)

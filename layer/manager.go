@@ -104,14 +104,18 @@ type resolution struct {
 	expires time.Time // when an unused success or a failure is forgotten
 }
 
-// New returns a manager resolving layers through reg and keeping their content in c.
-func New(reg Registry, c *cache.Cache, opts ...Option) (*Manager, error) {
-	o := defaultOptions()
-	for _, opt := range opts {
-		if err := opt(&o); err != nil {
-			return nil, fmt.Errorf("layer: %w", err)
-		}
+// New returns a manager resolving layers through reg and keeping their content in c,
+// configured by cfg (see [Config]).
+func New(reg Registry, c *cache.Cache, cfg Config) (*Manager, error) {
+	o, err := cfg.options()
+	if err != nil {
+		return nil, fmt.Errorf("layer: %w", err)
 	}
+	return newManager(reg, c, o), nil
+}
+
+// newManager returns a manager with the options o.
+func newManager(reg Registry, c *cache.Cache, o options) *Manager {
 	m := &Manager{
 		env: env{
 			cache:       c,
@@ -147,7 +151,7 @@ func New(reg Registry, c *cache.Cache, opts ...Option) (*Manager, error) {
 	m.done.Add(1)
 	go m.janitor()
 	m.resumePins()
-	return m, nil
+	return m
 }
 
 // Close stops background work and releases the cache files the manager holds. Layers already

@@ -22,13 +22,13 @@ func TestPrefetchNotStored(t *testing.T) {
 			if servedKey(f) == "" {
 				t.Skip("served to no runtime")
 			}
-			c, err := cache.New(t.TempDir(), cache.WithMaxSize(1))
+			c, err := cache.New(t.TempDir(), cache.Config{MaxSize: 1})
 			if err != nil {
 				t.Fatal(err)
 			}
 			t.Cleanup(func() { c.Close() })
 			logs := &testlog.Handler{}
-			m, err := New(ClientRegistry(testClient(t, e.reg)), c, WithLogger(slog.New(logs)), WithPrefetchQuiet(0))
+			m, err := newTestManager(ClientRegistry(testClient(t, e.reg)), c, withLogger(slog.New(logs)), withPrefetchQuiet(0))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -62,13 +62,13 @@ func TestPrefetchNoSpace(t *testing.T) {
 			}
 		}
 		cacheLogs, logs := &testlog.Handler{}, &testlog.Handler{}
-		c, err := cache.New(filepath.Join(dir, "cache"), cache.WithLogger(slog.New(cacheLogs)))
+		c, err := cache.New(filepath.Join(dir, "cache"), cache.Config{Logger: slog.New(cacheLogs)})
 		if err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { c.Close() })
 		testtmpfs.Fill(t, dir)
-		m, err := New(ClientRegistry(testClient(t, e.reg)), c, WithLogger(slog.New(logs)), WithPrefetchQuiet(0))
+		m, err := newTestManager(ClientRegistry(testClient(t, e.reg)), c, withLogger(slog.New(logs)), withPrefetchQuiet(0))
 		if err != nil {
 			t.Fatal(err)
 		}

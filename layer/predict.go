@@ -59,7 +59,7 @@ import (
 // paths resolved (execdeps.MaxPath, maxLinkHops); a malformed file ends its prediction without
 // error to anyone. A prediction names paths of the image's own layers and fetches their chunks of their
 // own verified indexes: it serves nothing and changes only when chunks are fetched.
-// Prediction is off when read-ahead is (WithReadAhead(0)).
+// Prediction is off when read-ahead is (options.readAhead zero).
 
 // Bounds of prediction.
 const (

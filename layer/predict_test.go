@@ -90,11 +90,11 @@ func TestPredictLoadedFiles(t *testing.T) {
 	decoy := []testlayer.Entry{regEntry(lib+"libz.so.1", testelf.File(30, testelf.Spec{Pad: 10 << 10}))}
 	bf, af, df := predictLayer(t, "base", base), predictLayer(t, "app", app), predictLayer(t, "decoy", decoy)
 
-	for _, readAhead := range []int64{DefaultReadAhead, 0} {
+	for _, readAhead := range []int64{defaultReadAhead, 0} {
 		e := newProfEnv(t)
 		e.reg.push(profRepo+":v1", bf, af)
 		e.reg.push("registry.example/other:v1", bf, df)
-		m, _ := e.start(WithPrefetch(false), WithReadAhead(readAhead), WithProfileWindow(time.Second))
+		m, _ := e.start(withPrefetch(false), withReadAhead(readAhead), withProfileWindow(time.Second))
 		lb := lookupOK(t, m, profRepo+":v1", profKey(bf))
 		la := lookupOK(t, m, profRepo+":v1", profKey(af))
 		ld := lookupOK(t, m, "registry.example/other:v1", profKey(df))
@@ -180,7 +180,7 @@ func TestPredictLoadedLibrary(t *testing.T) {
 	})
 	e := newProfEnv(t)
 	e.reg.push(profRepo+":v1", fx)
-	m, _ := e.start(WithPrefetch(false))
+	m, _ := e.start(withPrefetch(false))
 	l := lookupOK(t, m, profRepo+":v1", profKey(fx))
 	e.reg.log(true)
 	read := func(p string, off int64) {
@@ -259,7 +259,7 @@ func TestResolvePathBounded(t *testing.T) {
 	fx := predictLayer(t, "loops", es)
 	e := newProfEnv(t)
 	e.reg.push(profRepo+":v1", fx)
-	m, _ := e.start(WithPrefetch(false))
+	m, _ := e.start(withPrefetch(false))
 	l := lookupOK(t, m, profRepo+":v1", profKey(fx))
 	for p, want := range map[string]bool{"/a": false, "/self": false, "/up": true, "/chain/0": false, "/chain/2": true, "/etc/f": true, "/etc": false, "/": false, "": false} {
 		if _, ok := resolvePath([]*Layer{l}, p); ok != want {
@@ -272,10 +272,10 @@ func TestResolvePathBounded(t *testing.T) {
 // with read-ahead off.
 func TestPredictedBounded(t *testing.T) {
 	fx := predictLayer(t, "bound", []testlayer.Entry{regEntry("f", []byte("x"))})
-	for _, readAhead := range []int64{DefaultReadAhead, 0} {
+	for _, readAhead := range []int64{defaultReadAhead, 0} {
 		e := newProfEnv(t)
 		e.reg.push(profRepo+":v1", fx)
-		m, _ := e.start(WithPrefetch(false), WithReadAhead(readAhead))
+		m, _ := e.start(withPrefetch(false), withReadAhead(readAhead))
 		l := lookupOK(t, m, profRepo+":v1", profKey(fx))
 		n := 0
 		for id := range chunked.EntryID(maxPredicted + 50) {
@@ -307,7 +307,7 @@ func TestPredictWholeInBatches(t *testing.T) {
 	fx := predictLayer(t, "whole", []testlayer.Entry{regEntry("usr/bin/big", big), regEntry("usr/bin/huge", huge)})
 	e := newProfEnv(t)
 	e.reg.push(profRepo+":v1", fx)
-	m, _ := e.start(WithPrefetch(false))
+	m, _ := e.start(withPrefetch(false))
 	l := lookupOK(t, m, profRepo+":v1", profKey(fx))
 	x := l.Index()
 	// fileEvents returns the logged fetches of chunks of file p and how much of its content
@@ -390,7 +390,7 @@ func TestPredictHoldsBackground(t *testing.T) {
 	e.reg.delay = 150 * time.Millisecond // the prediction's fetches take longer than the quiet period
 	e.reg.mu.Unlock()
 	const quiet = 250 * time.Millisecond // a stall this long between the lookup and the exec would start the background first
-	m, _ := e.start(WithPrefetchQuiet(quiet))
+	m, _ := e.start(withPrefetchQuiet(quiet))
 	l := lookupOK(t, m, profRepo+":v1", profKey(fx))
 	l.Executing(fileOf(t, l, "usr/bin/big"))
 	x := l.Index()

@@ -22,7 +22,7 @@ func TestPrioritizedRequestsBounded(t *testing.T) {
 	ref := profRepo + ":v1"
 	e.reg.push(ref, fx)
 	e.reg.delay = 50 * time.Millisecond
-	m, _ := e.start(WithPrefetchQuiet(time.Hour))
+	m, _ := e.start(withPrefetchQuiet(time.Hour))
 	l := lookupOK(t, m, ref, profKey(fx))
 	id := fileOf(t, l, "usr/lib/big.so")
 	last, _ := l.Index().Chunk(id, l.Index().NumChunks(id)-1)
@@ -73,7 +73,7 @@ func TestPrioritizedSpanFollowsLink(t *testing.T) {
 			ref := profRepo + ":v1"
 			e.reg.push(ref, fx)
 			e.reg.delay, e.reg.rate = link.latency, link.rate
-			m, _ := e.start(WithPrefetchQuiet(time.Hour))
+			m, _ := e.start(withPrefetchQuiet(time.Hour))
 			l := lookupOK(t, m, ref, profKey(fx))
 			id := fileOf(t, l, "big.so")
 			last, _ := l.Index().Chunk(id, l.Index().NumChunks(id)-1)
@@ -134,7 +134,7 @@ func TestProfileSupersedesPrioritized(t *testing.T) {
 	e := newProfEnv(t)
 	ref := profRepo + ":v1"
 	e.reg.push(ref, fx)
-	m, stop := e.start(WithPrefetch(false), WithReadAhead(0), WithProfileWindow(200*time.Millisecond))
+	m, stop := e.start(withPrefetch(false), withReadAhead(0), withProfileWindow(200*time.Millisecond))
 	l := lookupOK(t, m, ref, profKey(fx))
 	readPaths(t, l, "usr/bin/app")
 	if got := waitProfile(t, m, profRepo, fx.Desc.Digest); !slices.Equal(got, []string{"usr/bin/app"}) {
@@ -144,7 +144,7 @@ func TestProfileSupersedesPrioritized(t *testing.T) {
 
 	e.evict()
 	e.reg.log(true)
-	m, _ = e.start(WithPrefetchQuiet(time.Hour))
+	m, _ = e.start(withPrefetchQuiet(time.Hour))
 	l = lookupOK(t, m, ref, profKey(fx))
 	app := fileOf(t, l, "usr/bin/app")
 	waitFor(t, "the profile's replay", func() bool { return m.env.cache.Has(l.Index().Meta(app).Digest) })

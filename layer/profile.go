@@ -21,9 +21,6 @@ import (
 // package profile's; the recording of a layer's reads and the choice of what its background
 // fetch replays first are here.
 
-// DefaultProfileWindow is how long after a layer's first read the files read are recorded.
-const DefaultProfileWindow = 30 * time.Second
-
 // profileStore is where the repositories' startup profiles are kept: package profile's Store.
 type profileStore interface {
 	Get(repo string) *profile.Repo
@@ -33,7 +30,7 @@ type profileStore interface {
 }
 
 // recording is a layer's recording of its startup profile: from its first read on, for the
-// window (WithProfileWindow) or until the bounds, the files read, in the order of their first
+// window (options.profileWindow) or until the bounds, the files read, in the order of their first
 // read. Once it ends (done), a read costs one atomic load and nothing more.
 type recording struct {
 	done atomic.Bool

@@ -163,7 +163,7 @@ func newProfEnv(t *testing.T) *profEnv {
 }
 
 // start opens the cache and a manager on it (startManager).
-func (e *profEnv) start(opts ...Option) (*Manager, func()) {
+func (e *profEnv) start(opts ...option) (*Manager, func()) {
 	e.t.Helper()
 	return startManager(e.t, e.root, e.reg, opts...)
 }
@@ -283,7 +283,7 @@ func TestProfileRecordedPersistedReplayedFirst(t *testing.T) {
 	ref := profRepo + ":v1"
 	e.reg.push(ref, a)
 
-	m, stop := e.start(WithPrefetch(false), WithReadAhead(0), WithProfileWindow(200*time.Millisecond))
+	m, stop := e.start(withPrefetch(false), withReadAhead(0), withProfileWindow(200*time.Millisecond))
 	l := lookupOK(t, m, ref, profKey(a))
 	order := []string{"usr/bin/f17", "usr/bin/f03", "usr/bin/f25"}
 	readPaths(t, l, order...)
@@ -296,7 +296,7 @@ func TestProfileRecordedPersistedReplayedFirst(t *testing.T) {
 
 	e.evict()
 	e.reg.log(true)
-	m, _ = e.start(WithPrefetchConcurrency(1), WithPrefetchBatch(64<<10), WithPrefetchQuiet(0), WithReadAhead(0))
+	m, _ = e.start(withPrefetchConcurrency(1), withPrefetchBatch(64<<10), withPrefetchQuiet(0), withReadAhead(0))
 	l = lookupOK(t, m, ref, profKey(a))
 	waitComplete(t, l)
 	log := e.reg.log(false)
@@ -365,15 +365,15 @@ func TestProfileNewVersion(t *testing.T) {
 	e.reg.push(profRepo+":v2", b)
 	e.reg.push("registry.example/other:v1", other)
 
-	m, stop := e.start(WithPrefetch(false), WithReadAhead(0), WithProfileWindow(200*time.Millisecond))
+	m, stop := e.start(withPrefetch(false), withReadAhead(0), withProfileWindow(200*time.Millisecond))
 	l := lookupOK(t, m, profRepo+":v1", profKey(a))
 	readPaths(t, l, "usr/bin/f05", "usr/bin/f33", "usr/bin/f12")
 	waitProfile(t, m, profRepo, a.Desc.Digest)
 	stop()
 
 	e.reg.log(true)
-	m, _ = e.start(WithPrefetchConcurrency(1), WithPrefetchBatch(64<<10), WithPrefetchQuiet(0), WithReadAhead(0),
-		WithProfileWindow(0))
+	m, _ = e.start(withPrefetchConcurrency(1), withPrefetchBatch(64<<10), withPrefetchQuiet(0), withReadAhead(0),
+		withProfileWindow(0))
 	l = lookupOK(t, m, profRepo+":v2", profKey(b))
 	waitComplete(t, l)
 	log := e.reg.log(true)
@@ -415,7 +415,7 @@ func TestProfileBounded(t *testing.T) {
 		e := newProfEnv(t)
 		a := profLayer(t, "a", 1, files...)
 		e.reg.push(profRepo+":v1", a)
-		m, _ := e.start(WithPrefetch(false), WithReadAhead(0), WithProfileWindow(150*time.Millisecond))
+		m, _ := e.start(withPrefetch(false), withReadAhead(0), withProfileWindow(150*time.Millisecond))
 		l := lookupOK(t, m, profRepo+":v1", profKey(a))
 		readPaths(t, l, "usr/bin/f01")
 		time.Sleep(400 * time.Millisecond)
@@ -438,7 +438,7 @@ func TestProfileBounded(t *testing.T) {
 			e := newProfEnv(t)
 			a := profLayer(t, "a", 1, files...)
 			e.reg.push(profRepo+":v1", a)
-			m, _ := e.start(WithPrefetch(false), WithReadAhead(0), WithProfileWindow(time.Hour))
+			m, _ := e.start(withPrefetch(false), withReadAhead(0), withProfileWindow(time.Hour))
 			tc.limit(m)
 			l := lookupOK(t, m, profRepo+":v1", profKey(a))
 			readPaths(t, l, files[:6]...)
@@ -455,7 +455,7 @@ func TestProfileChoice(t *testing.T) {
 	e := newProfEnv(t)
 	a := profLayer(t, "a", 1, profFiles("f", 0, 20)...)
 	e.reg.push(profRepo+":v1", a)
-	m, _ := e.start(WithPrefetch(false))
+	m, _ := e.start(withPrefetch(false))
 	l := lookupOK(t, m, profRepo+":v1", profKey(a))
 	now := time.Now().UTC()
 	add := func(d digest.Digest, ago time.Duration, files ...string) {
@@ -482,13 +482,13 @@ func TestProfileRecordingsMerge(t *testing.T) {
 	e := newProfEnv(t)
 	a := profLayer(t, "a", 1, profFiles("f", 0, 4)...)
 	e.reg.push(profRepo+":v1", a)
-	m, stop := e.start(WithPrefetch(false), WithProfileWindow(time.Hour))
+	m, stop := e.start(withPrefetch(false), withProfileWindow(time.Hour))
 	readPaths(t, lookupOK(t, m, profRepo+":v1", profKey(a)), "usr/bin/f01", "usr/bin/f02")
 	stop()
-	m, stop = e.start(WithPrefetch(false), WithProfileWindow(time.Hour))
+	m, stop = e.start(withPrefetch(false), withProfileWindow(time.Hour))
 	readPaths(t, lookupOK(t, m, profRepo+":v1", profKey(a)), "usr/bin/f03", "usr/bin/f01")
 	stop()
-	m, _ = e.start(WithPrefetch(false))
+	m, _ = e.start(withPrefetch(false))
 	want := []string{"usr/bin/f03", "usr/bin/f01", "usr/bin/f02"}
 	if got := waitProfile(t, m, profRepo, a.Desc.Digest); !slices.Equal(got, want) {
 		t.Errorf("profile %q, want %q", got, want)
@@ -501,11 +501,11 @@ func TestProfileWrittenAtClose(t *testing.T) {
 	e := newProfEnv(t)
 	a := profLayer(t, "a", 1, profFiles("f", 0, 4)...)
 	e.reg.push(profRepo+":v1", a)
-	m, stop := e.start(WithPrefetch(false), WithProfileWindow(time.Hour))
+	m, stop := e.start(withPrefetch(false), withProfileWindow(time.Hour))
 	l := lookupOK(t, m, profRepo+":v1", profKey(a))
 	readPaths(t, l, "usr/bin/f02", "usr/bin/f00")
 	stop()
-	m, _ = e.start(WithPrefetch(false))
+	m, _ = e.start(withPrefetch(false))
 	if got := waitProfile(t, m, profRepo, a.Desc.Digest); !slices.Equal(got, []string{"usr/bin/f02", "usr/bin/f00"}) {
 		t.Errorf("profile after a restart within the window: %q", got)
 	}
@@ -517,7 +517,7 @@ func TestProfileDamagedDropped(t *testing.T) {
 	e := newProfEnv(t)
 	a := profLayer(t, "a", 1, profFiles("f", 0, 4)...)
 	e.reg.push(profRepo+":v1", a)
-	m, _ := e.start(WithPrefetchQuiet(0))
+	m, _ := e.start(withPrefetchQuiet(0))
 	bad, _ := json.Marshal(profile.Repo{Version: 1, Repository: "registry.example/someone-else",
 		Layers: []profile.Layer{{Layer: a.Desc.Digest, Files: []string{"usr/bin/f01"}}}})
 	if err := m.cache.PutRecord(profile.RecordName(profRepo), bad); err != nil {
@@ -541,7 +541,7 @@ func TestOnDemandOvertakesProfileReplay(t *testing.T) {
 	a := profLayer(t, "a", 1, profFiles("f", 0, 40)...)
 	ref := profRepo + ":v1"
 	e.reg.push(ref, a)
-	m, stop := e.start(WithPrefetch(false))
+	m, stop := e.start(withPrefetch(false))
 	slot := profile.Layer{Layer: a.Desc.Digest, Recorded: time.Now().UTC(), Files: profFiles("f", 0, 10)}
 	if err := m.profiles.Add(profRepo, slot); err != nil {
 		t.Fatal(err)
@@ -552,7 +552,7 @@ func TestOnDemandOvertakesProfileReplay(t *testing.T) {
 	e.reg.delay = 100 * time.Millisecond
 	e.reg.mu.Unlock()
 	// A quiet period of an hour: nothing but the replay goes out in the background.
-	m, _ = e.start(WithPrefetchConcurrency(1), WithPrefetchBatch(64<<10), WithPrefetchQuiet(time.Hour), WithReadAhead(0))
+	m, _ = e.start(withPrefetchConcurrency(1), withPrefetchBatch(64<<10), withPrefetchQuiet(time.Hour), withReadAhead(0))
 	l := lookupOK(t, m, ref, profKey(a))
 	waitFor(t, "the replay's first request", func() bool { return len(e.reg.log(false)) > 0 })
 	target := fileOf(t, l, "usr/bin/f39")
@@ -609,7 +609,7 @@ func TestProfileSavesRoundTrips(t *testing.T) {
 		e := newProfEnv(t)
 		e.reg.push(profRepo+":v1", a)
 		e.reg.delay = 30 * time.Millisecond
-		m, _ := e.start(WithReadAhead(0), WithProfileWindow(0))
+		m, _ := e.start(withReadAhead(0), withProfileWindow(0))
 		if withProfile {
 			slot := profile.Layer{Layer: a.Desc.Digest, Recorded: time.Now().UTC(), Files: startup}
 			if err := m.profiles.Add(profRepo, slot); err != nil {
@@ -648,7 +648,7 @@ func TestProfileExportImport(t *testing.T) {
 	a := profLayer(t, "a", 1, profFiles("f", 0, 20)...)
 	ref := profRepo + ":v1"
 	e.reg.push(ref, a)
-	m, _ := e.start(WithPrefetch(false))
+	m, _ := e.start(withPrefetch(false))
 	slot := profile.Layer{Layer: a.Desc.Digest, Recorded: time.Now().UTC(), Files: []string{"usr/bin/f07", "usr/bin/f02", "usr/bin/nope"}}
 	if err := m.profiles.Add(profRepo, slot); err != nil {
 		t.Fatal(err)
@@ -665,7 +665,7 @@ func TestProfileExportImport(t *testing.T) {
 
 	e2 := newProfEnv(t)
 	e2.reg = e.reg
-	m2, _ := e2.start(WithPrefetchQuiet(0))
+	m2, _ := e2.start(withPrefetchQuiet(0))
 	imp, err := m2.ImportProfiles(strings.NewReader(export))
 	if err != nil || imp.Repositories != 1 || imp.Layers != 1 {
 		t.Fatalf("import: %+v, %v", imp, err)

@@ -34,20 +34,20 @@ func newRestartEnv(t *testing.T) *restartEnv {
 }
 
 // start opens the cache and a manager on it (startManager).
-func (e *restartEnv) start(opts ...Option) (m *Manager, stop func()) {
+func (e *restartEnv) start(opts ...option) (m *Manager, stop func()) {
 	e.t.Helper()
 	return startManager(e.t, e.root, ClientRegistry(testClient(e.t, e.reg)), opts...)
 }
 
 // startManager opens the cache at root and a manager on it resolving through reg, as a daemon
 // start does. stop closes both, at the latest when the test ends.
-func startManager(t *testing.T, root string, reg Registry, opts ...Option) (m *Manager, stop func()) {
+func startManager(t *testing.T, root string, reg Registry, opts ...option) (m *Manager, stop func()) {
 	t.Helper()
-	c, err := cache.New(root)
+	c, err := cache.New(root, cache.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	m, err = New(reg, c, opts...)
+	m, err = newTestManager(reg, c, opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -74,7 +74,7 @@ func TestRestartWithoutRegistry(t *testing.T) {
 			}
 			e := newRestartEnv(t)
 			ref := e.push("app/records:v1", fixtureLayer(f))
-			m, stop := e.start(WithPrefetch(true))
+			m, stop := e.start(withPrefetch(true))
 			l, err := m.lookup(t.Context(), ref, servedKey(f))
 			if err != nil {
 				t.Fatal(err)
@@ -84,7 +84,7 @@ func TestRestartWithoutRegistry(t *testing.T) {
 			stop()
 
 			e.reg.Close() // the registry is down from here on
-			m, _ = e.start(WithPrefetch(true))
+			m, _ = e.start(withPrefetch(true))
 			l, err = m.lookup(t.Context(), ref, servedKey(f))
 			if err != nil {
 				t.Fatalf("lookup after the restart, registry down: %v", err)
@@ -106,7 +106,7 @@ func TestRestartPartialWithoutRegistry(t *testing.T) {
 	f := mustFixtures(t)[3]
 	e := newRestartEnv(t)
 	ref := e.push("app/partial:v1", fixtureLayer(f))
-	m, stop := e.start(WithReadAhead(0))
+	m, stop := e.start(withReadAhead(0))
 	l, err := m.lookup(t.Context(), ref, servedKey(f))
 	if err != nil {
 		t.Fatal(err)
@@ -137,7 +137,7 @@ func TestRestartPartialWithoutRegistry(t *testing.T) {
 	stop()
 
 	e.reg.Close()
-	m, _ = e.start(WithReadTimeout(5 * time.Second))
+	m, _ = e.start(withReadTimeout(5 * time.Second))
 	l, err = m.lookup(t.Context(), ref, servedKey(f))
 	if err != nil {
 		t.Fatalf("lookup after the restart, registry down: %v", err)
@@ -279,7 +279,7 @@ func TestRecordWrittenInPlace(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := cache.New(t.TempDir())
+	c, err := cache.New(t.TempDir(), cache.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -339,7 +339,7 @@ func TestRecordIndexNotResident(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := cache.New(t.TempDir())
+	c, err := cache.New(t.TempDir(), cache.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -54,11 +54,11 @@ func TestRegion(t *testing.T) {
 	for _, c := range []struct {
 		window int64
 		mapped bool
-	}{{DefaultReadAhead, true}, {DefaultReadAhead, false}, {0, true}} {
+	}{{defaultReadAhead, true}, {defaultReadAhead, false}, {0, true}} {
 		window := c.window
 		e := newEnv(t)
 		ref := e.push("region/big:v1", fixtureLayer(f))
-		m := e.manager(WithPrefetch(false), WithReadAhead(window))
+		m := e.manager(withPrefetch(false), withReadAhead(window))
 		l, err := m.lookup(t.Context(), ref, tocKey(f.Desc.Annotations))
 		if err != nil {
 			t.Fatal(err)
@@ -117,7 +117,7 @@ func TestRegionBoundedByContent(t *testing.T) {
 	e := newEnv(t)
 	f := zerosLayer(t, 64<<20, 64<<10)
 	ref := e.push("zeros/region:v1", fixtureLayer(f))
-	m := e.manager(WithPrefetch(false))
+	m := e.manager(withPrefetch(false))
 	l, err := m.lookup(t.Context(), ref, f.Desc.Digest)
 	if err != nil {
 		t.Fatal(err)
@@ -173,7 +173,7 @@ func TestProfileReplaysWhatWasRead(t *testing.T) {
 	e := newProfEnv(t)
 	ref := profRepo + ":v1"
 	e.reg.push(ref, f)
-	m, stop := e.start(WithPrefetch(false), WithReadAhead(0), WithProfileWindow(200*time.Millisecond))
+	m, stop := e.start(withPrefetch(false), withReadAhead(0), withProfileWindow(200*time.Millisecond))
 	l := lookupOK(t, m, ref, profKey(f))
 	id := fileOf(t, l, "usr/lib/big.so")
 	buf := make([]byte, 4096)
@@ -189,7 +189,7 @@ func TestProfileReplaysWhatWasRead(t *testing.T) {
 	stop()
 
 	e.evict()
-	m, _ = e.start(WithPrefetchConcurrency(1), WithPrefetchBatch(64<<10), WithPrefetchQuiet(0), WithReadAhead(0))
+	m, _ = e.start(withPrefetchConcurrency(1), withPrefetchBatch(64<<10), withPrefetchQuiet(0), withReadAhead(0))
 	l = lookupOK(t, m, ref, profKey(f))
 	waitComplete(t, l)
 	st := l.Status()

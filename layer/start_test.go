@@ -57,23 +57,23 @@ func TestPredictImageProgram(t *testing.T) {
 		base, app []string // the files fetched
 		profiled  bool     // the repository has a startup profile
 	}{
-		{"script", fetcher.Start{Program: "entry.sh", Path: "bin:/nowhere:/usr/local/bin"}, DefaultReadAhead,
+		{"script", fetcher.Start{Program: "entry.sh", Path: "bin:/nowhere:/usr/local/bin"}, defaultReadAhead,
 			script, []string{"usr/bin/interp", "usr/local/bin/entry.sh"}, false},
-		{"shadowed", fetcher.Start{Program: "tool"}, DefaultReadAhead, users, []string{"usr/bin/tool"}, false},
-		{"path", fetcher.Start{Program: "/usr/local/bin/entry.sh"}, DefaultReadAhead,
+		{"shadowed", fetcher.Start{Program: "tool"}, defaultReadAhead, users, []string{"usr/bin/tool"}, false},
+		{"path", fetcher.Start{Program: "/usr/local/bin/entry.sh"}, defaultReadAhead,
 			script, []string{"usr/bin/interp", "usr/local/bin/entry.sh"}, false},
-		{"not executable", fetcher.Start{Program: "notexe", Path: "/usr/local/bin"}, DefaultReadAhead, users, nil, false},
-		{"relative", fetcher.Start{Program: "bin/tool"}, DefaultReadAhead, users, nil, false},
-		{"nowhere", fetcher.Start{Program: "missing"}, DefaultReadAhead, users, nil, false},
+		{"not executable", fetcher.Start{Program: "notexe", Path: "/usr/local/bin"}, defaultReadAhead, users, nil, false},
+		{"relative", fetcher.Start{Program: "bin/tool"}, defaultReadAhead, users, nil, false},
+		{"nowhere", fetcher.Start{Program: "missing"}, defaultReadAhead, users, nil, false},
 		{"read-ahead off", fetcher.Start{Program: "entry.sh", Path: "/usr/local/bin"}, 0, nil, nil, false},
-		{"profiled", fetcher.Start{Program: "entry.sh", Path: "/usr/local/bin"}, DefaultReadAhead, nil, nil, true},
+		{"profiled", fetcher.Start{Program: "entry.sh", Path: "/usr/local/bin"}, defaultReadAhead, nil, nil, true},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			e := newProfEnv(t)
 			ref := profRepo + ":v1"
 			e.reg.push(ref, bf, af)
 			e.reg.starts[ref] = c.start
-			m, _ := e.start(WithPrefetch(false), WithReadAhead(c.readAhead))
+			m, _ := e.start(withPrefetch(false), withReadAhead(c.readAhead))
 			if c.profiled {
 				pl := profile.Layer{Layer: af.Desc.Digest, Recorded: time.Now().UTC(), Files: []string{"usr/bin/tool"}}
 				if err := m.profiles.Add(profRepo, pl); err != nil {
@@ -143,7 +143,7 @@ func TestPredictImageProgramEndsAtAnotherExec(t *testing.T) {
 			e.reg.push(ref, fx)
 			e.reg.starts[ref] = fetcher.Start{Program: "big"}
 			e.reg.delay = 100 * time.Millisecond
-			m, _ := e.start(WithPrefetch(false))
+			m, _ := e.start(withPrefetch(false))
 			l := lookupOK(t, m, ref, profKey(fx))
 			id := fileOf(t, l, "usr/bin/big")
 			chunks := l.Index().NumChunks(id)
@@ -189,7 +189,7 @@ func TestUserFilesBounded(t *testing.T) {
 	e := newProfEnv(t)
 	ref := profRepo + ":v1"
 	e.reg.push(ref, fx)
-	m, _ := e.start(WithPrefetch(false))
+	m, _ := e.start(withPrefetch(false))
 	l := lookupOK(t, m, ref, profKey(fx))
 	e.reg.log(true)
 	fetchUserFiles([]*Layer{l})

@@ -19,7 +19,7 @@ import (
 // the layers are fetched in the background, and checks every byte against whole-file reads.
 func TestStress(t *testing.T) {
 	e := newEnv(t)
-	m := e.manager(WithPrefetchBatch(64<<10), WithPrefetchConcurrency(3))
+	m := e.manager(withPrefetchBatch(64<<10), withPrefetchConcurrency(3))
 	var layers []*Layer
 	for _, f := range e.fixtures[:6] {
 		if servedKey(f) == "" {

@@ -20,7 +20,7 @@ import (
 const repo = "registry.example/app"
 
 func newStore(t *testing.T) *Store {
-	c, err := cache.New(t.TempDir())
+	c, err := cache.New(t.TempDir(), cache.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}

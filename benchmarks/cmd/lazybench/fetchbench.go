@@ -247,16 +247,16 @@ func (b *bench) fetchInProcess(ctx context.Context, repo string, l *builtLayer, 
 		return run, err
 	}
 	dropCaches()
-	c, err := cache.New(filepath.Join(dir, "cache"))
+	c, err := cache.New(filepath.Join(dir, "cache"), cache.Config{})
 	if err != nil {
 		return run, err
 	}
 	defer c.Close()
-	client, err := fetcher.NewClient(fetcher.WithRegistriesConf(b.regsConf, b.regsConf+".d"))
+	client, err := fetcher.NewClient(fetcher.Config{RegistriesConf: b.regsConf, RegistriesConfDir: b.regsConf + ".d"})
 	if err != nil {
 		return run, err
 	}
-	m, err := layer.New(layer.ClientRegistry(client), c)
+	m, err := layer.New(layer.ClientRegistry(client), c, layer.Config{})
 	if err != nil {
 		return run, err
 	}
