@@ -482,10 +482,10 @@ func (l *Layer) fetchAndVerify(ctx context.Context, batch []*fetch, kind fetchKi
 			verifyChunk()
 		} else {
 			// The background fetch's chunks (the rest of the layer, and prioritized files,
-			// which name whole files: a library of 117 MB for 64 KiB read) below the
-			// runtimes' priority, but for one a reader waits for. A replay fetches the chunks
-			// a start read, and verifies them as a read does (below, learned starts at
-			// 1 Gbit/s took 13-20% longer for gcc and large).
+			// which name whole files, a large library for the little a start reads of it)
+			// below the runtimes' priority, but for one a reader waits for. A replay fetches
+			// the chunks a start read, and verifies them as a read does (below, learned starts
+			// on a fast link were slower: benchmarks/results, 2026-11-27-readybench-nice).
 			release := l.env.sched.verifying(ctx)
 			if kind == background && !f.wanted.Load() {
 				l.env.sched.idle.run(verifyChunk)

@@ -389,8 +389,8 @@ func (m *Manager) addLive(l *Layer, ref string) (*Layer, error) {
 		// after the quiet period (the container the lookup is for starts first), but no
 		// later than tarSplitDelay after the lookup, and below the runtimes' priority
 		// (idlecpu.go); the record learns the tar's size once it is proven. The comparison
-		// is the daemon's largest piece of work per lookup (on two cores: 200 ms for a layer
-		// of 26,000 entries, 50 ms for one of 6,700). A lookup that needs the size meanwhile
+		// is the daemon's largest piece of work per lookup (benchmarks/results,
+		// 2026-11-28-readybench-tarsplit-reduced). A lookup that needs the size meanwhile
 		// (by blob digest) compares at once, at its own priority: this one yields to it
 		// (cctx is cancelled; Manager.ready), since concurrent comparisons are one
 		// (verify.Verifier.CheckTarSplit) and the lookup would otherwise wait for a niced one.

@@ -75,9 +75,8 @@ type options struct {
 	// also fetches: the rest of the file and the files after it in the blob, which are often
 	// read next (a directory's files, a program's libraries). The default is 32 KiB: the
 	// reader waits for those bytes, and the cache stores each file they complete, while the
-	// benchmark's workloads read few of them (at 128 KiB a cold start took 2-20% longer, at
-	// both links, with the same number of requests), and without it a compiler's header files
-	// cost a round trip each (gcc: 71 requests instead of 53, 7-15% longer). Zero fetches
+	// benchmark's workloads read few of them (more made cold starts longer at both links), and
+	// without it a compiler's header files cost a round trip each. Zero fetches
 	// only what reads ask for: no read-ahead, regions nor predictions.
 	readAhead int64
 	// openFiles is how many cache files the manager keeps open between reads.

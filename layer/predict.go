@@ -113,12 +113,11 @@ func (l *Layer) predict(guess context.Context, id chunked.EntryID) bool {
 // verification of its chunk, one after the other. The chunks go in batches of consecutive
 // chunks of at most wholeBatch of content (one chunk when a chunk alone is larger),
 // wholeBatches at once, in the file's order: each batch is verified and served as soon as its
-// own bytes have come, side by side with the next one's transfer. Four at once, not fewer: one
-// batch's request (1-2 MB compressed) took 40-60 ms at 1 Gbit/s, 300-400 Mbit/s (a response on
-// a connection that was idle starts in TCP's slow start), and with four in flight instead of
-// two gcc's cold start on zstd:chunked at 1 Gbit/s took 1.05 s instead of 1.17 (back to back;
-// nothing changed beyond noise at 100 Mbit/s, where the link is the bound:
-// benchmarks/results/2026-11-29-readybench-wholebatches-ab/readybench.md).
+// own bytes have come, side by side with the next one's transfer. Four at once, not fewer: a
+// response on a connection that was idle starts in TCP's slow start, so one batch's request
+// uses a fast link far below its rate, and four in flight started gcc faster than two at
+// 1 Gbit/s, with no change at 100 Mbit/s, where the link is the bound
+// (benchmarks/results/2026-11-29-readybench-wholebatches-ab).
 func (l *Layer) fetchFile(ctx context.Context, id chunked.EntryID) {
 	e := l.idx.Meta(id)
 	if l.v.Err() != nil || e.Type != chunked.TypeReg || e.Digest.IsZero() || e.Size > maxPredictWhole || l.env.cache.Has(e.Digest) {

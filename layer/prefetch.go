@@ -343,8 +343,9 @@ func (l *Layer) batchLen(keys []chunkKey, prioEnd int64) int {
 // the quiet period (eStargz's prioritized files, a startup profile's): a container starting
 // meanwhile reads what these did not fetch, and its reads share the link with the requests in
 // flight; at most the slots' count of these is ahead of each read. The span grows with the
-// link's measured rate (urgentSpan), so that each holds it about urgentTime (4 MiB in
-// flight: 0.34 s at 100 Mbit/s, where batches of the configured size, 8 MiB, made 2.7 s).
+// link's measured rate (urgentSpan), so that each holds it about urgentTime, where batches of
+// the configured size held a slow link for seconds (benchmarks/results,
+// 2026-11-27-readybench-urgent-batch).
 const urgentBatch = 1 << 20
 
 // maxBatchContent bounds the uncompressed bytes of one background request. With the default
