@@ -485,7 +485,8 @@ func (l *Layer) fetchAndVerify(ctx context.Context, batch []*fetch, kind fetchKi
 			// which name whole files, a large library for the little a start reads of it)
 			// below the runtimes' priority, but for one a reader waits for. A replay fetches
 			// the chunks a start read, and verifies them as a read does (below, learned starts
-			// on a fast link were slower: benchmarks/results, 2026-11-27-readybench-nice).
+			// on a fast link were slower when it did not: benchmarks/README.md, the row of
+			// the background fetch below the runtimes' priority).
 			release := l.env.sched.verifying(ctx)
 			if kind == background && !f.wanted.Load() {
 				l.env.sched.idle.run(verifyChunk)
