@@ -30,5 +30,6 @@ require (
 	gotest.tools/v3 v3.5.2 // indirect
 )
 
-// go-fuse v2.12.1 with the patches listed in internal/third_party/go-fuse/PATCHES.md.
+// go-fuse v2.12.1, trimmed to what the build and the tests use, with the patch described in
+// internal/third_party/go-fuse/README.md.
 replace github.com/hanwen/go-fuse/v2 => ./internal/third_party/go-fuse

@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"github.com/layerstore/layerstore/chunked"
+	"github.com/layerstore/layerstore/internal/byterange"
+	"github.com/layerstore/layerstore/internal/control/protocol"
 	"github.com/layerstore/layerstore/internal/ratelog"
 )
 
@@ -77,12 +79,10 @@ type Cache struct {
 // files, recorded ranges of partial files, records and pins left by a previous Cache are
 // kept; unrecorded bytes, damaged journals, record headers and pins, and temporary files are
 // discarded.
-func New(root string, opts ...Option) (*Cache, error) {
-	o := defaultOptions()
-	for _, opt := range opts {
-		if err := opt(&o); err != nil {
-			return nil, err
-		}
+func New(root string, cfg Config) (*Cache, error) {
+	o, err := cfg.options()
+	if err != nil {
+		return nil, err
 	}
 	for _, d := range []string{root, filepath.Join(root, filesDir), filepath.Join(root, partialDir),
 		filepath.Join(root, recordsDir), filepath.Join(root, pinsDir)} {
@@ -137,23 +137,12 @@ func (c *Cache) Close() error {
 // metadata and filesystem block rounding are not counted). Pinned content is included.
 func (c *Cache) Usage() int64 { return c.usage.Load() }
 
-// Stats are the cache's figures for status and metrics.
-type Stats struct {
-	Bytes     int64 `json:"bytes"`     // content bytes held (see [Cache.Usage])
-	MaxBytes  int64 `json:"maxBytes"`  // the size bound
-	Files     int   `json:"files"`     // files held, complete or partial
-	Complete  int   `json:"complete"`  // of which complete
-	Hits      int64 `json:"hits"`      // reads that found all their bytes
-	Misses    int64 `json:"misses"`    // reads that found some bytes missing
-	Evictions int64 `json:"evictions"` // files and records removed to stay within the bound
-}
-
 // Stats returns the cache's current figures.
-func (c *Cache) Stats() Stats {
+func (c *Cache) Stats() protocol.CacheStats {
 	c.mu.Lock()
 	files := len(c.entries)
 	c.mu.Unlock()
-	return Stats{
+	return protocol.CacheStats{
 		Bytes: c.usage.Load(), MaxBytes: c.opts.maxSize, Files: files, Complete: int(c.completeFiles.Load()),
 		Hits: c.hits.Load(), Misses: c.misses.Load(), Evictions: c.evictions.Load(),
 	}
@@ -403,7 +392,7 @@ func (c *Cache) scan() error {
 			return
 		}
 		e := &entry{c: c, sum: sum, size: size}
-		e.bytes.Store(set.bytes())
+		e.bytes.Store(set.Bytes())
 		all = append(all, found{e, mtime})
 	})
 	if err != nil {
@@ -471,7 +460,7 @@ func fileExists(p string) bool {
 
 // readJournal reads and checks a partial file's journal against its data file, and returns
 // the data file's mtime.
-func readJournal(journal, data string) (int64, rangeSet, time.Time, error) {
+func readJournal(journal, data string) (int64, byterange.Set, time.Time, error) {
 	b, err := os.ReadFile(journal)
 	if err != nil {
 		return 0, nil, time.Time{}, err

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/layerstore/layerstore/chunked"
+	"github.com/layerstore/layerstore/internal/byterange"
 	"github.com/layerstore/layerstore/verify"
 )
 
@@ -25,7 +26,7 @@ func TestFillConcurrent(t *testing.T) {
 	for _, name := range []string{"usr/share/big.bin", "usr/share/sparse.img"} {
 		t.Run(filepath.Base(name), func(t *testing.T) {
 			tf := realFiles(t)[name]
-			c := newCache(t, t.TempDir())
+			c := newCache(t, t.TempDir(), Config{})
 			h := open(t, c, tf)
 			cs := append(slices.Clone(tf.chunks["zstd"]), tf.chunks["estargz"]...)
 			rand.New(rand.NewPCG(5, 6)).Shuffle(len(cs), func(i, j int) { cs[i], cs[j] = cs[j], cs[i] })
@@ -106,7 +107,7 @@ func TestPartialRead(t *testing.T) {
 	tf := realFiles(t)["usr/share/big.bin"]
 	cs := tf.chunks["estargz"] // 64 KiB chunks
 	const k = 64 << 10
-	c := newCache(t, t.TempDir())
+	c := newCache(t, t.TempDir(), Config{})
 	h := open(t, c, tf)
 	putAll(t, h, []verify.Chunk{cs[0], cs[2], cs[len(cs)-1]})
 	if u, want := c.Usage(), 2*k+cs[len(cs)-1].Ref().Size; u != want {
@@ -122,12 +123,12 @@ func TestPartialRead(t *testing.T) {
 	if n != k-100 || !bytes.Equal(buf[:n], tf.content[100:k]) {
 		t.Errorf("ReadAt over a hole read %d bytes, want the %d present ones", n, k-100)
 	}
-	if want := []chunked.Range{{Offset: k, Length: k}, {Offset: 3 * k, Length: 100}}; !slices.Equal(me.Ranges, want) || me.File != tf.sum {
+	if want := []byterange.Range{{Offset: k, Length: k}, {Offset: 3 * k, Length: 100}}; !slices.Equal(me.Ranges, want) || me.File != tf.sum {
 		t.Errorf("missing = %v, want %v", me.Ranges, want)
 	}
 
 	n, err = h.ReadAt(buf, k+5)
-	if n != 0 || !errors.As(err, &me) || !slices.Equal(me.Ranges, []chunked.Range{{Offset: k + 5, Length: k - 5}, {Offset: 3 * k, Length: k + 5}}) {
+	if n != 0 || !errors.As(err, &me) || !slices.Equal(me.Ranges, []byterange.Range{{Offset: k + 5, Length: k - 5}, {Offset: 3 * k, Length: k + 5}}) {
 		t.Errorf("ReadAt at a hole = %d, %v", n, err)
 	}
 	if n, err := h.ReadAt(buf[:k], 2*k); n != k || err != nil || !bytes.Equal(buf[:k], tf.content[2*k:3*k]) {
@@ -140,7 +141,7 @@ func TestPartialRead(t *testing.T) {
 	if n, err := h.ReadAt(buf, last.FileOffset); n != int(last.Size) || err != io.EOF {
 		t.Errorf("ReadAt across the end = %d, %v", n, err)
 	}
-	wantMissing := []chunked.Range{{Offset: k, Length: k}, {Offset: 3 * k, Length: last.FileOffset - 3*k}}
+	wantMissing := []byterange.Range{{Offset: k, Length: k}, {Offset: 3 * k, Length: last.FileOffset - 3*k}}
 	if got := h.Missing(0, tf.size()); !slices.Equal(got, wantMissing) {
 		t.Errorf("Missing = %v, want %v", got, wantMissing)
 	}
@@ -162,7 +163,7 @@ func TestRestart(t *testing.T) {
 	fs := realFiles(t)
 	big, tool := fs["usr/share/big.bin"], fs["usr/bin/tool"]
 	root := t.TempDir()
-	c := newCache(t, root)
+	c := newCache(t, root, Config{})
 	fill(t, c, tool)
 	h := open(t, c, big)
 	putAll(t, h, big.chunks["zstd"][:3])
@@ -174,7 +175,7 @@ func TestRestart(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	c = newCache(t, root)
+	c = newCache(t, root, Config{})
 	if c.Usage() != usage {
 		t.Errorf("usage after restart = %d, want %d", c.Usage(), usage)
 	}
@@ -203,25 +204,23 @@ func TestRestart(t *testing.T) {
 
 func TestLocked(t *testing.T) {
 	root := t.TempDir()
-	c := newCache(t, root)
-	if _, err := New(root); !errors.Is(err, ErrLocked) {
+	c := newCache(t, root, Config{})
+	if _, err := New(root, Config{}); !errors.Is(err, ErrLocked) {
 		t.Fatalf("second New = %v, want ErrLocked", err)
 	}
 	c.Close()
-	c2, err := New(root)
+	c2, err := New(root, Config{})
 	if err != nil {
 		t.Fatalf("New after Close: %v", err)
 	}
 	c2.Close()
 }
 
-func TestOptions(t *testing.T) {
-	for _, opt := range []Option{WithMaxSize(0), WithMaxSize(-1), WithLogger(nil)} {
-		if _, err := New(t.TempDir(), opt); err == nil {
-			t.Error("invalid option accepted")
-		}
+func TestConfig(t *testing.T) {
+	if _, err := New(t.TempDir(), Config{MaxSize: -1}); err == nil {
+		t.Error("a negative max size was accepted")
 	}
-	c := newCache(t, t.TempDir())
+	c := newCache(t, t.TempDir(), Config{})
 	if c.opts.maxSize != DefaultMaxSize || DefaultMaxSize != 10<<30 {
 		t.Errorf("default max size = %d", c.opts.maxSize)
 	}
@@ -232,7 +231,7 @@ func TestOptions(t *testing.T) {
 func TestCorruptWholeFile(t *testing.T) {
 	fs := realFiles(t)
 	tool, other := fs["usr/bin/tool"], fs["usr/share/big.bin"]
-	c := newCache(t, t.TempDir())
+	c := newCache(t, t.TempDir(), Config{})
 	h, err := c.Open(other.sum, tool.size())
 	if err != nil {
 		t.Fatal(err)
@@ -248,7 +247,7 @@ func TestCorruptWholeFile(t *testing.T) {
 	if c.Usage() != 0 {
 		t.Errorf("usage = %d after dropping", c.Usage())
 	}
-	if got := h.Missing(0, tool.size()); !slices.Equal(got, []chunked.Range{{Offset: 0, Length: tool.size()}}) {
+	if got := h.Missing(0, tool.size()); !slices.Equal(got, []byterange.Range{{Offset: 0, Length: tool.size()}}) {
 		t.Errorf("missing = %v, want everything", got)
 	}
 	if _, err := os.Stat(completePath(c.root, other.sum)); !errors.Is(err, os.ErrNotExist) {
@@ -262,7 +261,7 @@ func TestCorruptWholeFile(t *testing.T) {
 func TestBadChunk(t *testing.T) {
 	fs := realFiles(t)
 	tool, big := fs["usr/bin/tool"], fs["usr/share/big.bin"]
-	c := newCache(t, t.TempDir())
+	c := newCache(t, t.TempDir(), Config{})
 	h := open(t, c, tool)
 	for _, ch := range []verify.Chunk{{}, big.chunks["estargz"][3], big.chunks["zstd"][0]} {
 		if err := h.Put(ch); !errors.Is(err, ErrBadChunk) {
@@ -275,7 +274,7 @@ func TestBadChunk(t *testing.T) {
 }
 
 func TestEmptyFile(t *testing.T) {
-	c := newCache(t, t.TempDir())
+	c := newCache(t, t.TempDir(), Config{})
 	h, err := c.Open(sha256.Sum256(nil), 0)
 	if err != nil {
 		t.Fatal(err)
@@ -302,7 +301,7 @@ func TestEmptyFile(t *testing.T) {
 func TestSizeMismatch(t *testing.T) {
 	fs := realFiles(t)
 	tool, big := fs["usr/bin/tool"], fs["usr/share/big.bin"]
-	c := newCache(t, t.TempDir())
+	c := newCache(t, t.TempDir(), Config{})
 	fill(t, c, tool)
 	if _, err := c.Open(tool.sum, tool.size()+1); !errors.Is(err, ErrSizeMismatch) {
 		t.Errorf("complete file with another size: %v", err)
@@ -327,7 +326,7 @@ func TestSizeMismatch(t *testing.T) {
 func TestClosedCache(t *testing.T) {
 	fs := realFiles(t)
 	big := fs["usr/share/big.bin"]
-	c, err := New(t.TempDir())
+	c, err := New(t.TempDir(), Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -358,7 +357,7 @@ func TestClosedCache(t *testing.T) {
 func TestReadChunkPoisoned(t *testing.T) {
 	fs := realFiles(t)
 	big, sparse := fs["usr/share/big.bin"], fs["usr/share/sparse.img"]
-	c := newCache(t, t.TempDir())
+	c := newCache(t, t.TempDir(), Config{})
 	h := open(t, c, big)
 	honest, liar := big.chunks["estargz"], sparse.chunks["estargz"]
 	putAll(t, h, []verify.Chunk{honest[0], liar[1]}) // same offsets and sizes, other bytes
@@ -397,7 +396,7 @@ func TestReadChunkPoisoned(t *testing.T) {
 func TestReadChunkAt(t *testing.T) {
 	fs := realFiles(t)
 	big, sparse := fs["usr/share/big.bin"], fs["usr/share/sparse.img"]
-	c := newCache(t, t.TempDir())
+	c := newCache(t, t.TempDir(), Config{})
 	h := open(t, c, big)
 	honest, liar, other := big.chunks["estargz"], sparse.chunks["estargz"], big.chunks["zstd"]
 	putAll(t, h, []verify.Chunk{honest[0], liar[1]})
@@ -489,7 +488,7 @@ func TestReadChunkAt(t *testing.T) {
 }
 
 func TestStats(t *testing.T) {
-	c := newCache(t, t.TempDir())
+	c := newCache(t, t.TempDir(), Config{})
 	var f *testFile
 	for _, tf := range realFiles(t) {
 		if f == nil || tf.size() > f.size() {
@@ -550,7 +549,7 @@ func TestStatsCounted(t *testing.T) {
 	if others < 5 {
 		t.Fatalf("%d other files", others)
 	}
-	c := newCache(t, root, WithMaxSize(rest+a.size()+b.size()+cf.size()-1))
+	c := newCache(t, root, Config{MaxSize: rest + a.size() + b.size() + cf.size() - 1})
 	check(c, "empty")
 	fill(t, c, a)
 	check(c, "one complete")
@@ -576,7 +575,7 @@ func TestStatsCounted(t *testing.T) {
 	if err := c.Close(); err != nil {
 		t.Fatal(err)
 	}
-	c = newCache(t, root)
+	c = newCache(t, root, Config{})
 	check(c, "reopened")
 }
 
@@ -585,7 +584,7 @@ func TestStatsCounted(t *testing.T) {
 // the layer whose Put returned checks that the cache holds its files.
 func TestPutWaitsForFinish(t *testing.T) {
 	big := realFiles(t)["usr/share/big.bin"]
-	c := newCache(t, t.TempDir())
+	c := newCache(t, t.TempDir(), Config{})
 	cs := big.chunks["zstd"]
 	first, second := open(t, c, big), open(t, c, big)
 	putAll(t, first, cs[:len(cs)-1])

@@ -8,7 +8,7 @@ import (
 	"slices"
 	"testing"
 
-	"github.com/layerstore/layerstore/chunked"
+	"github.com/layerstore/layerstore/internal/byterange"
 	"github.com/layerstore/layerstore/verify"
 )
 
@@ -35,7 +35,7 @@ func TestCrashBeforeRecord(t *testing.T) {
 	big := realFiles(t)["usr/share/big.bin"]
 	cs := big.chunks["estargz"]
 	root := t.TempDir()
-	c := newCache(t, root)
+	c := newCache(t, root, Config{})
 	crashAt(c, "put:data-synced", 2)
 	h := open(t, c, big)
 	if err := h.Put(cs[0]); err != nil {
@@ -56,12 +56,12 @@ func TestCrashBeforeRecord(t *testing.T) {
 		t.Fatal("test premise: unrecorded chunk not in the data file")
 	}
 
-	c = newCache(t, root)
+	c = newCache(t, root, Config{})
 	if c.Usage() != chunkRange(cs[0]).Length {
 		t.Errorf("usage = %d, want only the recorded chunk", c.Usage())
 	}
 	h = open(t, c, big)
-	want := []chunked.Range{{Offset: r1.Offset, Length: big.size() - r1.Offset}}
+	want := []byterange.Range{{Offset: r1.Offset, Length: big.size() - r1.Offset}}
 	if got := h.Missing(0, big.size()); !slices.Equal(got, want) {
 		t.Errorf("missing after crash = %v, want %v", got, want)
 	}
@@ -79,7 +79,7 @@ func TestCrashBeforeRecord(t *testing.T) {
 func TestCrashBeforeCommit(t *testing.T) {
 	big := realFiles(t)["usr/share/big.bin"]
 	root := t.TempDir()
-	c := newCache(t, root)
+	c := newCache(t, root, Config{})
 	crashAt(c, "finish:verified", 1)
 	h := open(t, c, big)
 	cs := big.chunks["zstd"]
@@ -93,7 +93,7 @@ func TestCrashBeforeCommit(t *testing.T) {
 	h.Close()
 	c.Close()
 
-	c = newCache(t, root)
+	c = newCache(t, root, Config{})
 	if c.Has(big.sum) {
 		t.Fatal("complete after restart before any Open")
 	}
@@ -113,7 +113,7 @@ func TestCrashAfterCommit(t *testing.T) {
 	fs := realFiles(t)
 	tool, big := fs["usr/bin/tool"], fs["usr/share/big.bin"]
 	root := t.TempDir()
-	c := newCache(t, root)
+	c := newCache(t, root, Config{})
 	fill(t, c, tool)
 	c.Close()
 	tp, bp := partialPath(root, tool.sum), partialPath(root, big.sum)
@@ -130,7 +130,7 @@ func TestCrashAfterCommit(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	c = newCache(t, root)
+	c = newCache(t, root, Config{})
 	for p := range stray {
 		if _, err := os.Stat(p); !os.IsNotExist(err) {
 			t.Errorf("%s not removed: %v", p, err)
@@ -147,16 +147,16 @@ func TestDamagedJournal(t *testing.T) {
 	big := realFiles(t)["usr/share/big.bin"]
 	cs := big.chunks["estargz"]
 	r0, r1 := chunkRange(cs[0]), chunkRange(cs[1])
-	all := []chunked.Range{{Offset: 0, Length: big.size()}}
+	all := []byterange.Range{{Offset: 0, Length: big.size()}}
 	for _, tc := range []struct {
 		name   string
 		damage func(t *testing.T, journal, data string)
-		want   []chunked.Range // missing after the damage
+		want   []byterange.Range // missing after the damage
 	}{
 		{"torn last record", func(t *testing.T, j, _ string) { truncate(t, j, -7) },
-			[]chunked.Range{{Offset: r1.Offset, Length: big.size() - r1.Offset}}},
+			[]byterange.Range{{Offset: r1.Offset, Length: big.size() - r1.Offset}}},
 		{"garbage appended", func(t *testing.T, j, _ string) { appendBytes(t, j, []byte("garbage")) },
-			[]chunked.Range{{Offset: r1.End(), Length: big.size() - r1.End()}}},
+			[]byterange.Range{{Offset: r1.End(), Length: big.size() - r1.End()}}},
 		{"flipped bit in first record", func(t *testing.T, j, _ string) { flipByte(t, j, journalRec+3) }, all},
 		{"truncated header", func(t *testing.T, j, _ string) { truncate(t, j, 5-fileSize(t, j)) }, all},
 		{"empty journal", func(t *testing.T, j, _ string) { truncate(t, j, -fileSize(t, j)) }, all},
@@ -167,7 +167,7 @@ func TestDamagedJournal(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			root := t.TempDir()
-			c := newCache(t, root)
+			c := newCache(t, root, Config{})
 			h := open(t, c, big)
 			putAll(t, h, cs[:2])
 			h.Close()
@@ -175,8 +175,8 @@ func TestDamagedJournal(t *testing.T) {
 			p := partialPath(root, big.sum)
 			tc.damage(t, p+journalExt, p)
 
-			c = newCache(t, root)
-			if want := big.size() - rangeSet(tc.want).bytes(); c.Usage() != want {
+			c = newCache(t, root, Config{})
+			if want := big.size() - byterange.Set(tc.want).Bytes(); c.Usage() != want {
 				t.Errorf("usage = %d, want %d", c.Usage(), want)
 			}
 			h = open(t, c, big)
@@ -189,7 +189,7 @@ func TestDamagedJournal(t *testing.T) {
 			}
 			h.Close()
 			c.Close()
-			c = newCache(t, root)
+			c = newCache(t, root, Config{})
 			h = open(t, c, big)
 			if got := h.Missing(chunkRange(cs[5]).Offset, r0.Length); got != nil {
 				t.Errorf("chunk recorded after repair lost: missing %v", got)
@@ -261,7 +261,7 @@ func TestPutMany(t *testing.T) {
 		t.Fatalf("test premise: %d chunks", len(cs))
 	}
 	root := t.TempDir()
-	c := newCache(t, root)
+	c := newCache(t, root, Config{})
 	syncs := 0
 	c.hook = func(p string) error {
 		if p == "put:data-synced" {
@@ -296,7 +296,7 @@ func TestPutMany(t *testing.T) {
 	h.Close()
 	c.Close()
 
-	c = newCache(t, root)
+	c = newCache(t, root, Config{})
 	if u := c.Usage(); u != upTo {
 		t.Errorf("usage after a restart = %d, want %d", u, upTo)
 	}
@@ -311,7 +311,7 @@ func TestPutMany(t *testing.T) {
 	}
 	h.Close()
 	c.Close()
-	c = newCache(t, root)
+	c = newCache(t, root, Config{})
 	h = open(t, c, big)
 	if got := h.Missing(0, big.size()); len(got) == 0 || got[0].Offset != upTo {
 		t.Errorf("missing after a crash in a Put = %v, want from %d", got, upTo)

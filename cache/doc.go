@@ -8,7 +8,7 @@
 //
 // # Use
 //
-//	c, err := cache.New(root, cache.WithMaxSize(20<<30))
+//	c, err := cache.New(root, cache.Config{MaxSize: 20 << 30})
 //	f, err := c.Open(entry.Digest, entry.Size) // pins the file until f.Close
 //	n, err := f.ReadAt(p, off)                 // errors.Is(err, cache.ErrMissing): fetch f.Missing(off, len(p))
 //	err = f.Put(chunk)                         // chunk is a verify.Chunk of this file
@@ -130,8 +130,8 @@
 //
 // [Cache.Usage] counts content bytes: the size of complete files plus the recorded bytes of
 // partial ones, plus the size of record files (not other metadata, not filesystem block
-// rounding). When the usage not held by pins exceeds the bound set with [WithMaxSize]
-// (default [DefaultMaxSize], 10 GiB) after a Put, a PutRecord, a handle's or a record's Close,
+// rounding). When the usage not held by pins exceeds the bound (Config.MaxSize, default
+// [DefaultMaxSize], 10 GiB) after a Put, a PutRecord, a handle's or a record's Close,
 // a Pin or Unpin, or at start, the least recently used files and records that are neither
 // open nor pinned are removed, complete or partial, until it is within the bound. Files and
 // records share one LRU order. A file is used when a handle on it is opened or closed, a

@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/layerstore/layerstore/chunked"
+	"github.com/layerstore/layerstore/internal/byterange"
 )
 
 var (
@@ -37,7 +38,7 @@ var (
 // [ErrMissing].
 type MissingError struct {
 	File   chunked.Sum
-	Ranges []chunked.Range // sorted, disjoint, within the file
+	Ranges []byterange.Range // sorted, disjoint, within the file
 }
 
 func (e *MissingError) Error() string {
@@ -45,7 +46,7 @@ func (e *MissingError) Error() string {
 		return fmt.Sprintf("%v: %v", e.File, ErrMissing)
 	}
 	return fmt.Sprintf("%v: %d byte(s) in %d range(s) from offset %d: %v",
-		e.File, rangeSet(e.Ranges).bytes(), len(e.Ranges), e.Ranges[0].Offset, ErrMissing)
+		e.File, byterange.Set(e.Ranges).Bytes(), len(e.Ranges), e.Ranges[0].Offset, ErrMissing)
 }
 
 func (e *MissingError) Unwrap() error { return ErrMissing }

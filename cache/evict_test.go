@@ -9,7 +9,7 @@ import (
 func TestEvictLRU(t *testing.T) {
 	fs := realFiles(t)
 	a, b, cf := fs["usr/bin/tool"], fs["usr/bin/group-tool"], fs["usr/share/doc/deep/er/README"] // 3000, 1500, 200
-	c := newCache(t, t.TempDir(), WithMaxSize(a.size()+b.size()+cf.size()-1))
+	c := newCache(t, t.TempDir(), Config{MaxSize: a.size() + b.size() + cf.size() - 1})
 	fill(t, c, a)
 	fill(t, c, b)
 	// Use a again: b becomes the least recently used.
@@ -33,7 +33,7 @@ func TestEvictLRU(t *testing.T) {
 func TestEvictSkipsPinned(t *testing.T) {
 	fs := realFiles(t)
 	a, b := fs["usr/bin/tool"], fs["usr/bin/group-tool"]
-	c := newCache(t, t.TempDir(), WithMaxSize(a.size()+100))
+	c := newCache(t, t.TempDir(), Config{MaxSize: a.size() + 100})
 	fill(t, c, a)
 	pin := open(t, c, a) // a is the LRU file but pinned
 	fill(t, c, b)        // over the bound: only b is evictable once closed
@@ -61,7 +61,7 @@ func TestEvictSkipsPinned(t *testing.T) {
 func TestEvictPartial(t *testing.T) {
 	fs := realFiles(t)
 	big, tool := fs["usr/share/big.bin"], fs["usr/bin/tool"]
-	c := newCache(t, t.TempDir(), WithMaxSize(64<<10+tool.size()-1))
+	c := newCache(t, t.TempDir(), Config{MaxSize: 64<<10 + tool.size() - 1})
 	h := open(t, c, big)
 	putAll(t, h, big.chunks["estargz"][:1])
 	h.Close()
@@ -83,7 +83,7 @@ func TestRestartLRUOrder(t *testing.T) {
 	fs := realFiles(t)
 	a, b, cf := fs["usr/bin/tool"], fs["usr/bin/group-tool"], fs["usr/share/doc/deep/er/README"]
 	root := t.TempDir()
-	c := newCache(t, root)
+	c := newCache(t, root, Config{})
 	fill(t, c, a)
 	fill(t, c, b)
 	fill(t, c, cf)
@@ -94,7 +94,7 @@ func TestRestartLRUOrder(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	c = newCache(t, root, WithMaxSize(a.size()+cf.size()))
+	c = newCache(t, root, Config{MaxSize: a.size() + cf.size()})
 	if !c.Has(a.sum) || c.Has(b.sum) || !c.Has(cf.sum) {
 		t.Errorf("has a=%v b=%v c=%v, want the oldest (b) evicted", c.Has(a.sum), c.Has(b.sum), c.Has(cf.sum))
 	}

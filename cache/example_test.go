@@ -40,7 +40,7 @@ func Example() {
 		log.Fatal(err)
 	}
 	defer os.RemoveAll(root)
-	c, err := cache.New(root, cache.WithMaxSize(1<<30))
+	c, err := cache.New(root, cache.Config{MaxSize: 1 << 30})
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -15,6 +15,7 @@ import (
 	"sync/atomic"
 
 	"github.com/layerstore/layerstore/chunked"
+	"github.com/layerstore/layerstore/internal/byterange"
 	"github.com/layerstore/layerstore/verify"
 )
 
@@ -50,14 +51,14 @@ type entry struct {
 
 	// rmu guards the range record; taken with mu held shared.
 	rmu       sync.Mutex
-	ranges    rangeSet
+	ranges    byterange.Set
 	jlen      int64         // valid length of the journal; the next record goes there
 	verifying chan struct{} // a finish is hashing the content; closed once it has committed or failed
 	// hashed holds the present ranges of the partial file known to hash to a chunk digest:
 	// written whole from a verified chunk, or hashed by a read since the file was loaded.
 	// Present bytes are never rewritten while the file is loaded, so a reader asking for the
 	// same range and digest needs no hashing (see File.ReadChunkAt). Cleared with ranges.
-	hashed map[chunked.Range]chunked.Sum
+	hashed map[byterange.Range]chunked.Sum
 }
 
 func (e *entry) dataPathLocked() string {
@@ -172,7 +173,7 @@ func (e *entry) openPartialLocked() error {
 		return err
 	}
 	e.data, e.journal = d, j
-	e.setBytesLocked(e.ranges.bytes())
+	e.setBytesLocked(e.ranges.Bytes())
 	return nil
 }
 
@@ -351,26 +352,26 @@ func (e *entry) write(cs []verify.Chunk) (full bool, err error) {
 	// The gaps each chunk fills: what neither the file nor an earlier chunk of cs holds.
 	type part struct {
 		c    verify.Chunk
-		gaps []chunked.Range
+		gaps []byterange.Range
 	}
 	var parts []part
 	e.rmu.Lock()
-	pending := e.ranges // a copy once a chunk's gaps are added to it (add works in place)
+	pending := e.ranges // a copy once a chunk's gaps are added to it (Add works in place)
 	for i, c := range cs {
 		ref := c.Ref()
-		if gaps := pending.missing(ref.FileOffset, ref.FileOffset+ref.Size); len(gaps) > 0 {
+		if gaps := pending.Missing(ref.FileOffset, ref.FileOffset+ref.Size); len(gaps) > 0 {
 			if i < len(cs)-1 {
 				if len(parts) == 0 {
 					pending = slices.Clone(pending)
 				}
 				for _, g := range gaps {
-					pending = pending.add(g)
+					pending = pending.Add(g)
 				}
 			}
 			parts = append(parts, part{c, gaps})
 		}
 	}
-	full = len(e.ranges.missing(0, e.size)) == 0
+	full = len(e.ranges.Missing(0, e.size)) == 0
 	e.rmu.Unlock()
 	if len(parts) == 0 {
 		return full, nil
@@ -409,26 +410,26 @@ func (e *entry) write(cs []verify.Chunk) (full bool, err error) {
 		return false, fmt.Errorf("cache: syncing journal of %v: %w", e.sum, err)
 	}
 	e.jlen += int64(len(rec))
-	before := e.ranges.bytes()
+	before := e.ranges.Bytes()
 	for _, p := range parts {
 		for _, g := range p.gaps {
-			e.ranges = e.ranges.add(g)
+			e.ranges = e.ranges.Add(g)
 		}
 	}
-	e.addBytes(e.ranges.bytes() - before)
+	e.addBytes(e.ranges.Bytes() - before)
 	for _, p := range parts {
 		ref := p.c.Ref()
-		if whole := (chunked.Range{Offset: ref.FileOffset, Length: ref.Size}); len(p.gaps) == 1 && p.gaps[0] == whole {
+		if whole := (byterange.Range{Offset: ref.FileOffset, Length: ref.Size}); len(p.gaps) == 1 && p.gaps[0] == whole {
 			e.knowLocked(whole, ref.Digest)
 		}
 	}
-	return len(e.ranges.missing(0, e.size)) == 0, nil
+	return len(e.ranges.Missing(0, e.size)) == 0, nil
 }
 
 // knowLocked records that present range r hashes to sum (rmu held, mu held shared).
-func (e *entry) knowLocked(r chunked.Range, sum chunked.Sum) {
+func (e *entry) knowLocked(r byterange.Range, sum chunked.Sum) {
 	if e.hashed == nil {
-		e.hashed = map[chunked.Range]chunked.Sum{}
+		e.hashed = map[byterange.Range]chunked.Sum{}
 	}
 	e.hashed[r] = sum
 }
@@ -453,7 +454,7 @@ func (e *entry) finish() error {
 		return nil
 	}
 	e.rmu.Lock()
-	if busy := e.verifying; busy != nil || len(e.ranges.missing(0, e.size)) > 0 {
+	if busy := e.verifying; busy != nil || len(e.ranges.Missing(0, e.size)) > 0 {
 		e.rmu.Unlock()
 		e.mu.RUnlock()
 		if busy != nil {

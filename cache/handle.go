@@ -8,6 +8,7 @@ import (
 	"sync"
 
 	"github.com/layerstore/layerstore/chunked"
+	"github.com/layerstore/layerstore/internal/byterange"
 	"github.com/layerstore/layerstore/verify"
 )
 
@@ -82,12 +83,12 @@ func (e *entry) readAtLocked(p []byte, off int64) (int, error) {
 		return 0, ErrClosed
 	}
 	end := min(off+int64(len(p)), e.size)
-	var missing []chunked.Range
+	var missing []byterange.Range
 	readEnd := end
 	if !e.complete {
 		e.rmu.Lock()
-		missing = e.ranges.missing(off, end)
-		readEnd = min(end, e.ranges.presentEnd(off))
+		missing = e.ranges.Missing(off, end)
+		readEnd = min(end, e.ranges.PresentEnd(off))
 		e.rmu.Unlock()
 	}
 	var n int
@@ -112,7 +113,7 @@ func (e *entry) readAtLocked(p []byte, off int64) (int, error) {
 
 // Missing returns the ranges of [off, off+n) (clipped to the file) that are not present,
 // sorted; none for a complete file.
-func (f *File) Missing(off, n int64) []chunked.Range {
+func (f *File) Missing(off, n int64) []byterange.Range {
 	e := f.e
 	off, end := max(off, 0), min(off+n, e.size)
 	if n <= 0 || off >= end {
@@ -125,7 +126,7 @@ func (f *File) Missing(off, n int64) []chunked.Range {
 	}
 	e.rmu.Lock()
 	defer e.rmu.Unlock()
-	return e.ranges.missing(off, end)
+	return e.ranges.Missing(off, end)
 }
 
 // Complete reports whether the whole file is present and verified against its digest.
@@ -145,14 +146,14 @@ func (f *File) Path() (string, error) {
 	if e.complete {
 		return completePath(e.c.root, e.sum), nil
 	}
-	var missing []chunked.Range
+	var missing []byterange.Range
 	if e.loaded {
 		e.rmu.Lock()
-		missing = e.ranges.missing(0, e.size)
+		missing = e.ranges.Missing(0, e.size)
 		e.rmu.Unlock()
 	}
 	if len(missing) == 0 {
-		missing = []chunked.Range{{Offset: 0, Length: e.size}} // full but not verified yet
+		missing = []byterange.Range{{Offset: 0, Length: e.size}} // full but not verified yet
 	}
 	return "", &MissingError{File: e.sum, Ranges: missing}
 }
@@ -203,7 +204,7 @@ func (f *File) ReadChunkAt(ref chunked.Chunk, p []byte, off int64) (int, error) 
 	}
 	e.mu.RLock()
 	defer e.mu.RUnlock()
-	whole := chunked.Range{Offset: ref.FileOffset, Length: ref.Size}
+	whole := byterange.Range{Offset: ref.FileOffset, Length: ref.Size}
 	e.rmu.Lock()
 	sum, known := e.hashed[whole]
 	known = e.complete || known && sum == ref.Digest

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/layerstore/layerstore/chunked"
+	"github.com/layerstore/layerstore/internal/byterange"
 	"github.com/layerstore/layerstore/internal/testutil/testlayer"
 	"github.com/layerstore/layerstore/verify"
 )
@@ -84,9 +85,9 @@ func loadFiles(t testing.TB) (map[string]*testFile, error) {
 	return out, nil
 }
 
-func newCache(t *testing.T, root string, opts ...Option) *Cache {
+func newCache(t *testing.T, root string, cfg Config) *Cache {
 	t.Helper()
-	c, err := New(root, opts...)
+	c, err := New(root, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -124,6 +125,6 @@ func fill(t *testing.T, c *Cache, f *testFile) {
 	h.Close()
 }
 
-func chunkRange(c verify.Chunk) chunked.Range {
-	return chunked.Range{Offset: c.Ref().FileOffset, Length: c.Ref().Size}
+func chunkRange(c verify.Chunk) byterange.Range {
+	return byterange.Range{Offset: c.Ref().FileOffset, Length: c.Ref().Size}
 }

@@ -5,7 +5,7 @@ import (
 	"errors"
 	"hash/crc32"
 
-	"github.com/layerstore/layerstore/chunked"
+	"github.com/layerstore/layerstore/internal/byterange"
 )
 
 // The journal of a partial file ("<hex>.ranges") is a header followed by records, each
@@ -37,7 +37,7 @@ func journalHeader(size int64) []byte {
 	return binary.LittleEndian.AppendUint32(b, crc32.Checksum(b, crcTable))
 }
 
-func appendRecord(b []byte, r chunked.Range) []byte {
+func appendRecord(b []byte, r byterange.Range) []byte {
 	start := len(b)
 	b = binary.LittleEndian.AppendUint64(b, uint64(r.Offset))
 	b = binary.LittleEndian.AppendUint64(b, uint64(r.Length))
@@ -46,7 +46,7 @@ func appendRecord(b []byte, r chunked.Range) []byte {
 
 // parseJournal decodes a journal. It returns the file size, the recorded ranges and the
 // length of the valid prefix of b (shorter than b when the tail is torn or damaged).
-func parseJournal(b []byte) (size int64, set rangeSet, good int, err error) {
+func parseJournal(b []byte) (size int64, set byterange.Set, good int, err error) {
 	if len(b) < journalRec || string(b[:8]) != journalMagic ||
 		crc32.Checksum(b[:16], crcTable) != binary.LittleEndian.Uint32(b[16:20]) {
 		return 0, nil, 0, errBadJournal
@@ -65,7 +65,7 @@ func parseJournal(b []byte) (size int64, set rangeSet, good int, err error) {
 		if n == 0 || off > uint64(size) || n > uint64(size)-off {
 			break
 		}
-		set = set.add(chunked.Range{Offset: int64(off), Length: int64(n)})
+		set = set.Add(byterange.Range{Offset: int64(off), Length: int64(n)})
 		good += journalRec
 	}
 	return size, set, good, nil

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/layerstore/layerstore/chunked"
+	"github.com/layerstore/layerstore/internal/byterange"
 	"github.com/layerstore/layerstore/internal/testutil/testlog"
 	"github.com/layerstore/layerstore/internal/testutil/testtmpfs"
 )
@@ -26,7 +27,7 @@ func TestNoSpaceEvicts(t *testing.T) {
 		fs := realFiles(t)
 		big, sparse := fs["usr/share/big.bin"], fs["usr/share/sparse.img"]
 		logs := &testlog.Handler{}
-		c := newCache(t, filepath.Join(dir, "cache"), WithLogger(slog.New(logs)))
+		c := newCache(t, filepath.Join(dir, "cache"), Config{Logger: slog.New(logs)})
 		fill(t, c, big) // complete, closed: evictable
 		testtmpfs.Fill(t, dir)
 
@@ -61,7 +62,7 @@ func TestNoSpaceNothingToEvict(t *testing.T) {
 		big, tool := fs["usr/share/big.bin"], fs["usr/bin/tool"]
 		cs := big.chunks["estargz"]
 		root := filepath.Join(dir, "cache")
-		c := newCache(t, root)
+		c := newCache(t, root, Config{})
 		h := open(t, c, big)
 		putAll(t, h, cs[:1]) // the partial file exists: later Puts only write data
 		filler := testtmpfs.Fill(t, dir)
@@ -70,7 +71,7 @@ func TestNoSpaceNothingToEvict(t *testing.T) {
 		if !errors.Is(err, ErrNoSpace) || !errors.Is(err, syscall.ENOSPC) {
 			t.Fatalf("Put on a full filesystem = %v, want ErrNoSpace wrapping ENOSPC", err)
 		}
-		if got, want := h.Missing(0, big.size()), []chunked.Range{{Offset: chunkRange(cs[1]).Offset, Length: big.size() - chunkRange(cs[1]).Offset}}; !slices.Equal(got, want) {
+		if got, want := h.Missing(0, big.size()), []byterange.Range{{Offset: chunkRange(cs[1]).Offset, Length: big.size() - chunkRange(cs[1]).Offset}}; !slices.Equal(got, want) {
 			t.Errorf("missing %v after the failed Put, want %v", got, want)
 		}
 		if c.Usage() != chunkRange(cs[0]).Length {
@@ -80,7 +81,7 @@ func TestNoSpaceNothingToEvict(t *testing.T) {
 		h.Close()
 		c.Close()
 		logs := &testlog.Handler{}
-		c = newCache(t, root, WithLogger(slog.New(logs)))
+		c = newCache(t, root, Config{Logger: slog.New(logs)})
 		clock := time.Now()
 		c.now = func() time.Time { return clock }
 		if c.Usage() != chunkRange(cs[0]).Length {
@@ -145,7 +146,7 @@ func TestNoSpaceRecords(t *testing.T) {
 		fs := realFiles(t)
 		sparse, tool := fs["usr/share/sparse.img"], fs["usr/bin/tool"]
 		root := filepath.Join(dir, "cache")
-		c := newCache(t, root)
+		c := newCache(t, root, Config{})
 		fill(t, c, sparse) // 420 KiB, evictable
 		fill(t, c, tool)   // pinned below
 		putRecord(t, c, "rec", []byte("v1"), recordData(1, 100<<10))

@@ -5,46 +5,38 @@ import (
 	"log/slog"
 )
 
-// DefaultMaxSize is the size bound used when [WithMaxSize] is not given: 10 GiB.
+// DefaultMaxSize is the size bound of a Config that sets none: 10 GiB.
 const DefaultMaxSize int64 = 10 << 30
 
-// Option configures a [Cache].
-type Option func(*options) error
+// Config configures a [Cache]. Its zero value is the defaults.
+type Config struct {
+	// MaxSize is the number of content bytes above which the cache evicts least-recently used
+	// files and records that are neither open nor pinned; it must not be negative. The
+	// default is [DefaultMaxSize] (10 GiB). Content held open is never evicted, so the cache
+	// can exceed the bound while it is in use; pinned content is outside the bound (see
+	// [Cache.Pin]).
+	MaxSize int64
+	// Logger is where the cache reports what it repairs on its own (damaged journals, stray
+	// temporary files, failed removals). The default discards everything.
+	Logger *slog.Logger
+}
 
+// options are a Config checked, with its defaults.
 type options struct {
 	maxSize int64
 	logger  *slog.Logger
 }
 
-func defaultOptions() options {
-	return options{
-		maxSize: DefaultMaxSize,
-		logger:  slog.New(slog.DiscardHandler),
+func (c Config) options() (options, error) {
+	o := options{maxSize: c.MaxSize, logger: c.Logger}
+	if o.maxSize < 0 {
+		return o, errors.New("cache: max size must not be negative")
 	}
-}
-
-// WithMaxSize sets the number of content bytes above which the cache evicts least-recently
-// used files and records that are neither open nor pinned. The default is [DefaultMaxSize]
-// (10 GiB). Content held open is never evicted, so the cache can exceed the bound while it is
-// in use; pinned content is outside the bound (see [Cache.Pin]).
-func WithMaxSize(bytes int64) Option {
-	return func(o *options) error {
-		if bytes <= 0 {
-			return errors.New("cache: max size must be greater than zero")
-		}
-		o.maxSize = bytes
-		return nil
+	if o.maxSize == 0 {
+		o.maxSize = DefaultMaxSize
 	}
-}
-
-// WithLogger sets where the cache reports what it repairs on its own (damaged journals,
-// stray temporary files, failed removals). The default discards everything.
-func WithLogger(l *slog.Logger) Option {
-	return func(o *options) error {
-		if l == nil {
-			return errors.New("cache: nil logger")
-		}
-		o.logger = l
-		return nil
+	if o.logger == nil {
+		o.logger = slog.New(slog.DiscardHandler)
 	}
+	return o, nil
 }

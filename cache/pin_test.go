@@ -83,7 +83,7 @@ func TestPinOverfill(t *testing.T) {
 	a, b, cf, sparse := tf["usr/bin/tool"], tf["usr/bin/group-tool"], tf["usr/share/doc/deep/er/README"], tf["usr/share/sparse.img"]
 	logs := &testlog.Handler{}
 	bound := b.size() + 100
-	c := newCache(t, t.TempDir(), WithMaxSize(bound), WithLogger(slog.New(logs)))
+	c := newCache(t, t.TempDir(), Config{MaxSize: bound, Logger: slog.New(logs)})
 	if err := c.Pin("img", []string{"rec"}, []chunked.Sum{a.sum, cf.sum, sparse.sum}); err != nil {
 		t.Fatal(err)
 	}
@@ -163,7 +163,7 @@ func TestPinRestart(t *testing.T) {
 	tf := realFiles(t)
 	a, b, cf := tf["usr/bin/tool"], tf["usr/bin/group-tool"], tf["usr/share/doc/deep/er/README"]
 	root := t.TempDir()
-	c := newCache(t, root)
+	c := newCache(t, root, Config{})
 	for _, f := range []*testFile{a, b, cf} {
 		fill(t, c, f)
 	}
@@ -183,7 +183,7 @@ func TestPinRestart(t *testing.T) {
 	}
 
 	logs := &testlog.Handler{}
-	c = newCache(t, root, WithMaxSize(1), WithLogger(slog.New(logs)))
+	c = newCache(t, root, Config{MaxSize: 1, Logger: slog.New(logs)})
 	if !c.Has(a.sum) || c.Has(b.sum) || c.Has(cf.sum) || !slices.Equal(records(t, c), []string{"rec"}) {
 		t.Errorf("after restart: has a=%v b=%v cf=%v records %q, want a and rec kept by the pin",
 			c.Has(a.sum), c.Has(b.sum), c.Has(cf.sum), records(t, c))
@@ -219,7 +219,7 @@ func TestPinConcurrent(t *testing.T) {
 	for i, f := range files {
 		sums[i] = f.sum
 	}
-	c := newCache(t, t.TempDir(), WithMaxSize(200<<10))
+	c := newCache(t, t.TempDir(), Config{MaxSize: 200 << 10})
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
 	errs := make(chan error, 100)

@@ -105,7 +105,7 @@ func TestPutFiles(t *testing.T) {
 	for _, kind := range []string{"estargz", "zstd"} {
 		t.Run(kind, func(t *testing.T) {
 			root := t.TempDir()
-			c := newCache(t, root)
+			c := newCache(t, root, Config{})
 			cs := contents(t, kind)
 			for i, err := range c.PutFiles(cs) {
 				if err != nil {
@@ -129,7 +129,7 @@ func TestPutFiles(t *testing.T) {
 				t.Errorf("stats after storing again: %d complete, want %d", st.Complete, len(cs))
 			}
 			c.Close()
-			c = newCache(t, root)
+			c = newCache(t, root, Config{})
 			checkStored(t, c, cs)
 		})
 	}
@@ -144,7 +144,7 @@ func TestPutFilesRefuses(t *testing.T) {
 		t.Fatal("test premise: big.bin has several chunks")
 	}
 	root := t.TempDir()
-	c := newCache(t, root)
+	c := newCache(t, root, Config{})
 	good := Content{Sum: tool.sum, Size: tool.size(), Chunks: tool.chunks["estargz"]}
 	group := []Content{
 		{Sum: tool.sum, Size: big.size(), Chunks: big.chunks["estargz"]},                                        // another file's content
@@ -175,7 +175,7 @@ func TestPutFilesRefuses(t *testing.T) {
 func TestPutFilesOverPartial(t *testing.T) {
 	big := realFiles(t)["usr/share/big.bin"]
 	root := t.TempDir()
-	c := newCache(t, root)
+	c := newCache(t, root, Config{})
 	h := open(t, c, big)
 	putAll(t, h, big.chunks["zstd"][:1])
 	if err := c.PutFiles([]Content{{Sum: big.sum, Size: big.size(), Chunks: big.chunks["estargz"]}})[0]; err != nil {
@@ -197,7 +197,7 @@ func TestPutFilesOverPartial(t *testing.T) {
 func TestPutFilesReaderMeanwhile(t *testing.T) {
 	big := realFiles(t)["usr/share/big.bin"]
 	root := t.TempDir()
-	c := newCache(t, root)
+	c := newCache(t, root, Config{})
 	var h *File
 	c.hook = func(p string) error {
 		if p != "putfiles:data-synced" {
@@ -250,7 +250,7 @@ func TestCrashPutFiles(t *testing.T) {
 	} {
 		t.Run(tc.point, func(t *testing.T) {
 			root := t.TempDir()
-			c := newCache(t, root)
+			c := newCache(t, root, Config{})
 			crashAt(c, tc.point, 1)
 			for _, err := range c.PutFiles(cs) {
 				if !errors.Is(err, errCrash) {
@@ -263,7 +263,7 @@ func TestCrashPutFiles(t *testing.T) {
 				}
 			}
 			c.Close()
-			c = newCache(t, root)
+			c = newCache(t, root, Config{})
 			if l := leftovers(t, root); len(l) > 0 {
 				t.Errorf("leftovers after restart: %v", l)
 			}
@@ -283,7 +283,7 @@ func TestCrashPutFiles(t *testing.T) {
 func TestPutFilesOpenHandle(t *testing.T) {
 	big := realFiles(t)["usr/share/big.bin"]
 	root := t.TempDir()
-	c := newCache(t, root)
+	c := newCache(t, root, Config{})
 	h := open(t, c, big)
 	var created bool
 	c.hook = func(p string) error {
@@ -318,7 +318,7 @@ func TestPutFilesOpenHandle(t *testing.T) {
 func TestOpenWritesNothing(t *testing.T) {
 	big := realFiles(t)["usr/share/big.bin"]
 	root := t.TempDir()
-	c := newCache(t, root)
+	c := newCache(t, root, Config{})
 	h := open(t, c, big)
 	if _, err := h.ReadAt(make([]byte, 10), 0); !errors.Is(err, ErrMissing) {
 		t.Fatalf("ReadAt = %v, want ErrMissing", err)
@@ -335,7 +335,7 @@ func TestOpenWritesNothing(t *testing.T) {
 	}
 	h.Close()
 	c.Close()
-	c = newCache(t, root)
+	c = newCache(t, root, Config{})
 	if got := c.Usage(); got != chunkRange(big.chunks["zstd"][0]).Length {
 		t.Errorf("usage after restart = %d, want the stored chunk", got)
 	}

@@ -20,6 +20,7 @@ import (
 	"unsafe"
 
 	"github.com/layerstore/layerstore/internal/testutil/testlog"
+	"github.com/layerstore/layerstore/internal/testutil/testproc"
 )
 
 // recordData returns deterministic data of n bytes for seed.
@@ -53,7 +54,7 @@ func recordSize(meta, data []byte) int64 { return alignRecord(int64(len(meta))) 
 // RemoveRecord; a missing one is ErrMissing and fs.ErrNotExist.
 func TestRecord(t *testing.T) {
 	root := t.TempDir()
-	c := newCache(t, root)
+	c := newCache(t, root, Config{})
 	meta, data := []byte(`{"layer":"a"}`), recordData(1, 300<<10+17)
 	putRecord(t, c, "layer-a", meta, data)
 	putRecord(t, c, "empty", nil, nil)
@@ -93,7 +94,7 @@ func TestRecord(t *testing.T) {
 	e.Close()
 	c.Close()
 
-	c = newCache(t, root)
+	c = newCache(t, root, Config{})
 	if want := recordSize([]byte("v2"), data2) + recordSize(nil, nil); c.Usage() != want {
 		t.Errorf("after restart, usage %d, want %d", c.Usage(), want)
 	}
@@ -154,7 +155,7 @@ func TestRecordDamaged(t *testing.T) {
 			for _, restart := range []bool{false, true} {
 				root := t.TempDir()
 				logs := &testlog.Handler{}
-				c := newCache(t, root, WithLogger(slog.New(logs)))
+				c := newCache(t, root, Config{Logger: slog.New(logs)})
 				putRecord(t, c, "rec", meta, data)
 				putRecord(t, c, "other", meta, data)
 				p := c.recordPath("rec")
@@ -164,7 +165,7 @@ func TestRecordDamaged(t *testing.T) {
 				tc.damage(t, p)
 				if restart {
 					c.Close()
-					c = newCache(t, root, WithLogger(slog.New(logs)))
+					c = newCache(t, root, Config{Logger: slog.New(logs)})
 					if names, _ := c.Records(); slices.Contains(names, "rec") == tc.atScan {
 						t.Fatalf("after restart, records %q: scan should remove it: %v", names, tc.atScan)
 					}
@@ -202,7 +203,7 @@ func TestRecordDamaged(t *testing.T) {
 
 	t.Run("leftovers", func(t *testing.T) {
 		root := t.TempDir()
-		c := newCache(t, root)
+		c := newCache(t, root, Config{})
 		putRecord(t, c, "rec", meta, data)
 		c.Close()
 		dir := filepath.Join(root, recordsDir)
@@ -212,7 +213,7 @@ func TestRecordDamaged(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		c = newCache(t, root)
+		c = newCache(t, root, Config{})
 		des, _ := os.ReadDir(dir)
 		if len(des) != 1 || des[0].Name() != "rec" {
 			t.Errorf("records/ holds %v, want only rec", des)
@@ -287,7 +288,7 @@ func TestRecordKill(t *testing.T) {
 		}
 
 		before, _ := os.ReadDir(filepath.Join(root, recordsDir))
-		c, err := New(root)
+		c, err := New(root, Config{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -319,7 +320,7 @@ func killVersion(v int) []byte { return recordData(uint64(v), 4<<20+v*4099) }
 // recordChild writes versions of a record until killed (or a minute has passed), by PutRecord
 // and by WriteRecord in turn.
 func recordChild(t *testing.T, root string) {
-	c, err := New(root)
+	c, err := New(root, Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -357,7 +358,7 @@ func TestEvictRecords(t *testing.T) {
 	meta := []byte("m")
 	rs := recordSize(meta, make([]byte, 1000))
 	root := t.TempDir()
-	c := newCache(t, root, WithMaxSize(3*rs+b.size()))
+	c := newCache(t, root, Config{MaxSize: 3*rs + b.size()})
 	putRecord(t, c, "r1", meta, recordData(1, 1000))
 	fill(t, c, a)
 	putRecord(t, c, "r2", meta, recordData(2, 1000))
@@ -404,7 +405,7 @@ func TestEvictRecords(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	c = newCache(t, root, WithMaxSize(rs+cf.size()))
+	c = newCache(t, root, Config{MaxSize: rs + cf.size()})
 	if !c.Has(cf.sum) || c.Has(b.sum) || !slices.Equal(records(t, c), []string{"r2"}) {
 		t.Errorf("after restart: has cf=%v b=%v records %q, want cf and r2", c.Has(cf.sum), c.Has(b.sum), records(t, c))
 	}
@@ -453,7 +454,7 @@ func FuzzRecordHeader(f *testing.F) {
 // evicted while open), and Close waits for a write under way, whose file it removes.
 func TestWriteRecord(t *testing.T) {
 	root := t.TempDir()
-	c := newCache(t, root)
+	c := newCache(t, root, Config{})
 	release := make(chan struct{})
 	c.hook = func(point string) error {
 		if point == "record:written" {
@@ -526,7 +527,7 @@ func TestWriteRecord(t *testing.T) {
 	if des, _ := os.ReadDir(filepath.Join(root, recordsDir)); len(des) != 1 {
 		t.Errorf("records/ holds %v", des)
 	}
-	c = newCache(t, root)
+	c = newCache(t, root, Config{})
 	r = openRecord(t, c, "layer-a")
 	if string(r.Meta()) != "v2" {
 		t.Errorf("after restart, record %q, want v2", r.Meta())
@@ -538,7 +539,7 @@ func TestWriteRecord(t *testing.T) {
 // and size, after a restart too.
 func TestRecordParts(t *testing.T) {
 	root := t.TempDir()
-	c := newCache(t, root)
+	c := newCache(t, root, Config{})
 	data := recordData(7, 200<<10+5)
 	parts := [][]byte{data[:100<<10+3], nil, data[100<<10+3 : 150<<10], data[150<<10:]}
 	if err := c.PutRecord("parts", []byte("m"), parts...); err != nil {
@@ -548,7 +549,7 @@ func TestRecordParts(t *testing.T) {
 		t.Fatalf("data of %d bytes read back, want the %d of the parts joined", len(got), len(data))
 	}
 	c.Close()
-	c2 := newCache(t, root)
+	c2 := newCache(t, root, Config{})
 	if got := openRecord(t, c2, "parts").Data(); !bytes.Equal(got, data) {
 		t.Fatal("after a restart: not the parts joined")
 	}
@@ -557,49 +558,28 @@ func TestRecordParts(t *testing.T) {
 	}
 }
 
-// rssFile returns the process's resident pages of files (RssFile in /proc/self/status), in
-// bytes.
-func rssFile(t *testing.T) int64 {
-	t.Helper()
-	b, err := os.ReadFile("/proc/self/status")
-	if err != nil {
-		t.Skip(err)
-	}
-	for _, l := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(l, "RssFile:"); ok {
-			kb, err := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
-			if err != nil {
-				t.Fatal(err)
-			}
-			return kb << 10
-		}
-	}
-	t.Skip("no RssFile in /proc/self/status")
-	return 0
-}
-
 // TestRecordUnresident: a record read whole is resident in the process until Unresident, after
 // which its data is still read as it was, only the pages read again becoming resident.
 func TestRecordUnresident(t *testing.T) {
-	c := newCache(t, t.TempDir())
+	c := newCache(t, t.TempDir(), Config{})
 	data := make([]byte, 32<<20)
 	for i := range data {
 		data[i] = byte(i * 7 >> 12)
 	}
 	putRecord(t, c, "big", []byte("{}"), data)
 	r := openRecord(t, c, "big")
-	before := rssFile(t)
+	before := testproc.RSSFile(t)
 	if !bytes.Equal(r.Data(), data) {
 		t.Fatal("data read back differs")
 	}
-	read := rssFile(t)
+	read := testproc.RSSFile(t)
 	if read-before < int64(len(data))/2 {
 		t.Skipf("reading the record's %d bytes made %d resident: RssFile does not count the mapping", len(data), read-before)
 	}
 	if err := r.Unresident(); err != nil {
 		t.Fatal(err)
 	}
-	after := rssFile(t)
+	after := testproc.RSSFile(t)
 	if read-after < int64(len(data))/2 {
 		t.Errorf("resident file pages %d after reading the record, %d after Unresident: want %d fewer", read, after, len(data))
 	}

@@ -9,6 +9,7 @@ import (
 	"github.com/klauspost/compress/zstd"
 
 	"github.com/layerstore/layerstore/chunked"
+	"github.com/layerstore/layerstore/internal/byterange"
 	"github.com/layerstore/layerstore/internal/testutil/testlayer"
 )
 
@@ -18,7 +19,7 @@ func BenchmarkParse(b *testing.B) {
 	for _, n := range []int{100_000, 1_000_000} {
 		b.Run(fmt.Sprintf("entries=%d", n), func(b *testing.B) {
 			js, end := testlayer.SyntheticTOC(n)
-			layout := &chunked.Layout{Format: chunked.ZstdChunked, TOC: chunked.Range{Offset: end + 8, Length: 1}}
+			layout := &chunked.Layout{Format: chunked.ZstdChunked, TOC: byterange.Range{Offset: end + 8, Length: 1}}
 			var before, after runtime.MemStats
 			runtime.GC()
 			runtime.ReadMemStats(&before)
@@ -49,7 +50,7 @@ func BenchmarkParseCompressed(b *testing.B) {
 		b.Fatal(err)
 	}
 	raw := enc.EncodeAll(js, nil)
-	layout := &chunked.Layout{Format: chunked.ZstdChunked, TOC: chunked.Range{Offset: end + 8, Length: int64(len(raw))},
+	layout := &chunked.Layout{Format: chunked.ZstdChunked, TOC: byterange.Range{Offset: end + 8, Length: int64(len(raw))},
 		TOCUncompressed: int64(len(js))}
 	b.SetBytes(int64(len(js)))
 	for b.Loop() {
@@ -62,7 +63,7 @@ func BenchmarkParseCompressed(b *testing.B) {
 // BenchmarkIndexAccess measures the accessors of the read paths on the compact index.
 func BenchmarkIndexAccess(b *testing.B) {
 	js, end := testlayer.SyntheticTOC(100_000)
-	layout := &chunked.Layout{Format: chunked.ZstdChunked, TOC: chunked.Range{Offset: end + 8, Length: 1}}
+	layout := &chunked.Layout{Format: chunked.ZstdChunked, TOC: byterange.Range{Offset: end + 8, Length: 1}}
 	x, err := chunked.Parse(context.Background(), layout, js, chunked.Limits{})
 	if err != nil {
 		b.Fatal(err)
@@ -93,7 +94,7 @@ func BenchmarkIndexAccess(b *testing.B) {
 // restart does before it uses an index it wrote.
 func BenchmarkLoadIndex(b *testing.B) {
 	js, end := testlayer.SyntheticTOC(1_000_000)
-	layout := &chunked.Layout{Format: chunked.ZstdChunked, TOC: chunked.Range{Offset: end + 8, Length: 1}}
+	layout := &chunked.Layout{Format: chunked.ZstdChunked, TOC: byterange.Range{Offset: end + 8, Length: 1}}
 	x, err := chunked.Parse(context.Background(), layout, js, chunked.Limits{})
 	if err != nil {
 		b.Fatal(err)

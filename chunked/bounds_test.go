@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/layerstore/layerstore/chunked"
+	"github.com/layerstore/layerstore/internal/byterange"
 )
 
 // deepTOC returns a TOC of n fifos, each at its own path of depth components ("dI/a/a/.../f").
@@ -116,7 +117,7 @@ func TestParseChunkSpanCapped(t *testing.T) {
 			ent("b", "reg", "size", 10, "offset", 100, "endOffset", far-8, "digest", dg('b')),
 			ent("c", "reg", "size", 1, "offset", far/2, "digest", dg('c')))},
 	} {
-		l := &chunked.Layout{Format: tc.format, TOC: chunked.Range{Offset: far, Length: 100}}
+		l := &chunked.Layout{Format: tc.format, TOC: byterange.Range{Offset: far, Length: 100}}
 		x, err := chunked.Parse(context.Background(), l, []byte(tc.toc), chunked.Limits{})
 		if err != nil {
 			t.Fatalf("%v: %v", tc.format, err)

@@ -10,6 +10,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/layerstore/layerstore/internal/byterange"
 )
 
 // wideIndex is the form the builder fills: one Go value per entry, chunk and xattr.
@@ -172,7 +174,7 @@ func (b *builder) addEntry(r *rawEntry) error {
 			if e.Digest.IsZero() {
 				return invalidf("regular file without a digest")
 			}
-			return b.appendChunk(Chunk{Range: Range{Offset: r.Offset}, Size: r.Size, Digest: e.Digest})
+			return b.appendChunk(Chunk{Range: byterange.Range{Offset: r.Offset}, Size: r.Size, Digest: e.Digest})
 		}
 	}
 	return b.chunkFrom(r)
@@ -202,7 +204,7 @@ func (b *builder) chunkFrom(r *rawEntry) error {
 	if size == 0 {
 		size = file.Size - r.ChunkOffset
 	}
-	c := Chunk{Range: Range{Offset: r.Offset}, InnerOffset: r.InnerOffset, FileOffset: r.ChunkOffset, Size: size}
+	c := Chunk{Range: byterange.Range{Offset: r.Offset}, InnerOffset: r.InnerOffset, FileOffset: r.ChunkOffset, Size: size}
 	switch r.ChunkType {
 	case "":
 	case "zeros":

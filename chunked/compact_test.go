@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/layerstore/layerstore/chunked"
+	"github.com/layerstore/layerstore/internal/byterange"
 	"github.com/layerstore/layerstore/internal/testutil/testlayer"
 )
 
@@ -96,7 +97,7 @@ func TestIndexRoundTripFixtures(t *testing.T) {
 }
 
 func syntheticLayout(end int64) *chunked.Layout {
-	return &chunked.Layout{Format: chunked.ZstdChunked, TOC: chunked.Range{Offset: end + 8, Length: 1}}
+	return &chunked.Layout{Format: chunked.ZstdChunked, TOC: byterange.Range{Offset: end + 8, Length: 1}}
 }
 
 // TestIndexCompact checks what an index costs per entry of a small-file tree: its binary form,

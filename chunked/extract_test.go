@@ -14,6 +14,7 @@ import (
 	"testing"
 
 	"github.com/layerstore/layerstore/chunked"
+	"github.com/layerstore/layerstore/internal/byterange"
 	"github.com/layerstore/layerstore/internal/testutil/testlayer"
 )
 
@@ -240,7 +241,7 @@ func TestParseHashed(t *testing.T) {
 			}
 		})
 	}
-	l := &chunked.Layout{Format: chunked.EStargz, TOC: chunked.Range{Offset: 1 << 20}}
+	l := &chunked.Layout{Format: chunked.EStargz, TOC: byterange.Range{Offset: 1 << 20}}
 	for name, js := range map[string]string{
 		"bad entry":    tocOf(`{"type":"bogus","name":"a"}`, `{"type":"reg","name":"b"}`) + strings.Repeat(" ", 1<<20),
 		"not JSON":     "{" + strings.Repeat("x", 1<<20),
@@ -271,7 +272,7 @@ func TestParseCompressedStargzStreams(t *testing.T) {
 	}
 	js := tocOf(entries...)
 	raw := stargzMember(t, &tar.Header{Name: "stargz.index.json", Typeflag: tar.TypeReg, Size: int64(len(js)), Mode: 0o644}, []byte(js))
-	l := &chunked.Layout{Format: chunked.EStargz, TOC: chunked.Range{Offset: 1 << 20}}
+	l := &chunked.Layout{Format: chunked.EStargz, TOC: byterange.Range{Offset: 1 << 20}}
 	runtime.GC()
 	var before, after runtime.MemStats
 	runtime.ReadMemStats(&before)

@@ -10,6 +10,7 @@ import (
 	"strconv"
 
 	"github.com/klauspost/compress/gzip"
+	"github.com/layerstore/layerstore/internal/byterange"
 )
 
 // Footer sizes of the formats. The zstd footers are the payload of a skippable frame whose
@@ -34,9 +35,9 @@ var (
 // Footer is what a blob's footer says.
 type Footer struct {
 	Size                 int64 // bytes at the end of the blob taken by the footer (incl. frame header)
-	TOC                  Range
-	TOCUncompressed      int64 // 0 for eStargz, whose footer does not say
-	TarSplit             Range // zero Length when the footer has none
+	TOC                  byterange.Range
+	TOCUncompressed      int64           // 0 for eStargz, whose footer does not say
+	TarSplit             byterange.Range // zero Length when the footer has none
 	TarSplitUncompressed int64
 	// TarSplitFields reports a footer that has tar-split fields (the 64-byte one), even zero.
 	TarSplitFields bool
@@ -98,7 +99,7 @@ func parseStargzFooter(tail []byte, blobSize int64) (Footer, error) {
 			if off >= end {
 				return Footer{}, invalidf("eStargz footer: TOC offset %d is past the data end %d", off, end)
 			}
-			return Footer{Size: int64(size), TOC: Range{Offset: off, Length: end - off}}, nil
+			return Footer{Size: int64(size), TOC: byterange.Range{Offset: off, Length: end - off}}, nil
 		}
 		if firstErr == nil {
 			firstErr = err
@@ -216,14 +217,14 @@ func (f zstdFooter) parse(tail []byte, blobSize int64) (Footer, error) {
 		return Footer{}, invalidf("zstd footer: manifest type %d is not a TOC", v[3])
 	}
 	end := blobSize - int64(total)
-	ft := Footer{Size: int64(total), TOC: Range{Offset: v[0], Length: v[1]}, TOCUncompressed: v[2]}
-	if ft.TOC.Length <= 0 || !ft.TOC.within(end) {
+	ft := Footer{Size: int64(total), TOC: byterange.Range{Offset: v[0], Length: v[1]}, TOCUncompressed: v[2]}
+	if ft.TOC.Length <= 0 || !ft.TOC.Within(end) {
 		return Footer{}, invalidf("zstd footer: TOC range %d+%d outside the data end %d", v[0], v[1], end)
 	}
 	ft.TarSplitFields = f.fields == 7
 	if ft.TarSplitFields && v[5] > 0 {
-		ft.TarSplit, ft.TarSplitUncompressed = Range{Offset: v[4], Length: v[5]}, v[6]
-		if !ft.TarSplit.within(end) {
+		ft.TarSplit, ft.TarSplitUncompressed = byterange.Range{Offset: v[4], Length: v[5]}, v[6]
+		if !ft.TarSplit.Within(end) {
 			return Footer{}, invalidf("zstd footer: tar-split range %d+%d outside the data end %d", v[4], v[5], end)
 		}
 	}
@@ -250,13 +251,13 @@ func (l *Layout) ApplyFooter(tail []byte) error {
 		}
 		l.TarSplit, l.TarSplitUncompressed = ft.TarSplit, ft.TarSplitUncompressed
 	}
-	if end := l.BlobSize - ft.Size; !l.TOC.within(end) || !l.TarSplit.within(end) {
+	if end := l.BlobSize - ft.Size; !l.TOC.Within(end) || !l.TarSplit.Within(end) {
 		return invalidf("TOC or tar-split overlaps the footer")
 	}
 	return nil
 }
 
-func crossCheck(what string, ann Range, annU int64, ft Range, ftU int64) error {
+func crossCheck(what string, ann byterange.Range, annU int64, ft byterange.Range, ftU int64) error {
 	if ann.Length == 0 {
 		return nil
 	}

@@ -14,6 +14,7 @@ import (
 	"testing"
 
 	"github.com/layerstore/layerstore/chunked"
+	"github.com/layerstore/layerstore/internal/byterange"
 	digest "github.com/opencontainers/go-digest"
 )
 
@@ -109,7 +110,7 @@ func TestParseFooterFixtures(t *testing.T) {
 					t.Errorf("tar-split position %q, the footer says %q", p, want)
 				}
 				checkSkippable(t, f.Blob, "tar-split", ft.TarSplit)
-			} else if ft.TarSplit != (chunked.Range{}) || ft.TarSplitUncompressed != 0 {
+			} else if ft.TarSplit != (byterange.Range{}) || ft.TarSplitUncompressed != 0 {
 				t.Errorf("footer has a tar-split %+v, the annotations do not", ft.TarSplit)
 			}
 			// Any tail from the footer's own size to the whole blob reads the same.
@@ -127,7 +128,7 @@ func TestParseFooterFixtures(t *testing.T) {
 }
 
 // checkSkippable checks that r is a zstd frame right after a skippable-frame header of its length.
-func checkSkippable(t *testing.T, blob []byte, what string, r chunked.Range) {
+func checkSkippable(t *testing.T, blob []byte, what string, r byterange.Range) {
 	t.Helper()
 	h := blob[r.Offset-8 : r.Offset]
 	if !bytes.Equal(h[:4], []byte{0x50, 0x2a, 0x4d, 0x18}) || int64(binary.LittleEndian.Uint32(h[4:])) != r.Length {
@@ -147,31 +148,31 @@ func TestParseFooterAccepts(t *testing.T) {
 		want   chunked.Footer
 	}{
 		{"eStargz", chunked.EStargz, stargzFooter(t, 1000, false), 5000,
-			chunked.Footer{Size: 51, TOC: chunked.Range{Offset: 1000, Length: 5000 - 51 - 1000}}},
+			chunked.Footer{Size: 51, TOC: byterange.Range{Offset: 1000, Length: 5000 - 51 - 1000}}},
 		{"eStargz TOC at 0", chunked.EStargz, stargzFooter(t, 0, false), 52,
-			chunked.Footer{Size: 51, TOC: chunked.Range{Offset: 0, Length: 1}}},
+			chunked.Footer{Size: 51, TOC: byterange.Range{Offset: 0, Length: 1}}},
 		{"legacy stargz", chunked.EStargz, stargzFooter(t, 1000, true), 5000,
-			chunked.Footer{Size: 47, TOC: chunked.Range{Offset: 1000, Length: 5000 - 47 - 1000}}},
+			chunked.Footer{Size: 47, TOC: byterange.Range{Offset: 1000, Length: 5000 - 47 - 1000}}},
 		{"legacy stargz after data", chunked.EStargz, withPrefix(4, stargzFooter(t, 1000, true)), 5000,
-			chunked.Footer{Size: 47, TOC: chunked.Range{Offset: 1000, Length: 5000 - 47 - 1000}}},
+			chunked.Footer{Size: 47, TOC: byterange.Range{Offset: 1000, Length: 5000 - 47 - 1000}}},
 		{"stargz-zstd", chunked.StargzZstd, zstdFooter(false, 100, 50, 300, 1), 1000,
-			chunked.Footer{Size: 48, TOC: chunked.Range{Offset: 100, Length: 50}, TOCUncompressed: 300}},
+			chunked.Footer{Size: 48, TOC: byterange.Range{Offset: 100, Length: 50}, TOCUncompressed: 300}},
 		{"legacy zstd:chunked", chunked.ZstdChunkedLegacy, withPrefix(24, zstdFooter(false, 100, 50, 300, 1)), 1000,
-			chunked.Footer{Size: 48, TOC: chunked.Range{Offset: 100, Length: 50}, TOCUncompressed: 300}},
+			chunked.Footer{Size: 48, TOC: byterange.Range{Offset: 100, Length: 50}, TOCUncompressed: 300}},
 		{"zstd TOC up to the footer", chunked.ZstdChunkedLegacy, zstdFooter(false, 900, 52, 0, 1), 1000,
-			chunked.Footer{Size: 48, TOC: chunked.Range{Offset: 900, Length: 52}}},
+			chunked.Footer{Size: 48, TOC: byterange.Range{Offset: 900, Length: 52}}},
 		{"zstd:chunked", chunked.ZstdChunked, zstdFooter(true, 100, 50, 300, 1, 158, 20, 400), 1000,
-			chunked.Footer{Size: 72, TOC: chunked.Range{Offset: 100, Length: 50}, TOCUncompressed: 300,
-				TarSplit: chunked.Range{Offset: 158, Length: 20}, TarSplitUncompressed: 400, TarSplitFields: true}},
+			chunked.Footer{Size: 72, TOC: byterange.Range{Offset: 100, Length: 50}, TOCUncompressed: 300,
+				TarSplit: byterange.Range{Offset: 158, Length: 20}, TarSplitUncompressed: 400, TarSplitFields: true}},
 		{"zstd:chunked without tar-split", chunked.ZstdChunked, zstdFooter(true, 100, 50, 300, 1, 0, 0, 0), 1000,
-			chunked.Footer{Size: 72, TOC: chunked.Range{Offset: 100, Length: 50}, TOCUncompressed: 300, TarSplitFields: true}},
+			chunked.Footer{Size: 72, TOC: byterange.Range{Offset: 100, Length: 50}, TOCUncompressed: 300, TarSplitFields: true}},
 		{"zstd:chunked tar-split of length 0 ignored", chunked.ZstdChunked, zstdFooter(true, 100, 50, 300, 1, 999, 0, 999), 1000,
-			chunked.Footer{Size: 72, TOC: chunked.Range{Offset: 100, Length: 50}, TOCUncompressed: 300, TarSplitFields: true}},
+			chunked.Footer{Size: 72, TOC: byterange.Range{Offset: 100, Length: 50}, TOCUncompressed: 300, TarSplitFields: true}},
 		{"zstd:chunked with the 56-byte footer of c/storage 1.47", chunked.ZstdChunked,
 			withPrefix(8, append(append([]byte{0x50, 0x2a, 0x4d, 0x18, 56, 0, 0, 0}, zstdFooter(false, 100, 50, 300, 1)[8:]...), make([]byte, 16)...)), 1000,
-			chunked.Footer{Size: 64, TOC: chunked.Range{Offset: 100, Length: 50}, TOCUncompressed: 300}},
+			chunked.Footer{Size: 64, TOC: byterange.Range{Offset: 100, Length: 50}, TOCUncompressed: 300}},
 		{"zstd:chunked with the 40-byte footer", chunked.ZstdChunked, withPrefix(24, zstdFooter(false, 100, 50, 300, 1)), 1000,
-			chunked.Footer{Size: 48, TOC: chunked.Range{Offset: 100, Length: 50}, TOCUncompressed: 300}},
+			chunked.Footer{Size: 48, TOC: byterange.Range{Offset: 100, Length: 50}, TOCUncompressed: 300}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got, err := chunked.ParseFooter(tc.format, tc.tail, tc.size)
@@ -306,12 +307,12 @@ func TestParseFooterLargeUncompressedSizes(t *testing.T) {
 		want   chunked.Footer
 	}{
 		{"TOC", chunked.ZstdChunkedLegacy, zstdFooter(false, 100, 50, 1<<20, 1),
-			chunked.Footer{Size: 48, TOC: chunked.Range{Offset: 100, Length: 50}, TOCUncompressed: 1 << 20}},
+			chunked.Footer{Size: 48, TOC: byterange.Range{Offset: 100, Length: 50}, TOCUncompressed: 1 << 20}},
 		{"stargz-zstd TOC", chunked.StargzZstd, zstdFooter(false, 100, 50, 5000, 1),
-			chunked.Footer{Size: 48, TOC: chunked.Range{Offset: 100, Length: 50}, TOCUncompressed: 5000}},
+			chunked.Footer{Size: 48, TOC: byterange.Range{Offset: 100, Length: 50}, TOCUncompressed: 5000}},
 		{"tar-split", chunked.ZstdChunked, zstdFooter(true, 100, 50, 300, 1, 150, 200, 1<<30),
-			chunked.Footer{Size: 72, TOC: chunked.Range{Offset: 100, Length: 50}, TOCUncompressed: 300,
-				TarSplit: chunked.Range{Offset: 150, Length: 200}, TarSplitUncompressed: 1 << 30, TarSplitFields: true}},
+			chunked.Footer{Size: 72, TOC: byterange.Range{Offset: 100, Length: 50}, TOCUncompressed: 300,
+				TarSplit: byterange.Range{Offset: 150, Length: 200}, TarSplitUncompressed: 1 << 30, TarSplitFields: true}},
 	} {
 		got, err := chunked.ParseFooter(tc.format, tc.tail, 1000)
 		if err != nil || got != tc.want {
@@ -451,10 +452,10 @@ func TestApplyFooterDisagreement(t *testing.T) {
 		{"tar-split offset", "zstdchunked-modern", func(l *chunked.Layout) { l.TarSplit.Offset-- }, false},
 		{"tar-split length", "zstdchunked-modern", func(l *chunked.Layout) { l.TarSplit.Length++ }, false},
 		{"tar-split uncompressed size", "zstdchunked-modern", func(l *chunked.Layout) { l.TarSplitUncompressed-- }, false},
-		{"tar-split unknown", "zstdchunked-modern", func(l *chunked.Layout) { l.TarSplit, l.TarSplitUncompressed = chunked.Range{}, 0 }, true},
+		{"tar-split unknown", "zstdchunked-modern", func(l *chunked.Layout) { l.TarSplit, l.TarSplitUncompressed = byterange.Range{}, 0 }, true},
 		// A 40- or 56-byte footer has no tar-split fields to compare (c/storage 1.47-1.49 gave
 		// the tar-split position only in the annotation).
-		{"tar-split the footer cannot state", "zstdchunked-notarsplit", func(l *chunked.Layout) { l.TarSplit = chunked.Range{Offset: 100, Length: 10} }, true},
+		{"tar-split the footer cannot state", "zstdchunked-notarsplit", func(l *chunked.Layout) { l.TarSplit = byterange.Range{Offset: 100, Length: 10} }, true},
 		{"legacy TOC offset", "zstdchunked-legacy", func(l *chunked.Layout) { l.TOC.Offset-- }, false},
 		{"legacy TOC uncompressed size", "zstdchunked-legacy", func(l *chunked.Layout) { l.TOCUncompressed = 1 }, false},
 		{"stargz-zstd TOC", "estargz-zstd-annotated", func(l *chunked.Layout) { l.TOC.Length++ }, false},
@@ -492,18 +493,18 @@ type positionCase struct {
 	s        string
 	manifest bool
 	size     int64
-	want     chunked.Range
+	want     byterange.Range
 	wantU    int64
 	ok       bool
 }
 
 var positionCases = []positionCase{
-	{s: "699314:2219:7691:1", manifest: true, size: 703932, want: chunked.Range{Offset: 699314, Length: 2219}, wantU: 7691, ok: true},
-	{s: "701541:2319:40183", size: 703932, want: chunked.Range{Offset: 701541, Length: 2319}, wantU: 40183, ok: true},
-	{s: "0:1:0:1", manifest: true, size: 1, want: chunked.Range{Offset: 0, Length: 1}, ok: true},
-	{s: "10:90:0", size: 100, want: chunked.Range{Offset: 10, Length: 90}, ok: true},
-	{s: "007:3:0", size: 100, want: chunked.Range{Offset: 7, Length: 3}, ok: true},
-	{s: "9223372036854775806:1:9223372036854775807", size: math.MaxInt64, want: chunked.Range{Offset: math.MaxInt64 - 1, Length: 1}, wantU: math.MaxInt64, ok: true},
+	{s: "699314:2219:7691:1", manifest: true, size: 703932, want: byterange.Range{Offset: 699314, Length: 2219}, wantU: 7691, ok: true},
+	{s: "701541:2319:40183", size: 703932, want: byterange.Range{Offset: 701541, Length: 2319}, wantU: 40183, ok: true},
+	{s: "0:1:0:1", manifest: true, size: 1, want: byterange.Range{Offset: 0, Length: 1}, ok: true},
+	{s: "10:90:0", size: 100, want: byterange.Range{Offset: 10, Length: 90}, ok: true},
+	{s: "007:3:0", size: 100, want: byterange.Range{Offset: 7, Length: 3}, ok: true},
+	{s: "9223372036854775806:1:9223372036854775807", size: math.MaxInt64, want: byterange.Range{Offset: math.MaxInt64 - 1, Length: 1}, wantU: math.MaxInt64, ok: true},
 	{s: "1:2:3", manifest: true, size: 100},
 	{s: "1:2:3:1:5", manifest: true, size: 100},
 	{s: "1:2:3:1", size: 100},
@@ -530,11 +531,11 @@ var positionCases = []positionCase{
 	{s: "1:1:18446744073709551616", size: 100},
 	{s: "1:2:3:0", manifest: true, size: 100},
 	{s: "1:2:3:2", manifest: true, size: 100},
-	{s: "1:2:3:01", manifest: true, size: 100, want: chunked.Range{Offset: 1, Length: 2}, wantU: 3, ok: true},
+	{s: "1:2:3:01", manifest: true, size: 100, want: byterange.Range{Offset: 1, Length: 2}, wantU: 3, ok: true},
 	{s: "101:1:0", size: 100},
 	{s: "100:1:0", size: 100},
 	{s: "99:2:0", size: 100},
-	{s: "99:1:0", size: 100, want: chunked.Range{Offset: 99, Length: 1}, ok: true},
+	{s: "99:1:0", size: 100, want: byterange.Range{Offset: 99, Length: 1}, ok: true},
 	{s: "0:0:0", size: 100},
 	{s: "0:101:0", size: 100},
 	{s: "1:9223372036854775807:0", size: math.MaxInt64},
@@ -628,23 +629,23 @@ func TestClassify(t *testing.T) {
 		{name: "eStargz on a docker media type", mediaType: dockerGzip, ann: map[string]string{chunked.AnnotationStargzTOCDigest: toc}, format: chunked.EStargz},
 		{name: "eStargz on a foreign docker media type", mediaType: "application/vnd.docker.image.rootfs.foreign.diff.tar.gzip", ann: map[string]string{chunked.AnnotationStargzTOCDigest: toc}, format: chunked.EStargz},
 		{name: "eStargz ignores positions", mediaType: ociGzip, ann: map[string]string{chunked.AnnotationStargzTOCDigest: toc, chunked.AnnotationLegacyPosition: "1:2:3:1", chunked.AnnotationLegacyChecksum: other}, format: chunked.EStargz,
-			check: func(l *chunked.Layout) bool { return l.TOC == chunked.Range{} && l.LegacyChecksum == "" }},
+			check: func(l *chunked.Layout) bool { return l.TOC == byterange.Range{} && l.LegacyChecksum == "" }},
 		{name: "stargz-zstd", mediaType: ociZstd, ann: map[string]string{chunked.AnnotationStargzTOCDigest: toc}, format: chunked.StargzZstd},
 		{name: "stargz-zstd annotated", mediaType: ociZstd, ann: map[string]string{chunked.AnnotationStargzTOCDigest: toc, chunked.AnnotationLegacyChecksum: other, chunked.AnnotationLegacyPosition: "10:20:30:1"}, format: chunked.StargzZstd,
 			check: func(l *chunked.Layout) bool {
-				return string(l.TOCDigest) == toc && string(l.LegacyChecksum) == other && l.TOC == chunked.Range{Offset: 10, Length: 20} && l.TOCUncompressed == 30
+				return string(l.TOCDigest) == toc && string(l.LegacyChecksum) == other && l.TOC == byterange.Range{Offset: 10, Length: 20} && l.TOCUncompressed == 30
 			}},
 		{name: "legacy zstd:chunked", mediaType: ociZstd, ann: map[string]string{chunked.AnnotationLegacyChecksum: toc, chunked.AnnotationLegacyPosition: "10:20:30:1"}, format: chunked.ZstdChunkedLegacy,
-			check: func(l *chunked.Layout) bool { return l.TOC == chunked.Range{Offset: 10, Length: 20} }},
+			check: func(l *chunked.Layout) bool { return l.TOC == byterange.Range{Offset: 10, Length: 20} }},
 		{name: "legacy zstd:chunked ignores a tar-split position", mediaType: ociZstd, ann: map[string]string{chunked.AnnotationLegacyChecksum: toc, chunked.AnnotationTarSplitPosition: "1:2:3"}, format: chunked.ZstdChunkedLegacy,
-			check: func(l *chunked.Layout) bool { return l.TarSplit == chunked.Range{} }},
+			check: func(l *chunked.Layout) bool { return l.TarSplit == byterange.Range{} }},
 		{name: "zstd:chunked", mediaType: "application/vnd.oci.image.layer.nondistributable.v1.tar+zstd", ann: map[string]string{chunked.AnnotationChecksum: toc}, format: chunked.ZstdChunked},
 		{name: "zstd:chunked with positions", mediaType: ociZstd, ann: map[string]string{chunked.AnnotationChecksum: toc, chunked.AnnotationPosition: "10:20:30:1", chunked.AnnotationTarSplitPosition: "40:50:60"}, format: chunked.ZstdChunked,
 			check: func(l *chunked.Layout) bool {
-				return l.TOC == chunked.Range{Offset: 10, Length: 20} && l.TarSplit == chunked.Range{Offset: 40, Length: 50} && l.TarSplitUncompressed == 60
+				return l.TOC == byterange.Range{Offset: 10, Length: 20} && l.TarSplit == byterange.Range{Offset: 40, Length: 50} && l.TarSplitUncompressed == 60
 			}},
 		{name: "zstd:chunked wins over legacy keys", mediaType: ociZstd, ann: map[string]string{chunked.AnnotationChecksum: toc, chunked.AnnotationLegacyChecksum: other, chunked.AnnotationLegacyPosition: "10:20:30:1"}, format: chunked.ZstdChunked,
-			check: func(l *chunked.Layout) bool { return string(l.TOCDigest) == toc && l.TOC == chunked.Range{} }},
+			check: func(l *chunked.Layout) bool { return string(l.TOCDigest) == toc && l.TOC == byterange.Range{} }},
 
 		{name: "plain gzip", mediaType: ociGzip},
 		{name: "plain zstd", mediaType: ociZstd, ann: map[string]string{"org.opencontainers.image.title": "x"}},

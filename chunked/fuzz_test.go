@@ -19,6 +19,7 @@ import (
 
 	"github.com/klauspost/compress/zstd"
 	"github.com/layerstore/layerstore/chunked"
+	"github.com/layerstore/layerstore/internal/byterange"
 	"github.com/layerstore/layerstore/internal/testutil/testlayer"
 )
 
@@ -212,7 +213,7 @@ func FuzzParseFooter(f *testing.F) {
 			t.Fatalf("%v footer of %d bytes from a %d-byte tail", fm, ft.Size, len(tail))
 		}
 		dataEnd := blobSize - ft.Size
-		inData := func(r chunked.Range) bool {
+		inData := func(r byterange.Range) bool {
 			return r.Offset >= 0 && r.Length > 0 && r.Offset <= dataEnd && r.Length <= dataEnd-r.Offset
 		}
 		var bugs []string
@@ -267,34 +268,34 @@ func contains(s []int64, v int64) bool {
 }
 
 // refPosition is an independent model of ParsePosition.
-func refPosition(s string, manifest bool, blobSize int64) (chunked.Range, int64, bool) {
+func refPosition(s string, manifest bool, blobSize int64) (byterange.Range, int64, bool) {
 	fields := strings.Split(s, ":")
 	if want := map[bool]int{true: 4, false: 3}[manifest]; len(fields) != want {
-		return chunked.Range{}, 0, false
+		return byterange.Range{}, 0, false
 	}
 	var v []int64
 	for _, f := range fields {
 		if len(f) == 0 || len(f) > 19 {
-			return chunked.Range{}, 0, false
+			return byterange.Range{}, 0, false
 		}
 		for _, c := range []byte(f) {
 			if c < '0' || c > '9' {
-				return chunked.Range{}, 0, false
+				return byterange.Range{}, 0, false
 			}
 		}
 		n, err := strconv.ParseUint(f, 10, 63)
 		if err != nil {
-			return chunked.Range{}, 0, false
+			return byterange.Range{}, 0, false
 		}
 		v = append(v, int64(n))
 	}
 	if manifest && v[3] != 1 {
-		return chunked.Range{}, 0, false
+		return byterange.Range{}, 0, false
 	}
 	if v[1] == 0 || v[0] > blobSize || v[1] > blobSize-v[0] {
-		return chunked.Range{}, 0, false
+		return byterange.Range{}, 0, false
 	}
-	return chunked.Range{Offset: v[0], Length: v[1]}, v[2], true
+	return byterange.Range{Offset: v[0], Length: v[1]}, v[2], true
 }
 
 func FuzzParsePosition(f *testing.F) {

@@ -9,6 +9,8 @@ import (
 	"sort"
 	"strings"
 	"time"
+
+	"github.com/layerstore/layerstore/internal/byterange"
 )
 
 // Type is the kind of an entry, as written in the TOC.
@@ -127,7 +129,7 @@ type Chunk struct {
 	// Range is the compressed bytes to fetch: decompressing them yields InnerOffset bytes
 	// to skip, then the chunk's Size bytes (and possibly more, ignored). Its Length is at
 	// most MaxSpan(InnerOffset+Size).
-	Range
+	byterange.Range
 	InnerOffset int64
 	// FileOffset is the chunk's position in the file; Size its uncompressed length.
 	FileOffset int64

@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/layerstore/layerstore/chunked"
+	"github.com/layerstore/layerstore/internal/byterange"
 )
 
 func parseOK(t *testing.T, f chunked.Format, js string) *chunked.Index {
@@ -89,7 +90,7 @@ func TestParsePayloadEnd(t *testing.T) {
 		}
 	}
 	for _, off := range []int64{0, 7} {
-		l := &chunked.Layout{Format: chunked.ZstdChunked, TOC: chunked.Range{Offset: off, Length: 1}}
+		l := &chunked.Layout{Format: chunked.ZstdChunked, TOC: byterange.Range{Offset: off, Length: 1}}
 		if _, err := chunked.Parse(context.Background(), l, []byte(tocOf()), chunked.Limits{}); !errors.Is(err, chunked.ErrInvalid) {
 			t.Errorf("zstd TOC at offset %d: Parse = %v, want ErrInvalid", off, err)
 		}
@@ -176,8 +177,8 @@ func TestParseShadowedEntries(t *testing.T) {
 		id   chunked.EntryID
 		want chunked.Chunk
 	}{
-		{0, chunked.Chunk{Range: chunked.Range{Offset: 100, Length: 100}, Size: 5, Digest: sumOf('a')}},
-		{2, chunked.Chunk{Range: chunked.Range{Offset: 200, Length: chunked.MaxSpan(7)}, Size: 7, Digest: sumOf('b')}},
+		{0, chunked.Chunk{Range: byterange.Range{Offset: 100, Length: 100}, Size: 5, Digest: sumOf('a')}},
+		{2, chunked.Chunk{Range: byterange.Range{Offset: 200, Length: chunked.MaxSpan(7)}, Size: 7, Digest: sumOf('b')}},
 	} {
 		if got := x.Chunks(tc.id); !slices.Equal(got, []chunked.Chunk{tc.want}) {
 			t.Errorf("Chunks(%d) = %+v, want [%+v]", tc.id, got, tc.want)
@@ -529,15 +530,15 @@ func TestParseStargzChunkEnds(t *testing.T) {
 				path string
 				want []chunked.Chunk
 			}{
-				{"a", []chunked.Chunk{{Range: chunked.Range{Offset: 100, Length: 200}, Size: 3, Digest: sumOf('1')}}},
-				{"b", []chunked.Chunk{{Range: chunked.Range{Offset: 100, Length: 200}, InnerOffset: 3, Size: 4, Digest: sumOf('1')}}},
-				{"c", []chunked.Chunk{{Range: chunked.Range{Offset: 100, Length: 200}, InnerOffset: 7, Size: 5, Digest: sumOf('1')}}},
+				{"a", []chunked.Chunk{{Range: byterange.Range{Offset: 100, Length: 200}, Size: 3, Digest: sumOf('1')}}},
+				{"b", []chunked.Chunk{{Range: byterange.Range{Offset: 100, Length: 200}, InnerOffset: 3, Size: 4, Digest: sumOf('1')}}},
+				{"c", []chunked.Chunk{{Range: byterange.Range{Offset: 100, Length: 200}, InnerOffset: 7, Size: 5, Digest: sumOf('1')}}},
 				{"big", []chunked.Chunk{
-					{Range: chunked.Range{Offset: 300, Length: 200}, Size: 4, Digest: sumOf('1')},
-					{Range: chunked.Range{Offset: 300, Length: 200}, InnerOffset: 4, FileOffset: 4, Size: 4, Digest: sumOf('2')},
+					{Range: byterange.Range{Offset: 300, Length: 200}, Size: 4, Digest: sumOf('1')},
+					{Range: byterange.Range{Offset: 300, Length: 200}, InnerOffset: 4, FileOffset: 4, Size: 4, Digest: sumOf('2')},
 				}},
-				{"late", []chunked.Chunk{{Range: chunked.Range{Offset: 500, Length: min(end-500, chunked.MaxSpan(2))}, Size: 2, Digest: sumOf('1')}}},
-				{"early", []chunked.Chunk{{Range: chunked.Range{Offset: 50, Length: 50}, Size: 2, Digest: sumOf('1')}}},
+				{"late", []chunked.Chunk{{Range: byterange.Range{Offset: 500, Length: min(end-500, chunked.MaxSpan(2))}, Size: 2, Digest: sumOf('1')}}},
+				{"early", []chunked.Chunk{{Range: byterange.Range{Offset: 50, Length: 50}, Size: 2, Digest: sumOf('1')}}},
 				{"empty", nil},
 			} {
 				if got := x.Chunks(lookup(t, x, tc.path)); !slices.Equal(got, tc.want) {
@@ -566,14 +567,14 @@ func TestParseZstdChunkEnds(t *testing.T) {
 				path string
 				want []chunked.Chunk
 			}{
-				{"one", []chunked.Chunk{{Range: chunked.Range{Offset: 100, Length: 20}, Size: 5, Digest: sumOf('a')}}},
+				{"one", []chunked.Chunk{{Range: byterange.Range{Offset: 100, Length: 20}, Size: 5, Digest: sumOf('a')}}},
 				{"multi", []chunked.Chunk{
-					{Range: chunked.Range{Offset: 200, Length: 200}, Size: 1000, Digest: sumOf('1')},
-					{Range: chunked.Range{Offset: 400, Length: 10}, FileOffset: 1000, Size: 1500, Digest: sumOf('2'), Zeros: true},
-					{Range: chunked.Range{Offset: 410, Length: 490}, FileOffset: 2500, Size: 500, Digest: sumOf('3')},
+					{Range: byterange.Range{Offset: 200, Length: 200}, Size: 1000, Digest: sumOf('1')},
+					{Range: byterange.Range{Offset: 400, Length: 10}, FileOffset: 1000, Size: 1500, Digest: sumOf('2'), Zeros: true},
+					{Range: byterange.Range{Offset: 410, Length: 490}, FileOffset: 2500, Size: 500, Digest: sumOf('3')},
 				}},
-				{"noend", []chunked.Chunk{{Range: chunked.Range{Offset: 1000, Length: 1000}, Size: 1, Digest: sumOf('c')}}},
-				{"last", []chunked.Chunk{{Range: chunked.Range{Offset: 2000, Length: min(payloadEnd(f)-2000, chunked.MaxSpan(1))}, Size: 1, Digest: sumOf('d')}}},
+				{"noend", []chunked.Chunk{{Range: byterange.Range{Offset: 1000, Length: 1000}, Size: 1, Digest: sumOf('c')}}},
+				{"last", []chunked.Chunk{{Range: byterange.Range{Offset: 2000, Length: min(payloadEnd(f)-2000, chunked.MaxSpan(1))}, Size: 1, Digest: sumOf('d')}}},
 				{"empty", nil},
 			} {
 				if got := x.Chunks(lookup(t, x, tc.path)); !slices.Equal(got, tc.want) {

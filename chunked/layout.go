@@ -6,6 +6,8 @@ import (
 	"strings"
 
 	digest "github.com/opencontainers/go-digest"
+
+	"github.com/layerstore/layerstore/internal/byterange"
 )
 
 // Annotation keys that lazy-pullable layers carry in their descriptors.
@@ -72,20 +74,6 @@ type Descriptor struct {
 	Annotations map[string]string
 }
 
-// Range is a byte range of a blob: Length bytes from Offset.
-type Range struct {
-	Offset int64
-	Length int64
-}
-
-// End returns the offset just past the range.
-func (r Range) End() int64 { return r.Offset + r.Length }
-
-// within reports whether the range lies in [0, end), without overflowing.
-func (r Range) within(end int64) bool {
-	return r.Offset >= 0 && r.Length >= 0 && r.Offset <= end && r.Length <= end-r.Offset
-}
-
 // Layout says where the parts of a lazy-pullable blob are. It starts from the descriptor
 // ([Classify]) and is completed and cross-checked by the footer ([Layout.ApplyFooter]).
 type Layout struct {
@@ -101,10 +89,10 @@ type Layout struct {
 	// TOC is where the TOC is in the blob: for eStargz the gzip member holding the
 	// stargz.index.json tar entry, otherwise the zstd frame after the skippable-frame header.
 	// Its Length is zero until known.
-	TOC             Range
+	TOC             byterange.Range
 	TOCUncompressed int64 // 0 when unknown
 	// TarSplit is where the tar-split is (zstd:chunked >= 1.50); zero Length when absent.
-	TarSplit             Range
+	TarSplit             byterange.Range
 	TarSplitUncompressed int64
 	// TarSplitChecksum is the tar-split digest from the annotation; empty when absent.
 	TarSplitChecksum digest.Digest
@@ -218,32 +206,32 @@ func parseDigest(s string) (digest.Digest, error) {
 // ParsePosition parses a position annotation: "offset:length:uncompressedLength:type" for a
 // TOC (manifest), where type must be 1, or "offset:length:uncompressedLength" for a tar-split.
 // The range must lie inside a blob of blobSize bytes.
-func ParsePosition(s string, manifest bool, blobSize int64) (Range, int64, error) {
+func ParsePosition(s string, manifest bool, blobSize int64) (byterange.Range, int64, error) {
 	fields := strings.Split(s, ":")
 	want := 3
 	if manifest {
 		want = 4
 	}
 	if len(fields) != want {
-		return Range{}, 0, invalidf("position %q: want %d fields", s, want)
+		return byterange.Range{}, 0, invalidf("position %q: want %d fields", s, want)
 	}
 	var v [4]int64
 	for i, f := range fields {
 		if f == "" || len(f) > 19 || strings.TrimLeft(f, "0123456789") != "" {
-			return Range{}, 0, invalidf("position %q: field %d is not a decimal number", s, i+1)
+			return byterange.Range{}, 0, invalidf("position %q: field %d is not a decimal number", s, i+1)
 		}
 		n, err := strconv.ParseInt(f, 10, 64)
 		if err != nil {
-			return Range{}, 0, invalidf("position %q: %v", s, err)
+			return byterange.Range{}, 0, invalidf("position %q: %v", s, err)
 		}
 		v[i] = n
 	}
 	if manifest && v[3] != 1 {
-		return Range{}, 0, invalidf("position %q: manifest type %d is not a TOC", s, v[3])
+		return byterange.Range{}, 0, invalidf("position %q: manifest type %d is not a TOC", s, v[3])
 	}
-	r := Range{Offset: v[0], Length: v[1]}
+	r := byterange.Range{Offset: v[0], Length: v[1]}
 	if r.Length <= 0 || r.Offset > blobSize || r.Length > blobSize-r.Offset {
-		return Range{}, 0, invalidf("position %q: range outside the %d-byte blob", s, blobSize)
+		return byterange.Range{}, 0, invalidf("position %q: range outside the %d-byte blob", s, blobSize)
 	}
 	return r, v[2], nil
 }

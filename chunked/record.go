@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"encoding/binary"
 	"math"
+
+	"github.com/layerstore/layerstore/internal/byterange"
 )
 
 // head is the start of an entry record: what lookups need.
@@ -212,7 +214,7 @@ func decodeRec(d *decoder, id EntryID) rec {
 	}
 	if opt&optChunk != 0 {
 		r.chunk = Chunk{
-			Range:       Range{Offset: int64(d.uvarint(math.MaxInt64)), Length: int64(d.uvarint(math.MaxInt64))},
+			Range:       byterange.Range{Offset: int64(d.uvarint(math.MaxInt64)), Length: int64(d.uvarint(math.MaxInt64))},
 			InnerOffset: int64(d.uvarint(math.MaxInt64)),
 			Size:        r.size,
 			Digest:      r.digest,
@@ -305,7 +307,7 @@ func (x *Index) chunk(f *fileChunks, i int) Chunk {
 	b := x.chunks[j*chunkSize : (j+1)*chunkSize]
 	le := binary.LittleEndian
 	c := Chunk{
-		Range:       Range{Offset: int64(le.Uint64(b)), Length: int64(le.Uint64(b[8:]))},
+		Range:       byterange.Range{Offset: int64(le.Uint64(b)), Length: int64(le.Uint64(b[8:]))},
 		InnerOffset: int64(le.Uint64(b[16:])),
 		FileOffset:  int64(le.Uint64(b[24:])),
 		Zeros:       b[64] != 0,

@@ -1,6 +1,10 @@
 package chunked
 
-import "runtime"
+import (
+	"runtime"
+
+	"github.com/layerstore/layerstore/internal/byterange"
+)
 
 // ChunkSlots returns the size of the space [Index.ChunkSlot] numbers the chunks of the
 // index in: a bit set of that many bits can mark any chunk.
@@ -34,17 +38,17 @@ func (x *Index) ChunkSlot(id EntryID, i int) int {
 
 // SlotRange returns the compressed bytes of the chunk [Index.ChunkSlot] named slot, and false
 // when no chunk has that slot.
-func (x *Index) SlotRange(slot int) (Range, bool) {
+func (x *Index) SlotRange(slot int) (byterange.Range, bool) {
 	defer runtime.KeepAlive(x)
 	nTable := len(x.chunks) / chunkSize
 	if slot < 0 || slot >= nTable+x.n {
-		return Range{}, false
+		return byterange.Range{}, false
 	}
 	if slot >= nTable {
 		id := EntryID(slot - nTable)
 		r, ok := x.rec(id)
 		if !ok || r.inode != id || r.opt&optChunk == 0 {
-			return Range{}, false
+			return byterange.Range{}, false
 		}
 		return r.chunk.Range, true
 	}

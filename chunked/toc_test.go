@@ -13,6 +13,7 @@ import (
 	"testing"
 
 	"github.com/layerstore/layerstore/chunked"
+	"github.com/layerstore/layerstore/internal/byterange"
 )
 
 // tocOffset is where the test layouts put the TOC: file data ends there (eStargz) or 8 bytes
@@ -21,7 +22,7 @@ const tocOffset = 1 << 20
 
 // testLayout returns a layout whose TOC starts at tocOffset.
 func testLayout(f chunked.Format) *chunked.Layout {
-	return &chunked.Layout{Format: f, TOC: chunked.Range{Offset: tocOffset, Length: 100}}
+	return &chunked.Layout{Format: f, TOC: byterange.Range{Offset: tocOffset, Length: 100}}
 }
 
 // payloadEnd is what testLayout(f).PayloadEnd() must be.

@@ -22,10 +22,10 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/opencontainers/go-digest"
 
+	"github.com/layerstore/layerstore/internal/control/protocol"
 	"github.com/layerstore/layerstore/internal/testutil/dockerregistry"
 	"github.com/layerstore/layerstore/internal/testutil/testlayer"
 	"github.com/layerstore/layerstore/internal/testutil/testregistry"
-	"github.com/layerstore/layerstore/layer"
 )
 
 // outage is a registry of one test's own, which the test stops, with the eStargz image on it.
@@ -65,7 +65,7 @@ func checkComplete(t *testing.T, d *daemon, img *image, served map[digest.Digest
 	t.Helper()
 	d.waitComplete(t, img)
 	for _, l := range d.status(t).Layers {
-		if served[l.Digest] && l.State != layer.StateComplete {
+		if served[digest.Digest(l.Digest)] && l.State != protocol.StateComplete {
 			t.Fatalf("layer %s: %s before the outage: %s", l.Digest, l.State, l.Error)
 		}
 	}
@@ -204,7 +204,7 @@ func TestPinKilledAndResumed(t *testing.T) {
 	pinDone := make(chan error, 1)
 	go func() { pinDone <- pin.Wait() }()
 	t.Cleanup(func() { pin.Process.Kill(); <-pinDone })
-	var before layer.Pin
+	var before protocol.Pin
 	for deadline := time.Now().Add(time.Minute); ; time.Sleep(20 * time.Millisecond) {
 		if ps := d.status(t).Pins; len(ps) == 1 && ps[0].Present > 0 {
 			before = ps[0]
@@ -230,7 +230,7 @@ func TestPinKilledAndResumed(t *testing.T) {
 	if ps := d.status(t).Pins; len(ps) != 1 || ps[0].Ref != img.ref {
 		t.Fatalf("pins right after the start: %+v", ps)
 	}
-	var after layer.Pin
+	var after protocol.Pin
 	for deadline := time.Now().Add(2 * time.Minute); ; time.Sleep(100 * time.Millisecond) {
 		after = d.status(t).Pins[0]
 		if after.Present == after.Bytes {

@@ -33,7 +33,7 @@ type rootless struct {
 // files are never changed).
 func newRootless(t *testing.T) *rootless {
 	t.Helper()
-	dir := userDir(t)
+	dir := testfuse.OpenTempDir(t)
 	for p := filepath.Dir(dir); p != "/"; p = filepath.Dir(p) {
 		if fi, err := os.Stat(p); err == nil && fi.Mode().Perm()&0o001 == 0 {
 			t.Skipf("skipping: %s is not traversable by other users", p)
@@ -151,19 +151,6 @@ func runsAs(pid, uid int) bool {
 	return !strings.HasPrefix(state, "Z") && !strings.HasPrefix(state, "X") && len(f) > 0 && f[0] == strconv.Itoa(uid)
 }
 
-// userDir returns a new temporary directory the rootless user can enter: the test's own
-// temporary directories are opened to others (0755).
-func userDir(t *testing.T) string {
-	t.Helper()
-	dir := t.TempDir()
-	for _, d := range []string{filepath.Dir(dir), dir} {
-		if err := os.Chmod(d, 0o755); err != nil {
-			t.Fatal(err)
-		}
-	}
-	return dir
-}
-
 // shellQuote quotes each argument for sh, separated by spaces.
 func shellQuote(args ...string) string {
 	var q []string
@@ -184,7 +171,7 @@ func TestRootless(t *testing.T) {
 	s := need(t)
 	refs := s.references(t)
 	img := s.images[imgEStargz]
-	dir := userDir(t)
+	dir := testfuse.OpenTempDir(t)
 	regConf := filepath.Join(dir, "registries.conf")
 	if err := os.WriteFile(regConf, []byte(testregistry.RegistriesConf(s.open.Host)), 0o644); err != nil {
 		t.Fatal(err)

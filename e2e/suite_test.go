@@ -19,12 +19,11 @@ import (
 	"github.com/opencontainers/go-digest"
 
 	storefs "github.com/layerstore/layerstore/fs"
-	"github.com/layerstore/layerstore/internal/control"
+	"github.com/layerstore/layerstore/internal/control/protocol"
 	"github.com/layerstore/layerstore/internal/fdstore"
 	"github.com/layerstore/layerstore/internal/testutil/svcmanager"
 	"github.com/layerstore/layerstore/internal/testutil/syncbuf"
 	"github.com/layerstore/layerstore/internal/testutil/testfuse"
-	"github.com/layerstore/layerstore/layer"
 
 	"github.com/layerstore/layerstore/internal/testutil/dockerregistry"
 	"github.com/layerstore/layerstore/internal/testutil/podman5"
@@ -360,9 +359,9 @@ func (d *daemon) stop(sig syscall.Signal) {
 	}
 }
 
-func (d *daemon) status(t *testing.T) layer.Status {
+func (d *daemon) status(t *testing.T) protocol.Status {
 	t.Helper()
-	st, err := control.NewClient(d.socket).Status(t.Context())
+	st, err := protocol.NewClient(d.socket).Status(t.Context())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -372,7 +371,7 @@ func (d *daemon) status(t *testing.T) layer.Status {
 // users returns the daemon's users count of the layer with blob digest d (-1: not tracked).
 func (d *daemon) users(t *testing.T, blob digest.Digest) int64 {
 	for _, l := range d.status(t).Layers {
-		if l.Digest == blob {
+		if l.Digest == blob.String() {
 			return l.Users
 		}
 	}
@@ -389,7 +388,7 @@ func (d *daemon) waitComplete(t *testing.T, img *image) {
 	for deadline := time.Now().Add(3 * time.Minute); ; time.Sleep(50 * time.Millisecond) {
 		busy := false
 		for _, l := range d.status(t).Layers {
-			if img.legacy[l.Digest] && l.State == layer.StateFetching {
+			if img.legacy[digest.Digest(l.Digest)] && l.State == protocol.StateFetching {
 				busy = true
 			}
 		}

@@ -144,14 +144,14 @@ func TestAuthExtraFile(t *testing.T) {
 		"bearer.example.com/team/app": authEntry("user", appPass),
 	}})
 	path, dropIn := emptyConf(t)
-	c := a.client(t, path, dropIn, WithAuthFiles(filepath.Join(dir, "missing.json"), kubelet))
+	c := a.client(t, path, dropIn, Config{AuthFiles: []string{filepath.Join(dir, "missing.json"), kubelet}})
 	check(t, c, "basic.example.com/other/app:v1")
 	check(t, c, "bearer.example.com/team/app:v1")
 
 	// The containers files come first.
 	writeJSON(t, filepath.Join(os.Getenv("XDG_CONFIG_HOME"), "containers", "auth.json"), map[string]any{"auths": map[string]any{
 		"basic.example.com": authEntry("user", "wrong")}})
-	c = a.client(t, path, dropIn, WithAuthFiles(kubelet))
+	c = a.client(t, path, dropIn, Config{AuthFiles: []string{kubelet}})
 	if _, err := c.Resolve(t.Context(), "basic.example.com/other/app:v1"); !errors.Is(err, ErrUnauthorized) {
 		t.Errorf("err = %v, want ErrUnauthorized: auth.json is asked before the extra file", err)
 	}
@@ -260,10 +260,12 @@ func TestAuthMemoryKeychain(t *testing.T) {
 		"basic.example.com/team/app": authEntry("user", "wrong")}})
 	t.Setenv("REGISTRY_AUTH_FILE", file)
 	now := time.Unix(1000, 0)
-	mem := NewMemoryKeychain(WithKeychainClock(func() time.Time { return now }))
+	mem := NewMemoryKeychain()
+	mem.now = func() time.Time { return now }
 	mem.Set("basic.example.com/team/app:v1", Credentials{Username: "user", Password: appPass}, time.Minute)
 	path, dropIn := emptyConf(t)
-	c := a.client(t, path, dropIn, WithMemoryKeychain(mem), WithResolverOptions(WithTagTTL(0)))
+	c := a.client(t, path, dropIn, Config{Keychain: mem})
+	c.res.tagTTL = 0 // every resolution authenticates anew
 	check(t, c, "basic.example.com/team/app:v1")
 
 	// The entry expires: the file's applies (the wrong password).
@@ -286,7 +288,7 @@ func TestAuthPushedCredentialsDoNotSpill(t *testing.T) {
 	a.basic.push(t, "team/app/sub:v1", img)
 	mem := NewMemoryKeychain()
 	path, dropIn := emptyConf(t)
-	c := a.client(t, path, dropIn, WithMemoryKeychain(mem))
+	c := a.client(t, path, dropIn, Config{Keychain: mem})
 
 	// Pushed for basic.example.com/team (a reference "basic.example.com/team:other"), with the
 	// registry's password: not for team/app nor team/app/sub.
@@ -325,7 +327,7 @@ func TestAuthMostSpecificAcrossFiles(t *testing.T) {
 		"basic.example.com":           authEntry("user", regPass),
 	}})
 	path, dropIn := emptyConf(t)
-	c := a.client(t, path, dropIn, WithAuthFiles(kubelet))
+	c := a.client(t, path, dropIn, Config{AuthFiles: []string{kubelet}})
 	check(t, c, "basic.example.com/team/app:v1")  // docker config's repository entry
 	check(t, c, "bearer.example.com/team/app:v1") // the extra file's repository entry
 	// Both registry entries are equally specific: the runtime auth.json comes first.
@@ -336,7 +338,8 @@ func TestAuthMostSpecificAcrossFiles(t *testing.T) {
 
 func TestMemoryKeychainLookup(t *testing.T) {
 	now := time.Unix(0, 0)
-	m := NewMemoryKeychain(WithKeychainClock(func() time.Time { return now }))
+	m := NewMemoryKeychain()
+	m.now = func() time.Time { return now }
 	m.Set("quay.io", Credentials{Username: "registry"}, 0)
 	m.Set("quay.io/team", Credentials{Username: "namespace"}, 0)
 	m.Set("quay.io/team/app", Credentials{Username: "repository"}, time.Second)
@@ -479,9 +482,9 @@ func TestAuthWrongCredentials(t *testing.T) {
 	mem.Set("bearer.example.com/other", Credentials{Username: "user", Password: wrong}, 0)
 
 	path, dropIn := emptyConf(t)
-	c := a.client(t, path, dropIn, WithMemoryKeychain(mem),
-		WithClientLogger(slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))),
-		WithResolverOptions(WithManifestAttempts(3)))
+	c := a.client(t, path, dropIn, Config{Keychain: mem,
+		Logger:           slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
+		manifestAttempts: 3})
 	var errs []string
 	for _, ref := range authRefs {
 		start := time.Now()
@@ -507,7 +510,7 @@ func TestAuthWrongCredentials(t *testing.T) {
 	a.basic.push(t, "other/app:v1", img)
 	p2p.setFault(statusForPath(layerDigest(t, img, 0), http.StatusNotFound))
 	path, dropIn = writeConf(t, "[[registry]]\nlocation = \"basic.example.com\"\n[[registry.mirror]]\nlocation = \"p2p.example.com\"\n")
-	c = a.client(t, path, dropIn, WithClientLogger(slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))))
+	c = a.client(t, path, dropIn, Config{Logger: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))})
 	got, err := c.Resolve(t.Context(), "basic.example.com/other/app:v1")
 	if err != nil {
 		t.Fatal(err)
@@ -552,7 +555,7 @@ func TestAuthDockerHubKeys(t *testing.T) {
 	}})
 	t.Setenv("REGISTRY_AUTH_FILE", file)
 	path, dropIn := emptyConf(t)
-	c, err := NewClient(WithRegistriesConf(path, dropIn))
+	c, err := NewClient(Config{RegistriesConf: path, RegistriesConfDir: dropIn})
 	if err != nil {
 		t.Fatal(err)
 	}

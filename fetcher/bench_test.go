@@ -9,7 +9,7 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/layerstore/layerstore/chunked"
+	"github.com/layerstore/layerstore/internal/byterange"
 )
 
 // Whole-blob benchmark: a 200 MB incompressible blob in go-containerregistry's registry on
@@ -65,7 +65,7 @@ func BenchmarkWholeBlob(b *testing.B) {
 			b.SetBytes(benchBlobSize)
 			var requests int64
 			for b.Loop() {
-				blob, err := New(rt, reg.blobURL, benchBlobSize, WithHostLimiter(NewHostLimiter(8)))
+				blob, err := newURLBlob(rt, reg.blobURL, benchBlobSize, Config{limiter: newHostLimiter(8)})
 				if err != nil {
 					b.Fatal(err)
 				}
@@ -81,10 +81,10 @@ func BenchmarkWholeBlob(b *testing.B) {
 
 // prefetchBatches cuts a blob of size bytes into chunks of 64 KiB to 1 MiB, grouped into
 // batches of about benchBatch bytes, in blob order.
-func prefetchBatches(size int64) [][]chunked.Range {
+func prefetchBatches(size int64) [][]byterange.Range {
 	rng := rand.New(rand.NewPCG(1, 2))
-	var batches [][]chunked.Range
-	var cur []chunked.Range
+	var batches [][]byterange.Range
+	var cur []byterange.Range
 	var curBytes int64
 	for off := int64(0); off < size; {
 		n := min(64<<10+rng.Int64N(1<<20-64<<10+1), size-off)
@@ -92,7 +92,7 @@ func prefetchBatches(size int64) [][]chunked.Range {
 			batches = append(batches, cur)
 			cur, curBytes = nil, 0
 		}
-		cur = append(cur, chunked.Range{Offset: off, Length: n})
+		cur = append(cur, byterange.Range{Offset: off, Length: n})
 		curBytes += n
 		off += n
 	}
@@ -100,10 +100,10 @@ func prefetchBatches(size int64) [][]chunked.Range {
 }
 
 // fetchAll fetches the batches with workers batches in flight.
-func fetchAll(ctx context.Context, blob *Blob, batches [][]chunked.Range, workers int) error {
+func fetchAll(ctx context.Context, blob *Blob, batches [][]byterange.Range, workers int) error {
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
-	next := make(chan []chunked.Range)
+	next := make(chan []byterange.Range)
 	var wg sync.WaitGroup
 	for range workers {
 		wg.Go(func() {

@@ -12,7 +12,7 @@ import (
 	"sync"
 	"sync/atomic"
 
-	"github.com/layerstore/layerstore/chunked"
+	"github.com/layerstore/layerstore/internal/byterange"
 )
 
 // Blob reads byte ranges of one registry blob, from one or several sources (a registry and its
@@ -31,7 +31,7 @@ type Blob struct {
 	waiting  atomic.Int64 // callers waiting on another caller's request (tests look at it)
 
 	mu       sync.Mutex
-	inflight map[chunked.Range]*call // guarded by mu: spans being fetched, for sharing
+	inflight map[byterange.Range]*call // guarded by mu: spans being fetched, for sharing
 }
 
 // endpoint is one place a blob can be read from: the registry, or one of its mirrors. The
@@ -64,16 +64,6 @@ type Stats struct {
 	Retries       int64 // attempts after a transient failure
 }
 
-// New returns a Blob reading the blob at blobURL (https://host/v2/<repo>/blobs/<digest>),
-// whose size is size bytes, through rt, a transport already authenticated to the registry.
-func New(rt http.RoundTripper, blobURL string, size int64, opts ...Option) (*Blob, error) {
-	ep, err := newEndpoint(rt, blobURL)
-	if err != nil {
-		return nil, err
-	}
-	return newBlob([]*endpoint{ep}, size, opts...)
-}
-
 // newEndpoint checks an endpoint's transport and blob URL.
 func newEndpoint(rt http.RoundTripper, blobURL string) (*endpoint, error) {
 	if rt == nil {
@@ -90,24 +80,18 @@ func newEndpoint(rt http.RoundTripper, blobURL string) (*endpoint, error) {
 }
 
 // newBlob returns a Blob reading from eps, the first one first: see [Blob.Fetch].
-func newBlob(eps []*endpoint, size int64, opts ...Option) (*Blob, error) {
+func newBlob(eps []*endpoint, size int64, o options) (*Blob, error) {
 	if len(eps) == 0 {
 		return nil, errors.New("fetcher: no endpoint to read the blob from")
 	}
 	if size < 0 {
 		return nil, fmt.Errorf("fetcher: negative blob size %d", size)
 	}
-	o := defaultOptions()
-	for _, opt := range opts {
-		if err := opt(&o); err != nil {
-			return nil, fmt.Errorf("fetcher: %w", err)
-		}
-	}
 	o.storageRT = bounded(o.storageRT, o.stall)
 	for _, ep := range eps {
 		ep.rt = bounded(ep.rt, o.stall)
 	}
-	return &Blob{eps: eps, size: size, o: o, inflight: make(map[chunked.Range]*call)}, nil
+	return &Blob{eps: eps, size: size, o: o, inflight: make(map[byterange.Range]*call)}, nil
 }
 
 // Size is the blob's size in bytes.
@@ -131,7 +115,7 @@ func (b *Blob) ReadAt(ctx context.Context, p []byte, off int64) (int, error) {
 		return 0, io.EOF
 	}
 	n := min(int64(len(p)), b.size-off)
-	res, err := b.Fetch(ctx, []chunked.Range{{Offset: off, Length: n}})
+	res, err := b.Fetch(ctx, []byterange.Range{{Offset: off, Length: n}})
 	if err != nil {
 		return 0, err
 	}
@@ -148,7 +132,7 @@ func (b *Blob) ReadAt(ctx context.Context, p []byte, off int64) (int, error) {
 // The returned slices are read-only: to spare a copy of every byte, they are views of the
 // buffers the responses were read into, which they may share with each other (overlapping or
 // neighbouring ranges) and with the results of concurrent calls that shared a request.
-func (b *Blob) Fetch(ctx context.Context, ranges []chunked.Range) ([][]byte, error) {
+func (b *Blob) Fetch(ctx context.Context, ranges []byterange.Range) ([][]byte, error) {
 	for _, r := range ranges {
 		if r.Offset < 0 || r.Length < 0 || r.Offset > b.size || r.Length > b.size-r.Offset {
 			return nil, fmt.Errorf("fetcher: %w: %d bytes at %d in a blob of %d",
@@ -188,7 +172,7 @@ func (b *Blob) Fetch(ctx context.Context, ranges []chunked.Range) ([][]byte, err
 
 // fetchShared returns the bytes of spans, joining requests other callers already have in
 // flight for identical spans and fetching the rest itself.
-func (b *Blob) fetchShared(ctx context.Context, spans []chunked.Range) ([][]byte, error) {
+func (b *Blob) fetchShared(ctx context.Context, spans []byterange.Range) ([][]byte, error) {
 	out := make([][]byte, len(spans))
 	pending := make([]int, len(spans))
 	for i := range pending {
@@ -257,7 +241,7 @@ func isContextErr(err error) bool {
 
 // runOwned fetches the spans idx (sorted), grouped into requests, and completes their calls.
 // Every call in calls is completed before it returns.
-func (b *Blob) runOwned(ctx context.Context, spans []chunked.Range, idx []int, calls map[int]*call) {
+func (b *Blob) runOwned(ctx context.Context, spans []byterange.Range, idx []int, calls map[int]*call) {
 	per := b.o.maxRanges
 	if b.eps[b.cur.Load()].noMulti.Load() {
 		per = 1
@@ -270,7 +254,7 @@ func (b *Blob) runOwned(ctx context.Context, spans []chunked.Range, idx []int, c
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			batchSpans := make([]chunked.Range, len(batch))
+			batchSpans := make([]byterange.Range, len(batch))
 			for k, i := range batch {
 				batchSpans[k] = spans[i]
 			}

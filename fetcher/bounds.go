@@ -139,10 +139,6 @@ func (t *boundedTransport) checkFollowed(req *http.Request) error {
 	return nil
 }
 
-// DefaultStallTimeout is how long a registry may leave a request without an answer, or a body
-// without a byte while it is read, before the request is abandoned and tried again.
-const DefaultStallTimeout = 10 * time.Second
-
 // stallWatch cancels a request when its timer fires: the timer runs while the request waits
 // for its answer and while a read of its body waits for bytes, not while the caller works
 // between reads (a slow reader is not a stalled registry).

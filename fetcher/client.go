@@ -8,7 +8,7 @@ import (
 	"log/slog"
 	"net/http"
 	"os"
-	"time"
+	"slices"
 
 	"github.com/google/go-containerregistry/pkg/authn"
 	"github.com/google/go-containerregistry/pkg/name"
@@ -27,153 +27,39 @@ type Client struct {
 	keychain *keychain
 	secure   http.RoundTripper // the base transport
 	insecure http.RoundTripper // the base transport without TLS verification
-	blobOpts []Option
-	stall    time.Duration // the blob options' stall bound, for every request
+	blobOpts options           // of every Blob; its stall bound is every request's
 	res      *Resolver
 	log      *slog.Logger
 }
 
-// ClientOption configures [NewClient].
-type ClientOption func(*clientOptions) error
-
-type clientOptions struct {
-	conf, dropIn string
-	authFiles    []string
-	mem          *MemoryKeychain
-	base         http.RoundTripper
-	blobOpts     []Option
-	resOpts      []ResolverOption
-	log          *slog.Logger
-}
-
-// WithRegistriesConf sets the registries.conf file and its drop-in directory. An empty path
-// means containers/image's default search ($CONTAINERS_REGISTRIES_CONF, else the first of
-// ~/.config/containers/registries.conf, /etc/containers/registries.conf and
-// /usr/share/containers/registries.conf); an empty dropInDir means the default drop-in
-// directories (registries.conf.d next to those). A file named here must exist; a drop-in
-// directory need not. The default is both empty, as podman and CRI-O read them.
-func WithRegistriesConf(path, dropInDir string) ClientOption {
-	return func(o *clientOptions) error {
-		o.conf, o.dropIn = path, dropInDir
-		return nil
+// NewClient returns a Client configured by cfg (see [Config]). It reads registries.conf now,
+// failing if it is invalid, and takes the auth file from REGISTRY_AUTH_FILE when that is set,
+// as podman does.
+func NewClient(cfg Config) (*Client, error) {
+	if cfg.Transport == nil {
+		cfg.Transport = defaultTransport()
 	}
-}
-
-// WithAuthFiles adds auth files (containers-auth.json(5) or Docker config.json format, such as
-// the kubelet's /var/lib/kubelet/config.json) looked up, in order, after the files the
-// containers tools read. A file that does not exist is skipped. The default is none.
-func WithAuthFiles(paths ...string) ClientOption {
-	return func(o *clientOptions) error {
-		for _, p := range paths {
-			if p == "" {
-				return errors.New("auth file path must not be empty")
-			}
-		}
-		o.authFiles = append(o.authFiles, paths...)
-		return nil
-	}
-}
-
-// WithMemoryKeychain sets the keychain of credentials received at run time, asked before any
-// file. The default is none.
-func WithMemoryKeychain(m *MemoryKeychain) ClientOption {
-	return func(o *clientOptions) error {
-		if m == nil {
-			return errors.New("memory keychain must not be nil")
-		}
-		o.mem = m
-		return nil
-	}
-}
-
-// WithTransport sets the transport below authentication, for registries, mirrors, token
-// servers and blob storage alike. For the endpoints registries.conf marks insecure, a copy
-// that does not verify TLS certificates is made when it is an *http.Transport; another
-// RoundTripper is used as is for them (plain http is still allowed). The default is a clone
-// of http.DefaultTransport.
-func WithTransport(rt http.RoundTripper) ClientOption {
-	return func(o *clientOptions) error {
-		if rt == nil {
-			return errors.New("transport must not be nil")
-		}
-		o.base = rt
-		return nil
-	}
-}
-
-// WithBlobOptions sets options for every Blob the Client makes. They apply after the Client's
-// own: the storage transport is the Client's transport and the logger the Client's, unless
-// these options change them. The default is none.
-func WithBlobOptions(opts ...Option) ClientOption {
-	return func(o *clientOptions) error {
-		o.blobOpts = append(o.blobOpts, opts...)
-		return nil
-	}
-}
-
-// WithResolverOptions sets options of the Client's resolver (platform, tag TTL, manifest
-// attempts). The default is none.
-func WithResolverOptions(opts ...ResolverOption) ClientOption {
-	return func(o *clientOptions) error {
-		o.resOpts = append(o.resOpts, opts...)
-		return nil
-	}
-}
-
-// WithClientLogger sets where the Client, its resolver and its Blobs log (debug level: sources
-// tried, credentials found, without secrets; warnings for failing credential helpers). The
-// default discards.
-func WithClientLogger(l *slog.Logger) ClientOption {
-	return func(o *clientOptions) error {
-		if l == nil {
-			return errors.New("logger must not be nil")
-		}
-		o.log = l
-		return nil
-	}
-}
-
-// NewClient returns a Client. It reads registries.conf now, failing if it is invalid, and
-// takes the auth file from REGISTRY_AUTH_FILE when that is set, as podman does.
-func NewClient(opts ...ClientOption) (*Client, error) {
-	o := clientOptions{log: discardLogger()}
-	for _, opt := range opts {
-		if err := opt(&o); err != nil {
-			return nil, fmt.Errorf("fetcher: %w", err)
-		}
-	}
-	if o.base == nil {
-		o.base = defaultTransport()
+	o, err := cfg.options()
+	if err != nil {
+		return nil, fmt.Errorf("fetcher: %w", err)
 	}
 	sys := &types.SystemContext{
-		SystemRegistriesConfPath:    o.conf,
-		SystemRegistriesConfDirPath: o.dropIn,
+		SystemRegistriesConfPath:    cfg.RegistriesConf,
+		SystemRegistriesConfDirPath: cfg.RegistriesConfDir,
 		AuthFilePath:                os.Getenv("REGISTRY_AUTH_FILE"),
 	}
 	c := &Client{
 		sys:      sys,
-		keychain: &keychain{mem: o.mem, sys: sys, extra: o.authFiles, log: o.log},
-		secure:   o.base,
-		insecure: insecureTransport(o.base),
-		blobOpts: append([]Option{WithStorageTransport(o.base), WithLogger(o.log)}, o.blobOpts...),
+		keychain: &keychain{mem: cfg.Keychain, sys: sys, extra: slices.Clone(cfg.AuthFiles), log: o.log},
+		secure:   cfg.Transport,
+		insecure: insecureTransport(cfg.Transport),
+		blobOpts: o,
 		log:      o.log,
-	}
-	check := defaultOptions()
-	for _, opt := range c.blobOpts {
-		if err := opt(&check); err != nil {
-			return nil, fmt.Errorf("fetcher: %w", err)
-		}
 	}
 	if err := c.load(); err != nil {
 		return nil, err
 	}
-	c.stall = check.stall
-	res, err := newResolver(c.sources, append([]ResolverOption{withRetryPolicy(check)}, o.resOpts...)...)
-	if err != nil {
-		return nil, err
-	}
-	res.log = o.log
-	c.res = res
+	c.res = newResolver(c.sources, o)
 	return c, nil
 }
 
@@ -232,7 +118,7 @@ func (c *Client) Blob(ctx context.Context, img *Image, l *Descriptor) (*Blob, er
 	if err != nil {
 		return nil, err
 	}
-	return newBlob(eps, l.Size, c.blobOpts...)
+	return newBlob(eps, l.Size, c.blobOpts)
 }
 
 // sources returns where ref is read from, in order, as registries.conf says.
@@ -285,7 +171,7 @@ func (c *Client) source(ps sysregistriesv2.PullSource) (*source, error) {
 	if ns := ps.Endpoint.NamespaceProxy; ns != "" {
 		base = &nsTransport{inner: base, host: host, ns: ns}
 	}
-	s := newSource(ref, base, c.keychain, c.stall)
+	s := newSource(ref, base, c.keychain, c.blobOpts.stall)
 	s.https = !ps.Endpoint.Insecure
 	reg, err := sysregistriesv2.FindRegistry(c.sys, ps.Reference.Name())
 	if err != nil {

@@ -14,7 +14,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/google/go-containerregistry/pkg/v1/types"
-	"github.com/layerstore/layerstore/chunked"
+	"github.com/layerstore/layerstore/internal/byterange"
 )
 
 // TestClientMirrorWithAuth reads an image through a mirror asking for bearer tokens, and one
@@ -58,7 +58,7 @@ location = "mirror.example.com"
 	b0 := readLayer(t, c, got, 0, layerBytes(t, img, 0))
 	b1 := readLayer(t, c, got, 1, layerBytes(t, img, 1))
 	// Read the first layer again in pieces, with several ranges at once.
-	if _, err := b0.Fetch(t.Context(), []chunked.Range{{Offset: 0, Length: 10}, {Offset: 100, Length: 20}, {Offset: 200, Length: 56}}); err != nil {
+	if _, err := b0.Fetch(t.Context(), []byterange.Range{{Offset: 0, Length: 10}, {Offset: 100, Length: 20}, {Offset: 200, Length: 56}}); err != nil {
 		t.Fatal(err)
 	}
 
@@ -110,7 +110,7 @@ func TestClientPlatforms(t *testing.T) {
 		r.pushIndex(t, "team/multi:v1", idx)
 	}
 	path, dropIn := writeConf(t, "[[registry]]\nlocation = \"registry.example.com\"\n[[registry.mirror]]\nlocation = \"mirror.example.com\"\n")
-	c := w.client(t, path, dropIn, WithResolverOptions(WithPlatform(v1.Platform{OS: "linux", Architecture: "arm64"})))
+	c := w.client(t, path, dropIn, Config{Platform: v1.Platform{OS: "linux", Architecture: "arm64"}})
 	got, err := c.Resolve(t.Context(), "registry.example.com/team/multi:v1")
 	if err != nil {
 		t.Fatal(err)

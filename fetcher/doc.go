@@ -1,13 +1,14 @@
 // Package fetcher owns talking to registries.
 //
-// A [Client] is what the daemon uses. It reads an image the way podman or CRI-O would for the
-// same reference, through registries.conf's mirrors and rewrites and with the credentials
-// they would use, in three calls:
+// A [Client] is what the daemon uses, configured by a [Config] whose zero value is the
+// defaults. It reads an image the way podman or CRI-O would for the same reference, through
+// registries.conf's mirrors and rewrites and with the credentials they would use, in three
+// calls:
 //
 //   - [Client.Resolve] turns a reference (tag, digest, or repo:tag@digest, where the digest
 //     wins) into an [Image]: the manifest for the host platform (picked from an image index by
 //     OS, architecture and variant), its layer descriptors with their annotations, and the
-//     config's DiffIDs. Resolutions by tag are reused for the tag TTL ([WithTagTTL], default 5
+//     config's DiffIDs. Resolutions by tag are reused for the tag TTL (Config.TagTTL, default 5
 //     minutes), resolutions by digest until they are the least recently used of more than
 //     [MaxResolutions] (expired ones are dropped whenever one is kept); failures are never
 //     remembered; concurrent resolutions of one reference share their requests. OCI and Docker
@@ -21,13 +22,13 @@
 // # registries.conf
 //
 // The Client reads registries.conf (v2) and its drop-ins with containers/image's
-// sysregistriesv2, from the paths given with [WithRegistriesConf] or, by default, where
-// podman reads them. containers/image keeps parsed files in a process-wide cache keyed by their
-// paths: a Client re-reads its files when it is made (so Clients on different files, tests
-// among them, each see their own as they are), and [Client.Reload] re-reads them and forgets
-// every resolution (an invalid file leaves the previous configuration in force); the daemon
-// calls it on SIGHUP. Short names are not resolved: references come
-// fully qualified from the runtime.
+// sysregistriesv2, from the paths Config.RegistriesConf and RegistriesConfDir give or, by
+// default, where podman reads them. containers/image keeps parsed files in a process-wide cache
+// keyed by their paths: a Client re-reads its files when it is made (so Clients on different
+// files, tests among them, each see their own as they are), and [Client.Reload] re-reads them
+// and forgets every resolution (an invalid file leaves the previous configuration in force);
+// the daemon calls it on SIGHUP. Short names are not resolved: references come fully
+// qualified from the runtime.
 //
 // For each reference, the entry with the longest matching prefix ("*.example.com" wildcards
 // included) gives the sources, in order: its mirrors that pull-from-mirror (all, digest-only,
@@ -59,14 +60,14 @@
 // the repository), one token, renewed when the registry refuses it. Credentials are those of
 // the source's own registry and repository (a mirror's, not its upstream's), from:
 //
-//  1. the [MemoryKeychain] given with [WithMemoryKeychain] (credentials from the auth helper),
+//  1. the [MemoryKeychain] of Config.Keychain (credentials from the auth helper),
 //     for exactly the repository they were set for;
 //  2. the files of containers-auth.json(5), each on its own: the file REGISTRY_AUTH_FILE names
 //     (read when the Client is made) if set, otherwise ${XDG_RUNTIME_DIR}/containers/auth.json
 //     (or /run/containers/$UID/auth.json), ${XDG_CONFIG_HOME:-~/.config}/containers/auth.json
 //     and ${DOCKER_CONFIG:-~/.docker}/config.json, with their credHelpers and registries.conf's
 //     credential-helpers, read by containers/image;
-//  3. the extra files of [WithAuthFiles] (the kubelet's config.json, say), the same way;
+//  3. the extra files of Config.AuthFiles (the kubelet's config.json, say), the same way;
 //  4. ~/.dockercfg, then the credsStore of the Docker config files among those
 //     (docker-credential-<name> get), which hold registry entries only.
 //
@@ -84,14 +85,13 @@
 // A [Blob] reads byte ranges of one registry blob over HTTP: it turns random reads
 // ([Blob.ReadAt], which satisfies verify.Source) and batches of ranges ([Blob.Fetch]) into as
 // few range requests as it can, and survives what registries and their storage back ends do to
-// such requests. Bytes are not verified here; package verify does that. [New] makes one for a
-// single URL and a transport that already authenticates.
+// such requests. Bytes are not verified here; package verify does that.
 //
 //   - Coalescing: ranges are sorted; overlapping and adjacent ones are merged, and so are ranges
-//     closer than the gap ([WithMaxGap], default 64 KiB) while the merged span stays within the
-//     maximum span ([WithMaxSpan], default 16 MiB). Longer spans are split at that maximum. The
+//     closer than the gap (Config.MaxGap, default 64 KiB) while the merged span stays within the
+//     maximum span (Config.MaxSpan, default 16 MiB). Longer spans are split at that maximum. The
 //     slices Fetch returns are views of the spans read, not copies: they are read-only.
-//   - Multi-range requests: up to [WithMaxRangesPerRequest] spans (default 16) are asked for in
+//   - Multi-range requests: up to Config.MaxRangesPerRequest spans (default 16) are asked for in
 //     one request (Range: bytes=a-b,c-d). A 206 multipart/byteranges answer is parsed part by
 //     part, each part's Content-Range checked. A single-part 206 must carry a Content-Range that
 //     contains whole requested spans, or the answer is rejected with [ErrBadResponse]. A 200
@@ -100,38 +100,37 @@
 //     body, or with only some of the ranges, the Blob remembers that it does not do multi-range
 //     and from then on sends one request per span.
 //   - Redirects are followed by the Blob itself (at most 5 hops). A hop to another host goes
-//     through the storage transport ([WithStorageTransport], default http.DefaultTransport; a
-//     Client's own transport for its Blobs), so the registry's credentials never reach it. The
-//     final redirected URL is cached; when the storage answers 403 (signed URL expired) or 404
-//     on the cached URL, the registry is asked once for a fresh redirect. A hop from https to
+//     through the Client's transport (Config.Transport) without the registry's credentials,
+//     so that they never reach it. The final redirected URL is cached; when the storage
+//     answers 403 (signed URL expired) or 404 on the cached URL, the registry is asked once
+//     for a fresh redirect. A hop from https to
 //     plain http is refused, and so is a hop to an address that is not public (loopback,
 //     link-local, unspecified, private, other special ranges; IPv4-mapped and NAT64 addresses
 //     count as their IPv4 address) unless the registry's host resolves to an address of that
 //     same class: a registry on loopback may redirect to loopback, one on a public address to
 //     public addresses only. The target's name is resolved and checked before the hop is sent,
-//     and the address dialed is checked again when the storage transport is an
-//     *http.Transport (the Client's is), so that DNS rebinding does not get round the check.
+//     and the address dialed is checked again when Config.Transport is an *http.Transport
+//     (the default is), so that DNS rebinding does not get round the check.
 //     A refused redirect is an [ErrBadResponse], not retried. The redirects of manifest,
 //     config and token requests, which net/http follows for go-containerregistry, obey the
 //     same rules, checked by name before each hop.
 //   - Retries: connection errors, timeouts, truncated bodies, 408, 429 and 5xx are retried up to
-//     [WithMaxAttempts] attempts in all (default 4), with capped exponential backoff and jitter
-//     ([WithBackoff], default 100 ms doubling up to 10 s). Retry-After (seconds or HTTP-date) on
-//     429 and 503 is honoured, capped at the same maximum. Each attempt has its own timeout
-//     ([WithRequestTimeout], default 30 s). Exhausted retries yield an error wrapping
+//     Config.MaxAttempts attempts in all (default 4), with capped exponential backoff and jitter
+//     (100 ms doubling up to 10 s). Retry-After (seconds or HTTP-date) on 429 and 503 is
+//     honoured, capped at the same maximum. Each attempt has its own timeout
+//     (Config.RequestTimeout, default 30 s). Exhausted retries yield an error wrapping
 //     [ErrTransient].
 //   - Stalls: a request the registry leaves without an answer, or whose body it leaves without
-//     a byte while it is read, for [WithStallTimeout] (default 10 s) is abandoned, and fails
+//     a byte while it is read, for Config.StallTimeout (default 10 s) is abandoned, and fails
 //     with [ErrTransient]: it is retried on a fresh connection, rather than waiting for the
 //     request timeout. The time a reader spends between reads does not count.
 //   - Sources: a Blob made by a Client reads from the image's sources in turn. When one fails
 //     for any reason but the caller's context (after its retries), the same requests go to the
 //     next, and the next becomes the first asked for later reads. When all fail, the error is
 //     the first source's, quoting the others'.
-//   - Concurrency: every request holds a slot of a [HostLimiter] for the registry's host
-//     (default: one process-wide limiter with 8 slots per host; see [WithHostLimiter]),
-//     including the hops to storage it was redirected to. Concurrent calls asking for the same
-//     coalesced span share one request.
+//   - Concurrency: every request holds one of the Client's slots for the registry's host
+//     (Config.ConcurrencyPerHost, default 8), including the hops to storage it was redirected
+//     to. Concurrent calls asking for the same coalesced span share one request.
 //
 // # Bounds on what registries send
 //

@@ -4,15 +4,17 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync"
 	"testing"
 	"testing/iotest"
 	"time"
 
-	"github.com/layerstore/layerstore/chunked"
+	"github.com/layerstore/layerstore/internal/byterange"
 	"github.com/layerstore/layerstore/verify"
 )
 
@@ -20,10 +22,10 @@ var _ verify.Source = (*Blob)(nil)
 
 // Ranges more than the default gap apart.
 var (
-	near1 = chunked.Range{Offset: 1000, Length: 100}
-	far1  = chunked.Range{Offset: 500_000, Length: 200}
-	far2  = chunked.Range{Offset: 700_000, Length: 50}
-	far3  = chunked.Range{Offset: 900_000, Length: 4096}
+	near1 = byterange.Range{Offset: 1000, Length: 100}
+	far1  = byterange.Range{Offset: 500_000, Length: 200}
+	far2  = byterange.Range{Offset: 700_000, Length: 50}
+	far3  = byterange.Range{Offset: 900_000, Length: 4096}
 )
 
 func hasComma(hs []string) []bool {
@@ -40,7 +42,7 @@ func TestReadAtRegistry(t *testing.T) {
 	reg := newTestRegistry(t, data)
 	b, _ := newTestBlob(t, reg)
 	ctx := t.Context()
-	for _, r := range []chunked.Range{{Offset: 0, Length: 1}, {Offset: 0, Length: 300_000}, {Offset: 123_456, Length: 7}, {Offset: 299_999, Length: 1}} {
+	for _, r := range []byterange.Range{{Offset: 0, Length: 1}, {Offset: 0, Length: 300_000}, {Offset: 123_456, Length: 7}, {Offset: 299_999, Length: 1}} {
 		p := make([]byte, r.Length)
 		n, err := b.ReadAt(ctx, p, r.Offset)
 		if err != nil || n != len(p) {
@@ -88,7 +90,7 @@ func TestFetchAdjacentRangesOneRequest(t *testing.T) {
 	data := testBlob(1 << 20)
 	reg := newTestRegistry(t, data)
 	b, _ := newTestBlob(t, reg)
-	checkFetch(t, b, data, chunked.Range{Offset: 2000, Length: 100}, chunked.Range{Offset: 0, Length: 1000}, chunked.Range{Offset: 1000, Length: 1000})
+	checkFetch(t, b, data, byterange.Range{Offset: 2000, Length: 100}, byterange.Range{Offset: 0, Length: 1000}, byterange.Range{Offset: 1000, Length: 1000})
 	if got, want := reg.rangeHeaders(), []string{"bytes=0-2099"}; !equalStrings(got, want) {
 		t.Errorf("Range headers = %q, want %q", got, want)
 	}
@@ -98,7 +100,7 @@ func TestFetchNearRangesOneRequest(t *testing.T) {
 	data := testBlob(1 << 20)
 	reg := newTestRegistry(t, data)
 	b, _ := newTestBlob(t, reg)
-	checkFetch(t, b, data, chunked.Range{Offset: 0, Length: 10}, chunked.Range{Offset: 60_000, Length: 10}, chunked.Range{Offset: 30_000, Length: 10})
+	checkFetch(t, b, data, byterange.Range{Offset: 0, Length: 10}, byterange.Range{Offset: 60_000, Length: 10}, byterange.Range{Offset: 30_000, Length: 10})
 	if got, want := reg.rangeHeaders(), []string{"bytes=0-60009"}; !equalStrings(got, want) {
 		t.Errorf("Range headers = %q, want %q", got, want)
 	}
@@ -128,9 +130,9 @@ func TestFetchMaxRangesPerRequest(t *testing.T) {
 	reg := newTestRegistry(t, data)
 	reg.serveRanges = true
 	b, _ := newTestBlob(t, reg)
-	var ranges []chunked.Range
+	var ranges []byterange.Range
 	for i := range 20 {
-		ranges = append(ranges, chunked.Range{Offset: int64(i) * 100_000, Length: 10})
+		ranges = append(ranges, byterange.Range{Offset: int64(i) * 100_000, Length: 10})
 	}
 	checkFetch(t, b, data, ranges...)
 	if got := reg.count(); got != 2 {
@@ -230,37 +232,37 @@ func TestWrongContentRange(t *testing.T) {
 	for _, tt := range []struct {
 		name  string
 		fault func(w http.ResponseWriter, r *http.Request, n int) bool
-		get   []chunked.Range
+		get   []byterange.Range
 	}{
 		{"single range shifted", func(w http.ResponseWriter, r *http.Request, _ int) bool {
 			w.Header().Set("Content-Range", "bytes 1001-1100/1048576")
 			w.WriteHeader(http.StatusPartialContent)
 			_, _ = w.Write(data[1001:1101])
 			return true
-		}, []chunked.Range{near1}},
+		}, []byterange.Range{near1}},
 		{"single range elsewhere", func(w http.ResponseWriter, r *http.Request, _ int) bool {
 			w.Header().Set("Content-Range", "bytes 5000-5099/1048576")
 			w.WriteHeader(http.StatusPartialContent)
 			_, _ = w.Write(data[5000:5100])
 			return true
-		}, []chunked.Range{near1}},
+		}, []byterange.Range{near1}},
 		{"multi-range answered with an unasked single range", func(w http.ResponseWriter, r *http.Request, _ int) bool {
 			w.Header().Set("Content-Range", "bytes 5000-5099/1048576")
 			w.WriteHeader(http.StatusPartialContent)
 			_, _ = w.Write(data[5000:5100])
 			return true
-		}, []chunked.Range{near1, far1}},
+		}, []byterange.Range{near1, far1}},
 		{"wrong blob size", func(w http.ResponseWriter, r *http.Request, _ int) bool {
 			w.Header().Set("Content-Range", "bytes 1000-1099/5000000")
 			w.WriteHeader(http.StatusPartialContent)
 			_, _ = w.Write(data[1000:1100])
 			return true
-		}, []chunked.Range{near1}},
+		}, []byterange.Range{near1}},
 		{"multipart part not asked for", func(w http.ResponseWriter, r *http.Request, _ int) bool {
 			r.Header.Set("Range", "bytes=1001-1100,500000-500199")
 			http.ServeContent(w, r, "", zeroTime, bytes.NewReader(data))
 			return true
-		}, []chunked.Range{near1, far1}},
+		}, []byterange.Range{near1, far1}},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			reg := newTestRegistry(t, data)
@@ -317,15 +319,15 @@ func TestInvalidRange(t *testing.T) {
 	data := testBlob(1000)
 	reg := newTestRegistry(t, data)
 	b, _ := newTestBlob(t, reg)
-	for _, r := range []chunked.Range{{Offset: -1, Length: 5}, {Offset: 0, Length: -1}, {Offset: 999, Length: 2}, {Offset: 1001, Length: 0}} {
-		if _, err := b.Fetch(t.Context(), []chunked.Range{r}); !errors.Is(err, ErrInvalidRange) {
+	for _, r := range []byterange.Range{{Offset: -1, Length: 5}, {Offset: 0, Length: -1}, {Offset: 999, Length: 2}, {Offset: 1001, Length: 0}} {
+		if _, err := b.Fetch(t.Context(), []byterange.Range{r}); !errors.Is(err, ErrInvalidRange) {
 			t.Errorf("Fetch(%v) error = %v, want ErrInvalidRange", r, err)
 		}
 	}
 	if _, err := b.ReadAt(t.Context(), make([]byte, 1), -1); !errors.Is(err, ErrInvalidRange) {
 		t.Errorf("ReadAt at -1: error = %v, want ErrInvalidRange", err)
 	}
-	got, err := b.Fetch(t.Context(), []chunked.Range{{Offset: 1000, Length: 0}, {Offset: 5, Length: 0}})
+	got, err := b.Fetch(t.Context(), []byterange.Range{{Offset: 1000, Length: 0}, {Offset: 5, Length: 0}})
 	if err != nil || len(got) != 2 || len(got[0]) != 0 || len(got[1]) != 0 {
 		t.Errorf("Fetch of empty ranges = %v, %v; want two empty slices", got, err)
 	}
@@ -437,8 +439,8 @@ var zeroTime time.Time
 func TestFetchResultsAreViews(t *testing.T) {
 	data := testBlob(300_000)
 	reg := newTestRegistry(t, data)
-	b, _ := newTestBlob(t, reg, WithMaxSpan(100_000))
-	ranges := []chunked.Range{{Offset: 0, Length: 10}, {Offset: 10, Length: 10}, {Offset: 5, Length: 10}, {Offset: 99_990, Length: 20}, {Offset: 0, Length: 0}}
+	b, _ := newTestBlob(t, reg, Config{MaxSpan: 100_000})
+	ranges := []byterange.Range{{Offset: 0, Length: 10}, {Offset: 10, Length: 10}, {Offset: 5, Length: 10}, {Offset: 99_990, Length: 20}, {Offset: 0, Length: 0}}
 	got, err := b.Fetch(t.Context(), ranges)
 	if err != nil {
 		t.Fatal(err)
@@ -451,5 +453,31 @@ func TestFetchResultsAreViews(t *testing.T) {
 	}
 	if got[4] == nil {
 		t.Error("an empty range returned nil")
+	}
+}
+
+// TestFetchFarRangesOneRequest: two ranges too far apart to be merged into one span are asked
+// for in one multi-range request, of a server answering Range requests as net/http does.
+func TestFetchFarRangesOneRequest(t *testing.T) {
+	blob := bytes.Repeat([]byte("."), 200<<10)
+	copy(blob[0:], "hello")
+	copy(blob[150_000:], "world")
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		http.ServeContent(w, r, "", time.Time{}, bytes.NewReader(blob))
+	}))
+	t.Cleanup(srv.Close)
+	b, err := newURLBlob(srv.Client().Transport, srv.URL+"/v2/app/blobs/sha256:"+strings.Repeat("0", 64), int64(len(blob)), Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := b.Fetch(t.Context(), []byterange.Range{{Offset: 0, Length: 5}, {Offset: 150_000, Length: 5}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s := fmt.Sprintf("%s %s", got[0], got[1]); s != "hello world" {
+		t.Errorf("fetched %q, want \"hello world\"", s)
+	}
+	if n := b.Stats().Requests; n != 1 {
+		t.Errorf("%d requests, want 1", n)
 	}
 }

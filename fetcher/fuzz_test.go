@@ -99,7 +99,7 @@ func FuzzResolve(f *testing.F) {
 	host := strings.TrimPrefix(reg.srv.URL, "http://")
 	f.Fuzz(func(t *testing.T, manifest, config []byte) {
 		reg.set(manifest, config)
-		res, err := NewResolver(tr, WithManifestAttempts(1), WithPlatform(v1.Platform{OS: "linux", Architecture: "amd64"}))
+		res, err := NewResolver(tr, Config{manifestAttempts: 1, Platform: v1.Platform{OS: "linux", Architecture: "amd64"}})
 		if err != nil {
 			t.Fatal(err)
 		}

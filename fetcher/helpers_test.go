@@ -17,7 +17,7 @@ import (
 	"time"
 
 	"github.com/google/go-containerregistry/pkg/registry"
-	"github.com/layerstore/layerstore/chunked"
+	"github.com/layerstore/layerstore/internal/byterange"
 )
 
 const testRepo = "test/layer"
@@ -157,24 +157,47 @@ func (s *sleepRecorder) delays() []time.Duration {
 	return append([]time.Duration(nil), s.ds...)
 }
 
-// newTestBlob returns a Blob for reg's blob with a private limiter and recorded sleeps.
-func newTestBlob(t *testing.T, reg *testRegistry, opts ...Option) (*Blob, *sleepRecorder) {
+// newTestBlob returns a Blob for reg's blob with a private limiter and recorded sleeps, unless
+// cfg (at most one) sets them.
+func newTestBlob(t *testing.T, reg *testRegistry, cfg ...Config) (*Blob, *sleepRecorder) {
 	t.Helper()
-	sr := &sleepRecorder{}
-	base := []Option{
-		WithSleep(sr.sleep),
-		WithHostLimiter(NewHostLimiter(8)),
-		WithStorageTransport(plainTransport(t)),
+	var c Config
+	if len(cfg) > 0 {
+		c = cfg[0]
 	}
-	b, err := New(authTransport{plainTransport(t)}, reg.blobURL, int64(len(reg.data)), append(base, opts...)...)
+	sr := &sleepRecorder{}
+	if c.sleep == nil {
+		c.sleep = sr.sleep
+	}
+	if c.limiter == nil {
+		c.limiter = newHostLimiter(8)
+	}
+	if c.storageTransport == nil {
+		c.storageTransport = guardDials(plainTransport(t))
+	}
+	b, err := newURLBlob(authTransport{plainTransport(t)}, reg.blobURL, int64(len(reg.data)), c)
 	if err != nil {
 		t.Fatal(err)
 	}
 	return b, sr
 }
 
+// newURLBlob returns a Blob reading the blob at blobURL (https://host/v2/<repo>/blobs/<digest>),
+// whose size is size bytes, through rt, a transport already authenticated to the registry.
+func newURLBlob(rt http.RoundTripper, blobURL string, size int64, cfg Config) (*Blob, error) {
+	o, err := cfg.options()
+	if err != nil {
+		return nil, err
+	}
+	ep, err := newEndpoint(rt, blobURL)
+	if err != nil {
+		return nil, err
+	}
+	return newBlob([]*endpoint{ep}, size, o)
+}
+
 // checkFetch fetches ranges and compares each with data.
-func checkFetch(t *testing.T, b *Blob, data []byte, ranges ...chunked.Range) {
+func checkFetch(t *testing.T, b *Blob, data []byte, ranges ...byterange.Range) {
 	t.Helper()
 	got, err := b.Fetch(t.Context(), ranges)
 	if err != nil {

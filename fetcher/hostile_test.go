@@ -142,7 +142,7 @@ func TestHostileBodiesBounded(t *testing.T) {
 			reg.manifest, reg.config = c.manifest, c.config
 			tr := defaultTransport()
 			t.Cleanup(tr.CloseIdleConnections)
-			res, err := NewResolver(tr, WithManifestAttempts(1))
+			res, err := NewResolver(tr, Config{manifestAttempts: 1})
 			if err != nil {
 				t.Fatal(err)
 			}

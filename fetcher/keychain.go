@@ -28,7 +28,7 @@ import (
 //     /run/containers/$UID/auth.json), ${XDG_CONFIG_HOME:-~/.config}/containers/auth.json and
 //     ${DOCKER_CONFIG:-~/.docker}/config.json, with their "credHelpers" (which answer for a
 //     whole registry) and registries.conf's credential-helpers;
-//  3. each extra file (WithAuthFiles), the same way;
+//  3. each extra file (Config.AuthFiles), the same way;
 //  4. when none of those has an entry: containers/image's whole search (which adds the legacy
 //     ~/.dockercfg), then the "credsStore" of the Docker config files among those
 //     (containers/image ignores it): docker-credential-<credsStore> get, with the registry's

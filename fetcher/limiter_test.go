@@ -9,7 +9,7 @@ import (
 )
 
 func TestHostLimiter(t *testing.T) {
-	l := NewHostLimiter(2)
+	l := newHostLimiter(2)
 	ctx := t.Context()
 	r1, err := l.Acquire(ctx, "a")
 	if err != nil {
@@ -70,10 +70,10 @@ func TestHostLimiterBoundsRequests(t *testing.T) {
 	data := testBlob(1 << 20)
 	reg := newTestRegistry(t, data)
 	reg.gate = make(chan struct{})
-	limiter := NewHostLimiter(2)
+	limiter := newHostLimiter(2)
 	// Two Blobs of the same host share the limiter.
-	b1, _ := newTestBlob(t, reg, WithHostLimiter(limiter))
-	b2, _ := newTestBlob(t, reg, WithHostLimiter(limiter))
+	b1, _ := newTestBlob(t, reg, Config{limiter: limiter})
+	b2, _ := newTestBlob(t, reg, Config{limiter: limiter})
 
 	var wg sync.WaitGroup
 	errs := make(chan error, 6)

@@ -117,9 +117,8 @@ func TestLookupFaults(t *testing.T) {
 					return answer(rw, r, reg.inner)
 				})
 				path, dropIn := emptyConf(t)
-				c := w.client(t, path, dropIn,
-					WithBlobOptions(WithStallTimeout(stall)),
-					WithResolverOptions(WithManifestAttempts(DefaultMaxAttempts), WithPlatform(v1.Platform{OS: "linux", Architecture: "amd64"})))
+				c := w.client(t, path, dropIn, Config{StallTimeout: stall, manifestAttempts: DefaultMaxAttempts,
+					Platform: v1.Platform{OS: "linux", Architecture: "amd64"}})
 				sr := &sleepRecorder{}
 				c.res.sleep = sr.sleep
 				start := time.Now()

@@ -48,7 +48,7 @@ func (c Credentials) authenticator() authn.Authenticator {
 // registries.conf's additional-layer-store-auth-helper runs), each for a while. It is an
 // authn.Keychain on its own, and the first place a [Client] looks. It is safe for concurrent use.
 type MemoryKeychain struct {
-	now func() time.Time
+	now func() time.Time // when credentials expire; tests set it
 
 	mu      sync.Mutex
 	entries map[string]memEntry // guarded by mu; keyed by normalized key
@@ -61,26 +61,9 @@ type memEntry struct {
 
 var _ authn.Keychain = (*MemoryKeychain)(nil)
 
-// MemoryKeychainOption configures [NewMemoryKeychain].
-type MemoryKeychainOption func(*MemoryKeychain)
-
-// WithKeychainClock sets the clock that decides when credentials expire. The default is
-// time.Now.
-func WithKeychainClock(now func() time.Time) MemoryKeychainOption {
-	return func(m *MemoryKeychain) {
-		if now != nil {
-			m.now = now
-		}
-	}
-}
-
 // NewMemoryKeychain returns an empty keychain.
-func NewMemoryKeychain(opts ...MemoryKeychainOption) *MemoryKeychain {
-	m := &MemoryKeychain{now: time.Now, entries: map[string]memEntry{}}
-	for _, o := range opts {
-		o(m)
-	}
-	return m
+func NewMemoryKeychain() *MemoryKeychain {
+	return &MemoryKeychain{now: time.Now, entries: map[string]memEntry{}}
 }
 
 // Set keeps c for key for ttl (zero or less: until replaced). key is a repository

@@ -9,26 +9,26 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/layerstore/layerstore/chunked"
+	"github.com/layerstore/layerstore/internal/byterange"
 )
 
 // coalesce returns the sorted, disjoint spans to fetch for ranges: overlapping and adjacent
 // ranges merge, ranges less than gap bytes apart merge while the result stays within maxSpan,
 // and spans longer than maxSpan are cut into pieces of at most maxSpan.
-func coalesce(ranges []chunked.Range, gap, maxSpan int64) []chunked.Range {
-	rs := make([]chunked.Range, 0, len(ranges))
+func coalesce(ranges []byterange.Range, gap, maxSpan int64) []byterange.Range {
+	rs := make([]byterange.Range, 0, len(ranges))
 	for _, r := range ranges {
 		if r.Length > 0 {
 			rs = append(rs, r)
 		}
 	}
-	slices.SortFunc(rs, func(a, b chunked.Range) int {
+	slices.SortFunc(rs, func(a, b byterange.Range) int {
 		if a.Offset != b.Offset {
 			return cmp.Compare(a.Offset, b.Offset)
 		}
 		return cmp.Compare(a.Length, b.Length)
 	})
-	var merged []chunked.Range
+	var merged []byterange.Range
 	for _, r := range rs {
 		if n := len(merged); n > 0 {
 			last := &merged[n-1]
@@ -44,17 +44,17 @@ func coalesce(ranges []chunked.Range, gap, maxSpan int64) []chunked.Range {
 		}
 		merged = append(merged, r)
 	}
-	spans := make([]chunked.Range, 0, len(merged))
+	spans := make([]byterange.Range, 0, len(merged))
 	for _, m := range merged {
 		for off := m.Offset; off < m.End(); off += maxSpan {
-			spans = append(spans, chunked.Range{Offset: off, Length: min(maxSpan, m.End()-off)})
+			spans = append(spans, byterange.Range{Offset: off, Length: min(maxSpan, m.End()-off)})
 		}
 	}
 	return spans
 }
 
 // rangeHeader is the value of a Range header asking for spans.
-func rangeHeader(spans []chunked.Range) string {
+func rangeHeader(spans []byterange.Range) string {
 	var b strings.Builder
 	b.WriteString("bytes=")
 	for i, s := range spans {
@@ -95,12 +95,12 @@ func parseContentRange(v string) (first, last, size int64, err error) {
 
 // spanSet receives the bytes of the spans of one request.
 type spanSet struct {
-	spans  []chunked.Range // sorted, disjoint
+	spans  []byterange.Range // sorted, disjoint
 	bufs   [][]byte
 	filled []bool
 }
 
-func newSpanSet(spans []chunked.Range) *spanSet {
+func newSpanSet(spans []byterange.Range) *spanSet {
 	s := &spanSet{spans: spans, bufs: make([][]byte, len(spans)), filled: make([]bool, len(spans))}
 	for i, sp := range spans {
 		s.bufs[i] = make([]byte, sp.Length)
@@ -138,8 +138,8 @@ func (s *spanSet) copyPart(r io.Reader, first, last int64) (int, error) {
 }
 
 // missing returns the spans not yet filled.
-func (s *spanSet) missing() []chunked.Range {
-	var out []chunked.Range
+func (s *spanSet) missing() []byterange.Range {
+	var out []byterange.Range
 	for i, sp := range s.spans {
 		if !s.filled[i] {
 			out = append(out, sp)

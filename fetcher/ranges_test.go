@@ -5,27 +5,27 @@ import (
 	"slices"
 	"testing"
 
-	"github.com/layerstore/layerstore/chunked"
+	"github.com/layerstore/layerstore/internal/byterange"
 )
 
 func TestCoalesce(t *testing.T) {
 	tests := []struct {
 		name         string
-		in           []chunked.Range
+		in           []byterange.Range
 		gap, maxSpan int64
-		want         []chunked.Range
+		want         []byterange.Range
 	}{
-		{"adjacent", []chunked.Range{{Offset: 0, Length: 10}, {Offset: 10, Length: 10}, {Offset: 20, Length: 5}}, 0, 100, []chunked.Range{{Offset: 0, Length: 25}}},
-		{"overlapping", []chunked.Range{{Offset: 0, Length: 10}, {Offset: 5, Length: 10}}, 0, 100, []chunked.Range{{Offset: 0, Length: 15}}},
-		{"contained", []chunked.Range{{Offset: 0, Length: 50}, {Offset: 10, Length: 5}}, 0, 100, []chunked.Range{{Offset: 0, Length: 50}}},
-		{"unsorted", []chunked.Range{{Offset: 50, Length: 10}, {Offset: 0, Length: 10}}, 0, 100, []chunked.Range{{Offset: 0, Length: 10}, {Offset: 50, Length: 10}}},
-		{"within gap", []chunked.Range{{Offset: 0, Length: 10}, {Offset: 15, Length: 10}}, 6, 100, []chunked.Range{{Offset: 0, Length: 25}}},
-		{"gap is exclusive", []chunked.Range{{Offset: 0, Length: 10}, {Offset: 15, Length: 10}}, 5, 100, []chunked.Range{{Offset: 0, Length: 10}, {Offset: 15, Length: 10}}},
-		{"gap merge stops at max span", []chunked.Range{{Offset: 0, Length: 10}, {Offset: 15, Length: 10}}, 10, 20, []chunked.Range{{Offset: 0, Length: 10}, {Offset: 15, Length: 10}}},
-		{"long range split", []chunked.Range{{Offset: 0, Length: 25}}, 0, 10, []chunked.Range{{Offset: 0, Length: 10}, {Offset: 10, Length: 10}, {Offset: 20, Length: 5}}},
-		{"adjacent merge then split", []chunked.Range{{Offset: 0, Length: 8}, {Offset: 8, Length: 8}}, 0, 10, []chunked.Range{{Offset: 0, Length: 10}, {Offset: 10, Length: 6}}},
-		{"empty ranges dropped", []chunked.Range{{Offset: 5, Length: 0}, {Offset: 0, Length: 3}}, 0, 10, []chunked.Range{{Offset: 0, Length: 3}}},
-		{"none", nil, 0, 10, []chunked.Range{}},
+		{"adjacent", []byterange.Range{{Offset: 0, Length: 10}, {Offset: 10, Length: 10}, {Offset: 20, Length: 5}}, 0, 100, []byterange.Range{{Offset: 0, Length: 25}}},
+		{"overlapping", []byterange.Range{{Offset: 0, Length: 10}, {Offset: 5, Length: 10}}, 0, 100, []byterange.Range{{Offset: 0, Length: 15}}},
+		{"contained", []byterange.Range{{Offset: 0, Length: 50}, {Offset: 10, Length: 5}}, 0, 100, []byterange.Range{{Offset: 0, Length: 50}}},
+		{"unsorted", []byterange.Range{{Offset: 50, Length: 10}, {Offset: 0, Length: 10}}, 0, 100, []byterange.Range{{Offset: 0, Length: 10}, {Offset: 50, Length: 10}}},
+		{"within gap", []byterange.Range{{Offset: 0, Length: 10}, {Offset: 15, Length: 10}}, 6, 100, []byterange.Range{{Offset: 0, Length: 25}}},
+		{"gap is exclusive", []byterange.Range{{Offset: 0, Length: 10}, {Offset: 15, Length: 10}}, 5, 100, []byterange.Range{{Offset: 0, Length: 10}, {Offset: 15, Length: 10}}},
+		{"gap merge stops at max span", []byterange.Range{{Offset: 0, Length: 10}, {Offset: 15, Length: 10}}, 10, 20, []byterange.Range{{Offset: 0, Length: 10}, {Offset: 15, Length: 10}}},
+		{"long range split", []byterange.Range{{Offset: 0, Length: 25}}, 0, 10, []byterange.Range{{Offset: 0, Length: 10}, {Offset: 10, Length: 10}, {Offset: 20, Length: 5}}},
+		{"adjacent merge then split", []byterange.Range{{Offset: 0, Length: 8}, {Offset: 8, Length: 8}}, 0, 10, []byterange.Range{{Offset: 0, Length: 10}, {Offset: 10, Length: 6}}},
+		{"empty ranges dropped", []byterange.Range{{Offset: 5, Length: 0}, {Offset: 0, Length: 3}}, 0, 10, []byterange.Range{{Offset: 0, Length: 3}}},
+		{"none", nil, 0, 10, []byterange.Range{}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -38,7 +38,7 @@ func TestCoalesce(t *testing.T) {
 }
 
 func TestRangeHeader(t *testing.T) {
-	if got, want := rangeHeader([]chunked.Range{{Offset: 0, Length: 10}, {Offset: 100, Length: 1}}), "bytes=0-9,100-100"; got != want {
+	if got, want := rangeHeader([]byterange.Range{{Offset: 0, Length: 10}, {Offset: 100, Length: 1}}), "bytes=0-9,100-100"; got != want {
 		t.Errorf("rangeHeader = %q, want %q", got, want)
 	}
 }

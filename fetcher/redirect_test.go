@@ -17,7 +17,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/layerstore/layerstore/chunked"
+	"github.com/layerstore/layerstore/internal/byterange"
 )
 
 // storage plays blob storage behind a registry: it serves the blob at /blob?sig=<signature>,
@@ -150,7 +150,7 @@ func TestRedirectStorageErrorsRedacted(t *testing.T) {
 		http.Redirect(w, r, "http://127.0.0.1:1/blob?sig=secret-"+strconv.Itoa(n), http.StatusFound)
 		return true
 	}
-	b, _ := newTestBlob(t, reg, WithMaxAttempts(2))
+	b, _ := newTestBlob(t, reg, Config{MaxAttempts: 2})
 	_, err := b.ReadAt(t.Context(), make([]byte, 10), 0)
 	if !errors.Is(err, ErrTransient) {
 		t.Fatalf("error = %v, want ErrTransient", err)
@@ -246,16 +246,13 @@ func TestRedirectPolicy(t *testing.T) {
 	}
 }
 
-// withLookup makes names resolve as addrs says when hops are checked (dials are not affected).
-func withLookup(addrs map[string]string) Option {
-	return func(o *options) error {
-		o.lookup = func(ctx context.Context, host string) ([]netip.Addr, error) {
-			if a, ok := addrs[host]; ok {
-				return []netip.Addr{netip.MustParseAddr(a)}, nil
-			}
-			return lookupAddrs(ctx, host)
+// lookupAs makes names resolve as addrs says when hops are checked (dials are not affected).
+func lookupAs(addrs map[string]string) func(ctx context.Context, host string) ([]netip.Addr, error) {
+	return func(ctx context.Context, host string) ([]netip.Addr, error) {
+		if a, ok := addrs[host]; ok {
+			return []netip.Addr{netip.MustParseAddr(a)}, nil
 		}
-		return nil
+		return lookupAddrs(ctx, host)
 	}
 }
 
@@ -288,9 +285,9 @@ func TestRedirectToLoopbackRefused(t *testing.T) {
 				return true
 			}
 			blobURL := strings.Replace(reg.blobURL, "127.0.0.1", "localhost", 1)
-			b, err := New(authTransport{plainTransport(t)}, blobURL, int64(len(data)),
-				WithHostLimiter(NewHostLimiter(8)), WithStorageTransport(c.storage),
-				withLookup(map[string]string{"localhost": "203.0.113.7", "storage.test": "203.0.113.8"}))
+			b, err := newURLBlob(authTransport{plainTransport(t)}, blobURL, int64(len(data)), Config{
+				limiter: newHostLimiter(8), storageTransport: guardDials(c.storage),
+				lookup: lookupAs(map[string]string{"localhost": "203.0.113.7", "storage.test": "203.0.113.8"})})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -321,8 +318,8 @@ func TestRedirectHTTPSToHTTPRefused(t *testing.T) {
 		http.Redirect(w, r, st.srv.URL+"/blob?sig=secret", http.StatusTemporaryRedirect)
 	}))
 	t.Cleanup(srv.Close)
-	b, err := New(srv.Client().Transport, srv.URL+"/v2/r/blobs/sha256:"+strings.Repeat("0", 64), int64(len(data)),
-		WithHostLimiter(NewHostLimiter(8)), WithStorageTransport(plainTransport(t)))
+	b, err := newURLBlob(srv.Client().Transport, srv.URL+"/v2/r/blobs/sha256:"+strings.Repeat("0", 64), int64(len(data)),
+		Config{limiter: newHostLimiter(8), storageTransport: guardDials(plainTransport(t))})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -344,20 +341,20 @@ func TestRedirectPoolsApart(t *testing.T) {
 	rebind := &http.Transport{DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
 		return (&net.Dialer{}).DialContext(ctx, network, strings.Replace(addr, "storage.test", "127.0.0.1", 1))
 	}}
-	storage := WithStorageTransport(rebind) // one transport, one set of pools, for both blobs
+	storage := guardDials(rebind) // one transport, one set of pools, for both blobs
 	reg := newTestRegistry(t, data)
 	reg.fault = func(w http.ResponseWriter, r *http.Request, n int) bool {
 		http.Redirect(w, r, "http://storage.test:"+stPort+"/blob?sig=s"+strconv.Itoa(n), http.StatusTemporaryRedirect)
 		return true
 	}
-	local, err := New(authTransport{plainTransport(t)}, reg.blobURL, int64(len(data)), WithHostLimiter(NewHostLimiter(8)), storage)
+	local, err := newURLBlob(authTransport{plainTransport(t)}, reg.blobURL, int64(len(data)), Config{limiter: newHostLimiter(8), storageTransport: storage})
 	if err != nil {
 		t.Fatal(err)
 	}
-	checkFetch(t, local, data, chunked.Range{Offset: 0, Length: 10}) // allowed: the registry is on loopback
-	public, err := New(authTransport{plainTransport(t)}, strings.Replace(reg.blobURL, "127.0.0.1", "localhost", 1), int64(len(data)),
-		WithHostLimiter(NewHostLimiter(8)), storage,
-		withLookup(map[string]string{"localhost": "203.0.113.7", "storage.test": "203.0.113.8"}))
+	checkFetch(t, local, data, byterange.Range{Offset: 0, Length: 10}) // allowed: the registry is on loopback
+	public, err := newURLBlob(authTransport{plainTransport(t)}, strings.Replace(reg.blobURL, "127.0.0.1", "localhost", 1), int64(len(data)),
+		Config{limiter: newHostLimiter(8), storageTransport: storage,
+			lookup: lookupAs(map[string]string{"localhost": "203.0.113.7", "storage.test": "203.0.113.8"})})
 	if err != nil {
 		t.Fatal(err)
 	}

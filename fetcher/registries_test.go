@@ -513,18 +513,18 @@ namespace-proxy = "registry.example.com"
 
 func TestClientConfigErrors(t *testing.T) {
 	isolate(t)
-	if _, err := NewClient(WithRegistriesConf(filepath.Join(t.TempDir(), "missing.conf"), t.TempDir())); err == nil {
+	if _, err := NewClient(Config{RegistriesConf: filepath.Join(t.TempDir(), "missing.conf"), RegistriesConfDir: t.TempDir()}); err == nil {
 		t.Error("a missing registries.conf was accepted")
 	}
 	path, dropIn := writeConf(t, "[[registry]]\nprefix = \"example.com\"\nlocation = \"https://example.com\"\n")
-	if _, err := NewClient(WithRegistriesConf(path, dropIn)); err == nil {
+	if _, err := NewClient(Config{RegistriesConf: path, RegistriesConfDir: dropIn}); err == nil {
 		t.Error("a location with a scheme was accepted")
 	}
 	path, dropIn = writeConf(t, "")
-	if _, err := NewClient(WithRegistriesConf(path, dropIn), WithBlobOptions(WithMaxSpan(0))); err == nil {
-		t.Error("an invalid blob option was accepted")
+	if _, err := NewClient(Config{RegistriesConf: path, RegistriesConfDir: dropIn, MaxSpan: -1}); err == nil {
+		t.Error("an invalid blob setting was accepted")
 	}
-	c, err := NewClient(WithRegistriesConf(path, dropIn))
+	c, err := NewClient(Config{RegistriesConf: path, RegistriesConfDir: dropIn})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -549,7 +549,7 @@ func TestRegistriesRetryLastSource(t *testing.T) {
 		return statusFor("manifest", http.StatusServiceUnavailable)(w, r)
 	})
 	path, dropIn := writeConf(t, "[[registry]]\nlocation = \"registry.example.com\"\n[[registry.mirror]]\nlocation = \"p2p.example.com\"\n")
-	c := f.client(t, path, dropIn, WithResolverOptions(WithManifestAttempts(3)))
+	c := f.client(t, path, dropIn, Config{manifestAttempts: 3})
 	sr := &sleepRecorder{}
 	c.res.sleep = sr.sleep
 	if _, err := c.Resolve(t.Context(), "registry.example.com/team/app:v1"); err != nil {
@@ -567,7 +567,7 @@ func TestRegistriesRetryLastSource(t *testing.T) {
 	}
 	// With one attempt, the registry's failure is the answer.
 	n.Store(0)
-	c = f.client(t, path, dropIn, WithResolverOptions(WithManifestAttempts(1)))
+	c = f.client(t, path, dropIn, Config{manifestAttempts: 1})
 	if _, err := c.Resolve(t.Context(), "registry.example.com/team/app:v1"); !errors.Is(err, ErrTransient) {
 		t.Errorf("err = %v, want ErrTransient", err)
 	}

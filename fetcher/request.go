@@ -17,7 +17,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/layerstore/layerstore/chunked"
+	"github.com/layerstore/layerstore/internal/byterange"
 )
 
 // errMultiRefused: the server answered a multi-range request with 400 or 416.
@@ -26,7 +26,7 @@ var errMultiRefused = errors.New("multi-range request refused")
 // fetchBatch fetches spans (sorted, disjoint) from the preferred endpoint, and when that fails
 // for any reason but the caller's context, from the next endpoints in turn. An endpoint that
 // failed stops being the preferred one, so that later fetches do not wait for it again.
-func (b *Blob) fetchBatch(ctx context.Context, spans []chunked.Range) ([][]byte, error) {
+func (b *Blob) fetchBatch(ctx context.Context, spans []byterange.Range) ([][]byte, error) {
 	first := int(b.cur.Load())
 	var firstErr error
 	var others []string
@@ -61,7 +61,7 @@ func (b *Blob) fetchBatch(ctx context.Context, spans []chunked.Range) ([][]byte,
 
 // fetchBatchFrom fetches spans from one endpoint with as few requests as it allows, falling back
 // to one request per span when it turns out not to do multi-range requests.
-func (b *Blob) fetchBatchFrom(ctx context.Context, ep *endpoint, spans []chunked.Range) ([][]byte, error) {
+func (b *Blob) fetchBatchFrom(ctx context.Context, ep *endpoint, spans []byterange.Range) ([][]byte, error) {
 	if len(spans) > 1 && ep.noMulti.Load() {
 		return b.fetchSingles(ctx, ep, spans)
 	}
@@ -100,7 +100,7 @@ func (b *Blob) markNoMulti(ep *endpoint) {
 }
 
 // fetchSingles fetches each span with its own request, concurrently (within the host limit).
-func (b *Blob) fetchSingles(ctx context.Context, ep *endpoint, spans []chunked.Range) ([][]byte, error) {
+func (b *Blob) fetchSingles(ctx context.Context, ep *endpoint, spans []byterange.Range) ([][]byte, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	out := make([][]byte, len(spans))
@@ -110,7 +110,7 @@ func (b *Blob) fetchSingles(ctx context.Context, ep *endpoint, spans []chunked.R
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			bufs, err := b.fetchBatchFrom(ctx, ep, []chunked.Range{sp})
+			bufs, err := b.fetchBatchFrom(ctx, ep, []byterange.Range{sp})
 			if err != nil {
 				errs[i] = err
 				cancel()

@@ -114,110 +114,47 @@ type resolved struct {
 	expires time.Time // zero: never (pulled by digest)
 }
 
-// ResolverOption configures a [Resolver].
-type ResolverOption func(*Resolver) error
-
-// WithPlatform sets the platform picked from image indexes. The default is the host's
-// (runtime.GOOS, runtime.GOARCH, and GOARM's variant on arm).
-func WithPlatform(p v1.Platform) ResolverOption {
-	return func(r *Resolver) error {
-		if p.OS == "" || p.Architecture == "" {
-			return errors.New("platform needs an OS and an architecture")
-		}
-		r.platform = p
-		return nil
-	}
-}
-
-// WithTagTTL sets how long a resolution by tag is reused before the tag is resolved again.
-// The default is 5 minutes; pulls by digest never change.
-func WithTagTTL(d time.Duration) ResolverOption {
-	return func(r *Resolver) error {
-		if d < 0 {
-			return errors.New("tag TTL must not be negative")
-		}
-		r.tagTTL = d
-		return nil
-	}
-}
-
-// WithResolverClock sets the clock used for the tag TTL. The default is time.Now.
-func WithResolverClock(now func() time.Time) ResolverOption {
-	return func(r *Resolver) error {
-		r.now = now
-		return nil
-	}
-}
-
-// WithManifestAttempts sets how many times the last source of a reference (the registry itself,
-// after its mirrors) is tried when reading the manifests fails with [ErrTransient]; mirrors are
-// tried once each, a failing mirror being passed over for the next source. The default is a
-// blob read's ([DefaultMaxAttempts], or what a [Client]'s [WithMaxAttempts] says), with the
-// same backoff and the same bound of one attempt.
-func WithManifestAttempts(n int) ResolverOption {
-	return func(r *Resolver) error {
-		if n <= 0 {
-			return errors.New("manifest attempts must be greater than zero")
-		}
-		r.attempts = n
-		return nil
-	}
-}
-
-// withRetryPolicy gives a Resolver the retry policy of blob reads set by o.
-func withRetryPolicy(o options) ResolverOption {
-	return func(r *Resolver) error {
-		r.attempts, r.initial, r.maxBackoff, r.timeout = o.maxAttempts, o.initialBackoff, o.maxBackoff, o.timeout
-		return nil
-	}
-}
-
-// Defaults of a Resolver.
-const (
-	// DefaultTagTTL is how long a resolution by tag is reused.
-	DefaultTagTTL = 5 * time.Minute
-	// MaxResolutions is how many resolutions a Resolver keeps at most; beyond, the least
-	// recently used are dropped. Expired ones are dropped whenever one is added.
-	MaxResolutions = 1024
-)
+// MaxResolutions is how many resolutions a Resolver keeps at most; beyond, the least recently
+// used are dropped. Expired ones are dropped whenever one is added.
+const MaxResolutions = 1024
 
 // NewResolver returns a resolver whose requests go through rt, which carries authentication
-// and the registries' TLS settings. It reads every reference from its own registry, pinging it
-// once per resolution, over https, or plain http for registries on loopback and private
-// addresses (go-containerregistry's choice). A [Client] adds registries.conf (mirrors,
-// rewrites, blocking, insecure) and credentials.
-func NewResolver(rt http.RoundTripper, opts ...ResolverOption) (*Resolver, error) {
+// and the registries' TLS settings, configured by the fields of cfg about resolutions and
+// retries (Platform, TagTTL, RequestTimeout, StallTimeout, MaxAttempts, Logger). It reads every
+// reference from its own registry, pinging it once per resolution, over https, or plain http
+// for registries on loopback and private addresses (go-containerregistry's choice). A [Client]
+// adds registries.conf (mirrors, rewrites, blocking, insecure) and credentials.
+func NewResolver(rt http.RoundTripper, cfg Config) (*Resolver, error) {
 	if rt == nil {
 		return nil, errors.New("fetcher: nil transport")
 	}
+	o, err := cfg.options()
+	if err != nil {
+		return nil, fmt.Errorf("fetcher: %w", err)
+	}
 	return newResolver(func(ref name.Reference) ([]*source, error) {
-		return []*source{newSource(ref, rt, nil, DefaultStallTimeout)}, nil
-	}, opts...)
+		return []*source{newSource(ref, rt, nil, o.stall)}, nil
+	}, o), nil
 }
 
-// newResolver returns a resolver reading each reference from the sources that sources returns.
-func newResolver(sources func(name.Reference) ([]*source, error), opts ...ResolverOption) (*Resolver, error) {
-	r := &Resolver{
+// newResolver returns a resolver reading each reference from the sources that sources returns,
+// retrying the last one as o says.
+func newResolver(sources func(name.Reference) ([]*source, error), o options) *Resolver {
+	return &Resolver{
 		sources:    sources,
-		platform:   hostPlatform(),
-		tagTTL:     DefaultTagTTL,
-		attempts:   DefaultMaxAttempts,
-		initial:    DefaultInitialBackoff,
-		maxBackoff: DefaultMaxBackoff,
-		timeout:    DefaultRequestTimeout,
-		now:        time.Now,
-		sleep:      sleepContext,
-		log:        discardLogger(),
+		platform:   o.platform,
+		tagTTL:     o.tagTTL,
+		attempts:   o.manifestAttempts,
+		initial:    o.initialBackoff,
+		maxBackoff: o.maxBackoff,
+		timeout:    o.timeout,
+		now:        o.now,
+		sleep:      o.sleep,
+		log:        o.log,
 		max:        MaxResolutions,
 		cache:      map[string]*list.Element{},
 		lru:        list.New(),
 	}
-	for _, o := range opts {
-		if err := o(r); err != nil {
-			return nil, fmt.Errorf("fetcher: %w", err)
-		}
-	}
-	return r, nil
 }
 
 // forget drops every kept resolution.

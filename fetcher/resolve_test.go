@@ -89,7 +89,7 @@ func TestResolveImage(t *testing.T) {
 		t.Fatal(err)
 	}
 	reg.push(t, "app:v1", img)
-	res, err := NewResolver(http.DefaultTransport)
+	res, err := NewResolver(http.DefaultTransport, Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -157,7 +157,7 @@ func TestResolveIndexPlatforms(t *testing.T) {
 	idxDigest, _ := idx.Digest()
 	armDigest, _ := arm.Digest()
 	amdDigest, _ := amd.Digest()
-	res, _ := NewResolver(http.DefaultTransport, WithPlatform(v1.Platform{OS: "linux", Architecture: "arm64"}))
+	res, _ := NewResolver(http.DefaultTransport, Config{Platform: v1.Platform{OS: "linux", Architecture: "arm64"}})
 	got, err := res.Resolve(t.Context(), reg.host+"/multi:latest")
 	if err != nil {
 		t.Fatal(err)
@@ -177,7 +177,7 @@ func TestResolveIndexPlatforms(t *testing.T) {
 		t.Fatalf("other platforms = %+v, want the amd64 manifest", others)
 	}
 
-	s390, _ := NewResolver(http.DefaultTransport, WithPlatform(v1.Platform{OS: "linux", Architecture: "s390x"}))
+	s390, _ := NewResolver(http.DefaultTransport, Config{Platform: v1.Platform{OS: "linux", Architecture: "s390x"}})
 	if _, err := s390.Resolve(t.Context(), reg.host+"/multi:latest"); !errors.Is(err, ErrNotFound) {
 		t.Fatalf("resolve for a missing platform = %v, want ErrNotFound", err)
 	}
@@ -188,7 +188,7 @@ func TestResolveTagTTL(t *testing.T) {
 	v1img, v2img := testImage(t, 1), testImage(t, 1)
 	reg.push(t, "app:latest", v1img)
 	now := time.Unix(1000, 0)
-	res, _ := NewResolver(http.DefaultTransport, WithTagTTL(time.Minute), WithResolverClock(func() time.Time { return now }))
+	res, _ := NewResolver(http.DefaultTransport, Config{TagTTL: time.Minute, now: func() time.Time { return now }})
 	ref := reg.host + "/app:latest"
 	first, err := res.Resolve(t.Context(), ref)
 	if err != nil {
@@ -227,7 +227,7 @@ func TestResolveTagAndDigest(t *testing.T) {
 	reg.push(t, "app:v1", tagged)
 	reg.push(t, "app:pinned", pinned)
 	d, _ := pinned.Digest()
-	res, _ := NewResolver(http.DefaultTransport)
+	res, _ := NewResolver(http.DefaultTransport, Config{})
 	got, err := res.Resolve(t.Context(), reg.host+"/app:v1@"+d.String())
 	if err != nil {
 		t.Fatal(err)
@@ -239,7 +239,7 @@ func TestResolveTagAndDigest(t *testing.T) {
 
 func TestResolveErrors(t *testing.T) {
 	reg := newManifestRegistry(t)
-	res, _ := NewResolver(http.DefaultTransport)
+	res, _ := NewResolver(http.DefaultTransport, Config{})
 	ref := reg.host + "/app:later"
 	if _, err := res.Resolve(t.Context(), ref); !errors.Is(err, ErrNotFound) {
 		t.Fatalf("unknown tag: %v, want ErrNotFound", err)
@@ -261,7 +261,7 @@ func TestResolveErrors(t *testing.T) {
 	if _, err := res.Resolve(t.Context(), host+"/app:v1"); !errors.Is(err, ErrTransient) {
 		t.Fatalf("registry down: %v, want ErrTransient", err)
 	}
-	if _, err := NewResolver(http.DefaultTransport, WithTagTTL(-1)); err == nil {
+	if _, err := NewResolver(http.DefaultTransport, Config{TagTTL: -1}); err == nil {
 		t.Fatal("negative TTL accepted")
 	}
 }
@@ -275,7 +275,7 @@ func TestResolveCachePruned(t *testing.T) {
 		reg.push(t, "app:t"+strconv.Itoa(i), img)
 	}
 	now := time.Unix(1000, 0)
-	res, _ := NewResolver(http.DefaultTransport, WithTagTTL(time.Minute), WithResolverClock(func() time.Time { return now }))
+	res, _ := NewResolver(http.DefaultTransport, Config{TagTTL: time.Minute, now: func() time.Time { return now }})
 	resolve := func(tag string) {
 		t.Helper()
 		if _, err := res.Resolve(t.Context(), reg.host+"/app:"+tag); err != nil {

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/layerstore/layerstore/chunked"
+	"github.com/layerstore/layerstore/internal/byterange"
 )
 
 func TestRetryTransient(t *testing.T) {
@@ -48,7 +48,7 @@ func TestRetryTransient(t *testing.T) {
 			reg := newTestRegistry(t, data)
 			reg.serveRanges = true
 			reg.fault = tt.fault(reg)
-			b, sleeps := newTestBlob(t, reg, WithBackoff(time.Second, 4*time.Second))
+			b, sleeps := newTestBlob(t, reg, Config{initialBackoff: time.Second, maxBackoff: 4 * time.Second})
 			if tt.multi {
 				checkFetch(t, b, data, near1, far1)
 			} else {
@@ -74,7 +74,7 @@ func TestRetryExhausted(t *testing.T) {
 	data := testBlob(1000)
 	reg := newTestRegistry(t, data)
 	reg.fault = failStatus(99, http.StatusInternalServerError)
-	b, sleeps := newTestBlob(t, reg, WithBackoff(time.Second, 2*time.Second))
+	b, sleeps := newTestBlob(t, reg, Config{initialBackoff: time.Second, maxBackoff: 2 * time.Second})
 	_, err := b.ReadAt(t.Context(), make([]byte, 10), 0)
 	var fe *Error
 	if !errors.Is(err, ErrTransient) || !errors.As(err, &fe) || fe.StatusCode != 500 || fe.Attempts != 4 {
@@ -96,7 +96,7 @@ func TestRetryExhausted(t *testing.T) {
 	// WithMaxAttempts changes the count.
 	reg2 := newTestRegistry(t, data)
 	reg2.fault = resetConn(99)
-	b2, _ := newTestBlob(t, reg2, WithMaxAttempts(2))
+	b2, _ := newTestBlob(t, reg2, Config{MaxAttempts: 2})
 	if _, err := b2.ReadAt(t.Context(), make([]byte, 10), 0); !errors.Is(err, ErrTransient) {
 		t.Fatalf("error = %v, want ErrTransient", err)
 	}
@@ -126,8 +126,8 @@ func TestRetryAfter(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			reg := newTestRegistry(t, data)
 			reg.fault = failStatus(1, tt.status, "Retry-After", tt.value)
-			b, sleeps := newTestBlob(t, reg, WithClock(func() time.Time { return now }))
-			checkFetch(t, b, data, chunked.Range{Offset: 10, Length: 20})
+			b, sleeps := newTestBlob(t, reg, Config{now: func() time.Time { return now }})
+			checkFetch(t, b, data, byterange.Range{Offset: 10, Length: 20})
 			if ds := sleeps.delays(); len(ds) != 1 || ds[0] != tt.want {
 				t.Errorf("slept %v, want [%v]", ds, tt.want)
 			}
@@ -144,7 +144,7 @@ func TestRequestTimeout(t *testing.T) {
 	data := testBlob(1 << 20)
 	reg := newTestRegistry(t, data)
 	reg.fault = hangBody(1, data)
-	b, _ := newTestBlob(t, reg, WithRequestTimeout(500*time.Millisecond))
+	b, _ := newTestBlob(t, reg, Config{RequestTimeout: 500 * time.Millisecond})
 	checkFetch(t, b, data, far1)
 	if got := reg.count(); got != 2 {
 		t.Errorf("%d requests, want 2", got)
@@ -157,10 +157,10 @@ func TestCancelDuringBackoff(t *testing.T) {
 	reg := newTestRegistry(t, data)
 	reg.fault = failStatus(99, http.StatusServiceUnavailable)
 	ctx, cancel := context.WithCancel(t.Context())
-	b, _ := newTestBlob(t, reg, WithSleep(func(ctx context.Context, _ time.Duration) error {
+	b, _ := newTestBlob(t, reg, Config{sleep: func(ctx context.Context, _ time.Duration) error {
 		cancel()
 		return ctx.Err()
-	}))
+	}})
 	_, err := b.ReadAt(ctx, make([]byte, 10), 0)
 	if !errors.Is(err, context.Canceled) || errors.Is(err, ErrTransient) {
 		t.Fatalf("error = %v, want context.Canceled", err)

@@ -476,22 +476,25 @@ func writeConf(t *testing.T, text string) (string, string) {
 	return p, filepath.Join(dir, "registries.conf.d")
 }
 
-// newTestClient returns a Client reading registries.conf path and dropIn through the world,
-// without sleeping between attempts and trying each manifest source once.
-func (w *world) client(t *testing.T, path, dropIn string, opts ...ClientOption) *Client {
+// client returns a Client reading registries.conf path and dropIn through the world, without
+// sleeping between attempts and trying each manifest source once unless cfg (at most one)
+// says otherwise.
+func (w *world) client(t *testing.T, path, dropIn string, cfg ...Config) *Client {
 	t.Helper()
-	sr := &sleepRecorder{}
-	base := []ClientOption{
-		WithRegistriesConf(path, dropIn),
-		WithTransport(w.transport()),
-		WithBlobOptions(WithSleep(sr.sleep), WithHostLimiter(NewHostLimiter(8))),
-		WithResolverOptions(WithManifestAttempts(1)),
+	var c Config
+	if len(cfg) > 0 {
+		c = cfg[0]
 	}
-	c, err := NewClient(append(base, opts...)...)
+	c.RegistriesConf, c.RegistriesConfDir = path, dropIn
+	c.Transport = w.transport()
+	c.sleep = (&sleepRecorder{}).sleep
+	c.limiter = newHostLimiter(8)
+	c.manifestAttempts = or(c.manifestAttempts, 1)
+	client, err := NewClient(c)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return c
+	return client
 }
 
 // writeJSON writes v as JSON to path, creating its directory.

@@ -17,6 +17,8 @@ import (
 	"time"
 
 	"github.com/opencontainers/go-digest"
+
+	"github.com/layerstore/layerstore/internal/testutil/testfuse"
 )
 
 // helperEnv makes the test binary run a helper (probe or overlay) instead of the tests.
@@ -207,24 +209,12 @@ func helperBinary(t *testing.T) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	dir := openTempDir(t)
+	dir := testfuse.OpenTempDir(t)
 	bin := filepath.Join(dir, "helper")
 	if err := os.WriteFile(bin, self, 0o755); err != nil {
 		t.Fatal(err)
 	}
 	return bin
-}
-
-// openTempDir returns a new temporary directory that every user may enter.
-func openTempDir(t *testing.T) string {
-	t.Helper()
-	dir := t.TempDir()
-	for _, d := range []string{filepath.Dir(dir), dir} {
-		if err := os.Chmod(d, 0o755); err != nil {
-			t.Fatal(err)
-		}
-	}
-	return dir
 }
 
 // nobody is the credential of the other local user in these tests.
@@ -255,25 +245,23 @@ func otherUserOps(mnt string, key digest.Digest) []string {
 // look up a reference nor read anything under the mount, and never makes the Store
 // resolve a layer, even for a layer root has just used.
 func TestOtherUsersCannotUseTheStore(t *testing.T) {
-	store := newTestStore()
 	l := newTestLayer(t, fixture(t, "zstdchunked-modern"))
-	store.add(testRef, l)
-	store.add("docker.io/library/private:latest", l)
-	mnt, _ := mountTest(t, store, DefaultOptions())
+	m := mountLayer(t, l, defaultOptions())
+	m.store.add("docker.io/library/private:latest", l)
 	// Root (the runtime) uses the layer first.
-	for _, p := range []string{layerPath(mnt, testRef, l.tocKey, "diff", "etc", "hostname"), layerPath(mnt, testRef, l.tocKey, "blob")} {
+	for _, p := range []string{m.path("diff", "etc", "hostname"), m.path("blob")} {
 		if _, err := os.ReadFile(p); err != nil {
 			t.Fatalf("root: %v", err)
 		}
 	}
-	before := store.totalLookups()
-	res := runHelperAs(t, "probe", nobody, false, otherUserOps(mnt, l.tocKey)...)
-	for _, o := range otherUserOps(mnt, l.tocKey) {
+	before := m.store.totalLookups()
+	res := runHelperAs(t, "probe", nobody, false, otherUserOps(m.mnt, l.tocKey)...)
+	for _, o := range otherUserOps(m.mnt, l.tocKey) {
 		if e, ok := res[o]; !ok || e != syscall.EACCES {
 			t.Errorf("uid 65534: %s: errno %d (%v), want EACCES", o, e, e)
 		}
 	}
-	if n := store.totalLookups() - before; n != 0 {
+	if n := m.store.totalLookups() - before; n != 0 {
 		t.Errorf("uid 65534 made the store look up %d layers, want 0", n)
 	}
 }
@@ -282,18 +270,16 @@ func TestOtherUsersCannotUseTheStore(t *testing.T) {
 // requests of another user reach it (a mount with allow_other), lookups of layers, use,
 // rmdir, info and blob answer EACCES and never reach the Store.
 func TestDaemonRefusesOtherUsers(t *testing.T) {
-	store := newTestStore()
 	l := newTestLayer(t, fixture(t, "zstdchunked-modern"))
-	store.add(testRef, l)
-	store.add("docker.io/library/private:latest", l)
-	opts := DefaultOptions()
+	opts := defaultOptions()
 	opts.allowOther = true
-	mnt, _ := mountTest(t, store, opts)
-	if _, err := os.ReadFile(layerPath(mnt, testRef, l.tocKey, "diff", "etc", "hostname")); err != nil {
+	m := mountLayer(t, l, opts)
+	m.store.add("docker.io/library/private:latest", l)
+	if _, err := os.ReadFile(m.path("diff", "etc", "hostname")); err != nil {
 		t.Fatalf("root: %v", err)
 	}
-	before := store.totalLookups()
-	ops := otherUserOps(mnt, l.tocKey)
+	before := m.store.totalLookups()
+	ops := otherUserOps(m.mnt, l.tocKey)
 	res := runHelperAs(t, "probe", nobody, false, ops...)
 	// What the kernel answers from its caches (the store root and the reference directory
 	// root looked up) may succeed; everything from the layer directories down must not.
@@ -302,15 +288,15 @@ func TestDaemonRefusesOtherUsers(t *testing.T) {
 			t.Errorf("uid 65534: %s: errno %d (%v), want EACCES", o, e, e)
 		}
 	}
-	if n := store.totalLookups() - before; n != 0 {
+	if n := m.store.totalLookups() - before; n != 0 {
 		t.Errorf("uid 65534 made the store look up %d layers, want 0", n)
 	}
 	// use and rmdir, which the kernel lets through to the daemon for a directory the
 	// caller may write: the daemon refuses them.
 	ctx := t.Context()
 	for _, argv := range [][]string{
-		{"/bin/touch", layerPath(mnt, testRef, l.tocKey, "use")},
-		{"/bin/rmdir", layerPath(mnt, testRef, l.tocKey)},
+		{"/bin/touch", m.path("use")},
+		{"/bin/rmdir", m.path()},
 	} {
 		if _, err := os.Stat(argv[0]); err != nil {
 			t.Logf("skipping %s: %v", argv[0], err)
@@ -322,7 +308,7 @@ func TestDaemonRefusesOtherUsers(t *testing.T) {
 			t.Errorf("uid 65534: %q succeeded: %s", argv, out)
 		}
 	}
-	if u, r := store.count(store.uses, testRef, l.tocKey), store.count(store.releases, testRef, l.tocKey); u != 0 || r != 0 {
+	if u, r := m.store.count(m.store.uses, testRef, l.tocKey), m.store.count(m.store.releases, testRef, l.tocKey); u != 0 || r != 0 {
 		t.Errorf("uid 65534 made the store count %d uses and %d releases, want none", u, r)
 	}
 }
@@ -333,13 +319,11 @@ func TestDaemonRefusesOtherUsers(t *testing.T) {
 // daemon sees for their reads. home/user is 0750 1000:2000 and home/user/notes.txt 0640
 // 1000:2000 in the fixture.
 func TestOverlayReadsAsOtherUsers(t *testing.T) {
-	store := newTestStore()
 	l := newTestLayer(t, fixture(t, "zstdchunked-modern"))
-	store.add(testRef, l)
-	opts := DefaultOptions()
+	opts := defaultOptions()
 	opts.Passthrough = false // every read reaches the daemon
-	mnt, _ := mountTest(t, store, opts)
-	diff := layerPath(mnt, testRef, l.tocKey, "diff")
+	m := mountLayer(t, l, opts)
+	diff := m.path("diff")
 	if _, err := os.Stat(diff); err != nil {
 		t.Fatal(err)
 	}
@@ -370,7 +354,7 @@ func TestOverlayReadsAsOtherUsers(t *testing.T) {
 			ops = append(ops, o)
 		}
 		slices.Sort(ops)
-		args := append([]string{diff, openTempDir(t), fmt.Sprintf("%d:%d", c.uid, c.gid)}, ops...)
+		args := append([]string{diff, testfuse.OpenTempDir(t), fmt.Sprintf("%d:%d", c.uid, c.gid)}, ops...)
 		res := runHelperAs(t, "overlay", nil, true, args...)
 		for _, o := range ops {
 			if e, ok := res[o]; !ok || e != c.want[o] {

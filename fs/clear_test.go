@@ -1,11 +1,9 @@
 package storefs
 
 import (
-	"context"
 	"fmt"
 	"os"
 	"path/filepath"
-	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -77,7 +75,7 @@ func TestClearDeadMount(t *testing.T) {
 		}
 		deadMount(t, dir, "fuse."+fsName)
 		deadMount(t, dir, "fuse."+fsName) // two crashes in a row
-		if _, err := Mount(dir, newTestStore(), DefaultOptions()); err == nil {
+		if _, err := Mount(dir, newTestStore(), defaultOptions()); err == nil {
 			t.Fatal("Mount over a dead mount succeeded")
 		}
 		if err := ClearDeadMount(dir); err != nil {
@@ -89,7 +87,7 @@ func TestClearDeadMount(t *testing.T) {
 		store := newTestStore()
 		l := newTestLayer(t, fixture(t, "estargz"))
 		store.add(testRef, l)
-		srv, err := Mount(dir, store, DefaultOptions())
+		srv, err := Mount(dir, store, defaultOptions())
 		if err != nil {
 			t.Fatalf("Mount after clearing: %v", err)
 		}
@@ -116,15 +114,15 @@ func TestClearDeadMount(t *testing.T) {
 	})
 	t.Run("hung mount of ours", func(t *testing.T) {
 		dir := t.TempDir()
-		root := &hungRoot{release: make(chan struct{})}
+		root := &testfuse.StuckRoot{Release: make(chan struct{})}
 		srv, err := fusefs.Mount(dir, root, &fusefs.Options{MountOptions: fuse.MountOptions{DirectMountStrict: true, Name: fsName}})
 		if err != nil {
 			t.Fatal(err)
 		}
 		conn := testfuse.Record(t, dir)
-		root.hang.Store(true)
+		root.Hang.Store(true)
 		defer func() {
-			close(root.release) // lets the abandoned probe return, and the server end
+			close(root.Release) // lets the abandoned probe return, and the server end
 			conn.WaitEnd(t, srv.Wait)
 		}()
 		defer func(d time.Duration) { probeTimeout = d }(probeTimeout)
@@ -174,18 +172,4 @@ func TestClearDeadMount(t *testing.T) {
 			t.Error("the tmpfs was removed")
 		}
 	})
-}
-
-// hungRoot is the root of a server that stops answering statfs once hang is set.
-type hungRoot struct {
-	fusefs.Inode
-	hang    atomic.Bool
-	release chan struct{}
-}
-
-func (r *hungRoot) Statfs(ctx context.Context, out *fuse.StatfsOut) syscall.Errno {
-	if r.hang.Load() {
-		<-r.release
-	}
-	return 0
 }

@@ -10,11 +10,28 @@
 //     content read through Layer.ReadFile or, when the layer has the file locally, served by
 //     the kernel itself through FUSE passthrough;
 //   - the one place where Go errors become errnos (errno.go): errors wrapping
-//     io/fs.ErrNotExist answer ENOENT, context.Canceled answers EINTR, everything else EIO.
+//     io/fs.ErrNotExist answer ENOENT (ESTALE for a layer the kernel already holds a node
+//     of), context.Canceled answers EINTR, everything else EIO.
 //
 // It does not own the network, the layer formats, verification or any caching policy: it
 // translates FUSE calls into calls on a [Store] and its [Layer]s, passing the request's
 // context along, and nothing more.
+//
+// # Concurrency
+//
+// go-fuse calls the handlers from many goroutines at once, one per request in flight, so
+// they are safe for concurrent use, and the [Store] and [Layer]s given must be too. What
+// requests share, and its locks, in the order they may be taken:
+//
+//   - the passthrough state (the inodes with open files, their backing IDs): ptMu, held
+//     across Layer.Backing and the kernel's registration of the backing file;
+//   - the numbering (reference directories, blocks, the runtime's uses): mu, a RWMutex, held
+//     while a new number is appended to the session table, whose own lock is taken last;
+//   - the stop gate (requests held while the server stops): gateMu, taken alone.
+//
+// No other lock is held across a call into the Store or a Layer: lookups, reads, use and
+// release run unlocked. Each block holds its layer in an atomic pointer. [Server]'s methods
+// may be called from any goroutine.
 //
 // # Mounting and sessions
 //

@@ -294,13 +294,7 @@ func layerPath(mnt, ref string, key digest.Digest, elem ...string) string {
 func mountTest(t *testing.T, store Store, opts Options) (string, *Server) {
 	t.Helper()
 	testfuse.Require(t)
-	mnt := t.TempDir()
-	// Let other users reach the mount (t.TempDir makes 0700 directories).
-	for _, d := range []string{filepath.Dir(mnt), mnt} {
-		if err := os.Chmod(d, 0o755); err != nil {
-			t.Fatal(err)
-		}
-	}
+	mnt := testfuse.OpenTempDir(t) // other users reach the mount
 	srv, err := Mount(mnt, store, opts)
 	if err != nil {
 		t.Fatalf("Mount: %v", err)
@@ -327,6 +321,28 @@ func mountTest(t *testing.T, store Store, opts Options) (string, *Server) {
 	return mnt, srv
 }
 
+// mountedLayer is a fresh mount whose store serves one layer under testRef by both of its keys.
+type mountedLayer struct {
+	store *testStore
+	mnt   string
+	srv   *Server
+	l     *testLayer
+}
+
+// mountLayer mounts, with opts, a store serving l under testRef (mountTest).
+func mountLayer(t *testing.T, l *testLayer, opts Options) mountedLayer {
+	t.Helper()
+	store := newTestStore()
+	store.add(testRef, l)
+	mnt, srv := mountTest(t, store, opts)
+	return mountedLayer{store: store, mnt: mnt, srv: srv, l: l}
+}
+
+// path returns the path of elem... in the layer's directory of testRef by its TOC key.
+func (m mountedLayer) path(elem ...string) string {
+	return layerPath(m.mnt, testRef, m.l.tocKey, elem...)
+}
+
 // errnoOf extracts the errno of an error from the os package.
 func errnoOf(err error) syscall.Errno {
 	var e syscall.Errno
@@ -342,4 +358,10 @@ func wantErrno(t *testing.T, what string, err error, want syscall.Errno) {
 	if got := errnoOf(err); got != want {
 		t.Errorf("%s: got error %v (%d), want %v", what, err, got, want)
 	}
+}
+
+// defaultOptions are the options the daemon runs with as root: passthrough, one hour timeouts
+// for the immutable tree, no logging.
+func defaultOptions() Options {
+	return Options{EntryTimeout: DefaultEntryTimeout, AttrTimeout: DefaultAttrTimeout, Passthrough: true}
 }

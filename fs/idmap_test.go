@@ -43,17 +43,15 @@ func TestIDsShowOwners(t *testing.T) {
 	testfuse.Require(t)
 	f := fixture(t, "estargz")
 	l := newTestLayer(t, f)
-	store := newTestStore()
-	store.add(testRef, l)
-	m := &IDMap{UIDs: []IDRange{{0, 1500, 1}, {1, 300000, 65536}}, GIDs: []IDRange{{0, 1600, 1}, {1, 400000, 65536}}}
-	opts := DefaultOptions()
-	opts.IDs = m
-	mnt, _ := mountTest(t, store, opts)
+	ids := &IDMap{UIDs: []IDRange{{0, 1500, 1}, {1, 300000, 65536}}, GIDs: []IDRange{{0, 1600, 1}, {1, 400000, 65536}}}
+	opts := defaultOptions()
+	opts.IDs = ids
+	m := mountLayer(t, l, opts)
 	ref, err := testlayer.ReferenceTree(testlayer.Tar())
 	if err != nil {
 		t.Fatal(err)
 	}
-	diff := layerPath(mnt, testRef, l.tocKey, "diff")
+	diff := m.path("diff")
 	checked := 0
 	for name, n := range ref {
 		if name == "" || n.Type == "char" {
@@ -63,8 +61,8 @@ func TestIDsShowOwners(t *testing.T) {
 		if err := syscall.Lstat(filepath.Join(diff, name), &st); err != nil {
 			continue // not every reference path is in every fixture's tree
 		}
-		if st.Uid != mapID(m.UIDs, n.UID) || st.Gid != mapID(m.GIDs, n.GID) {
-			t.Errorf("%s: owner %d:%d, want %d:%d (layer's %d:%d)", name, st.Uid, st.Gid, mapID(m.UIDs, n.UID), mapID(m.GIDs, n.GID), n.UID, n.GID)
+		if st.Uid != mapID(ids.UIDs, n.UID) || st.Gid != mapID(ids.GIDs, n.GID) {
+			t.Errorf("%s: owner %d:%d, want %d:%d (layer's %d:%d)", name, st.Uid, st.Gid, mapID(ids.UIDs, n.UID), mapID(ids.GIDs, n.GID), n.UID, n.GID)
 		}
 		checked++
 	}
@@ -72,7 +70,7 @@ func TestIDsShowOwners(t *testing.T) {
 		t.Fatalf("%d entries checked", checked)
 	}
 	var st syscall.Stat_t
-	if err := syscall.Stat(layerPath(mnt, testRef, l.tocKey), &st); err != nil || st.Uid != uint32(os.Geteuid()) {
+	if err := syscall.Stat(m.path(), &st); err != nil || st.Uid != uint32(os.Geteuid()) {
 		t.Errorf("layer directory owned by %d (%v), want the daemon's user", st.Uid, err)
 	}
 }

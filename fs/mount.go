@@ -26,8 +26,8 @@ const SuperMagic = 0x65735546
 // fsName is the filesystem name and subtype of the mount ("layerstore", "fuse.layerstore").
 const fsName = "layerstore"
 
-// Options configure Mount. Start from DefaultOptions: the zero Options is valid, but leaves
-// Passthrough off. Zero durations and a nil Logger take their defaults.
+// Options configure Mount. Zero durations and a nil Logger take their defaults; the zero
+// Options serves without passthrough.
 type Options struct {
 	// Logger receives the causes of EIO answers (warn) and mount events (info). The default
 	// discards everything.
@@ -42,7 +42,7 @@ type Options struct {
 	AttrTimeout time.Duration
 	// Passthrough lets the kernel read files that a layer holds locally (Layer.Backing)
 	// straight from the backing file (FUSE passthrough, Linux >= 6.9). Kernels without it are
-	// detected at mount and served through the daemon. On in DefaultOptions.
+	// detected at mount and served through the daemon.
 	Passthrough bool
 	// Debug logs every FUSE request and answer at debug level.
 	Debug bool
@@ -64,16 +64,6 @@ const (
 	DefaultEntryTimeout = time.Hour
 	DefaultAttrTimeout  = time.Hour
 )
-
-// DefaultOptions returns the options the daemon runs with: passthrough, one hour timeouts
-// for the immutable tree, no logging.
-func DefaultOptions() Options {
-	return Options{
-		EntryTimeout: DefaultEntryTimeout,
-		AttrTimeout:  DefaultAttrTimeout,
-		Passthrough:  true,
-	}
-}
 
 func (o Options) withDefaults() (Options, error) {
 	if o.EntryTimeout < 0 || o.AttrTimeout < 0 {

@@ -5,7 +5,6 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
-	iofs "io/fs"
 	"log/slog"
 	"maps"
 	"os"
@@ -358,11 +357,8 @@ func (fsys *filesystem) layerOf(ctx context.Context, b *block) (Layer, syscall.E
 		err = errors.New("store returned no layer")
 	}
 	switch {
-	case errors.Is(err, iofs.ErrNotExist):
-		fsys.log.Warn("answering ESTALE: a layer the kernel knows is no longer served", "ref", b.ref, "key", b.key, "err", err)
-		return nil, syscall.ESTALE
 	case err != nil:
-		return nil, errno(fsys.eio, err, "lookup", "ref", b.ref, "key", b.key)
+		return nil, staleErrno(fsys.eio, err, "lookup", "ref", b.ref, "key", b.key)
 	case l.Index().Identity() != b.ident:
 		fsys.log.Warn("answering ESTALE: the layer the kernel knows changed since its lookup", "ref", b.ref, "key", b.key)
 		return nil, syscall.ESTALE
@@ -417,22 +413,30 @@ func privileged(c *fuse.Caller) bool { return c.Uid == daemonUID }
 // daemonUID is the daemon's user: the only one the store serves.
 var daemonUID = uint32(os.Geteuid())
 
-// gate admits a request: it returns the function that ends it. Once Stop was called it holds
-// the request instead, unanswered (the next process of the session gets it again), until the
-// mount goes.
-func (fsys *filesystem) gate() func() {
+// admit admits a request, which ends with its done. Once Stop was called it holds the request
+// instead, unanswered (the next process of the session gets it again), until the mount goes.
+func (fsys *filesystem) admit() admitted {
 	fsys.gateMu.Lock()
 	if fsys.stopping {
 		fsys.gateMu.Unlock()
 		<-fsys.held
-		return func() {}
+		return admitted{}
 	}
 	fsys.active++
 	fsys.gateMu.Unlock()
-	return fsys.leave
+	return admitted{fsys}
 }
 
-func (fsys *filesystem) leave() {
+// admitted is a request admit let through; the zero value (a request held until the mount
+// went) has nothing to end.
+type admitted struct{ fsys *filesystem }
+
+// done ends the request: the last one ends a Stop's wait.
+func (a admitted) done() {
+	if a.fsys == nil {
+		return
+	}
+	fsys := a.fsys
 	fsys.gateMu.Lock()
 	defer fsys.gateMu.Unlock()
 	fsys.active--

@@ -23,35 +23,33 @@ const testRef = "127.0.0.1:5000/test:modern-zstdchunked"
 // and by its blob digest (older runtimes), each with its own info, and that diff, info and
 // blob exist with exact sizes.
 func TestLookupByBothKeys(t *testing.T) {
-	store := newTestStore()
 	l := newTestLayer(t, fixture(t, "zstdchunked-modern"))
-	store.add(testRef, l)
-	mnt, _ := mountTest(t, store, DefaultOptions())
+	m := mountLayer(t, l, defaultOptions())
 	for _, key := range []digest.Digest{l.tocKey, l.blobKey} {
 		for _, elem := range []string{"diff", "info", "blob"} {
-			if _, err := os.Stat(layerPath(mnt, testRef, key, elem)); err != nil {
+			if _, err := os.Stat(layerPath(m.mnt, testRef, key, elem)); err != nil {
 				t.Errorf("stat %s of %s: %v", elem, key, err)
 			}
 		}
-		info, err := os.ReadFile(layerPath(mnt, testRef, key, "info"))
+		info, err := os.ReadFile(layerPath(m.mnt, testRef, key, "info"))
 		if err != nil {
 			t.Fatal(err)
 		}
 		if want := l.Info(key); !bytes.Equal(info, want) {
 			t.Errorf("info of %s = %s, want %s", key, info, want)
 		}
-		fi, err := os.Stat(layerPath(mnt, testRef, key, "info"))
+		fi, err := os.Stat(layerPath(m.mnt, testRef, key, "info"))
 		if err != nil || fi.Size() != int64(len(info)) || fi.Mode() != 0o444 {
 			t.Errorf("stat info of %s = %v, %v; want a 0444 file of %d bytes", key, fi, err, len(info))
 		}
-		blob, err := os.ReadFile(layerPath(mnt, testRef, key, "blob"))
+		blob, err := os.ReadFile(layerPath(m.mnt, testRef, key, "blob"))
 		if err != nil {
 			t.Fatal(err)
 		}
 		if !bytes.Equal(blob, l.fixture.Blob) {
 			t.Errorf("blob of %s differs from the layer blob (%d bytes, want %d)", key, len(blob), len(l.fixture.Blob))
 		}
-		fi, err = os.Stat(layerPath(mnt, testRef, key, "blob"))
+		fi, err = os.Stat(layerPath(m.mnt, testRef, key, "blob"))
 		if err != nil || fi.Size() != int64(len(l.fixture.Blob)) {
 			t.Errorf("stat blob of %s = %v, %v; want %d bytes", key, fi, err, len(l.fixture.Blob))
 		}
@@ -65,7 +63,7 @@ func TestLookupByBothKeys(t *testing.T) {
 // layer key answer ENOENT without asking the store.
 func TestInvalidNamesDoNotReachTheStore(t *testing.T) {
 	store := newTestStore()
-	mnt, _ := mountTest(t, store, DefaultOptions())
+	mnt, _ := mountTest(t, store, defaultOptions())
 	hex := strings.Repeat("ab", 32)
 	refDir := refDirName(testRef)
 	for _, p := range []string{
@@ -107,51 +105,47 @@ func TestInvalidNamesDoNotReachTheStore(t *testing.T) {
 // TestStoreErrors checks the errno mapping of Store.Lookup errors and that no failure is
 // remembered by the kernel.
 func TestStoreErrors(t *testing.T) {
-	store := newTestStore()
 	l := newTestLayer(t, fixture(t, "estargz"))
-	store.add(testRef, l)
-	mnt, _ := mountTest(t, store, DefaultOptions())
-	diff := layerPath(mnt, testRef, l.tocKey, "diff")
+	m := mountLayer(t, l, defaultOptions())
+	diff := m.path("diff")
 
-	store.setErr(l.tocKey, fmt.Errorf("resolving: %w", iofs.ErrNotExist))
+	m.store.setErr(l.tocKey, fmt.Errorf("resolving: %w", iofs.ErrNotExist))
 	_, err := os.Stat(diff)
 	wantErrno(t, "stat with ErrNotExist", err, syscall.ENOENT)
 
-	store.setErr(l.tocKey, errors.New("registry said 500"))
+	m.store.setErr(l.tocKey, errors.New("registry said 500"))
 	_, err = os.Stat(diff)
 	wantErrno(t, "stat with a registry error", err, syscall.EIO)
 
-	store.setErr(l.tocKey, nil)
+	m.store.setErr(l.tocKey, nil)
 	if _, err := os.Stat(diff); err != nil {
 		t.Errorf("stat after the error cleared: %v (a failure was cached)", err)
 	}
-	if got := store.count(store.lookups, testRef, l.tocKey); got != 3 {
+	if got := m.store.count(m.store.lookups, testRef, l.tocKey); got != 3 {
 		t.Errorf("store saw %d lookups, want 3", got)
 	}
 	// Layer directories are never cached either, even once resolved.
 	for range 2 {
-		if _, err := os.Stat(layerPath(mnt, testRef, l.tocKey)); err != nil {
+		if _, err := os.Stat(m.path()); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if got := store.count(store.lookups, testRef, l.tocKey); got != 5 {
+	if got := m.store.count(m.store.lookups, testRef, l.tocKey); got != 5 {
 		t.Errorf("store saw %d lookups after two more stats of the layer dir, want 5", got)
 	}
 }
 
 // TestReadErrors checks that content and blob read failures answer EIO.
 func TestReadErrors(t *testing.T) {
-	store := newTestStore()
 	l := newTestLayer(t, fixture(t, "estargz"))
 	l.readErr = errors.New("chunk fetch failed")
-	store.add(testRef, l)
-	mnt, _ := mountTest(t, store, Options{})
-	_, err := os.ReadFile(layerPath(mnt, testRef, l.tocKey, "diff", "etc", "hostname"))
+	m := mountLayer(t, l, Options{})
+	_, err := os.ReadFile(m.path("diff", "etc", "hostname"))
 	wantErrno(t, "read a file", err, syscall.EIO)
-	_, err = os.ReadFile(layerPath(mnt, testRef, l.tocKey, "blob"))
+	_, err = os.ReadFile(m.path("blob"))
 	wantErrno(t, "read the blob", err, syscall.EIO)
 	// Metadata does not need content: it still works.
-	if _, err := os.Stat(layerPath(mnt, testRef, l.tocKey, "diff", "etc", "hostname")); err != nil {
+	if _, err := os.Stat(m.path("diff", "etc", "hostname")); err != nil {
 		t.Errorf("stat: %v", err)
 	}
 }
@@ -160,12 +154,10 @@ func TestReadErrors(t *testing.T) {
 // Store.Use and answers ENOENT without creating anything; every rmdir of the layer
 // directory reaches Store.Release and answers ENOENT.
 func TestUseAndRelease(t *testing.T) {
-	store := newTestStore()
 	l := newTestLayer(t, fixture(t, "zstdchunked-modern"))
-	store.add(testRef, l)
-	mnt, _ := mountTest(t, store, DefaultOptions())
+	m := mountLayer(t, l, defaultOptions())
 	for _, key := range []digest.Digest{l.tocKey, l.blobKey} {
-		use := layerPath(mnt, testRef, key, "use")
+		use := layerPath(m.mnt, testRef, key, "use")
 		_, err := os.Stat(use)
 		wantErrno(t, "stat use", err, syscall.ENOENT)
 		for i := 1; i <= 3; i++ {
@@ -174,56 +166,54 @@ func TestUseAndRelease(t *testing.T) {
 				_ = f.Close()
 			}
 			wantErrno(t, "create use", err, syscall.ENOENT)
-			if got := store.count(store.uses, testRef, key); got != i {
+			if got := m.store.count(m.store.uses, testRef, key); got != i {
 				t.Errorf("after %d creates of use, Store.Use was called %d times", i, got)
 			}
 		}
 		// os.Create is what c/storage calls.
 		_, err = os.Create(use)
 		wantErrno(t, "os.Create use", err, syscall.ENOENT)
-		if got := store.count(store.uses, testRef, key); got != 4 {
+		if got := m.store.count(m.store.uses, testRef, key); got != 4 {
 			t.Errorf("Store.Use called %d times, want 4", got)
 		}
 		_, err = os.Stat(use)
 		wantErrno(t, "stat use after creates", err, syscall.ENOENT)
 
 		for i := 1; i <= 3; i++ {
-			err := syscall.Rmdir(layerPath(mnt, testRef, key))
+			err := syscall.Rmdir(layerPath(m.mnt, testRef, key))
 			wantErrno(t, "rmdir layer dir", err, syscall.ENOENT)
-			if got := store.count(store.releases, testRef, key); got != i {
+			if got := m.store.count(m.store.releases, testRef, key); got != i {
 				t.Errorf("after %d rmdirs, Store.Release was called %d times", i, got)
 			}
 		}
 		// os.RemoveAll is what c/storage calls on layer removal; it must not loop or fail.
-		err = os.Remove(layerPath(mnt, testRef, key))
+		err = os.Remove(layerPath(m.mnt, testRef, key))
 		wantErrno(t, "os.Remove layer dir", err, syscall.ENOENT)
-		if got := store.count(store.releases, testRef, key); got != 4 {
+		if got := m.store.count(m.store.releases, testRef, key); got != 4 {
 			t.Errorf("Store.Release called %d times, want 4", got)
 		}
 		// The layer is still served: counts are the store's business.
-		if _, err := os.Stat(layerPath(mnt, testRef, key, "diff")); err != nil {
+		if _, err := os.Stat(layerPath(m.mnt, testRef, key, "diff")); err != nil {
 			t.Errorf("stat diff after release: %v", err)
 		}
 	}
 	// Creating anything else in a layer directory is refused.
-	_, err := os.Create(layerPath(mnt, testRef, l.tocKey, "other"))
+	_, err := os.Create(m.path("other"))
 	wantErrno(t, "create other", err, syscall.EROFS)
 }
 
 // TestReaddir checks the listings of the namespace directories.
 func TestReaddir(t *testing.T) {
-	store := newTestStore()
 	l := newTestLayer(t, fixture(t, "estargz"))
-	store.add(testRef, l)
-	mnt, _ := mountTest(t, store, DefaultOptions())
+	m := mountLayer(t, l, defaultOptions())
 	for _, c := range []struct {
 		dir  string
 		want []string
 	}{
-		{mnt, nil},
-		{filepath.Join(mnt, refDirName(testRef)), nil},
-		{layerPath(mnt, testRef, l.tocKey), []string{"blob", "diff", "info"}},
-		{layerPath(mnt, testRef, l.tocKey, "diff", "etc"), []string{"empty", "empty-link", "hostname", "hostname-link", "loop0", "null", "removed"}},
+		{m.mnt, nil},
+		{filepath.Join(m.mnt, refDirName(testRef)), nil},
+		{m.path(), []string{"blob", "diff", "info"}},
+		{m.path("diff", "etc"), []string{"empty", "empty-link", "hostname", "hostname-link", "loop0", "null", "removed"}},
 	} {
 		des, err := os.ReadDir(c.dir)
 		if err != nil {
@@ -244,22 +234,20 @@ func TestReaddir(t *testing.T) {
 // and that two paths to one layer get different numbers (the kernel allows a directory
 // inode a single path).
 func TestInodeNumbers(t *testing.T) {
-	store := newTestStore()
 	l := newTestLayer(t, fixture(t, "estargz"))
-	store.add(testRef, l)
-	store.add("docker.io/library/other:latest", l)
-	mnt, srv := mountTest(t, store, DefaultOptions())
-	before := scanTree(t, layerPath(mnt, testRef, l.tocKey, "diff")).inos
-	diff := layerPath(mnt, testRef, l.tocKey, "diff")
-	known := forgetAll(t, srv, diff, before)
-	after := scanTree(t, layerPath(mnt, testRef, l.tocKey, "diff")).inos
+	m := mountLayer(t, l, defaultOptions())
+	m.store.add("docker.io/library/other:latest", l)
+	diff := m.path("diff")
+	before := scanTree(t, diff).inos
+	known := forgetAll(t, m.srv, diff, before)
+	after := scanTree(t, diff).inos
 	for p, ino := range before {
 		if after[p] != ino {
 			t.Errorf("%q: inode %d, was %d (after the kernel forgot %d inodes)", p, after[p], ino, known)
 		}
 	}
-	other := scanTree(t, layerPath(mnt, "docker.io/library/other:latest", l.tocKey, "diff")).inos
-	blobKey := scanTree(t, layerPath(mnt, testRef, l.blobKey, "diff")).inos
+	other := scanTree(t, layerPath(m.mnt, "docker.io/library/other:latest", l.tocKey, "diff")).inos
+	blobKey := scanTree(t, layerPath(m.mnt, testRef, l.blobKey, "diff")).inos
 	for p, ino := range before {
 		if other[p] == ino || blobKey[p] == ino {
 			t.Errorf("%q: inode %d shared between two paths to the layer", p, ino)
@@ -305,11 +293,9 @@ func forgetAll(t *testing.T, srv *Server, diff string, inos map[string]uint64) i
 // TestInfoFollowsTheLayer checks that info is not cached: when the layer's info changes
 // (a DiffID proven after the pull, say), stat and read show the new content at once.
 func TestInfoFollowsTheLayer(t *testing.T) {
-	store := newTestStore()
 	l := newTestLayer(t, fixture(t, "zstdchunked-modern"))
-	store.add(testRef, l)
-	mnt, _ := mountTest(t, store, DefaultOptions())
-	info := layerPath(mnt, testRef, l.tocKey, "info")
+	m := mountLayer(t, l, defaultOptions())
+	info := m.path("info")
 	// Changes of the same size too: the kernel's own invalidation on a size change would
 	// hide cached pages otherwise.
 	digestA := `,"diff-digest":"` + l.fixture.DiffID.String() + `"`
@@ -334,14 +320,12 @@ func TestInfoFollowsTheLayer(t *testing.T) {
 // number and serves its own reference only: go-fuse and the kernel identify nodes by
 // number, so two names sharing one would serve one reference under the other's name.
 func TestReferenceInodeNumbers(t *testing.T) {
-	store := newTestStore()
 	l := newTestLayer(t, fixture(t, "estargz"))
 	refs := []string{testRef, "docker.io/library/a:1", "docker.io/library/b:1", "quay.io/x/y@sha256:" + strings.Repeat("12", 32)}
-	store.add(refs[0], l)
-	mnt, _ := mountTest(t, store, DefaultOptions())
+	m := mountLayer(t, l, defaultOptions())
 	seen := map[uint64]string{}
 	for _, ref := range refs {
-		fi, err := os.Stat(filepath.Join(mnt, refDirName(ref)))
+		fi, err := os.Stat(filepath.Join(m.mnt, refDirName(ref)))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -355,9 +339,9 @@ func TestReferenceInodeNumbers(t *testing.T) {
 		}
 	}
 	for _, ref := range refs[1:] {
-		_, err := os.Stat(layerPath(mnt, ref, l.tocKey, "diff"))
+		_, err := os.Stat(layerPath(m.mnt, ref, l.tocKey, "diff"))
 		wantErrno(t, "stat a layer of "+ref+" served only for "+refs[0], err, syscall.ENOENT)
-		if n := store.count(store.lookups, ref, l.tocKey); n != 1 {
+		if n := m.store.count(m.store.lookups, ref, l.tocKey); n != 1 {
 			t.Errorf("the store saw %d lookups of %s, want 1", n, ref)
 		}
 	}

@@ -22,24 +22,32 @@ func backedLayer(t *testing.T) (*testLayer, chunked.EntryID, []byte) {
 	if !ok {
 		t.Fatalf("no %s in the layer", backedFile)
 	}
-	var content []byte
-	for _, e := range testlayer.Entries() {
-		if e.Header.Name == backedFile {
-			content = e.Data
-		}
-	}
-	// t.TempDir is on the root filesystem here, not a stacked one, as passthrough needs.
-	name := filepath.Join(t.TempDir(), "big.bin")
-	if err := os.WriteFile(name, content, 0o600); err != nil {
-		t.Fatal(err)
-	}
+	name, content := localCopy(t, backedFile)
 	l.backing[id] = name
 	return l, id, content
 }
 
-func readBacked(t *testing.T, mnt string, l *testLayer, want []byte) {
+// localCopy writes the content of the fixtures' file name to a new local file, a backing file
+// for passthrough, and returns its path and the content.
+func localCopy(t *testing.T, name string) (string, []byte) {
 	t.Helper()
-	got, err := os.ReadFile(layerPath(mnt, testRef, l.tocKey, "diff", backedFile))
+	var content []byte
+	for _, e := range testlayer.Entries() {
+		if e.Header.Name == name {
+			content = e.Data
+		}
+	}
+	// t.TempDir is on the root filesystem here, not a stacked one, as passthrough needs.
+	local := filepath.Join(t.TempDir(), filepath.Base(name))
+	if err := os.WriteFile(local, content, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return local, content
+}
+
+func readBacked(t *testing.T, m mountedLayer, want []byte) {
+	t.Helper()
+	got, err := os.ReadFile(m.path("diff", backedFile))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -52,13 +60,11 @@ func readBacked(t *testing.T, mnt string, l *testLayer, want []byte) {
 // the backing file, never through Layer.ReadFile.
 func TestPassthrough(t *testing.T) {
 	l, id, content := backedLayer(t)
-	store := newTestStore()
-	store.add(testRef, l)
-	mnt, srv := mountTest(t, store, DefaultOptions())
-	if !srv.passthroughOn() {
+	m := mountLayer(t, l, defaultOptions())
+	if !m.srv.passthroughOn() {
 		t.Skip("skipping: the kernel did not grant FUSE passthrough (needs Linux >= 6.9 with CONFIG_FUSE_PASSTHROUGH)")
 	}
-	readBacked(t, mnt, l, content)
+	readBacked(t, m, content)
 	if n := l.calls(l.backings, id); n == 0 {
 		t.Errorf("Backing was never asked for %s", backedFile)
 	}
@@ -66,7 +72,7 @@ func TestPassthrough(t *testing.T) {
 		t.Errorf("ReadFile was called %d times for a passthrough file", n)
 	}
 	// Files without a backing file still read through the daemon.
-	if _, err := os.ReadFile(layerPath(mnt, testRef, l.tocKey, "diff", "usr", "share", "sparse.img")); err != nil {
+	if _, err := os.ReadFile(m.path("diff", "usr", "share", "sparse.img")); err != nil {
 		t.Fatal(err)
 	}
 	other, _ := l.Index().LookupPath("usr/share/sparse.img")
@@ -79,15 +85,13 @@ func TestPassthrough(t *testing.T) {
 // asked for backing files and reads go through ReadFile.
 func TestPassthroughDisabled(t *testing.T) {
 	l, id, content := backedLayer(t)
-	store := newTestStore()
-	store.add(testRef, l)
-	opts := DefaultOptions()
+	opts := defaultOptions()
 	opts.Passthrough = false
-	mnt, srv := mountTest(t, store, opts)
-	if srv.passthroughOn() {
+	m := mountLayer(t, l, opts)
+	if m.srv.passthroughOn() {
 		t.Fatal("passthrough on although Options disabled it")
 	}
-	readBacked(t, mnt, l, content)
+	readBacked(t, m, content)
 	if n := l.calls(l.backings, id); n != 0 {
 		t.Errorf("Backing was asked %d times with passthrough disabled", n)
 	}
@@ -101,13 +105,11 @@ func TestPassthroughDisabled(t *testing.T) {
 // registration fails, and the handle must serve reads itself and close the backing file.
 func TestPassthroughRefusedByKernel(t *testing.T) {
 	l, id, content := backedLayer(t)
-	store := newTestStore()
-	store.add(testRef, l)
-	opts := DefaultOptions()
+	opts := defaultOptions()
 	opts.Passthrough = false
 	opts.forceBackingFiles = true
-	mnt, _ := mountTest(t, store, opts)
-	readBacked(t, mnt, l, content)
+	m := mountLayer(t, l, opts)
+	readBacked(t, m, content)
 	if n := l.calls(l.backings, id); n == 0 {
 		t.Fatal("Backing was never asked: the test does not exercise the fallback")
 	}
@@ -134,13 +136,11 @@ func TestPassthroughWhileOpenThroughDaemon(t *testing.T) {
 	local := l.backing[id]
 	delete(l.backing, id) // not local yet
 	l.mu.Unlock()
-	store := newTestStore()
-	store.add(testRef, l)
-	mnt, srv := mountTest(t, store, DefaultOptions())
-	if !srv.passthroughOn() {
+	m := mountLayer(t, l, defaultOptions())
+	if !m.srv.passthroughOn() {
 		t.Skip("skipping: the kernel did not grant FUSE passthrough (needs Linux >= 6.9 with CONFIG_FUSE_PASSTHROUGH)")
 	}
-	path := layerPath(mnt, testRef, l.tocKey, "diff", backedFile)
+	path := m.path("diff", backedFile)
 	early, err := os.Open(path)
 	if err != nil {
 		t.Fatal(err)
@@ -153,7 +153,7 @@ func TestPassthroughWhileOpenThroughDaemon(t *testing.T) {
 	l.mu.Lock()
 	l.backing[id] = local // the background fetch completed the file
 	l.mu.Unlock()
-	readBacked(t, mnt, l, content) // EIO if offered for passthrough
+	readBacked(t, m, content) // EIO if offered for passthrough
 	if n := l.calls(l.reads, id); n == 0 {
 		t.Fatal("no read went through the daemon")
 	}
@@ -165,7 +165,7 @@ func TestPassthroughWhileOpenThroughDaemon(t *testing.T) {
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		reads := l.calls(l.reads, id)
-		readBacked(t, mnt, l, content)
+		readBacked(t, m, content)
 		if l.calls(l.reads, id) == reads {
 			break // served by passthrough
 		}

@@ -119,7 +119,7 @@ func ctxOf(h *fuse.InHeader, cancel <-chan struct{}) *fuse.Context {
 }
 
 func (r *rawFS) Lookup(cancel <-chan struct{}, h *fuse.InHeader, name string, out *fuse.EntryOut) fuse.Status {
-	defer r.fsys.gate()()
+	defer r.fsys.admit().done()
 	c := ctxOf(h, cancel)
 	n, st := r.node(c, h.NodeId)
 	if !st.Ok() {
@@ -243,7 +243,7 @@ func (r *rawFS) lookupInLayer(n *node, name string, out *fuse.EntryOut) fuse.Sta
 }
 
 func (r *rawFS) GetAttr(cancel <-chan struct{}, in *fuse.GetAttrIn, out *fuse.AttrOut) fuse.Status {
-	defer r.fsys.gate()()
+	defer r.fsys.admit().done()
 	n, st := r.node(ctxOf(&in.InHeader, cancel), in.NodeId)
 	if !st.Ok() {
 		return st
@@ -271,7 +271,7 @@ func (r *rawFS) GetAttr(cancel <-chan struct{}, in *fuse.GetAttrIn, out *fuse.At
 
 // Readlink returns a symlink's target verbatim.
 func (r *rawFS) Readlink(cancel <-chan struct{}, h *fuse.InHeader) ([]byte, fuse.Status) {
-	defer r.fsys.gate()()
+	defer r.fsys.admit().done()
 	n, st := r.node(ctxOf(h, cancel), h.NodeId)
 	if !st.Ok() {
 		return nil, st
@@ -285,7 +285,7 @@ func (r *rawFS) Readlink(cancel <-chan struct{}, h *fuse.InHeader) ([]byte, fuse
 // GetXAttr answers the size and ERANGE when dest is too small (the size query of an empty
 // dest included), ENODATA for a missing attribute.
 func (r *rawFS) GetXAttr(cancel <-chan struct{}, h *fuse.InHeader, attr string, dest []byte) (uint32, fuse.Status) {
-	defer r.fsys.gate()()
+	defer r.fsys.admit().done()
 	n, st := r.node(ctxOf(h, cancel), h.NodeId)
 	if !st.Ok() {
 		return 0, st
@@ -306,7 +306,7 @@ func (r *rawFS) GetXAttr(cancel <-chan struct{}, h *fuse.InHeader, attr string, 
 // ListXAttr writes the NUL-terminated names, or returns the size and ERANGE when dest is
 // too small.
 func (r *rawFS) ListXAttr(cancel <-chan struct{}, h *fuse.InHeader, dest []byte) (uint32, fuse.Status) {
-	defer r.fsys.gate()()
+	defer r.fsys.admit().done()
 	n, st := r.node(ctxOf(h, cancel), h.NodeId)
 	if !st.Ok() {
 		return 0, st
@@ -331,7 +331,7 @@ func (r *rawFS) ListXAttr(cancel <-chan struct{}, h *fuse.InHeader, dest []byte)
 // it. Reads are not checked: the pages of a file mapped by a container's process are read
 // with that process's credentials.
 func (r *rawFS) Open(cancel <-chan struct{}, in *fuse.OpenIn, out *fuse.OpenOut) fuse.Status {
-	defer r.fsys.gate()()
+	defer r.fsys.admit().done()
 	c := ctxOf(&in.InHeader, cancel)
 	n, st := r.node(c, in.NodeId)
 	if !st.Ok() {
@@ -372,7 +372,7 @@ func (r *rawFS) Open(cancel <-chan struct{}, in *fuse.OpenIn, out *fuse.OpenOut)
 const fmodeExec = 0x20
 
 func (r *rawFS) Read(cancel <-chan struct{}, in *fuse.ReadIn, buf []byte) (fuse.ReadResult, fuse.Status) {
-	defer r.fsys.gate()()
+	defer r.fsys.admit().done()
 	c := ctxOf(&in.InHeader, cancel)
 	n, st := r.node(c, in.NodeId)
 	if !st.Ok() {
@@ -414,7 +414,7 @@ func (r *rawFS) Read(cancel <-chan struct{}, in *fuse.ReadIn, buf []byte) (fuse.
 }
 
 func (r *rawFS) Release(cancel <-chan struct{}, in *fuse.ReleaseIn) {
-	defer r.fsys.gate()()
+	defer r.fsys.admit().done()
 	if in.NodeId < firstRefIno && in.NodeId&(1<<blockShift-1) >= inoEntries {
 		r.fsys.releaseFile(in.NodeId, in.Fh)
 	}
@@ -426,7 +426,7 @@ func (r *rawFS) Release(cancel <-chan struct{}, in *fuse.ReleaseIn) {
 // changes, so the kernel also keeps the listing itself (FOPEN_CACHE_DIR): listing it again
 // reads the kernel's copy.
 func (r *rawFS) OpenDir(cancel <-chan struct{}, in *fuse.OpenIn, out *fuse.OpenOut) fuse.Status {
-	defer r.fsys.gate()()
+	defer r.fsys.admit().done()
 	n, st := r.node(ctxOf(&in.InHeader, cancel), in.NodeId)
 	if !st.Ok() {
 		return st
@@ -453,7 +453,7 @@ func (r *rawFS) ReadDirPlus(cancel <-chan struct{}, in *fuse.ReadIn, out *fuse.D
 // offset a listing gave resumes it, in this process or the next. The root and the reference
 // directories list nothing (their entries are found by lookup only).
 func (r *rawFS) readDir(cancel <-chan struct{}, in *fuse.ReadIn, out *fuse.DirEntryList, plus bool) fuse.Status {
-	defer r.fsys.gate()()
+	defer r.fsys.admit().done()
 	n, st := r.node(ctxOf(&in.InHeader, cancel), in.NodeId)
 	if !st.Ok() {
 		return st
@@ -515,7 +515,7 @@ func (r *rawFS) ReleaseDir(*fuse.ReleaseIn) {}
 // counts one user more, and the answer is ENOENT (a store where the create succeeds is one
 // without GC support).
 func (r *rawFS) Create(cancel <-chan struct{}, in *fuse.CreateIn, name string, _ *fuse.CreateOut) fuse.Status {
-	defer r.fsys.gate()()
+	defer r.fsys.admit().done()
 	c := ctxOf(&in.InHeader, cancel)
 	if in.NodeId >= firstRefIno || in.NodeId&(1<<blockShift-1) != inoLayerDir {
 		return fuse.EROFS
@@ -538,7 +538,7 @@ func (r *rawFS) Create(cancel <-chan struct{}, in *fuse.CreateIn, name string, _
 // Rmdir of a layer directory is how the runtime drops its use of a layer: the Store counts
 // one user less, and the answer is ENOENT, as the contract asks.
 func (r *rawFS) Rmdir(cancel <-chan struct{}, h *fuse.InHeader, name string) fuse.Status {
-	defer r.fsys.gate()()
+	defer r.fsys.admit().done()
 	if h.NodeId < firstRefIno {
 		return fuse.EROFS
 	}

@@ -20,11 +20,9 @@ import (
 // TestReadOnly checks that every modification answers EROFS, in the diff tree and in the
 // namespace around it.
 func TestReadOnly(t *testing.T) {
-	store := newTestStore()
 	l := newTestLayer(t, fixture(t, "estargz"))
-	store.add(testRef, l)
-	mnt, _ := mountTest(t, store, DefaultOptions())
-	diff := layerPath(mnt, testRef, l.tocKey, "diff")
+	m := mountLayer(t, l, defaultOptions())
+	diff := m.path("diff")
 	file := filepath.Join(diff, "etc", "hostname")
 	open := func(p string, flags int) error {
 		f, err := os.OpenFile(p, flags, 0o644)
@@ -63,16 +61,16 @@ func TestReadOnly(t *testing.T) {
 		{"truncate", func() error { return os.Truncate(file, 0) }},
 		{"setxattr", func() error { return unix.Setxattr(file, "user.new", []byte("v"), 0) }},
 		{"removexattr", func() error { return unix.Removexattr(filepath.Join(diff, "usr", "bin", "ping"), "user.comment") }},
-		{"mkdir in root", func() error { return os.Mkdir(filepath.Join(mnt, "x"), 0o755) }},
-		{"create in root", func() error { return open(filepath.Join(mnt, "x"), os.O_CREATE|os.O_WRONLY) }},
+		{"mkdir in root", func() error { return os.Mkdir(filepath.Join(m.mnt, "x"), 0o755) }},
+		{"create in root", func() error { return open(filepath.Join(m.mnt, "x"), os.O_CREATE|os.O_WRONLY) }},
 		{"mkdir in ref dir", func() error {
-			return os.Mkdir(filepath.Join(mnt, refDirName(testRef), "sha256:"+strings.Repeat("0", 64)), 0o755)
+			return os.Mkdir(filepath.Join(m.mnt, refDirName(testRef), "sha256:"+strings.Repeat("0", 64)), 0o755)
 		}},
-		{"create in ref dir", func() error { return open(filepath.Join(mnt, refDirName(testRef), "x"), os.O_CREATE|os.O_WRONLY) }},
-		{"write info", func() error { return os.WriteFile(layerPath(mnt, testRef, l.tocKey, "info"), []byte("{}"), 0o644) }},
-		{"unlink info", func() error { return os.Remove(layerPath(mnt, testRef, l.tocKey, "info")) }},
+		{"create in ref dir", func() error { return open(filepath.Join(m.mnt, refDirName(testRef), "x"), os.O_CREATE|os.O_WRONLY) }},
+		{"write info", func() error { return os.WriteFile(m.path("info"), []byte("{}"), 0o644) }},
+		{"unlink info", func() error { return os.Remove(m.path("info")) }},
 		{"rmdir diff", func() error { return syscall.Rmdir(diff) }},
-		{"chmod layer dir", func() error { return os.Chmod(layerPath(mnt, testRef, l.tocKey), 0o700) }},
+		{"chmod layer dir", func() error { return os.Chmod(m.path(), 0o700) }},
 	} {
 		wantErrno(t, c.what, c.op(), syscall.EROFS)
 	}
@@ -95,11 +93,9 @@ func TestReadOnly(t *testing.T) {
 // TestExecutingOnExecOpen: an open to execute a file (execve's, __FMODE_EXEC) tells the layer;
 // an open to read it does not.
 func TestExecutingOnExecOpen(t *testing.T) {
-	store := newTestStore()
 	l := newTestLayer(t, fixture(t, "estargz"))
-	store.add(testRef, l)
-	mnt, _ := mountTest(t, store, DefaultOptions())
-	diff := layerPath(mnt, testRef, l.tocKey, "diff")
+	m := mountLayer(t, l, defaultOptions())
+	diff := m.path("diff")
 	tool, _ := l.Index().LookupPath("usr/bin/tool")
 	b, err := os.ReadFile(filepath.Join(diff, "usr", "bin", "group-tool"))
 	if err != nil || len(b) == 0 {

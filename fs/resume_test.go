@@ -21,6 +21,7 @@ import (
 	"github.com/layerstore/layerstore/chunked"
 	"github.com/layerstore/layerstore/internal/testutil/testfuse"
 	"github.com/layerstore/layerstore/internal/testutil/testlayer"
+	"github.com/layerstore/layerstore/internal/testutil/testproc"
 )
 
 // The resume test's children: "resume-first" mounts and hands its Session over the socket on
@@ -96,7 +97,7 @@ func (l *blockingLayer) ReadFile(ctx context.Context, id chunked.EntryID, p []by
 }
 
 func resumeOptions() Options {
-	opts := DefaultOptions()
+	opts := defaultOptions()
 	opts.Passthrough = os.Getenv(resumePTEnv) != "" // else every read reaches the daemon
 	return opts
 }
@@ -148,55 +149,30 @@ func resumeNext() error {
 	return err
 }
 
-// resumeChild starts the test binary as a child in role; it is killed at the end of the test,
-// and waited for with a bound (a child killed in the middle of a request to the mount cannot
-// exit before its answer; the test holds the session's descriptor).
+// resumeChild starts the test binary as a child in role serving mnt (testproc.Start).
 func resumeChild(t *testing.T, role, mnt string, env []string, files ...*os.File) *exec.Cmd {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(append(os.Environ(), helperEnv+"="+role, resumeMntEnv+"="+mnt), env...)
-	cmd.ExtraFiles = files
-	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
+	return testproc.Start(t, mnt, append([]string{helperEnv + "=" + role, resumeMntEnv + "=" + mnt}, env...), files...)
+}
+
+// receiveSession receives the session the first child sends on c. Whatever happens, the FUSE
+// connection at mnt ends with the test (a hung request would hang it), and then the session
+// and the files in *opened are closed.
+func receiveSession(t *testing.T, c *net.UnixConn, mnt string, opened *[]*os.File) (dev, state *os.File) {
+	t.Helper()
+	_, fds := testproc.Receive(t, c, 2, resumeWait)
+	dev, state = os.NewFile(uintptr(fds[0]), "dev"), os.NewFile(uintptr(fds[1]), "state")
+	watchdog := time.AfterFunc(4*time.Minute, func() { testfuse.Abort(mnt) })
 	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		exited := make(chan struct{})
-		go func() {
-			_ = cmd.Wait()
-			close(exited)
-		}()
-		testfuse.WaitExit(t, mnt, exited)
+		watchdog.Stop()
+		testfuse.Abort(mnt)
+		for _, f := range *opened {
+			f.Close()
+		}
+		dev.Close()
+		state.Close()
 	})
-	return cmd
-}
-
-func seqpacket(t *testing.T) (*net.UnixConn, *os.File) {
-	t.Helper()
-	fds, err := syscall.Socketpair(syscall.AF_UNIX, syscall.SOCK_SEQPACKET|syscall.SOCK_CLOEXEC, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	f := os.NewFile(uintptr(fds[0]), "test end")
-	c, err := net.FileConn(f)
-	f.Close()
-	if err != nil {
-		t.Fatal(err)
-	}
-	theirs := os.NewFile(uintptr(fds[1]), "child end")
-	t.Cleanup(func() { c.Close(); theirs.Close() })
-	return c.(*net.UnixConn), theirs
-}
-
-func expectMsg(t *testing.T, c *net.UnixConn, msg string) {
-	t.Helper()
-	_ = c.SetReadDeadline(time.Now().Add(resumeWait))
-	b := make([]byte, 16)
-	n, err := c.Read(b)
-	if err != nil || string(b[:n]) != msg {
-		t.Fatalf("waiting for %q from a child: got %q, %v", msg, b[:n], err)
-	}
+	return dev, state
 }
 
 // TestResumeAfterKillAndStop: a daemon killed with SIGKILL, and then one stopped gracefully,
@@ -213,47 +189,14 @@ func TestResumeAfterKillAndStop(t *testing.T) {
 	want := func(name string, off int64, n int) []byte {
 		return content[name][off:min(off+int64(n), int64(len(content[name])))]
 	}
-	mnt := t.TempDir()
-	for _, d := range []string{filepath.Dir(mnt), mnt} {
-		if err := os.Chmod(d, 0o755); err != nil {
-			t.Fatal(err)
-		}
-	}
+	mnt := testfuse.OpenTempDir(t)
 	l := newTestLayer(t, fixture(t, resumeFixture))
 	diff := layerPath(mnt, testRef, l.tocKey, "diff")
 
-	conn1, end1 := seqpacket(t)
+	conn1, end1 := testproc.Socketpair(t)
 	first := resumeChild(t, "resume-first", mnt, nil, end1)
-	_ = conn1.SetReadDeadline(time.Now().Add(resumeWait))
-	msg, oob := make([]byte, 16), make([]byte, unix.CmsgSpace(8))
-	_, oobn, _, _, err := conn1.ReadMsgUnix(msg, oob)
-	if err != nil {
-		t.Fatalf("receiving the session: %v", err)
-	}
-	scm, err := unix.ParseSocketControlMessage(oob[:oobn])
-	if err != nil || len(scm) != 1 {
-		t.Fatalf("control message: %v", err)
-	}
-	fds, err := unix.ParseUnixRights(&scm[0])
-	if err != nil || len(fds) != 2 {
-		t.Fatalf("rights: %v, %v", fds, err)
-	}
-	dev, state := os.NewFile(uintptr(fds[0]), "dev"), os.NewFile(uintptr(fds[1]), "state")
-	unix.CloseOnExec(fds[0])
-	unix.CloseOnExec(fds[1])
-
-	// Whatever happens, the connection ends with the test (a hung request would hang it).
 	var opened []*os.File
-	watchdog := time.AfterFunc(4*time.Minute, func() { testfuse.Abort(mnt) })
-	t.Cleanup(func() {
-		watchdog.Stop()
-		testfuse.Abort(mnt)
-		for _, f := range opened {
-			f.Close()
-		}
-		dev.Close()
-		state.Close()
-	})
+	dev, state := receiveSession(t, conn1, mnt, &opened)
 	open := func(p string) *os.File {
 		t.Helper()
 		f, err := os.Open(p)
@@ -322,31 +265,17 @@ func TestResumeAfterKillAndStop(t *testing.T) {
 		}
 		inflight <- err
 	}()
-	expectMsg(t, conn1, "B")
-	if err := first.Process.Kill(); err != nil {
-		t.Fatal(err)
-	}
-	_ = first.Wait()
-	select {
-	case err := <-inflight:
-		t.Fatalf("the read in flight returned before a server took over: %v", err)
-	case <-time.After(100 * time.Millisecond):
-	}
+	testproc.Expect(t, conn1, "B", resumeWait)
+	testproc.Kill(t, first)
+	testproc.Pending(t, "the read in flight", inflight)
 
 	// The second process resumes after the kill.
-	conn2, end2 := seqpacket(t)
+	conn2, end2 := testproc.Socketpair(t)
 	start := time.Now()
 	resumeChild(t, "resume-next", mnt, nil, dev, state, end2)
-	expectMsg(t, conn2, "R")
+	testproc.Expect(t, conn2, "R", resumeWait)
 	t.Logf("second process serving %v after its start", time.Since(start))
-	select {
-	case err := <-inflight:
-		if err != nil {
-			t.Fatalf("the read in flight at the kill: %v", err)
-		}
-	case <-time.After(resumeWait):
-		t.Fatalf("the read in flight at the kill did not complete within %v of the takeover", resumeWait)
-	}
+	testproc.Completes(t, "the read in flight at the kill", inflight, resumeWait)
 	readAt("after the kill", big, bigFile, 512<<10, 64<<10)
 	rest, _ := dirents(t, dirFd, 4096, -1)
 	if got := append(slices.Clone(listed), rest...); !slices.Equal(got, wantNames) {
@@ -362,7 +291,7 @@ func TestResumeAfterKillAndStop(t *testing.T) {
 	if _, err := conn2.Write([]byte("S")); err != nil {
 		t.Fatal(err)
 	}
-	expectMsg(t, conn2, "T")
+	testproc.Expect(t, conn2, "T", resumeWait)
 	// An open always reaches the daemon (a read might find its pages in the kernel's cache).
 	var other string
 	for name, data := range content {
@@ -381,24 +310,13 @@ func TestResumeAfterKillAndStop(t *testing.T) {
 		}
 		pending <- err
 	}()
-	select {
-	case err := <-pending:
-		t.Fatalf("a read after the stop returned before a server took over: %v", err)
-	case <-time.After(100 * time.Millisecond):
-	}
+	testproc.Pending(t, "a read after the stop", pending)
 
 	// The third resumes; the layer of otherRef changed meanwhile.
-	conn3, end3 := seqpacket(t)
+	conn3, end3 := testproc.Socketpair(t)
 	resumeChild(t, "resume-next", mnt, []string{resumeStoreEnv + "=changed"}, dev, state, end3)
-	expectMsg(t, conn3, "R")
-	select {
-	case err := <-pending:
-		if err != nil {
-			t.Fatalf("the read made during the stop: %v", err)
-		}
-	case <-time.After(resumeWait):
-		t.Fatalf("the read made during the stop did not complete within %v of the takeover", resumeWait)
-	}
+	testproc.Expect(t, conn3, "R", resumeWait)
+	testproc.Completes(t, "the read made during the stop", pending, resumeWait)
 	readAt("after the stop", big, bigFile, 256<<10, 64<<10)
 	if after := inos(); !maps.Equal(after, before) {
 		t.Errorf("inode numbers after the stop: %v, were %v", after, before)
@@ -416,49 +334,16 @@ func TestResumeAfterKillAndStop(t *testing.T) {
 // passthrough.
 func TestResumeKeepsPassthrough(t *testing.T) {
 	testfuse.Require(t)
-	var content []byte
-	for _, e := range testlayer.Entries() {
-		if e.Header.Name == bigFile {
-			content = e.Data
-		}
-	}
-	local := filepath.Join(t.TempDir(), "big.bin")
-	if err := os.WriteFile(local, content, 0o600); err != nil {
-		t.Fatal(err)
-	}
+	local, content := localCopy(t, bigFile)
 	mnt := t.TempDir()
 	l := newTestLayer(t, fixture(t, resumeFixture))
 	path := layerPath(mnt, testRef, l.tocKey, "diff", bigFile)
 	env := []string{resumePTEnv + "=" + local}
 
-	conn1, end1 := seqpacket(t)
+	conn1, end1 := testproc.Socketpair(t)
 	first := resumeChild(t, "resume-first", mnt, env, end1)
-	_ = conn1.SetReadDeadline(time.Now().Add(resumeWait))
-	msg, oob := make([]byte, 16), make([]byte, unix.CmsgSpace(8))
-	_, oobn, _, _, err := conn1.ReadMsgUnix(msg, oob)
-	if err != nil {
-		t.Fatalf("receiving the session: %v", err)
-	}
-	scm, err := unix.ParseSocketControlMessage(oob[:oobn])
-	if err != nil || len(scm) != 1 {
-		t.Fatalf("control message: %v", err)
-	}
-	fds, err := unix.ParseUnixRights(&scm[0])
-	if err != nil || len(fds) != 2 {
-		t.Fatalf("rights: %v, %v", fds, err)
-	}
-	dev, state := os.NewFile(uintptr(fds[0]), "dev"), os.NewFile(uintptr(fds[1]), "state")
 	var opened []*os.File
-	watchdog := time.AfterFunc(4*time.Minute, func() { testfuse.Abort(mnt) })
-	t.Cleanup(func() {
-		watchdog.Stop()
-		testfuse.Abort(mnt)
-		for _, f := range opened {
-			f.Close()
-		}
-		dev.Close()
-		state.Close()
-	})
+	dev, state := receiveSession(t, conn1, mnt, &opened)
 	read := func(what string, f *os.File) {
 		t.Helper()
 		b := make([]byte, len(content))
@@ -472,15 +357,12 @@ func TestResumeKeepsPassthrough(t *testing.T) {
 	}
 	opened = append(opened, early)
 	read("before the kill", early)
-	if err := first.Process.Kill(); err != nil {
-		t.Fatal(err)
-	}
-	_ = first.Wait()
+	testproc.Kill(t, first)
 	read("passthrough without a daemon", early)
 
-	conn2, end2 := seqpacket(t)
+	conn2, end2 := testproc.Socketpair(t)
 	resumeChild(t, "resume-next", mnt, env, dev, state, end2)
-	expectMsg(t, conn2, "R")
+	testproc.Expect(t, conn2, "R", resumeWait)
 	late, err := os.Open(path)
 	if err != nil {
 		t.Fatalf("open after the takeover of a file open with passthrough: %v", err)

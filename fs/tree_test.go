@@ -14,13 +14,13 @@ import (
 	"slices"
 	"sort"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/layerstore/layerstore/chunked"
+	"github.com/layerstore/layerstore/internal/testutil/syncbuf"
 	"github.com/layerstore/layerstore/internal/testutil/testlayer"
 )
 
@@ -206,7 +206,7 @@ func TestDiffTreeMatchesReference(t *testing.T) {
 		layers[f.Name] = l
 		store.add("registry.example/fixtures:"+f.Name, l)
 	}
-	mnt, _ := mountTest(t, store, DefaultOptions())
+	mnt, _ := mountTest(t, store, defaultOptions())
 	for _, f := range loadFixtures(t) {
 		t.Run(f.Name, func(t *testing.T) {
 			l := layers[f.Name]
@@ -274,11 +274,9 @@ func TestLargeDirectory(t *testing.T) {
 		t.Fatal(err)
 	}
 	f.Format = chunked.EStargz
-	store := newTestStore()
 	l := newTestLayer(t, f)
-	store.add(testRef, l)
-	mnt, _ := mountTest(t, store, DefaultOptions())
-	des, err := os.ReadDir(layerPath(mnt, testRef, l.tocKey, "diff", "many"))
+	m := mountLayer(t, l, defaultOptions())
+	des, err := os.ReadDir(m.path("diff", "many"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -289,7 +287,7 @@ func TestLargeDirectory(t *testing.T) {
 	if !slices.Equal(got, want) {
 		t.Errorf("listed %d entries, want %d (first got %q)", len(got), len(want), got[:min(len(got), 3)])
 	}
-	data, err := os.ReadFile(layerPath(mnt, testRef, l.tocKey, "diff", "many", want[345]))
+	data, err := os.ReadFile(m.path("diff", "many", want[345]))
 	if err != nil || len(data) != 1 || data[0] != byte(345%256) {
 		t.Errorf("read %s = %v, %v", want[345], data, err)
 	}
@@ -304,8 +302,8 @@ func TestCloseSendsNoFlush(t *testing.T) {
 	l := newTestLayer(t, f)
 	ref := "registry.example/noflush:" + f.Name
 	store.add(ref, l)
-	var log lockedBuffer
-	opts := DefaultOptions()
+	var log syncbuf.Buffer
+	opts := defaultOptions()
 	opts.Debug = true
 	opts.Logger = slog.New(slog.NewTextHandler(&log, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	mnt, _ := mountTest(t, store, opts)
@@ -330,22 +328,4 @@ func TestCloseSendsNoFlush(t *testing.T) {
 	if strings.Contains(s, ": FLUSH ") { // a request, not the NOFLUSH of an answer
 		t.Errorf("a close sent FLUSH: %.4000s", s)
 	}
-}
-
-// lockedBuffer is a bytes.Buffer safe for concurrent writers.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
 }

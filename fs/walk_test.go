@@ -21,6 +21,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/layerstore/layerstore/chunked"
+	"github.com/layerstore/layerstore/internal/byterange"
 	"github.com/layerstore/layerstore/internal/testutil/testlayer"
 )
 
@@ -43,7 +44,7 @@ func (l indexLayer) ReadBlob(context.Context, []byte, int64) (int, error) { retu
 func syntheticLayer(t testing.TB, n int) (*testStore, string, digest.Digest, *chunked.Index) {
 	t.Helper()
 	js, end := testlayer.SyntheticTOC(n)
-	layout := &chunked.Layout{Format: chunked.ZstdChunked, TOC: chunked.Range{Offset: end + 8, Length: 1}}
+	layout := &chunked.Layout{Format: chunked.ZstdChunked, TOC: byterange.Range{Offset: end + 8, Length: 1}}
 	x, err := chunked.Parse(context.Background(), layout, js, chunked.Limits{})
 	if err != nil {
 		t.Fatal(err)
@@ -152,7 +153,7 @@ func TestWalkFromKernelCaches(t *testing.T) {
 	const n = 5000
 	store, ref, key, x := syntheticLayer(t, n)
 	ops := &opCounter{ops: map[string]int{}}
-	opts := DefaultOptions()
+	opts := defaultOptions()
 	opts.Debug = true
 	opts.Logger = slog.New(ops)
 	mnt, _ := mountTest(t, store, opts)
@@ -241,7 +242,7 @@ func dirents(t *testing.T, fd, size, want int) (names []string, offs []int64) {
 // listing) goes on with the entry after it, and that the whole listing is the index's.
 func TestReaddirOffsets(t *testing.T) {
 	store, ref, key, x := syntheticLayer(t, 5000)
-	mnt, _ := mountTest(t, store, DefaultOptions())
+	mnt, _ := mountTest(t, store, defaultOptions())
 	dir := layerPath(mnt, ref, key, "diff", "usr", "lib")
 	id, ok := x.LookupPath("usr/lib")
 	if !ok {

@@ -7,6 +7,7 @@ import (
 
 	"github.com/opencontainers/go-digest"
 
+	"github.com/layerstore/layerstore/internal/control/protocol"
 	"github.com/layerstore/layerstore/internal/testutil/testlayer"
 	"github.com/layerstore/layerstore/internal/testutil/testregistry"
 )
@@ -38,7 +39,7 @@ func TestResolveAhead(t *testing.T) {
 	plain := gzipLayer(t)
 	layers = append(layers, plain)
 	ref := e.push("ahead/img:v1", layers...)
-	m := e.manager(WithPrefetchQuiet(time.Hour)) // background fetch on, its requests held back
+	m := e.manager(withPrefetchQuiet(time.Hour)) // background fetch on, its requests held back
 
 	if _, err := m.lookup(t.Context(), ref, keys[0]); err != nil {
 		t.Fatal(err)
@@ -51,7 +52,7 @@ func TestResolveAhead(t *testing.T) {
 				if err != nil {
 					t.Fatalf("%s resolved ahead: %v", k, err)
 				}
-				if st := l.Status().State; st != StateIdle {
+				if st := l.Status().State; st != protocol.StateIdle {
 					t.Errorf("%s resolved ahead: background fetch %s before its lookup", k, st)
 				}
 				break
@@ -71,8 +72,8 @@ func TestResolveAhead(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if st := l.Status().State; st != StateFetching {
-			t.Errorf("%s after its lookup: background fetch %s, want %s", k, st, StateFetching)
+		if st := l.Status().State; st != protocol.StateFetching {
+			t.Errorf("%s after its lookup: background fetch %s, want %s", k, st, protocol.StateFetching)
 		}
 	}
 	if after := requests(); after != before {
@@ -116,7 +117,7 @@ func TestResolveAheadBounded(t *testing.T) {
 	t.Run("count", func(t *testing.T) {
 		e := newEnv(t)
 		ref := e.push("ahead/many:v1", layers...)
-		m := e.manager(WithPrefetch(false))
+		m := e.manager(withPrefetch(false))
 		lookupOK(t, m, ref, profKey(fxs[0]))
 		resolved := func() (n int) {
 			for _, f := range fxs[1:] {
@@ -146,7 +147,7 @@ func TestResolveAheadBounded(t *testing.T) {
 			e.reg.Hang(f.Desc.Digest, true)
 		}
 		const bound = 300 * time.Millisecond
-		m := e.manager(WithPrefetch(false), WithResolveTimeout(bound), WithNegativeTTL(time.Hour))
+		m := e.manager(withPrefetch(false), withResolveTimeout(bound), withNegativeTTL(time.Hour))
 		start := time.Now()
 		lookupOK(t, m, ref, profKey(fxs[0]))
 		if d := time.Since(start); d > 5*time.Second {

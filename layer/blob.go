@@ -85,8 +85,8 @@ func (l *Layer) blobCopyFor() *blobCopy {
 	return bc
 }
 
-// copyBlob fetches the whole blob in pieces of the prefetch batch size, in order, into a
-// scratch file, hashing it on the way, and completes bc.
+// copyBlob fetches the whole blob in pieces of the background fetch's batch size
+// (WithPrefetchBatch), in order, into a scratch file, hashing it on the way, and completes bc.
 func (l *Layer) copyBlob(bc *blobCopy) {
 	f, err := l.fetchBlob()
 	l.mu.Lock()

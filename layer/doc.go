@@ -1,6 +1,7 @@
 // Package layer owns resolved layers: it ties a registry, the verified index of a layer, the
-// local cache and background prefetch together behind the store the FUSE namespace serves
-// (package storefs).
+// local cache and background fetching together behind the store the FUSE namespace serves
+// (package storefs, whose interfaces the daemon fits the manager and its layers to: this
+// package does not import it).
 //
 // A [Manager] answers the runtime's lookups of (image reference, layer key). The key is the
 // layer's TOC digest (modern runtimes) or its compressed blob digest (older ones). Resolution
@@ -12,14 +13,14 @@
 // runtimes' priority), and reads the tar-split first (the lookup did not wait for it; a read
 // that fails, bounded by the read timeout, refuses the layer: a registry withholding it would
 // otherwise keep the TOC unproven), except for lookups by blob digest (whose info needs the
-// tar's size) and under WithRequireDiffID, which read the tar-split with the TOC and run the
+// tar's size) and under Config.RequireDiffID, which read the tar-split with the TOC and run the
 // comparison at once, at their priority (the background comparison of the same layer steps
 // aside); a layer whose TOC the tar-split contradicts is refused from then on (lookups, reads,
 // status, and through Layer.Refused the mount's answers about its tree; its identity is
 // remembered for the manager's life, so that a later resolution of it is refused at once).
-// Resolutions are shared by concurrent lookups, bounded in time (WithResolveTimeout), kept
-// while the runtime uses the layer and for a while after (WithKeepTTL); failures are remembered
-// only briefly (WithNegativeTTL). Layers that are not lazily pullable, and keys that name no
+// Resolutions are shared by concurrent lookups, bounded in time (Config.ResolveTimeout), kept
+// while the runtime uses the layer and for a while after (Config.KeepTTL); failures are remembered
+// only briefly (Config.NegativeTTL). Layers that are not lazily pullable, and keys that name no
 // layer of the image, are reported as io/fs.ErrNotExist so that the runtime pulls them
 // normally. A lookup that goes to the registry also resolves, in the background and while it
 // resolves its own, the other lazily pullable layers of its manifest for the same reference (at
@@ -30,7 +31,7 @@
 // A [Layer] serves reads of its files from the cache when the verified bytes are there, and
 // otherwise fetches the chunks a read needs (coalesced into as few range requests as the
 // fetcher can make), with those that follow them in the blob within a small read-ahead window
-// (WithReadAhead), verifies them, serves them and writes them to the cache. A file read in
+// (32 KiB), verifies them, serves them and writes them to the cache. A file read in
 // sequence (the chunk before the one read is in the cache) has its next chunk fetched
 // meanwhile, so that the reader does not wait for a round trip and a verification per chunk.
 // A cold read also fetches, without the reader waiting, the rest of the file's region around
@@ -42,7 +43,7 @@
 // Concurrent reads of one chunk share one fetch. In the background every resolved layer is fetched
 // completely, prioritized files first, in large coalesced requests verified on every core;
 // background work yields to reads a runtime is waiting for, starts its requests (prioritized
-// files aside) only once the runtime has been quiet for a while (WithPrefetchQuiet) and no
+// files aside) only once the runtime has been quiet for a while (Config.PrefetchQuiet) and no
 // startup profile is being replayed (a container whose reads a replay fetched ahead of it
 // fetches nothing on demand, yet is starting), can be bounded in concurrency and bandwidth,
 // and stops for layers whose users all went away.
@@ -58,12 +59,42 @@
 // verify.ErrDigestMismatch. The copy lives in an anonymous file on the cache's filesystem and
 // goes once unread for the keep TTL.
 //
+// # Speculative fetching
+//
+// Besides the chunks a read needs, the package fetches chunks nobody asked for yet. The words
+// the code uses for each, what starts it, what it fetches, and its fetchKind (fetch.go; the
+// kind decides how a fetch shares the link and the processors):
+//
+//   - read-ahead (readAhead, WithReadAhead): a cold read's chunks are fetched with those that
+//     follow them in the blob, within the window, in the same batch of requests. Started by
+//     a runtime's read; kind onDemand, as the read's own.
+//   - fetch-ahead (fetchAhead): a file read in sequence has its next chunk fetched while the
+//     reader is served. Started by a read whose previous chunk is in the cache; kind ahead.
+//   - region (fetchRegion): the rest of an aligned window of the file around a cold read (1
+//     MiB, doubling to 4 MiB). Started by a cold read (from the first of a file executed or
+//     predicted, from the second of others); kind ahead.
+//   - prediction (predict, predict.go): the files a program's loader will open (its
+//     interpreter, its libraries). Started by an execution (Layer.Executing), a read of a
+//     shared object's header, or the lookup of an image's program (start.go, which also
+//     fetches the image's /etc/passwd and /etc/group, as a prediction does); kind ahead.
+//   - background fetch (prefetch, prefetch.go; "background work"): the whole layer, in large
+//     coalesced requests. Started by a layer's first lookup, its requests after the quiet
+//     period; kind background.
+//   - prioritized files: the files an eStargz producer listed as read at start; the
+//     background fetch fetches them first (at once, or after the quiet period when a profile
+//     is replayed); kind background.
+//   - replay: the background fetch's first part when a startup profile names the layer's
+//     files (profile.go): those files first, at once. Kind replay.
+//
+// Only read-ahead serves a waiting reader; the others are fetched before a reader asks, and
+// a reader that comes for their chunks shares their fetches.
+//
 // # Startup profiles
 //
 // A container's start reads a few files of each layer one after another, each a round trip
 // when cold. The manager learns them, with nothing to configure and no producer step. From a
 // layer's first read on (Layer.ReadFile, or an open served by passthrough, Layer.Backing), for
-// WithProfileWindow (30 s by default), it records the files read, by path, in the order of
+// the profile window (30 s), it records the files read, by path, in the order of
 // their first read, and ends early at 4096 files, 256 MiB of their content or 256 KiB of
 // their paths; then it writes that list, the layer's profile, into the profile of each
 // repository the layer was resolved through. A live layer records once; a layer resolved
@@ -99,7 +130,7 @@
 // between their fetches. The rest of the layer follows as before, eStargz's prioritized files
 // among it (after the quiet period: the profile is what a start read, the producer's list a
 // guess made at build time, which would share the link with the replay). Without background
-// fetching (WithPrefetch(false)) nothing is replayed.
+// fetching (Config.NoPrefetch) nothing is replayed.
 //
 // A profile names paths, nothing else: what is fetched is always chunks of the layer's own
 // verified index, verified as every chunk is. A profile, recorded from any container's reads
@@ -146,16 +177,23 @@
 // A [Manager] resolves; a [Layer] reads. A layer knows of its manager only what every layer
 // of that manager shares (env, in env.go): the cache and its open files (handles.go), the
 // scheduler that shares the registry and the processors with background work
-// (scheduler.go), the counters, the read settings, and the manager's lifetime (work). The read
-// path, from Layer.ReadFile, is one sequence in fetch.go: claim the missing chunks, look in
-// the cache again, fetch and verify them in one batch, store them. A fetch names its chunk
+// (scheduler.go), the counters, the read settings, the manager's lifetime (work), and, for
+// predictions, the other live layers of its image (env.siblings, the one call from a layer
+// into its manager). A layer holds its own blob: a layer restored from its record reaches the
+// registry through the reference and descriptor it was resolved by (registryBlob), not
+// through the manager. Startup profiles are package profile's (format, persistence, merge,
+// export and import); this package records them and replays them. The read
+// path, from Layer.ReadFile, probes the cache file and hands what is missing to fetchChunks
+// (fetch.go), the one way chunks come to be present, whoever asks: claim the missing
+// chunks, look in the cache again, fetch and verify them in one batch, store them. A fetch names its chunk
 // and is shared by every reader of it; its kind (on demand, ahead, background, a startup
 // profile's replay) decides how it shares the link and the processors.
 //
 // # Concurrency
 //
 // Every exported method is safe for concurrent use. The locks, none of which is held while
-// another is taken (each is a leaf), nor across I/O, a fetch or a wait:
+// another is taken (each is a leaf), nor across I/O, a fetch or a wait, but for the two
+// exceptions said:
 //
 //   - Manager.mu: the resolutions, the live layers, closed.
 //   - work.mu: whether the manager is closing; goTracked takes it.
@@ -164,9 +202,14 @@
 //   - Layer.prefetch.mu: the state of its background fetch.
 //   - handles.mu: the open cache files and their LRU.
 //   - Layer.recording.mu: the startup profile being recorded.
-//   - profiles.mu: the profile records; the exception, held across the read and write of a
-//     repository's profile record (so that two updates do not lose each other's), taken only
-//     by background work (a recording's end, a background fetch's start) and imports.
+//   - Layer.recordMu: serializes the writes of a layer's record (Layer.writeRecord, so that
+//     each writes the state of its time); an exception: held across the write of the record
+//     (cache.PutRecord: a file written and renamed), and Layer.mu and the records' own lock
+//     are taken under it, briefly; taken only by background work (Layer.saveRecord).
+//   - package profile's Store lock: the profile records; an exception, held across the read
+//     and write of a repository's profile record (so that two updates do not lose each
+//     other's), taken only by background work (a recording's end, a background fetch's start)
+//     and imports.
 //   - scheduler.mu: the background bandwidth's token bucket (the rest are atomics and the
 //     slots and cpu channels).
 //
@@ -188,6 +231,10 @@
 // then closes the cache files it holds; layers already handed out keep answering reads, from
 // the cache, or with an error.
 //
-// The package reads no configuration files and keeps no global state: everything is an
-// option of a Manager, with a documented default.
+// The package reads no configuration files, and everything it is told is an option of a
+// Manager, with a documented default. What is process-wide, shared by every Manager of the
+// process: the background threads that verify at a lower priority (idlecpu.go: one per
+// processor Go uses, started at the first background verification, never ended, each at a
+// niceness 10 above the process's); and the memory releases (releaseMemory), whose pace each
+// Manager keeps but each of which collects the whole process's heap.
 package layer

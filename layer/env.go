@@ -15,34 +15,39 @@ import (
 )
 
 // env is what the layers of one manager share, and all a layer knows of its manager: where
-// content is kept, how the registry is shared, what is counted, the settings of reads, and the
-// lifetime of background work. A layer never sees the manager's resolutions.
+// content is kept, how the registry is shared, what is counted, the settings of reads, the
+// lifetime of background work, and one read-only view of the manager's live layers (siblings).
+// A layer never sees the manager's resolutions, nor reaches the registry through it: a layer
+// holds its own blob (a layer restored from its record, the registry, reference and descriptor
+// to reach it: registryBlob).
 type env struct {
 	cache    *cache.Cache
 	files    *handles   // the open cache files
 	sched    *scheduler // the registry and the processors, shared with background work
 	counters *counters
-	work     *work     // the manager's lifetime: its context, and the work Close waits for
-	records  *records  // the layer records in the cache
-	profiles *profiles // the repositories' startup profiles in the cache (profile.go)
-	refusals *refusals // the identities refused: TOC and tar-split disagree (layer.go)
+	work     *work        // the manager's lifetime: its context, and the work Close waits for
+	records  *records     // the layer records in the cache
+	profiles profileStore // the repositories' startup profiles in the cache (package profile)
+	refusals *refusals    // the identities refused: TOC and tar-split disagree (layer.go)
 
 	release release // hands freed heap back to the kernel (releaseMemory)
 
 	log         *slog.Logger
 	now         func() time.Time
-	readTimeout time.Duration // bounds each fetch (WithReadTimeout)
-	negativeTTL time.Duration // how long a failed fetch is remembered (WithNegativeTTL)
-	readAhead   int64         // the read-ahead window (WithReadAhead)
+	readTimeout time.Duration // bounds each fetch (Config.ReadTimeout)
+	negativeTTL time.Duration // how long a failed fetch is remembered (Config.NegativeTTL)
+	readAhead   int64         // the read-ahead window (options.readAhead)
 	regions     chan struct{} // a slot per region fetch in flight (regionSlots)
 	predicting  chan struct{} // a slot per prediction running (predictSlots; predict.go)
 	// siblings returns the other live layers resolved through a reference l was resolved
-	// through (the rest of its image), where a prediction looks for the files it names.
+	// through (the rest of its image), where a prediction looks for the files it names. The
+	// manager sets it to Manager.siblingsOf, which takes Manager.mu: the one call from a layer
+	// into its manager, made by predictions only, never under a layer's lock.
 	siblings func(l *Layer) []*Layer
-	batch    int64 // the compressed bytes of a background request (WithPrefetchBatch)
+	batch    int64 // the compressed bytes of a background request (Config.PrefetchBatch)
 
-	// The recording of startup profiles: its window (WithProfileWindow; zero: none) and the
-	// bounds that end it early (maxProfileFiles, maxProfileContent; tests lower them).
+	// The recording of startup profiles: its window (options.profileWindow; zero: none) and
+	// the bounds that end it early (profile.MaxFiles, profile.MaxContent; tests lower them).
 	profileWindow     time.Duration
 	profileMaxFiles   int
 	profileMaxContent int64

@@ -11,6 +11,7 @@ import (
 	"github.com/layerstore/layerstore/cache"
 	"github.com/layerstore/layerstore/chunked"
 	"github.com/layerstore/layerstore/fetcher"
+	"github.com/layerstore/layerstore/internal/byterange"
 	"github.com/layerstore/layerstore/verify"
 )
 
@@ -57,29 +58,71 @@ type fetch struct {
 
 	failedUntil time.Time // guarded by Layer.mu; set once err is
 
-	// wanted: a reader waits for it (fetchMissing): a background fetch does not put its
+	// wanted: a reader waits for it (want.waits): a background fetch does not put its
 	// verification below the runtimes' priority (idlecpu.go).
 	wanted atomic.Bool
 }
 
+// readChunks reads chunks first..last of file id into p, which holds the file from off: the
+// cold path of read, whose cache file h (nil when the cache is unavailable) is not complete.
+// The chunks h holds are read from there, the others fetched (fetchMissing); a file read in
+// sequence (the chunk before the last one read is present, the one after it is not) also has
+// the next chunk fetched ahead.
+func (l *Layer) readChunks(ctx context.Context, h *handle, id chunked.EntryID, p []byte, off int64, first, last int, kind fetchKind) (int, error) {
+	chunk := func(i int) chunked.Chunk { c, _ := l.idx.Chunk(id, i); return c }
+	var missing []int
+	for i := first; i <= last; i++ {
+		if h != nil {
+			// Only the part of the chunk the read wants: the kernel reads a large file in
+			// pieces far smaller than its chunks.
+			c := chunk(i)
+			lo, hi := max(off, c.FileOffset), min(off+int64(len(p)), c.FileOffset+c.Size)
+			if _, err := h.f.ReadChunkAt(c, p[lo-off:hi-off], lo); err == nil {
+				continue
+			}
+		}
+		missing = append(missing, i)
+	}
+	next := 0 // none: chunk 0 never follows another
+	if kind == onDemand && h != nil && last > 0 && last+1 < l.idx.NumChunks(id) {
+		// Read in sequence (the previous chunk is here, the next one is not): fetch the
+		// next one meanwhile.
+		prev, n := chunk(last-1), chunk(last+1)
+		if len(h.f.Missing(prev.FileOffset, prev.Size)) == 0 && len(h.f.Missing(n.FileOffset, n.Size)) > 0 {
+			next = last + 1
+		}
+	}
+	if len(missing) == 0 {
+		if next > 0 {
+			l.fetchAhead(chunkKey{id, next})
+		}
+		return len(p), nil
+	}
+	got, err := l.fetchMissing(ctx, id, missing, h, next, kind)
+	if err != nil {
+		return 0, err
+	}
+	for k, b := range got {
+		copyChunk(p, off, chunk(missing[k]).FileOffset, b)
+	}
+	return len(p), nil
+}
+
+// copyChunk copies the part of a chunk at fileOff that overlaps p, which holds the file from off.
+func copyChunk(p []byte, off, fileOff int64, b []byte) {
+	if fileOff >= off {
+		copy(p[fileOff-off:], b)
+		return
+	}
+	if skip := off - fileOff; skip < int64(len(b)) {
+		copy(p, b[skip:])
+	}
+}
+
 // fetchMissing returns the verified content of chunks idx of file, which a read found missing
-// in the cache; h, when not nil, is the read's handle on the file's cache entry, next, when
-// not -1, a chunk to fetch ahead (the file is read in sequence), and kind onDemand for a read
-// a runtime waits for, ahead for a prediction's (predict.go). Step by step:
-//
-//  1. claim: the chunks nobody is fetching become this read's fetches; the others'
-//     fetches are shared (and waited for at the end);
-//  2. look in the cache again: a chunk stored since the read looked (a fetch writes to the
-//     cache before it is forgotten) is taken from there rather than fetched twice;
-//  3. if anything is left to fetch for a read of the runtime, claim the chunks that follow
-//     the last one in the blob (readAhead) too, those nobody is fetching (nobody waits for
-//     them), and fetch the region around the first (fetchRegion); a prediction's read
-//     (predict.go) fetches what it reads only: the file is coming whole, or is too large to;
-//  4. fetch next ahead, on its own, unless the read-ahead took it;
-//  5. run: fetch this read's chunks in one batch of range requests, verify, complete each
-//     fetch, and store them once the read has returned;
-//  6. wait for every fetch the read needs, marked wanted (a background fetch then verifies
-//     it at the daemon's priority, not below: idlecpu.go).
+// in its cache file h (nil when it has none); next, when above 0, is a chunk to fetch ahead,
+// and kind onDemand for a read a runtime waits for, ahead for a prediction's (predict.go).
+// The chunks are fetched as every caller's are (fetchChunks), then waited for.
 //
 // A read that had to wait for the registry (a chunk of its own to fetch, or one another read
 // or the fetch-ahead was still fetching) counts its wait in the read-wait histogram and in
@@ -90,21 +133,8 @@ func (l *Layer) fetchMissing(ctx context.Context, file chunked.EntryID, idx []in
 		keys[i] = chunkKey{file, c}
 	}
 	start := time.Now()
-	needed, mine := l.claimMissing(h, keys)
-	own := len(mine) > 0
+	needed, own := l.fetchChunks(ctx, keys, want{kind: kind, h: h, next: next, waits: true})
 	waits := own || !allDone(needed)
-	if own && kind == onDemand {
-		_, more := l.claim(l.readAhead(file, idx[len(idx)-1]))
-		mine = append(mine, more...)
-		l.fetchRegion(file, idx[0], h)
-	}
-	if next >= 0 {
-		l.fetchAhead(file, next)
-	}
-	for _, f := range needed {
-		f.wanted.Store(true)
-	}
-	l.run(ctx, mine, kind)
 	out, err := wait(ctx, needed)
 	if waits && kind == onDemand {
 		d := time.Since(start)
@@ -116,6 +146,77 @@ func (l *Layer) fetchMissing(ctx context.Context, file chunked.EntryID, idx []in
 		}
 	}
 	return out, err
+}
+
+// A want is what a caller of fetchChunks asks besides the chunks themselves.
+type want struct {
+	kind fetchKind
+	// h is the caller's handle on the chunks' cache file, nil when it has none: a chunk
+	// stored since the caller looked is taken from there.
+	h *handle
+	// next, when above 0, is a chunk of the same file fetched ahead, beside the others (the
+	// file is read in sequence).
+	next int
+	// waits: the caller waits for the chunks, as a reader does; a background fetch of one
+	// then verifies it at the daemon's priority, not below (idlecpu.go).
+	waits bool
+	// detach: the fetch is run on the manager's work group, after fetchChunks returns and
+	// with its context (the manager's): a fetch beside a read, which nobody waits for yet.
+	// then, when not nil, is called once it has run, or at once when nothing was left to
+	// fetch.
+	detach bool
+	then   func()
+}
+
+// fetchChunks is how chunks of the layer come to be present, whoever asks: a read of the
+// runtime (onDemand), a prediction (ahead), the background fetch or a profile's replay. w.kind
+// decides how the work is scheduled, not what is done. It returns the fetches of keys, in
+// order, for the caller to wait for (wait) or to see stored (settle), and whether any was
+// its own to fetch. Step by step:
+//
+//  1. claim: the chunks nobody is fetching become this call's fetches; the others' fetches
+//     are shared;
+//  2. look in the cache again (w.h): a chunk stored since the caller looked (a fetch writes
+//     to the cache before it is forgotten) is taken from there rather than fetched twice;
+//  3. if anything is left to fetch for a read of the runtime, claim the chunks that follow
+//     the last one in the blob (readAhead) too, those nobody is fetching (nobody waits for
+//     them), and fetch the region around the first (fetchRegion); the other kinds fetch
+//     what they name only (a prediction's file is coming whole, or is too large to);
+//  4. fetch w.next ahead, on its own, unless the read-ahead took it;
+//  5. mark the fetches wanted when the caller waits for them;
+//  6. run: fetch this call's chunks in one batch of range requests, verify, complete each
+//     fetch, and store them (before run returns, or after for a read of the runtime); now,
+//     or on the manager's work group (w.detach).
+func (l *Layer) fetchChunks(ctx context.Context, keys []chunkKey, w want) (all []*fetch, own bool) {
+	all, mine := l.claim(w.h, keys)
+	own = len(mine) > 0
+	if own && w.kind == onDemand {
+		_, more := l.claim(nil, l.readAhead(keys[len(keys)-1]))
+		mine = append(mine, more...)
+		l.fetchRegion(keys[0], w.h)
+	}
+	if w.next > 0 {
+		l.fetchAhead(chunkKey{keys[0].file, w.next})
+	}
+	if w.waits {
+		for _, f := range all {
+			f.wanted.Store(true)
+		}
+	}
+	switch {
+	case !w.detach:
+		l.run(ctx, mine, w.kind)
+	case len(mine) > 0:
+		l.env.work.goTracked(func() {
+			if w.then != nil {
+				defer w.then()
+			}
+			l.run(ctx, mine, w.kind)
+		})
+	case w.then != nil:
+		w.then()
+	}
+	return all, own
 }
 
 // allDone reports whether every fetch of fetches has completed.
@@ -130,16 +231,14 @@ func allDone(fetches []*fetch) bool {
 	return true
 }
 
-// fetchAhead fetches chunk i of file in the background, unless somebody is fetching it: a
-// reader going through a file in sequence then finds the next chunk fetched and verified, or
-// on its way, when it gets there, rather than paying a round trip and a verification per chunk.
-func (l *Layer) fetchAhead(file chunked.EntryID, i int) {
-	if _, mine := l.claim([]chunkKey{{file, i}}); len(mine) > 0 {
-		l.env.work.goTracked(func() { l.run(l.env.work.ctx, mine, ahead) })
-	}
+// fetchAhead fetches chunk k in the background, unless somebody is fetching it: a reader
+// going through a file in sequence then finds the next chunk fetched and verified, or on its
+// way, when it gets there, rather than paying a round trip and a verification per chunk.
+func (l *Layer) fetchAhead(k chunkKey) {
+	l.fetchChunks(l.env.work.ctx, []chunkKey{k}, want{kind: ahead, detach: true})
 }
 
-// fetchRegion fetches, beside a cold read of chunk i of file and without the reader waiting
+// fetchRegion fetches, beside a cold read of chunk k and without the reader waiting
 // for it, the rest of the region of the file around that chunk: the file's bytes in the
 // aligned window of regionBase bytes that holds the chunk's start, a window that doubles with
 // every cold read of the same file, up to regionMax, from the first cold read of a file that
@@ -153,11 +252,11 @@ func (l *Layer) fetchAhead(file chunked.EntryID, i int) {
 // larger parts. A region holds at most its window of content (the chunks that start in it,
 // until it is full), and nothing is done when read-ahead is off or regionSlots region
 // fetches are in flight already: regions hold at most regionSlots x regionMax of content.
-func (l *Layer) fetchRegion(file chunked.EntryID, i int, h *handle) {
+func (l *Layer) fetchRegion(k chunkKey, h *handle) {
 	if l.env.readAhead <= 0 {
 		return
 	}
-	keys := l.region(file, i)
+	keys := l.region(k.file, k.i)
 	if len(keys) == 0 {
 		return
 	}
@@ -166,15 +265,7 @@ func (l *Layer) fetchRegion(file chunked.EntryID, i int, h *handle) {
 	default:
 		return
 	}
-	_, mine := l.claimMissing(h, keys)
-	if len(mine) == 0 {
-		<-l.env.regions
-		return
-	}
-	l.env.work.goTracked(func() {
-		defer func() { <-l.env.regions }()
-		l.run(l.env.work.ctx, mine, ahead)
-	})
+	l.fetchChunks(l.env.work.ctx, keys, want{kind: ahead, h: h, detach: true, then: func() { <-l.env.regions }})
 }
 
 // region counts a cold read of chunk i of file and returns the other chunks of the file's
@@ -230,12 +321,12 @@ const (
 )
 
 // claim returns the fetches of keys, in order. The chunks nobody is fetching (or whose failure
-// has been remembered long enough) get new fetches, which are also returned as mine: the
-// caller must run them, or complete them otherwise.
-func (l *Layer) claim(keys []chunkKey) (all, mine []*fetch) {
+// has been remembered long enough) get new fetches; those whose chunk the cache file h, when
+// not nil, holds by now are completed from there and forgotten, and the others are also
+// returned as mine: the caller must run them, or complete them otherwise.
+func (l *Layer) claim(h *handle, keys []chunkKey) (all, mine []*fetch) {
 	now := l.env.now()
 	l.mu.Lock()
-	defer l.mu.Unlock()
 	for _, k := range keys {
 		f := l.inflight[k]
 		if f == nil || (!f.failedUntil.IsZero() && !now.Before(f.failedUntil)) {
@@ -245,13 +336,7 @@ func (l *Layer) claim(keys []chunkKey) (all, mine []*fetch) {
 		}
 		all = append(all, f)
 	}
-	return all, mine
-}
-
-// claimMissing claims keys (claim) and completes from the cache file h, when not nil, the
-// fetches of its own whose chunk h holds by now: mine is what is left to fetch.
-func (l *Layer) claimMissing(h *handle, keys []chunkKey) (all, mine []*fetch) {
-	all, mine = l.claim(keys)
+	l.mu.Unlock()
 	return all, l.takeCached(h, mine)
 }
 
@@ -347,7 +432,7 @@ func (l *Layer) run(ctx context.Context, batch []*fetch, kind fetchKind) {
 func (l *Layer) fetchAndVerify(ctx context.Context, batch []*fetch, kind fetchKind) {
 	ctx, cancel := l.env.work.bound(ctx, l.env.readTimeout)
 	defer cancel()
-	var ranges []chunked.Range
+	var ranges []byterange.Range
 	for _, f := range batch {
 		if f.chunk.Length > 0 {
 			ranges = append(ranges, f.chunk.Range)
@@ -398,10 +483,11 @@ func (l *Layer) fetchAndVerify(ctx context.Context, batch []*fetch, kind fetchKi
 			verifyChunk()
 		} else {
 			// The background fetch's chunks (the rest of the layer, and prioritized files,
-			// which name whole files: a library of 117 MB for 64 KiB read) below the
-			// runtimes' priority, but for one a reader waits for. A replay fetches the chunks
-			// a start read, and verifies them as a read does (below, learned starts at
-			// 1 Gbit/s took 13-20% longer for gcc and large).
+			// which name whole files, a large library for the little a start reads of it)
+			// below the runtimes' priority, but for one a reader waits for. A replay fetches
+			// the chunks a start read, and verifies them as a read does (below, learned starts
+			// on a fast link were slower when it did not: benchmarks/README.md, the row of
+			// the background fetch below the runtimes' priority).
 			release := l.env.sched.verifying(ctx)
 			if kind == background && !f.wanted.Load() {
 				l.env.sched.idle.run(verifyChunk)
@@ -444,16 +530,17 @@ func parallel(workers, n int, fn func(int)) {
 	wg.Wait()
 }
 
-// readAhead returns the chunks that follow chunk i of file in the blob, within the read-ahead
+// readAhead returns the chunks that follow chunk k in the blob, within the read-ahead
 // window past its end: the rest of the file, then the next files in TOC order (the order of
 // their content in the blob), skipping files complete in the cache. A cold read costs a round
 // trip; the files beside it in the blob (the same directory's) are often read next, and a
 // small window costs little bandwidth. It stops at the first chunk not further in the blob.
-func (l *Layer) readAhead(file chunked.EntryID, i int) []chunkKey {
+func (l *Layer) readAhead(k chunkKey) []chunkKey {
 	window := l.env.readAhead
 	if window <= 0 {
 		return nil
 	}
+	file, i := k.file, k.i
 	ci, _ := l.idx.Chunk(file, i)
 	pos, limit := ci.Offset, ci.End()+window
 	content := int64(0) // uncompressed: a window of zeros may hold a thousand times its size
@@ -596,6 +683,35 @@ func (l *Layer) store(batch []*fetch) {
 	l.forget(batch)
 	for _, f := range batch {
 		close(f.settled)
+	}
+}
+
+// keep ensures verified chunks of file land in the cache, all in one Put (two syncs); a chunk
+// the cache refuses as such is left out and the others kept. Failures only cost a refetch later.
+func (l *Layer) keep(file chunked.EntryID, cs ...verify.Chunk) {
+	e := l.idx.Meta(file)
+	if e.Digest.IsZero() {
+		return
+	}
+	h, err := l.env.files.acquire(e.Digest, e.Size)
+	if err != nil {
+		l.env.log.Warn("cache unavailable", "err", err)
+		return
+	}
+	defer l.env.files.release(h)
+	// A full cache disk fails every write: the cache logs that at a bounded rate.
+	err = h.f.Put(cs...)
+	if errors.Is(err, cache.ErrBadChunk) && len(cs) > 1 {
+		for _, c := range cs { // keep the others of a chunk the cache refuses
+			err = errors.Join(err, h.f.Put(c))
+		}
+	}
+	switch {
+	case err == nil || errors.Is(err, cache.ErrClosed):
+	case errors.Is(err, cache.ErrNoSpace):
+		l.cacheFull.Store(true)
+	default:
+		l.env.log.Warn("caching a chunk failed", "file", e.Name, "err", err)
 	}
 }
 

@@ -2,7 +2,6 @@ package layer
 
 import (
 	"archive/tar"
-	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -30,7 +29,7 @@ func newEnv(t *testing.T) *testEnv {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { reg.Close() })
-	c, err := cache.New(t.TempDir())
+	c, err := cache.New(t.TempDir(), cache.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -42,9 +41,9 @@ func newEnv(t *testing.T) *testEnv {
 	return &testEnv{t: t, reg: reg, cache: c, fixtures: fs}
 }
 
-func (e *testEnv) manager(opts ...Option) *Manager {
+func (e *testEnv) manager(opts ...option) *Manager {
 	e.t.Helper()
-	m, err := New(ClientRegistry(testClient(e.t, e.reg)), e.cache, opts...)
+	m, err := newTestManager(ClientRegistry(testClient(e.t, e.reg)), e.cache, opts...)
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -103,23 +102,11 @@ func testClient(t *testing.T, reg *testregistry.Registry) *fetcher.Client {
 	if err := os.WriteFile(conf, []byte(testregistry.RegistriesConf(reg.Host)), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	c, err := fetcher.NewClient(fetcher.WithRegistriesConf(conf, conf+".d"),
-		fetcher.WithBlobOptions(fetcher.WithBackoff(time.Millisecond, 10*time.Millisecond)))
+	c, err := fetcher.NewClient(fetcher.Config{RegistriesConf: conf, RegistriesConfDir: conf + ".d"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	return c
-}
-
-// randomBytes returns n bytes of random, incompressible content drawn from seed: a chunk's
-// compressed size is then its size.
-func randomBytes(n int, seed uint64) []byte {
-	rng := rand.New(rand.NewPCG(seed, seed+1))
-	data := make([]byte, n)
-	for i := range data {
-		data[i] = byte(rng.Uint32())
-	}
-	return data
 }
 
 // dirEntry is a directory of a test layer.

@@ -24,6 +24,7 @@ import (
 
 	"github.com/layerstore/layerstore/chunked"
 	"github.com/layerstore/layerstore/fetcher"
+	"github.com/layerstore/layerstore/internal/control/protocol"
 	"github.com/layerstore/layerstore/internal/testutil/testlayer"
 	"github.com/layerstore/layerstore/internal/testutil/testlog"
 	"github.com/layerstore/layerstore/internal/testutil/testregistry"
@@ -126,7 +127,7 @@ func TestSubstitutedBlob(t *testing.T) {
 	evilRef := e.putManifest("evil/app:v1", mf)
 	e.reg.Serve("evil/app", legit.Desc.Digest, evil.Blob)
 
-	m := e.manager(WithPrefetch(false))
+	m := e.manager(withPrefetch(false))
 	el, err := m.lookup(t.Context(), evilRef, legit.Desc.Digest)
 	if err != nil {
 		t.Fatalf("the attacker's own image: %v", err)
@@ -159,7 +160,7 @@ func TestOtherRepositoryProbe(t *testing.T) {
 	e := newEnv(t)
 	f := e.fixtures[3]
 	private := e.push("private/app:v1", fixtureLayer(f))
-	m := e.manager(WithPrefetch(false))
+	m := e.manager(withPrefetch(false))
 	pl, err := m.lookup(t.Context(), private, f.Desc.Digest)
 	if err != nil {
 		t.Fatal(err)
@@ -205,7 +206,7 @@ func TestBlobVerified(t *testing.T) {
 	f := e.fixtures[0]
 	ref := e.push("blob:v1", fixtureLayer(f))
 
-	m := e.manager(WithPrefetch(false))
+	m := e.manager(withPrefetch(false))
 	l, err := m.lookup(t.Context(), ref, servedKey(f))
 	if err != nil {
 		t.Fatal(err)
@@ -222,7 +223,7 @@ func TestBlobVerified(t *testing.T) {
 	}
 	t.Logf("blob of %d bytes read in 128 KiB reads: %d requests, %d bytes", len(f.Blob), after.Ranged-before.Ranged, after.Bytes-before.Bytes)
 
-	m2 := e.manager(WithPrefetch(false))
+	m2 := e.manager(withPrefetch(false))
 	l2, err := m2.lookup(t.Context(), ref, servedKey(f))
 	if err != nil {
 		t.Fatal(err)
@@ -261,7 +262,7 @@ func TestCloseCancelsFetches(t *testing.T) {
 	e := newEnv(t)
 	f := e.fixtures[3]
 	ref := e.push("hang:v1", fixtureLayer(f))
-	m, err := New(ClientRegistry(testClient(t, e.reg)), e.cache, WithPrefetch(false), WithReadTimeout(time.Hour))
+	m, err := newTestManager(ClientRegistry(testClient(t, e.reg)), e.cache, withPrefetch(false), withReadTimeout(time.Hour))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -348,7 +349,7 @@ func (r *blockingRegistry) Blob(context.Context, *fetcher.Image, *fetcher.Descri
 func TestResolutionsBounded(t *testing.T) {
 	e := newEnv(t)
 	reg := &blockingRegistry{release: make(chan struct{})}
-	m, err := New(reg, e.cache, WithPrefetch(false))
+	m, err := newTestManager(reg, e.cache, withPrefetch(false))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -391,7 +392,7 @@ func TestBatchBoundedByContent(t *testing.T) {
 	e := newEnv(t)
 	f := zerosLayer(t, 4*maxBatchContent, 1<<20)
 	ref := e.push("zeros:v1", fixtureLayer(f))
-	m := e.manager(WithPrefetch(false))
+	m := e.manager(withPrefetch(false))
 	l, err := m.lookup(t.Context(), ref, f.Desc.Digest)
 	if err != nil {
 		t.Fatal(err)
@@ -418,10 +419,10 @@ func TestBatchBoundedByContent(t *testing.T) {
 	}
 	id, _ := l.Index().LookupPath("zeros")
 	var content int64
-	for _, k := range l.readAhead(id, 0) {
+	for _, k := range l.readAhead(chunkKey{id, 0}) {
 		content += l.ref(k).Size
 	}
-	if limit := int64(readAheadContent * DefaultReadAhead); content > limit {
+	if limit := int64(readAheadContent * defaultReadAhead); content > limit {
 		t.Errorf("read-ahead of %d bytes of content, above %d", content, limit)
 	}
 }
@@ -444,7 +445,7 @@ func TestZerosBombMemory(t *testing.T) {
 			t.Fatal(err)
 		}
 		l.wait()
-		if st := l.Status(); st.State != StateComplete {
+		if st := l.Status(); st.State != protocol.StateComplete {
 			t.Fatalf("background fetch %s: %s", st.State, st.Error)
 		}
 	})
@@ -511,7 +512,7 @@ func TestHangingRegistryFailsOnce(t *testing.T) {
 	e := newEnv(t)
 	f := e.fixtures[3]
 	ref := e.push("hang-once:v1", fixtureLayer(f))
-	m := e.manager(WithPrefetch(false), WithReadTimeout(300*time.Millisecond), WithNegativeTTL(time.Hour))
+	m := e.manager(withPrefetch(false), withReadTimeout(300*time.Millisecond), withNegativeTTL(time.Hour))
 	l, err := m.lookup(t.Context(), ref, f.Desc.Digest)
 	if err != nil {
 		t.Fatal(err)
@@ -553,7 +554,7 @@ func TestLookupFailureLogs(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Cleanup(func() { e.reg.Fail(f.Desc.Digest, 0); e.reg.Untamper(f.Desc.Digest) })
 			logs := &testlog.Handler{}
-			m := e.manager(WithLogger(slog.New(logs)), WithPrefetch(false))
+			m := e.manager(withLogger(slog.New(logs)), withPrefetch(false))
 			ref := e.push("logs/"+tc.name+":v1", fixtureLayer(f))
 			tc.fault()
 			if _, err := m.lookup(t.Context(), ref, servedKey(f)); err == nil {
@@ -576,7 +577,7 @@ func TestTransientFailureForgottenSoon(t *testing.T) {
 	f := e.fixtures[0]
 	ref := e.push("transient:v1", fixtureLayer(f))
 	clock := newTestClock()
-	m := e.manager(WithPrefetch(false), WithClock(clock.now), WithNegativeTTL(time.Hour))
+	m := e.manager(withPrefetch(false), withClock(clock.now), withNegativeTTL(time.Hour))
 	l, err := m.lookup(t.Context(), ref, f.Desc.Digest)
 	if err != nil {
 		t.Fatal(err)
@@ -611,7 +612,7 @@ func TestReadWaitLogged(t *testing.T) {
 	ref := e.push("waitlog:v1", fixtureLayer(f))
 	for _, level := range []slog.Level{slog.LevelDebug, slog.LevelInfo} {
 		logs := &testlog.Handler{}
-		m := e.manager(WithLogger(slog.New(levelHandler{logs, level})), WithPrefetch(false))
+		m := e.manager(withLogger(slog.New(levelHandler{logs, level})), withPrefetch(false))
 		l, err := m.lookup(t.Context(), ref, f.Desc.Digest)
 		if err != nil {
 			t.Fatal(err)

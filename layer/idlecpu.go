@@ -13,9 +13,10 @@ import (
 // than the rest of the process and than the runtimes: a niceness backgroundNice above the
 // process's. The scheduler sees the reads that fetch on demand and steps aside for them, but
 // not the runtime creating the container nor the container's own start, which want the same
-// processors: measured on two cores with an eStargz image whose prioritized files hold a
-// 117 MB library, the runtime took 430 ms instead of 165 ms between the last lookup and the
-// exec while four background batches decompressed at normal priority. Ten above, the kernel
+// processors: on two cores, with an eStargz image whose prioritized files hold a large
+// library, the runtime took more than twice as long between the last lookup and the exec while
+// background batches decompressed at normal priority (benchmarks/results, 2026-11-27
+// readybench nice, and the back-to-back figures it points to). Ten above, the kernel
 // gives those threads what the others leave idle, and about a tenth of a processor against
 // each busy one.
 //
@@ -30,8 +31,9 @@ import (
 // for that chunk only. While one runs it holds one of Go's Ps: on a machine whose
 // processors are all busy at a higher priority, a goroutine serving a FUSE request may wait
 // for Go to preempt it (10 ms of running), as it would wait for the processor anyway.
-// Raising GOMAXPROCS by their number instead was slower on two cores (gcc from a
-// zstd:chunked image: 9-12%; the garbage collector's workers, probably, taking the extra Ps).
+// Raising GOMAXPROCS by their number instead was slower on two cores (measured with the same
+// run, benchmarks/results, 2026-11-27 readybench nice; the garbage collector's workers,
+// probably, taking the extra Ps).
 const backgroundNice = 10
 
 // lowPriority runs functions on the background threads.

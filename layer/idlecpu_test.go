@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/layerstore/layerstore/internal/control/protocol"
 )
 
 // threadNice is the niceness of the calling goroutine's thread.
@@ -84,7 +86,7 @@ func TestBackgroundVerifiedAtLowPriority(t *testing.T) {
 	idle := backgroundThreads()
 
 	ref := e.push("lowprio/demand:v1", fixtureLayer(f))
-	m := e.manager(WithPrefetch(false))
+	m := e.manager(withPrefetch(false))
 	l, err := m.lookup(t.Context(), ref, f.Desc.Digest)
 	if err != nil {
 		t.Fatal(err)
@@ -104,7 +106,7 @@ func TestBackgroundVerifiedAtLowPriority(t *testing.T) {
 		t.Fatal(err)
 	}
 	l.wait()
-	if st := l.Status(); st.State != StateComplete {
+	if st := l.Status(); st.State != protocol.StateComplete {
 		t.Fatalf("state %s (%s)", st.State, st.Error)
 	}
 	if n := idle.ran.Load() - before; n == 0 {
@@ -118,7 +120,7 @@ func TestWantedVerifiedAtOnce(t *testing.T) {
 	e := newEnv(t)
 	f := e.fixtures[0]
 	ref := e.push("lowprio/wanted:v1", fixtureLayer(f))
-	m := e.manager(WithPrefetch(false))
+	m := e.manager(withPrefetch(false))
 	l, err := m.lookup(t.Context(), ref, f.Desc.Digest)
 	if err != nil {
 		t.Fatal(err)
@@ -132,7 +134,7 @@ func TestWantedVerifiedAtOnce(t *testing.T) {
 	if len(keys) < 2 {
 		t.Skip("fewer than two chunks")
 	}
-	_, mine := l.claim(keys) // as a background batch does
+	_, mine := l.claim(nil, keys) // as a background batch does
 	if len(mine) != len(keys) {
 		t.Fatalf("claimed %d of %d", len(mine), len(keys))
 	}

@@ -17,6 +17,7 @@ import (
 	"github.com/layerstore/layerstore/cache"
 	"github.com/layerstore/layerstore/chunked"
 	"github.com/layerstore/layerstore/fetcher"
+	"github.com/layerstore/layerstore/internal/execdeps"
 	"github.com/layerstore/layerstore/verify"
 )
 
@@ -378,7 +379,7 @@ func (l *Layer) Backing(id chunked.EntryID) *os.File {
 // predict.go).
 func (l *Layer) ReadFile(ctx context.Context, id chunked.EntryID, p []byte, off int64) (int, error) {
 	n, err := l.read(ctx, id, p, off, onDemand)
-	if err == nil && off == 0 && isSharedObject(p[:n]) && !l.replaysProfile() {
+	if err == nil && off == 0 && execdeps.IsSharedObject(p[:n]) && !l.replaysProfile() {
 		l.predict(nil, id)
 	}
 	return n, err
@@ -430,84 +431,8 @@ func (l *Layer) read(ctx context.Context, id chunked.EntryID, p []byte, off int6
 			}
 		}
 	}
-	chunk := func(i int) chunked.Chunk { c, _ := l.idx.Chunk(id, i); return c }
 	if first < 0 || last < 0 {
 		return 0, fmt.Errorf("%s: offset %d has no chunk", l.idx.Path(id), off)
 	}
-	var missing []int
-	for i := first; i <= last; i++ {
-		if h != nil {
-			// Only the part of the chunk the read wants: the kernel reads a large file in
-			// pieces far smaller than its chunks.
-			c := chunk(i)
-			lo, hi := max(off, c.FileOffset), min(off+int64(len(p)), c.FileOffset+c.Size)
-			if _, err := h.f.ReadChunkAt(c, p[lo-off:hi-off], lo); err == nil {
-				continue
-			}
-		}
-		missing = append(missing, i)
-	}
-	next := -1
-	if kind == onDemand && h != nil && last > 0 && last+1 < l.idx.NumChunks(id) {
-		// Read in sequence (the previous chunk is here, the next one is not): fetch the
-		// next one meanwhile.
-		prev, n := chunk(last-1), chunk(last+1)
-		if len(h.f.Missing(prev.FileOffset, prev.Size)) == 0 && len(h.f.Missing(n.FileOffset, n.Size)) > 0 {
-			next = last + 1
-		}
-	}
-	if len(missing) == 0 {
-		if next >= 0 {
-			l.fetchAhead(id, next)
-		}
-		return len(p), nil
-	}
-	got, err := l.fetchMissing(ctx, id, missing, h, next, kind)
-	if err != nil {
-		return 0, err
-	}
-	for k, b := range got {
-		copyChunk(p, off, chunk(missing[k]).FileOffset, b)
-	}
-	return len(p), nil
-}
-
-// copyChunk copies the part of a chunk at fileOff that overlaps p, which holds the file from off.
-func copyChunk(p []byte, off, fileOff int64, b []byte) {
-	if fileOff >= off {
-		copy(p[fileOff-off:], b)
-		return
-	}
-	if skip := off - fileOff; skip < int64(len(b)) {
-		copy(p, b[skip:])
-	}
-}
-
-// keep ensures verified chunks of file land in the cache, all in one Put (two syncs); a chunk
-// the cache refuses as such is left out and the others kept. Failures only cost a refetch later.
-func (l *Layer) keep(file chunked.EntryID, cs ...verify.Chunk) {
-	e := l.idx.Meta(file)
-	if e.Digest.IsZero() {
-		return
-	}
-	h, err := l.env.files.acquire(e.Digest, e.Size)
-	if err != nil {
-		l.env.log.Warn("cache unavailable", "err", err)
-		return
-	}
-	defer l.env.files.release(h)
-	// A full cache disk fails every write: the cache logs that at a bounded rate.
-	err = h.f.Put(cs...)
-	if errors.Is(err, cache.ErrBadChunk) && len(cs) > 1 {
-		for _, c := range cs { // keep the others of a chunk the cache refuses
-			err = errors.Join(err, h.f.Put(c))
-		}
-	}
-	switch {
-	case err == nil || errors.Is(err, cache.ErrClosed):
-	case errors.Is(err, cache.ErrNoSpace):
-		l.cacheFull.Store(true)
-	default:
-		l.env.log.Warn("caching a chunk failed", "file", e.Name, "err", err)
-	}
+	return l.readChunks(ctx, h, id, p, off, first, last, kind)
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/opencontainers/go-digest"
 
 	"github.com/layerstore/layerstore/chunked"
+	"github.com/layerstore/layerstore/internal/control/protocol"
 	"github.com/layerstore/layerstore/internal/testutil/testlayer"
 	"github.com/layerstore/layerstore/internal/testutil/testregistry"
 	"github.com/layerstore/layerstore/verify"
@@ -100,7 +101,7 @@ func TestReadEveryFormat(t *testing.T) {
 	for _, f := range e.fixtures {
 		t.Run(f.Name, func(t *testing.T) {
 			ref := e.push("fixtures/"+f.Name+":v1", fixtureLayer(f))
-			m := e.manager(WithPrefetch(false))
+			m := e.manager(withPrefetch(false))
 			toc := tocKey(f.Desc.Annotations)
 			blobKey := f.Desc.Digest
 			keys := []digest.Digest{blobKey}
@@ -185,7 +186,7 @@ func TestPrefetchCompletes(t *testing.T) {
 			}
 			l.wait()
 			st := l.Status()
-			if st.State != StateComplete {
+			if st.State != protocol.StateComplete {
 				t.Fatalf("state %s (%s)", st.State, st.Error)
 			}
 			wantG := verify.ChunksVerified
@@ -211,7 +212,7 @@ func TestNotLazyAndUnknown(t *testing.T) {
 	e := newEnv(t)
 	gz := gzipLayer(t)
 	ref := e.push("plain:v1", gz, fixtureLayer(e.fixtures[0]))
-	m := e.manager(WithPrefetch(false))
+	m := e.manager(withPrefetch(false))
 	for _, k := range []digest.Digest{digest.FromBytes(gz.Blob), digest.FromString("nothing"), "sha256:zz"} {
 		if _, err := m.lookup(t.Context(), ref, k); !errors.Is(err, iofs.ErrNotExist) {
 			t.Errorf("%s: %v, want ErrNotExist", k, err)
@@ -234,7 +235,7 @@ func TestTamperedChunk(t *testing.T) {
 	f := e.fixtures[0]
 	ref := e.push("tamper:v1", fixtureLayer(f))
 	clock := newTestClock()
-	m := e.manager(WithPrefetch(false), WithClock(clock.now), WithNegativeTTL(time.Second))
+	m := e.manager(withPrefetch(false), withClock(clock.now), withNegativeTTL(time.Second))
 	l, err := m.lookup(t.Context(), ref, f.Desc.Digest)
 	if err != nil {
 		t.Fatal(err)
@@ -277,7 +278,7 @@ func TestOtherPlatform(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	m := e.manager(WithPrefetch(false))
+	m := e.manager(withPrefetch(false))
 	for _, f := range []testlayer.Fixture{host, other} {
 		if _, err := m.lookup(t.Context(), e.reg.Host+"/multi:v1", f.Desc.Digest); err != nil {
 			t.Errorf("%s: %v", f.Name, err)
@@ -291,7 +292,7 @@ func TestSharedResolution(t *testing.T) {
 	e := newEnv(t)
 	f := e.fixtures[0]
 	ref := e.push("shared:v1", fixtureLayer(f))
-	m := e.manager(WithPrefetch(false))
+	m := e.manager(withPrefetch(false))
 	var wg sync.WaitGroup
 	for range 16 {
 		wg.Go(func() {
@@ -323,7 +324,7 @@ func TestNegativeTTL(t *testing.T) {
 	e := newEnv(t)
 	f := e.fixtures[0]
 	clock := newTestClock()
-	m := e.manager(WithPrefetch(false), WithClock(clock.now), WithNegativeTTL(time.Second))
+	m := e.manager(withPrefetch(false), withClock(clock.now), withNegativeTTL(time.Second))
 	ref := e.reg.Host + "/later:v1"
 	if _, err := m.lookup(t.Context(), ref, f.Desc.Digest); err == nil {
 		t.Fatal("lookup before the push succeeded")

@@ -6,6 +6,8 @@ import (
 	"net"
 	"testing"
 	"time"
+
+	"github.com/layerstore/layerstore/internal/control/protocol"
 )
 
 // TestResolveBounded: a registry that accepts connections and never answers makes the lookup
@@ -26,7 +28,7 @@ func TestResolveBounded(t *testing.T) {
 			defer c.Close() // hold it open, say nothing
 		}
 	}()
-	m := e.manager(WithPrefetch(false), WithResolveTimeout(300*time.Millisecond))
+	m := e.manager(withPrefetch(false), withResolveTimeout(300*time.Millisecond))
 	start := time.Now()
 	_, err = m.lookup(t.Context(), ln.Addr().String()+"/silent:v1", e.fixtures[0].Desc.Digest)
 	if err == nil || errors.Is(err, iofs.ErrNotExist) {
@@ -43,13 +45,13 @@ func TestPrefetchStopsWithoutUsers(t *testing.T) {
 	e := newEnv(t)
 	f := e.fixtures[0]
 	ref := e.push("users:v1", fixtureLayer(f))
-	m := e.manager(WithPrefetchBandwidth(64<<10), WithPrefetchBatch(64<<10)) // slow: it cannot finish first
+	m := e.manager(withPrefetchBandwidth(64<<10), withPrefetchBatch(64<<10)) // slow: it cannot finish first
 	l, err := m.lookup(t.Context(), ref, f.Desc.Digest)
 	if err != nil {
 		t.Fatal(err)
 	}
 	m.Use(ref, f.Desc.Digest)
-	if st := l.Status(); st.State != StateFetching {
+	if st := l.Status(); st.State != protocol.StateFetching {
 		t.Fatalf("state %s, want fetching", st.State)
 	}
 	m.Release(ref, f.Desc.Digest)
@@ -60,7 +62,7 @@ func TestPrefetchStopsWithoutUsers(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("background fetch still running after the last user left")
 	}
-	if st := l.Status(); st.State != StateStopped {
+	if st := l.Status(); st.State != protocol.StateStopped {
 		t.Errorf("state %s, want stopped", st.State)
 	}
 }

@@ -7,9 +7,9 @@ import (
 
 // urgentTime is how long one request of what is fetched at once (eStargz's prioritized files, a
 // startup profile's replay) may hold the link, at the rate fetches measure: urgentBatch at
-// 100 Mbit/s. At 1 Gbit/s requests of 1 MiB made gcc's prioritized files 31 requests (its
-// start 0.81 s, stargz-store's 11 requests and 0.77 s): each pays the registry's latency, more
-// than the link's time for the bytes.
+// 100 Mbit/s. On a fast link, requests of a fixed 1 MiB made a start's prioritized files many
+// requests, each paying the registry's latency, more than the link's time for the bytes
+// (benchmarks/results, 2026-11-28-readybench-linkrate).
 const urgentTime = 84 * time.Millisecond
 
 // minRateSample is the smallest fetch whose duration feeds the link's rate: a smaller one

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	iofs "io/fs"
-	"log/slog"
 	"slices"
 	"strings"
 	"sync"
@@ -18,7 +17,8 @@ import (
 	"github.com/layerstore/layerstore/cache"
 	"github.com/layerstore/layerstore/chunked"
 	"github.com/layerstore/layerstore/fetcher"
-	storefs "github.com/layerstore/layerstore/fs"
+	"github.com/layerstore/layerstore/internal/byterange"
+	"github.com/layerstore/layerstore/layer/profile"
 	"github.com/layerstore/layerstore/verify"
 )
 
@@ -35,7 +35,7 @@ type Registry interface {
 type Blob interface {
 	verify.Source // ReadAt
 	// Fetch returns the bytes of ranges, in order, in as few requests as it can.
-	Fetch(ctx context.Context, ranges []chunked.Range) ([][]byte, error)
+	Fetch(ctx context.Context, ranges []byterange.Range) ([][]byte, error)
 }
 
 // ClientRegistry returns c as a [Registry].
@@ -51,7 +51,9 @@ func (r clientRegistry) Blob(ctx context.Context, img *fetcher.Image, l *fetcher
 	return b, nil
 }
 
-// Manager resolves and serves layers. It implements storefs.Store. It is safe for concurrent use.
+// Manager resolves and serves layers: it is the store the FUSE namespace (package storefs)
+// serves, whose Store interface it meets but for Lookup's result, a *Layer where the namespace
+// takes its storefs.Layer (the daemon converts it). It is safe for concurrent use.
 type Manager struct {
 	env  // shared with its layers
 	reg  Registry
@@ -103,19 +105,18 @@ type resolution struct {
 	expires time.Time // when an unused success or a failure is forgotten
 }
 
-var (
-	_ storefs.Store   = (*Manager)(nil)
-	_ storefs.Refuser = (*Layer)(nil)
-)
-
-// New returns a manager resolving layers through reg and keeping their content in c.
-func New(reg Registry, c *cache.Cache, opts ...Option) (*Manager, error) {
-	o := defaultOptions()
-	for _, opt := range opts {
-		if err := opt(&o); err != nil {
-			return nil, fmt.Errorf("layer: %w", err)
-		}
+// New returns a manager resolving layers through reg and keeping their content in c,
+// configured by cfg (see [Config]).
+func New(reg Registry, c *cache.Cache, cfg Config) (*Manager, error) {
+	o, err := cfg.options()
+	if err != nil {
+		return nil, fmt.Errorf("layer: %w", err)
 	}
+	return newManager(reg, c, o), nil
+}
+
+// newManager returns a manager with the options o.
+func newManager(reg Registry, c *cache.Cache, o options) *Manager {
 	m := &Manager{
 		env: env{
 			cache:       c,
@@ -124,7 +125,7 @@ func New(reg Registry, c *cache.Cache, opts ...Option) (*Manager, error) {
 			counters:    newCounters(),
 			work:        newWork(),
 			records:     loadRecords(c, chunked.Limits{}.WithDefaults(), o.log),
-			profiles:    newProfiles(c, o.log),
+			profiles:    profile.NewStore(c, o.log),
 			refusals:    &refusals{},
 			log:         o.log,
 			now:         o.now,
@@ -136,8 +137,8 @@ func New(reg Registry, c *cache.Cache, opts ...Option) (*Manager, error) {
 			batch:       o.prefetchBatch,
 
 			profileWindow:     o.profileWindow,
-			profileMaxFiles:   maxProfileFiles,
-			profileMaxContent: maxProfileContent,
+			profileMaxFiles:   profile.MaxFiles,
+			profileMaxContent: profile.MaxContent,
 		},
 		reg:       reg,
 		opts:      o,
@@ -151,7 +152,7 @@ func New(reg Registry, c *cache.Cache, opts ...Option) (*Manager, error) {
 	m.done.Add(1)
 	go m.janitor()
 	m.resumePins()
-	return m, nil
+	return m
 }
 
 // Close stops background work and releases the cache files the manager holds. Layers already
@@ -188,14 +189,10 @@ func (m *Manager) Close() error {
 	return nil
 }
 
-// Lookup implements storefs.Store: it returns the layer key names in the image ref, resolving it
-// if needed. Layers that are not served lazily give an error wrapping io/fs.ErrNotExist.
-func (m *Manager) Lookup(ctx context.Context, ref string, key digest.Digest) (storefs.Layer, error) {
-	l, err := m.lookup(ctx, ref, key)
-	if err != nil {
-		return nil, err
-	}
-	return l, nil
+// Lookup returns the layer key names in the image ref, resolving it if needed. Layers that are
+// not served lazily give an error wrapping io/fs.ErrNotExist.
+func (m *Manager) Lookup(ctx context.Context, ref string, key digest.Digest) (*Layer, error) {
+	return m.lookup(ctx, ref, key)
 }
 
 func (m *Manager) lookup(ctx context.Context, ref string, key digest.Digest) (l *Layer, err error) {
@@ -357,204 +354,6 @@ func (m *Manager) remember(k layerKey, l *Layer, err error) {
 	m.resolved[k] = &resolution{layer: l, expires: m.opts.now().Add(m.opts.keepTTL)}
 }
 
-// resolve finds key in the image ref and opens the layer: from its record when one was
-// written for ref's repository, otherwise through the registry; it says which answered.
-func (m *Manager) resolve(ctx context.Context, ref string, key digest.Digest, ahead bool) (*Layer, lookupSource, error) {
-	start := m.opts.now()
-	m.counters.resolutions.Add(1)
-	if err := key.Validate(); err != nil {
-		return nil, sourceRegistry, fmt.Errorf("layer key %q: %w", key, iofs.ErrNotExist)
-	}
-	if l, err, ok := m.resolveFromRecord(ctx, ref, key, start); ok {
-		return l, sourceRecord, err
-	}
-	l, err := m.resolveThroughRegistry(ctx, ref, key, start, ahead)
-	return l, sourceRegistry, err
-}
-
-// resolveThroughRegistry finds key in the image ref through the registry and opens the layer.
-func (m *Manager) resolveThroughRegistry(ctx context.Context, ref string, key digest.Digest, start time.Time, ahead bool) (*Layer, error) {
-	img, err := m.reg.Resolve(ctx, ref)
-	if err != nil {
-		m.counters.failures.Add(1)
-		m.opts.log.Warn("resolving image failed", "ref", ref, "err", err)
-		if errors.Is(err, fetcher.ErrNotFound) {
-			return nil, fmt.Errorf("%s: %w", err, iofs.ErrNotExist)
-		}
-		return nil, err
-	}
-	desc, modern, err := m.find(ctx, img, key)
-	if err != nil {
-		return nil, err
-	}
-	if !ahead {
-		m.resolveAhead(ref, img, key, modern)
-		m.noteStart(ref, img, key)
-	}
-	log := m.opts.log.With("ref", ref, "layer", desc.Digest)
-	layout, err := chunked.Classify(desc.Descriptor)
-	if err == nil && m.opts.requireDiffID && layout.Format != chunked.ZstdChunked {
-		err = fmt.Errorf("%w: the DiffID policy requires zstd:chunked with a tar-split", chunked.ErrNotLazy)
-	}
-	if err != nil {
-		m.counters.notLazy.Add(1)
-		log.Info("layer not served lazily", "reason", err)
-		return nil, fmt.Errorf("layer %s of %s: %w (%w)", desc.Digest, ref, iofs.ErrNotExist, err)
-	}
-	if !modern && desc.DiffID == "" {
-		return nil, fmt.Errorf("layer %s of %s has no DiffID: %w", desc.Digest, ref, iofs.ErrNotExist)
-	}
-	id := identity{layout: *layout, diffID: desc.DiffID}
-	if err := m.refusals.err(id); err != nil {
-		return nil, err // its TOC and tar-split disagree: refused before, refused again
-	}
-	if l := m.liveLayer(id); l != nil {
-		if err := m.ready(ctx, l, modern, ref); err != nil {
-			return nil, err
-		}
-		if !l.hasRepo(repository(ref)) {
-			// Verified through another repository, perhaps with credentials this one does
-			// not have: the blob must be readable here too, as a pull would need.
-			if err := m.probe(ctx, img, desc); err != nil {
-				m.counters.failures.Add(1)
-				log.Warn("layer not readable through this repository", "err", err)
-				return nil, err
-			}
-		}
-		l.addRef(ref)
-		return l, nil
-	}
-	blob, err := m.reg.Blob(ctx, img, desc)
-	if err != nil {
-		m.counters.failures.Add(1)
-		return nil, err
-	}
-	// A lookup that waits for the comparison has the tar-split read with the TOC; others
-	// have it read by the comparison, in the background.
-	now := waitsForTarSplit(modern, m.opts.requireDiffID)
-	var opts []verify.Option
-	if now {
-		opts = append(opts, verify.WithTarSplit())
-	}
-	v, err := verify.Open(ctx, desc.Descriptor, desc.DiffID, blob, opts...)
-	if err == nil && now {
-		err = v.CheckTarSplit(ctx, blob) // before the record is written, which then holds the size
-	}
-	if err != nil {
-		m.counters.failures.Add(1)
-		if errors.Is(err, verify.ErrDigestMismatch) || errors.Is(err, chunked.ErrInvalid) {
-			m.counters.verifyFailures.Add(1)
-		}
-		if fetchFailed(err) {
-			log.Warn("fetching the layer's TOC failed", "format", layout.Format, "err", err)
-		} else {
-			log.Warn("layer refused", "format", layout.Format, "err", err)
-		}
-		return nil, err
-	}
-	// The verified layer is written to its record and served from it: the index is mapped
-	// from the record instead of living on the heap, and the next start needs no registry.
-	// The record is made durable in the background.
-	from := "registry"
-	rv, rec, store, err := m.records.write(*desc, v, []string{repository(ref)}, []string{ref})
-	if store != nil {
-		m.work.goTracked(func() {
-			if err := store(); err != nil {
-				log.Log(m.work.ctx, noSpaceLevel(err), "storing the layer record failed: a restart needs the registry", "err", err)
-			}
-		})
-	}
-	if err != nil {
-		// A full cache filesystem is the cache's to report (at a bounded rate): one warning
-		// per cause.
-		log.Log(ctx, noSpaceLevel(err), "writing the layer record failed: the layer is served, but from memory, and a restart needs the registry", "err", err)
-	} else {
-		v, from = rv, "registry, recorded"
-		m.work.goTracked(m.releaseMemory) // the TOC, its parse and the index built on the heap
-	}
-	l := newLayer(&m.env, id, ref, *desc, v, blob)
-	l.rec = rec
-	if err := m.unsized(l, modern, ref); err != nil {
-		return nil, err
-	}
-	if l, err = m.addLiveReady(ctx, l, modern, ref); err != nil {
-		return nil, err
-	}
-	log.Info("layer served lazily", "from", from, "format", v.Layout().Format, "toc", l.tocKey,
-		"entries", v.Index().Len(), "size", desc.Size, "guarantee", v.Guarantee(),
-		"resolve", m.opts.now().Sub(start).Round(time.Millisecond))
-	return l, nil
-}
-
-// noSpaceLevel is the level of a failure to write to the cache: info for a full cache
-// filesystem, which the cache reports itself, warning otherwise.
-func noSpaceLevel(err error) slog.Level {
-	if errors.Is(err, cache.ErrNoSpace) {
-		return slog.LevelInfo
-	}
-	return slog.LevelWarn
-}
-
-// resolveFromRecord answers a lookup from the record of a layer resolved before through ref's
-// repository, without the registry. It reports false when no record answers the lookup (or
-// the record turned out damaged: it is then dropped and the registry asked).
-func (m *Manager) resolveFromRecord(ctx context.Context, ref string, key digest.Digest, start time.Time) (*Layer, error, bool) {
-	rec, ok := m.records.find(key, repository(ref))
-	if !ok {
-		return nil, nil, false
-	}
-	modern := key != rec.meta.Descriptor.Digest
-	desc := rec.meta.Descriptor
-	log := m.opts.log.With("ref", ref, "layer", desc.Digest)
-	if m.opts.requireDiffID && rec.meta.Verified.Layout.Format != chunked.ZstdChunked {
-		m.counters.notLazy.Add(1)
-		err := fmt.Errorf("%w: the DiffID policy requires zstd:chunked with a tar-split", chunked.ErrNotLazy)
-		return nil, fmt.Errorf("layer %s of %s: %w (%w)", desc.Digest, ref, iofs.ErrNotExist, err), true
-	}
-	id, err := rec.meta.identity()
-	if err != nil {
-		return nil, nil, false // checked when indexed: not reached
-	}
-	if err := m.refusals.err(id); err != nil {
-		return nil, err, true
-	}
-	if l := m.liveLayer(id); l != nil {
-		if err := m.ready(ctx, l, modern, ref); err != nil {
-			return nil, err, true
-		}
-		l.addRef(ref)
-		return l, nil, true
-	}
-	meta, v, mapped, err := m.records.open(rec.name)
-	if err != nil {
-		log.Warn("layer record unusable: resolving through the registry", "record", rec.name, "err", err)
-		return nil, nil, false
-	}
-	blob := &lazyBlob{open: func(ctx context.Context) (Blob, error) {
-		ctx, cancel := m.work.bound(ctx, m.opts.resolveTimeout)
-		defer cancel()
-		img, err := m.reg.Resolve(ctx, ref)
-		if err != nil {
-			return nil, err
-		}
-		return m.reg.Blob(ctx, img, &desc)
-	}}
-	l := newLayer(&m.env, id, ref, desc, v, blob)
-	l.rec = mapped
-	l.restoreRefs(meta.Refs, meta.Repositories)
-	if err := m.ready(ctx, l, modern, ref); err != nil {
-		return nil, err, true
-	}
-	if l, err = m.addLiveReady(ctx, l, modern, ref); err != nil {
-		return nil, err, true
-	}
-	m.counters.fromRecords.Add(1)
-	log.Info("layer served lazily", "from", "record", "format", v.Layout().Format, "toc", l.tocKey,
-		"entries", v.Index().Len(), "size", desc.Size, "guarantee", v.Guarantee(),
-		"resolve", m.opts.now().Sub(start).Round(time.Millisecond))
-	return l, nil, true
-}
-
 // liveLayer returns the live layer of an identity, or nil.
 func (m *Manager) liveLayer(id identity) *Layer {
 	m.mu.Lock()
@@ -591,8 +390,8 @@ func (m *Manager) addLive(l *Layer, ref string) (*Layer, error) {
 		// after the quiet period (the container the lookup is for starts first), but no
 		// later than tarSplitDelay after the lookup, and below the runtimes' priority
 		// (idlecpu.go); the record learns the tar's size once it is proven. The comparison
-		// is the daemon's largest piece of work per lookup (on two cores: 200 ms for a layer
-		// of 26,000 entries, 50 ms for one of 6,700). A lookup that needs the size meanwhile
+		// is the daemon's largest piece of work per lookup (benchmarks/results,
+		// 2026-11-28-readybench-tarsplit-reduced). A lookup that needs the size meanwhile
 		// (by blob digest) compares at once, at its own priority: this one yields to it
 		// (cctx is cancelled; Manager.ready), since concurrent comparisons are one
 		// (verify.Verifier.CheckTarSplit) and the lookup would otherwise wait for a niced one.
@@ -725,38 +524,6 @@ func (m *Manager) unsized(l *Layer, modern bool, ref string) error {
 	return fmt.Errorf("layer %s of %s: %w (%s)", l.desc.Digest, ref, iofs.ErrNotExist, reason)
 }
 
-// find returns the descriptor of the layer key names in img, looking through the other
-// platforms of an index when the host's manifest does not have it, and whether key is the
-// TOC digest (a modern runtime's lookup) rather than the blob digest.
-func (m *Manager) find(ctx context.Context, img *fetcher.Image, key digest.Digest) (*fetcher.Descriptor, bool, error) {
-	if d, modern := findIn(&img.Manifest, key); d != nil {
-		return d, modern, nil
-	}
-	others, err := m.reg.Platforms(ctx, img)
-	if err != nil {
-		return nil, false, err
-	}
-	for _, mf := range others {
-		if d, modern := findIn(mf, key); d != nil {
-			return d, modern, nil
-		}
-	}
-	return nil, false, fmt.Errorf("no layer %s in %s: %w", key, img.Ref, iofs.ErrNotExist)
-}
-
-func findIn(mf *fetcher.Manifest, key digest.Digest) (*fetcher.Descriptor, bool) {
-	for i := range mf.Layers {
-		l := &mf.Layers[i]
-		if tocKey(l.Annotations) == key {
-			return l, true
-		}
-		if l.Digest == key {
-			return l, false
-		}
-	}
-	return nil, false
-}
-
 // tocKey returns the TOC digest a modern runtime looks a layer up by: c/image consults the
 // eStargz annotation and the zstd:chunked one (both at once is an error there).
 func tocKey(a map[string]string) digest.Digest {
@@ -772,7 +539,7 @@ func tocKey(a map[string]string) digest.Digest {
 	}
 }
 
-// Use implements storefs.Store: the runtime took a reference to the layer.
+// Use records that the runtime took a reference to the layer.
 func (m *Manager) Use(ref string, key digest.Digest) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -784,7 +551,7 @@ func (m *Manager) Use(ref string, key digest.Digest) {
 	r.layer.users.Add(1)
 }
 
-// Release implements storefs.Store: the runtime dropped a reference. When the last user of a layer
+// Release records that the runtime dropped a reference. When the last user of a layer
 // goes away its background fetch stops.
 func (m *Manager) Release(ref string, key digest.Digest) {
 	m.mu.Lock()
@@ -848,32 +615,6 @@ func (m *Manager) expire() {
 	for _, l := range kept {
 		l.dropBlobCopy(now.Add(-m.opts.keepTTL))
 	}
-}
-
-// probe checks that the blob of desc can be read through img's sources (its last byte): what
-// a layer verified through another repository needs before it is served for this one.
-// Registries answer a blob only to those who may pull it from the repository asked.
-func (m *Manager) probe(ctx context.Context, img *fetcher.Image, desc *fetcher.Descriptor) error {
-	blob, err := m.reg.Blob(ctx, img, desc)
-	if err == nil {
-		var b [1]byte
-		_, err = blob.ReadAt(ctx, b[:], desc.Size-1)
-	}
-	if err == nil {
-		return nil
-	}
-	if errors.Is(err, fetcher.ErrNotFound) {
-		return fmt.Errorf("blob %s of %s: %w (%w)", desc.Digest, img.Ref, iofs.ErrNotExist, err)
-	}
-	return fmt.Errorf("blob %s of %s: %w", desc.Digest, img.Ref, err)
-}
-
-// fetchFailed reports whether err is the registry's or the network's (a request that failed,
-// the lookup's time running out), not a verdict on the layer's content.
-func fetchFailed(err error) bool {
-	var fe *fetcher.Error
-	return errors.As(err, &fe) || errors.Is(err, fetcher.ErrTransient) || errors.Is(err, fetcher.ErrNotFound) ||
-		errors.Is(err, fetcher.ErrUnauthorized) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled)
 }
 
 // repository returns the repository a reference names (registry and path, without tag or

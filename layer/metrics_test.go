@@ -25,7 +25,7 @@ func TestLatencyHistograms(t *testing.T) {
 	f := mustFixtures(t)[3]
 	e := newRestartEnv(t)
 	ref := e.push("latency/app:v1", fixtureLayer(f))
-	m, stop := e.start(WithPrefetch(false))
+	m, stop := e.start(withPrefetch(false))
 	if n := len(m.Status().Latency.Lookups); n != int(numOutcomes)*int(numSources) {
 		t.Fatalf("%d lookup histograms, want every outcome and source", n)
 	}
@@ -78,7 +78,7 @@ func TestLatencyHistograms(t *testing.T) {
 	}
 
 	stop()
-	m, _ = e.start(WithPrefetch(false))
+	m, _ = e.start(withPrefetch(false))
 	if _, err := m.lookup(t.Context(), ref, servedKey(f)); err != nil {
 		t.Fatal(err)
 	}

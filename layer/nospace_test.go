@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/layerstore/layerstore/cache"
+	"github.com/layerstore/layerstore/internal/control/protocol"
 	"github.com/layerstore/layerstore/internal/testutil/testlog"
 	"github.com/layerstore/layerstore/internal/testutil/testtmpfs"
 )
@@ -21,13 +22,13 @@ func TestPrefetchNotStored(t *testing.T) {
 			if servedKey(f) == "" {
 				t.Skip("served to no runtime")
 			}
-			c, err := cache.New(t.TempDir(), cache.WithMaxSize(1))
+			c, err := cache.New(t.TempDir(), cache.Config{MaxSize: 1})
 			if err != nil {
 				t.Fatal(err)
 			}
 			t.Cleanup(func() { c.Close() })
 			logs := &testlog.Handler{}
-			m, err := New(ClientRegistry(testClient(t, e.reg)), c, WithLogger(slog.New(logs)), WithPrefetchQuiet(0))
+			m, err := newTestManager(ClientRegistry(testClient(t, e.reg)), c, withLogger(slog.New(logs)), withPrefetchQuiet(0))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -38,7 +39,7 @@ func TestPrefetchNotStored(t *testing.T) {
 				t.Fatal(err)
 			}
 			l.wait()
-			if st := l.Status(); st.State != StateFailed || !strings.Contains(st.Error, "not stored") {
+			if st := l.Status(); st.State != protocol.StateFailed || !strings.Contains(st.Error, "not stored") {
 				t.Errorf("state %s (%s), want failed: files not stored", st.State, st.Error)
 			}
 			if _, lines := logs.Count(); slicesContain(lines, "layer fully local") {
@@ -61,13 +62,13 @@ func TestPrefetchNoSpace(t *testing.T) {
 			}
 		}
 		cacheLogs, logs := &testlog.Handler{}, &testlog.Handler{}
-		c, err := cache.New(filepath.Join(dir, "cache"), cache.WithLogger(slog.New(cacheLogs)))
+		c, err := cache.New(filepath.Join(dir, "cache"), cache.Config{Logger: slog.New(cacheLogs)})
 		if err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { c.Close() })
 		testtmpfs.Fill(t, dir)
-		m, err := New(ClientRegistry(testClient(t, e.reg)), c, WithLogger(slog.New(logs)), WithPrefetchQuiet(0))
+		m, err := newTestManager(ClientRegistry(testClient(t, e.reg)), c, withLogger(slog.New(logs)), withPrefetchQuiet(0))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -78,7 +79,7 @@ func TestPrefetchNoSpace(t *testing.T) {
 			t.Fatal(err)
 		}
 		l.wait()
-		if st := l.Status(); st.State != StateFailed || !strings.Contains(st.Error, cache.ErrNoSpace.Error()) {
+		if st := l.Status(); st.State != protocol.StateFailed || !strings.Contains(st.Error, cache.ErrNoSpace.Error()) {
 			t.Errorf("state %s (%s), want failed: no space", st.State, st.Error)
 		}
 		warns, lines := logs.Count()

@@ -17,31 +17,13 @@ import (
 	"github.com/layerstore/layerstore/cache"
 	"github.com/layerstore/layerstore/chunked"
 	"github.com/layerstore/layerstore/fetcher"
+	"github.com/layerstore/layerstore/internal/control/protocol"
 )
-
-// Pin is a pinned image: every lazily served layer of one platform of it resolved, fetched,
-// verified and kept out of the cache's eviction, with its record, across restarts.
-type Pin struct {
-	Ref      string `json:"ref"`
-	Platform string `json:"platform,omitempty"` // "" for the host's
-	// Layers are the image's layers the store serves, by blob digest; Normal counts those it
-	// does not (not lazily pullable: the runtime pulls them itself).
-	Layers []string `json:"layers"`
-	Normal int      `json:"pulledNormally"`
-	// Bytes is the uncompressed content of the pinned layers' files; Present what the cache
-	// holds of it.
-	Bytes   int64     `json:"bytes"`
-	Present int64     `json:"present"`
-	Pinned  time.Time `json:"pinned"`
-	// Error says why the pin is not complete: its layer records are gone, or fetching what a
-	// previous run left missing failed. Status only; pinning the image again retries.
-	Error string `json:"error,omitempty"`
-}
 
 // pinMeta is what a pin's record holds (its data is empty): the pin without its progress.
 type pinMeta struct {
 	Version int `json:"version"`
-	Pin
+	protocol.Pin
 }
 
 // pinName is the name of the pin of ref for platform, in the cache and as a record.
@@ -56,8 +38,8 @@ func pinName(ref, platform string) string {
 // completely. It returns when they are all local, or with the error that stopped it; the pin
 // holds either way (pin again to finish, Unpin to give it up). Pinning an image again is
 // cheap once it is complete.
-func (m *Manager) Pin(ctx context.Context, ref, platform string) (Pin, error) {
-	p := Pin{Ref: ref, Platform: platform, Pinned: time.Now().UTC()}
+func (m *Manager) Pin(ctx context.Context, ref, platform string) (protocol.Pin, error) {
+	p := protocol.Pin{Ref: ref, Platform: platform, Pinned: time.Now().UTC()}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	defer context.AfterFunc(m.work.ctx, cancel)() // Close stops a pin
@@ -151,13 +133,13 @@ func (m *Manager) Unpin(ref, platform string) error {
 }
 
 // Pins returns the pinned images and how much of each is local.
-func (m *Manager) Pins() []Pin {
+func (m *Manager) Pins() []protocol.Pin {
 	infos, err := m.cache.Pins()
 	if err != nil {
 		m.opts.log.Warn("listing pins failed", "err", err)
 		return nil
 	}
-	var out []Pin
+	var out []protocol.Pin
 	for _, in := range infos {
 		raw, err := m.cache.RecordMeta(in.Name)
 		var pm pinMeta
@@ -175,11 +157,11 @@ func (m *Manager) Pins() []Pin {
 		}
 		out = append(out, p)
 	}
-	slices.SortFunc(out, func(a, b Pin) int { return strings.Compare(a.Ref+a.Platform, b.Ref+b.Platform) })
+	slices.SortFunc(out, func(a, b protocol.Pin) int { return strings.Compare(a.Ref+a.Platform, b.Ref+b.Platform) })
 	return out
 }
 
-func (m *Manager) pinProgress(p Pin) Pin {
+func (m *Manager) pinProgress(p protocol.Pin) protocol.Pin {
 	for _, q := range m.Pins() {
 		if q.Ref == p.Ref && q.Platform == p.Platform {
 			return q

@@ -34,11 +34,11 @@ func TestPinSurvivesEviction(t *testing.T) {
 	fs := mustFixtures(t)
 	e := newRestartEnv(t)
 	pinned := e.push("app/pinned:v1", fixtureLayer(fs[3]))
-	c, err := cache.New(e.root, cache.WithMaxSize(1)) // every file not held is evicted at once
+	c, err := cache.New(e.root, cache.Config{MaxSize: 1}) // every file not held is evicted at once
 	if err != nil {
 		t.Fatal(err)
 	}
-	m, err := New(ClientRegistry(testClient(t, e.reg)), c, WithOpenFiles(1))
+	m, err := newTestManager(ClientRegistry(testClient(t, e.reg)), c, withOpenFiles(1))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -138,12 +138,12 @@ func TestPinRefusedWithoutRoom(t *testing.T) {
 			t.Fatal(err)
 		}
 		ref := e.push("app/big:v1", fixtureLayer(f))
-		c, err := cache.New(dir)
+		c, err := cache.New(dir, cache.Config{})
 		if err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { c.Close() })
-		m, err := New(ClientRegistry(testClient(t, e.reg)), c)
+		m, err := newTestManager(ClientRegistry(testClient(t, e.reg)), c)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -177,7 +177,7 @@ func TestPinResumedAfterRestart(t *testing.T) {
 		t.Run(c, func(t *testing.T) {
 			e := newRestartEnv(t)
 			ref := e.push("app/pinned:v1", fixtureLayer(f))
-			m, stop := e.start(WithPrefetch(false))
+			m, stop := e.start(withPrefetch(false))
 			if _, err := m.lookup(t.Context(), ref, servedKey(f)); err != nil {
 				t.Fatal(err)
 			}
@@ -196,7 +196,7 @@ func TestPinResumedAfterRestart(t *testing.T) {
 				e.reg.Fail(f.Desc.Digest, 0)
 			}
 
-			m, _ = e.start(WithPrefetch(false))
+			m, _ = e.start(withPrefetch(false))
 			if ps := m.Status().Pins; len(ps) != 1 || ps[0].Ref != ref {
 				t.Fatalf("pins in status right after the start: %+v", ps)
 			}

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/opencontainers/go-digest"
+
+	"github.com/layerstore/layerstore/internal/control/protocol"
 )
 
 // pinErrors are what stopped the pins a start resumed, by pin name, for status. Its lock is
@@ -89,7 +91,7 @@ func (m *Manager) resumePins() {
 
 // resumePin checks that every layer of p has its record and, when p is not complete, fetches
 // what is missing.
-func (m *Manager) resumePin(ctx context.Context, p Pin) error {
+func (m *Manager) resumePin(ctx context.Context, p protocol.Pin) error {
 	keys := make([]digest.Digest, 0, len(p.Layers))
 	for _, d := range p.Layers {
 		rec, ok := m.records.find(digest.Digest(d), repository(p.Ref))

@@ -12,24 +12,13 @@ import (
 
 	"github.com/layerstore/layerstore/cache"
 	"github.com/layerstore/layerstore/chunked"
+	"github.com/layerstore/layerstore/internal/control/protocol"
 	"github.com/layerstore/layerstore/verify"
-)
-
-// State is where a layer's background fetch is.
-type State string
-
-// States of a layer.
-const (
-	StateIdle     State = "idle"     // no background fetch (turned off, or not started)
-	StateFetching State = "fetching" // background fetch running
-	StateComplete State = "complete" // every file is local
-	StateStopped  State = "stopped"  // stopped: the layer's users went away, or shutdown
-	StateFailed   State = "failed"   // background fetch gave up; reads still fetch on demand
 )
 
 type prefetchState struct {
 	mu      sync.Mutex
-	state   State
+	state   protocol.State
 	err     error
 	cancel  context.CancelFunc
 	done    chan struct{}
@@ -50,7 +39,7 @@ func (l *Layer) startPrefetch() {
 		return
 	}
 	ctx, cancel := context.WithCancel(l.env.work.ctx)
-	p.cancel, p.done, p.state = cancel, make(chan struct{}), StateFetching
+	p.cancel, p.done, p.state = cancel, make(chan struct{}), protocol.StateFetching
 	l.env.sched.touch()
 	go func() {
 		defer close(p.done)
@@ -61,24 +50,24 @@ func (l *Layer) startPrefetch() {
 		p.elapsed = time.Since(start)
 		switch {
 		case err == nil:
-			p.state = StateComplete
+			p.state = protocol.StateComplete
 		case ctx.Err() != nil:
-			p.state = StateStopped
+			p.state = protocol.StateStopped
 		default:
-			p.state, p.err = StateFailed, err
+			p.state, p.err = protocol.StateFailed, err
 		}
 		l.logPrefetch(p.state, err, p.elapsed)
 		l.env.releaseMemory()
 	}()
 }
 
-func (l *Layer) logPrefetch(s State, err error, elapsed time.Duration) {
+func (l *Layer) logPrefetch(s protocol.State, err error, elapsed time.Duration) {
 	log := l.env.log.With("layer", l.desc.Digest, "elapsed", elapsed.Round(time.Millisecond),
 		"prefetched", l.prefetched.Load(), "on_demand", l.onDemand.Load())
 	switch s {
-	case StateComplete:
+	case protocol.StateComplete:
 		log.Info("layer fully local", "guarantee", l.v.Guarantee())
-	case StateFailed:
+	case protocol.StateFailed:
 		log.Warn("background fetch failed", "err", err)
 	default:
 		log.Debug("background fetch stopped")
@@ -259,12 +248,11 @@ func (l *Layer) prefetchBatch(ctx context.Context, b prefetchBatch) error {
 		l.env.sched.replayStart()
 		defer l.env.sched.replayEnd()
 	}
-	needed, mine := l.claim(keys)
 	kind := background
 	if b.replay {
 		kind = replay
 	}
-	l.run(ctx, mine, kind)
+	needed, _ := l.fetchChunks(ctx, keys, want{kind: kind})
 	if _, err := wait(ctx, needed); err != nil {
 		return err
 	}
@@ -355,8 +343,9 @@ func (l *Layer) batchLen(keys []chunkKey, prioEnd int64) int {
 // the quiet period (eStargz's prioritized files, a startup profile's): a container starting
 // meanwhile reads what these did not fetch, and its reads share the link with the requests in
 // flight; at most the slots' count of these is ahead of each read. The span grows with the
-// link's measured rate (urgentSpan), so that each holds it about urgentTime (4 MiB in
-// flight: 0.34 s at 100 Mbit/s, where batches of the configured size, 8 MiB, made 2.7 s).
+// link's measured rate (urgentSpan), so that each holds it about urgentTime, where batches of
+// the configured size held a slow link for seconds (benchmarks/results,
+// 2026-11-27-readybench-urgent-batch).
 const urgentBatch = 1 << 20
 
 // maxBatchContent bounds the uncompressed bytes of one background request. With the default

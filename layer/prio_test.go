@@ -15,14 +15,14 @@ import (
 // flight sits on the link ahead of the container's own reads (the big layer of the large
 // image prioritizes a 117 MB library of which its start reads 64 KiB).
 func TestPrioritizedRequestsBounded(t *testing.T) {
-	data := randomBytes(6<<20, 1)
+	data := testlayer.RandomBytes(6<<20, 1)
 	fx := prioFixture(t, 256<<10, "usr/lib/big.so", dirEntry("usr/"), dirEntry("usr/bin/"), dirEntry("usr/lib/"),
 		regEntry("usr/bin/rest", data[:1<<20]), regEntry("usr/lib/big.so", data))
 	e := newProfEnv(t)
 	ref := profRepo + ":v1"
 	e.reg.push(ref, fx)
 	e.reg.delay = 50 * time.Millisecond
-	m, _ := e.start(WithPrefetchQuiet(time.Hour))
+	m, _ := e.start(withPrefetchQuiet(time.Hour))
 	l := lookupOK(t, m, ref, profKey(fx))
 	id := fileOf(t, l, "usr/lib/big.so")
 	last, _ := l.Index().Chunk(id, l.Index().NumChunks(id)-1)
@@ -57,7 +57,7 @@ func TestPrioritizedRequestsBounded(t *testing.T) {
 // own fetches: another layer of the same manager, which fetched nothing yet, starts at
 // urgentBatch.
 func TestPrioritizedSpanFollowsLink(t *testing.T) {
-	data := randomBytes(16<<20, 3)
+	data := testlayer.RandomBytes(16<<20, 3)
 	fx := prioFixture(t, 128<<10, "big.so", regEntry("rest", data[:1<<20]), regEntry("big.so", data))
 	other, err := testlayer.BuildEStargz("other", testlayer.Build([]testlayer.Entry{regEntry("other", data[:1<<20])}))
 	if err != nil {
@@ -73,7 +73,7 @@ func TestPrioritizedSpanFollowsLink(t *testing.T) {
 			ref := profRepo + ":v1"
 			e.reg.push(ref, fx)
 			e.reg.delay, e.reg.rate = link.latency, link.rate
-			m, _ := e.start(WithPrefetchQuiet(time.Hour))
+			m, _ := e.start(withPrefetchQuiet(time.Hour))
 			l := lookupOK(t, m, ref, profKey(fx))
 			id := fileOf(t, l, "big.so")
 			last, _ := l.Index().Chunk(id, l.Index().NumChunks(id)-1)
@@ -128,13 +128,13 @@ func TestPrioritizedSpanFollowsLink(t *testing.T) {
 // prioritized files would share the link with the replay and the start's reads. Without a
 // profile they go out at once (TestPrioritizedRequestsBounded).
 func TestProfileSupersedesPrioritized(t *testing.T) {
-	data := randomBytes(2<<20, 5)
+	data := testlayer.RandomBytes(2<<20, 5)
 	fx := prioFixture(t, 256<<10, "usr/lib/big.so", dirEntry("usr/"), dirEntry("usr/bin/"), dirEntry("usr/lib/"),
 		regEntry("usr/bin/app", data[:256<<10]), regEntry("usr/lib/big.so", data))
 	e := newProfEnv(t)
 	ref := profRepo + ":v1"
 	e.reg.push(ref, fx)
-	m, stop := e.start(WithPrefetch(false), WithReadAhead(0), WithProfileWindow(200*time.Millisecond))
+	m, stop := e.start(withPrefetch(false), withReadAhead(0), withProfileWindow(200*time.Millisecond))
 	l := lookupOK(t, m, ref, profKey(fx))
 	readPaths(t, l, "usr/bin/app")
 	if got := waitProfile(t, m, profRepo, fx.Desc.Digest); !slices.Equal(got, []string{"usr/bin/app"}) {
@@ -144,7 +144,7 @@ func TestProfileSupersedesPrioritized(t *testing.T) {
 
 	e.evict()
 	e.reg.log(true)
-	m, _ = e.start(WithPrefetchQuiet(time.Hour))
+	m, _ = e.start(withPrefetchQuiet(time.Hour))
 	l = lookupOK(t, m, ref, profKey(fx))
 	app := fileOf(t, l, "usr/bin/app")
 	waitFor(t, "the profile's replay", func() bool { return m.env.cache.Has(l.Index().Meta(app).Digest) })

@@ -18,10 +18,10 @@ import (
 
 	"github.com/opencontainers/go-digest"
 
-	"github.com/layerstore/layerstore/cache"
-	"github.com/layerstore/layerstore/chunked"
 	"github.com/layerstore/layerstore/fetcher"
+	"github.com/layerstore/layerstore/internal/byterange"
 	"github.com/layerstore/layerstore/internal/testutil/testlayer"
+	"github.com/layerstore/layerstore/layer/profile"
 )
 
 // Tests of startup profiles: a registry in memory serves images by reference and logs every
@@ -44,7 +44,7 @@ type profRegistry struct {
 // fetchEvent is one Fetch of a blob: its ranges, when it started and ended.
 type fetchEvent struct {
 	blob       digest.Digest
-	ranges     []chunked.Range
+	ranges     []byterange.Range
 	start, end time.Time
 }
 
@@ -122,7 +122,7 @@ func (b *profBlob) ReadAt(_ context.Context, p []byte, off int64) (int, error) {
 	return n, nil
 }
 
-func (b *profBlob) Fetch(ctx context.Context, ranges []chunked.Range) ([][]byte, error) {
+func (b *profBlob) Fetch(ctx context.Context, ranges []byterange.Range) ([][]byte, error) {
 	ev := &fetchEvent{blob: b.d, ranges: slices.Clone(ranges), start: time.Now()}
 	b.r.mu.Lock()
 	b.r.events = append(b.r.events, ev)
@@ -162,27 +162,10 @@ func newProfEnv(t *testing.T) *profEnv {
 	return &profEnv{t: t, reg: newProfRegistry(), root: t.TempDir()}
 }
 
-// start opens the cache and a manager on it; stop closes both.
-func (e *profEnv) start(opts ...Option) (*Manager, func()) {
+// start opens the cache and a manager on it (startManager).
+func (e *profEnv) start(opts ...option) (*Manager, func()) {
 	e.t.Helper()
-	c, err := cache.New(e.root)
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	m, err := New(e.reg, c, opts...)
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	done := false
-	stop := func() {
-		if !done {
-			done = true
-			m.Close()
-			c.Close()
-		}
-	}
-	e.t.Cleanup(stop)
-	return m, stop
+	return startManager(e.t, e.root, e.reg, opts...)
 }
 
 // evict removes every file's content from the (closed) cache, as eviction would: the layer
@@ -247,7 +230,7 @@ func waitProfile(t *testing.T, m *Manager, repo string, layer digest.Digest) []s
 	t.Helper()
 	var files []string
 	waitFor(t, "the profile of "+repo, func() bool {
-		p := m.profiles.get(repo)
+		p := m.profiles.Get(repo)
 		if p == nil {
 			return false
 		}
@@ -300,7 +283,7 @@ func TestProfileRecordedPersistedReplayedFirst(t *testing.T) {
 	ref := profRepo + ":v1"
 	e.reg.push(ref, a)
 
-	m, stop := e.start(WithPrefetch(false), WithReadAhead(0), WithProfileWindow(200*time.Millisecond))
+	m, stop := e.start(withPrefetch(false), withReadAhead(0), withProfileWindow(200*time.Millisecond))
 	l := lookupOK(t, m, ref, profKey(a))
 	order := []string{"usr/bin/f17", "usr/bin/f03", "usr/bin/f25"}
 	readPaths(t, l, order...)
@@ -313,7 +296,7 @@ func TestProfileRecordedPersistedReplayedFirst(t *testing.T) {
 
 	e.evict()
 	e.reg.log(true)
-	m, _ = e.start(WithPrefetchConcurrency(1), WithPrefetchBatch(64<<10), WithPrefetchQuiet(0), WithReadAhead(0))
+	m, _ = e.start(withPrefetchConcurrency(1), withPrefetchBatch(64<<10), withPrefetchQuiet(0), withReadAhead(0))
 	l = lookupOK(t, m, ref, profKey(a))
 	waitComplete(t, l)
 	log := e.reg.log(false)
@@ -382,15 +365,15 @@ func TestProfileNewVersion(t *testing.T) {
 	e.reg.push(profRepo+":v2", b)
 	e.reg.push("registry.example/other:v1", other)
 
-	m, stop := e.start(WithPrefetch(false), WithReadAhead(0), WithProfileWindow(200*time.Millisecond))
+	m, stop := e.start(withPrefetch(false), withReadAhead(0), withProfileWindow(200*time.Millisecond))
 	l := lookupOK(t, m, profRepo+":v1", profKey(a))
 	readPaths(t, l, "usr/bin/f05", "usr/bin/f33", "usr/bin/f12")
 	waitProfile(t, m, profRepo, a.Desc.Digest)
 	stop()
 
 	e.reg.log(true)
-	m, _ = e.start(WithPrefetchConcurrency(1), WithPrefetchBatch(64<<10), WithPrefetchQuiet(0), WithReadAhead(0),
-		WithProfileWindow(0))
+	m, _ = e.start(withPrefetchConcurrency(1), withPrefetchBatch(64<<10), withPrefetchQuiet(0), withReadAhead(0),
+		withProfileWindow(0))
 	l = lookupOK(t, m, profRepo+":v2", profKey(b))
 	waitComplete(t, l)
 	log := e.reg.log(true)
@@ -424,15 +407,15 @@ func TestProfileNewVersion(t *testing.T) {
 }
 
 // TestProfileBounded: a recording ends with its window, after its count of files, and after
-// its bytes of content; a repository's profile keeps at most maxProfileLayers layers and
-// refuses what exceeds the bounds when read back.
+// its bytes of content. (A repository's profile's own bounds are package profile's, tested
+// there.)
 func TestProfileBounded(t *testing.T) {
 	files := profFiles("f", 0, 10)
 	t.Run("window", func(t *testing.T) {
 		e := newProfEnv(t)
 		a := profLayer(t, "a", 1, files...)
 		e.reg.push(profRepo+":v1", a)
-		m, _ := e.start(WithPrefetch(false), WithReadAhead(0), WithProfileWindow(150*time.Millisecond))
+		m, _ := e.start(withPrefetch(false), withReadAhead(0), withProfileWindow(150*time.Millisecond))
 		l := lookupOK(t, m, profRepo+":v1", profKey(a))
 		readPaths(t, l, "usr/bin/f01")
 		time.Sleep(400 * time.Millisecond)
@@ -455,7 +438,7 @@ func TestProfileBounded(t *testing.T) {
 			e := newProfEnv(t)
 			a := profLayer(t, "a", 1, files...)
 			e.reg.push(profRepo+":v1", a)
-			m, _ := e.start(WithPrefetch(false), WithReadAhead(0), WithProfileWindow(time.Hour))
+			m, _ := e.start(withPrefetch(false), withReadAhead(0), withProfileWindow(time.Hour))
 			tc.limit(m)
 			l := lookupOK(t, m, profRepo+":v1", profKey(a))
 			readPaths(t, l, files[:6]...)
@@ -464,46 +447,6 @@ func TestProfileBounded(t *testing.T) {
 			}
 		})
 	}
-	t.Run("layers", func(t *testing.T) {
-		e := newProfEnv(t)
-		m, _ := e.start(WithPrefetch(false))
-		base := time.Now().UTC()
-		for i := range maxProfileLayers + 8 {
-			slot := profileLayer{Layer: digest.FromString(fmt.Sprint(i)), Recorded: base.Add(time.Duration(i) * time.Second), Files: []string{"usr/bin/x"}}
-			if err := m.profiles.add(profRepo, slot); err != nil {
-				t.Fatal(err)
-			}
-		}
-		p := m.profiles.get(profRepo)
-		if p == nil || len(p.Layers) != maxProfileLayers {
-			t.Fatalf("profile %+v", p)
-		}
-		if p.Layers[0].Layer != digest.FromString(fmt.Sprint(maxProfileLayers+7)) {
-			t.Error("the most recent layer is not first")
-		}
-	})
-	t.Run("checked", func(t *testing.T) {
-		long := strings.Repeat("a", maxProfilePath+1)
-		many := make([]string, maxProfileFiles+1)
-		for i := range many {
-			many[i] = fmt.Sprint(i)
-		}
-		d := digest.FromString("x")
-		for name, p := range map[string]repoProfile{
-			"version":    {Version: 2, Repository: profRepo},
-			"repository": {Version: 1, Repository: "a\nb"},
-			"digest":     {Version: 1, Repository: profRepo, Layers: []profileLayer{{Layer: "sha256:zz", Files: []string{"a"}}}},
-			"no files":   {Version: 1, Repository: profRepo, Layers: []profileLayer{{Layer: d}}},
-			"many files": {Version: 1, Repository: profRepo, Layers: []profileLayer{{Layer: d, Files: many}}},
-			"long path":  {Version: 1, Repository: profRepo, Layers: []profileLayer{{Layer: d, Files: []string{long}}}},
-			"nul":        {Version: 1, Repository: profRepo, Layers: []profileLayer{{Layer: d, Files: []string{"a\x00b"}}}},
-			"twice":      {Version: 1, Repository: profRepo, Layers: []profileLayer{{Layer: d, Files: []string{"a"}}, {Layer: d, Files: []string{"b"}}}},
-		} {
-			if err := p.check(); err == nil {
-				t.Errorf("%s: accepted", name)
-			}
-		}
-	})
 }
 
 // TestProfileChoice: the layer's own profile wins over another layer's that matches more of
@@ -512,12 +455,12 @@ func TestProfileChoice(t *testing.T) {
 	e := newProfEnv(t)
 	a := profLayer(t, "a", 1, profFiles("f", 0, 20)...)
 	e.reg.push(profRepo+":v1", a)
-	m, _ := e.start(WithPrefetch(false))
+	m, _ := e.start(withPrefetch(false))
 	l := lookupOK(t, m, profRepo+":v1", profKey(a))
 	now := time.Now().UTC()
 	add := func(d digest.Digest, ago time.Duration, files ...string) {
 		t.Helper()
-		if err := m.profiles.add(profRepo, profileLayer{Layer: d, Recorded: now.Add(-ago), Files: files}); err != nil {
+		if err := m.profiles.Add(profRepo, profile.Layer{Layer: d, Recorded: now.Add(-ago), Files: files}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -539,13 +482,13 @@ func TestProfileRecordingsMerge(t *testing.T) {
 	e := newProfEnv(t)
 	a := profLayer(t, "a", 1, profFiles("f", 0, 4)...)
 	e.reg.push(profRepo+":v1", a)
-	m, stop := e.start(WithPrefetch(false), WithProfileWindow(time.Hour))
+	m, stop := e.start(withPrefetch(false), withProfileWindow(time.Hour))
 	readPaths(t, lookupOK(t, m, profRepo+":v1", profKey(a)), "usr/bin/f01", "usr/bin/f02")
 	stop()
-	m, stop = e.start(WithPrefetch(false), WithProfileWindow(time.Hour))
+	m, stop = e.start(withPrefetch(false), withProfileWindow(time.Hour))
 	readPaths(t, lookupOK(t, m, profRepo+":v1", profKey(a)), "usr/bin/f03", "usr/bin/f01")
 	stop()
-	m, _ = e.start(WithPrefetch(false))
+	m, _ = e.start(withPrefetch(false))
 	want := []string{"usr/bin/f03", "usr/bin/f01", "usr/bin/f02"}
 	if got := waitProfile(t, m, profRepo, a.Desc.Digest); !slices.Equal(got, want) {
 		t.Errorf("profile %q, want %q", got, want)
@@ -558,11 +501,11 @@ func TestProfileWrittenAtClose(t *testing.T) {
 	e := newProfEnv(t)
 	a := profLayer(t, "a", 1, profFiles("f", 0, 4)...)
 	e.reg.push(profRepo+":v1", a)
-	m, stop := e.start(WithPrefetch(false), WithProfileWindow(time.Hour))
+	m, stop := e.start(withPrefetch(false), withProfileWindow(time.Hour))
 	l := lookupOK(t, m, profRepo+":v1", profKey(a))
 	readPaths(t, l, "usr/bin/f02", "usr/bin/f00")
 	stop()
-	m, _ = e.start(WithPrefetch(false))
+	m, _ = e.start(withPrefetch(false))
 	if got := waitProfile(t, m, profRepo, a.Desc.Digest); !slices.Equal(got, []string{"usr/bin/f02", "usr/bin/f00"}) {
 		t.Errorf("profile after a restart within the window: %q", got)
 	}
@@ -574,10 +517,10 @@ func TestProfileDamagedDropped(t *testing.T) {
 	e := newProfEnv(t)
 	a := profLayer(t, "a", 1, profFiles("f", 0, 4)...)
 	e.reg.push(profRepo+":v1", a)
-	m, _ := e.start(WithPrefetchQuiet(0))
-	bad, _ := json.Marshal(repoProfile{Version: 1, Repository: "registry.example/someone-else",
-		Layers: []profileLayer{{Layer: a.Desc.Digest, Files: []string{"usr/bin/f01"}}}})
-	if err := m.cache.PutRecord(profileName(profRepo), bad); err != nil {
+	m, _ := e.start(withPrefetchQuiet(0))
+	bad, _ := json.Marshal(profile.Repo{Version: 1, Repository: "registry.example/someone-else",
+		Layers: []profile.Layer{{Layer: a.Desc.Digest, Files: []string{"usr/bin/f01"}}}})
+	if err := m.cache.PutRecord(profile.RecordName(profRepo), bad); err != nil {
 		t.Fatal(err)
 	}
 	l := lookupOK(t, m, profRepo+":v1", profKey(a))
@@ -585,7 +528,7 @@ func TestProfileDamagedDropped(t *testing.T) {
 	if st := l.Status(); st.Profile != nil {
 		t.Errorf("replayed a profile stored under another repository's name: %+v", st.Profile)
 	}
-	if _, err := m.cache.RecordMeta(profileName(profRepo)); err == nil {
+	if _, err := m.cache.RecordMeta(profile.RecordName(profRepo)); err == nil {
 		t.Error("the bad profile was kept")
 	}
 }
@@ -598,9 +541,9 @@ func TestOnDemandOvertakesProfileReplay(t *testing.T) {
 	a := profLayer(t, "a", 1, profFiles("f", 0, 40)...)
 	ref := profRepo + ":v1"
 	e.reg.push(ref, a)
-	m, stop := e.start(WithPrefetch(false))
-	slot := profileLayer{Layer: a.Desc.Digest, Recorded: time.Now().UTC(), Files: profFiles("f", 0, 10)}
-	if err := m.profiles.add(profRepo, slot); err != nil {
+	m, stop := e.start(withPrefetch(false))
+	slot := profile.Layer{Layer: a.Desc.Digest, Recorded: time.Now().UTC(), Files: profFiles("f", 0, 10)}
+	if err := m.profiles.Add(profRepo, slot); err != nil {
 		t.Fatal(err)
 	}
 	stop()
@@ -609,7 +552,7 @@ func TestOnDemandOvertakesProfileReplay(t *testing.T) {
 	e.reg.delay = 100 * time.Millisecond
 	e.reg.mu.Unlock()
 	// A quiet period of an hour: nothing but the replay goes out in the background.
-	m, _ = e.start(WithPrefetchConcurrency(1), WithPrefetchBatch(64<<10), WithPrefetchQuiet(time.Hour), WithReadAhead(0))
+	m, _ = e.start(withPrefetchConcurrency(1), withPrefetchBatch(64<<10), withPrefetchQuiet(time.Hour), withReadAhead(0))
 	l := lookupOK(t, m, ref, profKey(a))
 	waitFor(t, "the replay's first request", func() bool { return len(e.reg.log(false)) > 0 })
 	target := fileOf(t, l, "usr/bin/f39")
@@ -666,10 +609,10 @@ func TestProfileSavesRoundTrips(t *testing.T) {
 		e := newProfEnv(t)
 		e.reg.push(profRepo+":v1", a)
 		e.reg.delay = 30 * time.Millisecond
-		m, _ := e.start(WithReadAhead(0), WithProfileWindow(0))
+		m, _ := e.start(withReadAhead(0), withProfileWindow(0))
 		if withProfile {
-			slot := profileLayer{Layer: a.Desc.Digest, Recorded: time.Now().UTC(), Files: startup}
-			if err := m.profiles.add(profRepo, slot); err != nil {
+			slot := profile.Layer{Layer: a.Desc.Digest, Recorded: time.Now().UTC(), Files: startup}
+			if err := m.profiles.Add(profRepo, slot); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -705,9 +648,9 @@ func TestProfileExportImport(t *testing.T) {
 	a := profLayer(t, "a", 1, profFiles("f", 0, 20)...)
 	ref := profRepo + ":v1"
 	e.reg.push(ref, a)
-	m, _ := e.start(WithPrefetch(false))
-	slot := profileLayer{Layer: a.Desc.Digest, Recorded: time.Now().UTC(), Files: []string{"usr/bin/f07", "usr/bin/f02", "usr/bin/nope"}}
-	if err := m.profiles.add(profRepo, slot); err != nil {
+	m, _ := e.start(withPrefetch(false))
+	slot := profile.Layer{Layer: a.Desc.Digest, Recorded: time.Now().UTC(), Files: []string{"usr/bin/f07", "usr/bin/f02", "usr/bin/nope"}}
+	if err := m.profiles.Add(profRepo, slot); err != nil {
 		t.Fatal(err)
 	}
 	var buf bytes.Buffer
@@ -722,7 +665,7 @@ func TestProfileExportImport(t *testing.T) {
 
 	e2 := newProfEnv(t)
 	e2.reg = e.reg
-	m2, _ := e2.start(WithPrefetchQuiet(0))
+	m2, _ := e2.start(withPrefetchQuiet(0))
 	imp, err := m2.ImportProfiles(strings.NewReader(export))
 	if err != nil || imp.Repositories != 1 || imp.Layers != 1 {
 		t.Fatalf("import: %+v, %v", imp, err)
@@ -732,52 +675,4 @@ func TestProfileExportImport(t *testing.T) {
 	if st := l.Status(); st.Profile == nil || st.Profile.Files != 2 {
 		t.Errorf("imported profile replayed as %+v, want 2 files", st.Profile)
 	}
-
-	header := `{"format":"layerstore-profiles","version":1}` + "\n"
-	line := func(p repoProfile) string { b, _ := json.Marshal(p); return string(b) + "\n" }
-	good := repoProfile{Version: 1, Repository: "registry.example/b", Layers: []profileLayer{{Layer: a.Desc.Digest, Files: []string{"x"}}}}
-	for name, tc := range map[string]struct{ in, want string }{
-		"empty":         {"", "empty input"},
-		"not an export": {"{}\n", "not an export"},
-		"version":       {`{"format":"layerstore-profiles","version":9}` + "\n", "version 9"},
-		"invalid JSON":  {header + "{\n", "line 2: invalid JSON"},
-		"unknown field": {header + `{"version":1,"repository":"r","layers":[],"content":"x"}` + "\n", "line 2: invalid JSON"},
-		"bad digest":    {header + line(good) + `{"version":1,"repository":"r","layers":[{"layer":"md5:x","files":["a"]}]}` + "\n", "line 3:"},
-		"long line":     {header + strings.Repeat(" ", maxProfileLine+10) + "\n", "line 2: a line of more than"},
-		"ends count":    {header + `{"version":1,"repository":"r","layers":[{"layer":"` + a.Desc.Digest.String() + `","files":["a","b"],"ends":[1]}]}` + "\n", "1 ends for 2 files"},
-		"negative end":  {header + `{"version":1,"repository":"r","layers":[{"layer":"` + a.Desc.Digest.String() + `","files":["a"],"ends":[-5]}]}` + "\n", "negative end"},
-	} {
-		_, err := m2.ImportProfiles(strings.NewReader(tc.in))
-		if err == nil || !strings.Contains(err.Error(), tc.want) {
-			t.Errorf("%s: %v, want an error with %q", name, err, tc.want)
-		}
-	}
-	// An endless line is read no further than the bound.
-	r := &countingReader{r: endless{}}
-	if _, err := m2.ImportProfiles(io.MultiReader(strings.NewReader(header), r)); err == nil {
-		t.Error("an endless line was accepted")
-	}
-	if r.n > 2*maxProfileLine {
-		t.Errorf("read %d bytes of an endless line", r.n)
-	}
-}
-
-type endless struct{}
-
-func (endless) Read(p []byte) (int, error) {
-	for i := range p {
-		p[i] = 'a'
-	}
-	return len(p), nil
-}
-
-type countingReader struct {
-	r io.Reader
-	n int
-}
-
-func (c *countingReader) Read(p []byte) (int, error) {
-	n, err := c.r.Read(p)
-	c.n += n
-	return n, err
 }

@@ -16,15 +16,15 @@ func TestReadAhead(t *testing.T) {
 			continue // not served to modern runtimes
 		}
 		t.Run(f.Name, func(t *testing.T) {
-			for _, window := range []int64{DefaultReadAhead, 0} {
+			for _, window := range []int64{defaultReadAhead, 0} {
 				e := newEnv(t) // an empty cache
 				ref := e.push("readahead/"+f.Name+":v1", fixtureLayer(f))
-				m := e.manager(WithPrefetch(false), WithReadAhead(window))
+				m := e.manager(withPrefetch(false), withReadAhead(window))
 				l, err := m.lookup(t.Context(), ref, toc)
 				if err != nil {
 					t.Fatal(err)
 				}
-				a, b, ok := adjacentFiles(l.Index(), DefaultReadAhead)
+				a, b, ok := adjacentFiles(l.Index(), defaultReadAhead)
 				if !ok {
 					t.Skip("no two small files next to each other in the blob")
 				}

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/layerstore/layerstore/chunked"
+	"github.com/layerstore/layerstore/internal/byterange"
 )
 
 // readSet marks the chunks of a layer the kernel asked for: every chunk a read through FUSE
@@ -82,7 +83,7 @@ func (s *readSet) summary(x *chunked.Index) (chunks, compressed int64) {
 	if p == nil {
 		return 0, 0
 	}
-	var rs []chunked.Range
+	var rs []byterange.Range
 	for i := range *p {
 		for v := (*p)[i].Load(); v != 0; v &= v - 1 {
 			if r, ok := x.SlotRange(i*64 + bits.TrailingZeros64(v)); ok {
@@ -91,7 +92,7 @@ func (s *readSet) summary(x *chunked.Index) (chunks, compressed int64) {
 			}
 		}
 	}
-	slices.SortFunc(rs, func(a, b chunked.Range) int { return int(min(max(a.Offset-b.Offset, -1), 1)) })
+	slices.SortFunc(rs, func(a, b byterange.Range) int { return int(min(max(a.Offset-b.Offset, -1), 1)) })
 	end := int64(-1)
 	for _, r := range rs {
 		lo, hi := max(r.Offset, end), r.Offset+r.Length

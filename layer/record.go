@@ -1,7 +1,6 @@
 package layer
 
 import (
-	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -331,66 +330,4 @@ func (rs *records) restore(name string, rec *cache.Record, written *chunked.Inde
 	// lookups and reads use from now on need be resident.
 	_ = rec.Unresident() // advice: nothing is lost when it fails
 	return &meta, v, nil
-}
-
-// lazyBlob is the blob of a layer opened from its record: it asks the registry (the image's
-// manifest, then the blob's location) only when a read first needs a byte that is not in the
-// cache, and again after a failure, so that a layer whose files are all local never touches
-// the registry, and one whose registry is down fails only the reads that need it.
-type lazyBlob struct {
-	open func(ctx context.Context) (Blob, error)
-
-	mu      sync.Mutex
-	attempt *blobAttempt
-}
-
-type blobAttempt struct {
-	done chan struct{}
-	blob Blob
-	err  error
-}
-
-func (b *lazyBlob) get(ctx context.Context) (Blob, error) {
-	b.mu.Lock()
-	a := b.attempt
-	if a != nil {
-		select {
-		case <-a.done:
-			if a.err != nil {
-				a = nil // try again
-			}
-		default:
-		}
-	}
-	if a == nil {
-		a = &blobAttempt{done: make(chan struct{})}
-		b.attempt = a
-		go func() {
-			defer close(a.done)
-			a.blob, a.err = b.open(ctx)
-		}()
-	}
-	b.mu.Unlock()
-	select {
-	case <-a.done:
-		return a.blob, a.err
-	case <-ctx.Done():
-		return nil, ctx.Err()
-	}
-}
-
-func (b *lazyBlob) ReadAt(ctx context.Context, p []byte, off int64) (int, error) {
-	blob, err := b.get(ctx)
-	if err != nil {
-		return 0, err
-	}
-	return blob.ReadAt(ctx, p, off)
-}
-
-func (b *lazyBlob) Fetch(ctx context.Context, ranges []chunked.Range) ([][]byte, error) {
-	blob, err := b.get(ctx)
-	if err != nil {
-		return nil, err
-	}
-	return blob.Fetch(ctx, ranges)
 }

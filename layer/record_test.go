@@ -9,15 +9,15 @@ import (
 	"path/filepath"
 	"runtime"
 	"slices"
-	"strconv"
-	"strings"
 	"testing"
 	"time"
 
 	"github.com/layerstore/layerstore/cache"
 	"github.com/layerstore/layerstore/chunked"
 	"github.com/layerstore/layerstore/fetcher"
+	"github.com/layerstore/layerstore/internal/control/protocol"
 	"github.com/layerstore/layerstore/internal/testutil/testlayer"
+	"github.com/layerstore/layerstore/internal/testutil/testproc"
 	"github.com/layerstore/layerstore/verify"
 )
 
@@ -33,16 +33,23 @@ func newRestartEnv(t *testing.T) *restartEnv {
 	return &restartEnv{testEnv: e, root: t.TempDir()}
 }
 
-// start opens the cache and a manager on it, as a daemon start does. stop closes both.
-func (e *restartEnv) start(opts ...Option) (m *Manager, stop func()) {
+// start opens the cache and a manager on it (startManager).
+func (e *restartEnv) start(opts ...option) (m *Manager, stop func()) {
 	e.t.Helper()
-	c, err := cache.New(e.root)
+	return startManager(e.t, e.root, ClientRegistry(testClient(e.t, e.reg)), opts...)
+}
+
+// startManager opens the cache at root and a manager on it resolving through reg, as a daemon
+// start does. stop closes both, at the latest when the test ends.
+func startManager(t *testing.T, root string, reg Registry, opts ...option) (m *Manager, stop func()) {
+	t.Helper()
+	c, err := cache.New(root, cache.Config{})
 	if err != nil {
-		e.t.Fatal(err)
+		t.Fatal(err)
 	}
-	m, err = New(ClientRegistry(testClient(e.t, e.reg)), c, opts...)
+	m, err = newTestManager(reg, c, opts...)
 	if err != nil {
-		e.t.Fatal(err)
+		t.Fatal(err)
 	}
 	done := false
 	stop = func() {
@@ -52,7 +59,7 @@ func (e *restartEnv) start(opts ...Option) (m *Manager, stop func()) {
 			c.Close()
 		}
 	}
-	e.t.Cleanup(stop)
+	t.Cleanup(stop)
 	return m, stop
 }
 
@@ -67,7 +74,7 @@ func TestRestartWithoutRegistry(t *testing.T) {
 			}
 			e := newRestartEnv(t)
 			ref := e.push("app/records:v1", fixtureLayer(f))
-			m, stop := e.start(WithPrefetch(true))
+			m, stop := e.start(withPrefetch(true))
 			l, err := m.lookup(t.Context(), ref, servedKey(f))
 			if err != nil {
 				t.Fatal(err)
@@ -77,7 +84,7 @@ func TestRestartWithoutRegistry(t *testing.T) {
 			stop()
 
 			e.reg.Close() // the registry is down from here on
-			m, _ = e.start(WithPrefetch(true))
+			m, _ = e.start(withPrefetch(true))
 			l, err = m.lookup(t.Context(), ref, servedKey(f))
 			if err != nil {
 				t.Fatalf("lookup after the restart, registry down: %v", err)
@@ -99,7 +106,7 @@ func TestRestartPartialWithoutRegistry(t *testing.T) {
 	f := mustFixtures(t)[3]
 	e := newRestartEnv(t)
 	ref := e.push("app/partial:v1", fixtureLayer(f))
-	m, stop := e.start(WithReadAhead(0))
+	m, stop := e.start(withReadAhead(0))
 	l, err := m.lookup(t.Context(), ref, servedKey(f))
 	if err != nil {
 		t.Fatal(err)
@@ -130,7 +137,7 @@ func TestRestartPartialWithoutRegistry(t *testing.T) {
 	stop()
 
 	e.reg.Close()
-	m, _ = e.start(WithReadTimeout(5 * time.Second))
+	m, _ = e.start(withReadTimeout(5 * time.Second))
 	l, err = m.lookup(t.Context(), ref, servedKey(f))
 	if err != nil {
 		t.Fatalf("lookup after the restart, registry down: %v", err)
@@ -256,7 +263,7 @@ func mustFixtures(t *testing.T) []testlayer.Fixture {
 func waitComplete(t *testing.T, l *Layer) {
 	t.Helper()
 	l.wait()
-	if s := l.Status(); s.State != StateComplete {
+	if s := l.Status(); s.State != protocol.StateComplete {
 		t.Fatalf("background fetch %s: %s", s.State, s.Error)
 	}
 }
@@ -272,7 +279,7 @@ func TestRecordWrittenInPlace(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := cache.New(t.TempDir())
+	c, err := cache.New(t.TempDir(), cache.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -325,26 +332,6 @@ func recordNameOf(t *testing.T, rs *records) string {
 	return ""
 }
 
-// rssFile returns the process's resident pages of files (RssFile in /proc/self/status).
-func rssFile(t *testing.T) int64 {
-	t.Helper()
-	b, err := os.ReadFile("/proc/self/status")
-	if err != nil {
-		t.Skip(err)
-	}
-	for _, l := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(l, "RssFile:"); ok {
-			kb, err := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
-			if err != nil {
-				t.Fatal(err)
-			}
-			return kb << 10
-		}
-	}
-	t.Skip("no RssFile in /proc/self/status")
-	return 0
-}
-
 // TestRecordIndexNotResident: the check of a record's index, written or found on disk, reads
 // all of it through the mapping; the pages are then given back, so that a resolved layer's
 // resident memory is what its lookups and reads use, not its whole index.
@@ -354,14 +341,14 @@ func TestRecordIndexNotResident(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := cache.New(t.TempDir())
+	c, err := cache.New(t.TempDir(), cache.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { c.Close() })
 	rs := loadRecords(c, chunked.Limits{}.WithDefaults(), slog.New(slog.DiscardHandler))
 	size := int64(len(v.Index().Binary()))
-	before := rssFile(t)
+	before := testproc.RSSFile(t)
 	rv, _, store, err := rs.write(fetcher.Descriptor{Descriptor: f.Desc, DiffID: f.DiffID}, v, []string{"example.com/synthetic"}, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -369,15 +356,15 @@ func TestRecordIndexNotResident(t *testing.T) {
 	if err := store(); err != nil {
 		t.Fatal(err)
 	}
-	if got := rssFile(t) - before; got > size/2 {
+	if got := testproc.RSSFile(t) - before; got > size/2 {
 		t.Errorf("writing the record of a %d-byte index: %d more bytes of files resident", size, got)
 	}
-	before = rssFile(t)
+	before = testproc.RSSFile(t)
 	_, ov, _, err := rs.open(recordNameOf(t, rs))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := rssFile(t) - before; got > size/2 {
+	if got := testproc.RSSFile(t) - before; got > size/2 {
 		t.Errorf("opening the record of a %d-byte index: %d more bytes of files resident", size, got)
 	}
 	if rv.Index().Len() != v.Index().Len() || ov.Index().Len() != v.Index().Len() {

@@ -33,7 +33,7 @@ func lyingLayer(t *testing.T, e *testEnv, repoTag string) (string, digest.Digest
 func TestTarSplitComparedDespiteHeldRead(t *testing.T) {
 	e := newEnv(t)
 	ref, toc, blob := lyingLayer(t, e, "held:v1")
-	m := e.manager(WithPrefetch(false), WithReadTimeout(time.Minute))
+	m := e.manager(withPrefetch(false), withReadTimeout(time.Minute))
 	start := time.Now()
 	l, err := m.lookup(t.Context(), ref, toc)
 	if err != nil {
@@ -71,7 +71,7 @@ func TestRefusalOutlivesKeepTTL(t *testing.T) {
 	e := newEnv(t)
 	ref, toc, _ := lyingLayer(t, e, "again:v1")
 	clock := newTestClock()
-	m := e.manager(WithPrefetch(false), WithClock(clock.now), WithKeepTTL(time.Minute))
+	m := e.manager(withPrefetch(false), withClock(clock.now), withKeepTTL(time.Minute))
 	l, err := m.lookup(t.Context(), ref, toc)
 	if err != nil {
 		t.Fatalf("modern lookup: %v", err)
@@ -99,14 +99,14 @@ func TestBlobLookupRacingModernLookupCompares(t *testing.T) {
 	ref1 := e.push("race/one:v1", fixtureLayer(f))
 	ref2 := e.push("race/two:v1", fixtureLayer(f))
 	toc := tocKey(f.Desc.Annotations)
-	m1 := e.manager(WithPrefetch(false))
+	m1 := e.manager(withPrefetch(false))
 	if _, err := m1.lookup(t.Context(), ref1, toc); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, "the record stored", func() bool { _, ok := m1.records.find(toc, repository(ref1)); return ok })
 	m1.Close()
 
-	m := e.manager(WithPrefetch(false), WithPrefetchQuiet(time.Hour)) // a restart: the record answers ref1
+	m := e.manager(withPrefetch(false), withPrefetchQuiet(time.Hour)) // a restart: the record answers ref1
 	hold(t, m)                                                        // the background comparison does not run
 	e.reg.Hang(f.Desc.Digest, true)
 	type answer struct {
@@ -148,7 +148,7 @@ func TestTarSplitWithheldRefused(t *testing.T) {
 	e := newEnv(t)
 	f := syntheticLayer(t, 500, nil) // a layer that does not lie: it must be proven
 	ref := e.push("withheld:v1", fixtureLayer(f))
-	m := e.manager(WithPrefetch(false), WithReadTimeout(time.Second))
+	m := e.manager(withPrefetch(false), withReadTimeout(time.Second))
 	start := time.Now()
 	l, err := m.lookup(t.Context(), ref, tocKey(f.Desc.Annotations))
 	if err != nil {

@@ -20,7 +20,7 @@ import (
 // second for a file only read. With read-ahead off, reads fetch only what they ask for.
 func TestRegion(t *testing.T) {
 	const size = 6 << 20
-	data := randomBytes(size, 3) // incompressible: the chunks' compressed sizes are their sizes
+	data := testlayer.RandomBytes(size, 3) // incompressible: the chunks' compressed sizes are their sizes
 	hdr := tar.Header{Typeflag: tar.TypeReg, Name: "big.bin", Mode: 0o644, Size: size}
 	f, err := testlayer.BuildEStargz("region", testlayer.Build([]testlayer.Entry{{Header: hdr, Data: data}}),
 		estargz.WithChunkSize(64<<10))
@@ -54,11 +54,11 @@ func TestRegion(t *testing.T) {
 	for _, c := range []struct {
 		window int64
 		mapped bool
-	}{{DefaultReadAhead, true}, {DefaultReadAhead, false}, {0, true}} {
+	}{{defaultReadAhead, true}, {defaultReadAhead, false}, {0, true}} {
 		window := c.window
 		e := newEnv(t)
 		ref := e.push("region/big:v1", fixtureLayer(f))
-		m := e.manager(WithPrefetch(false), WithReadAhead(window))
+		m := e.manager(withPrefetch(false), withReadAhead(window))
 		l, err := m.lookup(t.Context(), ref, tocKey(f.Desc.Annotations))
 		if err != nil {
 			t.Fatal(err)
@@ -117,7 +117,7 @@ func TestRegionBoundedByContent(t *testing.T) {
 	e := newEnv(t)
 	f := zerosLayer(t, 64<<20, 64<<10)
 	ref := e.push("zeros/region:v1", fixtureLayer(f))
-	m := e.manager(WithPrefetch(false))
+	m := e.manager(withPrefetch(false))
 	l, err := m.lookup(t.Context(), ref, f.Desc.Digest)
 	if err != nil {
 		t.Fatal(err)
@@ -173,7 +173,7 @@ func TestProfileReplaysWhatWasRead(t *testing.T) {
 	e := newProfEnv(t)
 	ref := profRepo + ":v1"
 	e.reg.push(ref, f)
-	m, stop := e.start(WithPrefetch(false), WithReadAhead(0), WithProfileWindow(200*time.Millisecond))
+	m, stop := e.start(withPrefetch(false), withReadAhead(0), withProfileWindow(200*time.Millisecond))
 	l := lookupOK(t, m, ref, profKey(f))
 	id := fileOf(t, l, "usr/lib/big.so")
 	buf := make([]byte, 4096)
@@ -182,14 +182,14 @@ func TestProfileReplaysWhatWasRead(t *testing.T) {
 	}
 	readPaths(t, l, "usr/bin/f00")
 	waitProfile(t, m, profRepo, f.Desc.Digest)
-	p := m.profiles.get(profRepo)
+	p := m.profiles.Get(profRepo)
 	if pl := p.Layers[0]; !slices.Equal(pl.Files, []string{"usr/lib/big.so", "usr/bin/f00"}) || !slices.Equal(pl.Ends, []int64{4096, 0}) {
 		t.Fatalf("profile %q ends %v, want big.so to 4096 and f00 whole", pl.Files, pl.Ends)
 	}
 	stop()
 
 	e.evict()
-	m, _ = e.start(WithPrefetchConcurrency(1), WithPrefetchBatch(64<<10), WithPrefetchQuiet(0), WithReadAhead(0))
+	m, _ = e.start(withPrefetchConcurrency(1), withPrefetchBatch(64<<10), withPrefetchQuiet(0), withReadAhead(0))
 	l = lookupOK(t, m, ref, profKey(f))
 	waitComplete(t, l)
 	st := l.Status()
@@ -197,16 +197,5 @@ func TestProfileReplaysWhatWasRead(t *testing.T) {
 	want := first.Length + l.Index().Chunks(fileOf(t, l, "usr/bin/f00"))[0].Length
 	if st.Profile == nil || st.Profile.Files != 2 || st.Profile.Bytes != want {
 		t.Errorf("status profile %+v, want 2 files and %d bytes: big.so's first chunk and f00", st.Profile, want)
-	}
-
-	// Merged with a recording that read big.so whole (or an older one without ends): whole.
-	pl := profileLayer{Files: []string{"usr/lib/big.so", "usr/bin/f00"}, Ends: []int64{4096, 0}}
-	pl.union(&profileLayer{Files: []string{"usr/bin/f01", "usr/lib/big.so"}, Ends: []int64{100, 0}})
-	if !slices.Equal(pl.Files, []string{"usr/lib/big.so", "usr/bin/f00", "usr/bin/f01"}) || !slices.Equal(pl.Ends, []int64{0, 0, 100}) {
-		t.Errorf("union: %q %v", pl.Files, pl.Ends)
-	}
-	pl.union(&profileLayer{Files: []string{"usr/bin/f01"}})
-	if pl.Ends != nil {
-		t.Errorf("union with a whole file: ends %v, want none", pl.Ends)
 	}
 }

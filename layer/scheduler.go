@@ -42,7 +42,8 @@ type scheduler struct {
 // prioSlots bounds the requests of prioritized files (a producer's profile, eStargz's
 // prefetch landmark) in flight at once, of the slots: they go out at once, and each sits on the
 // link ahead of the reads of the container starting (large eStargz-prio, whose profile names a
-// 117 MB library of which the start reads 64 KiB: 10-17% faster than with 4, back to back).
+// library of which the start reads a little: benchmarks/results,
+// 2026-11-28-readybench-prioslots-reduced and -warmfull).
 // A startup profile's replay, which names only what the start read, keeps every slot.
 const prioSlots = 2
 

@@ -14,7 +14,7 @@ func TestBackgroundWaitsForReadsStore(t *testing.T) {
 	e := newEnv(t)
 	f := e.fixtures[0]
 	ref := e.push("settle/"+f.Name+":v1", fixtureLayer(f))
-	m := e.manager(WithPrefetch(false), WithPrefetchQuiet(0))
+	m := e.manager(withPrefetch(false), withPrefetchQuiet(0))
 	l, err := m.lookup(t.Context(), ref, servedKey(f))
 	if err != nil {
 		t.Fatal(err)

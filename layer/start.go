@@ -11,6 +11,7 @@ import (
 
 	"github.com/layerstore/layerstore/chunked"
 	"github.com/layerstore/layerstore/fetcher"
+	"github.com/layerstore/layerstore/internal/execdeps"
 )
 
 // Prediction of the image's program.
@@ -123,7 +124,7 @@ func (m *Manager) predictStart(ref string) {
 	}
 	delete(m.starts, ref)
 	m.mu.Unlock()
-	if m.env.profiles.get(repository(ref)) != nil {
+	if m.env.profiles.Get(repository(ref)) != nil {
 		// The repository's startup profile knows the start, the runtime's reads included,
 		// and how much of each file it reads: its replay fetches them (profile.go).
 		m.opts.log.Debug("the image's start is its profile's", "ref", ref)
@@ -203,7 +204,7 @@ func findProgram(layers []*Layer, start fetcher.Start) (fileRef, bool) {
 		p = defaultPath
 	}
 	dirs := strings.Split(p, ":")
-	for _, d := range dirs[:min(len(dirs), maxSearchDirs)] {
+	for _, d := range dirs[:min(len(dirs), execdeps.MaxSearchDirs)] {
 		if !path.IsAbs(d) {
 			continue
 		}

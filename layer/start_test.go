@@ -6,7 +6,9 @@ import (
 	"time"
 
 	"github.com/layerstore/layerstore/fetcher"
+	"github.com/layerstore/layerstore/internal/testutil/testelf"
 	"github.com/layerstore/layerstore/internal/testutil/testlayer"
+	"github.com/layerstore/layerstore/layer/profile"
 )
 
 func exeEntry(name string, data []byte) testlayer.Entry {
@@ -32,17 +34,17 @@ func TestPredictImageProgram(t *testing.T) {
 		regEntry("etc/ld.so.cache", make([]byte, 3000)),
 		regEntry("etc/passwd", []byte("root:x:0:0:root:/root:/bin/sh\n")),
 		regEntry("etc/group", []byte("root:x:0:\n")),
-		regEntry(lib+"libc.so.6", elfFile(11, elfSpec{pad: 150 << 10})),
-		regEntry(lib+"ld-linux-x86-64.so.2", elfFile(13, elfSpec{static: true, pad: 10 << 10})),
-		regEntry(lib+"libunused.so.1", elfFile(14, elfSpec{pad: 10 << 10})),
-		exeEntry("usr/bin/tool", elfFile(15, elfSpec{pad: 20 << 10})), // shadowed by app's
+		regEntry(lib+"libc.so.6", testelf.File(11, testelf.Spec{Pad: 150 << 10})),
+		regEntry(lib+"ld-linux-x86-64.so.2", testelf.File(13, testelf.Spec{Static: true, Pad: 10 << 10})),
+		regEntry(lib+"libunused.so.1", testelf.File(14, testelf.Spec{Pad: 10 << 10})),
+		exeEntry("usr/bin/tool", testelf.File(15, testelf.Spec{Pad: 20 << 10})), // shadowed by app's
 		linkEntry("lib64/ld-linux-x86-64.so.2", "/"+lib+"ld-linux-x86-64.so.2"),
 	}
 	app := []testlayer.Entry{
-		exeEntry("usr/bin/interp", elfFile(21, elfSpec{interp: "/lib64/ld-linux-x86-64.so.2", needed: []string{"libc.so.6"}, pad: 100 << 10})),
-		exeEntry("usr/bin/tool", elfFile(22, elfSpec{pad: 20 << 10})),
+		exeEntry("usr/bin/interp", testelf.File(21, testelf.Spec{Interp: "/lib64/ld-linux-x86-64.so.2", Needed: []string{"libc.so.6"}, Pad: 100 << 10})),
+		exeEntry("usr/bin/tool", testelf.File(22, testelf.Spec{Pad: 20 << 10})),
 		exeEntry("usr/local/bin/entry.sh", []byte("#! /usr/bin/interp -e\nexec tool\n")),
-		regEntry("usr/local/bin/notexe", elfFile(23, elfSpec{pad: 10 << 10})),
+		regEntry("usr/local/bin/notexe", testelf.File(23, testelf.Spec{Pad: 10 << 10})),
 	}
 	bf, af := predictLayer(t, "base", base), predictLayer(t, "app", app)
 	users := []string{"etc/group", "etc/passwd"}
@@ -55,26 +57,26 @@ func TestPredictImageProgram(t *testing.T) {
 		base, app []string // the files fetched
 		profiled  bool     // the repository has a startup profile
 	}{
-		{"script", fetcher.Start{Program: "entry.sh", Path: "bin:/nowhere:/usr/local/bin"}, DefaultReadAhead,
+		{"script", fetcher.Start{Program: "entry.sh", Path: "bin:/nowhere:/usr/local/bin"}, defaultReadAhead,
 			script, []string{"usr/bin/interp", "usr/local/bin/entry.sh"}, false},
-		{"shadowed", fetcher.Start{Program: "tool"}, DefaultReadAhead, users, []string{"usr/bin/tool"}, false},
-		{"path", fetcher.Start{Program: "/usr/local/bin/entry.sh"}, DefaultReadAhead,
+		{"shadowed", fetcher.Start{Program: "tool"}, defaultReadAhead, users, []string{"usr/bin/tool"}, false},
+		{"path", fetcher.Start{Program: "/usr/local/bin/entry.sh"}, defaultReadAhead,
 			script, []string{"usr/bin/interp", "usr/local/bin/entry.sh"}, false},
-		{"not executable", fetcher.Start{Program: "notexe", Path: "/usr/local/bin"}, DefaultReadAhead, users, nil, false},
-		{"relative", fetcher.Start{Program: "bin/tool"}, DefaultReadAhead, users, nil, false},
-		{"nowhere", fetcher.Start{Program: "missing"}, DefaultReadAhead, users, nil, false},
+		{"not executable", fetcher.Start{Program: "notexe", Path: "/usr/local/bin"}, defaultReadAhead, users, nil, false},
+		{"relative", fetcher.Start{Program: "bin/tool"}, defaultReadAhead, users, nil, false},
+		{"nowhere", fetcher.Start{Program: "missing"}, defaultReadAhead, users, nil, false},
 		{"read-ahead off", fetcher.Start{Program: "entry.sh", Path: "/usr/local/bin"}, 0, nil, nil, false},
-		{"profiled", fetcher.Start{Program: "entry.sh", Path: "/usr/local/bin"}, DefaultReadAhead, nil, nil, true},
+		{"profiled", fetcher.Start{Program: "entry.sh", Path: "/usr/local/bin"}, defaultReadAhead, nil, nil, true},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			e := newProfEnv(t)
 			ref := profRepo + ":v1"
 			e.reg.push(ref, bf, af)
 			e.reg.starts[ref] = c.start
-			m, _ := e.start(WithPrefetch(false), WithReadAhead(c.readAhead))
+			m, _ := e.start(withPrefetch(false), withReadAhead(c.readAhead))
 			if c.profiled {
-				pl := profileLayer{Layer: af.Desc.Digest, Recorded: time.Now().UTC(), Files: []string{"usr/bin/tool"}}
-				if err := m.profiles.add(profRepo, pl); err != nil {
+				pl := profile.Layer{Layer: af.Desc.Digest, Recorded: time.Now().UTC(), Files: []string{"usr/bin/tool"}}
+				if err := m.profiles.Add(profRepo, pl); err != nil {
 					t.Fatal(err)
 				}
 			}
@@ -117,35 +119,6 @@ func TestPredictImageProgram(t *testing.T) {
 	}
 }
 
-// TestReadShebang: a script's interpreter is the first word of its first line after "#!",
-// within the kernel's 256 bytes; anything else names none.
-func TestReadShebang(t *testing.T) {
-	for _, c := range []struct {
-		data, want string
-		ok         bool
-	}{
-		{"#!/bin/sh\necho\n", "/bin/sh", true},
-		{"#! \t/usr/bin/env python3\n", "/usr/bin/env", true},
-		{"#!/bin/bash\t-e\n", "/bin/bash", true},
-		{"#!sh\n", "sh", false},
-		{"#!", "", false},
-		{"\x7fELF", "", false},
-		{"echo #!/bin/sh\n", "", false},
-	} {
-		got, ok := readShebang(readerAt(c.data), int64(len(c.data)))
-		if ok != c.ok || (ok && got != c.want) {
-			t.Errorf("%q: %q %v, want %q %v", c.data, got, ok, c.want, c.ok)
-		}
-	}
-}
-
-type readerAt string
-
-func (r readerAt) ReadAt(p []byte, off int64) (int, error) {
-	n := copy(p, r[off:])
-	return n, nil
-}
-
 // TestPredictImageProgramEndsAtAnotherExec: when the runtime executes another program than
 // the one the config names (a pod's own command), the prediction of the config's program
 // stops: of a program of six batches, fetched two at a time from a slow registry, the
@@ -153,8 +126,8 @@ func (r readerAt) ReadAt(p []byte, off int64) (int, error) {
 // execution of a file not named yet (its interpreter, before the prediction reached it; a
 // program it runs) does not stop it.
 func TestPredictImageProgramEndsAtAnotherExec(t *testing.T) {
-	big := elfFile(40, elfSpec{pad: 6 * wholeBatch})
-	other := elfFile(41, elfSpec{pad: 10 << 10})
+	big := testelf.File(40, testelf.Spec{Pad: 6 * wholeBatch})
+	other := testelf.File(41, testelf.Spec{Pad: 10 << 10})
 	for _, c := range []struct {
 		name  string
 		execs []string
@@ -170,7 +143,7 @@ func TestPredictImageProgramEndsAtAnotherExec(t *testing.T) {
 			e.reg.push(ref, fx)
 			e.reg.starts[ref] = fetcher.Start{Program: "big"}
 			e.reg.delay = 100 * time.Millisecond
-			m, _ := e.start(WithPrefetch(false))
+			m, _ := e.start(withPrefetch(false))
 			l := lookupOK(t, m, ref, profKey(fx))
 			id := fileOf(t, l, "usr/bin/big")
 			chunks := l.Index().NumChunks(id)
@@ -216,7 +189,7 @@ func TestUserFilesBounded(t *testing.T) {
 	e := newProfEnv(t)
 	ref := profRepo + ":v1"
 	e.reg.push(ref, fx)
-	m, _ := e.start(WithPrefetch(false))
+	m, _ := e.start(withPrefetch(false))
 	l := lookupOK(t, m, ref, profKey(fx))
 	e.reg.log(true)
 	fetchUserFiles([]*Layer{l})

@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/layerstore/layerstore/chunked"
+	"github.com/layerstore/layerstore/internal/control/protocol"
 	"github.com/layerstore/layerstore/internal/testutil/testlayer"
 )
 
@@ -18,7 +19,7 @@ import (
 // the layers are fetched in the background, and checks every byte against whole-file reads.
 func TestStress(t *testing.T) {
 	e := newEnv(t)
-	m := e.manager(WithPrefetchBatch(64<<10), WithPrefetchConcurrency(3))
+	m := e.manager(withPrefetchBatch(64<<10), withPrefetchConcurrency(3))
 	var layers []*Layer
 	for _, f := range e.fixtures[:6] {
 		if servedKey(f) == "" {
@@ -91,7 +92,7 @@ func TestStress(t *testing.T) {
 	wg.Wait()
 	for _, l := range layers {
 		l.wait()
-		if st := l.Status(); st.State != StateComplete {
+		if st := l.Status(); st.State != protocol.StateComplete {
 			t.Errorf("%s: state %s (%s)", l.Digest(), st.State, st.Error)
 		}
 	}

@@ -74,22 +74,22 @@ func TestTarSplitBeforeAnswer(t *testing.T) {
 	}
 	for _, tc := range []struct {
 		name string
-		opts []Option
+		opts []option
 		keys []string // the lookups, in order
 	}{
 		{"by blob digest", nil, []string{"blob"}},
 		{"by blob digest after a modern lookup", nil, []string{"toc", "blob"}},
-		{"require-diffid", []Option{WithRequireDiffID(true)}, []string{"toc"}},
+		{"require-diffid", []option{withRequireDiffID(true)}, []string{"toc"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			// A cache of its own: a record of the layer, written with the tar's size once
 			// compared, would answer the next case's lookups.
-			c, err := cache.New(t.TempDir())
+			c, err := cache.New(t.TempDir(), cache.Config{})
 			if err != nil {
 				t.Fatal(err)
 			}
 			t.Cleanup(func() { c.Close() })
-			m, err := New(ClientRegistry(testClient(t, e.reg)), c, append(tc.opts, WithPrefetch(false))...)
+			m, err := newTestManager(ClientRegistry(testClient(t, e.reg)), c, append(tc.opts, withPrefetch(false))...)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -130,7 +130,7 @@ func TestTarSplitDisagreementRefused(t *testing.T) {
 	ref := e.push("lying:v1", fixtureLayer(f))
 	toc := tocKey(f.Desc.Annotations)
 
-	m := e.manager(WithPrefetch(false))
+	m := e.manager(withPrefetch(false))
 	release := hold(t, m) // the background comparison waits until the layer has been read
 	l, err := m.lookup(t.Context(), ref, toc)
 	if err != nil {
@@ -171,7 +171,7 @@ func TestTarSplitDisagreementRefused(t *testing.T) {
 	}
 
 	// By blob digest, through a manager that never saw it: refused before the lookup answers.
-	m2 := e.manager(WithPrefetch(false))
+	m2 := e.manager(withPrefetch(false))
 	if _, err := m2.lookup(t.Context(), ref, f.Desc.Digest); !errors.Is(err, chunked.ErrInvalid) {
 		t.Fatalf("lookup by blob digest = %v, want the verification error", err)
 	}
@@ -187,12 +187,12 @@ func TestRecordsKeepNoTarSplit(t *testing.T) {
 	e := newEnv(t)
 	f := syntheticLayer(t, 2000, nil)
 	ref := e.push("synthetic:v1", fixtureLayer(f))
-	c, err := cache.New(t.TempDir())
+	c, err := cache.New(t.TempDir(), cache.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { c.Close() })
-	m, err := New(ClientRegistry(testClient(t, e.reg)), c, WithPrefetch(false))
+	m, err := newTestManager(ClientRegistry(testClient(t, e.reg)), c, withPrefetch(false))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -238,7 +238,7 @@ func lookedUpByTOC(t *testing.T) (m *Manager, l *Layer, f testlayer.Fixture, ref
 	e := newEnv(t)
 	f = syntheticLayer(t, 2000, nil)
 	ref = e.push("synthetic:v1", fixtureLayer(f))
-	m = e.manager(WithPrefetch(false), WithPrefetchQuiet(time.Hour))
+	m = e.manager(withPrefetch(false), withPrefetchQuiet(time.Hour))
 	start = time.Now()
 	l, err := m.lookup(t.Context(), ref, tocKey(f.Desc.Annotations))
 	if err != nil {
@@ -336,7 +336,7 @@ func TestTarSplitTamperedRefused(t *testing.T) {
 	ref := e.push("tampered:v1", fixtureLayer(f))
 	toc := tocKey(f.Desc.Annotations)
 
-	m := e.manager(WithPrefetch(false))
+	m := e.manager(withPrefetch(false))
 	l, err := m.lookup(t.Context(), ref, toc)
 	if err != nil {
 		t.Fatalf("modern lookup: %v (the tar-split is read by the comparison)", err)
@@ -352,7 +352,7 @@ func TestTarSplitTamperedRefused(t *testing.T) {
 		t.Errorf("status %+v, counters %+v: want the layer refused, one verification failure", st.Layers, st.Counters)
 	}
 
-	m2 := e.manager(WithPrefetch(false))
+	m2 := e.manager(withPrefetch(false))
 	if _, err := m2.lookup(t.Context(), ref, digest.FromBytes(f.Blob)); !errors.Is(err, verify.ErrDigestMismatch) {
 		t.Fatalf("lookup by blob digest = %v, want the digest mismatch", err)
 	}

@@ -16,6 +16,7 @@ import (
 	"github.com/layerstore/layerstore/cache"
 	"github.com/layerstore/layerstore/chunked"
 	"github.com/layerstore/layerstore/fetcher"
+	"github.com/layerstore/layerstore/internal/byterange"
 	"github.com/layerstore/layerstore/internal/testutil/testlayer"
 )
 
@@ -48,7 +49,7 @@ func (b *memBlob) ReadAt(_ context.Context, p []byte, off int64) (int, error) {
 	return n, nil
 }
 
-func (b *memBlob) Fetch(ctx context.Context, ranges []chunked.Range) ([][]byte, error) {
+func (b *memBlob) Fetch(ctx context.Context, ranges []byterange.Range) ([][]byte, error) {
 	b.mu.Lock()
 	b.fetches++
 	gate := b.gate
@@ -106,7 +107,7 @@ func (r *memRegistry) Blob(context.Context, *fetcher.Image, *fetcher.Descriptor)
 
 // memManager returns a manager whose registry serves the eStargz fixture from memory, and the
 // fixture's blob.
-func memManager(t *testing.T, opts ...Option) (*Manager, *memBlob, testlayer.Fixture) {
+func memManager(t *testing.T, opts ...option) (*Manager, *memBlob, testlayer.Fixture) {
 	t.Helper()
 	fs, err := testlayer.Fixtures()
 	if err != nil {
@@ -116,13 +117,13 @@ func memManager(t *testing.T, opts ...Option) (*Manager, *memBlob, testlayer.Fix
 	if f.Format != chunked.EStargz {
 		t.Fatalf("fixture 3 is %v", f.Format)
 	}
-	c, err := cache.New(t.TempDir())
+	c, err := cache.New(t.TempDir(), cache.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { c.Close() })
 	blob := newMemBlob(f.Blob)
-	m, err := New(&memRegistry{f: f, blob: blob}, c, append([]Option{WithPrefetch(false)}, opts...)...)
+	m, err := newTestManager(&memRegistry{f: f, blob: blob}, c, append([]option{withPrefetch(false)}, opts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -145,7 +146,7 @@ func fileOf(t *testing.T, l *Layer, path string) chunked.EntryID {
 // TestConcurrentReadsShareOneFetch: readers of one chunk at once cause one fetch, and all
 // get its verified bytes.
 func TestConcurrentReadsShareOneFetch(t *testing.T) {
-	m, blob, _ := memManager(t, WithReadAhead(0))
+	m, blob, _ := memManager(t, withReadAhead(0))
 	l, err := m.lookup(t.Context(), memRef, servedKeyOf(m))
 	if err != nil {
 		t.Fatal(err)
@@ -196,7 +197,7 @@ func readOne(t *testing.T, l *Layer, id chunked.EntryID) []byte {
 // TestOpenFilesBounded: the manager keeps at most WithOpenFiles cache files open between
 // reads, least recently used closed first, and a file being read stays open.
 func TestOpenFilesBounded(t *testing.T) {
-	m, _, _ := memManager(t, WithOpenFiles(2))
+	m, _, _ := memManager(t, withOpenFiles(2))
 	l, err := m.lookup(t.Context(), memRef, servedKeyOf(m))
 	if err != nil {
 		t.Fatal(err)
@@ -239,7 +240,7 @@ func TestOpenFilesBounded(t *testing.T) {
 // used one is kept however long; released, it goes after keepTTL.
 func TestJanitorForgets(t *testing.T) {
 	clock := newTestClock()
-	m, _, _ := memManager(t, WithClock(clock.now), WithKeepTTL(time.Minute))
+	m, _, _ := memManager(t, withClock(clock.now), withKeepTTL(time.Minute))
 	key := servedKeyOf(m)
 	if _, err := m.lookup(t.Context(), memRef, key); err != nil {
 		t.Fatal(err)
@@ -275,7 +276,7 @@ func TestJanitorForgets(t *testing.T) {
 // fetches, fails the reads, and returns; reads after Close still fail cleanly or succeed,
 // never hang.
 func TestCloseWhileReading(t *testing.T) {
-	m, blob, _ := memManager(t, WithReadTimeout(time.Hour))
+	m, blob, _ := memManager(t, withReadTimeout(time.Hour))
 	l, err := m.lookup(t.Context(), memRef, servedKeyOf(m))
 	if err != nil {
 		t.Fatal(err)
@@ -346,7 +347,7 @@ func TestFetchKinds(t *testing.T) {
 	}
 
 	gate := blob.hold()
-	l.fetchAhead(id, 2)
+	l.fetchAhead(chunkKey{id, 2})
 	<-blob.started
 	if n := m.sched.demand.Load(); n != 0 {
 		t.Errorf("a fetch ahead counts as %d demand fetches", n)

@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/layerstore/layerstore/chunked"
+	"github.com/layerstore/layerstore/internal/byterange"
 	"github.com/layerstore/layerstore/internal/testutil/testlayer"
 	"github.com/layerstore/layerstore/verify"
 )
@@ -177,16 +178,16 @@ func TestCheckDiffID(t *testing.T) {
 type countingSource struct {
 	verify.Source
 	reads int
-	read  []chunked.Range
+	read  []byterange.Range
 }
 
 func (c *countingSource) ReadAt(ctx context.Context, p []byte, off int64) (int, error) {
 	c.reads++
-	c.read = append(c.read, chunked.Range{Offset: off, Length: int64(len(p))})
+	c.read = append(c.read, byterange.Range{Offset: off, Length: int64(len(p))})
 	return c.Source.ReadAt(ctx, p, off)
 }
 
-func (c *countingSource) Fetch(ctx context.Context, ranges []chunked.Range) ([][]byte, error) {
+func (c *countingSource) Fetch(ctx context.Context, ranges []byterange.Range) ([][]byte, error) {
 	c.reads++
 	out := make([][]byte, len(ranges))
 	for i, r := range ranges {

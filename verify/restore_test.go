@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/layerstore/layerstore/chunked"
+	"github.com/layerstore/layerstore/internal/byterange"
 	"github.com/layerstore/layerstore/internal/testutil/testlayer"
 	"github.com/layerstore/layerstore/verify"
 )
@@ -118,7 +119,7 @@ func TestReleaseTarSplit(t *testing.T) {
 		t.Fatal(err)
 	}
 	ts := l.Layout().TarSplit
-	if !slices.Contains(counted.read, chunked.Range{Offset: ts.Offset, Length: ts.Length}) {
+	if !slices.Contains(counted.read, byterange.Range{Offset: ts.Offset, Length: ts.Length}) {
 		t.Errorf("CheckDiffID read %v, want the tar-split %v read again", counted.read, ts)
 	}
 

@@ -14,6 +14,7 @@ import (
 
 	"github.com/klauspost/compress/zstd"
 	"github.com/layerstore/layerstore/chunked"
+	"github.com/layerstore/layerstore/internal/byterange"
 	"github.com/layerstore/layerstore/internal/testutil/testlayer"
 	"github.com/layerstore/layerstore/verify"
 	digest "github.com/opencontainers/go-digest"
@@ -117,7 +118,7 @@ func TestTamperMetadata(t *testing.T) {
 			want := dump(l.Index())
 			lay := l.Layout()
 			tail := chunked.TailSize(lay.Format)
-			regions := map[string]chunked.Range{
+			regions := map[string]byterange.Range{
 				"footer": {Offset: lay.BlobSize - tail, Length: tail},
 				"TOC":    lay.TOC,
 			}

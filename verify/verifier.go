@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 
 	"github.com/layerstore/layerstore/chunked"
+	"github.com/layerstore/layerstore/internal/byterange"
 	digest "github.com/opencontainers/go-digest"
 )
 
@@ -197,12 +198,12 @@ type metadata struct {
 // footer is read first.
 func readMetadata(ctx context.Context, src Source, layout *chunked.Layout, lim chunked.Limits, tarSplit bool) (metadata, error) {
 	tailN := min(chunked.TailSize(layout.Format), layout.BlobSize)
-	tailAt := chunked.Range{Offset: layout.BlobSize - tailN, Length: tailN}
+	tailAt := byterange.Range{Offset: layout.BlobSize - tailN, Length: tailN}
 	if layout.TOC.Length > 0 {
 		if layout.TOC.Length > lim.MaxTOCSize {
 			return metadata{}, fmt.Errorf("%w: compressed TOC of %d bytes exceeds %d", chunked.ErrLimit, layout.TOC.Length, lim.MaxTOCSize)
 		}
-		parts := []chunked.Range{layout.TOC, tailAt}
+		parts := []byterange.Range{layout.TOC, tailAt}
 		withTarSplit := tarSplit && layout.TarSplit.Length > 0 && layout.TarSplit.Length <= lim.MaxTOCSize
 		if withTarSplit {
 			parts = append(parts, layout.TarSplit)
@@ -272,11 +273,11 @@ func parseTOC(ctx context.Context, layout *chunked.Layout, raw []byte, lim chunk
 type RangeSource interface {
 	Source
 	// Fetch returns the bytes of each range, in order.
-	Fetch(ctx context.Context, ranges []chunked.Range) ([][]byte, error)
+	Fetch(ctx context.Context, ranges []byterange.Range) ([][]byte, error)
 }
 
 // readRanges reads ranges from src, at once when src is a RangeSource, else one by one.
-func readRanges(ctx context.Context, src Source, ranges []chunked.Range) ([][]byte, error) {
+func readRanges(ctx context.Context, src Source, ranges []byterange.Range) ([][]byte, error) {
 	for _, r := range ranges {
 		if r.Offset < 0 || r.Length < 0 {
 			return nil, fmt.Errorf("%w: range %d+%d", chunked.ErrInvalid, r.Offset, r.Length)

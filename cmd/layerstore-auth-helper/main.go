@@ -37,7 +37,7 @@ import (
 	"os"
 	"time"
 
-	"github.com/layerstore/layerstore/internal/control"
+	"github.com/layerstore/layerstore/internal/control/protocol"
 )
 
 // timeout bounds a whole run: reading stdin and handing the credentials over.
@@ -65,7 +65,7 @@ func run(ctx context.Context, args []string, stdin io.Reader, stderr io.Writer) 
 	fl := flag.NewFlagSet("layerstore-auth-helper", flag.ContinueOnError)
 	fl.SetOutput(stderr)
 	fl.Usage = func() { fmt.Fprint(stderr, usage); fl.PrintDefaults() }
-	socket := fl.String("control-socket", "", "the daemon's control socket (default $"+control.SocketEnv+" or "+control.DefaultSocket+")")
+	socket := fl.String("control-socket", "", "the daemon's control socket (default $"+protocol.SocketEnv+" or "+protocol.DefaultSocket+")")
 	if err := fl.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
@@ -78,7 +78,7 @@ func run(ctx context.Context, args []string, stdin io.Reader, stderr io.Writer) 
 	}
 	path := *socket
 	if path == "" {
-		path = control.SocketPath()
+		path = protocol.SocketPath()
 	}
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
@@ -99,7 +99,7 @@ func handOver(ctx context.Context, socket string, stdin io.Reader) error {
 	if err := check(body); err != nil {
 		return err
 	}
-	err = control.NewClient(socket).PushCredentials(ctx, bytes.NewReader(body))
+	err = protocol.NewClient(socket).PushCredentials(ctx, bytes.NewReader(body))
 	var op *net.OpError
 	switch {
 	case err == nil:
@@ -147,7 +147,7 @@ func readInput(ctx context.Context, r io.Reader) ([]byte, error) {
 // containers/image writes it. The messages name offsets, never the input.
 func check(body []byte) error {
 	const want = `a JSON object {"REFERENCE": {"username": ..., "password": ..., "identityToken": ...}}`
-	var creds map[string]control.Credential
+	var creds map[string]protocol.Credential
 	dec := json.NewDecoder(bytes.NewReader(body))
 	err := dec.Decode(&creds)
 	var syntax *json.SyntaxError

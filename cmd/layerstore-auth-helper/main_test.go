@@ -16,7 +16,7 @@ import (
 
 	"github.com/layerstore/layerstore/fetcher"
 	"github.com/layerstore/layerstore/internal/control"
-	"github.com/layerstore/layerstore/layer"
+	"github.com/layerstore/layerstore/internal/control/protocol"
 )
 
 // secret is in every test input; no message may show it.
@@ -29,10 +29,10 @@ const cimageInput = `{"127.0.0.1:5000/private:tag":{"username":"user","password"
 
 type fakeStatus struct{}
 
-func (fakeStatus) Status() layer.Status { return layer.Status{} }
+func (fakeStatus) Status() protocol.Status { return protocol.Status{} }
 
-func (fakeStatus) Pin(context.Context, string, string) (layer.Pin, error) {
-	return layer.Pin{}, errors.New("no pins here")
+func (fakeStatus) Pin(context.Context, string, string) (protocol.Pin, error) {
+	return protocol.Pin{}, errors.New("no pins here")
 }
 
 func (fakeStatus) Unpin(string, string) error { return nil }
@@ -159,7 +159,7 @@ func TestSocketSelection(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			flagSink.reset()
 			envSink.reset()
-			t.Setenv(control.SocketEnv, tc.env)
+			t.Setenv(protocol.SocketEnv, tc.env)
 			if code, stderr := runHelper(t, t.Context(), cimageInput, tc.args...); code != 0 {
 				t.Fatalf("exit status %d: %s", code, stderr)
 			}

@@ -10,7 +10,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/layerstore/layerstore/layer"
+	"github.com/layerstore/layerstore/internal/control/protocol"
 )
 
 // CRI-O pins images with pinned_images ([crio.image] in its configuration): the kubelet never
@@ -28,8 +28,8 @@ const crioPinRetry = time.Minute
 
 // pinner is what the CRI-O pins need of the layer manager.
 type pinner interface {
-	Pin(ctx context.Context, ref, platform string) (layer.Pin, error)
-	Status() layer.Status
+	Pin(ctx context.Context, ref, platform string) (protocol.Pin, error)
+	Status() protocol.Status
 }
 
 // crioPins pins the images CRI-O's configuration pins.

@@ -19,6 +19,7 @@ import (
 
 	"github.com/layerstore/layerstore/chunked"
 	storefs "github.com/layerstore/layerstore/fs"
+	"github.com/layerstore/layerstore/internal/control/protocol"
 	"github.com/layerstore/layerstore/internal/demo"
 	"github.com/layerstore/layerstore/layer"
 )
@@ -47,32 +48,17 @@ func runDemo(ctx context.Context, out io.Writer) error {
 		return err
 	}
 	defer reg.Close()
-	images, bulk, err := demoImages()
+	images, err := pushDemoImages(ctx, out, reg)
 	if err != nil {
 		return err
-	}
-	fmt.Fprintf(out, "sample image: the reference layer (%d entries) plus %d MiB of libraries, in each format\n",
-		len(demo.Entries()), bulk>>20)
-	for _, im := range images {
-		if _, err := reg.Push(ctx, "demo/app:"+im.tag, []demo.Blob{im.layer}); err != nil {
-			return err
-		}
 	}
 	dir, err := os.MkdirTemp("", "layerstore-demo-")
 	if err != nil {
 		return err
 	}
 	defer os.RemoveAll(dir)
-	conf := filepath.Join(dir, "registries.conf")
-	if err := os.WriteFile(conf, fmt.Appendf(nil, "[[registry]]\nlocation = %q\ninsecure = true\n", reg.Host), 0o644); err != nil {
-		return err
-	}
-	cfg := &Config{CacheDir: filepath.Join(dir, "cache")}
-	// Paced, so that the lazy reads visibly overtake the background fetch.
-	cfg.Prefetch.Bandwidth, cfg.Prefetch.BatchSize = 8<<20, 1<<20
-	cfg.Registries.Conf, cfg.Registries.ConfDir = conf, conf+".d"
 	mnt := filepath.Join(dir, "store")
-	s, err := openStack(cfg, mnt, nil, slog.New(slog.DiscardHandler))
+	s, err := openDemoStack(dir, mnt, reg)
 	if err != nil {
 		return err
 	}
@@ -82,53 +68,9 @@ func runDemo(ctx context.Context, out io.Writer) error {
 	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "image\tformat\tblob\tresolve\tfirst byte\t3 files\tfetched\tof blob\trequests\tall local in\tguarantee\t")
 	for _, im := range images {
-		ref := reg.Host + "/demo/app:" + im.tag
-		layerDir := filepath.Join(mnt, base64.StdEncoding.EncodeToString([]byte(ref)), im.key.String())
-		start := time.Now()
-		_, err := os.Stat(filepath.Join(layerDir, "diff"))
-		if !im.lazy {
-			if !errors.Is(err, os.ErrNotExist) {
-				return fmt.Errorf("%s: a plain layer was served (%v)", im.tag, err)
-			}
-			fmt.Fprintf(tw, "%s\t%s\t%d\tENOENT in %s\t\t\t\t\t\t\t(the runtime pulls it)\t\n", im.tag, "gzip", len(im.layer.Blob), since(start))
-			continue
-		}
-		if err != nil {
-			return fmt.Errorf("%s: %w", im.tag, err)
-		}
-		resolved := time.Since(start)
-		var firstByte time.Duration
-		for i, p := range demoFiles {
-			f, err := os.Open(filepath.Join(layerDir, "diff", p))
-			if err != nil {
-				return err
-			}
-			_, err = f.Read(make([]byte, 1))
-			if i == 0 {
-				firstByte = time.Since(start)
-			}
-			if err == nil {
-				_, err = io.Copy(io.Discard, f)
-			}
-			f.Close()
-			if err != nil {
-				return fmt.Errorf("%s: reading %s: %w", im.tag, p, err)
-			}
-		}
-		read := time.Since(start)
-		stats := reg.Stats(im.layer.Digest())
-		fetched, requests := stats.Bytes, stats.Ranged
-		if stats.Full > 0 {
-			return fmt.Errorf("%s: the blob was fetched in full", im.tag)
-		}
-		local, err := waitLocal(ctx, s.manager, im.layer)
-		if err != nil {
+		if err := readDemoImage(ctx, tw, reg, s, mnt, im); err != nil {
 			return err
 		}
-		st := layerStatus(s.manager, im.layer)
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%d\t%.1f%%\t%d\t%s\t%s\t\n", im.tag, st.Format, st.Size,
-			resolved.Round(time.Millisecond), firstByte.Round(time.Millisecond), read.Round(time.Millisecond),
-			fetched, 100*float64(fetched)/float64(st.Size), requests, local.Round(time.Millisecond), st.Guarantee)
 	}
 	tw.Flush()
 	fmt.Fprint(out, `
@@ -138,8 +80,95 @@ all local in: time until the background fetch had verified and cached the whole 
 The images hold the same files: the cache is content-addressed, so after the first image
 only the TOCs and content not seen before are fetched.
 `)
+	return readTampered(ctx, out, reg, s, mnt)
+}
 
-	// A registry serving a corrupted chunk: the read fails with EIO, nothing wrong is returned.
+// pushDemoImages builds the sample images and pushes them to reg.
+func pushDemoImages(ctx context.Context, out io.Writer, reg *demo.Registry) ([]demoImage, error) {
+	images, bulk, err := demoImages()
+	if err != nil {
+		return nil, err
+	}
+	fmt.Fprintf(out, "sample image: the reference layer (%d entries) plus %d MiB of libraries, in each format\n",
+		len(demo.Entries()), bulk>>20)
+	for _, im := range images {
+		if _, err := reg.Push(ctx, "demo/app:"+im.tag, []demo.Blob{im.layer}); err != nil {
+			return nil, err
+		}
+	}
+	return images, nil
+}
+
+// openDemoStack mounts a store at mnt reading from reg alone, its cache and registries.conf in
+// dir.
+func openDemoStack(dir, mnt string, reg *demo.Registry) (*stack, error) {
+	conf := filepath.Join(dir, "registries.conf")
+	if err := os.WriteFile(conf, fmt.Appendf(nil, "[[registry]]\nlocation = %q\ninsecure = true\n", reg.Host), 0o644); err != nil {
+		return nil, err
+	}
+	cfg := &Config{CacheDir: filepath.Join(dir, "cache")}
+	// Paced, so that the lazy reads visibly overtake the background fetch.
+	cfg.Prefetch.Bandwidth, cfg.Prefetch.BatchSize = 8<<20, 1<<20
+	cfg.Registries.Conf, cfg.Registries.ConfDir = conf, conf+".d"
+	return openStack(cfg, mnt, nil, slog.New(slog.DiscardHandler))
+}
+
+// readDemoImage reads the demo's files of im through the store at mnt, waits for the
+// background fetch, and writes the table's row.
+func readDemoImage(ctx context.Context, tw io.Writer, reg *demo.Registry, s *stack, mnt string, im demoImage) error {
+	ref := reg.Host + "/demo/app:" + im.tag
+	layerDir := filepath.Join(mnt, base64.StdEncoding.EncodeToString([]byte(ref)), im.key.String())
+	start := time.Now()
+	_, err := os.Stat(filepath.Join(layerDir, "diff"))
+	if !im.lazy {
+		if !errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("%s: a plain layer was served (%v)", im.tag, err)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%d\tENOENT in %s\t\t\t\t\t\t\t(the runtime pulls it)\t\n", im.tag, "gzip", len(im.layer.Blob), since(start))
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("%s: %w", im.tag, err)
+	}
+	resolved := time.Since(start)
+	var firstByte time.Duration
+	for i, p := range demoFiles {
+		f, err := os.Open(filepath.Join(layerDir, "diff", p))
+		if err != nil {
+			return err
+		}
+		_, err = f.Read(make([]byte, 1))
+		if i == 0 {
+			firstByte = time.Since(start)
+		}
+		if err == nil {
+			_, err = io.Copy(io.Discard, f)
+		}
+		f.Close()
+		if err != nil {
+			return fmt.Errorf("%s: reading %s: %w", im.tag, p, err)
+		}
+	}
+	read := time.Since(start)
+	stats := reg.Stats(im.layer.Digest())
+	fetched, requests := stats.Bytes, stats.Ranged
+	if stats.Full > 0 {
+		return fmt.Errorf("%s: the blob was fetched in full", im.tag)
+	}
+	local, err := waitLocal(ctx, s.manager, im.layer)
+	if err != nil {
+		return err
+	}
+	st := layerStatus(s.manager, im.layer)
+	fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%d\t%.1f%%\t%d\t%s\t%s\t\n", im.tag, st.Format, st.Size,
+		resolved.Round(time.Millisecond), firstByte.Round(time.Millisecond), read.Round(time.Millisecond),
+		fetched, 100*float64(fetched)/float64(st.Size), requests, local.Round(time.Millisecond), st.Guarantee)
+	return nil
+}
+
+// readTampered reads a file of an image whose registry serves a corrupted chunk: the read
+// fails with EIO, nothing wrong is returned.
+func readTampered(ctx context.Context, out io.Writer, reg *demo.Registry, s *stack, mnt string) error {
 	tampered, err := tamperedImage(reg)
 	if err != nil {
 		return err
@@ -159,14 +188,14 @@ only the TOCs and content not seen before are fetched.
 
 func since(t time.Time) time.Duration { return time.Since(t).Round(time.Millisecond) }
 
-func layerStatus(m *layer.Manager, l demo.Blob) layer.LayerStatus {
+func layerStatus(m *layer.Manager, l demo.Blob) protocol.LayerStatus {
 	d := l.Digest()
 	for _, st := range m.Status().Layers {
-		if st.Digest == d {
+		if st.Digest == d.String() {
 			return st
 		}
 	}
-	return layer.LayerStatus{}
+	return protocol.LayerStatus{}
 }
 
 // waitLocal waits for the background fetch of a layer and returns how long it took.
@@ -175,9 +204,9 @@ func waitLocal(ctx context.Context, m *layer.Manager, l demo.Blob) (time.Duratio
 	for time.Now().Before(deadline) {
 		st := layerStatus(m, l)
 		switch st.State {
-		case layer.StateComplete:
+		case protocol.StateComplete:
 			return time.Duration(st.Seconds * float64(time.Second)), nil
-		case layer.StateFailed:
+		case protocol.StateFailed:
 			return 0, fmt.Errorf("background fetch failed: %s", st.Error)
 		}
 		select {

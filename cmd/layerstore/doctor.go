@@ -26,8 +26,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	storefs "github.com/layerstore/layerstore/fs"
-	"github.com/layerstore/layerstore/internal/control"
-	"github.com/layerstore/layerstore/layer"
+	"github.com/layerstore/layerstore/internal/control/protocol"
 )
 
 const doctorUsage = `usage: layerstore doctor [flags]
@@ -120,7 +119,7 @@ func runDoctor(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	fl.Usage = func() { fmt.Fprint(stderr, doctorUsage); fl.PrintDefaults() }
 	asJSON := fl.Bool("json", false, "print the report as JSON")
 	fl.StringVar(&p.config, "config", defaultConfigPath(), "the daemon's configuration file (a missing default file means all defaults)")
-	fl.StringVar(&p.socket, "control-socket", "", "the daemon's control socket (default: the config's, $"+control.SocketEnv+" or "+control.DefaultSocket+")")
+	fl.StringVar(&p.socket, "control-socket", "", "the daemon's control socket (default: the config's, $"+protocol.SocketEnv+" or "+protocol.DefaultSocket+")")
 	fl.StringVar(&p.storageConf, "storage-conf", "", "storage.conf (default $"+storageConfEnv+", "+defaultStorageConf+" or "+vendorStorageConf+")")
 	fl.StringVar(&p.registriesConf, "registries-conf", "", "registries.conf (default $"+registriesConfEnv+" or "+defaultRegistriesConf+")")
 	fl.StringVar(&p.registriesConfDir, "registries-conf-dir", "", "registries.conf drop-in directory (default "+defaultRegistriesConfDir+" and ~/.config/containers/registries.conf.d)")
@@ -153,7 +152,7 @@ func runDoctor(ctx context.Context, args []string, stdout, stderr io.Writer) int
 // diagnose runs every check, in the order of the report.
 func diagnose(ctx context.Context, p doctorPaths) doctorReport {
 	cfgCheck, cfg := checkConfig(p.config, p.explicitConfig)
-	daemon, st := checkDaemon(ctx, or(p.socket, or(cfg.ControlSocket, control.SocketPath())))
+	daemon, st := checkDaemon(ctx, or(p.socket, or(cfg.ControlSocket, protocol.SocketPath())))
 	storage, setup := checkStorageConf(ctx, or(p.storageConf, storageConfPath()), p.store)
 	conf, dirs := registriesPaths(p.registriesConf, p.registriesConfDir)
 	var cacheUsed int64
@@ -195,11 +194,11 @@ func checkConfig(path string, explicit bool) (check, *Config) {
 }
 
 // checkDaemon asks the daemon for its status over the control socket.
-func checkDaemon(ctx context.Context, socket string) (check, *layer.Status) {
+func checkDaemon(ctx context.Context, socket string) (check, *protocol.Status) {
 	const name = "daemon"
 	ctx, cancel := context.WithTimeout(ctx, commandTimeout)
 	defer cancel()
-	st, err := control.NewClient(socket).Status(ctx)
+	st, err := protocol.NewClient(socket).Status(ctx)
 	if err != nil {
 		fix := "start the daemon: systemctl start layerstore (or layerstore serve STORE)"
 		switch {
@@ -212,7 +211,7 @@ func checkDaemon(ctx context.Context, socket string) (check, *layer.Status) {
 		}
 		return check{name, statusFail, err.Error(), "check the daemon's log: journalctl -u layerstore"}, nil
 	}
-	states := map[layer.State]int{}
+	states := map[protocol.State]int{}
 	var users int64
 	for _, l := range st.Layers {
 		states[l.State]++
@@ -220,7 +219,7 @@ func checkDaemon(ctx context.Context, socket string) (check, *layer.Status) {
 	}
 	layers := plural(len(st.Layers), "layer")
 	if len(st.Layers) > 0 {
-		layers += fmt.Sprintf(" (%d complete, %d fetching, %d failed)", states[layer.StateComplete], states[layer.StateFetching], states[layer.StateFailed])
+		layers += fmt.Sprintf(" (%d complete, %d fetching, %d failed)", states[protocol.StateComplete], states[protocol.StateFetching], states[protocol.StateFailed])
 	}
 	msg := fmt.Sprintf("%s answers: %s, %s, cache %s", socket, layers, plural(int(users), "user"), humanBytes(st.Cache.Bytes))
 	if st.Counters.VerifyFailures > 0 {
@@ -347,7 +346,7 @@ func checkPassthrough(release string, enabled bool) check {
 // daemon (st, the daemon's status, nil when it does not answer; release, the kernel's): the
 // service manager must keep the store's FUSE session, and Linux 6.9+ re-sends what the old
 // daemon was answering. Informational: never fails.
-func checkRestarts(release string, st *layer.Status) check {
+func checkRestarts(release string, st *protocol.Status) check {
 	const name = "restarts"
 	fix := "run the daemon as the shipped unit (FileDescriptorStoreMax=) or restart it with SIGUSR2"
 	if os.Geteuid() != 0 {

@@ -16,8 +16,7 @@ import (
 	"github.com/BurntSushi/toml"
 
 	"github.com/layerstore/layerstore/fetcher"
-	"github.com/layerstore/layerstore/internal/control"
-	"github.com/layerstore/layerstore/layer"
+	"github.com/layerstore/layerstore/internal/control/protocol"
 )
 
 // The doctor's checks of the containers configuration: storage.conf (the store listed with
@@ -76,7 +75,7 @@ func graphRootDefault() string {
 // user unit's (layerstore/store in the runtime directory) rootless.
 func exampleStorePath() string {
 	if os.Geteuid() != 0 {
-		return filepath.Join(control.UserRuntimeDir(), "layerstore", "store")
+		return filepath.Join(protocol.UserRuntimeDir(), "layerstore", "store")
 	}
 	return exampleStore
 }
@@ -359,7 +358,7 @@ func runtimeRoots(graphroot string, crio crioPaths) []string {
 
 // checkRuntimesRecords is checkRuntimeRecords of each graphroot, in one check: the worst
 // status, the messages of those that are not ok (of all when all are).
-func checkRuntimesRecords(roots []string, st *layer.Status, crio crioPaths) check {
+func checkRuntimesRecords(roots []string, st *protocol.Status, crio crioPaths) check {
 	var all, bad []check
 	for _, r := range roots {
 		c := checkRuntimeRecords(r, st, crio)
@@ -388,7 +387,7 @@ func checkRuntimesRecords(roots []string, st *layer.Status, crio crioPaths) chec
 // layers it took from a store, which containers/storage 1.58 and later do not write: the daemon
 // writes them where it records into graphroot (st, its status, nil when it does not answer).
 // Images that lost their layers already are named with the pull that mends each.
-func checkRuntimeRecords(graphroot string, st *layer.Status, crio crioPaths) check {
+func checkRuntimeRecords(graphroot string, st *protocol.Status, crio crioPaths) check {
 	const name = "runtime records"
 	marks, _ := filepath.Glob(filepath.Join(graphroot, "overlay", "*", "additionallayer"))
 	var layers []struct {

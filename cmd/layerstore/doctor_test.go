@@ -2,7 +2,6 @@ package main
 
 import (
 	"bytes"
-	"context"
 	"encoding/base64"
 	"encoding/json"
 	"net"
@@ -11,8 +10,6 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
@@ -20,8 +17,8 @@ import (
 	"github.com/hanwen/go-fuse/v2/fuse"
 	"github.com/opencontainers/go-digest"
 
+	"github.com/layerstore/layerstore/internal/control/protocol"
 	"github.com/layerstore/layerstore/internal/testutil/testfuse"
-	"github.com/layerstore/layerstore/layer"
 )
 
 // writeFile writes content to dir/name, creating dir, and returns the path.
@@ -225,12 +222,12 @@ func TestDoctorPassthrough(t *testing.T) {
 }
 
 func TestDoctorRestarts(t *testing.T) {
-	kept := &layer.Status{Session: &layer.Session{Kept: true}}
-	resumed := &layer.Status{Session: &layer.Session{Kept: true, Resumed: true}}
-	lost := &layer.Status{Session: &layer.Session{Why: "no service manager keeps the FUSE session"}}
+	kept := &protocol.Status{Session: &protocol.Session{Kept: true}}
+	resumed := &protocol.Status{Session: &protocol.Session{Kept: true, Resumed: true}}
+	lost := &protocol.Status{Session: &protocol.Session{Why: "no service manager keeps the FUSE session"}}
 	for _, tc := range []struct {
 		release string
-		st      *layer.Status
+		st      *protocol.Status
 		status  checkStatus
 		want    string
 	}{
@@ -238,7 +235,7 @@ func TestDoctorRestarts(t *testing.T) {
 		{"6.18.44", resumed, statusOK, "resumed its predecessor's"},
 		{"6.1.0-28-amd64", kept, statusWarn, "cannot re-send"},
 		{"6.18.44", lost, statusWarn, "no service manager keeps the FUSE session: a crash of the daemon breaks running containers"},
-		{"6.18.44", &layer.Status{}, statusWarn, "does not say"},
+		{"6.18.44", &protocol.Status{}, statusWarn, "does not say"},
 		{"6.18.44", nil, statusWarn, "does not say"},
 	} {
 		wantCheck(t, checkRestarts(tc.release, tc.st), tc.status, tc.want)
@@ -334,36 +331,20 @@ func TestDoctorUsage(t *testing.T) {
 	}
 }
 
-// stuckRoot is a FUSE root whose statfs does not answer until released.
-type stuckRoot struct {
-	fusefs.Inode
-	hang    atomic.Bool
-	release chan struct{}
-}
-
-func (r *stuckRoot) Statfs(ctx context.Context, out *fuse.StatfsOut) syscall.Errno {
-	if r.hang.Load() {
-		<-r.release
-	}
-	return 0
-}
-
-var _ fusefs.NodeStatfser = (*stuckRoot)(nil)
-
 // TestDoctorHungMount: a FUSE server that does not answer makes the mount check fail in
 // bounded time instead of hanging doctor.
 func TestDoctorHungMount(t *testing.T) {
 	testfuse.Require(t)
 	dir := t.TempDir()
-	root := &stuckRoot{release: make(chan struct{})}
+	root := &testfuse.StuckRoot{Release: make(chan struct{})}
 	srv, err := fusefs.Mount(dir, root, &fusefs.Options{MountOptions: fuse.MountOptions{DirectMountStrict: true}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	conn := testfuse.Record(t, dir)
-	root.hang.Store(true)
+	root.Hang.Store(true)
 	defer func() {
-		close(root.release) // lets the abandoned probe return
+		close(root.Release) // lets the abandoned probe return
 		conn.Unmount(t, srv)
 	}()
 	defer func(d time.Duration) { probeTimeout = d }(probeTimeout)
@@ -613,7 +594,7 @@ func TestCheckRuntimeRecords(t *testing.T) {
 	if c.Status != statusFail || !strings.Contains(c.Message, "1 layer of 1") || !strings.Contains(c.Fix, "record-layers") {
 		t.Errorf("unrecorded, no daemon: %+v", c)
 	}
-	st := &layer.Status{Runtimes: &layer.RuntimeRecords{Graphroots: []string{graph}, Recorded: 3}}
+	st := &protocol.Status{Runtimes: &protocol.RuntimeRecords{Graphroots: []string{graph}, Recorded: 3}}
 	if c := checkRuntimeRecords(graph, st, crioConf); c.Status != statusOK || !strings.Contains(c.Message, "next pass") {
 		t.Errorf("unrecorded, the daemon records: %+v", c)
 	}

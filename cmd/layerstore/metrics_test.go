@@ -18,7 +18,7 @@ import (
 
 	"github.com/opencontainers/go-digest"
 
-	"github.com/layerstore/layerstore/internal/control"
+	"github.com/layerstore/layerstore/internal/control/protocol"
 )
 
 // operationsDocPath documents the metrics, in the table of its "## Metrics" section.
@@ -139,7 +139,7 @@ func TestMetricsAddress(t *testing.T) {
 			t.Errorf("metric %s not in %s", name, operationsDocPath)
 		}
 	}
-	socket, err := control.NewClient(e.socket).Metrics(t.Context())
+	socket, err := protocol.NewClient(e.socket).Metrics(t.Context())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -6,7 +6,7 @@ import (
 	"fmt"
 	"io"
 
-	"github.com/layerstore/layerstore/internal/control"
+	"github.com/layerstore/layerstore/internal/control/protocol"
 )
 
 // runPin pins (or, with unpin, unpins) images through the daemon's control socket. A pin
@@ -15,7 +15,7 @@ import (
 func runPin(ctx context.Context, name string, args []string, stdout, stderr io.Writer) error {
 	fl := flag.NewFlagSet(name, flag.ContinueOnError)
 	fl.SetOutput(stderr)
-	socket := fl.String("control-socket", "", "the daemon's control socket (default $"+control.SocketEnv+" or "+control.DefaultSocket+")")
+	socket := fl.String("control-socket", "", "the daemon's control socket (default $"+protocol.SocketEnv+" or "+protocol.DefaultSocket+")")
 	platform := fl.String("platform", "", "the platform of the image, os/arch[/variant] (default: the host's)")
 	fl.Usage = func() {
 		fmt.Fprintf(stderr, "usage: layerstore %s [--platform os/arch[/variant]] IMAGE...\n", name)
@@ -25,9 +25,9 @@ func runPin(ctx context.Context, name string, args []string, stdout, stderr io.W
 		fl.Usage()
 		return errUsage
 	}
-	c := control.NewClient(or(*socket, control.SocketPath()))
+	c := protocol.NewClient(or(*socket, protocol.SocketPath()))
 	for _, ref := range fl.Args() {
-		req := control.PinRequest{Ref: ref, Platform: *platform}
+		req := protocol.PinRequest{Ref: ref, Platform: *platform}
 		if name == "unpin" {
 			if err := c.Unpin(ctx, req); err != nil {
 				return err

@@ -8,7 +8,7 @@ import (
 	"os"
 	"path/filepath"
 
-	"github.com/layerstore/layerstore/internal/control"
+	"github.com/layerstore/layerstore/internal/control/protocol"
 )
 
 // runProfiles exports the daemon's startup profiles to a file, or imports a file of them, so
@@ -16,7 +16,7 @@ import (
 func runProfiles(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fl := flag.NewFlagSet("profiles", flag.ContinueOnError)
 	fl.SetOutput(stderr)
-	socket := fl.String("control-socket", "", "the daemon's control socket (default $"+control.SocketEnv+" or "+control.DefaultSocket+")")
+	socket := fl.String("control-socket", "", "the daemon's control socket (default $"+protocol.SocketEnv+" or "+protocol.DefaultSocket+")")
 	fl.Usage = func() {
 		fmt.Fprintln(stderr, "usage: layerstore profiles export FILE   write the daemon's startup profiles to FILE (- for stdout)")
 		fmt.Fprintln(stderr, "       layerstore profiles import FILE   merge the startup profiles of FILE (- for stdin) into the daemon's")
@@ -26,7 +26,7 @@ func runProfiles(ctx context.Context, args []string, stdout, stderr io.Writer) e
 		fl.Usage()
 		return errUsage
 	}
-	c := control.NewClient(or(*socket, control.SocketPath()))
+	c := protocol.NewClient(or(*socket, protocol.SocketPath()))
 	file := fl.Arg(1)
 	if fl.Arg(0) == "import" {
 		in := io.Reader(os.Stdin)

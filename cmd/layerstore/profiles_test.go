@@ -9,7 +9,7 @@ import (
 
 	"github.com/opencontainers/go-digest"
 
-	"github.com/layerstore/layerstore/internal/control"
+	"github.com/layerstore/layerstore/internal/control/protocol"
 )
 
 // TestProfileThroughMount: files read through the mount are recorded as the layer's startup
@@ -56,7 +56,7 @@ func TestProfileThroughMount(t *testing.T) {
 		!strings.Contains(out.String(), "startup profile replayed first: 2 files") {
 		t.Errorf("status: %d\n%s", code, out.String())
 	}
-	metrics, err := control.NewClient(e.socket).Metrics(t.Context())
+	metrics, err := protocol.NewClient(e.socket).Metrics(t.Context())
 	if err != nil || !strings.Contains(metrics, `layerstore_fetched_bytes_total{kind="profile"} `) ||
 		strings.Contains(metrics, `layerstore_fetched_bytes_total{kind="profile"} 0`+"\n") {
 		t.Errorf("metrics (%v): no profile bytes\n%s", err, metrics)

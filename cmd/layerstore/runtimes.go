@@ -12,8 +12,8 @@ import (
 	"github.com/opencontainers/go-digest"
 
 	storefs "github.com/layerstore/layerstore/fs"
+	"github.com/layerstore/layerstore/internal/control/protocol"
 	"github.com/layerstore/layerstore/internal/runtimestore"
-	"github.com/layerstore/layerstore/layer"
 )
 
 // crioPaths are CRI-O's configuration file and its drop-in directory, read in that order (the
@@ -108,12 +108,12 @@ func newRecorder(cfg *Config, mountpoint string, log *slog.Logger) *runtimestore
 }
 
 // runtimeRecords is the recorder's part of the status; nil without a recorder.
-func runtimeRecords(r *runtimestore.Recorder) *layer.RuntimeRecords {
+func runtimeRecords(r *runtimestore.Recorder) *protocol.RuntimeRecords {
 	if r == nil {
 		return nil
 	}
 	s := r.Stats()
-	return &layer.RuntimeRecords{Graphroots: s.Graphroots, Recorded: s.Recorded, Failures: s.Failures, LastError: s.LastError}
+	return &protocol.RuntimeRecords{Graphroots: s.Graphroots, Recorded: s.Recorded, Failures: s.Failures, LastError: s.LastError}
 }
 
 // recordingStore is the store that tells the recorder when a runtime takes a layer (its

@@ -91,7 +91,12 @@ func TestDaemonRecordsRuntimeLayers(t *testing.T) {
 	if len(layers) != 2 || layers[1]["id"] != top || layers[1]["parent"] != base {
 		t.Fatalf("after the use: %v", layers)
 	}
+	// The recorder counts an entry once its write is done, just after the file changed.
 	st := e.status()
+	for (st.Runtimes == nil || st.Runtimes.Recorded < 2) && time.Now().Before(deadline) {
+		time.Sleep(50 * time.Millisecond)
+		st = e.status()
+	}
 	if st.Runtimes == nil || st.Runtimes.Recorded != 2 || len(st.Runtimes.Graphroots) != 1 || st.Runtimes.Graphroots[0] != graph {
 		t.Errorf("status: %+v", st.Runtimes)
 	}

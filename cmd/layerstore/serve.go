@@ -24,6 +24,7 @@ import (
 	"github.com/layerstore/layerstore/fetcher"
 	storefs "github.com/layerstore/layerstore/fs"
 	"github.com/layerstore/layerstore/internal/control"
+	"github.com/layerstore/layerstore/internal/control/protocol"
 	"github.com/layerstore/layerstore/internal/fdstore"
 	"github.com/layerstore/layerstore/internal/gcpolicy"
 	"github.com/layerstore/layerstore/internal/runtimestore"
@@ -61,7 +62,7 @@ func runServe(ctx context.Context, args []string, stderr io.Writer) error {
 	fl.StringVar(&f.config, "config", defaultConfigPath(), "configuration file (TOML); a missing default file means all defaults")
 	fl.StringVar(&f.cacheDir, "cache-dir", "", "cache directory (default "+defaultCacheDir()+")")
 	fl.StringVar(&f.registriesConf, "registries-conf", "", "registries.conf to use, with its .d drop-ins (default: the system's)")
-	fl.StringVar(&f.socket, "control-socket", "", "control socket path (default $"+control.SocketEnv+" or "+control.DefaultSocket+")")
+	fl.StringVar(&f.socket, "control-socket", "", "control socket path (default $"+protocol.SocketEnv+" or "+protocol.DefaultSocket+")")
 	fl.StringVar(&f.logLevel, "log-level", "", "debug, info, warn or error (default info)")
 	if err := fl.Parse(args); err != nil {
 		return errUsage
@@ -77,7 +78,7 @@ func runServe(ctx context.Context, args []string, stderr io.Writer) error {
 		return err
 	}
 	cfg.CacheDir = or(f.cacheDir, or(cfg.CacheDir, defaultCacheDir()))
-	cfg.ControlSocket = or(f.socket, or(cfg.ControlSocket, control.SocketPath()))
+	cfg.ControlSocket = or(f.socket, or(cfg.ControlSocket, protocol.SocketPath()))
 	cfg.LogLevel = or(f.logLevel, cfg.LogLevel)
 	if f.registriesConf != "" {
 		cfg.Registries.Conf, cfg.Registries.ConfDir = f.registriesConf, f.registriesConf+".d"
@@ -117,14 +118,14 @@ type stack struct {
 	// stored is set while the service manager keeps the mount's FUSE session (the file
 	// descriptor store): a stop may then leave the mount to the next process.
 	stored  bool
-	session layer.Session // for status
+	session protocol.Session // for status
 	// recorder records the layers runtimes take from the store in their own storage; nil
 	// when turned off.
 	recorder *runtimestore.Recorder
 }
 
 // Status is the manager's status with the session's.
-func (s *stack) Status() layer.Status {
+func (s *stack) Status() protocol.Status {
 	st := s.manager.Status()
 	sess := s.session
 	st.Session = &sess
@@ -133,7 +134,7 @@ func (s *stack) Status() layer.Status {
 }
 
 // Pin and Unpin are the manager's.
-func (s *stack) Pin(ctx context.Context, ref, platform string) (layer.Pin, error) {
+func (s *stack) Pin(ctx context.Context, ref, platform string) (protocol.Pin, error) {
 	return s.manager.Pin(ctx, ref, platform)
 }
 
@@ -141,7 +142,7 @@ func (s *stack) Unpin(ref, platform string) error { return s.manager.Unpin(ref, 
 
 func (s *stack) ExportProfiles(w io.Writer) (int, error) { return s.manager.ExportProfiles(w) }
 
-func (s *stack) ImportProfiles(r io.Reader) (layer.ProfileImport, error) {
+func (s *stack) ImportProfiles(r io.Reader) (protocol.ProfileImport, error) {
 	return s.manager.ImportProfiles(r)
 }
 
@@ -162,14 +163,14 @@ func openStack(cfg *Config, mountpoint string, inherited []fdstore.Named, log *s
 			s.Close()
 		}
 	}()
-	s.cache, err = cache.New(cfg.CacheDir, cache.WithMaxSize(int64(or(cfg.CacheMaxSize, Size(cache.DefaultMaxSize)))), cache.WithLogger(log))
+	s.cache, err = cache.New(cfg.CacheDir, cache.Config{MaxSize: int64(cfg.CacheMaxSize), Logger: log})
 	if err != nil {
 		return nil, fmt.Errorf("cache: %w", err)
 	}
 	if s.client, err = newClient(cfg, s.keys, log); err != nil {
 		return nil, err
 	}
-	if s.manager, err = layer.New(layer.ClientRegistry(s.client), s.cache, layerOptions(cfg, log)...); err != nil {
+	if s.manager, err = layer.New(layer.ClientRegistry(s.client), s.cache, layerConfig(cfg, log)); err != nil {
 		return nil, err
 	}
 	opts := storefs.Options{Logger: log, Passthrough: orBool(cfg.FUSE.Passthrough, true)}
@@ -182,9 +183,9 @@ func openStack(cfg *Config, mountpoint string, inherited []fdstore.Named, log *s
 			opts.Passthrough = false
 		}
 	}
-	var store storefs.Store = s.manager
+	var store storefs.Store = managerStore{s.manager}
 	if s.recorder = newRecorder(cfg, mountpoint, log); s.recorder != nil {
-		store = recordingStore{s.manager, s.recorder}
+		store = recordingStore{store, s.recorder}
 	}
 	if s.mount, s.session.Resumed, err = mountStore(mountpoint, store, opts, inherited, log); err != nil {
 		return nil, err
@@ -360,18 +361,9 @@ func serve(ctx context.Context, cfg *Config, mountpoint string, log *slog.Logger
 	if err != nil {
 		log.Warn("descriptors passed at start: ignored", "err", err)
 	}
-	ln, err := control.Listen(cfg.ControlSocket)
+	ln, metricsLn, err := listen(cfg)
 	if err != nil {
 		return err
-	}
-	// The metrics address, when configured: taken before the mount, so that an address in use
-	// fails the start rather than a scrape later.
-	var metricsLn net.Listener
-	if cfg.MetricsAddress != "" {
-		if metricsLn, err = net.Listen("tcp", cfg.MetricsAddress); err != nil {
-			ln.Close()
-			return fmt.Errorf("metrics-address %s: %w", cfg.MetricsAddress, err)
-		}
 	}
 	s, err := openStack(cfg, mountpoint, inherited, log)
 	if err != nil {
@@ -410,14 +402,38 @@ func serve(ctx context.Context, cfg *Config, mountpoint string, log *slog.Logger
 	} else {
 		log.Debug("reclaimed the pages of the binary only the start used", "mapped", n)
 	}
+	if err := s.run(ctx, mountpoint, hup, usr2, servers, log); err != nil {
+		return err // the stack is closed: the re-execution failed after the store stopped
+	}
+	s.Close()
+	return nil
+}
 
+// listen takes the control socket and the metrics address, when configured: before the
+// mount, so that an address in use fails the start rather than a scrape later.
+func listen(cfg *Config) (api, metrics net.Listener, err error) {
+	if api, err = control.Listen(cfg.ControlSocket); err != nil {
+		return nil, nil, err
+	}
+	if cfg.MetricsAddress != "" {
+		if metrics, err = net.Listen("tcp", cfg.MetricsAddress); err != nil {
+			api.Close()
+			return nil, nil, fmt.Errorf("metrics-address %s: %w", cfg.MetricsAddress, err)
+		}
+	}
+	return api, metrics, nil
+}
+
+// run serves until ctx is done, then unmounts (see unmount), or until the mount goes away. It
+// reloads on SIGHUP (hup) and re-executes the binary on SIGUSR2 (usr2), returning only the
+// error of a re-execution that failed after the store stopped serving.
+func (s *stack) run(ctx context.Context, mountpoint string, hup, usr2 <-chan os.Signal, servers []*http.Server, log *slog.Logger) error {
 	// A second SIGTERM or SIGINT while the store is busy detaches it (see unmount).
 	again := make(chan os.Signal, 1)
 	signal.Notify(again, syscall.SIGTERM, os.Interrupt)
 	defer signal.Stop(again)
 	gone := make(chan struct{})
 	go func() { s.mount.Wait(); close(gone) }()
-wait:
 	for {
 		select {
 		case <-hup:
@@ -435,15 +451,13 @@ wait:
 			default:
 			}
 			s.unmount(log, again, gone)
-			break wait
+			return nil
 		case <-gone:
 			log.Warn("the mount went away; exiting", "mountpoint", mountpoint)
 			s.mount = nil
-			break wait
+			return nil
 		}
 	}
-	s.Close()
-	return nil
 }
 
 // metricsServer serves the metrics alone (GET /metrics) on the metrics address, bounded as the
@@ -633,71 +647,42 @@ func (s *stack) unmount(log *slog.Logger, again <-chan os.Signal, gone <-chan st
 	s.mount = nil // files open in it keep it alive: Wait would wait for them
 }
 
-// newClient builds the registry client from the configuration.
+// newClient builds the registry client from the configuration. A negative count, which the
+// file's integers let through, means the default, as zero does.
 func newClient(cfg *Config, keys *fetcher.MemoryKeychain, log *slog.Logger) (*fetcher.Client, error) {
 	r := &cfg.Registries
-	var blob []fetcher.Option
-	if r.Timeout > 0 {
-		blob = append(blob, fetcher.WithRequestTimeout(time.Duration(r.Timeout)))
-	}
-	if r.Stall > 0 {
-		blob = append(blob, fetcher.WithStallTimeout(time.Duration(r.Stall)))
-	}
-	if r.Attempts > 0 {
-		blob = append(blob, fetcher.WithMaxAttempts(r.Attempts))
-	}
-	if r.MaxGap > 0 {
-		blob = append(blob, fetcher.WithMaxGap(int64(r.MaxGap)))
-	}
-	if r.MaxSpan > 0 {
-		blob = append(blob, fetcher.WithMaxSpan(int64(r.MaxSpan)))
-	}
-	if r.MaxRanges > 0 {
-		blob = append(blob, fetcher.WithMaxRangesPerRequest(r.MaxRanges))
-	}
-	blob = append(blob, fetcher.WithHostLimiter(fetcher.NewHostLimiter(r.PerHost)), fetcher.WithLogger(log))
-	var res []fetcher.ResolverOption
-	if r.TagTTL > 0 {
-		res = append(res, fetcher.WithTagTTL(time.Duration(r.TagTTL)))
-	}
-	return fetcher.NewClient(
-		fetcher.WithRegistriesConf(r.Conf, r.ConfDir),
-		fetcher.WithAuthFiles(cfg.AuthFiles...),
-		fetcher.WithMemoryKeychain(keys),
-		fetcher.WithBlobOptions(blob...),
-		fetcher.WithResolverOptions(res...),
-		fetcher.WithClientLogger(log),
-	)
+	return fetcher.NewClient(fetcher.Config{
+		RegistriesConf:      r.Conf,
+		RegistriesConfDir:   r.ConfDir,
+		AuthFiles:           cfg.AuthFiles,
+		Keychain:            keys,
+		Logger:              log,
+		TagTTL:              time.Duration(r.TagTTL),
+		RequestTimeout:      time.Duration(r.Timeout),
+		StallTimeout:        time.Duration(r.Stall),
+		MaxAttempts:         max(r.Attempts, 0),
+		ConcurrencyPerHost:  max(r.PerHost, 0),
+		MaxGap:              int64(r.MaxGap),
+		MaxSpan:             int64(r.MaxSpan),
+		MaxRangesPerRequest: max(r.MaxRanges, 0),
+	})
 }
 
-func layerOptions(cfg *Config, log *slog.Logger) []layer.Option {
+// layerConfig is the layer manager's configuration; a negative concurrency means the default,
+// as newClient's counts do.
+func layerConfig(cfg *Config, log *slog.Logger) layer.Config {
 	l, p := &cfg.Layers, &cfg.Prefetch
-	opts := []layer.Option{
-		layer.WithLogger(log),
-		layer.WithPrefetch(orBool(p.Enabled, true)),
-		layer.WithRequireDiffID(l.RequireDiffID),
-		layer.WithPrefetchBandwidth(int64(p.Bandwidth)),
+	return layer.Config{
+		Logger:              log,
+		ResolveTimeout:      time.Duration(l.ResolveTimeout),
+		ReadTimeout:         time.Duration(l.ReadTimeout),
+		KeepTTL:             time.Duration(l.KeepTTL),
+		NegativeTTL:         time.Duration(l.NegativeTTL),
+		RequireDiffID:       l.RequireDiffID,
+		NoPrefetch:          !orBool(p.Enabled, true),
+		PrefetchConcurrency: max(p.Concurrency, 0),
+		PrefetchBatch:       int64(p.BatchSize),
+		PrefetchBandwidth:   int64(p.Bandwidth),
+		PrefetchQuiet:       (*time.Duration)(p.Quiet),
 	}
-	if l.ResolveTimeout > 0 {
-		opts = append(opts, layer.WithResolveTimeout(time.Duration(l.ResolveTimeout)))
-	}
-	if l.ReadTimeout > 0 {
-		opts = append(opts, layer.WithReadTimeout(time.Duration(l.ReadTimeout)))
-	}
-	if l.KeepTTL > 0 {
-		opts = append(opts, layer.WithKeepTTL(time.Duration(l.KeepTTL)))
-	}
-	if l.NegativeTTL > 0 {
-		opts = append(opts, layer.WithNegativeTTL(time.Duration(l.NegativeTTL)))
-	}
-	if p.Concurrency > 0 {
-		opts = append(opts, layer.WithPrefetchConcurrency(p.Concurrency))
-	}
-	if p.BatchSize > 0 {
-		opts = append(opts, layer.WithPrefetchBatch(int64(p.BatchSize)))
-	}
-	if p.Quiet != nil {
-		opts = append(opts, layer.WithPrefetchQuiet(time.Duration(*p.Quiet)))
-	}
-	return opts
 }

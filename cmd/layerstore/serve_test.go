@@ -21,12 +21,11 @@ import (
 	"github.com/opencontainers/go-digest"
 
 	storefs "github.com/layerstore/layerstore/fs"
-	"github.com/layerstore/layerstore/internal/control"
+	"github.com/layerstore/layerstore/internal/control/protocol"
 	"github.com/layerstore/layerstore/internal/testutil/syncbuf"
 	"github.com/layerstore/layerstore/internal/testutil/testfuse"
 	"github.com/layerstore/layerstore/internal/testutil/testlayer"
 	"github.com/layerstore/layerstore/internal/testutil/testregistry"
-	"github.com/layerstore/layerstore/layer"
 )
 
 // daemon is a `layerstore serve` child process.
@@ -220,9 +219,9 @@ func (e *serveEnv) layerDir(key digest.Digest) string {
 	return filepath.Join(e.mnt, base64.StdEncoding.EncodeToString([]byte(e.ref)), key.String())
 }
 
-func (e *serveEnv) status() layer.Status {
+func (e *serveEnv) status() protocol.Status {
 	e.t.Helper()
-	st, err := control.NewClient(e.socket).Status(e.t.Context())
+	st, err := protocol.NewClient(e.socket).Status(e.t.Context())
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -237,7 +236,7 @@ func (e *serveEnv) waitComplete() {
 		st := e.status()
 		done := len(st.Layers) > 0
 		for _, l := range st.Layers {
-			done = done && l.State == layer.StateComplete
+			done = done && l.State == protocol.StateComplete
 		}
 		if done {
 			return
@@ -296,7 +295,7 @@ func TestServe(t *testing.T) {
 		!strings.Contains(out.String(), e.ref) || !strings.Contains(out.String(), "zstd:chunked") {
 		t.Errorf("status: %d %s %s", code, out.String(), errb.String())
 	}
-	metrics, err := control.NewClient(e.socket).Metrics(t.Context())
+	metrics, err := protocol.NewClient(e.socket).Metrics(t.Context())
 	if err != nil || !strings.Contains(metrics, "layerstore_lookups_total") || strings.Contains(metrics, "sha256:") {
 		t.Errorf("metrics (%v):\n%s", err, metrics)
 	}

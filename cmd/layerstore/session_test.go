@@ -18,12 +18,12 @@ import (
 
 	"github.com/opencontainers/go-digest"
 
+	"github.com/layerstore/layerstore/internal/control/protocol"
 	"github.com/layerstore/layerstore/internal/fdstore"
 	"github.com/layerstore/layerstore/internal/testutil/svcmanager"
 	"github.com/layerstore/layerstore/internal/testutil/syncbuf"
 	"github.com/layerstore/layerstore/internal/testutil/testfuse"
 	"github.com/layerstore/layerstore/internal/testutil/testlayer"
-	"github.com/layerstore/layerstore/layer"
 )
 
 // startManaged starts `layerstore serve` (the binary at bin) under the service manager m,
@@ -385,7 +385,7 @@ func TestKillAtEveryPhase(t *testing.T) {
 			time.Sleep(time.Duration(50+kill*70) * time.Millisecond)
 			st := e.status()
 			last = st.Cache.Bytes
-			if len(st.Layers) != 1 || st.Layers[0].State != layer.StateFetching {
+			if len(st.Layers) != 1 || st.Layers[0].State != protocol.StateFetching {
 				t.Fatalf("kill %d: the background fetch is not running: %+v", kill, st.Layers)
 			}
 			t.Logf("kill %d with %d bytes in the cache", kill, last)
@@ -395,7 +395,7 @@ func TestKillAtEveryPhase(t *testing.T) {
 			// and its background fetch goes on with no request of the runtime's.
 			waitFor(t, "the use taken back and the background fetch resumed", func() bool {
 				st := e.status()
-				return len(st.Layers) == 1 && st.Layers[0].Users == 1 && st.Layers[0].State == layer.StateFetching
+				return len(st.Layers) == 1 && st.Layers[0].Users == 1 && st.Layers[0].State == protocol.StateFetching
 			})
 			// A container reads on.
 			if err := checkFile(t, diff, files[kill%len(files)]); err != nil {

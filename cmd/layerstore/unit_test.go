@@ -26,8 +26,8 @@ import (
 
 	"github.com/layerstore/layerstore/cache"
 	"github.com/layerstore/layerstore/fetcher"
-	storefs "github.com/layerstore/layerstore/fs"
 	"github.com/layerstore/layerstore/internal/control"
+	"github.com/layerstore/layerstore/internal/control/protocol"
 	"github.com/layerstore/layerstore/internal/testutil/testlayer"
 	"github.com/layerstore/layerstore/layer"
 )
@@ -461,7 +461,7 @@ func TestShippedConfig(t *testing.T) {
 	var want Config
 	want.CacheDir = DefaultCacheDir
 	want.CacheMaxSize = Size(cache.DefaultMaxSize)
-	want.ControlSocket = control.DefaultSocket
+	want.ControlSocket = protocol.DefaultSocket
 	want.LogLevel = DefaultLogLevel
 	want.AuthFiles = []string{}
 	want.CredentialTTL = Duration(control.DefaultCredentialTTL)
@@ -480,13 +480,13 @@ func TestShippedConfig(t *testing.T) {
 	l.ReadTimeout = Duration(layer.DefaultReadTimeout)
 	l.KeepTTL = Duration(layer.DefaultKeepTTL)
 	l.NegativeTTL = Duration(layer.DefaultNegativeTTL)
-	prefetch, fo := true, storefs.DefaultOptions()
+	prefetch, passthrough := true, true
 	want.Prefetch.Enabled = &prefetch
 	want.Prefetch.Concurrency = layer.DefaultPrefetchConcurrency
 	want.Prefetch.BatchSize = Size(layer.DefaultPrefetchBatch)
 	quiet := Duration(layer.DefaultPrefetchQuiet)
 	want.Prefetch.Quiet = &quiet
-	want.FUSE.Passthrough = &fo.Passthrough
+	want.FUSE.Passthrough = &passthrough
 	record := true
 	want.Runtimes.RecordLayers = &record
 	want.Runtimes.Graphroots = []string{}

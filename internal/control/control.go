@@ -1,17 +1,16 @@
-// Package control is the daemon's control socket: HTTP over a unix socket that only root can
-// reach (mode 0600). It serves the status as JSON (/status), Prometheus metrics (/metrics),
-// takes registry credentials from the auth helper (POST /credentials), and pins and unpins
-// images (POST /pin, POST /unpin), and exports and imports startup profiles (GET and POST
-// /profiles). The client side, used by `layerstore status`, `pin`, `unpin`, `profiles` and the
-// auth helper, is here too. [MetricsHandler] is the metrics alone, for the
-// optional TCP metrics address: it serves GET /metrics and nothing else.
+// Package control is the daemon's side of the control socket: HTTP over a unix socket that
+// only root can reach (mode 0600). It serves the status as JSON (/status), Prometheus metrics
+// (/metrics), takes registry credentials from the auth helper (POST /credentials), and pins
+// and unpins images (POST /pin, POST /unpin), and exports and imports startup profiles (GET
+// and POST /profiles). [MetricsHandler] is the metrics alone, for the optional TCP metrics
+// address: it serves GET /metrics and nothing else. [Render] writes a status for a person.
+// What goes over the socket, and the client, are package protocol's.
 //
 // The handlers keep no state of their own: each request reads a fresh status from the layer
 // manager (safe for concurrent use), so they serve any number of requests concurrently.
 package control
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -26,38 +25,8 @@ import (
 	"time"
 
 	"github.com/layerstore/layerstore/fetcher"
-	"github.com/layerstore/layerstore/layer"
+	"github.com/layerstore/layerstore/internal/control/protocol"
 )
-
-// DefaultSocket is where the daemon listens unless configured otherwise.
-const DefaultSocket = "/run/layerstore/control.sock"
-
-// SocketEnv names the environment variable that, when set, replaces [DefaultSocket] for the
-// daemon, `layerstore status` and the auth helper.
-const SocketEnv = "LAYERSTORE_CONTROL_SOCKET"
-
-// SocketPath is the control socket to use when no flag or configuration names one: the
-// value of $LAYERSTORE_CONTROL_SOCKET if set, else [DefaultSocket] for root and, for another
-// user (a rootless daemon and its clients), layerstore/control.sock in the user's runtime
-// directory ($XDG_RUNTIME_DIR, else /run/user/UID).
-func SocketPath() string {
-	if p := os.Getenv(SocketEnv); p != "" {
-		return p
-	}
-	if os.Geteuid() != 0 {
-		return filepath.Join(UserRuntimeDir(), "layerstore", "control.sock")
-	}
-	return DefaultSocket
-}
-
-// UserRuntimeDir is the current user's runtime directory: $XDG_RUNTIME_DIR, else
-// /run/user/UID, where systemd's user manager makes it.
-func UserRuntimeDir() string {
-	if d := os.Getenv("XDG_RUNTIME_DIR"); d != "" {
-		return d
-	}
-	return fmt.Sprintf("/run/user/%d", os.Geteuid())
-}
 
 // DefaultCredentialTTL is how long credentials handed over by the auth helper are used.
 const DefaultCredentialTTL = 12 * time.Hour
@@ -68,15 +37,9 @@ const maxCredentialBody = 1 << 20
 // StatusSource is what the status and metrics endpoints report on, and what pins images: the
 // layer manager.
 type StatusSource interface {
-	Status() layer.Status
-	Pin(ctx context.Context, ref, platform string) (layer.Pin, error)
+	Status() protocol.Status
+	Pin(ctx context.Context, ref, platform string) (protocol.Pin, error)
 	Unpin(ref, platform string) error
-}
-
-// PinRequest names an image to pin or unpin.
-type PinRequest struct {
-	Ref      string `json:"ref"`
-	Platform string `json:"platform,omitempty"`
 }
 
 // maxPinBody bounds what POST /pin and /unpin read.
@@ -86,14 +49,6 @@ const maxPinBody = 64 << 10
 // keychain.
 type CredentialSink interface {
 	Set(key string, c fetcher.Credentials, ttl time.Duration)
-}
-
-// Credential is one entry of what c/image writes to the auth helper's stdin, keyed by
-// "registry/repository" reference.
-type Credential struct {
-	Username      string `json:"username,omitempty"`
-	Password      string `json:"password,omitempty"`
-	IdentityToken string `json:"identityToken,omitempty"`
 }
 
 // Handler returns the control API.
@@ -136,7 +91,7 @@ func Handler(src StatusSource, sink CredentialSink, ttl time.Duration, log *slog
 		handleProfiles(mux, ps, log)
 	}
 	mux.HandleFunc("POST /credentials", func(w http.ResponseWriter, r *http.Request) {
-		var creds map[string]Credential
+		var creds map[string]protocol.Credential
 		dec := json.NewDecoder(io.LimitReader(r.Body, maxCredentialBody))
 		if err := dec.Decode(&creds); err != nil {
 			// The decoder's message never quotes the input, so no secret is echoed.
@@ -153,7 +108,7 @@ func Handler(src StatusSource, sink CredentialSink, ttl time.Duration, log *slog
 		// clearing what another pull of the same repository handed over: the daemon is shared.
 		n := 0
 		for key, c := range creds {
-			if c != (Credential{}) {
+			if c != (protocol.Credential{}) {
 				sink.Set(key, fetcher.Credentials{Username: c.Username, Password: c.Password, IdentityToken: c.IdentityToken}, ttl)
 				n++
 			}
@@ -164,8 +119,8 @@ func Handler(src StatusSource, sink CredentialSink, ttl time.Duration, log *slog
 	return mux
 }
 
-func readPinRequest(w http.ResponseWriter, r *http.Request) (PinRequest, bool) {
-	var req PinRequest
+func readPinRequest(w http.ResponseWriter, r *http.Request) (protocol.PinRequest, bool) {
+	var req protocol.PinRequest
 	if err := json.NewDecoder(io.LimitReader(r.Body, maxPinBody)).Decode(&req); err != nil || req.Ref == "" {
 		http.Error(w, "pin: a JSON object with a ref is expected", http.StatusBadRequest)
 		return req, false
@@ -205,113 +160,3 @@ func Listen(path string) (net.Listener, error) {
 // maxSocketPath is the longest path a unix socket is bound at on Linux (sun_path holds 108
 // bytes, the terminating NUL included); a longer one fails with EINVAL, which names nothing.
 const maxSocketPath = 107
-
-// Client talks to a daemon's control socket.
-type Client struct {
-	hc *http.Client
-}
-
-// NewClient returns a client for the socket at path.
-func NewClient(path string) *Client {
-	tr := &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-		var d net.Dialer
-		return d.DialContext(ctx, "unix", path)
-	}}
-	return &Client{hc: &http.Client{Transport: tr, Timeout: 10 * time.Second}}
-}
-
-// Status fetches the daemon's status.
-func (c *Client) Status(ctx context.Context) (layer.Status, error) {
-	var st layer.Status
-	resp, err := c.do(ctx, http.MethodGet, "/status", nil)
-	if err != nil {
-		return st, err
-	}
-	defer resp.Body.Close()
-	return st, json.NewDecoder(resp.Body).Decode(&st)
-}
-
-// Metrics fetches the daemon's metrics text.
-func (c *Client) Metrics(ctx context.Context) (string, error) {
-	resp, err := c.do(ctx, http.MethodGet, "/metrics", nil)
-	if err != nil {
-		return "", err
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	return string(b), err
-}
-
-// Pin asks the daemon to pin an image and waits until its layers are local (or the pin
-// failed); ctx bounds the wait, and cancelling it stops the fetch (the pin stays).
-func (c *Client) Pin(ctx context.Context, req PinRequest) (layer.Pin, error) {
-	var p layer.Pin
-	body, err := json.Marshal(req)
-	if err != nil {
-		return p, err
-	}
-	resp, err := c.doLong(ctx, "/pin", bytes.NewReader(body))
-	if err != nil {
-		return p, err
-	}
-	defer resp.Body.Close()
-	return p, json.NewDecoder(resp.Body).Decode(&p)
-}
-
-// Unpin asks the daemon to unpin an image.
-func (c *Client) Unpin(ctx context.Context, req PinRequest) error {
-	body, err := json.Marshal(req)
-	if err != nil {
-		return err
-	}
-	resp, err := c.do(ctx, http.MethodPost, "/unpin", bytes.NewReader(body))
-	if err != nil {
-		return err
-	}
-	resp.Body.Close()
-	return nil
-}
-
-// PushCredentials hands the JSON c/image writes to the auth helper over to the daemon, as is.
-// Its errors never quote body, which holds secrets.
-func (c *Client) PushCredentials(ctx context.Context, body io.Reader) error {
-	resp, err := c.do(ctx, http.MethodPost, "/credentials", body)
-	if err != nil {
-		return err
-	}
-	resp.Body.Close()
-	return nil
-}
-
-func (c *Client) do(ctx context.Context, method, path string, body io.Reader) (*http.Response, error) {
-	return c.send(ctx, c.hc, method, path, body)
-}
-
-// doLong posts without the client's timeout: ctx alone bounds the request (a pin fetches
-// whole layers).
-func (c *Client) doLong(ctx context.Context, path string, body io.Reader) (*http.Response, error) {
-	return c.doLongMethod(ctx, http.MethodPost, path, body)
-}
-
-func (c *Client) doLongMethod(ctx context.Context, method, path string, body io.Reader) (*http.Response, error) {
-	hc := *c.hc
-	hc.Timeout = 0
-	return c.send(ctx, &hc, method, path, body)
-}
-
-func (c *Client) send(ctx context.Context, hc *http.Client, method, path string, body io.Reader) (*http.Response, error) {
-	req, err := http.NewRequestWithContext(ctx, method, "http://layerstore"+path, body)
-	if err != nil {
-		return nil, err
-	}
-	resp, err := hc.Do(req)
-	if err != nil {
-		return nil, fmt.Errorf("control socket: %w", err)
-	}
-	if resp.StatusCode/100 != 2 {
-		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
-		resp.Body.Close()
-		return nil, fmt.Errorf("control socket %s: %s: %s", path, resp.Status, bytes.TrimSpace(msg))
-	}
-	return resp, nil
-}

@@ -14,15 +14,15 @@ import (
 	"time"
 
 	"github.com/layerstore/layerstore/fetcher"
-	"github.com/layerstore/layerstore/layer"
+	"github.com/layerstore/layerstore/internal/control/protocol"
 )
 
-type fakeStatus struct{ st layer.Status }
+type fakeStatus struct{ st protocol.Status }
 
-func (f fakeStatus) Status() layer.Status { return f.st }
+func (f fakeStatus) Status() protocol.Status { return f.st }
 
-func (fakeStatus) Pin(context.Context, string, string) (layer.Pin, error) {
-	return layer.Pin{}, errors.New("no pins here")
+func (fakeStatus) Pin(context.Context, string, string) (protocol.Pin, error) {
+	return protocol.Pin{}, errors.New("no pins here")
 }
 
 func (fakeStatus) Unpin(string, string) error { return nil }
@@ -31,7 +31,7 @@ type fakeSink map[string]fetcher.Credentials
 
 func (f fakeSink) Set(key string, c fetcher.Credentials, _ time.Duration) { f[key] = c }
 
-func serveTest(t *testing.T, st layer.Status, sink fakeSink, logs io.Writer) *Client {
+func serveTest(t *testing.T, st protocol.Status, sink fakeSink, logs io.Writer) *protocol.Client {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), "control.sock")
 	ln, err := Listen(path)
@@ -48,13 +48,13 @@ func serveTest(t *testing.T, st layer.Status, sink fakeSink, logs io.Writer) *Cl
 	if _, err := Listen(path); err == nil {
 		t.Error("a second daemon could listen on a live socket")
 	}
-	return NewClient(path)
+	return protocol.NewClient(path)
 }
 
 func TestCredentials(t *testing.T) {
 	sink := fakeSink{}
 	var logs bytes.Buffer
-	c := serveTest(t, layer.Status{}, sink, &logs)
+	c := serveTest(t, protocol.Status{}, sink, &logs)
 	body := `{"127.0.0.1:5000/app": {"username": "u", "password": "s3cret-pw"}, "quay.io/org": {"identityToken": "tok-123"}}`
 	if err := c.PushCredentials(t.Context(), strings.NewReader(body)); err != nil {
 		t.Fatal(err)
@@ -79,7 +79,7 @@ func TestCredentials(t *testing.T) {
 }
 
 func TestStatusAndMetrics(t *testing.T) {
-	st := layer.Status{Layers: []layer.LayerStatus{{Refs: []string{"r/app:v1"}, Digest: "sha256:abcd", State: layer.StateFetching, Users: 2, ToFetch: 100, Prefetched: 40,
+	st := protocol.Status{Layers: []protocol.LayerStatus{{Refs: []string{"r/app:v1"}, Digest: "sha256:abcd", State: protocol.StateFetching, Users: 2, ToFetch: 100, Prefetched: 40,
 		ReadChunks: 3, ReadCompressed: 5 << 20, PassthroughFiles: 1, ReadWaits: 2, ReadRequests: 1, ReadWaitSeconds: 0.25}}}
 	st.Counters.Lookups = 7
 	c := serveTest(t, st, fakeSink{}, io.Discard)
@@ -106,17 +106,6 @@ func TestStatusAndMetrics(t *testing.T) {
 	Render(&out, got)
 	if !strings.Contains(out.String(), "40%") || !strings.Contains(out.String(), "r/app:v1") || !strings.Contains(out.String(), "read 3 chunks") || !strings.Contains(out.String(), "2 reads waited for the registry (1 sent a request), 0.25s") {
 		t.Errorf("render:\n%s", out.String())
-	}
-}
-
-func TestSocketPath(t *testing.T) {
-	t.Setenv(SocketEnv, "")
-	if got := SocketPath(); got != DefaultSocket {
-		t.Errorf("without $%s: %q, want %q", SocketEnv, got, DefaultSocket)
-	}
-	t.Setenv(SocketEnv, "/run/other/control.sock")
-	if got := SocketPath(); got != "/run/other/control.sock" {
-		t.Errorf("with $%s: %q, want /run/other/control.sock", SocketEnv, got)
 	}
 }
 

@@ -6,13 +6,13 @@ import (
 	"net/http"
 	"strconv"
 
+	"github.com/layerstore/layerstore/internal/control/protocol"
 	"github.com/layerstore/layerstore/internal/metrics"
-	"github.com/layerstore/layerstore/layer"
 )
 
 // MetricsSource is what the metrics are read from: the layer manager.
 type MetricsSource interface {
-	Status() layer.Status
+	Status() protocol.Status
 }
 
 // metricsContentType is the Prometheus text exposition format.
@@ -37,7 +37,7 @@ func metricsEndpoint(src MetricsSource) http.HandlerFunc {
 // writeMetrics writes the status in the Prometheus text format. Labels never carry digests,
 // references or paths: a node has as many of those as images; every label has a few fixed
 // values, and every series is written, zero or not.
-func writeMetrics(w io.Writer, st layer.Status) {
+func writeMetrics(w io.Writer, st protocol.Status) {
 	header := func(name, typ, help string) {
 		fmt.Fprintf(w, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, typ)
 	}
@@ -64,14 +64,14 @@ func writeMetrics(w io.Writer, st layer.Status) {
 	header("layerstore_read_wait_seconds", "histogram", "Time reads of files waited for the registry (chunks missing from the cache).")
 	writeHistogram(w, "layerstore_read_wait_seconds", "", lat.ReadWait)
 
-	states := map[layer.State]int64{}
+	states := map[protocol.State]int64{}
 	var users int64
 	for _, l := range st.Layers {
 		states[l.State]++
 		users += l.Users
 	}
 	var byState []sample
-	for _, s := range []layer.State{layer.StateIdle, layer.StateFetching, layer.StateComplete, layer.StateStopped, layer.StateFailed} {
+	for _, s := range []protocol.State{protocol.StateIdle, protocol.StateFetching, protocol.StateComplete, protocol.StateStopped, protocol.StateFailed} {
 		byState = append(byState, sample{fmt.Sprintf(`{state=%q}`, s), states[s]})
 	}
 	metric("layerstore_layers", "gauge", "Resolved layers by background fetch state.", byState...)

@@ -11,8 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/layerstore/layerstore/internal/control/protocol"
 	"github.com/layerstore/layerstore/internal/metrics"
-	"github.com/layerstore/layerstore/layer"
 )
 
 var (
@@ -111,10 +111,10 @@ func TestMetricsFormat(t *testing.T) {
 	wait.Observe(2 * time.Minute)
 	served := metrics.NewHistogram(metrics.DefaultBuckets)
 	served.Observe(40 * time.Millisecond)
-	st := layer.Status{
-		Layers: []layer.LayerStatus{{Refs: []string{"r/app:v1"}, Digest: "sha256:abcd", State: layer.StateComplete, Users: 3}},
-		Latency: layer.Latency{
-			Lookups: []layer.LookupLatency{
+	st := protocol.Status{
+		Layers: []protocol.LayerStatus{{Refs: []string{"r/app:v1"}, Digest: "sha256:abcd", State: protocol.StateComplete, Users: 3}},
+		Latency: protocol.Latency{
+			Lookups: []protocol.LookupLatency{
 				{Outcome: "served", Source: "registry", Snapshot: served.Snapshot()},
 				{Outcome: "failed", Source: "memory", Snapshot: metrics.NewHistogram(metrics.DefaultBuckets).Snapshot()},
 			},
@@ -164,7 +164,7 @@ func TestMetricsFormat(t *testing.T) {
 // TestMetricsHandler: the handler of the TCP metrics address serves GET /metrics and nothing
 // of the rest of the control API.
 func TestMetricsHandler(t *testing.T) {
-	st := layer.Status{}
+	st := protocol.Status{}
 	st.Counters.Lookups = 4
 	srv := httptest.NewServer(MetricsHandler(fakeStatus{st}))
 	defer srv.Close()

@@ -1,20 +1,19 @@
 package control
 
 import (
-	"context"
 	"encoding/json"
 	"io"
 	"log/slog"
 	"net/http"
 
-	"github.com/layerstore/layerstore/layer"
+	"github.com/layerstore/layerstore/internal/control/protocol"
 )
 
 // ProfileSource exports and imports startup profiles: the layer manager. A StatusSource that
 // implements it gets GET and POST /profiles.
 type ProfileSource interface {
 	ExportProfiles(w io.Writer) (int, error)
-	ImportProfiles(r io.Reader) (layer.ProfileImport, error)
+	ImportProfiles(r io.Reader) (protocol.ProfileImport, error)
 }
 
 // maxProfileImport bounds what POST /profiles reads: the manager reads it one profile (line)
@@ -42,27 +41,4 @@ func handleProfiles(mux *http.ServeMux, ps ProfileSource, log *slog.Logger) {
 		w.Header().Set("Content-Type", "application/json")
 		_ = json.NewEncoder(w).Encode(imp)
 	})
-}
-
-// ExportProfiles writes the daemon's startup profiles to w, as lines of JSON.
-func (c *Client) ExportProfiles(ctx context.Context, w io.Writer) error {
-	resp, err := c.doLongMethod(ctx, http.MethodGet, "/profiles", nil)
-	if err != nil {
-		return err
-	}
-	defer resp.Body.Close()
-	_, err = io.Copy(w, resp.Body)
-	return err
-}
-
-// ImportProfiles hands profiles (as ExportProfiles wrote them) to the daemon, which merges
-// them into its own.
-func (c *Client) ImportProfiles(ctx context.Context, r io.Reader) (layer.ProfileImport, error) {
-	var imp layer.ProfileImport
-	resp, err := c.doLongMethod(ctx, http.MethodPost, "/profiles", r)
-	if err != nil {
-		return imp, err
-	}
-	defer resp.Body.Close()
-	return imp, json.NewDecoder(resp.Body).Decode(&imp)
 }

@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/layerstore/layerstore/layer"
+	"github.com/layerstore/layerstore/internal/control/protocol"
 )
 
 // fakeProfiles is a status source that exports a fixed text and keeps what it imports.
@@ -26,14 +26,14 @@ func (f fakeProfiles) ExportProfiles(w io.Writer) (int, error) {
 	return 1, err
 }
 
-func (f fakeProfiles) ImportProfiles(r io.Reader) (layer.ProfileImport, error) {
+func (f fakeProfiles) ImportProfiles(r io.Reader) (protocol.ProfileImport, error) {
 	if _, err := f.imported.ReadFrom(r); err != nil {
-		return layer.ProfileImport{}, err
+		return protocol.ProfileImport{}, err
 	}
 	if strings.Contains(f.imported.String(), "bad") {
-		return layer.ProfileImport{Repositories: 1}, errors.New("profiles: line 3: invalid JSON")
+		return protocol.ProfileImport{Repositories: 1}, errors.New("profiles: line 3: invalid JSON")
 	}
-	return layer.ProfileImport{Repositories: 2, Layers: 3}, nil
+	return protocol.ProfileImport{Repositories: 2, Layers: 3}, nil
 }
 
 // TestProfilesEndpoints: GET /profiles streams the export, POST /profiles hands the body to
@@ -48,7 +48,7 @@ func TestProfilesEndpoints(t *testing.T) {
 	srv := &http.Server{Handler: Handler(src, fakeSink{}, time.Hour, slog.New(slog.DiscardHandler))}
 	go srv.Serve(ln)
 	t.Cleanup(func() { srv.Close() })
-	c := NewClient(path)
+	c := protocol.NewClient(path)
 
 	var out bytes.Buffer
 	if err := c.ExportProfiles(t.Context(), &out); err != nil || out.String() != src.export {
@@ -64,7 +64,7 @@ func TestProfilesEndpoints(t *testing.T) {
 	}
 
 	// A status source without profiles has no such endpoints.
-	c = serveTest(t, layer.Status{}, fakeSink{}, io.Discard)
+	c = serveTest(t, protocol.Status{}, fakeSink{}, io.Discard)
 	if err := c.ExportProfiles(t.Context(), io.Discard); err == nil {
 		t.Error("export from a source without profiles")
 	}

@@ -5,12 +5,12 @@ import (
 	"io"
 	"strings"
 
-	"github.com/layerstore/layerstore/layer"
+	"github.com/layerstore/layerstore/internal/control/protocol"
 )
 
 // Render writes the status for a person: one block per layer, with a progress bar for the
 // layers still fetching in the background.
-func Render(w io.Writer, st layer.Status) {
+func Render(w io.Writer, st protocol.Status) {
 	fmt.Fprintf(w, "cache: %s   layers: %d   lookups: %d   not lazy: %d   failures: %d   verification failures: %d\n",
 		human(st.Cache.Bytes), len(st.Layers), st.Counters.Lookups, st.Counters.NotLazy,
 		st.Counters.Failures, st.Counters.VerifyFailures)
@@ -32,7 +32,7 @@ func Render(w io.Writer, st layer.Status) {
 		}
 		fetched := l.OnDemand + l.Prefetched
 		switch l.State {
-		case layer.StateFetching:
+		case protocol.StateFetching:
 			fmt.Fprintf(w, "  %s %s / %s\n", bar(l.Prefetched, l.ToFetch, 30), human(l.Prefetched), human(l.ToFetch))
 		default:
 			fmt.Fprintf(w, "  %s", l.State)

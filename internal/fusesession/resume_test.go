@@ -4,9 +4,7 @@ import (
 	"bytes"
 	"encoding/hex"
 	"fmt"
-	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"syscall"
 	"testing"
@@ -14,6 +12,9 @@ import (
 
 	"github.com/hanwen/go-fuse/v2/fuse"
 	"golang.org/x/sys/unix"
+
+	"github.com/layerstore/layerstore/internal/testutil/testfuse"
+	"github.com/layerstore/layerstore/internal/testutil/testproc"
 )
 
 // The test filesystem: a root directory and two files of fileSize bytes, "data" and "slow".
@@ -187,52 +188,6 @@ func second(saved string) error {
 	return nil
 }
 
-// child starts the test binary in role with extra descriptors 3 and up; it is killed at the
-// end of the test.
-func child(t *testing.T, role string, env []string, files ...*os.File) *exec.Cmd {
-	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(append(os.Environ(), roleEnv+"="+role), env...)
-	cmd.ExtraFiles = files
-	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
-	})
-	return cmd
-}
-
-// socketpair returns the test's end as a connection with deadlines and the child's as a file.
-func socketpair(t *testing.T) (*net.UnixConn, *os.File) {
-	t.Helper()
-	fds, err := syscall.Socketpair(syscall.AF_UNIX, syscall.SOCK_SEQPACKET|syscall.SOCK_CLOEXEC, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	f := os.NewFile(uintptr(fds[0]), "test end")
-	c, err := net.FileConn(f)
-	f.Close()
-	if err != nil {
-		t.Fatal(err)
-	}
-	theirs := os.NewFile(uintptr(fds[1]), "child end")
-	t.Cleanup(func() { c.Close(); theirs.Close() })
-	return c.(*net.UnixConn), theirs
-}
-
-func expect(t *testing.T, c *net.UnixConn, msg string) {
-	t.Helper()
-	_ = c.SetReadDeadline(time.Now().Add(wait))
-	b := make([]byte, 16)
-	n, err := c.Read(b)
-	if err != nil || string(b[:n]) != msg {
-		t.Fatalf("waiting for %q from a child: got %q, %v", msg, b[:n], err)
-	}
-}
-
 func readAt(t *testing.T, f *os.File, node uint64, off int64, n int) {
 	t.Helper()
 	b := make([]byte, n)
@@ -250,12 +205,7 @@ func readAt(t *testing.T, f *os.File, node uint64, off int64, n int) {
 // handle, a read the dead server had taken completes once the kernel resent it, and lookups
 // answer the same inode.
 func TestResumeAfterKill(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root to mount")
-	}
-	if _, err := os.Stat("/dev/fuse"); err != nil {
-		t.Skip("no /dev/fuse")
-	}
+	testfuse.Require(t)
 	mnt := t.TempDir()
 	var before syscall.Stat_t
 	if err := syscall.Stat(mnt, &before); err != nil {
@@ -264,17 +214,11 @@ func TestResumeAfterKill(t *testing.T) {
 
 	// The first server mounts and hands its descriptor and INIT to the test, which keeps them
 	// as a service manager's descriptor store would.
-	conn1, end1 := socketpair(t)
-	first := child(t, "first", []string{mntEnv + "=" + mnt}, end1)
-	_ = conn1.SetReadDeadline(time.Now().Add(wait))
-	msg, oob := make([]byte, 256), make([]byte, unix.CmsgSpace(4))
-	n, oobn, _, _, err := conn1.ReadMsgUnix(msg, oob)
-	if err != nil {
-		t.Fatalf("receiving the descriptor: %v", err)
-	}
-	fd := receivedFD(t, oob[:oobn])
-	stored := os.NewFile(uintptr(fd), "/dev/fuse")
-	in, err := DecodeInit(msg[:n])
+	conn1, end1 := testproc.Socketpair(t)
+	first := testproc.Start(t, mnt, []string{roleEnv + "=first", mntEnv + "=" + mnt}, end1)
+	msg, fds := testproc.Receive(t, conn1, 1, wait)
+	stored := os.NewFile(uintptr(fds[0]), "/dev/fuse")
+	in, err := DecodeInit(msg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -325,34 +269,20 @@ func TestResumeAfterKill(t *testing.T) {
 		}
 		inflight <- err
 	}()
-	expect(t, conn1, "B")
+	testproc.Expect(t, conn1, "B", wait)
 
-	if err := first.Process.Kill(); err != nil {
-		t.Fatal(err)
-	}
-	_ = first.Wait()
-	select {
-	case err := <-inflight:
-		t.Fatalf("the read in flight returned before a server took over: %v", err)
-	case <-time.After(100 * time.Millisecond):
-	}
+	testproc.Kill(t, first)
+	testproc.Pending(t, "the read in flight", inflight)
 
 	// The second server takes over the descriptor; the test keeps its own.
-	conn2, end2 := socketpair(t)
+	conn2, end2 := testproc.Socketpair(t)
 	start := time.Now()
-	child(t, "second", []string{initEnv + "=" + hex.EncodeToString(EncodeInit(in))}, stored, end2)
-	expect(t, conn2, "R")
+	testproc.Start(t, mnt, []string{roleEnv + "=second", initEnv + "=" + hex.EncodeToString(EncodeInit(in))}, stored, end2)
+	testproc.Expect(t, conn2, "R", wait)
 	t.Logf("second server serving %v after its start", time.Since(start))
 
 	if CanResend(in) {
-		select {
-		case err := <-inflight:
-			if err != nil {
-				t.Fatalf("the read in flight at the kill: %v", err)
-			}
-		case <-time.After(wait):
-			t.Fatalf("the read in flight at the kill did not complete within %v of the takeover", wait)
-		}
+		testproc.Completes(t, "the read in flight at the kill", inflight, wait)
 	} else {
 		t.Log("the kernel cannot resend requests: the read in flight at the kill stays unanswered")
 	}
@@ -368,18 +298,4 @@ func TestResumeAfterKill(t *testing.T) {
 	if err := syscall.Stat(mnt, &st); err != nil || st.Dev == before.Dev || st.Ino != fuse.FUSE_ROOT_ID {
 		t.Fatalf("mountpoint after the takeover: dev %d (directory's %d), ino %d, %v", st.Dev, before.Dev, st.Ino, err)
 	}
-}
-
-func receivedFD(t *testing.T, oob []byte) int {
-	t.Helper()
-	msgs, err := unix.ParseSocketControlMessage(oob)
-	if err != nil || len(msgs) != 1 {
-		t.Fatalf("control message: %d, %v", len(msgs), err)
-	}
-	fds, err := unix.ParseUnixRights(&msgs[0])
-	if err != nil || len(fds) != 1 {
-		t.Fatalf("rights: %v, %v", fds, err)
-	}
-	unix.CloseOnExec(fds[0])
-	return fds[0]
 }

@@ -6,7 +6,7 @@
 // The descriptor itself travels as any other (SCM_RIGHTS, a service manager's file descriptor
 // store, an inherited file); a go-fuse server resumes on it with the mount point /dev/fd/N and
 // fuse.MountOptions.ResumeInit set to the decoded InitIn (a change carried in
-// internal/third_party/go-fuse, see its PATCHES.md). The functions here hold no state and are
+// internal/third_party/go-fuse, see its README.md). The functions here hold no state and are
 // safe for concurrent use.
 package fusesession
 

@@ -18,6 +18,7 @@ import (
 	"github.com/layerstore/layerstore/benchmarks/internal/benchd"
 	"github.com/layerstore/layerstore/cache"
 	"github.com/layerstore/layerstore/fetcher"
+	"github.com/layerstore/layerstore/internal/control/protocol"
 	"github.com/layerstore/layerstore/internal/testutil/testregistry"
 	"github.com/layerstore/layerstore/layer"
 )
@@ -29,8 +30,8 @@ type fetchRun struct {
 	Daemon   float64 // the daemon's own prefetch time (prefetchSeconds)
 	CPU      float64 // daemon CPU seconds over Total
 	Requests testregistry.BlobStats
-	Status   layer.LayerStatus
-	Cache    cache.Stats
+	Status   protocol.LayerStatus
+	Cache    protocol.CacheStats
 	Probes   []probeResult // reads made while the fetch ran, if asked for
 }
 
@@ -246,16 +247,16 @@ func (b *bench) fetchInProcess(ctx context.Context, repo string, l *builtLayer, 
 		return run, err
 	}
 	dropCaches()
-	c, err := cache.New(filepath.Join(dir, "cache"))
+	c, err := cache.New(filepath.Join(dir, "cache"), cache.Config{})
 	if err != nil {
 		return run, err
 	}
 	defer c.Close()
-	client, err := fetcher.NewClient(fetcher.WithRegistriesConf(b.regsConf, b.regsConf+".d"))
+	client, err := fetcher.NewClient(fetcher.Config{RegistriesConf: b.regsConf, RegistriesConfDir: b.regsConf + ".d"})
 	if err != nil {
 		return run, err
 	}
-	m, err := layer.New(layer.ClientRegistry(client), c)
+	m, err := layer.New(layer.ClientRegistry(client), c, layer.Config{})
 	if err != nil {
 		return run, err
 	}
@@ -318,11 +319,11 @@ func (b *bench) fetchInProcess(ctx context.Context, repo string, l *builtLayer, 
 	deadline := time.Now().Add(b.opts.fetchTimeout)
 	for {
 		st := m.Status()
-		if len(st.Layers) == 1 && st.Layers[0].State == layer.StateComplete {
+		if len(st.Layers) == 1 && st.Layers[0].State == protocol.StateComplete {
 			run.Status, run.Cache = st.Layers[0], st.Cache
 			break
 		}
-		if len(st.Layers) == 1 && (st.Layers[0].State == layer.StateFailed || st.Layers[0].State == layer.StateStopped) {
+		if len(st.Layers) == 1 && (st.Layers[0].State == protocol.StateFailed || st.Layers[0].State == protocol.StateStopped) {
 			return run, fmt.Errorf("background fetch %s: %s", st.Layers[0].State, st.Layers[0].Error)
 		}
 		if time.Now().After(deadline) {

@@ -72,7 +72,7 @@ func main() {
 	}
 	var o options
 	var large, fioSize sizeFlag = 256 << 20, 1 << 30
-	flag.StringVar(&o.out, "out", "", "write the results (Markdown) here; default benchmarks/results/<date>-lazybench.md in the module, \"-\" for none")
+	benchenv.OutFlag(&o.out, "lazybench", "")
 	flag.IntVar(&o.runs, "runs", 3, "rounds of (baseline, baseline to disk, background fetch); medians are reported")
 	flag.IntVar(&o.small, "small", 6000, "small files (1-50 KiB, text) in the rootfs layer")
 	flag.IntVar(&o.medium, "medium", 100, "library-sized files (64 KiB-3 MiB, binary) in the rootfs layer")
@@ -86,7 +86,7 @@ func main() {
 	flag.BoolVar(&o.skipFetch, "skip-fetch", false, "skip the background fetch measurements")
 	flag.BoolVar(&o.skipFio, "skip-fio", false, "skip the fio measurements")
 	flag.StringVar(&o.blobs, "blobs", "", "keep built layer blobs in this directory and reuse them (default: build each time)")
-	flag.StringVar(&o.daemonBin, "daemon", "", "layerstore binary to run (default: go build ./cmd/layerstore)")
+	benchd.Flag(&o.daemonBin)
 	flag.StringVar(&o.workdir, "workdir", os.TempDir(), "where temporary mountpoints and caches go (their filesystem is the one measured as native)")
 	flag.DurationVar(&o.timeout, "timeout", 10*time.Minute, "bound on the whole run")
 	flag.DurationVar(&o.fetchTimeout, "fetch-timeout", 3*time.Minute, "bound on one background fetch")

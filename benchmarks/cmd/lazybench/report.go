@@ -165,40 +165,8 @@ func (r *report) fioSection(b *strings.Builder) {
 		fmt.Fprintf(b, "\n| job | passthrough | %% of native | no passthrough | %% of native | native | daemon CPU (s), passthrough / none |\n|---|---:|---:|---:|---:|---:|---:|\n")
 	}
 	for i, j := range fioJobs {
-		// val is the median of the job's rounds on a target, and its cell text.
-		val := func(target string) (float64, string) {
-			var xs []float64
-			for _, round := range r.fio[target] {
-				if i < len(round) && round[i].Err == "" {
-					if j.RW == "read" {
-						xs = append(xs, round[i].BW/(1<<20))
-					} else {
-						xs = append(xs, round[i].IOPS)
-					}
-				}
-			}
-			if len(xs) == 0 {
-				if rs := r.fio[target]; len(rs) > 0 && i < len(rs[0]) && strings.HasPrefix(rs[0][i].Err, "skipped") {
-					return 0, "-"
-				}
-				return 0, "error"
-			}
-			m := benchenv.Median(xs)
-			unit := "MiB/s"
-			if j.RW != "read" {
-				unit = "IOPS"
-			}
-			return m, fmt.Sprintf("%.0f %s [%s]", m, unit, list(xs, "%.0f"))
-		}
-		cpu := func(target string) float64 {
-			var xs []float64
-			for _, round := range r.fio[target] {
-				if i < len(round) {
-					xs = append(xs, round[i].DaemonCPU)
-				}
-			}
-			return benchenv.Median(xs)
-		}
+		val := func(target string) (float64, string) { return r.fioMedian(target, i) }
+		cpu := func(target string) float64 { return r.fioCPU(target, i) }
 		pv, pt := val("passthrough")
 		nv, np := val("no-passthrough")
 		xv, xt := val("native")
@@ -219,33 +187,83 @@ func (r *report) fioSection(b *strings.Builder) {
 		"was in the page cache after each job (after a cold O_DIRECT job: whether the reads bypassed it):\n\n")
 	fmt.Fprintf(b, "| job | passthrough | no passthrough | native | cache file in page cache after the job (MiB): passthrough / none / native |\n|---|---:|---:|---:|---:|\n")
 	for i, j := range fioJobs {
-		lat := func(target string) string {
-			var p50, p99 []float64
-			for _, round := range r.fio[target] {
-				if i < len(round) && round[i].Err == "" {
-					p50, p99 = append(p50, round[i].ClatP50), append(p99, round[i].ClatP99)
-				}
-			}
-			if len(p50) == 0 {
-				return "-"
-			}
-			return fmt.Sprintf("%.1f / %.1f", benchenv.Median(p50), benchenv.Median(p99))
-		}
-		res := func(target string) string {
-			var xs []float64
-			for _, round := range r.fio[target] {
-				if i < len(round) && round[i].Err == "" && round[i].Resident >= 0 {
-					xs = append(xs, float64(round[i].Resident)/(1<<20))
-				}
-			}
-			if len(xs) == 0 {
-				return "-"
-			}
-			return fmt.Sprintf("%.0f", benchenv.Median(xs))
-		}
+		lat := func(target string) string { return r.fioLatency(target, i) }
+		res := func(target string) string { return r.fioResident(target, i) }
 		fmt.Fprintf(b, "| %s | %s | %s | %s | %s / %s / %s |\n", j.Name, lat("passthrough"), lat("no-passthrough"), lat("native"),
 			res("passthrough"), res("no-passthrough"), res("native"))
 	}
+	r.fioErrors(b)
+}
+
+// fioMedian is the median of fio job i's rounds on target (MiB/s or IOPS), and its cell
+// text with the rounds' values: "-" for a job skipped, "error" for one without a result.
+func (r *report) fioMedian(target string, i int) (float64, string) {
+	j := fioJobs[i]
+	var xs []float64
+	for _, round := range r.fio[target] {
+		if i < len(round) && round[i].Err == "" {
+			if j.RW == "read" {
+				xs = append(xs, round[i].BW/(1<<20))
+			} else {
+				xs = append(xs, round[i].IOPS)
+			}
+		}
+	}
+	if len(xs) == 0 {
+		if rs := r.fio[target]; len(rs) > 0 && i < len(rs[0]) && strings.HasPrefix(rs[0][i].Err, "skipped") {
+			return 0, "-"
+		}
+		return 0, "error"
+	}
+	m := benchenv.Median(xs)
+	unit := "MiB/s"
+	if j.RW != "read" {
+		unit = "IOPS"
+	}
+	return m, fmt.Sprintf("%.0f %s [%s]", m, unit, list(xs, "%.0f"))
+}
+
+// fioCPU is the median of the daemon's CPU seconds during fio job i on target.
+func (r *report) fioCPU(target string, i int) float64 {
+	var xs []float64
+	for _, round := range r.fio[target] {
+		if i < len(round) {
+			xs = append(xs, round[i].DaemonCPU)
+		}
+	}
+	return benchenv.Median(xs)
+}
+
+// fioLatency is "p50 / p99" of fio job i's completion latency on target, medians over rounds.
+func (r *report) fioLatency(target string, i int) string {
+	var p50, p99 []float64
+	for _, round := range r.fio[target] {
+		if i < len(round) && round[i].Err == "" {
+			p50, p99 = append(p50, round[i].ClatP50), append(p99, round[i].ClatP99)
+		}
+	}
+	if len(p50) == 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%.1f / %.1f", benchenv.Median(p50), benchenv.Median(p99))
+}
+
+// fioResident is the median MiB of the cache's file in the page cache after fio job i on target.
+func (r *report) fioResident(target string, i int) string {
+	var xs []float64
+	for _, round := range r.fio[target] {
+		if i < len(round) && round[i].Err == "" && round[i].Resident >= 0 {
+			xs = append(xs, float64(round[i].Resident)/(1<<20))
+		}
+	}
+	if len(xs) == 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%.0f", benchenv.Median(xs))
+}
+
+// fioErrors lists the fio jobs that failed, by target, round and job.
+func (r *report) fioErrors(b *strings.Builder) {
 	var errs []string
 	for k, rounds := range r.fio {
 		for n, rs := range rounds {

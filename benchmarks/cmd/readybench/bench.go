@@ -16,6 +16,7 @@ import (
 	"github.com/opencontainers/go-digest"
 
 	"github.com/layerstore/layerstore/benchmarks/internal/shaper"
+	"github.com/layerstore/layerstore/internal/control/protocol"
 	"github.com/layerstore/layerstore/internal/testutil/dockerregistry"
 )
 
@@ -385,24 +386,15 @@ func (b *bench) runOnce(ctx context.Context, c cell) (s sample, err error) {
 	mnt := ""
 	var ms mountedStore
 	if c.lazy() {
-		cacheDir := filepath.Join(dir, "cache")
-		if c.warm {
-			cacheDir = b.warm[warmKey(c)]
-		}
-		if ms, err = b.stores[c.store].start(ctx, c.runtime, filepath.Join(dir, "store"), cacheDir); err != nil {
+		if ms, err = b.startStore(ctx, c, dir); err != nil {
 			return s, err
 		}
 		defer ms.stop() // after the container is removed (defers run last in, first out)
 		mnt = ms.mountpoint()
 		ph.mark("store start")
 		if learned != nil {
-			// The fresh cache gets the learned profiles as a node of a fleet would.
-			file := filepath.Join(dir, "profiles.jsonl")
-			if err := os.WriteFile(file, learned, 0o644); err != nil {
+			if s.Imported, err = b.importProfiles(ctx, c, ms, dir, learned); err != nil {
 				return s, err
-			}
-			if s.Imported, err = ms.(*runningLayerstore).profiles(ctx, b.stores[c.store].(*layerstoreStore).bin, "import", file); err != nil {
-				return s, fmt.Errorf("%s: %w", c, err)
 			}
 			ph.mark("profiles import")
 		}
@@ -433,6 +425,24 @@ func (b *bench) runOnce(ctx context.Context, c cell) (s sample, err error) {
 		}
 		ph.mark("read blobs")
 	}
+	mark, err := b.timeReady(ctx, c, img, pm, ms, name, &s)
+	if err != nil {
+		return s, err
+	}
+	ph.mark("pull+run")
+	pm.remove(name)
+	ph.mark("podman rm")
+	if ms != nil {
+		ms.stop()
+		ph.mark("store stop")
+	}
+	return s, b.countFullGets(c, img, mark, &s)
+}
+
+// timeReady pulls and runs c's image with pm (named name) until its ready line, through ms
+// when lazy, and records in s the times, the bytes through the link, the store's CPU and
+// reads, and the blob requests. It returns the registry's mark from before the pull.
+func (b *bench) timeReady(ctx context.Context, c cell, img *pushedImage, pm *podman, ms mountedStore, name string, s *sample) (int, error) {
 	mark := b.reg.Mark()
 	_, down0 := b.proxy.Bytes()
 	ref := b.proxy.Addr() + "/" + img.Repo
@@ -444,47 +454,77 @@ func (b *bench) runOnce(ctx context.Context, c cell) (s sample, err error) {
 	var cpu1 cpuSnap
 	pull, toReady, toExit, err := pm.pullAndRun(ctx, ref, name, c.image.ready, func() { cpu1 = snapCPU(pid) })
 	if err != nil {
-		return s, err
+		return mark, err
 	}
 	s.StoreCPU, s.Busy = cpuSpent(cpu0, cpu1)
 	_, down1 := b.proxy.Bytes()
-	s.Pull, s.Run, s.Exit, s.Bytes, s.FromStore = pull.Seconds(), toReady.Seconds(), toExit.Seconds(), down1-down0, pm.fromStore()
+	s.Pull, s.Run, s.Exit, s.Bytes, s.FromStore = pull.Seconds(), toReady.Seconds(), toExit.Seconds(), down1-down0, pm.FromStore()
 	if ms != nil {
 		if st, err := ms.layers(ctx); err == nil {
-			s.ReadKnown = true
-			for _, l := range img.Layers {
-				if ls, ok := st[l.Digest]; ok {
-					s.ReadChunks += ls.ReadChunks
-					s.ReadBytes += ls.ReadCompressed
-					s.PassthroughFiles += ls.PassthroughFiles
-					s.ReadWaits += ls.ReadWaits
-					s.ReadRequests += ls.ReadRequests
-					s.ReadWaitSeconds += ls.ReadWaitSeconds
-					if p := ls.Profile; p != nil {
-						s.ProfileLayers++
-						if p.SameLayer {
-							s.ProfileSameLayer++
-						}
-						s.ProfileFiles += p.Files
-						s.ProfileBytes += p.Bytes
-						s.ProfileFetched += p.Fetched
-					}
-				}
-			}
+			s.addReads(st, img.Layers)
 		} else if !errors.Is(err, errCannotTell) {
-			return s, fmt.Errorf("%s: the store's status: %w", c, err)
+			return mark, fmt.Errorf("%s: the store's status: %w", c, err)
 		}
 	}
 	for _, g := range b.reg.BlobGets(mark) {
 		s.Requests += g.Full + g.Ranged
 	}
-	ph.mark("pull+run")
-	pm.remove(name)
-	ph.mark("podman rm")
-	if ms != nil {
-		ms.stop()
-		ph.mark("store stop")
+	return mark, nil
+}
+
+// startStore starts c's store on a cache of its own under dir, or on the warm cache of c.
+func (b *bench) startStore(ctx context.Context, c cell, dir string) (mountedStore, error) {
+	cacheDir := filepath.Join(dir, "cache")
+	if c.warm {
+		cacheDir = b.warm[warmKey(c)]
 	}
+	return b.stores[c.store].start(ctx, c.runtime, filepath.Join(dir, "store"), cacheDir)
+}
+
+// importProfiles gives the fresh cache of ms the learned profiles, as a node of a fleet would,
+// and returns what the import said.
+func (b *bench) importProfiles(ctx context.Context, c cell, ms mountedStore, dir string, learned []byte) (string, error) {
+	file := filepath.Join(dir, "profiles.jsonl")
+	if err := os.WriteFile(file, learned, 0o644); err != nil {
+		return "", err
+	}
+	out, err := ms.(*runningLayerstore).profiles(ctx, b.stores[c.store].(*layerstoreStore).bin, "import", file)
+	if err != nil {
+		return out, fmt.Errorf("%s: %w", c, err)
+	}
+	return out, nil
+}
+
+// addReads adds what the store's status says of the image's layers: the reads, their waits
+// and the profiles replayed.
+func (s *sample) addReads(st map[digest.Digest]protocol.LayerStatus, layers []pushedLayer) {
+	s.ReadKnown = true
+	for _, l := range layers {
+		ls, ok := st[l.Digest]
+		if !ok {
+			continue
+		}
+		s.ReadChunks += ls.ReadChunks
+		s.ReadBytes += ls.ReadCompressed
+		s.PassthroughFiles += ls.PassthroughFiles
+		s.ReadWaits += ls.ReadWaits
+		s.ReadRequests += ls.ReadRequests
+		s.ReadWaitSeconds += ls.ReadWaitSeconds
+		if p := ls.Profile; p != nil {
+			s.ProfileLayers++
+			if p.SameLayer {
+				s.ProfileSameLayer++
+			}
+			s.ProfileFiles += p.Files
+			s.ProfileBytes += p.Bytes
+			s.ProfileFetched += p.Fetched
+		}
+	}
+}
+
+// countFullGets counts in s the whole-blob GETs of c's lazily pullable layers since mark: a
+// layerstore cell with any fails (errLazyDownloaded).
+func (b *bench) countFullGets(c cell, img *pushedImage, mark int, s *sample) error {
 	g := b.reg.BlobGets(mark)
 	var full []string
 	for _, l := range img.Layers {
@@ -494,9 +534,9 @@ func (b *bench) runOnce(ctx context.Context, c cell) (s sample, err error) {
 		}
 	}
 	if len(full) > 0 && c.store == "layerstore" {
-		return s, fmt.Errorf("%s: %w: %s; layers taken from the store: %d", c, errLazyDownloaded, strings.Join(full, ", "), s.FromStore)
+		return fmt.Errorf("%s: %w: %s; layers taken from the store: %d", c, errLazyDownloaded, strings.Join(full, ", "), s.FromStore)
 	}
-	return s, nil
+	return nil
 }
 
 // phases times the steps of a run, for -v and the budget.

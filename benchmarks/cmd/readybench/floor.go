@@ -25,7 +25,7 @@ import (
 // Connection set-up, the registry's ping and the runtime's own work are left out, and so are
 // the bytes of the manifest and config (a few KB). Bytes counted: the compressed TOC of each
 // layer served lazily, the compressed bytes of the chunks the workload read (the daemon's
-// status: every chunk the kernel asked for, see layer.LayerStatus.ReadChunks) and the layers
+// status: every chunk the kernel asked for, see protocol.LayerStatus.ReadChunks) and the layers
 // the runtime pulled in full (none in these images). The floor is the same for every store:
 // the read set comes from layerstore's runs of the same image, format, runtime and link.
 type floor struct {

@@ -63,32 +63,9 @@ func writeLayerTar(w io.Writer, root string, skip map[string]bool) (size int64, 
 			return tw.WriteHeader(&tar.Header{Typeflag: tar.TypeReg, Name: dir + ".wh." + name, Mode: 0o600,
 				ModTime: fi.ModTime().Truncate(time.Second)})
 		}
-		link := ""
-		if mode&fs.ModeSymlink != 0 {
-			if link, err = os.Readlink(p); err != nil {
-				return err
-			}
-		}
-		hdr, err := tar.FileInfoHeader(fi, link)
+		hdr, err := tarHeader(p, rel, fi, st)
 		if err != nil {
 			return err
-		}
-		hdr.Name = rel
-		if d.IsDir() {
-			hdr.Name += "/"
-		}
-		hdr.Uid, hdr.Gid = int(st.Uid), int(st.Gid)
-		hdr.Uname, hdr.Gname = "", ""
-		hdr.ModTime = fi.ModTime().Truncate(time.Second)
-		hdr.AccessTime, hdr.ChangeTime = time.Time{}, time.Time{}
-		hdr.Format = tar.FormatUnknown
-		if x, err := xattrs(p); err != nil {
-			return err
-		} else if len(x) > 0 {
-			hdr.PAXRecords = map[string]string{}
-			for k, v := range x {
-				hdr.PAXRecords["SCHILY.xattr."+k] = v
-			}
 		}
 		if mode.IsRegular() && st.Nlink > 1 {
 			in := inode{uint64(st.Dev), st.Ino}
@@ -109,14 +86,7 @@ func writeLayerTar(w io.Writer, root string, skip map[string]bool) (size int64, 
 			}
 		}
 		if hdr.Typeflag == tar.TypeReg && hdr.Size > 0 {
-			f, err := os.Open(p)
-			if err != nil {
-				return err
-			}
-			defer f.Close()
-			if n, err := io.Copy(tw, f); err != nil || n != hdr.Size {
-				return fmt.Errorf("%s: copied %d of %d bytes: %v", rel, n, hdr.Size, err)
-			}
+			return copyContent(tw, p, hdr)
 		}
 		return nil
 	})
@@ -127,6 +97,55 @@ func writeLayerTar(w io.Writer, root string, skip map[string]bool) (size int64, 
 		err = bw.Flush()
 	}
 	return cw.n, fmt.Sprintf("sha256:%x", h.Sum(nil)), entries, err
+}
+
+// tarHeader is the header of the file at p, named rel in the layer, from its stat: numeric
+// owners, times in whole seconds, its extended attributes as PAX records.
+func tarHeader(p, rel string, fi fs.FileInfo, st *syscall.Stat_t) (*tar.Header, error) {
+	link := ""
+	if fi.Mode()&fs.ModeSymlink != 0 {
+		var err error
+		if link, err = os.Readlink(p); err != nil {
+			return nil, err
+		}
+	}
+	hdr, err := tar.FileInfoHeader(fi, link)
+	if err != nil {
+		return nil, err
+	}
+	hdr.Name = rel
+	if fi.IsDir() {
+		hdr.Name += "/"
+	}
+	hdr.Uid, hdr.Gid = int(st.Uid), int(st.Gid)
+	hdr.Uname, hdr.Gname = "", ""
+	hdr.ModTime = fi.ModTime().Truncate(time.Second)
+	hdr.AccessTime, hdr.ChangeTime = time.Time{}, time.Time{}
+	hdr.Format = tar.FormatUnknown
+	x, err := xattrs(p)
+	if err != nil {
+		return nil, err
+	}
+	if len(x) > 0 {
+		hdr.PAXRecords = map[string]string{}
+		for k, v := range x {
+			hdr.PAXRecords["SCHILY.xattr."+k] = v
+		}
+	}
+	return hdr, nil
+}
+
+// copyContent writes the content of the regular file at p, hdr.Size bytes, into tw.
+func copyContent(tw *tar.Writer, p string, hdr *tar.Header) error {
+	f, err := os.Open(p)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	if n, err := io.Copy(tw, f); err != nil || n != hdr.Size {
+		return fmt.Errorf("%s: copied %d of %d bytes: %v", hdr.Name, n, hdr.Size, err)
+	}
+	return nil
 }
 
 // xattrs returns the extended attributes of p worth keeping in a layer: everything but

@@ -22,7 +22,6 @@ import (
 	"flag"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"runtime"
@@ -32,8 +31,8 @@ import (
 
 	"github.com/layerstore/layerstore/benchmarks/internal/benchd"
 	"github.com/layerstore/layerstore/benchmarks/internal/benchenv"
+	"github.com/layerstore/layerstore/benchmarks/internal/podmanrun"
 	"github.com/layerstore/layerstore/benchmarks/internal/shaper"
-	storefs "github.com/layerstore/layerstore/fs"
 	"github.com/layerstore/layerstore/internal/testutil/dockerregistry"
 	"github.com/layerstore/layerstore/internal/testutil/podman5"
 	"github.com/layerstore/layerstore/internal/testutil/testregistry"
@@ -70,18 +69,26 @@ func main() {
 	flag.StringVar(&full, "full", fmtGzip, "formats also pulled in full by podman alone, comma-separated ("+strings.Join(allFormats, ", ")+")")
 	flag.StringVar(&o.images, "images", "", "cache of the built images (root filesystems, blobs, registry storage); default benchmarks/work/images in the module")
 	flag.StringVar(&o.workdir, "workdir", "", "where the run's temporary directory goes (stores' caches, podman storage); default benchmarks/work in the module")
-	flag.StringVar(&o.out, "out", "", "write the report (Markdown) here, and the plots next to it; default benchmarks/results/<date>-readybench.md, \"-\" for none")
+	benchenv.OutFlag(&o.out, "readybench", ", and the plots next to it")
 	flag.DurationVar(&o.timeout, "timeout", 60*time.Minute, "bound on the whole run, image building included")
 	flag.BoolVar(&o.keep, "keep", false, "keep the run's temporary directory: daemon and podman logs, every run's podman storage and cache (much disk), warm caches")
 	flag.StringVar(&runtimes, "runtimes", rtPodman4+","+rtPodman5, "runtimes, comma-separated: "+rtPodman4+" (podman in $PATH, Debian 12's 4.3.1), "+rtPodman5+" (podman "+podman5.Version+", see -podman5)")
 	flag.StringVar(&o.podman5, "podman5", "", "podman 5 binary (default: podman "+podman5.Version+" built from its Go module on first use and kept in the user's cache directory, as the e2e suite does)")
 	flag.StringVar(&peers, "peer", "", "another additional layer store (stargz-store's command line) measured as a second lazy column: RUNTIME=PATH per runtime, comma-separated (e.g. podman4=/opt/stargz-store-0.15.1/stargz-store,podman5=/opt/stargz-store-0.18.2/stargz-store), or PATH alone for podman4")
-	flag.StringVar(&o.daemonBin, "daemon", "", "layerstore binary to run (default: go build ./cmd/layerstore)")
+	benchd.Flag(&o.daemonBin)
 	flag.Uint64Var(&o.seed, "seed", 0, "seed of the shuffled run order (default: from the clock; printed in the report)")
 	flag.BoolVar(&o.verbose, "v", false, "print how long each step of every run took")
 	flag.BoolVar(&o.noPrefetch, "no-prefetch", false, "run layerstore without its background fetch (a diagnostic: what the fetch costs the workload on a slow link)")
 	flag.DurationVar(&o.quiet, "prefetch-quiet", 0, "run layerstore with this [prefetch] quiet (a diagnostic; default: the daemon's)")
+	replotReport := flag.String("replot", "", "measure nothing: draw the plots of this report (readybench.md) again from its tables, next to it")
 	flag.Parse()
+	if *replotReport != "" {
+		if err := replot(context.Background(), *replotReport); err != nil {
+			fmt.Fprintln(os.Stderr, "readybench:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	err := o.parse(links, only, full)
 	if err == nil {
 		err = o.parseModes(modes)
@@ -95,6 +102,72 @@ func main() {
 	}
 
 	benchenv.Run("readybench", o.timeout, func(ctx context.Context) error { return run(ctx, o) })
+}
+
+// makeDirs makes -images and -workdir (defaults under the module's work directory) and the
+// run's temporary directory in -workdir, which it returns.
+func (o *options) makeDirs(modDir string) (string, error) {
+	if o.images == "" {
+		o.images = filepath.Join(benchenv.WorkDir(modDir), "images")
+	}
+	if o.workdir == "" {
+		o.workdir = benchenv.WorkDir(modDir)
+	}
+	for _, d := range []string{o.images, o.workdir} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return "", err
+		}
+	}
+	return os.MkdirTemp(o.workdir, "readybench-")
+}
+
+// addRuntimes gives every runtime of -runtimes its binary (podman 5 built on first use),
+// naming podman 5's version in the machine lines.
+func (b *bench) addRuntimes(ctx context.Context, machine *[]string) error {
+	for _, rt := range b.opts.runtimes {
+		switch rt {
+		case rtPodman4:
+			b.runtimes[rt] = "podman"
+		case rtPodman5:
+			p5 := b.opts.podman5
+			if p5 == "" {
+				if _, ok := podman5.Built(ctx); !ok {
+					fmt.Fprintf(os.Stderr, "building podman %s from its Go module (a few minutes; kept in the user's cache directory)\n", podman5.Version)
+				}
+				var err error
+				if p5, err = podman5.Build(ctx, b.work); err != nil {
+					return fmt.Errorf("podman 5: %w", err)
+				}
+			}
+			v, ok := podmanrun.Version5(p5)
+			if !ok {
+				return fmt.Errorf("-podman5 %s: %q is not podman 5", p5, v)
+			}
+			b.runtimes[rt] = p5
+			*machine = append(*machine, "podman 5: "+v+" (built from github.com/containers/podman/v5, tags: "+podman5.Tags+")")
+		}
+	}
+	return nil
+}
+
+// addPeer adds the -peer store, naming each runtime's binary in the machine lines.
+func (b *bench) addPeer(machine *[]string) error {
+	if len(b.opts.peers) > 0 {
+		p := &peerStore{bins: b.opts.peers}
+		b.stores[p.name()] = p
+		for _, rt := range b.opts.runtimes {
+			if path, ok := b.opts.peers[rt]; ok {
+				v := benchenv.ToolVersion(path, "--version")
+				if _, err := os.Stat(path); err != nil {
+					return fmt.Errorf("-peer %s: %w", rt, err)
+				} else if v == "not installed" {
+					v = "no --version flag"
+				}
+				*machine = append(*machine, fmt.Sprintf("peer with %s: %s: %s", rt, filepath.Base(path), v))
+			}
+		}
+	}
+	return nil
 }
 
 func (o *options) parse(links, only, full string) error {
@@ -207,40 +280,21 @@ func (o *options) parseRuntimes(runtimes, peers string) error {
 
 func run(ctx context.Context, o options) error {
 	started := time.Now()
-	if os.Geteuid() != 0 {
-		return errors.New("needs root: FUSE and overlay mounts, drop_caches, podman")
-	}
-	if err := storefs.Usable(); err != nil {
+	if err := podmanrun.Preflight("FUSE and overlay mounts, drop_caches, podman", podmanrun.Tool{Name: "strace", Package: "strace"},
+		podmanrun.Tool{Name: "unshare", Package: "util-linux"}); err != nil {
 		return err
-	}
-	for _, t := range []struct{ tool, pkg string }{{"podman", "podman"}, {"docker-registry", "docker-registry"},
-		{"runc", "runc"}, {"fusermount3", "fuse3"}, {"strace", "strace"}, {"unshare", "util-linux"}} {
-		if _, err := exec.LookPath(t.tool); err != nil {
-			return fmt.Errorf("%s not found: apt-get install -y %s", t.tool, t.pkg)
-		}
 	}
 	modDir, err := benchenv.ModuleDir()
 	if err != nil {
 		return err
 	}
-	if o.images == "" {
-		o.images = filepath.Join(benchenv.WorkDir(modDir), "images")
-	}
-	if o.workdir == "" {
-		o.workdir = benchenv.WorkDir(modDir)
-	}
-	for _, d := range []string{o.images, o.workdir} {
-		if err := os.MkdirAll(d, 0o755); err != nil {
-			return err
-		}
-	}
-	work, err := os.MkdirTemp(o.workdir, "readybench-")
+	work, err := o.makeDirs(modDir)
 	if err != nil {
 		return err
 	}
-	machine := append(benchenv.Machine(modDir, work, o.daemonBin), toolVersions()...)
+	machine := append(benchenv.Machine(modDir, work, o.daemonBin), podmanrun.ToolVersions()...)
 	defer func() {
-		unmountUnder(work)
+		podmanrun.UnmountUnder(work)
 		if o.keep {
 			fmt.Fprintln(os.Stderr, "work directory kept:", work)
 		} else {
@@ -257,12 +311,9 @@ func run(ctx context.Context, o options) error {
 	if err := os.MkdirAll(bin, 0o755); err != nil {
 		return err
 	}
-	daemon := o.daemonBin
-	if daemon == "" {
-		daemon = filepath.Join(bin, "layerstore")
-		if err := benchd.Build(ctx, modDir, daemon); err != nil {
-			return err
-		}
+	daemon, err := benchd.Binary(ctx, modDir, o.daemonBin, bin)
+	if err != nil {
+		return err
 	}
 
 	// The stores read the registry's address (the shaping proxy's, started once the images
@@ -276,42 +327,11 @@ func run(ctx context.Context, o options) error {
 	images := &imageCache{dir: o.images, modDir: modDir, binDir: bin}
 	b := &bench{opts: o, work: work, reg: reg, images: images, warm: map[string]string{}, runtimes: map[string]string{},
 		stores: map[string]store{"layerstore": &layerstoreStore{bin: daemon, registriesConf: regConf, prefetch: !o.noPrefetch, quiet: o.quiet}}}
-	for _, rt := range o.runtimes {
-		switch rt {
-		case rtPodman4:
-			b.runtimes[rt] = "podman"
-		case rtPodman5:
-			p5 := o.podman5
-			if p5 == "" {
-				if _, ok := podman5.Built(ctx); !ok {
-					fmt.Fprintf(os.Stderr, "building podman %s from its Go module (a few minutes; kept in the user's cache directory)\n", podman5.Version)
-				}
-				if p5, err = podman5.Build(ctx, work); err != nil {
-					return fmt.Errorf("podman 5: %w", err)
-				}
-			}
-			v := benchenv.ToolVersion(p5, "--version")
-			if !strings.Contains(v, "version 5.") {
-				return fmt.Errorf("-podman5 %s: %q is not podman 5", p5, v)
-			}
-			b.runtimes[rt] = p5
-			machine = append(machine, "podman 5: "+v+" (built from github.com/containers/podman/v5, tags: "+podman5.Tags+")")
-		}
+	if err := b.addRuntimes(ctx, &machine); err != nil {
+		return err
 	}
-	if len(o.peers) > 0 {
-		p := &peerStore{bins: o.peers}
-		b.stores[p.name()] = p
-		for _, rt := range o.runtimes {
-			if path, ok := o.peers[rt]; ok {
-				v := benchenv.ToolVersion(path, "--version")
-				if _, err := os.Stat(path); err != nil {
-					return fmt.Errorf("-peer %s: %w", rt, err)
-				} else if v == "not installed" {
-					v = "no --version flag"
-				}
-				machine = append(machine, fmt.Sprintf("peer with %s: %s: %s", rt, filepath.Base(path), v))
-			}
-		}
+	if err := b.addPeer(&machine); err != nil {
+		return err
 	}
 	// The cells first: only the images and formats they pull are built and pushed.
 	cells := b.plan()
@@ -338,7 +358,7 @@ func run(ctx context.Context, o options) error {
 	}
 	b.proxy = proxy
 	b.runBase = fmt.Sprintf("/run/readybench-%d", os.Getpid())
-	defer func() { unmountUnder(b.runBase); os.RemoveAll(b.runBase) }()
+	defer func() { podmanrun.UnmountUnder(b.runBase); os.RemoveAll(b.runBase) }()
 	fmt.Fprintf(os.Stderr, "%d cells x %d samples = %d runs, shuffled (seed %d)\n", len(cells), o.samples, len(cells)*o.samples, o.seed)
 	measureStart := time.Now()
 	results, err := b.measure(ctx, cells)

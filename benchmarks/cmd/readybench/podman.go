@@ -8,26 +8,22 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/layerstore/layerstore/benchmarks/internal/podmanconf"
+	"github.com/layerstore/layerstore/benchmarks/internal/podmanrun"
 )
 
 // podman is a podman binary (Debian's 4.3.1, or podman 5 built from its module) with private
 // configuration and an empty storage of its own.
 type podman struct {
-	bin string
+	*podmanrun.Podman
 	// oneCommand: pull and run in one `podman run`. podman 5 (c/storage up to at least 1.65)
 	// does not record a layer taken from an additional layer store in layers.json, so that
 	// the command after `podman pull` finds the image corrupted and pulls it again (docs/upstream-cstorage.md, when the daemon does not record the layers for it);
 	// `podman run IMAGE` is one command either way.
 	oneCommand bool
-	dir        string
-	runroot    string
-	env        []string
 	removed    map[string]bool // containers removed already
 }
 
@@ -37,34 +33,33 @@ type podman struct {
 // path: podman 4.3.1 waits 20 s for the exit of every container whose run root is longer than
 // about 45 characters (measured here: 41 fine, 49 not).
 func newPodman(bin string, oneCommand bool, dir, runroot, store, registryHost string) (*podman, error) {
-	env, err := podmanconf.Write(dir, podmanconf.Config{RunRoot: runroot, Store: store, RegistryHost: registryHost,
+	pm, err := podmanrun.New(bin, dir, podmanconf.Config{RunRoot: runroot, Store: store, RegistryHost: registryHost,
 		IgnoreCgroupsV1Warning: true})
 	if err != nil {
 		return nil, err
 	}
-	return &podman{bin: bin, oneCommand: oneCommand, dir: dir, runroot: runroot, removed: map[string]bool{}, env: env}, nil
+	return &podman{Podman: pm, oneCommand: oneCommand, removed: map[string]bool{}}, nil
 }
 
 // command is podman with args, bounded by ctx, its output appended to the log file. Files,
 // not pipes: conmon inherits podman's descriptors and outlives it by many seconds after a
 // short container, and exec.Cmd would wait for a pipe until conmon closes it.
 func (p *podman) command(ctx context.Context, args ...string) (*exec.Cmd, func() string, error) {
-	log, err := os.OpenFile(filepath.Join(p.dir, "podman.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	log, err := os.OpenFile(filepath.Join(p.Dir, "podman.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		return nil, nil, err
 	}
 	fmt.Fprintf(log, "\n$ podman %s\n", strings.Join(args, " "))
 	off, _ := log.Seek(0, io.SeekEnd)
-	cmd := exec.CommandContext(ctx, p.bin, args...)
-	cmd.Env = p.env
+	cmd := p.Command(ctx, args...)
 	cmd.Stdout, cmd.Stderr = log, log
 	output := func() string {
 		log.Close()
-		b, _ := os.ReadFile(filepath.Join(p.dir, "podman.log"))
+		b, _ := os.ReadFile(filepath.Join(p.Dir, "podman.log"))
 		if int(off) <= len(b) {
 			b = b[off:]
 		}
-		return lastLines(string(b), 20)
+		return podmanrun.LastLines(string(b), 20)
 	}
 	return cmd, output, nil
 }
@@ -149,16 +144,9 @@ func (p *podman) run(ctx context.Context, ref, name, ready string, atReady func(
 	}
 	if err != nil {
 		return 0, 0, fmt.Errorf("podman run %s: %w\nstdout: %s\nstderr: %s", ref, err,
-			lastLines(strings.Join(lines, "\n"), 10), out)
+			podmanrun.LastLines(strings.Join(lines, "\n"), 10), out)
 	}
 	return toReady, toExit, nil
-}
-
-// fromStore counts the layers c/storage took from the additional layer store: it records
-// the store's path in overlay/<id>/additionallayer.
-func (p *podman) fromStore() int {
-	m, _ := filepath.Glob(filepath.Join(p.dir, "graph", "overlay", "*", "additionallayer"))
-	return len(m)
 }
 
 // remove removes the container (podman unmounts it) and then detaches any mount podman left
@@ -171,33 +159,7 @@ func (p *podman) remove(name string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	p.do(ctx, "rm", "--force", "--time", "0", name)
-	unmountUnder(p.runroot)
-	unmountUnder(p.dir)
-	os.RemoveAll(p.runroot)
-}
-
-// unmountUnder detaches every mount below dir, deepest first.
-func unmountUnder(dir string) {
-	b, err := os.ReadFile("/proc/self/mountinfo")
-	if err != nil {
-		return
-	}
-	var mounts []string
-	for _, l := range strings.Split(string(b), "\n") {
-		if f := strings.Fields(l); len(f) > 4 && strings.HasPrefix(f[4], dir+"/") {
-			mounts = append(mounts, f[4])
-		}
-	}
-	slices.SortFunc(mounts, func(a, b string) int { return len(b) - len(a) })
-	for _, m := range mounts {
-		syscall.Unmount(m, syscall.MNT_DETACH)
-	}
-}
-
-func lastLines(s string, n int) string {
-	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
-	return strings.Join(lines, "\n")
+	podmanrun.UnmountUnder(p.RunRoot)
+	podmanrun.UnmountUnder(p.Dir)
+	os.RemoveAll(p.RunRoot)
 }

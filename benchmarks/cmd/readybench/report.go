@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/layerstore/layerstore/benchmarks/internal/benchenv"
+	"github.com/layerstore/layerstore/benchmarks/internal/shaper"
 	"github.com/layerstore/layerstore/internal/testutil/podman5"
 	"github.com/layerstore/layerstore/layer"
 )
@@ -25,15 +26,6 @@ type report struct {
 	measureSeconds float64
 	machine        []string
 	noPlots        string // why the report has no plots, when it has none
-}
-
-// toolVersions names the runtime pieces measured, beside benchenv's machine lines.
-func toolVersions() []string {
-	return []string{
-		"podman 4 (podman in $PATH): " + benchenv.ToolVersion("podman", "--version"),
-		"runc: " + benchenv.ToolVersion("runc", "--version"),
-		"docker-registry: " + benchenv.ToolVersion("docker-registry", "--version"),
-	}
 }
 
 func onOff(b bool) string {
@@ -155,116 +147,141 @@ func floorColumns(total, net float64, netOK bool, warm float64, warmOK bool) (ne
 	return
 }
 
+// mdText is a report being written.
+type mdText struct{ strings.Builder }
+
+func (m *mdText) w(format string, args ...any) { fmt.Fprintf(m, format, args...) }
+
 func (r *report) markdown(plots map[string]string) string {
-	var b strings.Builder
-	w := func(format string, args ...any) { fmt.Fprintf(&b, format, args...) }
+	var m mdText
+	r.writeHeader(&m)
+	r.writeMethod(&m)
+	r.writeImages(&m)
+	for _, l := range r.opts.links {
+		r.writeLink(&m, l, plots)
+	}
+	r.writeRunTime(&m)
+	return m.String()
+}
+
+// writeHeader: the machine, the daemon's settings, the samples and the wall time.
+func (r *report) writeHeader(m *mdText) {
 	o := r.opts
-	b.WriteString(benchenv.Header("readybench: time to ready with podman, lazy vs full pull", "readybench", r.machine))
-	w("- layerstore: `layerstore serve` with background fetch %s and FUSE passthrough on\n", onOff(!o.noPrefetch))
+	m.WriteString(benchenv.Header("readybench: time to ready with podman, lazy vs full pull", "readybench", r.machine))
+	m.w("- layerstore: `layerstore serve` with background fetch %s and FUSE passthrough on\n", onOff(!o.noPrefetch))
 	if o.quiet > 0 {
-		w("- layerstore's `[prefetch] quiet`: %s (-prefetch-quiet; the default is %s)\n", o.quiet, layer.DefaultPrefetchQuiet)
+		m.w("- layerstore's `[prefetch] quiet`: %s (-prefetch-quiet; the default is %s)\n", o.quiet, layer.DefaultPrefetchQuiet)
 	}
-	w("- samples per cell: %d, run order shuffled with seed %d\n", o.samples, o.seed)
-	w("- wall time: %.0f s in all, of which %.0f s measuring (warm-cache preparation included)\n", time.Since(r.started).Seconds(), r.measureSeconds)
+	m.w("- samples per cell: %d, run order shuffled with seed %d\n", o.samples, o.seed)
+	m.w("- wall time: %.0f s in all, of which %.0f s measuring (warm-cache preparation included)\n", time.Since(r.started).Seconds(), r.measureSeconds)
 	if r.noPlots != "" {
-		w("- %s\n", r.noPlots)
+		m.w("- %s\n", r.noPlots)
 	}
-	w("\n")
+	m.w("\n")
 
-	w("## Method\n\n")
-	w("Runtimes: %s. **podman4** is Debian 12's podman 4.3.1 (lookups by blob digest); **podman5** is podman %s,\n", strings.Join(o.runtimes, ", "), podman5.Version)
-	w("built from its Go module (lookups by TOC digest). podman 5 pulls and runs in one `podman run` (its pull column\n")
-	w("is `-`, its run column is the total): it does not record a layer taken from an additional layer store in\n")
-	w("`layers.json` (c/storage up to at least 1.65), so that the command after a `podman pull` finds the image\n")
-	w("corrupted and pulls it again, and one command is what the README tells users; it also fails concurrent\n")
-	w("first pulls of images sharing layers through a store (docs/operations.md), and readybench runs one cell at\n")
-	w("a time.")
+}
+
+// writeMethod: what is measured, and how.
+func (r *report) writeMethod(m *mdText) {
+	o := r.opts
+	m.w("## Method\n\n")
+	m.w("Runtimes: %s. **podman4** is Debian 12's podman 4.3.1 (lookups by blob digest); **podman5** is podman %s,\n", strings.Join(o.runtimes, ", "), podman5.Version)
+	m.w("built from its Go module (lookups by TOC digest). podman 5 pulls and runs in one `podman run` (its pull column\n")
+	m.w("is `-`, its run column is the total): it does not record a layer taken from an additional layer store in\n")
+	m.w("`layers.json` (c/storage up to at least 1.65), so that the command after a `podman pull` finds the image\n")
+	m.w("corrupted and pulls it again, and one command is what the README tells users; it also fails concurrent\n")
+	m.w("first pulls of images sharing layers through a store (docs/operations.md), and readybench runs one cell at\n")
+	m.w("a time.")
 	if len(o.peers) > 0 {
-		w(" The peer store runs with the runtimes it has a binary for (`-peer`): podman 4.3.1 looks layers up by blob\n")
-		w("digest, which stargz-store answers up to 0.15.1 only; podman 5 by TOC digest (stargz-store 0.16 and later).")
+		m.w(" The peer store runs with the runtimes it has a binary for (`-peer`): podman 4.3.1 looks layers up by blob\n")
+		m.w("digest, which stargz-store answers up to 0.15.1 only; podman 5 by TOC digest (stargz-store 0.16 and later).")
 	}
-	w("\n\n")
-	w("**Headline: total = `podman pull` + `podman run` until the workload's ready line** (stargz-snapshotter's\n")
-	w("pull + create + run), from empty podman storage, after `sync; echo 3 > /proc/sys/vm/drop_caches`\n")
-	w("(always: a page cache left full by earlier runs makes podman's pull about 1.6x slower on this VM).\n")
-	w("*Cold*: a fresh store with an empty cache. *Warm*: the store restarted on a cache filled by an earlier\n")
-	w("complete run (every layer fetched); for a full pull, the image's blobs read\n")
-	w("into the page cache on the registry's side just before. Every byte\n")
-	w("between podman or the store and the registry goes through the shaping proxy (one link shared by\n")
-	w("all connections; bandwidth per direction, RTT/2 one-way delay each way, 1.5 RTT before a new\n")
-	w("connection's first request arrives). p50 is the median; p95 is nearest-rank (with 5 samples, the\n")
-	w("largest). \"lazy/full\" is the lazy p50 total over the gzip full pull's p50 total in the same image,\n")
-	w("link and cache state. \"via link\" is the median of the bytes the registry sent through the link\n")
-	w("from the start of the pull to the ready line (a store's background fetch included). \"from store\" is\n")
-	w("the number of layers podman took from the store (its `additionallayer` marks); \"blob GETs\" the median of\n")
-	w("the blob requests (whole or ranged) the registry answered from the start of the pull to the ready line;\n")
-	w("\"waited\" the medians of the container's reads that waited for the registry (layerstore's `status`, summed\n")
-	w("over the lazy layers), of those of them that sent a request of their own (the round trips the workload\n")
-	w("paid for; the others waited for chunks already on their way), and of their waits summed (reads waiting\n")
-	w("at once count each): reads / requests (seconds). \"CPU\": from the start of the pull to the ready line, the\n")
-	w("store's own CPU time (user + system, p50; `-` for a full pull) / the share of the machine's processors that\n")
-	w("were busy (p50, all processes): near 100%% the start waits for the processors (decompressing, verifying,\n")
-	w("podman's own work), which the floor below does not count.\n\n")
-	w("**Floor** (cold lazy cells): the least a cold lazy start of the image can take over the link, whatever the\n")
-	w("store: round trips one after the other at the link's RTT (the manifest; the config; one TOC request per\n")
-	w("layer served lazily, a layer after its parent as the runtime looks them up; one for the chunks the workload\n")
-	w("reads, all in one request at best) plus the bytes that must cross the link at its rate (the compressed TOC\n")
-	w("of each lazy layer, from its footer; the compressed bytes of the chunks the workload read; layers pulled in\n")
-	w("full, none here). Connection set-up, the registry's ping, the manifest's and config's bytes (a few KB) and\n")
-	w("the runtime's own work are left out: the floor is a lower bound, not a target reachable as is. \"read\" is\n")
-	w("what the workload read, from layerstore's `status` once the container exited (p50 over the samples of\n")
-	w("its lazy cell; every chunk the kernel asked for through FUSE, whatever served it, and every chunk of a\n")
-	w("file opened with FUSE passthrough, whose reads the daemon does not see): compressed bytes of those\n")
-	w("chunks (their count). A peer's cell has the floor of layerstore's cell of the same image, format, runtime\n")
-	w("and link (the same workload). This is **floor (net)**, the network floor only. **floor** adds the runtime's own\n")
-	w("time: floor = the total p50 of the warm cell of the same store, image, format, runtime and link (every layer\n")
-	w("in the store's cache, nothing to fetch: podman's pull, storage set-up, container creation and the workload\n")
-	w("itself) + floor (net); `-` when the run has no such warm cell. \"/floor\" is the total p50 over floor (with the\n")
-	w("runtime's time).\n\n")
-	w("**Learned startup profiles** (layerstore, cold only). *lazy-learned*: before the measured run, one unmeasured\n")
-	w("run of the same image through layerstore on a fresh cache over an unshaped link (the daemon records which files\n")
-	w("the container reads); the daemon stopped (it writes the profiles into its cache), started again on that cache\n")
-	w("to export them with `layerstore profiles export FILE`, and stopped; the measured run is then the `lazy` cold\n")
-	w("cell's with one step more: `layerstore profiles import FILE` into the fresh store, before podman's storage is\n")
-	w("made and the page cache dropped. So the cache holds the profiles and nothing else: the content is gone, the\n")
-	w("profiles are kept, as after an eviction, or on a node that imported a fleet's profiles. *lazy-newversion*: the\n")
-	w("same, learned on the image and measured on its new version, pushed to the same repository as\n")
-	w("`<format>-v2`: the top layer rebuilt with new content at the same paths (every ELF file with bytes appended,\n")
-	w("every text file but Python sources with a newline appended; the lower layers are the same blobs), so that the\n")
-	w("top layer's profile is matched by path and the base layer's is its own. \"Profiles replayed\" below the\n")
-	w("tables is from layerstore's status after the measured run.\n\n")
+	m.w("\n\n")
+	m.w("**Headline: total = `podman pull` + `podman run` until the workload's ready line** (stargz-snapshotter's\n")
+	m.w("pull + create + run), from empty podman storage, after `sync; echo 3 > /proc/sys/vm/drop_caches`\n")
+	m.w("(always: a page cache left full by earlier runs makes podman's pull about 1.6x slower on this VM).\n")
+	m.w("*Cold*: a fresh store with an empty cache. *Warm*: the store restarted on a cache filled by an earlier\n")
+	m.w("complete run (every layer fetched); for a full pull, the image's blobs read\n")
+	m.w("into the page cache on the registry's side just before. Every byte\n")
+	m.w("between podman or the store and the registry goes through the shaping proxy (one link shared by\n")
+	m.w("all connections; bandwidth per direction, RTT/2 one-way delay each way, 1.5 RTT before a new\n")
+	m.w("connection's first request arrives). p50 is the median; p95 is nearest-rank (with 5 samples, the\n")
+	m.w("largest). \"lazy/full\" is the lazy p50 total over the gzip full pull's p50 total in the same image,\n")
+	m.w("link and cache state. \"via link\" is the median of the bytes the registry sent through the link\n")
+	m.w("from the start of the pull to the ready line (a store's background fetch included). \"from store\" is\n")
+	m.w("the number of layers podman took from the store (its `additionallayer` marks); \"blob GETs\" the median of\n")
+	m.w("the blob requests (whole or ranged) the registry answered from the start of the pull to the ready line;\n")
+	m.w("\"waited\" the medians of the container's reads that waited for the registry (layerstore's `status`, summed\n")
+	m.w("over the lazy layers), of those of them that sent a request of their own (the round trips the workload\n")
+	m.w("paid for; the others waited for chunks already on their way), and of their waits summed (reads waiting\n")
+	m.w("at once count each): reads / requests (seconds). \"CPU\": from the start of the pull to the ready line, the\n")
+	m.w("store's own CPU time (user + system, p50; `-` for a full pull) / the share of the machine's processors that\n")
+	m.w("were busy (p50, all processes): near 100%% the start waits for the processors (decompressing, verifying,\n")
+	m.w("podman's own work), which the floor below does not count.\n\n")
+	m.w("**Floor** (cold lazy cells): the least a cold lazy start of the image can take over the link, whatever the\n")
+	m.w("store: round trips one after the other at the link's RTT (the manifest; the config; one TOC request per\n")
+	m.w("layer served lazily, a layer after its parent as the runtime looks them up; one for the chunks the workload\n")
+	m.w("reads, all in one request at best) plus the bytes that must cross the link at its rate (the compressed TOC\n")
+	m.w("of each lazy layer, from its footer; the compressed bytes of the chunks the workload read; layers pulled in\n")
+	m.w("full, none here). Connection set-up, the registry's ping, the manifest's and config's bytes (a few KB) and\n")
+	m.w("the runtime's own work are left out: the floor is a lower bound, not a target reachable as is. \"read\" is\n")
+	m.w("what the workload read, from layerstore's `status` once the container exited (p50 over the samples of\n")
+	m.w("its lazy cell; every chunk the kernel asked for through FUSE, whatever served it, and every chunk of a\n")
+	m.w("file opened with FUSE passthrough, whose reads the daemon does not see): compressed bytes of those\n")
+	m.w("chunks (their count). A peer's cell has the floor of layerstore's cell of the same image, format, runtime\n")
+	m.w("and link (the same workload). This is **floor (net)**, the network floor only. **floor** adds the runtime's own\n")
+	m.w("time: floor = the total p50 of the warm cell of the same store, image, format, runtime and link (every layer\n")
+	m.w("in the store's cache, nothing to fetch: podman's pull, storage set-up, container creation and the workload\n")
+	m.w("itself) + floor (net); `-` when the run has no such warm cell. \"/floor\" is the total p50 over floor (with the\n")
+	m.w("runtime's time).\n\n")
+	m.w("**Learned startup profiles** (layerstore, cold only). *lazy-learned*: before the measured run, one unmeasured\n")
+	m.w("run of the same image through layerstore on a fresh cache over an unshaped link (the daemon records which files\n")
+	m.w("the container reads); the daemon stopped (it writes the profiles into its cache), started again on that cache\n")
+	m.w("to export them with `layerstore profiles export FILE`, and stopped; the measured run is then the `lazy` cold\n")
+	m.w("cell's with one step more: `layerstore profiles import FILE` into the fresh store, before podman's storage is\n")
+	m.w("made and the page cache dropped. So the cache holds the profiles and nothing else: the content is gone, the\n")
+	m.w("profiles are kept, as after an eviction, or on a node that imported a fleet's profiles. *lazy-newversion*: the\n")
+	m.w("same, learned on the image and measured on its new version, pushed to the same repository as\n")
+	m.w("`<format>-v2`: the top layer rebuilt with new content at the same paths (every ELF file with bytes appended,\n")
+	m.w("every text file but Python sources with a newline appended; the lower layers are the same blobs), so that the\n")
+	m.w("top layer's profile is matched by path and the base layer's is its own. \"Profiles replayed\" below the\n")
+	m.w("tables is from layerstore's status after the measured run.\n\n")
 
-	w("## Images\n\n")
-	w("Built offline from Debian %s (`debootstrap --variant=minbase`, then `apt-get install --no-install-recommends`\n", suite)
-	w("in an overlay mount: each layer is exactly what its step added), cached in `-images`. Only the images\n")
-	w("and formats the measured cells pull are built and pushed (with the gzip image a zstd:chunked one is\n")
-	w("converted from); the others are `-` below.\n\n")
-	w("| image | layers | workload | ready line | uncompressed |")
+}
+
+// writeImages: the images, their layers and formats, and how they were built.
+func (r *report) writeImages(m *mdText) {
+	m.w("## Images\n\n")
+	m.w("Built offline from Debian %s (`debootstrap --variant=minbase`, then `apt-get install --no-install-recommends`\n", suite)
+	m.w("in an overlay mount: each layer is exactly what its step added), cached in `-images`. Only the images\n")
+	m.w("and formats the measured cells pull are built and pushed (with the gzip image a zstd:chunked one is\n")
+	m.w("converted from); the others are `-` below.\n\n")
+	m.w("| image | layers | workload | ready line | uncompressed |")
 	for _, f := range allFormats {
-		w(" %s |", f)
+		m.w(" %s |", f)
 	}
-	w("\n|---|---|---|---|---:|")
+	m.w("\n|---|---|---|---|---:|")
 	for range allFormats {
-		w("---:|")
+		m.w("---:|")
 	}
-	w("\n")
+	m.w("\n")
 	need := r.b.images.need
 	for _, img := range need.images() {
 		cmd := strings.Join(img.cmd, " ")
 		if len(cmd) > 60 {
 			cmd = cmd[:57] + "..."
 		}
-		w("| %s | %s | `%s` | `%s` | %s |", img.name, strings.Join(img.layers, " + "), strings.ReplaceAll(cmd, "\n", " "), img.ready, mb(r.b.images.uncompressed(img)))
+		m.w("| %s | %s | `%s` | `%s` | %s |", img.name, strings.Join(img.layers, " + "), strings.ReplaceAll(cmd, "\n", " "), img.ready, mb(r.b.images.uncompressed(img)))
 		for _, f := range allFormats {
 			if p := r.b.images.cat.Images[img.name][f]; p != nil && need[imageFormat{img.name, f}] {
-				w(" %s |", mb(p.compressed()))
+				m.w(" %s |", mb(p.compressed()))
 			} else {
-				w(" - |")
+				m.w(" - |")
 			}
 		}
-		w("\n")
+		m.w("\n")
 	}
-	w("\nLayers: ")
+	m.w("\nLayers: ")
 	var ls []string
 	for _, name := range need.layers() {
 		l, _ := recipeByName(name)
@@ -275,103 +292,113 @@ func (r *report) markdown(plots map[string]string) string {
 		t := r.b.images.cat.Layers[l.name]
 		ls = append(ls, fmt.Sprintf("`%s` (%s; %s, %d entries)", l.name, what, mb(t.Size), t.Entries))
 	}
-	w("%s. Compressed sizes are the sums of the layer blobs: gzip at the default level, eStargz by\n", strings.Join(ls, ", "))
-	w("`estargz.Build` defaults (gzip level 9, 4 MiB chunks), eStargz-prio the same with\n")
-	w("`estargz.WithPrioritizedFiles` (the workload's profile: `strace -f -e trace=%%file,execve` of the\n")
-	w("workload chrooted in the image, the regular files opened or executed, in order of first use),\n")
-	w("zstd:chunked by `e2e/harness convert` (c/storage's compressor, with tar-split) from the gzip image.\n\n")
-	w("Build steps (cached ones show when they ran):\n\n| step | seconds | built |\n|---|---:|---|\n")
+	m.w("%s. Compressed sizes are the sums of the layer blobs: gzip at the default level, eStargz by\n", strings.Join(ls, ", "))
+	m.w("`estargz.Build` defaults (gzip level 9, 4 MiB chunks), eStargz-prio the same with\n")
+	m.w("`estargz.WithPrioritizedFiles` (the workload's profile: `strace -f -e trace=%%file,execve` of the\n")
+	m.w("workload chrooted in the image, the regular files opened or executed, in order of first use),\n")
+	m.w("zstd:chunked by `e2e/harness convert` (c/storage's compressor, with tar-split) from the gzip image.\n\n")
+	m.w("Build steps (cached ones show when they ran):\n\n| step | seconds | built |\n|---|---:|---|\n")
 	for _, s := range r.b.images.steps {
 		when := "this run"
 		if s.Cached {
 			when = "cached, " + s.Built.Format("2006-01-02 15:04")
 		}
-		w("| %s | %.1f | %s |\n", s.What, s.Seconds, when)
+		m.w("| %s | %.1f | %s |\n", s.What, s.Seconds, when)
 	}
-	w("\n")
+	m.w("\n")
 
-	for _, l := range o.links {
-		if !slices.ContainsFunc(r.cells, func(c cell) bool { return c.link.String() == l.String() && len(r.results[c.String()]) > 0 }) {
+}
+
+// writeLink: the table of link l's cells, their floors and the profiles replayed.
+func (r *report) writeLink(m *mdText, l shaper.Link, plots map[string]string) {
+	if !slices.ContainsFunc(r.cells, func(c cell) bool { return c.link.String() == l.String() && len(r.results[c.String()]) > 0 }) {
+		return
+	}
+	m.w("## Link %s\n\n", l)
+	if p := plots[l.String()]; p != "" {
+		m.w("![time to ready over %s](%s)\n\n", l, p)
+	}
+	m.w("| image | format | mode | runtime | cache | n | pull p50 | pull p95 | run p50 | run p95 | **total p50** | total p95 | lazy/full | floor (net) | floor | /floor | read | from store | via link | blob GETs | waited | CPU |\n")
+	m.w("|---|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	for _, c := range r.cells {
+		if c.link.String() != l.String() {
 			continue
 		}
-		w("## Link %s\n\n", l)
-		if p := plots[l.String()]; p != "" {
-			w("![time to ready over %s](%s)\n\n", l, p)
+		ss := r.results[c.String()]
+		if len(ss) == 0 {
+			continue
 		}
-		w("| image | format | mode | runtime | cache | n | pull p50 | pull p95 | run p50 | run p95 | **total p50** | total p95 | lazy/full | floor (net) | floor | /floor | read | from store | via link | blob GETs | waited | CPU |\n")
-		w("|---|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
-		for _, c := range r.cells {
-			if c.link.String() != l.String() {
-				continue
-			}
-			ss := r.results[c.String()]
-			if len(ss) == 0 {
-				continue
-			}
-			pull, run, total := measureOf(ss, func(s sample) float64 { return s.Pull }), measureOf(ss, func(s sample) float64 { return s.Run }), measureOf(ss, sample.total)
-			ratio := "-"
-			if base, ok := r.baseline(c); ok && !(c.format == fmtGzip && !c.lazy()) {
-				ratio = fmt.Sprintf("%.2f", total.p50/base.p50)
-			}
-			bytes := measureOf(ss, func(s sample) float64 { return float64(s.Bytes) })
-			from := measureOf(ss, func(s sample) float64 { return float64(s.FromStore) })
-			fromStr := fmt.Sprintf("%.0f/%d", from.p50, len(c.image.layers))
-			if full := measureOf(ss, func(s sample) float64 { return float64(s.FullGets) }); full.p95 > 0 {
-				fromStr += fmt.Sprintf(" (%.0f full GETs)", full.p95)
-			}
-			gets := measureOf(ss, func(s sample) float64 { return float64(s.Requests) })
-			f, netOK := r.floorOf(c)
-			warm, warmOK := r.warmOf(c)
-			netStr, floorStr, overFloor := floorColumns(total.p50, f.seconds(l), netOK, warm, warmOK)
-			read := "-"
-			if c.lazy() && ss[0].ReadKnown {
-				rb := measureOf(ss, func(s sample) float64 { return float64(s.ReadBytes) })
-				rc := measureOf(ss, func(s sample) float64 { return float64(s.ReadChunks) })
-				read = fmt.Sprintf("%s (%.0f)", mb(int64(rb.p50)), rc.p50)
-			}
-			waited := "-"
-			if c.lazy() && ss[0].ReadKnown {
-				n := measureOf(ss, func(s sample) float64 { return float64(s.ReadWaits) })
-				o := measureOf(ss, func(s sample) float64 { return float64(s.ReadRequests) })
-				d := measureOf(ss, func(s sample) float64 { return s.ReadWaitSeconds })
-				waited = fmt.Sprintf("%.0f / %.0f (%.2f s)", n.p50, o.p50, d.p50)
-			}
-			cpu := cpuColumn(ss)
-			pull50, pull95 := fmt.Sprintf("%.2f", pull.p50), fmt.Sprintf("%.2f", pull.p95)
-			if c.runtime == rtPodman5 {
-				pull50, pull95 = "-", "-" // pulled by podman run (see Method)
-			}
-			w("| %s | %s | %s | %s | %s | %d | %s | %s | %.2f | %.2f | **%.2f** | %.2f | %s | %s | %s | %s | %s | %s | %s | %.0f | %s | %s |\n",
-				c.image.name, c.format, c.mode(), c.runtime, c.cache(), len(ss), pull50, pull95, run.p50, run.p95, total.p50, total.p95, ratio,
-				netStr, floorStr, overFloor, read, fromStr, mb(int64(bytes.p50)), gets.p50, waited, cpu)
+		m.w("%s", r.row(c, ss, l))
+	}
+	m.w("\n")
+	var floors []string
+	for _, c := range r.cells {
+		if c.link.String() != l.String() || c.store != "layerstore" {
+			continue
 		}
-		w("\n")
-		var floors []string
-		for _, c := range r.cells {
-			if c.link.String() != l.String() || c.store != "layerstore" {
-				continue
-			}
-			if f, ok := r.floorOf(c); ok {
-				floors = append(floors, fmt.Sprintf("%s %s %s %s: %.2f s = %s", c.image.name, c.format, c.mode(), c.runtime, f.seconds(l), f))
-			}
-		}
-		if len(floors) > 0 {
-			w("Floors (net): %s.\n\n", strings.Join(floors, "; "))
-		}
-		var replays []string
-		for _, c := range r.cells {
-			if c.link.String() != l.String() || c.profile == "" || len(r.results[c.String()]) == 0 {
-				continue
-			}
-			replays = append(replays, fmt.Sprintf("%s %s %s %s: %s", c.image.name, c.format, c.mode(), c.runtime, profileSummary(r.results[c.String()], len(r.b.imageOf(c).Layers))))
-		}
-		if len(replays) > 0 {
-			w("Profiles replayed (per sample: layers with a replay of the image's layers, of them from their own recording; files\n")
-			w("named; compressed bytes fetched of those to fetch; what the import said): %s.\n\n", strings.Join(replays, "; "))
+		if f, ok := r.floorOf(c); ok {
+			floors = append(floors, fmt.Sprintf("%s %s %s %s: %.2f s = %s", c.image.name, c.format, c.mode(), c.runtime, f.seconds(l), f))
 		}
 	}
+	if len(floors) > 0 {
+		m.w("Floors (net): %s.\n\n", strings.Join(floors, "; "))
+	}
+	var replays []string
+	for _, c := range r.cells {
+		if c.link.String() != l.String() || c.profile == "" || len(r.results[c.String()]) == 0 {
+			continue
+		}
+		replays = append(replays, fmt.Sprintf("%s %s %s %s: %s", c.image.name, c.format, c.mode(), c.runtime, profileSummary(r.results[c.String()], len(r.b.imageOf(c).Layers))))
+	}
+	if len(replays) > 0 {
+		m.w("Profiles replayed (per sample: layers with a replay of the image's layers, of them from their own recording; files\n")
+		m.w("named; compressed bytes fetched of those to fetch; what the import said): %s.\n\n", strings.Join(replays, "; "))
+	}
+}
 
-	w("## Run time\n\n")
+// row is the table's line of cell c on link l, from its samples ss.
+func (r *report) row(c cell, ss []sample, l shaper.Link) string {
+	pull, run, total := measureOf(ss, func(s sample) float64 { return s.Pull }), measureOf(ss, func(s sample) float64 { return s.Run }), measureOf(ss, sample.total)
+	ratio := "-"
+	if base, ok := r.baseline(c); ok && !(c.format == fmtGzip && !c.lazy()) {
+		ratio = fmt.Sprintf("%.2f", total.p50/base.p50)
+	}
+	bytes := measureOf(ss, func(s sample) float64 { return float64(s.Bytes) })
+	from := measureOf(ss, func(s sample) float64 { return float64(s.FromStore) })
+	fromStr := fmt.Sprintf("%.0f/%d", from.p50, len(c.image.layers))
+	if full := measureOf(ss, func(s sample) float64 { return float64(s.FullGets) }); full.p95 > 0 {
+		fromStr += fmt.Sprintf(" (%.0f full GETs)", full.p95)
+	}
+	gets := measureOf(ss, func(s sample) float64 { return float64(s.Requests) })
+	f, netOK := r.floorOf(c)
+	warm, warmOK := r.warmOf(c)
+	netStr, floorStr, overFloor := floorColumns(total.p50, f.seconds(l), netOK, warm, warmOK)
+	read := "-"
+	if c.lazy() && ss[0].ReadKnown {
+		rb := measureOf(ss, func(s sample) float64 { return float64(s.ReadBytes) })
+		rc := measureOf(ss, func(s sample) float64 { return float64(s.ReadChunks) })
+		read = fmt.Sprintf("%s (%.0f)", mb(int64(rb.p50)), rc.p50)
+	}
+	waited := "-"
+	if c.lazy() && ss[0].ReadKnown {
+		n := measureOf(ss, func(s sample) float64 { return float64(s.ReadWaits) })
+		o := measureOf(ss, func(s sample) float64 { return float64(s.ReadRequests) })
+		d := measureOf(ss, func(s sample) float64 { return s.ReadWaitSeconds })
+		waited = fmt.Sprintf("%.0f / %.0f (%.2f s)", n.p50, o.p50, d.p50)
+	}
+	cpu := cpuColumn(ss)
+	pull50, pull95 := fmt.Sprintf("%.2f", pull.p50), fmt.Sprintf("%.2f", pull.p95)
+	if c.runtime == rtPodman5 {
+		pull50, pull95 = "-", "-" // pulled by podman run (see Method)
+	}
+	return fmt.Sprintf("| %s | %s | %s | %s | %s | %d | %s | %s | %.2f | %.2f | **%.2f** | %.2f | %s | %s | %s | %s | %s | %s | %s | %.0f | %s | %s |\n",
+		c.image.name, c.format, c.mode(), c.runtime, c.cache(), len(ss), pull50, pull95, run.p50, run.p95, total.p50, total.p95, ratio,
+		netStr, floorStr, overFloor, read, fromStr, mb(int64(bytes.p50)), gets.p50, waited, cpu)
+}
+
+// writeRunTime: how long the runs took, by image and mode, and the warm caches' preparation.
+func (r *report) writeRunTime(m *mdText) {
+	m.w("## Run time\n\n")
 	var runs int
 	var setup float64
 	type agg struct {
@@ -391,25 +418,24 @@ func (r *report) markdown(plots map[string]string) string {
 			per[k].s += s.Seconds
 		}
 	}
-	w("%d runs took %.0f s with their set-up and clean-up (store start and stop, podman storage, drop_caches):\n\n", runs, setup)
-	w("| image, mode | runs | mean seconds per run |\n|---|---:|---:|\n")
+	m.w("%d runs took %.0f s with their set-up and clean-up (store start and stop, podman storage, drop_caches):\n\n", runs, setup)
+	m.w("| image, mode | runs | mean seconds per run |\n|---|---:|---:|\n")
 	keys := make([]string, 0, len(per))
 	for k := range per {
 		keys = append(keys, k)
 	}
 	slices.Sort(keys)
 	for _, k := range keys {
-		w("| %s | %d | %.1f |\n", k, per[k].n, per[k].s/float64(per[k].n))
+		m.w("| %s | %d | %.1f |\n", k, per[k].n, per[k].s/float64(per[k].n))
 	}
 	if len(r.b.prep) > 0 {
 		var t float64
 		for _, p := range r.b.prep {
 			t += p.Seconds
 		}
-		w("\nWarm caches prepared once per store, image and format (unshaped link, then the background fetch to\nthe end): %d in %.0f s.\n", len(r.b.prep), t)
+		m.w("\nWarm caches prepared once per store, image and format (unshaped link, then the background fetch to\nthe end): %d in %.0f s.\n", len(r.b.prep), t)
 	}
-	w("\n")
-	return b.String()
+	m.w("\n")
 }
 
 // profileSummary describes the replays of a learned-profile cell's samples, the same

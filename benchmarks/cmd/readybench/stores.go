@@ -14,7 +14,7 @@ import (
 
 	"github.com/layerstore/layerstore/benchmarks/internal/benchd"
 	"github.com/layerstore/layerstore/benchmarks/internal/peer"
-	"github.com/layerstore/layerstore/layer"
+	"github.com/layerstore/layerstore/internal/control/protocol"
 )
 
 // store is an additional layer store under test: layerstore, or a peer given with -peer.
@@ -38,7 +38,7 @@ type mountedStore interface {
 	waitComplete(ctx context.Context, layers []digest.Digest, timeout time.Duration) error
 	// layers returns the status of the layers the store resolved, by blob digest; a store
 	// that cannot tell returns errCannotTell.
-	layers(ctx context.Context) (map[digest.Digest]layer.LayerStatus, error)
+	layers(ctx context.Context) (map[digest.Digest]protocol.LayerStatus, error)
 	// stop ends the store by its PID and unmounts it.
 	stop()
 	// pid is the store's process.
@@ -92,14 +92,14 @@ func (r *runningLayerstore) profiles(ctx context.Context, bin, verb, file string
 	return strings.TrimSpace(string(out)), nil
 }
 
-func (r *runningLayerstore) layers(ctx context.Context) (map[digest.Digest]layer.LayerStatus, error) {
+func (r *runningLayerstore) layers(ctx context.Context) (map[digest.Digest]protocol.LayerStatus, error) {
 	st, err := r.d.Client.Status(ctx)
 	if err != nil {
 		return nil, err
 	}
-	out := map[digest.Digest]layer.LayerStatus{}
+	out := map[digest.Digest]protocol.LayerStatus{}
 	for _, l := range st.Layers {
-		out[l.Digest] = l
+		out[digest.Digest(l.Digest)] = l
 	}
 	return out, nil
 }
@@ -162,7 +162,7 @@ func (r *runningPeer) mountpoint() string { return r.p.Cfg.Mountpoint }
 func (r *runningPeer) stop()              { r.p.Stop() }
 func (r *runningPeer) pid() int           { return r.p.Cmd.Process.Pid }
 
-func (r *runningPeer) layers(context.Context) (map[digest.Digest]layer.LayerStatus, error) {
+func (r *runningPeer) layers(context.Context) (map[digest.Digest]protocol.LayerStatus, error) {
 	return nil, errCannotTell
 }
 

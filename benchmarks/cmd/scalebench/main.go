@@ -65,14 +65,14 @@ type options struct {
 
 func main() {
 	var o options
-	flag.StringVar(&o.out, "out", "", "write the results (Markdown) here; default benchmarks/results/<date>-scalebench.md in the module, \"-\" for none")
+	benchenv.OutFlag(&o.out, "scalebench", "")
 	flag.IntVar(&o.runs, "runs", 3, "runs of every case, each on a fresh daemon; medians are reported")
 	only := flag.String("only", "", "run only the cases whose name matches this regular expression (idle, estargz-100k, zstdchunked-1m, layers50-seq, images100, fetch-100k, ...)")
 	entries := flag.String("entries", "100000,1000000", "entry counts of the large layers, comma-separated")
 	flag.IntVar(&o.layers, "layers", 50, "layers of the many-layer image")
 	flag.IntVar(&o.images, "images", 100, "images of the many-image case")
 	flag.StringVar(&o.blobs, "blobs", "", "keep built layer blobs in this directory and reuse them (default benchmarks/work/scalebench-blobs in the module)")
-	flag.StringVar(&o.daemonBin, "daemon", "", "layerstore binary to run (default: go build ./cmd/layerstore)")
+	benchd.Flag(&o.daemonBin)
 	flag.StringVar(&o.workdir, "workdir", "", "where temporary mountpoints, caches and build files go (default benchmarks/work in the module)")
 	flag.DurationVar(&o.timeout, "timeout", 20*time.Minute, "bound on the whole run")
 	flag.BoolVar(&o.prefetch, "prefetch", false, "leave the background fetch on in every case (it starts as soon as a layer is resolved)")
@@ -150,12 +150,9 @@ func run(ctx context.Context, o options) error {
 	}
 	started := time.Now()
 	rep := &report{opts: o, machine: benchenv.Machine(modDir, work, o.daemonBin)}
-	b := &bench{opts: o, work: work, bin: o.daemonBin}
-	if b.bin == "" {
-		b.bin = filepath.Join(work, "layerstore")
-		if err := benchd.Build(ctx, modDir, b.bin); err != nil {
-			return err
-		}
+	b := &bench{opts: o, work: work}
+	if b.bin, err = benchd.Binary(ctx, modDir, o.daemonBin, work); err != nil {
+		return err
 	}
 	rep.daemon = daemonInfo(b.bin, o.daemonBin != "")
 	reg, err := testregistry.Start()

@@ -15,8 +15,7 @@ import (
 
 	"github.com/layerstore/layerstore/benchmarks/internal/fuseproc"
 	"github.com/layerstore/layerstore/benchmarks/internal/podmanconf"
-	"github.com/layerstore/layerstore/internal/control"
-	"github.com/layerstore/layerstore/layer"
+	"github.com/layerstore/layerstore/internal/control/protocol"
 )
 
 // daemon is `layerstore keep -- layerstore serve ...`: keep holds the FUSE session and
@@ -28,7 +27,7 @@ type daemon struct {
 	cache          string
 	socket         string
 	registriesConf string
-	client         *control.Client
+	client         *protocol.Client
 
 	proc   *fuseproc.Proc // keep
 	starts int
@@ -38,7 +37,7 @@ type daemon struct {
 func newDaemon(bin, dir, registriesConf string) *daemon {
 	d := &daemon{bin: bin, dir: dir, mnt: filepath.Join(dir, "mnt"), cache: filepath.Join(dir, "cache"),
 		socket: filepath.Join(dir, "control.sock"), registriesConf: registriesConf}
-	d.client = control.NewClient(d.socket)
+	d.client = protocol.NewClient(d.socket)
 	return d
 }
 
@@ -221,10 +220,10 @@ func (d *daemon) waitServing(ctx context.Context, old int, timeout time.Duration
 }
 
 // status returns the serving daemon's counters and its PID.
-func (d *daemon) status(ctx context.Context) (layer.Counters, int, error) {
+func (d *daemon) status(ctx context.Context) (protocol.Counters, int, error) {
 	pid, err := d.servePID()
 	if err != nil {
-		return layer.Counters{}, 0, err
+		return protocol.Counters{}, 0, err
 	}
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()

@@ -15,12 +15,10 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"math/rand/v2"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -28,7 +26,7 @@ import (
 
 	"github.com/layerstore/layerstore/benchmarks/internal/benchd"
 	"github.com/layerstore/layerstore/benchmarks/internal/benchenv"
-	storefs "github.com/layerstore/layerstore/fs"
+	"github.com/layerstore/layerstore/benchmarks/internal/podmanrun"
 	"github.com/layerstore/layerstore/internal/testutil/dockerregistry"
 	"github.com/layerstore/layerstore/internal/testutil/podman5"
 )
@@ -63,11 +61,11 @@ func main() {
 	flag.IntVar(&o.files, "files", 200, "files in each image's data layer (80% of 1-64 KiB, 20% of 64 KiB to -max-file-size)")
 	flag.Int64Var(&o.maxFileSize, "max-file-size", 3<<20, "largest file, in bytes")
 	flag.DurationVar(&o.podmanTimeout, "podman-timeout", 5*time.Minute, "bound of every podman command")
-	flag.StringVar(&o.daemonBin, "daemon", "", "layerstore binary to run (default: go build ./cmd/layerstore)")
+	benchd.Flag(&o.daemonBin)
 	flag.StringVar(&o.podman5, "podman5", p5, "podman 5 binary (the e2e suite and readybench build it there: internal/testutil/podman5); runs use podman 4.3.1 alone when it is missing; \"\" for none")
 	flag.StringVar(&o.busybox, "busybox", "/bin/busybox", "a static busybox for the images (Debian: busybox-static)")
 	flag.StringVar(&o.workdir, "workdir", "", "where the soak's temporary directory goes (default $TMPDIR)")
-	flag.StringVar(&o.out, "out", "", "write the report here; default benchmarks/results/<date>-soak.md, \"-\" for none")
+	benchenv.OutFlag(&o.out, "soak", "")
 	flag.BoolVar(&o.keep, "keep", false, "keep the temporary directory (daemon logs, registry, storage)")
 	flag.Uint64Var(&o.seed, "seed", 0, "seed of the run order, faults and kill moments (default: from the clock; printed in the report)")
 	flag.Parse()
@@ -81,6 +79,83 @@ func main() {
 	// Setup (daemon, harness, images, references) takes a few minutes; then the soak, then the
 	// last run's bound and the cleanup.
 	benchenv.Run("soak", 20*time.Minute+o.duration+o.podmanTimeout+5*time.Minute, func(ctx context.Context) error { return run(ctx, o) })
+}
+
+// pushImages makes the soak's two families of content and pushes their images.
+func (s *soak) pushImages(ctx context.Context) error {
+	contents := []*content{
+		makeContent("a", s.o.files, s.o.maxFileSize, 1),
+		makeContent("b", s.o.files, s.o.maxFileSize, 2),
+	}
+	var err error
+	s.images, err = pushImages(ctx, s.reg, s.modDir, s.work, s.o.busybox, contents)
+	return err
+}
+
+// configs are the digests of the images' configs, as the proxy tells their requests.
+func (s *soak) configs() []string {
+	var configs []string
+	for _, img := range s.images {
+		configs = append(configs, img.Config.String())
+	}
+	return configs
+}
+
+// writeDaemonRegistries writes the daemon's registries.conf at path: the registry's references
+// rewritten to the proxy, so that the daemon reaches the registry through it only.
+func (s *soak) writeDaemonRegistries(path string) error {
+	conf := fmt.Sprintf("[[registry]]\nprefix = %q\nlocation = %q\ninsecure = true\n\n[[registry]]\nlocation = %q\ninsecure = true\n",
+		s.reg.Host, s.proxy.Host, s.proxy.Host)
+	return os.WriteFile(path, []byte(conf), 0o644)
+}
+
+// referenceOutputs runs every image with podman 4.3.1 without the store, straight from the
+// registry: its output, which must be the sha256 of the files as written, is what every run
+// of the soak is compared with.
+func (s *soak) referenceOutputs(ctx context.Context, runroots string) error {
+	ref, err := newPodman("podman 4.3.1 (reference)", "podman", filepath.Join(s.work, "ref"), filepath.Join(runroots, "r"), "", s.reg.Host, s.o.podmanTimeout)
+	if err != nil {
+		return err
+	}
+	for _, img := range s.images {
+		r := ref.runWorkload(ctx, img.Ref)
+		if r.Err != nil {
+			ref.wipe(context.Background())
+			return fmt.Errorf("reference run of %s: %v\n%s", img.Name(), r.Err, podmanrun.LastLines(r.Stderr, 10))
+		}
+		if r.Stdout != img.Content.Expected {
+			ref.wipe(context.Background())
+			return fmt.Errorf("reference run of %s: its output (%d bytes) is not the sha256 of the files written (%d bytes)", img.Name(), len(r.Stdout), len(img.Content.Expected))
+		}
+		img.Reference = r.Stdout
+		fmt.Fprintf(os.Stderr, "reference output of %s: %d lines, normal pull and run %v\n", img.Name(), strings.Count(r.Stdout, "\n"), r.Took.Round(time.Millisecond))
+	}
+	ref.wipe(context.Background())
+	return nil
+}
+
+// addRuntimes makes the runtimes of the soak, with the daemon's store: podman 4.3.1, and
+// podman 5 when -podman5 is one.
+func (s *soak) addRuntimes(work, runroots string) error {
+	p4, err := newPodman("podman 4.3.1", "podman", filepath.Join(work, "podman4"), filepath.Join(runroots, "4"), s.d.mnt, s.reg.Host, s.o.podmanTimeout)
+	if err != nil {
+		return err
+	}
+	s.runtimes = append(s.runtimes, p4)
+	if s.o.podman5 != "" {
+		if v, ok := podmanrun.Version5(s.o.podman5); ok {
+			p5, err := newPodman("podman "+strings.TrimPrefix(v, "podman version "), s.o.podman5, filepath.Join(work, "podman5"), filepath.Join(runroots, "5"), s.d.mnt, s.reg.Host, s.o.podmanTimeout)
+			if err != nil {
+				return err
+			}
+			s.runtimes = append(s.runtimes, p5)
+			s.tools = append(s.tools, "podman 5: "+v+" ("+s.o.podman5+")")
+		} else {
+			s.events = append(s.events, fmt.Sprintf("podman 5 not found at %s: every run uses podman 4.3.1", s.o.podman5))
+			s.tools = append(s.tools, "podman 5: not found at "+s.o.podman5)
+		}
+	}
+	return nil
 }
 
 // runRecord is one container run of the soak.
@@ -129,17 +204,8 @@ type soak struct {
 }
 
 func run(ctx context.Context, o options) (err error) {
-	if os.Geteuid() != 0 {
-		return errors.New("needs root: FUSE and overlay mounts, podman")
-	}
-	if err := storefs.Usable(); err != nil {
+	if err := podmanrun.Preflight("FUSE and overlay mounts, podman", podmanrun.Tool{Name: o.busybox, Package: "busybox-static"}); err != nil {
 		return err
-	}
-	for _, t := range []struct{ tool, pkg string }{{"podman", "podman"}, {"docker-registry", "docker-registry"},
-		{"runc", "runc"}, {"fusermount3", "fuse3"}, {o.busybox, "busybox-static"}} {
-		if _, err := exec.LookPath(t.tool); err != nil {
-			return fmt.Errorf("%s not found: apt-get install -y %s", t.tool, t.pkg)
-		}
 	}
 	s := &soak{o: o, rnd: rand.New(rand.NewPCG(o.seed, o.seed>>7^0x50a6)), counters: map[int]countersAt{}, wipes: map[string]int{}}
 	if s.modDir, err = benchenv.ModuleDir(); err != nil {
@@ -156,29 +222,22 @@ func run(ctx context.Context, o options) (err error) {
 	}
 	s.work, s.runroots = work, runroots
 	defer func() {
-		unmountUnder(runroots)
+		podmanrun.UnmountUnder(runroots)
 		os.RemoveAll(runroots)
 		if o.keep {
 			fmt.Fprintln(os.Stderr, "kept", work)
 			return
 		}
-		unmountUnder(work)
+		podmanrun.UnmountUnder(work)
 		os.RemoveAll(work)
 	}()
 
-	bin := o.daemonBin
-	if bin == "" {
-		bin = filepath.Join(work, "layerstore")
-		if err := benchd.Build(ctx, s.modDir, bin); err != nil {
-			return err
-		}
+	bin, err := benchd.Binary(ctx, s.modDir, o.daemonBin, work)
+	if err != nil {
+		return err
 	}
 	s.machine = benchenv.Machine(s.modDir, work, o.daemonBin)
-	s.tools = []string{
-		"podman: " + benchenv.ToolVersion("podman", "--version"),
-		"docker-registry: " + benchenv.ToolVersion("docker-registry", "--version"),
-		"runc: " + benchenv.ToolVersion("runc", "--version"),
-	}
+	s.tools = podmanrun.ToolVersions()
 
 	for _, d := range []string{"registry", "daemon", "ref", "podman4", "podman5"} {
 		if err := os.MkdirAll(filepath.Join(work, d), 0o755); err != nil {
@@ -191,49 +250,23 @@ func run(ctx context.Context, o options) (err error) {
 	}
 	defer s.reg.Stop()
 
-	contents := []*content{
-		makeContent("a", o.files, o.maxFileSize, 1),
-		makeContent("b", o.files, o.maxFileSize, 2),
-	}
-	if s.images, err = pushImages(ctx, s.reg, s.modDir, work, o.busybox, contents); err != nil {
+	if err := s.pushImages(ctx); err != nil {
 		return err
 	}
-	var configs []string
-	for _, img := range s.images {
-		configs = append(configs, img.Config.String())
-	}
-	s.proxy, err = startProxy(s.reg.Host, o.rates, o.stall, configs, o.seed)
+	s.proxy, err = startProxy(s.reg.Host, o.rates, o.stall, s.configs(), o.seed)
 	if err != nil {
 		return err
 	}
 	defer s.proxy.Close()
 
-	// References: podman 4.3.1 without the store, straight from the registry.
-	ref, err := newPodman("podman 4.3.1 (reference)", "podman", filepath.Join(work, "ref"), filepath.Join(runroots, "r"), "", s.reg.Host, o.podmanTimeout)
-	if err != nil {
+	if err := s.referenceOutputs(ctx, runroots); err != nil {
 		return err
 	}
-	for _, img := range s.images {
-		r := ref.runWorkload(ctx, img.Ref)
-		if r.Err != nil {
-			ref.wipe(context.Background())
-			return fmt.Errorf("reference run of %s: %v\n%s", img.Name(), r.Err, lastLines(r.Stderr, 10))
-		}
-		if r.Stdout != img.Content.Expected {
-			ref.wipe(context.Background())
-			return fmt.Errorf("reference run of %s: its output (%d bytes) is not the sha256 of the files written (%d bytes)", img.Name(), len(r.Stdout), len(img.Content.Expected))
-		}
-		img.Reference = r.Stdout
-		fmt.Fprintf(os.Stderr, "reference output of %s: %d lines, normal pull and run %v\n", img.Name(), strings.Count(r.Stdout, "\n"), r.Took.Round(time.Millisecond))
-	}
-	ref.wipe(context.Background())
 
 	// The daemon reaches the registry through the proxy only: its registries.conf rewrites
 	// the registry's references to the proxy.
 	regConf := filepath.Join(work, "daemon", "registries.conf")
-	conf := fmt.Sprintf("[[registry]]\nprefix = %q\nlocation = %q\ninsecure = true\n\n[[registry]]\nlocation = %q\ninsecure = true\n",
-		s.reg.Host, s.proxy.Host, s.proxy.Host)
-	if err := os.WriteFile(regConf, []byte(conf), 0o644); err != nil {
+	if err := s.writeDaemonRegistries(regConf); err != nil {
 		return err
 	}
 	s.d = newDaemon(bin, filepath.Join(work, "daemon"), regConf)
@@ -242,23 +275,8 @@ func run(ctx context.Context, o options) (err error) {
 	}
 	defer func() { s.d.stop() }()
 
-	p4, err := newPodman("podman 4.3.1", "podman", filepath.Join(work, "podman4"), filepath.Join(runroots, "4"), s.d.mnt, s.reg.Host, o.podmanTimeout)
-	if err != nil {
+	if err := s.addRuntimes(work, runroots); err != nil {
 		return err
-	}
-	s.runtimes = append(s.runtimes, p4)
-	if o.podman5 != "" {
-		if v := benchenv.ToolVersion(o.podman5, "--version"); strings.Contains(v, "version 5") {
-			p5, err := newPodman("podman "+strings.TrimPrefix(v, "podman version "), o.podman5, filepath.Join(work, "podman5"), filepath.Join(runroots, "5"), s.d.mnt, s.reg.Host, o.podmanTimeout)
-			if err != nil {
-				return err
-			}
-			s.runtimes = append(s.runtimes, p5)
-			s.tools = append(s.tools, "podman 5: "+v+" ("+o.podman5+")")
-		} else {
-			s.events = append(s.events, fmt.Sprintf("podman 5 not found at %s: every run uses podman 4.3.1", o.podman5))
-			s.tools = append(s.tools, "podman 5: not found at "+o.podman5)
-		}
 	}
 	defer func() {
 		for _, p := range s.runtimes {
@@ -312,7 +330,7 @@ func errLine(e string) string {
 	if e == "" {
 		return ""
 	}
-	return ": " + strings.ReplaceAll(lastLines(e, 1), "\n", " ")
+	return ": " + strings.ReplaceAll(podmanrun.LastLines(e, 1), "\n", " ")
 }
 
 // runOne prepares and runs one container and records what happened.
@@ -372,7 +390,7 @@ func (s *soak) runOne(ctx context.Context, p *podman, r *runRecord) {
 	r.End = time.Now()
 	close(done)
 	<-killed
-	r.FromStore = p.fromStore()
+	r.FromStore = p.FromStore()
 	s.sampleCounters(ctx)
 
 	for _, rec := range s.proxy.Records() {
@@ -393,7 +411,7 @@ func (s *soak) runOne(ctx context.Context, p *podman, r *runRecord) {
 		r.Err = fmt.Sprintf("timed out after %v\n", s.o.podmanTimeout)
 	}
 	if res.Err != nil {
-		r.Err += res.Err.Error() + "\n" + lastLines(res.Stderr, 8)
+		r.Err += res.Err.Error() + "\n" + podmanrun.LastLines(res.Stderr, 8)
 	}
 	if r.FromStore == 0 && r.Outcome == "ok" {
 		r.Notes = append(r.Notes, "no layer taken from the store: podman pulled the image itself")

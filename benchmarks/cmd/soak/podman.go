@@ -6,23 +6,19 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/layerstore/layerstore/benchmarks/internal/podmanconf"
+	"github.com/layerstore/layerstore/benchmarks/internal/podmanrun"
 )
 
 // podman is one podman binary with private containers.conf, storage.conf and registries.conf
 // (CONTAINERS_CONF, CONTAINERS_STORAGE_CONF, CONTAINERS_REGISTRIES_CONF) and storage of its own:
 // nothing under /etc/containers is read or changed.
 type podman struct {
+	*podmanrun.Podman
 	name    string // "podman 4.3.1"
-	bin     string
-	dir     string
-	runroot string
-	env     []string
 	timeout time.Duration
 }
 
@@ -30,12 +26,12 @@ type podman struct {
 // runroot must be a short path: podman 4.3.1 waits 20 s for the exit of every container whose
 // run root is longer than about 45 characters.
 func newPodman(name, bin, dir, runroot, store, registryHost string, timeout time.Duration) (*podman, error) {
-	env, err := podmanconf.Write(dir, podmanconf.Config{RunRoot: runroot, Store: store, RegistryHost: registryHost,
+	pm, err := podmanrun.New(bin, dir, podmanconf.Config{RunRoot: runroot, Store: store, RegistryHost: registryHost,
 		IgnoreCgroupsV1Warning: true, Drop: podmanconf.SocketActivation})
 	if err != nil {
 		return nil, err
 	}
-	return &podman{name: name, bin: bin, dir: dir, runroot: runroot, timeout: timeout, env: env}, nil
+	return &podman{Podman: pm, name: name, timeout: timeout}, nil
 }
 
 // result of one podman command.
@@ -51,11 +47,11 @@ type result struct {
 func (p *podman) do(ctx context.Context, args ...string) result {
 	ctx, cancel := context.WithTimeout(ctx, p.timeout)
 	defer cancel()
-	outF, err := os.CreateTemp(p.dir, "stdout-")
+	outF, err := os.CreateTemp(p.Dir, "stdout-")
 	if err != nil {
 		return result{Err: err}
 	}
-	errF, err := os.CreateTemp(p.dir, "stderr-")
+	errF, err := os.CreateTemp(p.Dir, "stderr-")
 	if err != nil {
 		outF.Close()
 		return result{Err: err}
@@ -66,8 +62,7 @@ func (p *podman) do(ctx context.Context, args ...string) result {
 		os.Remove(outF.Name())
 		os.Remove(errF.Name())
 	}()
-	cmd := exec.CommandContext(ctx, p.bin, args...)
-	cmd.Env = p.env
+	cmd := p.Command(ctx, args...)
 	cmd.Stdout, cmd.Stderr = outF, errF
 	cmd.WaitDelay = 10 * time.Second
 	start := time.Now()
@@ -87,13 +82,6 @@ func (p *podman) runWorkload(ctx context.Context, ref string) result {
 	return p.do(ctx, "run", "--rm", "--net=none", ref, "/bin/busybox", "sh", "-c", workload)
 }
 
-// fromStore counts the layers c/storage took from the additional layer store: it records the
-// store's path in overlay/<id>/additionallayer.
-func (p *podman) fromStore() int {
-	m, _ := filepath.Glob(filepath.Join(p.dir, "graph", "overlay", "*", "additionallayer"))
-	return len(m)
-}
-
 // removeImages removes every container and image from the private storage. When podman fails
 // to, or leaves layers taken from the store behind (podman 5 does not record them in
 // layers.json, see docs/upstream-cstorage.md), the storage is wiped (its mounts
@@ -102,13 +90,13 @@ func (p *podman) removeImages(ctx context.Context) (wiped bool, why string) {
 	r := p.do(ctx, "rmi", "--all", "--force")
 	if r.Err != nil {
 		p.wipe(ctx)
-		return true, fmt.Sprintf("%v: %s", r.Err, lastLines(r.Stderr, 3))
+		return true, fmt.Sprintf("%v: %s", r.Err, podmanrun.LastLines(r.Stderr, 3))
 	}
 	if l := p.do(ctx, "images", "--quiet"); l.Err != nil || strings.TrimSpace(l.Stdout) != "" {
 		p.wipe(ctx)
 		return true, "images left after podman rmi --all"
 	}
-	if n := p.fromStore(); n > 0 {
+	if n := p.FromStore(); n > 0 {
 		p.wipe(ctx)
 		return true, fmt.Sprintf("%d layers taken from the store left after podman rmi --all", n)
 	}
@@ -118,28 +106,10 @@ func (p *podman) removeImages(ctx context.Context) (wiped bool, why string) {
 // wipe removes the whole storage.
 func (p *podman) wipe(ctx context.Context) {
 	p.do(ctx, "rm", "--all", "--force", "--time", "0")
-	unmountUnder(p.runroot)
-	unmountUnder(filepath.Join(p.dir, "graph"))
-	os.RemoveAll(p.runroot)
-	os.RemoveAll(filepath.Join(p.dir, "graph"))
-}
-
-// unmountUnder detaches every mount below dir, deepest first.
-func unmountUnder(dir string) {
-	b, err := os.ReadFile("/proc/self/mountinfo")
-	if err != nil {
-		return
-	}
-	var mounts []string
-	for _, l := range strings.Split(string(b), "\n") {
-		if f := strings.Fields(l); len(f) > 4 && strings.HasPrefix(f[4], dir+"/") {
-			mounts = append(mounts, f[4])
-		}
-	}
-	slices.SortFunc(mounts, func(a, b string) int { return len(b) - len(a) })
-	for _, m := range mounts {
-		_ = syscall.Unmount(m, syscall.MNT_DETACH)
-	}
+	podmanrun.UnmountUnder(p.RunRoot)
+	podmanrun.UnmountUnder(filepath.Join(p.Dir, "graph"))
+	os.RemoveAll(p.RunRoot)
+	os.RemoveAll(filepath.Join(p.Dir, "graph"))
 }
 
 // command runs name with args and extra environment, bounded by ctx and 15 minutes, and
@@ -152,12 +122,4 @@ func command(ctx context.Context, env []string, name string, args ...string) (st
 	cmd.WaitDelay = 10 * time.Second
 	out, err := cmd.CombinedOutput()
 	return string(out), err
-}
-
-func lastLines(s string, n int) string {
-	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
-	return strings.Join(lines, "\n")
 }

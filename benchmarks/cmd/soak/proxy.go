@@ -233,20 +233,10 @@ func (p *proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	i := p.record(rec)
 	defer func() { p.update(i, rec) }()
 
-	var body io.Reader
-	if r.ContentLength != 0 {
-		body = r.Body
-	}
-	out, err := http.NewRequestWithContext(r.Context(), r.Method, "http://"+p.upstream+r.URL.RequestURI(), body)
+	out, err := p.upstreamRequest(r)
 	if err != nil {
 		http.Error(w, err.Error(), http.StatusBadGateway)
 		return
-	}
-	out.ContentLength = r.ContentLength
-	for k, vs := range r.Header {
-		if !hopByHop[k] {
-			out.Header[k] = vs
-		}
 	}
 	resp, err := p.tr.RoundTrip(out)
 	if err != nil {
@@ -262,15 +252,7 @@ func (p *proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		p.pass(w, resp)
 		return
 	case faultUnavail:
-		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, maxFaultBody))
-		if p.intN(2) == 0 {
-			s := strconv.Itoa(1 + p.intN(3))
-			w.Header().Set("Retry-After", s)
-			rec.Detail = "Retry-After: " + s
-		}
-		w.Header().Set("Content-Type", "application/json")
-		w.WriteHeader(http.StatusServiceUnavailable)
-		_, _ = io.WriteString(w, `{"errors":[{"code":"UNAVAILABLE","message":"service unavailable (injected by the soak's proxy)"}]}`+"\n")
+		p.unavailable(w, resp, &rec)
 		return
 	}
 
@@ -300,9 +282,48 @@ func (p *proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	defer p.conns.Done()
 	defer conn.Close()
 
+	p.cut(conn, rw.Writer, resp, b, &rec)
+}
+
+// upstreamRequest is r as the proxy sends it to the registry: its body, and its headers but the
+// hop-by-hop ones.
+func (p *proxy) upstreamRequest(r *http.Request) (*http.Request, error) {
+	var body io.Reader
+	if r.ContentLength != 0 {
+		body = r.Body
+	}
+	out, err := http.NewRequestWithContext(r.Context(), r.Method, "http://"+p.upstream+r.URL.RequestURI(), body)
+	if err != nil {
+		return nil, err
+	}
+	out.ContentLength = r.ContentLength
+	for k, vs := range r.Header {
+		if !hopByHop[k] {
+			out.Header[k] = vs
+		}
+	}
+	return out, nil
+}
+
+// unavailable answers 503 instead of resp, half the time with a Retry-After of 1-3 s.
+func (p *proxy) unavailable(w http.ResponseWriter, resp *http.Response, rec *proxyRecord) {
+	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, maxFaultBody))
+	if p.intN(2) == 0 {
+		s := strconv.Itoa(1 + p.intN(3))
+		w.Header().Set("Retry-After", s)
+		rec.Detail = "Retry-After: " + s
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(http.StatusServiceUnavailable)
+	_, _ = io.WriteString(w, `{"errors":[{"code":"UNAVAILABLE","message":"service unavailable (injected by the soak's proxy)"}]}`+"\n")
+}
+
+// cut writes resp with body b on the hijacked conn (through rw) as rec.Fault says: reset or
+// closed part of the way, or stalled and then closed.
+func (p *proxy) cut(conn net.Conn, rw *bufio.Writer, resp *http.Response, b []byte, rec *proxyRecord) {
 	cut := p.intN(len(b)) // in [0, len(b)): at least one byte missing
 	head := func() {
-		writeHead(rw.Writer, resp, len(b))
+		writeHead(rw, resp, len(b))
 	}
 	switch rec.Fault {
 	case faultReset:

@@ -1,4 +1,5 @@
-// Package benchd builds, starts and stops the real `layerstore serve` for the benchmarks: a config
+// Package benchd builds, starts and stops the real `layerstore serve` for the benchmarks: the
+// -daemon flag and the binary it names or one built from the checkout, a config
 // file per start, the mount awaited (statfs says FUSE and the control socket answers), the
 // daemon's CPU time and layer status read while it runs, and a stop by PID that never leaves
 // a mount behind (package fuseproc). A Daemon's methods are safe for concurrent use.
@@ -7,6 +8,7 @@ package benchd
 import (
 	"bytes"
 	"context"
+	"flag"
 	"fmt"
 	"os"
 	"os/exec"
@@ -18,9 +20,23 @@ import (
 	"github.com/opencontainers/go-digest"
 
 	"github.com/layerstore/layerstore/benchmarks/internal/fuseproc"
-	"github.com/layerstore/layerstore/internal/control"
-	"github.com/layerstore/layerstore/layer"
+	"github.com/layerstore/layerstore/internal/control/protocol"
 )
+
+// Flag defines -daemon, the layerstore binary a benchmark runs (see Binary).
+func Flag(p *string) {
+	flag.StringVar(p, "daemon", "", "layerstore binary to run (default: go build ./cmd/layerstore)")
+}
+
+// Binary is the daemon to run: given (a -daemon flag) when set, else one built now into
+// dir/layerstore.
+func Binary(ctx context.Context, modDir, given, dir string) (string, error) {
+	if given != "" {
+		return given, nil
+	}
+	bin := filepath.Join(dir, "layerstore")
+	return bin, Build(ctx, modDir, bin)
+}
 
 // Build compiles the daemon of the layerstore module at modDir (`go build ./cmd/layerstore`)
 // into out.
@@ -52,7 +68,7 @@ type Daemon struct {
 	*fuseproc.Proc
 	Cfg    Config
 	Socket string
-	Client *control.Client
+	Client *protocol.Client
 }
 
 // Start writes the config file, starts the daemon and waits until its mount and its control
@@ -82,7 +98,7 @@ func Start(ctx context.Context, cfg Config) (*Daemon, error) {
 	if cfg.RegistriesConf != "" {
 		args = append(args, "--registries-conf", cfg.RegistriesConf)
 	}
-	client := control.NewClient(socket)
+	client := protocol.NewClient(socket)
 	p, err := fuseproc.Start(ctx, fuseproc.Spec{
 		What:       "daemon",
 		Cmd:        exec.Command(cfg.Bin, append(args, cfg.Mountpoint)...),
@@ -112,21 +128,21 @@ func (d *Daemon) Passthrough() string {
 }
 
 // LayerStatus returns the status of the layer with blob digest dg, if the daemon has it.
-func (d *Daemon) LayerStatus(ctx context.Context, dg digest.Digest) (layer.LayerStatus, layer.Status, bool, error) {
+func (d *Daemon) LayerStatus(ctx context.Context, dg digest.Digest) (protocol.LayerStatus, protocol.Status, bool, error) {
 	st, err := d.Client.Status(ctx)
 	if err != nil {
-		return layer.LayerStatus{}, st, false, err
+		return protocol.LayerStatus{}, st, false, err
 	}
 	for _, l := range st.Layers {
-		if l.Digest == dg {
+		if l.Digest == dg.String() {
 			return l, st, true, nil
 		}
 	}
-	return layer.LayerStatus{}, st, false, nil
+	return protocol.LayerStatus{}, st, false, nil
 }
 
 // WaitComplete polls the control socket until the layer is complete; poll is the interval.
-func (d *Daemon) WaitComplete(ctx context.Context, dg digest.Digest, poll time.Duration, timeout time.Duration) (layer.LayerStatus, error) {
+func (d *Daemon) WaitComplete(ctx context.Context, dg digest.Digest, poll time.Duration, timeout time.Duration) (protocol.LayerStatus, error) {
 	deadline := time.Now().Add(timeout)
 	for {
 		ls, _, ok, err := d.LayerStatus(ctx, dg)
@@ -135,9 +151,9 @@ func (d *Daemon) WaitComplete(ctx context.Context, dg digest.Digest, poll time.D
 		}
 		if ok {
 			switch ls.State {
-			case layer.StateComplete:
+			case protocol.StateComplete:
 				return ls, nil
-			case layer.StateFailed, layer.StateStopped:
+			case protocol.StateFailed, protocol.StateStopped:
 				return ls, fmt.Errorf("background fetch %s: %s", ls.State, ls.Error)
 			}
 		}

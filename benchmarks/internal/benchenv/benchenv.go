@@ -1,9 +1,9 @@
 // Package benchenv is what the benchmarks share about where they run and what they report:
 // the machine (CPU, cores, memory, kernel, load), the Go toolchain, the layerstore version,
 // the tools measured and the filesystem of the work directory, for a report's header; the
-// layerstore module the benchmark measures and its work directory; and the report's file,
-// benchmarks/results/<date>-<name>.md by default. Its functions keep no state and are safe
-// for concurrent use.
+// layerstore module the benchmark measures and its work directory; and the report's file (the
+// -out flag), benchmarks/results/<date>-<name>/<name>.md by default. Its functions keep no state
+// and are safe for concurrent use (the flags' are for main, before flag.Parse).
 package benchenv
 
 import (
@@ -11,6 +11,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"os"
 	"os/exec"
@@ -189,12 +190,19 @@ func Header(title, name string, machine []string) string {
 	return b.String()
 }
 
+// OutFlag defines -out, the file benchmark name writes its report to (see ReportPath); beside
+// names what else goes next to it, if anything (", and the plots next to it").
+func OutFlag(p *string, name, beside string) {
+	flag.StringVar(p, "out", "", "write the report (Markdown) here"+beside+"; default benchmarks/results/<date>-"+name+"/"+name+".md in the module, \"-\" for none")
+}
+
 // ReportPath is the file benchmark name writes its report to: out (its -out flag) when set,
-// none ("") for "-", by default benchmarks/results/<date>-<name>.md in the module at modDir.
+// none ("") for "-", by default benchmarks/results/<date>-<name>/<name>.md in the module at modDir:
+// each run in a folder of its own, beside whatever else it writes (readybench's plots).
 func ReportPath(modDir, name, out string) string {
 	switch out {
 	case "":
-		return filepath.Join(modDir, "benchmarks", "results", time.Now().Format("2006-01-02")+"-"+name+".md")
+		return filepath.Join(modDir, "benchmarks", "results", time.Now().Format("2006-01-02")+"-"+name, name+".md")
 	case "-":
 		return ""
 	}

@@ -9,7 +9,7 @@ import (
 )
 
 func TestReportPath(t *testing.T) {
-	want := filepath.Join("/m", "benchmarks", "results", time.Now().Format("2006-01-02")+"-lazybench.md")
+	want := filepath.Join("/m", "benchmarks", "results", time.Now().Format("2006-01-02")+"-lazybench", "lazybench.md")
 	for _, c := range []struct{ out, want string }{{"", want}, {"-", ""}, {"x/r.md", "x/r.md"}} {
 		if got := ReportPath("/m", "lazybench", c.out); got != c.want {
 			t.Errorf("ReportPath(-out %q) = %q, want %q", c.out, got, c.want)

@@ -1,5 +1,5 @@
-// Package syncbuf is a buffer a child process writes (its stdout or stderr) while the tests
-// and benchmarks that started it read it.
+// Package syncbuf is a buffer that a child process (its stdout or stderr) or a logger writes
+// while the tests and benchmarks that started it read it.
 package syncbuf
 
 import (
@@ -7,7 +7,7 @@ import (
 	"sync"
 )
 
-// Buffer is a bytes.Buffer safe for one writer and concurrent readers.
+// Buffer is a bytes.Buffer safe for concurrent writers and readers.
 type Buffer struct {
 	mu sync.Mutex
 	b  bytes.Buffer

@@ -1,13 +1,15 @@
 // Package testfuse holds what the tests that mount FUSE filesystems share: whether they can
 // (Require), a bounded wait for a server's end after the unmount, which aborts the mount's
-// connection at the bound (Record, Conn.WaitEnd), and the detaching of other tests' FUSE mounts
-// from the mount namespaces tests make (DetachScript, DetachForeign). A copy of a mount in
-// another namespace keeps its connection alive after the unmount here, and with it the server:
-// an unbounded wait for the server would hang the test for as long as the copy lives.
+// connection at the bound (Record, Conn.WaitEnd), the detaching of other tests' FUSE mounts
+// from the mount namespaces tests make (DetachScript, DetachForeign), and a server that stops
+// answering (StuckRoot). A copy of a mount in another namespace keeps its connection alive
+// after the unmount here, and with it the server: an unbounded wait for the server would hang
+// the test for as long as the copy lives.
 package testfuse
 
 import (
 	"os"
+	"path/filepath"
 	"testing"
 )
 
@@ -24,4 +26,17 @@ func Require(t testing.TB) {
 		t.Skipf("skipping: FUSE mounts are not possible here: %v", err)
 	}
 	_ = f.Close()
+}
+
+// OpenTempDir returns a new temporary directory that other users may enter (mode 0755, its
+// parent too): a mountpoint or a storage directory a rootless user or a container reaches.
+func OpenTempDir(t *testing.T) string {
+	t.Helper()
+	dir := t.TempDir()
+	for _, d := range []string{filepath.Dir(dir), dir} {
+		if err := os.Chmod(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return dir
 }

@@ -2,6 +2,7 @@ package testlayer
 
 import (
 	"fmt"
+	"math/rand/v2"
 	"strconv"
 )
 
@@ -51,4 +52,15 @@ func SyntheticTOC(n int) (js []byte, payloadEnd int64) {
 	}
 	b = append(b, `]}`...)
 	return b, off + 1
+}
+
+// RandomBytes returns n bytes of random, incompressible content drawn from seed: a chunk's
+// compressed size is then its size.
+func RandomBytes(n int, seed uint64) []byte {
+	rng := rand.New(rand.NewPCG(seed, seed+1))
+	data := make([]byte, n)
+	for i := range data {
+		data[i] = byte(rng.Uint32())
+	}
+	return data
 }
