@@ -109,7 +109,7 @@ func TestPartialRead(t *testing.T) {
 	const k = 64 << 10
 	c := newCache(t, t.TempDir(), Config{})
 	h := open(t, c, tf)
-	putAll(t, h, []verify.Chunk{cs[0], cs[2], cs[len(cs)-1]})
+	putAll(t, h, []verify.ChunkData{cs[0], cs[2], cs[len(cs)-1]})
 	if u, want := c.Usage(), 2*k+cs[len(cs)-1].Ref().Size; u != want {
 		t.Errorf("usage = %d, want %d", u, want)
 	}
@@ -263,7 +263,7 @@ func TestBadChunk(t *testing.T) {
 	tool, big := fs["usr/bin/tool"], fs["usr/share/big.bin"]
 	c := newCache(t, t.TempDir(), Config{})
 	h := open(t, c, tool)
-	for _, ch := range []verify.Chunk{{}, big.chunks["estargz"][3], big.chunks["zstd"][0]} {
+	for _, ch := range []verify.ChunkData{{}, big.chunks["estargz"][3], big.chunks["zstd"][0]} {
 		if err := h.Put(ch); !errors.Is(err, ErrBadChunk) {
 			t.Errorf("Put(%v) = %v, want ErrBadChunk", chunkRange(ch), err)
 		}
@@ -360,7 +360,7 @@ func TestReadChunkPoisoned(t *testing.T) {
 	c := newCache(t, t.TempDir(), Config{})
 	h := open(t, c, big)
 	honest, liar := big.chunks["estargz"], sparse.chunks["estargz"]
-	putAll(t, h, []verify.Chunk{honest[0], liar[1]}) // same offsets and sizes, other bytes
+	putAll(t, h, []verify.ChunkData{honest[0], liar[1]}) // same offsets and sizes, other bytes
 	if b, err := h.ReadChunk(honest[0].Ref()); err != nil || !bytes.Equal(b, honest[0].Bytes()) {
 		t.Errorf("ReadChunk of an honest chunk = %v", err)
 	}
@@ -399,15 +399,15 @@ func TestReadChunkAt(t *testing.T) {
 	c := newCache(t, t.TempDir(), Config{})
 	h := open(t, c, big)
 	honest, liar, other := big.chunks["estargz"], sparse.chunks["estargz"], big.chunks["zstd"]
-	putAll(t, h, []verify.Chunk{honest[0], liar[1]})
+	putAll(t, h, []verify.ChunkData{honest[0], liar[1]})
 	// Chunks of the other chunking that cover honest[2] (and maybe more).
 	r2 := chunkRange(honest[2])
 	for _, ch := range other {
 		if r := chunkRange(ch); r.End() > r2.Offset && r.Offset < r2.End() {
-			putAll(t, h, []verify.Chunk{ch})
+			putAll(t, h, []verify.ChunkData{ch})
 		}
 	}
-	readParts := func(ch verify.Chunk) error {
+	readParts := func(ch verify.ChunkData) error {
 		ref := ch.Ref()
 		for _, piece := range []int64{4096, 1000, ref.Size} {
 			for off := ref.FileOffset; off < ref.FileOffset+ref.Size; off += piece {
@@ -422,7 +422,7 @@ func TestReadChunkAt(t *testing.T) {
 		}
 		return nil
 	}
-	for _, ch := range []verify.Chunk{honest[0], honest[2], honest[0], honest[2]} {
+	for _, ch := range []verify.ChunkData{honest[0], honest[2], honest[0], honest[2]} {
 		if err := readParts(ch); err != nil {
 			t.Errorf("chunk at %d: %v", ch.Ref().FileOffset, err)
 		}
@@ -450,7 +450,7 @@ func TestReadChunkAt(t *testing.T) {
 		t.Errorf("a known range after the reset = %v, want ErrMissing", err)
 	}
 	// Poison over the formerly known range, by a chunk of other bounds: still refused.
-	var poison *verify.Chunk
+	var poison *verify.ChunkData
 	for _, ch := range append(sparse.chunks["zstd"], sparse.chunks["estargz"]...) {
 		if r := chunkRange(ch); r.Offset <= ref.FileOffset && r.End() > ref.FileOffset && r != chunkRange(honest[0]) &&
 			r.End() <= big.size() && !bytes.Equal(ch.Bytes(), big.content[r.Offset:r.End()]) {
@@ -461,10 +461,10 @@ func TestReadChunkAt(t *testing.T) {
 	if poison == nil {
 		t.Fatal("no chunk of sparse.img overlaps the first chunk of big.bin with other bounds")
 	}
-	putAll(t, h, []verify.Chunk{*poison})
+	putAll(t, h, []verify.ChunkData{*poison})
 	for _, ch := range other { // the rest of the range, honest bytes
 		if r := chunkRange(ch); r.Offset < ref.FileOffset+ref.Size && r.End() > poison.Ref().FileOffset+poison.Ref().Size {
-			putAll(t, h, []verify.Chunk{ch})
+			putAll(t, h, []verify.ChunkData{ch})
 		}
 	}
 	if _, err := h.ReadChunkAt(ref, make([]byte, 10), ref.FileOffset); !errors.Is(err, ErrCorrupt) {

@@ -287,7 +287,7 @@ func TestPutMany(t *testing.T) {
 		t.Errorf("ReadAt = %d, %v", n, err)
 	}
 	// A chunk that does not fit the file: nothing of the Put is stored.
-	if err := h.Put(cs[4], verify.Chunk{}); !errors.Is(err, ErrBadChunk) {
+	if err := h.Put(cs[4], verify.ChunkData{}); !errors.Is(err, ErrBadChunk) {
 		t.Fatalf("Put with a bad chunk = %v, want ErrBadChunk", err)
 	}
 	if h.Missing(0, big.size())[0].Offset != upTo {

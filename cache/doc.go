@@ -11,7 +11,7 @@
 //	c, err := cache.New(root, cache.Config{MaxSize: 20 << 30})
 //	f, err := c.Open(entry.Digest, entry.Size) // pins the file until f.Close
 //	n, err := f.ReadAt(p, off)                 // errors.Is(err, cache.ErrMissing): fetch f.Missing(off, len(p))
-//	err = f.Put(chunk)                         // chunk is a verify.Chunk of this file
+//	err = f.Put(chunk)                         // chunk is a verify.ChunkData of this file
 //	if f.Complete() { path, _ := f.Path() }    // read-only file for passthrough
 //
 //	errs := c.PutFiles(files)                  // whole files at once, one group commit
@@ -22,7 +22,7 @@
 //	r, err := c.OpenRecord(name)               // checked, then r.Data() is a read-only mapping
 //	err = c.Pin(image, records, digests)       // kept out of eviction, across restarts
 //
-// Data enters only as [verify.Chunk] values, which package verify makes only after checking
+// Data enters only as [verify.ChunkData] values, which package verify makes only after checking
 // the chunk's digest, and a file becomes complete only after its whole content hashed to
 // its digest.
 //

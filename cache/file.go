@@ -308,7 +308,7 @@ func (e *entry) unloadLocked() {
 // the data, then one of the journal recording them all), records them, and completes the file
 // when that fills it. A full filesystem makes room first (see withRoom); a write that fails
 // records nothing.
-func (e *entry) put(cs []verify.Chunk) error {
+func (e *entry) put(cs []verify.ChunkData) error {
 	var need int64
 	for _, c := range cs {
 		ref, b := c.Ref(), c.Bytes()
@@ -340,7 +340,7 @@ func (e *entry) put(cs []verify.Chunk) error {
 
 // write stores the parts of cs not yet present; it reports whether the file is then full. A
 // chunk all of which was missing is known, from then on, to hash to its digest.
-func (e *entry) write(cs []verify.Chunk) (full bool, err error) {
+func (e *entry) write(cs []verify.ChunkData) (full bool, err error) {
 	e.mu.RLock()
 	defer e.mu.RUnlock()
 	if !e.loaded {
@@ -351,7 +351,7 @@ func (e *entry) write(cs []verify.Chunk) (full bool, err error) {
 	}
 	// The gaps each chunk fills: what neither the file nor an earlier chunk of cs holds.
 	type part struct {
-		c    verify.Chunk
+		c    verify.ChunkData
 		gaps []byterange.Range
 	}
 	var parts []part

@@ -46,7 +46,7 @@ func (f *File) Size() int64 { return f.e.size }
 // [ErrCorrupt]. A chunk that is empty or does not fit the file fails with [ErrBadChunk], and
 // none of cs is stored.
 // Putting into a complete file does nothing.
-func (f *File) Put(cs ...verify.Chunk) error {
+func (f *File) Put(cs ...verify.ChunkData) error {
 	f.hmu.RLock()
 	defer f.hmu.RUnlock()
 	if f.closed {

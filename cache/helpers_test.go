@@ -17,7 +17,7 @@ type testFile struct {
 	name    string
 	sum     chunked.Sum
 	content []byte
-	chunks  map[string][]verify.Chunk // by fixture: "zstd" (zstd:chunked) or "estargz" (64 KiB)
+	chunks  map[string][]verify.ChunkData // by fixture: "zstd" (zstd:chunked) or "estargz" (64 KiB)
 }
 
 func (f *testFile) size() int64 { return int64(len(f.content)) }
@@ -64,7 +64,7 @@ func loadFiles(t testing.TB) (map[string]*testFile, error) {
 			}
 			tf := out[e.Name]
 			if tf == nil {
-				tf = &testFile{name: e.Name, sum: e.Digest, chunks: map[string][]verify.Chunk{}}
+				tf = &testFile{name: e.Name, sum: e.Digest, chunks: map[string][]verify.ChunkData{}}
 				out[e.Name] = tf
 			}
 			var content []byte
@@ -105,7 +105,7 @@ func open(t *testing.T, c *Cache, f *testFile) *File {
 	return h
 }
 
-func putAll(t *testing.T, h *File, cs []verify.Chunk) {
+func putAll(t *testing.T, h *File, cs []verify.ChunkData) {
 	t.Helper()
 	for _, c := range cs {
 		if err := h.Put(c); err != nil {
@@ -125,6 +125,6 @@ func fill(t *testing.T, c *Cache, f *testFile) {
 	h.Close()
 }
 
-func chunkRange(c verify.Chunk) byterange.Range {
+func chunkRange(c verify.ChunkData) byterange.Range {
 	return byterange.Range{Offset: c.Ref().FileOffset, Length: c.Ref().Size}
 }

@@ -16,7 +16,7 @@ import (
 type Content struct {
 	Sum    chunked.Sum
 	Size   int64
-	Chunks []verify.Chunk
+	Chunks []verify.ChunkData
 }
 
 // PutFiles stores whole files at once and makes them complete, with one group commit for
@@ -253,7 +253,7 @@ func crash(ps []*pending, err error) {
 }
 
 // writeContent writes chunks to a new file at path, read-only from the start.
-func writeContent(path string, chunks []verify.Chunk) error {
+func writeContent(path string, chunks []verify.ChunkData) error {
 	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o400)
 	if err != nil {
 		return err

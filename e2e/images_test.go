@@ -128,17 +128,17 @@ func isStatic(path string) bool {
 	return true
 }
 
-type layerMaker func(name string, tarStream []byte) (testregistry.Blob, error)
+type layerMaker func(name string, tarStream []byte) (testregistry.LayerBlob, error)
 
-func gzipLayer(_ string, t []byte) (testregistry.Blob, error) { return testregistry.GzipLayer(t) }
+func gzipLayer(_ string, t []byte) (testregistry.LayerBlob, error) { return testregistry.GzipLayer(t) }
 
 func stargzLayer(opts ...estargz.Option) layerMaker {
-	return func(name string, t []byte) (testregistry.Blob, error) {
+	return func(name string, t []byte) (testregistry.LayerBlob, error) {
 		f, err := testlayer.BuildEStargz(name, t, opts...)
 		if err != nil {
-			return testregistry.Blob{}, err
+			return testregistry.LayerBlob{}, err
 		}
-		return testregistry.Blob{Blob: f.Blob, MediaType: f.Desc.MediaType, Annotations: f.Desc.Annotations, DiffID: f.DiffID}, nil
+		return testregistry.LayerBlob{Blob: f.Blob, MediaType: f.Desc.MediaType, Annotations: f.Desc.Annotations, DiffID: f.DiffID}, nil
 	}
 }
 
@@ -156,8 +156,8 @@ func (b *builder) pushAll(ctx context.Context, reg *dockerregistry.Registry, bus
 		return nil, err
 	}
 	host := v1.Platform{OS: runtime.GOOS, Architecture: runtime.GOARCH}
-	layers := func(kind string, mk layerMaker, tars ...[]byte) ([]testregistry.Blob, error) {
-		var ls []testregistry.Blob
+	layers := func(kind string, mk layerMaker, tars ...[]byte) ([]testregistry.LayerBlob, error) {
+		var ls []testregistry.LayerBlob
 		for i, t := range tars {
 			l, err := mk(fmt.Sprintf("%s-layer%d", kind, i), t)
 			if err != nil {
@@ -189,7 +189,7 @@ func (b *builder) pushAll(ctx context.Context, reg *dockerregistry.Registry, bus
 		}
 		return err
 	}
-	plat := func(ls []testregistry.Blob) testregistry.Platform {
+	plat := func(ls []testregistry.LayerBlob) testregistry.Platform {
 		return testregistry.Platform{OS: host.OS, Architecture: host.Architecture, Layers: ls}
 	}
 	specs := []struct {

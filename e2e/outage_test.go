@@ -159,7 +159,7 @@ func (o *outage) pushFiller(t *testing.T, size int) *image {
 	if err != nil {
 		t.Fatal(err)
 	}
-	img, err := testregistry.Image(testregistry.Platform{OS: runtime.GOOS, Architecture: runtime.GOARCH, Layers: []testregistry.Blob{l}})
+	img, err := testregistry.Image(testregistry.Platform{OS: runtime.GOOS, Architecture: runtime.GOARCH, Layers: []testregistry.LayerBlob{l}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -58,7 +58,7 @@ func (o *outage) pushLoop(t *testing.T, busybox string) (*image, []string) {
 		sums[i] = hex.EncodeToString(sum[:])
 		es = append(es, tarFile(fmt.Sprintf("f/f%d", i), data))
 	}
-	var ls []testregistry.Blob
+	var ls []testregistry.LayerBlob
 	for i, tr := range [][]byte{base, testlayer.Build(es)} {
 		l, err := stargzLayer()(fmt.Sprintf("loop-layer%d", i), tr)
 		if err != nil {

@@ -18,7 +18,7 @@ import (
 // their own lookup; and that a layer not served lazily is left alone.
 func TestResolveAhead(t *testing.T) {
 	e := newEnv(t)
-	var layers []testregistry.Blob
+	var layers []testregistry.LayerBlob
 	var keys, blobs []digest.Digest
 	for _, f := range e.fixtures {
 		if k := tocKey(f.Desc.Annotations); k != "" && len(keys) < 3 {
@@ -100,7 +100,7 @@ func (m *Manager) peek(k layerKey) (*Layer, error, bool) {
 func TestResolveAheadBounded(t *testing.T) {
 	const extra = maxAhead + 8
 	var fxs []testlayer.Fixture
-	var layers []testregistry.Blob
+	var layers []testregistry.LayerBlob
 	for i := range extra + 1 {
 		f := profLayer(t, fmt.Sprintf("l%02d", i), uint64(i+1), "usr/bin/f")
 		fxs, layers = append(fxs, f), append(layers, fixtureLayer(f))

@@ -52,8 +52,8 @@ type fetch struct {
 	settled chan struct{}
 
 	// Written once, before done is closed.
-	data     []byte       // the chunk's verified content
-	verified verify.Chunk // set when fetched here (not taken from the cache), for storing
+	data     []byte           // the chunk's verified content
+	verified verify.ChunkData // set when fetched here (not taken from the cache), for storing
 	err      error
 
 	failedUntil time.Time // guarded by Layer.mu; set once err is
@@ -476,7 +476,7 @@ func (l *Layer) fetchAndVerify(ctx context.Context, batch []*fetch, kind fetchKi
 	}
 	parallel(cap(l.env.sched.cpu), len(batch), func(i int) {
 		f := batch[i]
-		var c verify.Chunk
+		var c verify.ChunkData
 		var err error
 		verifyChunk := func() { c, err = l.v.VerifyChunk(f.key.file, f.key.i, raws[i]) }
 		if !kind.isBackground() {
@@ -657,7 +657,7 @@ func (l *Layer) store(batch []*fetch) {
 			wholeIDs = append(wholeIDs, id)
 			continue
 		}
-		cs := make([]verify.Chunk, len(byFile[id]))
+		cs := make([]verify.ChunkData, len(byFile[id]))
 		for i, f := range byFile[id] {
 			cs[i] = f.verified
 		}
@@ -688,7 +688,7 @@ func (l *Layer) store(batch []*fetch) {
 
 // keep ensures verified chunks of file land in the cache, all in one Put (two syncs); a chunk
 // the cache refuses as such is left out and the others kept. Failures only cost a refetch later.
-func (l *Layer) keep(file chunked.EntryID, cs ...verify.Chunk) {
+func (l *Layer) keep(file chunked.EntryID, cs ...verify.ChunkData) {
 	e := l.idx.Meta(file)
 	if e.Digest.IsZero() {
 		return
@@ -717,12 +717,12 @@ func (l *Layer) keep(file chunked.EntryID, cs ...verify.Chunk) {
 
 // wholeFile returns the verified chunks of file id in order when fetches hold every one of
 // them; nil otherwise.
-func (l *Layer) wholeFile(id chunked.EntryID, fetches []*fetch) []verify.Chunk {
+func (l *Layer) wholeFile(id chunked.EntryID, fetches []*fetch) []verify.ChunkData {
 	n := l.idx.NumChunks(id)
 	if len(fetches) < n {
 		return nil
 	}
-	cs := make([]verify.Chunk, n)
+	cs := make([]verify.ChunkData, n)
 	have := 0
 	for _, f := range fetches {
 		if cs[f.key.i].Ref().Size == 0 {

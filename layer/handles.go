@@ -97,8 +97,8 @@ func (hs *handles) closeAll() {
 	closeAll(all)
 }
 
-func closeAll(fs []*cache.File) {
-	for _, f := range fs {
+func closeAll(files []*cache.File) {
+	for _, f := range files {
 		f.Close()
 	}
 }

@@ -51,12 +51,12 @@ func (e *testEnv) manager(opts ...option) *Manager {
 	return m
 }
 
-func fixtureLayer(f testlayer.Fixture) testregistry.Blob {
-	return testregistry.Blob{Blob: f.Blob, MediaType: f.Desc.MediaType, Annotations: f.Desc.Annotations, DiffID: f.DiffID}
+func fixtureLayer(f testlayer.Fixture) testregistry.LayerBlob {
+	return testregistry.LayerBlob{Blob: f.Blob, MediaType: f.Desc.MediaType, Annotations: f.Desc.Annotations, DiffID: f.DiffID}
 }
 
 // gzipLayer is a plain gzip layer of the reference tar.
-func gzipLayer(t *testing.T) testregistry.Blob {
+func gzipLayer(t *testing.T) testregistry.LayerBlob {
 	l, err := testregistry.GzipLayer(testlayer.Tar())
 	if err != nil {
 		t.Fatal(err)
@@ -64,7 +64,7 @@ func gzipLayer(t *testing.T) testregistry.Blob {
 	return l
 }
 
-func (e *testEnv) push(repoTag string, layers ...testregistry.Blob) string {
+func (e *testEnv) push(repoTag string, layers ...testregistry.LayerBlob) string {
 	e.t.Helper()
 	if _, err := e.reg.Push(e.t.Context(), repoTag, layers); err != nil {
 		e.t.Fatal(err)

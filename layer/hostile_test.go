@@ -35,7 +35,7 @@ import (
 
 // evilLayer is an eStargz layer of the reference tree with etc/hostname changed, claiming the
 // DiffID diffID.
-func evilLayer(t *testing.T, diffID digest.Digest) testregistry.Blob {
+func evilLayer(t *testing.T, diffID digest.Digest) testregistry.LayerBlob {
 	t.Helper()
 	es := testlayer.Entries()
 	for i := range es {
@@ -340,7 +340,7 @@ func (r *blockingRegistry) Platforms(context.Context, *fetcher.Image) ([]*fetche
 	return nil, errors.New("no platforms")
 }
 
-func (r *blockingRegistry) Blob(context.Context, *fetcher.Image, *fetcher.Descriptor) (Blob, error) {
+func (r *blockingRegistry) Blob(context.Context, *fetcher.Image, *fetcher.Descriptor) (RemoteBlob, error) {
 	return nil, errors.New("no blobs")
 }
 

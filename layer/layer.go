@@ -30,7 +30,7 @@ type Layer struct {
 	tocKey digest.Digest
 	v      *verify.Verifier
 	idx    *chunked.Index
-	blob   Blob
+	blob   RemoteBlob
 	// rec is the record the index and tar-split are mapped from, nil when they are on the
 	// heap. It lives as long as the index (see records.open).
 	rec *cache.Record
@@ -74,7 +74,7 @@ type chunkKey struct {
 	i    int
 }
 
-func newLayer(e *env, id identity, ref string, desc fetcher.Descriptor, v *verify.Verifier, blob Blob) *Layer {
+func newLayer(e *env, id identity, ref string, desc fetcher.Descriptor, v *verify.Verifier, blob RemoteBlob) *Layer {
 	return &Layer{
 		env:      e,
 		id:       id,

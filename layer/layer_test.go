@@ -273,8 +273,8 @@ func TestOtherPlatform(t *testing.T) {
 	e := newEnv(t)
 	host, other := e.fixtures[0], e.fixtures[3]
 	if _, err := e.reg.PushIndex(t.Context(), "multi:v1", []testregistry.Platform{
-		{OS: "linux", Architecture: hostArch(), Layers: []testregistry.Blob{fixtureLayer(host)}},
-		{OS: "linux", Architecture: "s390x", Layers: []testregistry.Blob{fixtureLayer(other)}},
+		{OS: "linux", Architecture: hostArch(), Layers: []testregistry.LayerBlob{fixtureLayer(host)}},
+		{OS: "linux", Architecture: "s390x", Layers: []testregistry.LayerBlob{fixtureLayer(other)}},
 	}); err != nil {
 		t.Fatal(err)
 	}

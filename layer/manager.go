@@ -27,12 +27,12 @@ import (
 type Registry interface {
 	Resolve(ctx context.Context, ref string) (*fetcher.Image, error)
 	Platforms(ctx context.Context, img *fetcher.Image) ([]*fetcher.Manifest, error)
-	Blob(ctx context.Context, img *fetcher.Image, l *fetcher.Descriptor) (Blob, error)
+	Blob(ctx context.Context, img *fetcher.Image, l *fetcher.Descriptor) (RemoteBlob, error)
 }
 
-// Blob is what a layer needs of its blob in the registry: package fetcher's Blob. Both
+// RemoteBlob is what a layer needs of its blob in the registry: package fetcher's RemoteBlob. Both
 // methods fill their buffers completely or fail; concurrent calls must be safe.
-type Blob interface {
+type RemoteBlob interface {
 	verify.Source // ReadAt
 	// Fetch returns the bytes of ranges, in order, in as few requests as it can.
 	Fetch(ctx context.Context, ranges []byterange.Range) ([][]byte, error)
@@ -43,7 +43,7 @@ func ClientRegistry(c *fetcher.Client) Registry { return clientRegistry{c} }
 
 type clientRegistry struct{ *fetcher.Client }
 
-func (r clientRegistry) Blob(ctx context.Context, img *fetcher.Image, l *fetcher.Descriptor) (Blob, error) {
+func (r clientRegistry) Blob(ctx context.Context, img *fetcher.Image, l *fetcher.Descriptor) (RemoteBlob, error) {
 	b, err := r.Client.Blob(ctx, img, l)
 	if err != nil {
 		return nil, err // not a nil *fetcher.Blob in a non-nil Blob

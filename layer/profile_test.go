@@ -80,7 +80,7 @@ func (r *profRegistry) Platforms(context.Context, *fetcher.Image) ([]*fetcher.Ma
 	return nil, nil
 }
 
-func (r *profRegistry) Blob(_ context.Context, _ *fetcher.Image, d *fetcher.Descriptor) (Blob, error) {
+func (r *profRegistry) Blob(_ context.Context, _ *fetcher.Image, d *fetcher.Descriptor) (RemoteBlob, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	b, ok := r.blobs[d.Digest]

@@ -74,7 +74,7 @@ type registryBlob struct {
 }
 
 // open resolves the image's manifest, then the blob's location.
-func (r registryBlob) open(ctx context.Context) (Blob, error) {
+func (r registryBlob) open(ctx context.Context) (RemoteBlob, error) {
 	ctx, cancel := r.work.bound(ctx, r.timeout)
 	defer cancel()
 	img, err := r.reg.Resolve(ctx, r.ref)
@@ -97,11 +97,11 @@ type lazyBlob struct {
 
 type blobAttempt struct {
 	done chan struct{}
-	blob Blob
+	blob RemoteBlob
 	err  error
 }
 
-func (b *lazyBlob) get(ctx context.Context) (Blob, error) {
+func (b *lazyBlob) get(ctx context.Context) (RemoteBlob, error) {
 	b.mu.Lock()
 	a := b.attempt
 	if a != nil {

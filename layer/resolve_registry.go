@@ -139,7 +139,7 @@ func (m *Manager) shareLive(ctx context.Context, l *Layer, img *fetcher.Image, d
 // openVerified opens the blob of desc and verifies its TOC against the manifest; a lookup
 // that waits for the comparison has the tar-split read with the TOC and compared at once,
 // others have it read by the comparison, in the background.
-func (m *Manager) openVerified(ctx context.Context, img *fetcher.Image, desc *fetcher.Descriptor, modern bool, format chunked.Format, log *slog.Logger) (Blob, *verify.Verifier, error) {
+func (m *Manager) openVerified(ctx context.Context, img *fetcher.Image, desc *fetcher.Descriptor, modern bool, format chunked.Format, log *slog.Logger) (RemoteBlob, *verify.Verifier, error) {
 	blob, err := m.reg.Blob(ctx, img, desc)
 	if err != nil {
 		m.counters.failures.Add(1)

@@ -101,7 +101,7 @@ func (r *memRegistry) Platforms(context.Context, *fetcher.Image) ([]*fetcher.Man
 	return nil, nil
 }
 
-func (r *memRegistry) Blob(context.Context, *fetcher.Image, *fetcher.Descriptor) (Blob, error) {
+func (r *memRegistry) Blob(context.Context, *fetcher.Image, *fetcher.Descriptor) (RemoteBlob, error) {
 	return r.blob, nil
 }
 

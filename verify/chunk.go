@@ -13,17 +13,17 @@ import (
 	digest "github.com/opencontainers/go-digest"
 )
 
-// Chunk is verified uncompressed chunk data. Only [Verifier.VerifyChunk] makes non-empty ones.
-type Chunk struct {
+// ChunkData is verified uncompressed chunk data. Only [Verifier.VerifyChunk] makes non-empty ones.
+type ChunkData struct {
 	ref  chunked.Chunk
 	data []byte
 }
 
 // Bytes returns the chunk's content. The slice belongs to the chunk: do not modify it.
-func (c Chunk) Bytes() []byte { return c.data }
+func (c ChunkData) Bytes() []byte { return c.data }
 
 // Ref returns where the chunk is in its file and in the blob.
-func (c Chunk) Ref() chunked.Chunk { return c.ref }
+func (c ChunkData) Ref() chunked.Chunk { return c.ref }
 
 // VerifyChunk decompresses chunk i of a file from compressed, the blob bytes starting at the
 // chunk's Offset (at least its Length bytes), and checks the result against the TOC's digest.
@@ -31,35 +31,35 @@ func (c Chunk) Ref() chunked.Chunk { return c.ref }
 // nothing is returned but an error wrapping [ErrDigestMismatch] or [ErrCorrupt].
 //
 // Once [Verifier.CheckTarSplit] has failed, it verifies nothing and returns that failure.
-func (v *Verifier) VerifyChunk(file chunked.EntryID, i int, compressed []byte) (Chunk, error) {
+func (v *Verifier) VerifyChunk(file chunked.EntryID, i int, compressed []byte) (ChunkData, error) {
 	if err := v.Err(); err != nil {
-		return Chunk{}, err
+		return ChunkData{}, err
 	}
 	c, err := v.verifyChunk(file, i, compressed)
 	if err != nil {
-		return Chunk{}, &LayerError{Layer: v.layout.BlobDigest, Format: v.layout.Format, Err: err}
+		return ChunkData{}, &LayerError{Layer: v.layout.BlobDigest, Format: v.layout.Format, Err: err}
 	}
 	return c, nil
 }
 
-func (v *Verifier) verifyChunk(file chunked.EntryID, i int, compressed []byte) (Chunk, error) {
+func (v *Verifier) verifyChunk(file chunked.EntryID, i int, compressed []byte) (ChunkData, error) {
 	// The one chunk, not the file's list: a file of zstd:chunked's small chunks has hundreds.
 	ref, ok := v.index.Chunk(file, i)
 	if !ok {
-		return Chunk{}, fmt.Errorf("%q has no chunk %d", v.index.Entry(file).Name, i)
+		return ChunkData{}, fmt.Errorf("%q has no chunk %d", v.index.Entry(file).Name, i)
 	}
 	if want := ref.Length; int64(len(compressed)) > want {
 		compressed = compressed[:want]
 	}
 	data := make([]byte, ref.Size)
 	if err := decompress(v.layout.Format, ref, compressed, data); err != nil {
-		return Chunk{}, fmt.Errorf("chunk %d of %q: %w: %v", i, v.index.Entry(file).Name, ErrCorrupt, err)
+		return ChunkData{}, fmt.Errorf("chunk %d of %q: %w: %v", i, v.index.Entry(file).Name, ErrCorrupt, err)
 	}
 	if got := sha256.Sum256(data); got != ref.Digest {
-		return Chunk{}, &MismatchError{What: fmt.Sprintf("chunk %d of %q", i, v.index.Entry(file).Name),
+		return ChunkData{}, &MismatchError{What: fmt.Sprintf("chunk %d of %q", i, v.index.Entry(file).Name),
 			Want: digest.Digest(ref.Digest.String()), Got: digest.NewDigestFromBytes(digest.SHA256, got[:])}
 	}
-	return Chunk{ref: ref, data: data}, nil
+	return ChunkData{ref: ref, data: data}, nil
 }
 
 var (

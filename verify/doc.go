@@ -20,7 +20,7 @@
 // more ([Verifier.Err]), so that its user stops serving the layer. [Verifier.CheckDiffID]
 // runs it first.
 //
-// Chunk data leaves the package only as [Chunk] values, built by [Verifier.VerifyChunk] after the
+// Chunk data leaves the package only as [ChunkData] values, built by [Verifier.VerifyChunk] after the
 // chunk was decompressed with a hard size cap and its sha256 matched the TOC's digest. There
 // is no option to skip any of this.
 //
@@ -32,7 +32,7 @@
 // goroutines at once. A Verifier's methods are safe for concurrent use: the index is
 // immutable once Open returns, and the tar-split once read; the tar-split, the guarantee, the
 // tar size and the comparison's verdict are atomics, and concurrent CheckTarSplit calls share
-// one comparison. A [Chunk] is immutable and may be shared; its bytes must not be modified. A
+// one comparison. A [ChunkData] is immutable and may be shared; its bytes must not be modified. A
 // [Source] shared by calls on several goroutines must be safe for concurrent use, as
 // fetcher's is.
 package verify

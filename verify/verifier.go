@@ -478,14 +478,14 @@ func (v *Verifier) ReadTarSplit(ctx context.Context, src Source, final bool) err
 }
 
 // ReadChunk fetches chunk i of a file from src and verifies it.
-func (v *Verifier) ReadChunk(ctx context.Context, src Source, file chunked.EntryID, i int) (Chunk, error) {
+func (v *Verifier) ReadChunk(ctx context.Context, src Source, file chunked.EntryID, i int) (ChunkData, error) {
 	c, ok := v.index.Chunk(file, i)
 	if !ok {
-		return Chunk{}, fmt.Errorf("chunk %d of %q: %w", i, v.index.Entry(file).Name, errors.ErrUnsupported)
+		return ChunkData{}, fmt.Errorf("chunk %d of %q: %w", i, v.index.Entry(file).Name, errors.ErrUnsupported)
 	}
 	raw, err := readRange(ctx, src, c.Offset, c.Length)
 	if err != nil {
-		return Chunk{}, &LayerError{Layer: v.layout.BlobDigest, Format: v.layout.Format, Err: err}
+		return ChunkData{}, &LayerError{Layer: v.layout.BlobDigest, Format: v.layout.Format, Err: err}
 	}
 	return v.VerifyChunk(file, i, raw)
 }

@@ -173,7 +173,7 @@ type memoryBomb struct {
 // pushBomb pushes an image of layer l as repoTag and returns its lookup.
 func pushBomb(t *testing.T, e *serveEnv, name, repoTag string, l testlayer.Fixture, refused bool, bound int64, describe string) memoryBomb {
 	t.Helper()
-	if _, err := e.reg.Push(t.Context(), repoTag, []testregistry.Blob{{
+	if _, err := e.reg.Push(t.Context(), repoTag, []testregistry.LayerBlob{{
 		Blob: l.Blob, MediaType: l.Desc.MediaType, Annotations: l.Desc.Annotations, DiffID: l.DiffID}}); err != nil {
 		t.Fatal(err)
 	}

@@ -30,7 +30,7 @@ var demoFiles = []string{"etc/hostname", "usr/bin/tool", "usr/share/doc/deep/er/
 // demoImage is one image the demo pushes and reads.
 type demoImage struct {
 	tag   string
-	layer demo.Blob
+	layer demo.LayerBlob
 	key   digest.Digest // what a modern runtime looks the layer up by
 	lazy  bool
 }
@@ -92,7 +92,7 @@ func pushDemoImages(ctx context.Context, out io.Writer, reg *demo.Registry) ([]d
 	fmt.Fprintf(out, "sample image: the reference layer (%d entries) plus %d MiB of libraries, in each format\n",
 		len(demo.Entries()), bulk>>20)
 	for _, im := range images {
-		if _, err := reg.Push(ctx, "demo/app:"+im.tag, []demo.Blob{im.layer}); err != nil {
+		if _, err := reg.Push(ctx, "demo/app:"+im.tag, []demo.LayerBlob{im.layer}); err != nil {
 			return nil, err
 		}
 	}
@@ -174,7 +174,7 @@ func readTampered(ctx context.Context, out io.Writer, reg *demo.Registry, s *sta
 		return err
 	}
 	ref := reg.Host + "/demo/app:tampered"
-	if _, err := reg.Push(ctx, "demo/app:tampered", []demo.Blob{tampered.layer}); err != nil {
+	if _, err := reg.Push(ctx, "demo/app:tampered", []demo.LayerBlob{tampered.layer}); err != nil {
 		return err
 	}
 	_, err = os.ReadFile(filepath.Join(mnt, base64.StdEncoding.EncodeToString([]byte(ref)), tampered.key.String(), "diff", "usr/bin/secret"))
@@ -188,7 +188,7 @@ func readTampered(ctx context.Context, out io.Writer, reg *demo.Registry, s *sta
 
 func since(t time.Time) time.Duration { return time.Since(t).Round(time.Millisecond) }
 
-func layerStatus(m *layer.Manager, l demo.Blob) protocol.LayerStatus {
+func layerStatus(m *layer.Manager, l demo.LayerBlob) protocol.LayerStatus {
 	d := l.Digest()
 	for _, st := range m.Status().Layers {
 		if st.Digest == d.String() {
@@ -199,7 +199,7 @@ func layerStatus(m *layer.Manager, l demo.Blob) protocol.LayerStatus {
 }
 
 // waitLocal waits for the background fetch of a layer and returns how long it took.
-func waitLocal(ctx context.Context, m *layer.Manager, l demo.Blob) (time.Duration, error) {
+func waitLocal(ctx context.Context, m *layer.Manager, l demo.LayerBlob) (time.Duration, error) {
 	deadline := time.Now().Add(2 * time.Minute)
 	for time.Now().Before(deadline) {
 		st := layerStatus(m, l)

@@ -222,9 +222,9 @@ func TestDoctorPassthrough(t *testing.T) {
 }
 
 func TestDoctorRestarts(t *testing.T) {
-	kept := &protocol.Status{Session: &protocol.Session{Kept: true}}
-	resumed := &protocol.Status{Session: &protocol.Session{Kept: true, Resumed: true}}
-	lost := &protocol.Status{Session: &protocol.Session{Why: "no service manager keeps the FUSE session"}}
+	kept := &protocol.Status{Session: &protocol.SessionStatus{Kept: true}}
+	resumed := &protocol.Status{Session: &protocol.SessionStatus{Kept: true, Resumed: true}}
+	lost := &protocol.Status{Session: &protocol.SessionStatus{Why: "no service manager keeps the FUSE session"}}
 	for _, tc := range []struct {
 		release string
 		st      *protocol.Status

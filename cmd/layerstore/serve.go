@@ -118,7 +118,7 @@ type stack struct {
 	// stored is set while the service manager keeps the mount's FUSE session (the file
 	// descriptor store): a stop may then leave the mount to the next process.
 	stored  bool
-	session protocol.Session // for status
+	session protocol.SessionStatus // for status
 	// recorder records the layers runtimes take from the store in their own storage; nil
 	// when turned off.
 	recorder *runtimestore.Recorder

@@ -103,7 +103,7 @@ func newServeEnv(t *testing.T) *serveEnv {
 		t.Fatal(err)
 	}
 	f := fixtures[0]
-	if _, err := reg.Push(t.Context(), "serve/app:v1", []testregistry.Blob{{
+	if _, err := reg.Push(t.Context(), "serve/app:v1", []testregistry.LayerBlob{{
 		Blob: f.Blob, MediaType: f.Desc.MediaType, Annotations: f.Desc.Annotations, DiffID: f.DiffID}}); err != nil {
 		t.Fatal(err)
 	}
@@ -455,7 +455,7 @@ func TestReloadOnSIGHUP(t *testing.T) {
 	e := newServeEnv(t)
 	f := e.fixture
 	for _, ref := range []string{"serve/other:v1", "serve/third:v1", "serve/fourth:v1"} {
-		if _, err := e.reg.Push(t.Context(), ref, []testregistry.Blob{{
+		if _, err := e.reg.Push(t.Context(), ref, []testregistry.LayerBlob{{
 			Blob: f.Blob, MediaType: f.Desc.MediaType, Annotations: f.Desc.Annotations, DiffID: f.DiffID}}); err != nil {
 			t.Fatal(err)
 		}

@@ -133,8 +133,8 @@ func text(rng *rand.Rand, n int) []byte {
 	return b
 }
 
-// Blob is a layer blob with what its descriptor and the image config say about it.
-type Blob struct {
+// LayerBlob is a layer blob with what its descriptor and the image config say about it.
+type LayerBlob struct {
 	Blob        []byte
 	MediaType   string
 	Annotations map[string]string
@@ -142,7 +142,7 @@ type Blob struct {
 }
 
 // Digest returns the digest of the blob.
-func (b Blob) Digest() digest.Digest { return digest.FromBytes(b.Blob) }
+func (b LayerBlob) Digest() digest.Digest { return digest.FromBytes(b.Blob) }
 
 const mediaTypeGzip = "application/vnd.oci.image.layer.v1.tar+gzip"
 
@@ -150,22 +150,22 @@ const mediaTypeGzip = "application/vnd.oci.image.layer.v1.tar+gzip"
 // several, and one worker, so that blobs are reproducible; opts come after these). The layer
 // carries the TOC digest and uncompressed size annotations; its media type is gzip's, which
 // the caller changes for another compression.
-func EStargz(tarBlob []byte, opts ...estargz.Option) (Blob, error) {
+func EStargz(tarBlob []byte, opts ...estargz.Option) (LayerBlob, error) {
 	opts = append([]estargz.Option{estargz.WithChunkSize(64 << 10), estargz.WithParallelism(1)}, opts...)
 	b, err := estargz.Build(io.NewSectionReader(bytes.NewReader(tarBlob), 0, int64(len(tarBlob))), opts...)
 	if err != nil {
-		return Blob{}, err
+		return LayerBlob{}, err
 	}
 	defer b.Close()
 	blob, err := io.ReadAll(b)
 	if err != nil {
-		return Blob{}, err
+		return LayerBlob{}, err
 	}
 	usize, err := b.UncompressedSize()
 	if err != nil {
-		return Blob{}, err
+		return LayerBlob{}, err
 	}
-	return Blob{
+	return LayerBlob{
 		Blob:      blob,
 		MediaType: mediaTypeGzip,
 		Annotations: map[string]string{
@@ -177,16 +177,16 @@ func EStargz(tarBlob []byte, opts ...estargz.Option) (Blob, error) {
 }
 
 // Gzip is a plain (not lazily pullable) gzip layer of a tar stream.
-func Gzip(tarBlob []byte) (Blob, error) {
+func Gzip(tarBlob []byte) (LayerBlob, error) {
 	var b bytes.Buffer
 	zw := gzip.NewWriter(&b)
 	if _, err := zw.Write(tarBlob); err != nil {
-		return Blob{}, err
+		return LayerBlob{}, err
 	}
 	if err := zw.Close(); err != nil {
-		return Blob{}, err
+		return LayerBlob{}, err
 	}
-	return Blob{Blob: b.Bytes(), MediaType: mediaTypeGzip, DiffID: digest.FromBytes(tarBlob)}, nil
+	return LayerBlob{Blob: b.Bytes(), MediaType: mediaTypeGzip, DiffID: digest.FromBytes(tarBlob)}, nil
 }
 
 // The reference layer as c/storage's zstd:chunked compressor writes it: a copy of the
@@ -202,18 +202,18 @@ var (
 
 // ZstdChunked returns the reference layer in zstd:chunked, with the annotations c/storage
 // gives it.
-func ZstdChunked() (Blob, error) {
+func ZstdChunked() (LayerBlob, error) {
 	var d struct {
 		MediaType   string            `json:"mediaType"`
 		Digest      digest.Digest     `json:"digest"`
 		Annotations map[string]string `json:"annotations"`
 	}
 	if err := json.Unmarshal(zstdChunkedDescriptor, &d); err != nil {
-		return Blob{}, fmt.Errorf("demo: zstd:chunked descriptor: %w", err)
+		return LayerBlob{}, fmt.Errorf("demo: zstd:chunked descriptor: %w", err)
 	}
-	l := Blob{Blob: zstdChunkedBlob, MediaType: d.MediaType, Annotations: d.Annotations, DiffID: digest.FromBytes(Tar())}
+	l := LayerBlob{Blob: zstdChunkedBlob, MediaType: d.MediaType, Annotations: d.Annotations, DiffID: digest.FromBytes(Tar())}
 	if l.Digest() != d.Digest {
-		return Blob{}, fmt.Errorf("demo: the zstd:chunked blob is %s, its descriptor says %s", l.Digest(), d.Digest)
+		return LayerBlob{}, fmt.Errorf("demo: the zstd:chunked blob is %s, its descriptor says %s", l.Digest(), d.Digest)
 	}
 	return l, nil
 }

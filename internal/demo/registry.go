@@ -35,7 +35,7 @@ type Blobs struct {
 }
 
 // Add makes the layers' blobs served and counted.
-func (bs *Blobs) Add(layers []Blob) {
+func (bs *Blobs) Add(layers []LayerBlob) {
 	bs.mu.Lock()
 	defer bs.mu.Unlock()
 	if bs.blobs == nil {
@@ -240,7 +240,7 @@ func BlobGet(req *http.Request) (d digest.Digest, repo string, ok bool) {
 
 // Push stores an OCI image of the host's platform made of layers (bottom first), with
 // /bin/sh as its command, as repoTag ("repo:tag"), and returns the manifest digest.
-func (r *Registry) Push(ctx context.Context, repoTag string, layers []Blob) (digest.Digest, error) {
+func (r *Registry) Push(ctx context.Context, repoTag string, layers []LayerBlob) (digest.Digest, error) {
 	repo, tag, ok := strings.Cut(repoTag, ":")
 	if !ok {
 		tag = "latest"

@@ -172,7 +172,7 @@ func run(ctx context.Context, o options) error {
 		if err != nil {
 			return err
 		}
-		if _, err := reg.Push(ctx, "bench/fio:latest", []testregistry.Blob{{Blob: l.Blob, MediaType: l.MediaType, Annotations: l.Annotations, DiffID: l.DiffID}}); err != nil {
+		if _, err := reg.Push(ctx, "bench/fio:latest", []testregistry.LayerBlob{{Blob: l.Blob, MediaType: l.MediaType, Annotations: l.Annotations, DiffID: l.DiffID}}); err != nil {
 			return err
 		}
 		rep.fioLayer = l
@@ -198,7 +198,7 @@ func (b *bench) fetchScenario(ctx context.Context, rep *report) error {
 	}
 	rep.spec, rep.layer = spec, l
 	fmt.Fprintf(os.Stderr, "  eStargz blob %s (built in %.1fs)\n", mib(l.Size), l.BuildTime)
-	if _, err := b.reg.Push(ctx, "bench/rootfs:latest", []testregistry.Blob{{Blob: l.Blob, MediaType: l.MediaType, Annotations: l.Annotations, DiffID: l.DiffID}}); err != nil {
+	if _, err := b.reg.Push(ctx, "bench/rootfs:latest", []testregistry.LayerBlob{{Blob: l.Blob, MediaType: l.MediaType, Annotations: l.Annotations, DiffID: l.DiffID}}); err != nil {
 		return err
 	}
 	url := fmt.Sprintf("http://%s/v2/bench/rootfs/blobs/%s", b.reg.Host, l.Digest)

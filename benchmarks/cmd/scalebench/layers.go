@@ -227,8 +227,8 @@ func (l *builtLayer) key() digest.Digest {
 	return digest.Digest(l.Annotations[chunked.AnnotationChecksum])
 }
 
-func (l *builtLayer) registryLayer() testregistry.Blob {
-	return testregistry.Blob{Blob: l.Blob, MediaType: l.MediaType, Annotations: l.Annotations, DiffID: l.DiffID}
+func (l *builtLayer) registryLayer() testregistry.LayerBlob {
+	return testregistry.LayerBlob{Blob: l.Blob, MediaType: l.MediaType, Annotations: l.Annotations, DiffID: l.DiffID}
 }
 
 // builder builds layers into a directory and reuses what it built before.

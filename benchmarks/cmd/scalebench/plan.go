@@ -52,7 +52,7 @@ func (p *planner) push(repoTag string, layers []*builtLayer) error {
 	if p.pushed[repoTag] {
 		return nil
 	}
-	var rl []testregistry.Blob
+	var rl []testregistry.LayerBlob
 	for _, l := range layers {
 		rl = append(rl, l.registryLayer())
 	}

@@ -154,7 +154,7 @@ func pushImages(ctx context.Context, reg *dockerregistry.Registry, modDir, dir, 
 	if err != nil {
 		return nil, err
 	}
-	push := func(repo string, ls []testregistry.Blob) error {
+	push := func(repo string, ls []testregistry.LayerBlob) error {
 		img, err := testregistry.Image(testregistry.Platform{OS: runtime.GOOS, Architecture: runtime.GOARCH, Layers: ls})
 		if err != nil {
 			return err
@@ -177,18 +177,18 @@ func pushImages(ctx context.Context, reg *dockerregistry.Registry, modDir, dir, 
 	var out []*soakImage
 	for _, c := range contents {
 		fmt.Fprintf(os.Stderr, "building image %s (%d files, %.1f MB)\n", c.Name, c.Files, float64(c.Bytes)/1e6)
-		var es []testregistry.Blob
+		var es []testregistry.LayerBlob
 		for i, t := range [][]byte{base, c.tar} {
 			f, err := testlayer.BuildEStargz(fmt.Sprintf("%s-layer%d", c.Name, i), t)
 			if err != nil {
 				return nil, err
 			}
-			es = append(es, testregistry.Blob{Blob: f.Blob, MediaType: f.Desc.MediaType, Annotations: f.Desc.Annotations, DiffID: f.DiffID})
+			es = append(es, testregistry.LayerBlob{Blob: f.Blob, MediaType: f.Desc.MediaType, Annotations: f.Desc.Annotations, DiffID: f.DiffID})
 		}
 		if err := push("soak/"+c.Name+"-estargz", es); err != nil {
 			return nil, fmt.Errorf("push %s eStargz: %w", c.Name, err)
 		}
-		var gz []testregistry.Blob
+		var gz []testregistry.LayerBlob
 		for _, t := range [][]byte{base, c.tar} {
 			b, err := testregistry.GzipLayer(t)
 			if err != nil {

@@ -17,7 +17,7 @@ type Status struct {
 	Latency Latency `json:"-"`
 	// Session is what becomes of the store's FUSE session when the daemon restarts; set by the
 	// daemon, not by the layer manager.
-	Session *Session `json:"session,omitempty"`
+	Session *SessionStatus `json:"session,omitempty"`
 	// Runtimes is what the daemon recorded in the runtimes' own storage for them; set by the
 	// daemon, not by the layer manager.
 	Runtimes *RuntimeRecords `json:"runtimes,omitempty"`
@@ -35,8 +35,8 @@ type RuntimeRecords struct {
 	LastError string `json:"lastError,omitempty"`
 }
 
-// Session says whether running containers survive a restart or a crash of the daemon.
-type Session struct {
+// SessionStatus says whether running containers survive a restart or a crash of the daemon.
+type SessionStatus struct {
 	// Kept is set while the service manager keeps the FUSE session (its file descriptor
 	// store) for the next daemon.
 	Kept bool `json:"kept"`

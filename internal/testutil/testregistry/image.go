@@ -76,7 +76,7 @@ func ImageOf(layers []ImageLayer, configure func(*v1.ConfigFile)) (v1.Image, err
 }
 
 // imageOfBlobs builds an OCI image of layers (bottom first), as ImageOf does.
-func imageOfBlobs(layers []Blob, configure func(*v1.ConfigFile)) (v1.Image, error) {
+func imageOfBlobs(layers []LayerBlob, configure func(*v1.ConfigFile)) (v1.Image, error) {
 	ils := make([]ImageLayer, len(layers))
 	for i, l := range layers {
 		ils[i] = ImageLayer{CompressedLayer: compressed{l}, Annotations: l.Annotations}
@@ -85,7 +85,7 @@ func imageOfBlobs(layers []Blob, configure func(*v1.ConfigFile)) (v1.Image, erro
 }
 
 // compressed is a Blob as go-containerregistry reads it.
-type compressed struct{ l Blob }
+type compressed struct{ l LayerBlob }
 
 var _ partial.CompressedLayer = compressed{}
 

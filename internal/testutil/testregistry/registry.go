@@ -29,8 +29,8 @@ import (
 	"github.com/layerstore/layerstore/internal/demo"
 )
 
-// Blob is a layer blob with what its descriptor and the image config say about it.
-type Blob = demo.Blob
+// LayerBlob is a layer blob with what its descriptor and the image config say about it.
+type LayerBlob = demo.LayerBlob
 
 // BlobStats counts the GET requests for one blob.
 type BlobStats = demo.BlobStats
@@ -209,12 +209,12 @@ func (r *Registry) PutManifest(ctx context.Context, repoTag, mediaType string, b
 // Platform is an image of an index.
 type Platform struct {
 	OS, Architecture, Variant string
-	Layers                    []Blob
+	Layers                    []LayerBlob
 }
 
 // Push pushes an image of the host's platform made of layers as repoTag ("repo:tag", the host
 // is added) and returns the manifest digest.
-func (r *Registry) Push(ctx context.Context, repoTag string, layers []Blob) (digest.Digest, error) {
+func (r *Registry) Push(ctx context.Context, repoTag string, layers []LayerBlob) (digest.Digest, error) {
 	img, err := r.image(Platform{OS: runtime.GOOS, Architecture: runtime.GOARCH, Layers: layers})
 	if err != nil {
 		return "", err
@@ -270,4 +270,4 @@ func Image(p Platform) (v1.Image, error) {
 }
 
 // GzipLayer is a plain (not lazily pullable) gzip layer of a tar stream.
-func GzipLayer(tarStream []byte) (Blob, error) { return demo.Gzip(tarStream) }
+func GzipLayer(tarStream []byte) (LayerBlob, error) { return demo.Gzip(tarStream) }
