@@ -105,7 +105,7 @@ type block struct {
 	resumed bool // numbered by an earlier process of the session
 	// layer is the layer the block's numbers belong to, nil once unused for layerIdle
 	// (layerOf then asks the Store again); used is the unix time of its last use.
-	layer atomic.Pointer[layerBox]
+	layer atomic.Pointer[heldLayer]
 	used  atomic.Int64
 	// watched is set while a goroutine waits for the refusal of the block's layer, and for
 	// good once it dropped what the kernel cached of the block (watchRefusal).
@@ -120,14 +120,14 @@ const (
 	sweepEvery = time.Minute
 )
 
-// layerBox is a layer as a block holds it; gone is closed when the block lets it go (another
+// heldLayer is a layer as a block holds it; gone is closed when the block lets it go (another
 // layer of the identity replaced it, or the sweep dropped it).
-type layerBox struct {
+type heldLayer struct {
 	Layer
 	gone chan struct{}
 }
 
-func newLayerBox(l Layer) *layerBox { return &layerBox{Layer: l, gone: make(chan struct{})} }
+func newLayerBox(l Layer) *heldLayer { return &heldLayer{Layer: l, gone: make(chan struct{})} }
 
 type blockKey struct {
 	ref   string

@@ -81,7 +81,7 @@ func (l *Layer) blobCopyFor() *blobCopy {
 	bc.used.Store(now.UnixNano())
 	l.blobCopy = bc
 	l.mu.Unlock()
-	l.env.work.goTracked(func() { l.copyBlob(bc) }) // takes Manager.mu: not under Layer.mu
+	l.env.life.goTracked(func() { l.copyBlob(bc) }) // takes Manager.mu: not under Layer.mu
 	return bc
 }
 
@@ -116,7 +116,7 @@ func (l *Layer) fetchBlob() (*os.File, error) {
 	h := sha256.New()
 	for off := int64(0); off < l.desc.Size; {
 		p := buf[:min(int64(len(buf)), l.desc.Size-off)]
-		ctx, cancel := l.env.work.bound(context.Background(), l.env.readTimeout)
+		ctx, cancel := l.env.life.bound(context.Background(), l.env.readTimeout)
 		n, err := l.blob.ReadAt(ctx, p, off)
 		cancel()
 		l.onDemand.Add(int64(n))

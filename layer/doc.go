@@ -177,7 +177,7 @@
 // A [Manager] resolves; a [Layer] reads. A layer knows of its manager only what every layer
 // of that manager shares (env, in env.go): the cache and its open files (handles.go), the
 // scheduler that shares the registry and the processors with background work
-// (scheduler.go), the counters, the read settings, the manager's lifetime (work), and, for
+// (scheduler.go), the counters, the read settings, the manager's lifetime (life), and, for
 // predictions, the other live layers of its image (env.siblings, the one call from a layer
 // into its manager). A layer holds its own blob: a layer restored from its record reaches the
 // registry through the reference and descriptor it was resolved by (registryBlob), not
@@ -196,7 +196,7 @@
 // exceptions said:
 //
 //   - Manager.mu: the resolutions, the live layers, closed.
-//   - work.mu: whether the manager is closing; goTracked takes it.
+//   - lifetime.mu: whether the manager is closing; goTracked takes it.
 //   - Layer.mu: the references and repositories of a layer, its chunks in flight (and the
 //     failures remembered on them), its cold reads and files predicted, its blob copy.
 //   - Layer.prefetch.mu: the state of its background fetch.
@@ -224,7 +224,7 @@
 // background slot, each batch verified on up to one goroutine per processor, on the
 // process's background threads: one per processor, locked, at a lower priority, started
 // once and never ended, idlecpu.go); and the tracked
-// work of reads that outlives them (work.goTracked): storing the chunks of an on-demand
+// work of reads that outlives them (lifetime.goTracked): storing the chunks of an on-demand
 // fetch, fetch-ahead, blob copies, the writing of a recorded startup profile; and the timer
 // that ends each layer's recording. Close cancels the manager's context (every fetch ends),
 // stops the janitor and every background fetch, waits for them and for the tracked work, and

@@ -25,7 +25,7 @@ type env struct {
 	files    *handles   // the open cache files
 	sched    *scheduler // the registry and the processors, shared with background work
 	counters *counters
-	work     *work        // the manager's lifetime: its context, and the work Close waits for
+	life     *lifetime        // the manager's lifetime: its context, and the work Close waits for
 	records  *records     // the layer records in the cache
 	profiles profileStore // the repositories' startup profiles in the cache (package profile)
 	refusals *refusals    // the identities refused: TOC and tar-split disagree (layer.go)
@@ -162,11 +162,11 @@ func (c *counters) observeLookup(start time.Time, src lookupSource, err error) {
 	c.lookupTime[o][src].Since(start)
 }
 
-// work is the lifetime of a manager's background work: one context, cancelled when Close
-// begins, from which every fetch, resolution and background fetch derives; and the work of
+// lifetime is the lifetime of a manager's background lifetime: one context, cancelled when Close
+// begins, from which every fetch, resolution and background fetch derives; and the lifetime of
 // reads that goes on after them (storing fetched chunks, fetch-ahead, blob copies), which
 // Close waits for. Its lock is a leaf.
-type work struct {
+type lifetime struct {
 	ctx    context.Context
 	cancel context.CancelFunc
 
@@ -175,15 +175,15 @@ type work struct {
 	tracked sync.WaitGroup
 }
 
-func newWork() *work {
-	w := &work{}
+func newWork() *lifetime {
+	w := &lifetime{}
 	w.ctx, w.cancel = context.WithCancel(context.Background())
 	return w
 }
 
 // bound returns a context for work that must not end with the caller's request (others may
 // be waiting for the same result) but must end with the manager, after d.
-func (w *work) bound(ctx context.Context, d time.Duration) (context.Context, context.CancelFunc) {
+func (w *lifetime) bound(ctx context.Context, d time.Duration) (context.Context, context.CancelFunc) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), d)
 	stop := context.AfterFunc(w.ctx, cancel)
 	return ctx, func() { stop(); cancel() }
@@ -191,7 +191,7 @@ func (w *work) bound(ctx context.Context, d time.Duration) (context.Context, con
 
 // goTracked runs fn in the background, and close waits for it; once the manager is closing,
 // it runs fn at once (fn sees a cancelled context and ends quickly).
-func (w *work) goTracked(fn func()) {
+func (w *lifetime) goTracked(fn func()) {
 	w.mu.Lock()
 	if w.closing {
 		w.mu.Unlock()
@@ -207,7 +207,7 @@ func (w *work) goTracked(fn func()) {
 }
 
 // stop cancels the context: every fetch ends.
-func (w *work) stop() {
+func (w *lifetime) stop() {
 	w.mu.Lock()
 	w.closing = true
 	w.mu.Unlock()
@@ -215,4 +215,4 @@ func (w *work) stop() {
 }
 
 // wait returns once the tracked work has ended.
-func (w *work) wait() { w.tracked.Wait() }
+func (w *lifetime) wait() { w.tracked.Wait() }

@@ -207,7 +207,7 @@ func (l *Layer) fetchChunks(ctx context.Context, keys []chunkKey, w want) (all [
 	case !w.detach:
 		l.run(ctx, mine, w.kind)
 	case len(mine) > 0:
-		l.env.work.goTracked(func() {
+		l.env.life.goTracked(func() {
 			if w.then != nil {
 				defer w.then()
 			}
@@ -235,7 +235,7 @@ func allDone(fetches []*fetch) bool {
 // going through a file in sequence then finds the next chunk fetched and verified, or on its
 // way, when it gets there, rather than paying a round trip and a verification per chunk.
 func (l *Layer) fetchAhead(k chunkKey) {
-	l.fetchChunks(l.env.work.ctx, []chunkKey{k}, want{kind: ahead, detach: true})
+	l.fetchChunks(l.env.life.ctx, []chunkKey{k}, want{kind: ahead, detach: true})
 }
 
 // fetchRegion fetches, beside a cold read of chunk k and without the reader waiting
@@ -265,7 +265,7 @@ func (l *Layer) fetchRegion(k chunkKey, h *handle) {
 	default:
 		return
 	}
-	l.fetchChunks(l.env.work.ctx, keys, want{kind: ahead, h: h, detach: true, then: func() { <-l.env.regions }})
+	l.fetchChunks(l.env.life.ctx, keys, want{kind: ahead, h: h, detach: true, then: func() { <-l.env.regions }})
 }
 
 // region counts a cold read of chunk i of file and returns the other chunks of the file's
@@ -420,7 +420,7 @@ func (l *Layer) run(ctx context.Context, batch []*fetch, kind fetchKind) {
 	}
 	l.forgetFailed(batch)
 	if kind == onDemand {
-		l.env.work.goTracked(func() { l.store(batch) })
+		l.env.life.goTracked(func() { l.store(batch) })
 	} else {
 		l.store(batch)
 	}
@@ -430,7 +430,7 @@ func (l *Layer) run(ctx context.Context, batch []*fetch, kind fetchKind) {
 // It does not depend on the caller's context: other readers may be waiting for the same
 // chunks; the read timeout and the manager's lifetime bound it.
 func (l *Layer) fetchAndVerify(ctx context.Context, batch []*fetch, kind fetchKind) {
-	ctx, cancel := l.env.work.bound(ctx, l.env.readTimeout)
+	ctx, cancel := l.env.life.bound(ctx, l.env.readTimeout)
 	defer cancel()
 	var ranges []byterange.Range
 	for _, f := range batch {
@@ -661,7 +661,7 @@ func (l *Layer) store(batch []*fetch) {
 		for i, f := range byFile[id] {
 			cs[i] = f.verified
 		}
-		l.keep(id, cs...)
+		l.putChunks(id, cs...)
 	}
 	if len(whole) > 0 {
 		for i, err := range l.env.cache.PutFiles(whole) {
@@ -673,7 +673,7 @@ func (l *Layer) store(batch []*fetch) {
 			case errors.Is(err, cache.ErrBadChunk):
 				// Not a tiling the cache takes whole: store the chunks one by one.
 				for _, c := range whole[i].Chunks {
-					l.keep(wholeIDs[i], c)
+					l.putChunks(wholeIDs[i], c)
 				}
 			default:
 				l.env.log.Warn("caching a file failed", "file", l.idx.Entry(wholeIDs[i]).Name, "err", err)
@@ -686,9 +686,9 @@ func (l *Layer) store(batch []*fetch) {
 	}
 }
 
-// keep ensures verified chunks of file land in the cache, all in one Put (two syncs); a chunk
+// putChunks ensures verified chunks of file land in the cache, all in one Put (two syncs); a chunk
 // the cache refuses as such is left out and the others kept. Failures only cost a refetch later.
-func (l *Layer) keep(file chunked.EntryID, cs ...verify.ChunkData) {
+func (l *Layer) putChunks(file chunked.EntryID, cs ...verify.ChunkData) {
 	e := l.idx.Meta(file)
 	if e.Digest.IsZero() {
 		return

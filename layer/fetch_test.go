@@ -35,7 +35,7 @@ func TestFetchTakesStoredChunk(t *testing.T) {
 			if _, err := l.ReadFile(t.Context(), id, want, 0); err != nil {
 				t.Fatal(err)
 			}
-			m.work.wait() // the read's chunks are stored
+			m.life.wait() // the read's chunks are stored
 			h, err := m.files.acquire(e0.Digest, e0.Size)
 			if err != nil {
 				t.Fatal(err)
@@ -104,7 +104,7 @@ func TestFetchAhead(t *testing.T) {
 				if _, err := l.ReadFile(t.Context(), id, make([]byte, cs[i].Size), cs[i].FileOffset); err != nil {
 					t.Fatal(err)
 				}
-				m.work.wait() // the fetch ahead, if any, and every store
+				m.life.wait() // the fetch ahead, if any, and every store
 			}
 			requests := func() int { st := e.reg.Stats(f.Desc.Digest); return st.Ranged + st.Full }
 
@@ -136,7 +136,7 @@ func TestFetchAhead(t *testing.T) {
 				t.Fatal(err)
 			}
 			m2 := e2.manager(withPrefetch(false), withReadAhead(1<<20))
-			first.env.work.wait()
+			first.env.life.wait()
 			l2, err := m2.lookup(t.Context(), ref2, key)
 			if err != nil {
 				t.Fatal(err)
@@ -145,7 +145,7 @@ func TestFetchAhead(t *testing.T) {
 			if _, err := l2.ReadFile(t.Context(), id, make([]byte, cs[1].Size), cs[1].FileOffset); err != nil {
 				t.Fatal(err)
 			}
-			m2.work.wait()
+			m2.life.wait()
 			if n := e2.reg.Stats(f.Desc.Digest).Ranged - before; n != 1 {
 				t.Errorf("a read in sequence missing its chunk made %d requests, want 1 (its read-ahead holds the next chunk)", n)
 			}

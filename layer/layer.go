@@ -250,7 +250,7 @@ func (l *Layer) restoreRefs(refs, repos []string) {
 // saveRecord writes the layer's record again, in the background: its repositories or its
 // guarantee changed. The record's data is built on the heap: it is released after.
 func (l *Layer) saveRecord() {
-	l.env.work.goTracked(func() {
+	l.env.life.goTracked(func() {
 		if err := l.writeRecord(); err != nil {
 			l.env.log.Warn("updating the layer record failed", "layer", l.desc.Digest, "err", err)
 		}

@@ -123,7 +123,7 @@ func newManager(reg Registry, c *cache.Cache, o options) *Manager {
 			files:       newHandles(c, o.openFiles),
 			sched:       newScheduler(o.prefetchConcurrency, o.prefetchBandwidth, o.prefetchQuiet),
 			counters:    newCounters(),
-			work:        newWork(),
+			life:        newWork(),
 			records:     loadRecords(c, chunked.Limits{}.WithDefaults(), o.log),
 			profiles:    profile.NewStore(c, o.log),
 			refusals:    &refusals{},
@@ -172,7 +172,7 @@ func (m *Manager) Close() error {
 	for _, l := range layers {
 		l.endRecording() // a daemon stopped within a recording's window keeps what it recorded
 	}
-	m.work.stop()
+	m.life.stop()
 	close(m.stop)
 	for _, l := range layers {
 		l.stopPrefetch()
@@ -181,7 +181,7 @@ func (m *Manager) Close() error {
 	for _, l := range layers {
 		l.wait()
 	}
-	m.work.wait()
+	m.life.wait()
 	for _, l := range layers {
 		l.dropBlobCopy(time.Time{})
 	}
@@ -228,7 +228,7 @@ func (m *Manager) resolveShared(ctx context.Context, ref string, key digest.Dige
 		if l, err, ok := m.remembered(k); ok {
 			return resolved{l, sourceMemory}, err
 		}
-		ctx, cancel := m.work.bound(ctx, m.opts.resolveTimeout)
+		ctx, cancel := m.life.bound(ctx, m.opts.resolveTimeout)
 		defer cancel()
 		select {
 		case m.resolving <- struct{}{}:
@@ -289,7 +289,7 @@ func (m *Manager) resolveAhead(ref string, img *fetcher.Image, key digest.Digest
 	if len(keys) == 0 {
 		return
 	}
-	m.work.goTracked(func() {
+	m.life.goTracked(func() {
 		// Each resolution is bounded by resolveShared (resolveTimeout) and holds its slot
 		// until it ends; none starts once that bound has passed since the first: a registry
 		// that stalls on them costs aheadConcurrency resolution slots for resolveTimeout.
@@ -298,12 +298,12 @@ func (m *Manager) resolveAhead(ref string, img *fetcher.Image, key digest.Digest
 		var wg sync.WaitGroup
 		for _, k := range keys {
 			slots <- struct{}{}
-			if m.work.ctx.Err() != nil || !m.opts.now().Before(until) {
+			if m.life.ctx.Err() != nil || !m.opts.now().Before(until) {
 				break
 			}
 			wg.Go(func() {
 				defer func() { <-slots }()
-				_, _, _ = m.resolveShared(m.work.ctx, ref, k, true)
+				_, _, _ = m.resolveShared(m.life.ctx, ref, k, true)
 			})
 		}
 		wg.Wait()
@@ -367,7 +367,7 @@ func (m *Manager) addLive(l *Layer, ref string) (*Layer, error) {
 	compare := l.v.CanProveDiffID() && l.v.TarSize() < 0
 	var cctx context.Context
 	if compare {
-		cctx, l.yieldComparison = context.WithCancel(m.work.ctx)
+		cctx, l.yieldComparison = context.WithCancel(m.life.ctx)
 	}
 	m.mu.Lock()
 	existing, closed := m.live[l.id], m.closed
@@ -396,7 +396,7 @@ func (m *Manager) addLive(l *Layer, ref string) (*Layer, error) {
 		// (cctx is cancelled; Manager.ready), since concurrent comparisons are one
 		// (verify.Verifier.CheckTarSplit) and the lookup would otherwise wait for a niced one.
 		m.sched.touch() // a layer looked up: a container is starting
-		m.work.goTracked(func() {
+		m.life.goTracked(func() {
 			defer l.yieldComparison()
 			// Everything the comparison waits for before it starts (the quiet period, demand
 			// fetches to step aside for, a processor) is bounded by tarSplitDelay: a read a
@@ -421,14 +421,14 @@ func (m *Manager) addLive(l *Layer, ref string) (*Layer, error) {
 				// stands, and it saved the record; had it given up (its context ended), the
 				// comparison runs here, at the daemon's priority.
 				if l.v.Err() != nil {
-					_ = l.checkTarSplit(m.work.ctx) // refused by the lookup or by CheckDiffID: the refusal's bookkeeping, done once
+					_ = l.checkTarSplit(m.life.ctx) // refused by the lookup or by CheckDiffID: the refusal's bookkeeping, done once
 					return
 				}
-				if l.v.TarSize() >= 0 || m.work.ctx.Err() != nil {
+				if l.v.TarSize() >= 0 || m.life.ctx.Err() != nil {
 					return
 				}
-				if err = l.readTarSplit(m.work.ctx); err == nil {
-					err = l.checkTarSplit(m.work.ctx)
+				if err = l.readTarSplit(m.life.ctx); err == nil {
+					err = l.checkTarSplit(m.life.ctx)
 				}
 			}
 			if err == nil {

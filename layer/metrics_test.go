@@ -71,7 +71,7 @@ func TestLatencyHistograms(t *testing.T) {
 	if n := m.Status().Latency.ReadWait.Count; n != 1 {
 		t.Errorf("read waits %d after a cold read, want 1", n)
 	}
-	m.work.wait() // the chunks are stored
+	m.life.wait() // the chunks are stored
 	readOne(t, l, id)
 	if n := m.Status().Latency.ReadWait.Count; n != 1 {
 		t.Errorf("read waits %d after a read from the cache, want 1", n)

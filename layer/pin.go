@@ -42,7 +42,7 @@ func (m *Manager) Pin(ctx context.Context, ref, platform string) (protocol.Pin, 
 	p := protocol.Pin{Ref: ref, Platform: platform, Pinned: time.Now().UTC()}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	defer context.AfterFunc(m.work.ctx, cancel)() // Close stops a pin
+	defer context.AfterFunc(m.life.ctx, cancel)() // Close stops a pin
 	img, err := m.reg.Resolve(ctx, ref)
 	if err != nil {
 		return p, fmt.Errorf("pin %s: %w", ref, err)

@@ -59,8 +59,8 @@ func (m *Manager) resumePins() {
 	if err != nil || len(infos) == 0 {
 		return // a listing error is reported by status
 	}
-	m.work.goTracked(func() {
-		ctx := m.work.ctx
+	m.life.goTracked(func() {
+		ctx := m.life.ctx
 		for wait := pinRetryMin; ; wait = min(2*wait, pinRetryMax) {
 			retry := false
 			for _, p := range m.Pins() {

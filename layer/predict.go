@@ -79,14 +79,14 @@ func (l *Layer) predict(guess context.Context, id chunked.EntryID) bool {
 	if !l.markPredicted(id) {
 		return false
 	}
-	l.env.work.goTracked(func() {
+	l.env.life.goTracked(func() {
 		select {
 		case l.env.predicting <- struct{}{}:
-		case <-l.env.work.ctx.Done():
+		case <-l.env.life.ctx.Done():
 			return
 		}
 		defer func() { <-l.env.predicting }()
-		ctx, cancel := l.env.work.bound(l.env.work.ctx, l.env.readTimeout)
+		ctx, cancel := l.env.life.bound(l.env.life.ctx, l.env.readTimeout)
 		defer cancel()
 		if guess != nil {
 			defer context.AfterFunc(guess, cancel)()

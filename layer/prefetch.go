@@ -38,7 +38,7 @@ func (l *Layer) startPrefetch() {
 	if p.done != nil {
 		return
 	}
-	ctx, cancel := context.WithCancel(l.env.work.ctx)
+	ctx, cancel := context.WithCancel(l.env.life.ctx)
 	p.cancel, p.done, p.state = cancel, make(chan struct{}), protocol.StateFetching
 	l.env.sched.touch()
 	go func() {

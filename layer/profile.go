@@ -110,7 +110,7 @@ func (l *Layer) endRecording() {
 	files, ends := r.files, r.ends
 	r.files, r.ends, r.seen = nil, nil, nil
 	r.mu.Unlock()
-	if len(files) == 0 || l.v.Err() != nil || l.env.work.ctx.Err() != nil {
+	if len(files) == 0 || l.v.Err() != nil || l.env.life.ctx.Err() != nil {
 		return
 	}
 	paths := make([]string, len(files))
@@ -128,10 +128,10 @@ func (l *Layer) endRecording() {
 	l.mu.Unlock()
 	slices.Sort(repos)
 	slot := profile.Layer{Layer: l.desc.Digest, Recorded: time.Now().UTC(), Files: paths, Ends: profile.SparseEnds(ends)}
-	l.env.work.goTracked(func() {
+	l.env.life.goTracked(func() {
 		for _, repo := range repos {
 			if err := l.env.profiles.Add(repo, slot); err != nil && !errors.Is(err, cache.ErrClosed) {
-				l.env.log.Log(l.env.work.ctx, noSpaceLevel(err), "writing the startup profile failed", "repository", repo, "err", err)
+				l.env.log.Log(l.env.life.ctx, noSpaceLevel(err), "writing the startup profile failed", "repository", repo, "err", err)
 				return
 			}
 		}

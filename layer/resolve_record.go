@@ -47,7 +47,7 @@ func (m *Manager) resolveFromRecord(ctx context.Context, ref string, key digest.
 		log.Warn("layer record unusable: resolving through the registry", "record", rec.name, "err", err)
 		return nil, nil, false
 	}
-	blob := &lazyBlob{src: registryBlob{reg: m.reg, ref: ref, desc: desc, work: m.work, timeout: m.opts.resolveTimeout}}
+	blob := &lazyBlob{src: registryBlob{reg: m.reg, ref: ref, desc: desc, life: m.life, timeout: m.opts.resolveTimeout}}
 	l := newLayer(&m.env, id, ref, desc, v, blob)
 	l.rec = mapped
 	l.restoreRefs(meta.Refs, meta.Repositories)
@@ -69,13 +69,13 @@ type registryBlob struct {
 	reg     Registry
 	ref     string
 	desc    fetcher.Descriptor
-	work    *work
+	life    *lifetime
 	timeout time.Duration // WithResolveTimeout
 }
 
 // open resolves the image's manifest, then the blob's location.
 func (r registryBlob) open(ctx context.Context) (RemoteBlob, error) {
-	ctx, cancel := r.work.bound(ctx, r.timeout)
+	ctx, cancel := r.life.bound(ctx, r.timeout)
 	defer cancel()
 	img, err := r.reg.Resolve(ctx, r.ref)
 	if err != nil {

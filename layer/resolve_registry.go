@@ -176,9 +176,9 @@ func (m *Manager) openVerified(ctx context.Context, img *fetcher.Image, desc *fe
 func (m *Manager) writeRecord(ctx context.Context, desc *fetcher.Descriptor, v *verify.Verifier, ref string, log *slog.Logger) (*verify.Verifier, *cache.Record, string) {
 	rv, rec, store, err := m.records.write(*desc, v, []string{repository(ref)}, []string{ref})
 	if store != nil {
-		m.work.goTracked(func() {
+		m.life.goTracked(func() {
 			if err := store(); err != nil {
-				log.Log(m.work.ctx, noSpaceLevel(err), "storing the layer record failed: a restart needs the registry", "err", err)
+				log.Log(m.life.ctx, noSpaceLevel(err), "storing the layer record failed: a restart needs the registry", "err", err)
 			}
 		})
 	}
@@ -188,7 +188,7 @@ func (m *Manager) writeRecord(ctx context.Context, desc *fetcher.Descriptor, v *
 		log.Log(ctx, noSpaceLevel(err), "writing the layer record failed: the layer is served, but from memory, and a restart needs the registry", "err", err)
 		return v, rec, "registry"
 	}
-	m.work.goTracked(m.releaseMemory) // the TOC, its parse and the index built on the heap
+	m.life.goTracked(m.releaseMemory) // the TOC, its parse and the index built on the heap
 	return rv, rec, "registry, recorded"
 }
 

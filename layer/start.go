@@ -156,8 +156,8 @@ func (m *Manager) predictStart(ref string) {
 func fetchUserFiles(layers []*Layer) {
 	for _, p := range userFiles {
 		if f, ok := resolvePath(layers, p); ok && f.l.idx.Meta(f.id).Size <= maxUserFile {
-			f.l.env.work.goTracked(func() {
-				ctx, cancel := f.l.env.work.bound(f.l.env.work.ctx, f.l.env.readTimeout)
+			f.l.env.life.goTracked(func() {
+				ctx, cancel := f.l.env.life.bound(f.l.env.life.ctx, f.l.env.readTimeout)
 				defer cancel()
 				f.l.fetchFile(ctx, f.id)
 			})

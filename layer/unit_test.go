@@ -205,7 +205,7 @@ func TestOpenFilesBounded(t *testing.T) {
 	paths := []string{"etc/hostname", "usr/bin/tool", "usr/bin/group-tool", "usr/share/doc/deep/er/README"}
 	for _, p := range paths {
 		readOne(t, l, fileOf(t, l, p))
-		m.work.wait() // the chunks' stores, which open files of their own
+		m.life.wait() // the chunks' stores, which open files of their own
 		if n := m.files.len(); n > 2 {
 			t.Fatalf("%d cache files open after reading %s, want at most 2", n, p)
 		}
@@ -353,7 +353,7 @@ func TestFetchKinds(t *testing.T) {
 		t.Errorf("a fetch ahead counts as %d demand fetches", n)
 	}
 	close(gate)
-	m.work.wait()
+	m.life.wait()
 
 	gate = blob.hold()
 	read := make(chan error, 1)
