@@ -25,7 +25,7 @@ type env struct {
 	files    *handles   // the open cache files
 	sched    *scheduler // the registry and the processors, shared with background work
 	counters *counters
-	life     *lifetime        // the manager's lifetime: its context, and the work Close waits for
+	life     *lifetime    // the manager's lifetime: its context, and the work Close waits for
 	records  *records     // the layer records in the cache
 	profiles profileStore // the repositories' startup profiles in the cache (package profile)
 	refusals *refusals    // the identities refused: TOC and tar-split disagree (layer.go)
