@@ -86,7 +86,7 @@ func (l *Layer) blobCopyFor() *blobCopy {
 }
 
 // copyBlob fetches the whole blob in pieces of the background fetch's batch size
-// (WithPrefetchBatch), in order, into a scratch file, hashing it on the way, and completes bc.
+// (Config.PrefetchBatch), in order, into a scratch file, hashing it on the way, and completes bc.
 func (l *Layer) copyBlob(bc *blobCopy) {
 	f, err := l.fetchBlob()
 	l.mu.Lock()

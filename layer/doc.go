@@ -65,7 +65,7 @@
 // the code uses for each, what starts it, what it fetches, and its fetchKind (fetch.go; the
 // kind decides how a fetch shares the link and the processors):
 //
-//   - read-ahead (readAhead, WithReadAhead): a cold read's chunks are fetched with those that
+//   - read-ahead (readAhead; tests set it, the daemon keeps the default): a cold read's chunks are fetched with those that
 //     follow them in the blob, within the window, in the same batch of requests. Started by
 //     a runtime's read; kind onDemand, as the read's own.
 //   - fetch-ahead (fetchAhead): a file read in sequence has its next chunk fetched while the

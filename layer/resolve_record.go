@@ -70,7 +70,7 @@ type registryBlob struct {
 	ref     string
 	desc    fetcher.Descriptor
 	life    *lifetime
-	timeout time.Duration // WithResolveTimeout
+	timeout time.Duration // Config.ResolveTimeout
 }
 
 // open resolves the image's manifest, then the blob's location.

@@ -109,7 +109,7 @@ func (m *Manager) servedIdentity(desc *fetcher.Descriptor, modern bool, ref stri
 	return id, nil
 }
 
-// diffIDPolicy refuses the formats the DiffID policy (WithRequireDiffID) does not serve.
+// diffIDPolicy refuses the formats the DiffID policy (Config.RequireDiffID) does not serve.
 func (m *Manager) diffIDPolicy(f chunked.Format) error {
 	if m.opts.requireDiffID && f != chunked.ZstdChunked {
 		return fmt.Errorf("%w: the DiffID policy requires zstd:chunked with a tar-split", chunked.ErrNotLazy)
