@@ -65,9 +65,9 @@
 // the code uses for each, what starts it, what it fetches, and its fetchKind (fetch.go; the
 // kind decides how a fetch shares the link and the processors):
 //
-//   - read-ahead (readAhead; tests set it, the daemon keeps the default): a cold read's chunks are fetched with those that
-//     follow them in the blob, within the window, in the same batch of requests. Started by
-//     a runtime's read; kind onDemand, as the read's own.
+//   - read-ahead (readAhead): a cold read's chunks are fetched with those that follow them
+//     in the blob, within the window, in the same batch of requests. Started by a runtime's
+//     read; kind onDemand, as the read's own.
 //   - fetch-ahead (fetchAhead): a file read in sequence has its next chunk fetched while the
 //     reader is served. Started by a read whose previous chunk is in the cache; kind ahead.
 //   - region (fetchRegion): the rest of an aligned window of the file around a cold read (1
