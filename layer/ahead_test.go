@@ -41,7 +41,7 @@ func TestResolveAhead(t *testing.T) {
 	ref := e.push("ahead/img:v1", layers...)
 	m := e.manager(withPrefetchQuiet(time.Hour)) // background fetch on, its requests held back
 
-	if _, err := m.lookup(t.Context(), ref, keys[0]); err != nil {
+	if _, err := m.Lookup(t.Context(), ref, keys[0]); err != nil {
 		t.Fatal(err)
 	}
 	// The others are resolved ahead, without a lookup.
@@ -68,7 +68,7 @@ func TestResolveAhead(t *testing.T) {
 	}
 	before := requests()
 	for _, k := range keys[1:] {
-		l, err := m.lookup(t.Context(), ref, k)
+		l, err := m.Lookup(t.Context(), ref, k)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -164,7 +164,7 @@ func TestResolveAheadBounded(t *testing.T) {
 			e.reg.Hang(f.Desc.Digest, false)
 		}
 		// The runtime's own lookup of a layer whose resolution ahead failed asks again.
-		if _, err := m.lookup(t.Context(), ref, profKey(fxs[1])); err != nil {
+		if _, err := m.Lookup(t.Context(), ref, profKey(fxs[1])); err != nil {
 			t.Errorf("lookup of a layer whose resolution ahead stalled: %v", err)
 		}
 	})

@@ -22,7 +22,7 @@ func TestFetchTakesStoredChunk(t *testing.T) {
 		t.Run(f.Name, func(t *testing.T) {
 			ref := e.push("stored/"+f.Name+":v1", fixtureLayer(f))
 			m := e.manager(withPrefetch(false))
-			l, err := m.lookup(t.Context(), ref, key)
+			l, err := m.Lookup(t.Context(), ref, key)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -90,7 +90,7 @@ func TestFetchAhead(t *testing.T) {
 			e := newEnv(t) // an empty cache
 			ref := e.push("ahead/"+f.Name+":v1", fixtureLayer(f))
 			m := e.manager(withPrefetch(false), withReadAhead(0))
-			l, err := m.lookup(t.Context(), ref, key)
+			l, err := m.Lookup(t.Context(), ref, key)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -128,7 +128,7 @@ func TestFetchAhead(t *testing.T) {
 			// 0 is in the cache (read by a manager without read-ahead), 1 and 2 are not.
 			e2 := newEnv(t)
 			ref2 := e2.push("ahead2/"+f.Name+":v1", fixtureLayer(f))
-			first, err := e2.manager(withPrefetch(false), withReadAhead(0)).lookup(t.Context(), ref2, key)
+			first, err := e2.manager(withPrefetch(false), withReadAhead(0)).Lookup(t.Context(), ref2, key)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -137,7 +137,7 @@ func TestFetchAhead(t *testing.T) {
 			}
 			m2 := e2.manager(withPrefetch(false), withReadAhead(1<<20))
 			first.env.life.wait()
-			l2, err := m2.lookup(t.Context(), ref2, key)
+			l2, err := m2.Lookup(t.Context(), ref2, key)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -128,7 +128,7 @@ func TestSubstitutedBlob(t *testing.T) {
 	e.reg.Serve("evil/app", legit.Desc.Digest, evil.Blob)
 
 	m := e.manager(withPrefetch(false))
-	el, err := m.lookup(t.Context(), evilRef, legit.Desc.Digest)
+	el, err := m.Lookup(t.Context(), evilRef, legit.Desc.Digest)
 	if err != nil {
 		t.Fatalf("the attacker's own image: %v", err)
 	}
@@ -136,7 +136,7 @@ func TestSubstitutedBlob(t *testing.T) {
 		t.Fatalf("attacker's image serves %q", got)
 	}
 	for _, key := range []digest.Digest{legit.Desc.Digest, servedKey(legit)} {
-		l, err := m.lookup(t.Context(), legitRef, key)
+		l, err := m.Lookup(t.Context(), legitRef, key)
 		if err != nil {
 			t.Fatalf("legitimate image by %s: %v", key, err)
 		}
@@ -161,7 +161,7 @@ func TestOtherRepositoryProbe(t *testing.T) {
 	f := e.fixtures[3]
 	private := e.push("private/app:v1", fixtureLayer(f))
 	m := e.manager(withPrefetch(false))
-	pl, err := m.lookup(t.Context(), private, f.Desc.Digest)
+	pl, err := m.Lookup(t.Context(), private, f.Desc.Digest)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -170,7 +170,7 @@ func TestOtherRepositoryProbe(t *testing.T) {
 	public := e.putManifest("public/app:v1", mf)
 	e.reg.Serve("public/app", f.Desc.Digest, nil) // the blob is not in public/app
 	for _, key := range []digest.Digest{f.Desc.Digest, servedKey(f)} {
-		if _, err := m.lookup(t.Context(), public, key); !errors.Is(err, iofs.ErrNotExist) {
+		if _, err := m.Lookup(t.Context(), public, key); !errors.Is(err, iofs.ErrNotExist) {
 			t.Errorf("lookup through a repository without the blob, by %s: %v, want ErrNotExist", key, err)
 		}
 	}
@@ -178,7 +178,7 @@ func TestOtherRepositoryProbe(t *testing.T) {
 	// A repository that has the blob shares the live layer, after one small request.
 	copyRef := e.push("copy/app:v1", fixtureLayer(f))
 	mid := e.reg.Stats(f.Desc.Digest)
-	cl, err := m.lookup(t.Context(), copyRef, f.Desc.Digest)
+	cl, err := m.Lookup(t.Context(), copyRef, f.Desc.Digest)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -189,7 +189,7 @@ func TestOtherRepositoryProbe(t *testing.T) {
 	if after.Ranged != mid.Ranged+1 || after.Bytes != mid.Bytes+1 {
 		t.Errorf("probe: %+v then %+v, want one request of one byte", mid, after)
 	}
-	if _, err := m.lookup(t.Context(), copyRef, f.Desc.Digest); err != nil {
+	if _, err := m.Lookup(t.Context(), copyRef, f.Desc.Digest); err != nil {
 		t.Fatal(err)
 	}
 	if again := e.reg.Stats(f.Desc.Digest); again != after {
@@ -207,7 +207,7 @@ func TestBlobVerified(t *testing.T) {
 	ref := e.push("blob:v1", fixtureLayer(f))
 
 	m := e.manager(withPrefetch(false))
-	l, err := m.lookup(t.Context(), ref, servedKey(f))
+	l, err := m.Lookup(t.Context(), ref, servedKey(f))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -224,7 +224,7 @@ func TestBlobVerified(t *testing.T) {
 	t.Logf("blob of %d bytes read in 128 KiB reads: %d requests, %d bytes", len(f.Blob), after.Ranged-before.Ranged, after.Bytes-before.Bytes)
 
 	m2 := e.manager(withPrefetch(false))
-	l2, err := m2.lookup(t.Context(), ref, servedKey(f))
+	l2, err := m2.Lookup(t.Context(), ref, servedKey(f))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -266,7 +266,7 @@ func TestCloseCancelsFetches(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	l, err := m.lookup(t.Context(), ref, f.Desc.Digest)
+	l, err := m.Lookup(t.Context(), ref, f.Desc.Digest)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -359,7 +359,7 @@ func TestResolutionsBounded(t *testing.T) {
 	for i := range lookups {
 		wg.Go(func() {
 			ref := fmt.Sprintf("registry.example/app%d:v1", i)
-			if _, err := m.lookup(t.Context(), ref, digest.FromString(ref)); !errors.Is(err, iofs.ErrNotExist) {
+			if _, err := m.Lookup(t.Context(), ref, digest.FromString(ref)); !errors.Is(err, iofs.ErrNotExist) {
 				t.Errorf("%s: %v", ref, err)
 			}
 		})
@@ -393,7 +393,7 @@ func TestBatchBoundedByContent(t *testing.T) {
 	f := zerosLayer(t, 4*maxBatchContent, 1<<20)
 	ref := e.push("zeros:v1", fixtureLayer(f))
 	m := e.manager(withPrefetch(false))
-	l, err := m.lookup(t.Context(), ref, f.Desc.Digest)
+	l, err := m.Lookup(t.Context(), ref, f.Desc.Digest)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -440,7 +440,7 @@ func TestZerosBombMemory(t *testing.T) {
 	ref := e.push("bomb:v1", fixtureLayer(f))
 	m := e.manager()
 	peak := heapPeak(t, func() {
-		l, err := m.lookup(t.Context(), ref, f.Desc.Digest)
+		l, err := m.Lookup(t.Context(), ref, f.Desc.Digest)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -513,7 +513,7 @@ func TestHangingRegistryFailsOnce(t *testing.T) {
 	f := e.fixtures[3]
 	ref := e.push("hang-once:v1", fixtureLayer(f))
 	m := e.manager(withPrefetch(false), withReadTimeout(300*time.Millisecond), withNegativeTTL(time.Hour))
-	l, err := m.lookup(t.Context(), ref, f.Desc.Digest)
+	l, err := m.Lookup(t.Context(), ref, f.Desc.Digest)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -557,7 +557,7 @@ func TestLookupFailureLogs(t *testing.T) {
 			m := e.manager(withLogger(slog.New(logs)), withPrefetch(false))
 			ref := e.push("logs/"+tc.name+":v1", fixtureLayer(f))
 			tc.fault()
-			if _, err := m.lookup(t.Context(), ref, servedKey(f)); err == nil {
+			if _, err := m.Lookup(t.Context(), ref, servedKey(f)); err == nil {
 				t.Fatal("the lookup succeeded")
 			}
 			_, lines := logs.Count()
@@ -578,7 +578,7 @@ func TestTransientFailureForgottenSoon(t *testing.T) {
 	ref := e.push("transient:v1", fixtureLayer(f))
 	clock := newTestClock()
 	m := e.manager(withPrefetch(false), withClock(clock.now), withNegativeTTL(time.Hour))
-	l, err := m.lookup(t.Context(), ref, f.Desc.Digest)
+	l, err := m.Lookup(t.Context(), ref, f.Desc.Digest)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -613,7 +613,7 @@ func TestReadWaitLogged(t *testing.T) {
 	for _, level := range []slog.Level{slog.LevelDebug, slog.LevelInfo} {
 		logs := &testlog.Handler{}
 		m := e.manager(withLogger(slog.New(levelHandler{logs, level})), withPrefetch(false))
-		l, err := m.lookup(t.Context(), ref, f.Desc.Digest)
+		l, err := m.Lookup(t.Context(), ref, f.Desc.Digest)
 		if err != nil {
 			t.Fatal(err)
 		}

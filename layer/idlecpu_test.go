@@ -87,7 +87,7 @@ func TestBackgroundVerifiedAtLowPriority(t *testing.T) {
 
 	ref := e.push("lowprio/demand:v1", fixtureLayer(f))
 	m := e.manager(withPrefetch(false))
-	l, err := m.lookup(t.Context(), ref, f.Desc.Digest)
+	l, err := m.Lookup(t.Context(), ref, f.Desc.Digest)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -101,7 +101,7 @@ func TestBackgroundVerifiedAtLowPriority(t *testing.T) {
 	ref = e2.push("lowprio/background:v1", fixtureLayer(f))
 	before = idle.ran.Load()
 	m = e2.manager()
-	l, err = m.lookup(t.Context(), ref, f.Desc.Digest)
+	l, err = m.Lookup(t.Context(), ref, f.Desc.Digest)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -121,7 +121,7 @@ func TestWantedVerifiedAtOnce(t *testing.T) {
 	f := e.fixtures[0]
 	ref := e.push("lowprio/wanted:v1", fixtureLayer(f))
 	m := e.manager(withPrefetch(false))
-	l, err := m.lookup(t.Context(), ref, f.Desc.Digest)
+	l, err := m.Lookup(t.Context(), ref, f.Desc.Digest)
 	if err != nil {
 		t.Fatal(err)
 	}

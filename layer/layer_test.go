@@ -110,7 +110,7 @@ func TestReadEveryFormat(t *testing.T) {
 			}
 			var l *Layer
 			for _, k := range keys {
-				got, err := m.lookup(t.Context(), ref, k)
+				got, err := m.Lookup(t.Context(), ref, k)
 				if k == blobKey && !sized(f) {
 					// Runtimes looking up by blob digest need the tar size: pulled normally.
 					if !errors.Is(err, iofs.ErrNotExist) {
@@ -180,7 +180,7 @@ func TestPrefetchCompletes(t *testing.T) {
 			}
 			ref := e.push("prefetch/"+f.Name+":v1", fixtureLayer(f))
 			m := e.manager()
-			l, err := m.lookup(t.Context(), ref, servedKey(f))
+			l, err := m.Lookup(t.Context(), ref, servedKey(f))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -214,11 +214,11 @@ func TestNotLazyAndUnknown(t *testing.T) {
 	ref := e.push("plain:v1", gz, fixtureLayer(e.fixtures[0]))
 	m := e.manager(withPrefetch(false))
 	for _, k := range []digest.Digest{digest.FromBytes(gz.Blob), digest.FromString("nothing"), "sha256:zz"} {
-		if _, err := m.lookup(t.Context(), ref, k); !errors.Is(err, iofs.ErrNotExist) {
+		if _, err := m.Lookup(t.Context(), ref, k); !errors.Is(err, iofs.ErrNotExist) {
 			t.Errorf("%s: %v, want ErrNotExist", k, err)
 		}
 	}
-	if _, err := m.lookup(t.Context(), e.reg.Host+"/missing:v1", e.fixtures[0].Desc.Digest); !errors.Is(err, iofs.ErrNotExist) {
+	if _, err := m.Lookup(t.Context(), e.reg.Host+"/missing:v1", e.fixtures[0].Desc.Digest); !errors.Is(err, iofs.ErrNotExist) {
 		t.Errorf("missing image: %v, want ErrNotExist", err)
 	}
 	if st := e.reg.Stats(digest.FromBytes(gz.Blob)); st != (testregistry.BlobStats{}) {
@@ -236,7 +236,7 @@ func TestTamperedChunk(t *testing.T) {
 	ref := e.push("tamper:v1", fixtureLayer(f))
 	clock := newTestClock()
 	m := e.manager(withPrefetch(false), withClock(clock.now), withNegativeTTL(time.Second))
-	l, err := m.lookup(t.Context(), ref, f.Desc.Digest)
+	l, err := m.Lookup(t.Context(), ref, f.Desc.Digest)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -280,7 +280,7 @@ func TestOtherPlatform(t *testing.T) {
 	}
 	m := e.manager(withPrefetch(false))
 	for _, f := range []testlayer.Fixture{host, other} {
-		if _, err := m.lookup(t.Context(), e.reg.Host+"/multi:v1", f.Desc.Digest); err != nil {
+		if _, err := m.Lookup(t.Context(), e.reg.Host+"/multi:v1", f.Desc.Digest); err != nil {
 			t.Errorf("%s: %v", f.Name, err)
 		}
 	}
@@ -296,7 +296,7 @@ func TestSharedResolution(t *testing.T) {
 	var wg sync.WaitGroup
 	for range 16 {
 		wg.Go(func() {
-			if _, err := m.lookup(t.Context(), ref, f.Desc.Digest); err != nil {
+			if _, err := m.Lookup(t.Context(), ref, f.Desc.Digest); err != nil {
 				t.Error(err)
 			}
 		})
@@ -326,15 +326,15 @@ func TestNegativeTTL(t *testing.T) {
 	clock := newTestClock()
 	m := e.manager(withPrefetch(false), withClock(clock.now), withNegativeTTL(time.Second))
 	ref := e.reg.Host + "/later:v1"
-	if _, err := m.lookup(t.Context(), ref, f.Desc.Digest); err == nil {
+	if _, err := m.Lookup(t.Context(), ref, f.Desc.Digest); err == nil {
 		t.Fatal("lookup before the push succeeded")
 	}
 	e.push("later:v1", fixtureLayer(f))
-	if _, err := m.lookup(t.Context(), ref, f.Desc.Digest); err == nil {
+	if _, err := m.Lookup(t.Context(), ref, f.Desc.Digest); err == nil {
 		t.Fatal("failure was not remembered")
 	}
 	clock.advance(2 * time.Second)
-	if _, err := m.lookup(t.Context(), ref, f.Desc.Digest); err != nil {
+	if _, err := m.Lookup(t.Context(), ref, f.Desc.Digest); err != nil {
 		t.Fatalf("after the negative TTL: %v", err)
 	}
 }

@@ -30,7 +30,7 @@ func TestResolveBounded(t *testing.T) {
 	}()
 	m := e.manager(withPrefetch(false), withResolveTimeout(300*time.Millisecond))
 	start := time.Now()
-	_, err = m.lookup(t.Context(), ln.Addr().String()+"/silent:v1", e.fixtures[0].Desc.Digest)
+	_, err = m.Lookup(t.Context(), ln.Addr().String()+"/silent:v1", e.fixtures[0].Desc.Digest)
 	if err == nil || errors.Is(err, iofs.ErrNotExist) {
 		t.Fatalf("lookup on a silent registry: %v, want an error other than ErrNotExist", err)
 	}
@@ -46,7 +46,7 @@ func TestPrefetchStopsWithoutUsers(t *testing.T) {
 	f := e.fixtures[0]
 	ref := e.push("users:v1", fixtureLayer(f))
 	m := e.manager(withPrefetchBandwidth(64<<10), withPrefetchBatch(64<<10)) // slow: it cannot finish first
-	l, err := m.lookup(t.Context(), ref, f.Desc.Digest)
+	l, err := m.Lookup(t.Context(), ref, f.Desc.Digest)
 	if err != nil {
 		t.Fatal(err)
 	}

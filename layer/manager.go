@@ -191,11 +191,7 @@ func (m *Manager) Close() error {
 
 // Lookup returns the layer key names in the image ref, resolving it if needed. Layers that are
 // not served lazily give an error wrapping io/fs.ErrNotExist.
-func (m *Manager) Lookup(ctx context.Context, ref string, key digest.Digest) (*Layer, error) {
-	return m.lookup(ctx, ref, key)
-}
-
-func (m *Manager) lookup(ctx context.Context, ref string, key digest.Digest) (l *Layer, err error) {
+func (m *Manager) Lookup(ctx context.Context, ref string, key digest.Digest) (l *Layer, err error) {
 	start := time.Now()
 	m.counters.lookups.Add(1)
 	src := sourceMemory

@@ -29,14 +29,14 @@ func TestLatencyHistograms(t *testing.T) {
 	if n := len(m.Status().Latency.Lookups); n != int(numOutcomes)*int(numSources) {
 		t.Fatalf("%d lookup histograms, want every outcome and source", n)
 	}
-	l, err := m.lookup(t.Context(), ref, servedKey(f))
+	l, err := m.Lookup(t.Context(), ref, servedKey(f))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := m.lookup(t.Context(), ref, servedKey(f)); err != nil {
+	if _, err := m.Lookup(t.Context(), ref, servedKey(f)); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := m.lookup(t.Context(), ref, digest.FromString("no such layer")); err == nil {
+	if _, err := m.Lookup(t.Context(), ref, digest.FromString("no such layer")); err == nil {
 		t.Fatal("a key naming no layer resolved")
 	}
 	for _, c := range []struct {
@@ -79,7 +79,7 @@ func TestLatencyHistograms(t *testing.T) {
 
 	stop()
 	m, _ = e.start(withPrefetch(false))
-	if _, err := m.lookup(t.Context(), ref, servedKey(f)); err != nil {
+	if _, err := m.Lookup(t.Context(), ref, servedKey(f)); err != nil {
 		t.Fatal(err)
 	}
 	if n := lookupCount(t, m, "served", "record"); n != 1 {

@@ -34,7 +34,7 @@ func TestPrefetchNotStored(t *testing.T) {
 			}
 			t.Cleanup(func() { m.Close() })
 			ref := e.push("notstored/"+f.Name+":v1", fixtureLayer(f))
-			l, err := m.lookup(t.Context(), ref, servedKey(f))
+			l, err := m.Lookup(t.Context(), ref, servedKey(f))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -74,7 +74,7 @@ func TestPrefetchNoSpace(t *testing.T) {
 		}
 		t.Cleanup(func() { m.Close() })
 		ref := e.push("nospace/"+f.Name+":v1", fixtureLayer(f))
-		l, err := m.lookup(t.Context(), ref, servedKey(f))
+		l, err := m.Lookup(t.Context(), ref, servedKey(f))
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -58,7 +58,7 @@ func (m *Manager) Pin(ctx context.Context, ref, platform string) (protocol.Pin, 
 		if key == "" {
 			key = d.Digest
 		}
-		l, err := m.lookup(ctx, ref, key)
+		l, err := m.Lookup(ctx, ref, key)
 		if errors.Is(err, iofs.ErrNotExist) {
 			p.Normal++
 			continue

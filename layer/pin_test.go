@@ -49,7 +49,7 @@ func TestPinSurvivesEviction(t *testing.T) {
 	if len(p.Layers) != 1 || p.Present != p.Bytes || p.Bytes == 0 {
 		t.Fatalf("pin: %+v, want one layer, all present", p)
 	}
-	l, err := m.lookup(t.Context(), pinned, servedKey(fs[3]))
+	l, err := m.Lookup(t.Context(), pinned, servedKey(fs[3]))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -64,7 +64,7 @@ func TestPinSurvivesEviction(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		ol, err := m.lookup(t.Context(), e.push(fmt.Sprintf("app/other%d:v1", i), fixtureLayer(f)), tocKey(f.Desc.Annotations))
+		ol, err := m.Lookup(t.Context(), e.push(fmt.Sprintf("app/other%d:v1", i), fixtureLayer(f)), tocKey(f.Desc.Annotations))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -111,7 +111,7 @@ func TestPinSurvivesEviction(t *testing.T) {
 		}
 		t.Fatalf("pins after a restart: %+v", ps)
 	}
-	l, err = m.lookup(t.Context(), pinned, servedKey(fs[3]))
+	l, err = m.Lookup(t.Context(), pinned, servedKey(fs[3]))
 	if err != nil {
 		t.Fatalf("pinned image after a restart, registry down: %v", err)
 	}
@@ -178,7 +178,7 @@ func TestPinResumedAfterRestart(t *testing.T) {
 			e := newRestartEnv(t)
 			ref := e.push("app/pinned:v1", fixtureLayer(f))
 			m, stop := e.start(withPrefetch(false))
-			if _, err := m.lookup(t.Context(), ref, servedKey(f)); err != nil {
+			if _, err := m.Lookup(t.Context(), ref, servedKey(f)); err != nil {
 				t.Fatal(err)
 			}
 			e.reg.Fail(f.Desc.Digest, 500) // the fetch of the pinned content fails
@@ -232,7 +232,7 @@ func TestPinResumedAfterRestart(t *testing.T) {
 				time.Sleep(20 * time.Millisecond)
 			}
 			e.reg.Close() // everything pinned is local now
-			l, err := m.lookup(t.Context(), ref, servedKey(f))
+			l, err := m.Lookup(t.Context(), ref, servedKey(f))
 			if err != nil {
 				t.Fatal(err)
 			}

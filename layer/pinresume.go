@@ -110,7 +110,7 @@ func (m *Manager) resumePin(ctx context.Context, p protocol.Pin) error {
 	m.opts.log.Info("resuming the fetch of a pinned image", "ref", p.Ref, "platform", p.Platform,
 		"present", p.Present, "bytes", p.Bytes)
 	for i, key := range keys {
-		l, err := m.lookup(ctx, p.Ref, key) // from the record
+		l, err := m.Lookup(ctx, p.Ref, key) // from the record
 		if err != nil {
 			return fmt.Errorf("layer %s: %w", p.Layers[i], err)
 		}

@@ -211,7 +211,7 @@ func profKey(f testlayer.Fixture) digest.Digest { return tocKey(f.Desc.Annotatio
 
 func lookupOK(t *testing.T, m *Manager, ref string, key digest.Digest) *Layer {
 	t.Helper()
-	l, err := m.lookup(t.Context(), ref, key)
+	l, err := m.Lookup(t.Context(), ref, key)
 	if err != nil {
 		t.Fatalf("lookup %s: %v", ref, err)
 	}

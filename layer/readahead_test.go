@@ -20,7 +20,7 @@ func TestReadAhead(t *testing.T) {
 				e := newEnv(t) // an empty cache
 				ref := e.push("readahead/"+f.Name+":v1", fixtureLayer(f))
 				m := e.manager(withPrefetch(false), withReadAhead(window))
-				l, err := m.lookup(t.Context(), ref, toc)
+				l, err := m.Lookup(t.Context(), ref, toc)
 				if err != nil {
 					t.Fatal(err)
 				}

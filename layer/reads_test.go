@@ -21,7 +21,7 @@ func TestReadSetStatus(t *testing.T) {
 			e := newEnv(t)
 			ref := e.push("reads/"+f.Name+":v1", fixtureLayer(f))
 			m := e.manager(withPrefetch(false))
-			l, err := m.lookup(t.Context(), ref, toc)
+			l, err := m.Lookup(t.Context(), ref, toc)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -84,7 +84,7 @@ func TestReadSetStatus(t *testing.T) {
 				}
 			}
 			m.Close()
-			l2, err := e.manager(withPrefetch(false)).lookup(t.Context(), ref, toc)
+			l2, err := e.manager(withPrefetch(false)).Lookup(t.Context(), ref, toc)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -75,7 +75,7 @@ func TestRestartWithoutRegistry(t *testing.T) {
 			e := newRestartEnv(t)
 			ref := e.push("app/records:v1", fixtureLayer(f))
 			m, stop := e.start(withPrefetch(true))
-			l, err := m.lookup(t.Context(), ref, servedKey(f))
+			l, err := m.Lookup(t.Context(), ref, servedKey(f))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -85,7 +85,7 @@ func TestRestartWithoutRegistry(t *testing.T) {
 
 			e.reg.Close() // the registry is down from here on
 			m, _ = e.start(withPrefetch(true))
-			l, err = m.lookup(t.Context(), ref, servedKey(f))
+			l, err = m.Lookup(t.Context(), ref, servedKey(f))
 			if err != nil {
 				t.Fatalf("lookup after the restart, registry down: %v", err)
 			}
@@ -107,7 +107,7 @@ func TestRestartPartialWithoutRegistry(t *testing.T) {
 	e := newRestartEnv(t)
 	ref := e.push("app/partial:v1", fixtureLayer(f))
 	m, stop := e.start(withReadAhead(0))
-	l, err := m.lookup(t.Context(), ref, servedKey(f))
+	l, err := m.Lookup(t.Context(), ref, servedKey(f))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -138,7 +138,7 @@ func TestRestartPartialWithoutRegistry(t *testing.T) {
 
 	e.reg.Close()
 	m, _ = e.start(withReadTimeout(5 * time.Second))
-	l, err = m.lookup(t.Context(), ref, servedKey(f))
+	l, err = m.Lookup(t.Context(), ref, servedKey(f))
 	if err != nil {
 		t.Fatalf("lookup after the restart, registry down: %v", err)
 	}
@@ -171,20 +171,20 @@ func TestRecordNotForOtherRepository(t *testing.T) {
 	e := newRestartEnv(t)
 	ref := e.push("team/private:v1", fixtureLayer(f))
 	m, stop := e.start()
-	if _, err := m.lookup(t.Context(), ref, servedKey(f)); err != nil {
+	if _, err := m.Lookup(t.Context(), ref, servedKey(f)); err != nil {
 		t.Fatal(err)
 	}
 	stop()
 
 	m, _ = e.start()
 	other := e.reg.Host + "/someone/else:v1"
-	if _, err := m.lookup(t.Context(), other, servedKey(f)); err == nil {
+	if _, err := m.Lookup(t.Context(), other, servedKey(f)); err == nil {
 		t.Fatal("the record served a lookup through a repository it was never resolved for")
 	}
 	if n := m.counters.fromRecords.Load(); n != 0 {
 		t.Errorf("%d resolutions from records, want 0", n)
 	}
-	if _, err := m.lookup(t.Context(), ref, servedKey(f)); err != nil {
+	if _, err := m.Lookup(t.Context(), ref, servedKey(f)); err != nil {
 		t.Fatalf("lookup through the recorded repository: %v", err)
 	}
 	if n := m.counters.fromRecords.Load(); n != 1 {
@@ -199,7 +199,7 @@ func TestDamagedRecordRebuilt(t *testing.T) {
 	e := newRestartEnv(t)
 	ref := e.push("app/damaged:v1", fixtureLayer(f))
 	m, stop := e.start()
-	l, err := m.lookup(t.Context(), ref, servedKey(f))
+	l, err := m.Lookup(t.Context(), ref, servedKey(f))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -217,7 +217,7 @@ func TestDamagedRecordRebuilt(t *testing.T) {
 		t.Fatal(err)
 	}
 	m, _ = e.start()
-	l, err = m.lookup(t.Context(), ref, servedKey(f))
+	l, err = m.Lookup(t.Context(), ref, servedKey(f))
 	if err != nil {
 		t.Fatalf("lookup with a damaged record: %v", err)
 	}
@@ -239,13 +239,13 @@ func TestRecordKeyOfOtherLayerRefused(t *testing.T) {
 	e := newRestartEnv(t)
 	ref := e.push("app/one:v1", fixtureLayer(fs[3]))
 	m, stop := e.start()
-	if _, err := m.lookup(t.Context(), ref, servedKey(fs[3])); err != nil {
+	if _, err := m.Lookup(t.Context(), ref, servedKey(fs[3])); err != nil {
 		t.Fatal(err)
 	}
 	stop()
 	e.reg.Close()
 	m, _ = e.start()
-	if _, err := m.lookup(t.Context(), ref, servedKey(fs[4])); err == nil || errors.Is(err, iofs.ErrNotExist) && m.counters.fromRecords.Load() != 0 {
+	if _, err := m.Lookup(t.Context(), ref, servedKey(fs[4])); err == nil || errors.Is(err, iofs.ErrNotExist) && m.counters.fromRecords.Load() != 0 {
 		t.Fatalf("lookup of another key: %v (from records: %d)", err, m.counters.fromRecords.Load())
 	}
 }

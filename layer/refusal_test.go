@@ -35,7 +35,7 @@ func TestTarSplitComparedDespiteHeldRead(t *testing.T) {
 	ref, toc, blob := lyingLayer(t, e, "held:v1")
 	m := e.manager(withPrefetch(false), withReadTimeout(time.Minute))
 	start := time.Now()
-	l, err := m.lookup(t.Context(), ref, toc)
+	l, err := m.Lookup(t.Context(), ref, toc)
 	if err != nil {
 		t.Fatalf("modern lookup: %v", err)
 	}
@@ -58,7 +58,7 @@ func TestTarSplitComparedDespiteHeldRead(t *testing.T) {
 		t.Errorf("a layer whose tar-split contradicts its TOC still served %v after the lookup (bound: %v): a held read postponed the comparison",
 			time.Since(start).Round(time.Second), tarSplitDelay)
 	}
-	if _, err := m.lookup(t.Context(), ref, toc); err == nil {
+	if _, err := m.Lookup(t.Context(), ref, toc); err == nil {
 		t.Error("lookup still answered")
 	}
 }
@@ -72,7 +72,7 @@ func TestRefusalOutlivesKeepTTL(t *testing.T) {
 	ref, toc, _ := lyingLayer(t, e, "again:v1")
 	clock := newTestClock()
 	m := e.manager(withPrefetch(false), withClock(clock.now), withKeepTTL(time.Minute))
-	l, err := m.lookup(t.Context(), ref, toc)
+	l, err := m.Lookup(t.Context(), ref, toc)
 	if err != nil {
 		t.Fatalf("modern lookup: %v", err)
 	}
@@ -81,7 +81,7 @@ func TestRefusalOutlivesKeepTTL(t *testing.T) {
 	}
 	clock.advance(2 * time.Minute)
 	m.expire()
-	l2, err := m.lookup(t.Context(), ref, toc)
+	l2, err := m.Lookup(t.Context(), ref, toc)
 	if err == nil {
 		t.Errorf("a refused layer was served again after the keep TTL (same layer: %v)", l2 == l)
 	} else if !errors.Is(err, chunked.ErrInvalid) {
@@ -100,7 +100,7 @@ func TestBlobLookupRacingModernLookupCompares(t *testing.T) {
 	ref2 := e.push("race/two:v1", fixtureLayer(f))
 	toc := tocKey(f.Desc.Annotations)
 	m1 := e.manager(withPrefetch(false))
-	if _, err := m1.lookup(t.Context(), ref1, toc); err != nil {
+	if _, err := m1.Lookup(t.Context(), ref1, toc); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, "the record stored", func() bool { _, ok := m1.records.find(toc, repository(ref1)); return ok })
@@ -115,11 +115,11 @@ func TestBlobLookupRacingModernLookupCompares(t *testing.T) {
 	}
 	old := make(chan answer, 1)
 	go func() {
-		l, err := m.lookup(t.Context(), ref2, f.Desc.Digest) // through the registry: its TOC read hangs
+		l, err := m.Lookup(t.Context(), ref2, f.Desc.Digest) // through the registry: its TOC read hangs
 		old <- answer{l, err}
 	}()
 	time.Sleep(500 * time.Millisecond) // past liveLayer, reading the TOC
-	modern, err := m.lookup(t.Context(), ref1, toc)
+	modern, err := m.Lookup(t.Context(), ref1, toc)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -150,7 +150,7 @@ func TestTarSplitWithheldRefused(t *testing.T) {
 	ref := e.push("withheld:v1", fixtureLayer(f))
 	m := e.manager(withPrefetch(false), withReadTimeout(time.Second))
 	start := time.Now()
-	l, err := m.lookup(t.Context(), ref, tocKey(f.Desc.Annotations))
+	l, err := m.Lookup(t.Context(), ref, tocKey(f.Desc.Annotations))
 	if err != nil {
 		t.Fatalf("modern lookup: %v", err)
 	}
@@ -164,7 +164,7 @@ func TestTarSplitWithheldRefused(t *testing.T) {
 		t.Errorf("refused %v after the lookup, want within the %v before the comparison and the 1 s read timeout", d.Round(time.Second), tarSplitDelay)
 	}
 	e.reg.Hang(f.Desc.Digest, false)
-	if _, err := m.lookup(t.Context(), ref, tocKey(f.Desc.Annotations)); !errors.Is(err, verify.ErrUnproven) {
+	if _, err := m.Lookup(t.Context(), ref, tocKey(f.Desc.Annotations)); !errors.Is(err, verify.ErrUnproven) {
 		t.Errorf("lookup after the refusal = %v, want the refusal", err)
 	}
 	if n := m.Status().Counters.VerifyFailures; n != 0 {

@@ -59,7 +59,7 @@ func TestRegion(t *testing.T) {
 		e := newEnv(t)
 		ref := e.push("region/big:v1", fixtureLayer(f))
 		m := e.manager(withPrefetch(false), withReadAhead(window))
-		l, err := m.lookup(t.Context(), ref, tocKey(f.Desc.Annotations))
+		l, err := m.Lookup(t.Context(), ref, tocKey(f.Desc.Annotations))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -118,7 +118,7 @@ func TestRegionBoundedByContent(t *testing.T) {
 	f := zerosLayer(t, 64<<20, 64<<10)
 	ref := e.push("zeros/region:v1", fixtureLayer(f))
 	m := e.manager(withPrefetch(false))
-	l, err := m.lookup(t.Context(), ref, f.Desc.Digest)
+	l, err := m.Lookup(t.Context(), ref, f.Desc.Digest)
 	if err != nil {
 		t.Fatal(err)
 	}

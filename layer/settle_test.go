@@ -15,7 +15,7 @@ func TestBackgroundWaitsForReadsStore(t *testing.T) {
 	f := e.fixtures[0]
 	ref := e.push("settle/"+f.Name+":v1", fixtureLayer(f))
 	m := e.manager(withPrefetch(false), withPrefetchQuiet(0))
-	l, err := m.lookup(t.Context(), ref, servedKey(f))
+	l, err := m.Lookup(t.Context(), ref, servedKey(f))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -26,7 +26,7 @@ func TestStress(t *testing.T) {
 			continue
 		}
 		ref := e.push("stress/"+f.Name+":v1", fixtureLayer(f))
-		l, err := m.lookup(t.Context(), ref, servedKey(f))
+		l, err := m.Lookup(t.Context(), ref, servedKey(f))
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -102,7 +102,7 @@ func TestTarSplitBeforeAnswer(t *testing.T) {
 					key = tocKey(f.Desc.Annotations)
 				}
 				var err error
-				if l, err = m.lookup(t.Context(), ref, key); err != nil {
+				if l, err = m.Lookup(t.Context(), ref, key); err != nil {
 					t.Fatalf("lookup by %s: %v", k, err)
 				}
 				if k == "toc" && len(tc.opts) == 0 && l.v.TarSize() != -1 {
@@ -132,7 +132,7 @@ func TestTarSplitDisagreementRefused(t *testing.T) {
 
 	m := e.manager(withPrefetch(false))
 	release := hold(t, m) // the background comparison waits until the layer has been read
-	l, err := m.lookup(t.Context(), ref, toc)
+	l, err := m.Lookup(t.Context(), ref, toc)
 	if err != nil {
 		t.Fatalf("modern lookup: %v (the comparison is deferred)", err)
 	}
@@ -149,7 +149,7 @@ func TestTarSplitDisagreementRefused(t *testing.T) {
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
-	if _, err := m.lookup(t.Context(), ref, toc); !errors.Is(err, chunked.ErrInvalid) {
+	if _, err := m.Lookup(t.Context(), ref, toc); !errors.Is(err, chunked.ErrInvalid) {
 		t.Errorf("lookup after the failure = %v, want the verification error", err)
 	}
 	if _, err := l.ReadFile(t.Context(), file, p, 0); !errors.Is(err, chunked.ErrInvalid) {
@@ -172,7 +172,7 @@ func TestTarSplitDisagreementRefused(t *testing.T) {
 
 	// By blob digest, through a manager that never saw it: refused before the lookup answers.
 	m2 := e.manager(withPrefetch(false))
-	if _, err := m2.lookup(t.Context(), ref, f.Desc.Digest); !errors.Is(err, chunked.ErrInvalid) {
+	if _, err := m2.Lookup(t.Context(), ref, f.Desc.Digest); !errors.Is(err, chunked.ErrInvalid) {
 		t.Fatalf("lookup by blob digest = %v, want the verification error", err)
 	}
 	if n := m2.Status().Counters.VerifyFailures; n != 1 {
@@ -215,7 +215,7 @@ func TestRecordsKeepNoTarSplit(t *testing.T) {
 			}
 		}
 	}
-	l, err := m.lookup(t.Context(), ref, tocKey(f.Desc.Annotations))
+	l, err := m.Lookup(t.Context(), ref, tocKey(f.Desc.Annotations))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -240,7 +240,7 @@ func lookedUpByTOC(t *testing.T) (m *Manager, l *Layer, f testlayer.Fixture, ref
 	ref = e.push("synthetic:v1", fixtureLayer(f))
 	m = e.manager(withPrefetch(false), withPrefetchQuiet(time.Hour))
 	start = time.Now()
-	l, err := m.lookup(t.Context(), ref, tocKey(f.Desc.Annotations))
+	l, err := m.Lookup(t.Context(), ref, tocKey(f.Desc.Annotations))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -283,7 +283,7 @@ func TestBlobDigestLookupComparesAtItsPriority(t *testing.T) {
 	if l.v.TarSize() != -1 {
 		t.Fatal("compared before the modern lookup returned")
 	}
-	old, err := m.lookup(t.Context(), ref, f.Desc.Digest)
+	old, err := m.Lookup(t.Context(), ref, f.Desc.Digest)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -337,7 +337,7 @@ func TestTarSplitTamperedRefused(t *testing.T) {
 	toc := tocKey(f.Desc.Annotations)
 
 	m := e.manager(withPrefetch(false))
-	l, err := m.lookup(t.Context(), ref, toc)
+	l, err := m.Lookup(t.Context(), ref, toc)
 	if err != nil {
 		t.Fatalf("modern lookup: %v (the tar-split is read by the comparison)", err)
 	}
@@ -345,7 +345,7 @@ func TestTarSplitTamperedRefused(t *testing.T) {
 	if !errors.Is(l.v.Err(), verify.ErrDigestMismatch) {
 		t.Errorf("refused with %v, want a tar-split digest mismatch", l.v.Err())
 	}
-	if _, err := m.lookup(t.Context(), ref, toc); !errors.Is(err, verify.ErrDigestMismatch) {
+	if _, err := m.Lookup(t.Context(), ref, toc); !errors.Is(err, verify.ErrDigestMismatch) {
 		t.Errorf("lookup after the refusal = %v, want the digest mismatch", err)
 	}
 	if st := m.Status(); len(st.Layers) != 1 || st.Layers[0].Guarantee != "none" || st.Counters.VerifyFailures != 1 {
@@ -353,7 +353,7 @@ func TestTarSplitTamperedRefused(t *testing.T) {
 	}
 
 	m2 := e.manager(withPrefetch(false))
-	if _, err := m2.lookup(t.Context(), ref, digest.FromBytes(f.Blob)); !errors.Is(err, verify.ErrDigestMismatch) {
+	if _, err := m2.Lookup(t.Context(), ref, digest.FromBytes(f.Blob)); !errors.Is(err, verify.ErrDigestMismatch) {
 		t.Fatalf("lookup by blob digest = %v, want the digest mismatch", err)
 	}
 }

@@ -147,7 +147,7 @@ func fileOf(t *testing.T, l *Layer, path string) chunked.EntryID {
 // get its verified bytes.
 func TestConcurrentReadsShareOneFetch(t *testing.T) {
 	m, blob, _ := memManager(t, withReadAhead(0))
-	l, err := m.lookup(t.Context(), memRef, servedKeyOf(m))
+	l, err := m.Lookup(t.Context(), memRef, servedKeyOf(m))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -198,7 +198,7 @@ func readOne(t *testing.T, l *Layer, id chunked.EntryID) []byte {
 // reads, least recently used closed first, and a file being read stays open.
 func TestOpenFilesBounded(t *testing.T) {
 	m, _, _ := memManager(t, withOpenFiles(2))
-	l, err := m.lookup(t.Context(), memRef, servedKeyOf(m))
+	l, err := m.Lookup(t.Context(), memRef, servedKeyOf(m))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -242,11 +242,11 @@ func TestJanitorForgets(t *testing.T) {
 	clock := newTestClock()
 	m, _, _ := memManager(t, withClock(clock.now), withKeepTTL(time.Minute))
 	key := servedKeyOf(m)
-	if _, err := m.lookup(t.Context(), memRef, key); err != nil {
+	if _, err := m.Lookup(t.Context(), memRef, key); err != nil {
 		t.Fatal(err)
 	}
 	const other = "registry.example/other:v1"
-	if _, err := m.lookup(t.Context(), other, key); err != nil {
+	if _, err := m.Lookup(t.Context(), other, key); err != nil {
 		t.Fatal(err)
 	}
 	m.Use(other, key)
@@ -277,7 +277,7 @@ func TestJanitorForgets(t *testing.T) {
 // never hang.
 func TestCloseWhileReading(t *testing.T) {
 	m, blob, _ := memManager(t, withReadTimeout(time.Hour))
-	l, err := m.lookup(t.Context(), memRef, servedKeyOf(m))
+	l, err := m.Lookup(t.Context(), memRef, servedKeyOf(m))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -337,7 +337,7 @@ func (hs *handles) isOpen(sum chunked.Sum) bool {
 // work yields to it); a fetch ahead, which nobody waits for yet, does not.
 func TestFetchKinds(t *testing.T) {
 	m, blob, _ := memManager(t)
-	l, err := m.lookup(t.Context(), memRef, servedKeyOf(m))
+	l, err := m.Lookup(t.Context(), memRef, servedKeyOf(m))
 	if err != nil {
 		t.Fatal(err)
 	}
