@@ -231,8 +231,8 @@
 // then closes the cache files it holds; layers already handed out keep answering reads, from
 // the cache, or with an error.
 //
-// The package reads no configuration files, and everything it is told is an option of a
-// Manager, with a documented default. What is process-wide, shared by every Manager of the
+// The package reads no configuration files, and everything it is told is a field of a
+// Manager's [Config], with a documented default. What is process-wide, shared by every Manager of the
 // process: the background threads that verify at a lower priority (idlecpu.go: one per
 // processor Go uses, started at the first background verification, never ended, each at a
 // niceness 10 above the process's); and the memory releases (releaseMemory), whose pace each
