@@ -8,9 +8,6 @@ import (
 	"testing"
 	"time"
 
-	fusefs "github.com/hanwen/go-fuse/v2/fs"
-	"github.com/hanwen/go-fuse/v2/fuse"
-
 	"github.com/layerstore/layerstore/internal/testutil/testfuse"
 )
 
@@ -114,15 +111,15 @@ func TestClearDeadMount(t *testing.T) {
 	})
 	t.Run("hung mount of ours", func(t *testing.T) {
 		dir := t.TempDir()
-		root := &testfuse.StuckRoot{Release: make(chan struct{})}
-		srv, err := fusefs.Mount(dir, root, &fusefs.Options{MountOptions: fuse.MountOptions{DirectMountStrict: true, Name: fsName}})
+		root := testfuse.NewStuckRoot()
+		srv, err := testfuse.Mount(dir, fsName, root)
 		if err != nil {
 			t.Fatal(err)
 		}
 		conn := testfuse.Record(t, dir)
 		root.Hang.Store(true)
 		defer func() {
-			close(root.Release) // lets the abandoned probe return, and the server end
+			close(root.Resume) // lets the abandoned probe return, and the server end
 			conn.WaitEnd(t, srv.Wait)
 		}()
 		defer func(d time.Duration) { probeTimeout = d }(probeTimeout)
@@ -146,8 +143,7 @@ func TestClearDeadMount(t *testing.T) {
 	})
 	t.Run("live foreign FUSE mount", func(t *testing.T) {
 		dir := t.TempDir()
-		root := &fusefs.Inode{}
-		srv, err := fusefs.Mount(dir, root, &fusefs.Options{MountOptions: fuse.MountOptions{DirectMountStrict: true, Name: "other"}})
+		srv, err := testfuse.Mount(dir, "other", testfuse.NewEmptyDir())
 		if err != nil {
 			t.Fatal(err)
 		}

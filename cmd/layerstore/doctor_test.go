@@ -13,8 +13,6 @@ import (
 	"testing"
 	"time"
 
-	fusefs "github.com/hanwen/go-fuse/v2/fs"
-	"github.com/hanwen/go-fuse/v2/fuse"
 	"github.com/opencontainers/go-digest"
 
 	"github.com/layerstore/layerstore/internal/control/protocol"
@@ -336,15 +334,15 @@ func TestDoctorUsage(t *testing.T) {
 func TestDoctorHungMount(t *testing.T) {
 	testfuse.Require(t)
 	dir := t.TempDir()
-	root := &testfuse.StuckRoot{Release: make(chan struct{})}
-	srv, err := fusefs.Mount(dir, root, &fusefs.Options{MountOptions: fuse.MountOptions{DirectMountStrict: true}})
+	root := testfuse.NewStuckRoot()
+	srv, err := testfuse.Mount(dir, "", root)
 	if err != nil {
 		t.Fatal(err)
 	}
 	conn := testfuse.Record(t, dir)
 	root.Hang.Store(true)
 	defer func() {
-		close(root.Release) // lets the abandoned probe return
+		close(root.Resume) // lets the abandoned probe return
 		conn.Unmount(t, srv)
 	}()
 	defer func(d time.Duration) { probeTimeout = d }(probeTimeout)

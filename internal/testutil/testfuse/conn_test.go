@@ -11,18 +11,17 @@ import (
 	"testing"
 	"time"
 
-	fusefs "github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
 )
 
-// mountEmpty mounts an empty directory served by go-fuse at a new directory name under dir.
+// mountEmpty mounts an EmptyDir at a new directory name under dir.
 func mountEmpty(t *testing.T, dir, name string) (*fuse.Server, *Conn) {
 	t.Helper()
 	mnt := filepath.Join(dir, name)
 	if err := os.Mkdir(mnt, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	srv, err := fusefs.Mount(mnt, &fusefs.Inode{}, &fusefs.Options{MountOptions: fuse.MountOptions{DirectMountStrict: true, Name: "testfuse"}})
+	srv, err := Mount(mnt, "testfuse", NewEmptyDir())
 	if err != nil {
 		t.Fatal(err)
 	}

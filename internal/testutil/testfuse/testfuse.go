@@ -1,8 +1,9 @@
 // Package testfuse holds what the tests that mount FUSE filesystems share: whether they can
 // (Require), a bounded wait for a server's end after the unmount, which aborts the mount's
 // connection at the bound (Record, Conn.WaitEnd), the detaching of other tests' FUSE mounts
-// from the mount namespaces tests make (DetachScript, DetachForeign), and a server that stops
-// answering (StuckRoot). A copy of a mount in another namespace keeps its connection alive
+// from the mount namespaces tests make (DetachScript, DetachForeign), and small filesystems to
+// mount on the raw go-fuse API the daemon uses (Mount): an empty directory (EmptyDir) and a
+// server that stops answering (StuckRoot). A copy of a mount in another namespace keeps its connection alive
 // after the unmount here, and with it the server: an unbounded wait for the server would hang
 // the test for as long as the copy lives.
 package testfuse

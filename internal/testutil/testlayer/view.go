@@ -50,10 +50,12 @@ func XattrString(m map[string]string) string {
 // created, hardlinks sharing their target's inode (whose owner, mode and mtime the last
 // hardlink header sets, as c/storage's extraction does).
 func ReferenceTree(tarStream []byte) (Tree, error) {
-	t := Tree{"": {Type: "dir", Mode: 0o755}}
-	xattrs := map[string]map[string]string{}
-	opaque := map[string]bool{}
-	links := map[string]string{}
+	r := referenceReader{
+		t:      Tree{"": {Type: "dir", Mode: 0o755}},
+		xattrs: map[string]map[string]string{},
+		opaque: map[string]bool{},
+		links:  map[string]string{},
+	}
 	tr := tar.NewReader(bytes.NewReader(tarStream))
 	for {
 		h, err := tr.Next()
@@ -63,112 +65,166 @@ func ReferenceTree(tarStream []byte) (Tree, error) {
 		if err != nil {
 			return nil, err
 		}
-		name := strings.Trim(path.Clean("/"+h.Name), "/")
-		dir, base := path.Split(name)
-		dir = strings.TrimSuffix(dir, "/")
-		if dir == "" && (base == "stargz.index.json" || base == ".prefetch.landmark" || base == ".no.prefetch.landmark") {
-			continue
-		}
-		if base == ".wh..wh..opq" {
-			opaque[dir] = true
-			continue
-		}
-		xs := map[string]string{}
-		for k, v := range h.PAXRecords {
-			if n, ok := strings.CutPrefix(k, "SCHILY.xattr."); ok {
-				xs[n] = v
-			}
-		}
-		n := Node{Mode: uint32(h.Mode & 0o7777), UID: uint32(h.Uid), GID: uint32(h.Gid), MTime: h.ModTime.Unix()}
-		switch h.Typeflag {
-		case tar.TypeReg:
-			data, err := io.ReadAll(tr)
-			if err != nil {
-				return nil, err
-			}
-			n.Type, n.Size, n.Content = "reg", int64(len(data)), fmt.Sprintf("%x", sha256.Sum256(data))
-		case tar.TypeDir:
-			n.Type = "dir"
-		case tar.TypeSymlink:
-			n.Type, n.Link = "symlink", h.Linkname
-		case tar.TypeChar:
-			n.Type, n.Dev = "char", [2]uint32{uint32(h.Devmajor), uint32(h.Devminor)}
-		case tar.TypeBlock:
-			n.Type, n.Dev = "block", [2]uint32{uint32(h.Devmajor), uint32(h.Devminor)}
-		case tar.TypeFifo:
-			n.Type = "fifo"
-		case tar.TypeLink:
-			// The link's header applies to the shared inode: the last header wins.
-			target := strings.Trim(path.Clean("/"+h.Linkname), "/")
-			links[name] = target
-			if o, ok := t[target]; ok {
-				o.UID, o.GID = n.UID, n.GID
-				if o.Type != "symlink" {
-					o.Mode, o.MTime = n.Mode, n.MTime
-				}
-				t[target] = o
-			}
-			continue
-		default:
-			return nil, fmt.Errorf("unexpected tar type %q for %s", h.Typeflag, name)
-		}
-		if w, ok := strings.CutPrefix(base, ".wh."); ok {
-			name = path.Join(dir, w)
-			n.Type, n.Size, n.Content = "char", 0, ""
-		}
-		t[name] = n
-		xattrs[name] = xs
-		for d := dir; d != ""; d = path.Dir(d) {
-			if _, ok := t[d]; !ok {
-				t[d] = Node{Type: "dir", Mode: 0o755}
-			}
-			if !strings.Contains(d, "/") {
-				break
-			}
+		if err := r.add(h, tr); err != nil {
+			return nil, err
 		}
 	}
-	for d := range opaque {
-		if xattrs[d] == nil {
-			xattrs[d] = map[string]string{}
-		}
-		xattrs[d]["trusted.overlay.opaque"], xattrs[d]["user.overlay.opaque"] = "y", "y"
+	r.setXattrs()
+	if err := r.countLinks(); err != nil {
+		return nil, err
 	}
-	for p, xs := range xattrs {
-		if n, ok := t[p]; ok {
+	r.shareHardlinks()
+	return r.t, nil
+}
+
+// referenceReader is ReferenceTree's state between the tar's entries.
+type referenceReader struct {
+	t      Tree
+	xattrs map[string]map[string]string // by path: the entry's xattrs
+	opaque map[string]bool              // the directories a ".wh..wh..opq" marks opaque
+	links  map[string]string            // hardlink path -> target path
+}
+
+// add records the tar entry h, whose content tr reads.
+func (r *referenceReader) add(h *tar.Header, tr io.Reader) error {
+	name := strings.Trim(path.Clean("/"+h.Name), "/")
+	dir, base := path.Split(name)
+	dir = strings.TrimSuffix(dir, "/")
+	if dir == "" && (base == "stargz.index.json" || base == ".prefetch.landmark" || base == ".no.prefetch.landmark") {
+		return nil
+	}
+	if base == ".wh..wh..opq" {
+		r.opaque[dir] = true
+		return nil
+	}
+	n := Node{Mode: uint32(h.Mode & 0o7777), UID: uint32(h.Uid), GID: uint32(h.Gid), MTime: h.ModTime.Unix()}
+	if h.Typeflag == tar.TypeLink {
+		r.addHardlink(name, h.Linkname, n)
+		return nil
+	}
+	n, err := typedNode(n, h, tr, name)
+	if err != nil {
+		return err
+	}
+	if w, ok := strings.CutPrefix(base, ".wh."); ok {
+		name = path.Join(dir, w)
+		n.Type, n.Size, n.Content = "char", 0, ""
+	}
+	r.t[name] = n
+	r.xattrs[name] = paxXattrs(h)
+	for d := dir; d != ""; d = path.Dir(d) {
+		if _, ok := r.t[d]; !ok {
+			r.t[d] = Node{Type: "dir", Mode: 0o755}
+		}
+		if !strings.Contains(d, "/") {
+			break
+		}
+	}
+	return nil
+}
+
+// addHardlink records the hardlink name to linkname, whose header (owner, and mode and mtime
+// unless the target is a symlink) n holds: it applies to the shared inode, the last one wins.
+func (r *referenceReader) addHardlink(name, linkname string, n Node) {
+	target := strings.Trim(path.Clean("/"+linkname), "/")
+	r.links[name] = target
+	if o, ok := r.t[target]; ok {
+		o.UID, o.GID = n.UID, n.GID
+		if o.Type != "symlink" {
+			o.Mode, o.MTime = n.Mode, n.MTime
+		}
+		r.t[target] = o
+	}
+}
+
+// typedNode returns n with the type of the tar entry h (not a hardlink) and what goes with
+// it: the size and digest of the content tr reads, the link target, the device numbers.
+func typedNode(n Node, h *tar.Header, tr io.Reader, name string) (Node, error) {
+	switch h.Typeflag {
+	case tar.TypeReg:
+		data, err := io.ReadAll(tr)
+		if err != nil {
+			return n, err
+		}
+		n.Type, n.Size, n.Content = "reg", int64(len(data)), fmt.Sprintf("%x", sha256.Sum256(data))
+	case tar.TypeDir:
+		n.Type = "dir"
+	case tar.TypeSymlink:
+		n.Type, n.Link = "symlink", h.Linkname
+	case tar.TypeChar:
+		n.Type, n.Dev = "char", [2]uint32{uint32(h.Devmajor), uint32(h.Devminor)}
+	case tar.TypeBlock:
+		n.Type, n.Dev = "block", [2]uint32{uint32(h.Devmajor), uint32(h.Devminor)}
+	case tar.TypeFifo:
+		n.Type = "fifo"
+	default:
+		return n, fmt.Errorf("unexpected tar type %q for %s", h.Typeflag, name)
+	}
+	return n, nil
+}
+
+// paxXattrs returns the xattrs h's PAX records carry.
+func paxXattrs(h *tar.Header) map[string]string {
+	xs := map[string]string{}
+	for k, v := range h.PAXRecords {
+		if n, ok := strings.CutPrefix(k, "SCHILY.xattr."); ok {
+			xs[n] = v
+		}
+	}
+	return xs
+}
+
+// setXattrs sets every node's Xattrs, the opaque directories' overlay xattrs included.
+func (r *referenceReader) setXattrs() {
+	for d := range r.opaque {
+		if r.xattrs[d] == nil {
+			r.xattrs[d] = map[string]string{}
+		}
+		r.xattrs[d]["trusted.overlay.opaque"], r.xattrs[d]["user.overlay.opaque"] = "y", "y"
+	}
+	for p, xs := range r.xattrs {
+		if n, ok := r.t[p]; ok {
 			n.Xattrs = XattrString(xs)
-			t[p] = n
+			r.t[p] = n
 		}
 	}
-	// Link counts: directories 2 + subdirectories, files 1 + hardlinks.
-	for p, n := range t {
+}
+
+// countLinks sets the link counts: directories 2 + subdirectories, files 1 + hardlinks.
+func (r *referenceReader) countLinks() error {
+	for p, n := range r.t {
 		if n.Type == "dir" {
 			n.Nlink = 2
 		} else {
 			n.Nlink = 1
 		}
-		t[p] = n
+		r.t[p] = n
 	}
-	for p, n := range t {
+	for p, n := range r.t {
 		if p != "" && n.Type == "dir" {
-			parent := t[parentOf(p)]
+			parent := r.t[parentOf(p)]
 			parent.Nlink++
-			t[parentOf(p)] = parent
+			r.t[parentOf(p)] = parent
 		}
 	}
-	for name, target := range links {
-		owner, ok := t[target]
+	for name, target := range r.links {
+		owner, ok := r.t[target]
 		if !ok {
-			return nil, fmt.Errorf("hardlink %s to missing %s", name, target)
+			return fmt.Errorf("hardlink %s to missing %s", name, target)
 		}
 		owner.Nlink++
-		t[target] = owner
+		r.t[target] = owner
 	}
-	for name, target := range links {
-		n := t[target]
+	return nil
+}
+
+// shareHardlinks makes every hardlink and its target the same node, owned by the target.
+func (r *referenceReader) shareHardlinks() {
+	for name, target := range r.links {
+		n := r.t[target]
 		n.HardTo = target
-		t[name], t[target] = n, n
+		r.t[name], r.t[target] = n, n
 	}
-	return t, nil
 }
 
 func parentOf(p string) string {

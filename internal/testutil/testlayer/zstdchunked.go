@@ -7,6 +7,7 @@ import (
 	"encoding/base64"
 	"encoding/binary"
 	"fmt"
+	"hash"
 	"hash/crc64"
 	"strconv"
 	"time"
@@ -28,125 +29,163 @@ func SyntheticZstdChunked(n int, editTOC func([]byte) []byte) (Fixture, error) {
 		return Fixture{}, err
 	}
 	defer enc.Close()
-	mtime := time.Date(2024, 3, 1, 12, 0, 0, 0, time.UTC)
-	crcTable := crc64.MakeTable(crc64.ISO)
-
-	var blob []byte               // the payload frames, then the metadata
-	toc := make([]byte, 0, n*200) // the TOC's JSON
-	var split []byte              // the tar-split's JSON lines
-	var pending bytes.Buffer      // tar bytes written since the last segment record
-	diff := sha256.New()          // the tar stream, for the DiffID
-	tw := tar.NewWriter(&teeWriter{&pending, diff})
-	position := 0
-	record := func(typ int, name string, size int64, payload []byte) {
-		split = append(split, `{"type":`...)
-		split = strconv.AppendInt(split, int64(typ), 10)
-		if name != "" {
-			split = append(split, `,"name":`...)
-			split = strconv.AppendQuote(split, name)
-		}
-		if size > 0 {
-			split = append(split, `,"size":`...)
-			split = strconv.AppendInt(split, size, 10)
-		}
-		if payload != nil {
-			split = append(split, `,"payload":"`...)
-			split = base64.StdEncoding.AppendEncode(split, payload)
-			split = append(split, '"')
-		}
-		split = append(split, `,"position":`...)
-		split = strconv.AppendInt(split, int64(position), 10)
-		split = append(split, "}\n"...)
-		position++
-	}
-	toc = append(toc, `{"version":1,"entries":[`...)
-	dir := ""
+	b := &zstdChunkedBuilder{enc: enc, toc: make([]byte, 0, n*200), diff: sha256.New(), crcTable: crc64.MakeTable(crc64.ISO)}
+	b.tw = tar.NewWriter(&teeWriter{&b.pending, b.diff})
+	b.toc = append(b.toc, `{"version":1,"entries":[`...)
 	for i := range n {
-		h := &tar.Header{Mode: 0o644, ModTime: mtime, Format: tar.FormatUSTAR}
-		var content []byte
-		switch {
-		case i%40 == 0:
-			dir = fmt.Sprintf("usr/lib/pkg%06d/", i/40)
-			h.Typeflag, h.Name, h.Mode = tar.TypeDir, dir, 0o755
-		case i%10 == 0:
-			h.Typeflag, h.Name, h.Linkname, h.Mode = tar.TypeSymlink, dir+"link"+strconv.Itoa(i), "../target.so", 0o777
-		default:
-			h.Typeflag, h.Name = tar.TypeReg, dir+"file"+strconv.Itoa(i)+".so"
-			content = fmt.Appendf(nil, "content of file %d\n", i)
-			h.Size = int64(len(content))
-		}
+		h, content := syntheticEntry(i)
 		if i > 0 {
-			toc = append(toc, ',')
+			b.toc = append(b.toc, ',')
 		}
-		toc = append(toc, `{"type":"`...)
-		toc = append(toc, map[byte]string{tar.TypeDir: "dir", tar.TypeSymlink: "symlink", tar.TypeReg: "reg"}[h.Typeflag]...)
-		toc = append(toc, `","name":`...)
-		toc = strconv.AppendQuote(toc, h.Name)
-		if h.Linkname != "" {
-			toc = append(toc, `,"linkName":`...)
-			toc = strconv.AppendQuote(toc, h.Linkname)
-		}
-		toc = fmt.Appendf(toc, `,"mode":%d`, h.Mode)
-		if h.Size > 0 {
-			off := int64(len(blob))
-			blob = enc.EncodeAll(content, blob)
-			toc = fmt.Appendf(toc, `,"size":%d,"digest":"%s","offset":%d,"endOffset":%d`,
-				h.Size, digest.FromBytes(content), off, len(blob))
-		}
-		toc = append(toc, `,"modtime":"2024-03-01T12:00:00Z"}`...)
-
-		if err := tw.WriteHeader(h); err != nil {
+		b.appendTOCEntry(h, content)
+		if err := b.writeTar(h, content); err != nil {
 			return Fixture{}, err
 		}
-		record(chunked.TarSplitSegment, "", 0, pending.Bytes())
-		pending.Reset()
-		var crc []byte
-		if len(content) > 0 {
-			if _, err := tw.Write(content); err != nil {
-				return Fixture{}, err
-			}
-			pending.Reset() // the content is a file record, not a segment
-			crc = binary.BigEndian.AppendUint64(nil, crc64.Checksum(content, crcTable))
-		}
-		record(chunked.TarSplitFile, h.Name, h.Size, crc)
 	}
-	if err := tw.Close(); err != nil {
+	if err := b.tw.Close(); err != nil {
 		return Fixture{}, err
 	}
-	record(chunked.TarSplitSegment, "", 0, pending.Bytes())
+	b.record(chunked.TarSplitSegment, "", 0, b.pending.Bytes())
+	return b.finish(n, editTOC), nil
+}
 
-	tarSplit := enc.EncodeAll(split, nil)
-	toc = fmt.Appendf(toc, `],"tarSplitDigest":"%s"}`, digest.FromBytes(tarSplit))
+// zstdChunkedBuilder is SyntheticZstdChunked's layer under construction.
+type zstdChunkedBuilder struct {
+	enc      *zstd.Encoder
+	crcTable *crc64.Table
+
+	blob     []byte       // the payload frames, then the metadata
+	toc      []byte       // the TOC's JSON
+	split    []byte       // the tar-split's JSON lines
+	pending  bytes.Buffer // tar bytes written since the last segment record
+	diff     hash.Hash    // the tar stream, for the DiffID
+	tw       *tar.Writer  // writes to pending and diff
+	position int          // of the next tar-split record
+}
+
+var syntheticMtime = time.Date(2024, 3, 1, 12, 0, 0, 0, time.UTC)
+
+// syntheticEntry returns the header and content of entry i: entries 40k to 40k+39 are a
+// directory and what it holds, small files, every 10th entry a symlink.
+func syntheticEntry(i int) (*tar.Header, []byte) {
+	h := &tar.Header{Mode: 0o644, ModTime: syntheticMtime, Format: tar.FormatUSTAR}
+	dir := fmt.Sprintf("usr/lib/pkg%06d/", i/40)
+	var content []byte
+	switch {
+	case i%40 == 0:
+		h.Typeflag, h.Name, h.Mode = tar.TypeDir, dir, 0o755
+	case i%10 == 0:
+		h.Typeflag, h.Name, h.Linkname, h.Mode = tar.TypeSymlink, dir+"link"+strconv.Itoa(i), "../target.so", 0o777
+	default:
+		h.Typeflag, h.Name = tar.TypeReg, dir+"file"+strconv.Itoa(i)+".so"
+		content = fmt.Appendf(nil, "content of file %d\n", i)
+		h.Size = int64(len(content))
+	}
+	return h, content
+}
+
+// appendTOCEntry appends h's TOC entry and, for a regular file, its content as one payload
+// frame, the chunk the entry points at.
+func (b *zstdChunkedBuilder) appendTOCEntry(h *tar.Header, content []byte) {
+	b.toc = append(b.toc, `{"type":"`...)
+	b.toc = append(b.toc, map[byte]string{tar.TypeDir: "dir", tar.TypeSymlink: "symlink", tar.TypeReg: "reg"}[h.Typeflag]...)
+	b.toc = append(b.toc, `","name":`...)
+	b.toc = strconv.AppendQuote(b.toc, h.Name)
+	if h.Linkname != "" {
+		b.toc = append(b.toc, `,"linkName":`...)
+		b.toc = strconv.AppendQuote(b.toc, h.Linkname)
+	}
+	b.toc = fmt.Appendf(b.toc, `,"mode":%d`, h.Mode)
+	if h.Size > 0 {
+		off := int64(len(b.blob))
+		b.blob = b.enc.EncodeAll(content, b.blob)
+		b.toc = fmt.Appendf(b.toc, `,"size":%d,"digest":"%s","offset":%d,"endOffset":%d`,
+			h.Size, digest.FromBytes(content), off, len(b.blob))
+	}
+	b.toc = append(b.toc, `,"modtime":"2024-03-01T12:00:00Z"}`...)
+}
+
+// writeTar writes h and content to the tar stream and records them in the tar-split: the
+// header's bytes as a segment, the content as a file record with its CRC-64.
+func (b *zstdChunkedBuilder) writeTar(h *tar.Header, content []byte) error {
+	if err := b.tw.WriteHeader(h); err != nil {
+		return err
+	}
+	b.record(chunked.TarSplitSegment, "", 0, b.pending.Bytes())
+	b.pending.Reset()
+	var crc []byte
+	if len(content) > 0 {
+		if _, err := b.tw.Write(content); err != nil {
+			return err
+		}
+		b.pending.Reset() // the content is a file record, not a segment
+		crc = binary.BigEndian.AppendUint64(nil, crc64.Checksum(content, b.crcTable))
+	}
+	b.record(chunked.TarSplitFile, h.Name, h.Size, crc)
+	return nil
+}
+
+// record appends a tar-split record.
+func (b *zstdChunkedBuilder) record(typ int, name string, size int64, payload []byte) {
+	b.split = append(b.split, `{"type":`...)
+	b.split = strconv.AppendInt(b.split, int64(typ), 10)
+	if name != "" {
+		b.split = append(b.split, `,"name":`...)
+		b.split = strconv.AppendQuote(b.split, name)
+	}
+	if size > 0 {
+		b.split = append(b.split, `,"size":`...)
+		b.split = strconv.AppendInt(b.split, size, 10)
+	}
+	if payload != nil {
+		b.split = append(b.split, `,"payload":"`...)
+		b.split = base64.StdEncoding.AppendEncode(b.split, payload)
+		b.split = append(b.split, '"')
+	}
+	b.split = append(b.split, `,"position":`...)
+	b.split = strconv.AppendInt(b.split, int64(b.position), 10)
+	b.split = append(b.split, "}\n"...)
+	b.position++
+}
+
+// finish closes the TOC (editTOC changes it then, when not nil), appends the TOC, the
+// tar-split and the footer to the blob, each in a skippable frame, and returns the layer of
+// the n entries with the annotations that anchor them.
+func (b *zstdChunkedBuilder) finish(n int, editTOC func([]byte) []byte) Fixture {
+	tarSplit := b.enc.EncodeAll(b.split, nil)
+	b.toc = fmt.Appendf(b.toc, `],"tarSplitDigest":"%s"}`, digest.FromBytes(tarSplit))
 	if editTOC != nil {
-		toc = editTOC(toc)
+		b.toc = editTOC(b.toc)
 	}
-	compressedTOC := enc.EncodeAll(toc, nil)
-	skippable := func(b []byte) {
-		blob = append(blob, 0x50, 0x2a, 0x4d, 0x18)
-		blob = binary.LittleEndian.AppendUint32(blob, uint32(len(b)))
-		blob = append(blob, b...)
-	}
-	tocOff := int64(len(blob)) + 8
-	skippable(compressedTOC)
-	tsOff := int64(len(blob)) + 8
-	skippable(tarSplit)
+	compressedTOC := b.enc.EncodeAll(b.toc, nil)
+	tocOff := int64(len(b.blob)) + 8
+	b.appendSkippable(compressedTOC)
+	tsOff := int64(len(b.blob)) + 8
+	b.appendSkippable(tarSplit)
 	footer := make([]byte, 0, 64)
-	for _, v := range []int64{tocOff, int64(len(compressedTOC)), int64(len(toc)), 1, tsOff, int64(len(tarSplit)), int64(len(split))} {
+	for _, v := range []int64{tocOff, int64(len(compressedTOC)), int64(len(b.toc)), 1, tsOff, int64(len(tarSplit)), int64(len(b.split))} {
 		footer = binary.LittleEndian.AppendUint64(footer, uint64(v))
 	}
-	skippable(append(footer, "GNUlInUx"...))
+	b.appendSkippable(append(footer, "GNUlInUx"...))
 	return Fixture{
 		Name:   fmt.Sprintf("zstdchunked-synthetic-%d", n),
-		Blob:   blob,
-		DiffID: digest.NewDigest(digest.SHA256, diff),
+		Blob:   b.blob,
+		DiffID: digest.NewDigest(digest.SHA256, b.diff),
 		Format: chunked.ZstdChunked,
-		Desc: chunked.Descriptor{MediaType: "application/vnd.oci.image.layer.v1.tar+zstd", Digest: digest.FromBytes(blob),
-			Size: int64(len(blob)), Annotations: map[string]string{
+		Desc: chunked.Descriptor{MediaType: "application/vnd.oci.image.layer.v1.tar+zstd", Digest: digest.FromBytes(b.blob),
+			Size: int64(len(b.blob)), Annotations: map[string]string{
 				chunked.AnnotationChecksum:         digest.FromBytes(compressedTOC).String(),
-				chunked.AnnotationPosition:         fmt.Sprintf("%d:%d:%d:1", tocOff, len(compressedTOC), len(toc)),
-				chunked.AnnotationTarSplitPosition: fmt.Sprintf("%d:%d:%d", tsOff, len(tarSplit), len(split)),
+				chunked.AnnotationPosition:         fmt.Sprintf("%d:%d:%d:1", tocOff, len(compressedTOC), len(b.toc)),
+				chunked.AnnotationTarSplitPosition: fmt.Sprintf("%d:%d:%d", tsOff, len(tarSplit), len(b.split)),
 			}},
-	}, nil
+	}
+}
+
+// appendSkippable appends p to the blob in a zstd skippable frame.
+func (b *zstdChunkedBuilder) appendSkippable(p []byte) {
+	b.blob = append(b.blob, 0x50, 0x2a, 0x4d, 0x18)
+	b.blob = binary.LittleEndian.AppendUint32(b.blob, uint32(len(p)))
+	b.blob = append(b.blob, p...)
 }
 
 type teeWriter struct {
