@@ -246,7 +246,7 @@ func otherUserOps(mnt string, key digest.Digest) []string {
 // resolve a layer, even for a layer root has just used.
 func TestOtherUsersCannotUseTheStore(t *testing.T) {
 	l := newTestLayer(t, fixture(t, "zstdchunked-modern"))
-	m := mountLayer(t, l, defaultOptions())
+	m := mountLayer(t, l, defaultConfig())
 	m.store.add("docker.io/library/private:latest", l)
 	// Root (the runtime) uses the layer first.
 	for _, p := range []string{m.path("diff", "etc", "hostname"), m.path("blob")} {
@@ -271,7 +271,7 @@ func TestOtherUsersCannotUseTheStore(t *testing.T) {
 // rmdir, info and blob answer EACCES and never reach the Store.
 func TestDaemonRefusesOtherUsers(t *testing.T) {
 	l := newTestLayer(t, fixture(t, "zstdchunked-modern"))
-	opts := defaultOptions()
+	opts := defaultConfig()
 	opts.allowOther = true
 	m := mountLayer(t, l, opts)
 	m.store.add("docker.io/library/private:latest", l)
@@ -320,7 +320,7 @@ func TestDaemonRefusesOtherUsers(t *testing.T) {
 // 1000:2000 in the fixture.
 func TestOverlayReadsAsOtherUsers(t *testing.T) {
 	l := newTestLayer(t, fixture(t, "zstdchunked-modern"))
-	opts := defaultOptions()
+	opts := defaultConfig()
 	opts.Passthrough = false // every read reaches the daemon
 	m := mountLayer(t, l, opts)
 	diff := m.path("diff")

@@ -72,7 +72,7 @@ func TestClearDeadMount(t *testing.T) {
 		}
 		deadMount(t, dir, "fuse."+fsName)
 		deadMount(t, dir, "fuse."+fsName) // two crashes in a row
-		if _, err := Mount(dir, newTestStore(), defaultOptions()); err == nil {
+		if _, err := Mount(dir, newTestStore(), defaultConfig()); err == nil {
 			t.Fatal("Mount over a dead mount succeeded")
 		}
 		if err := ClearDeadMount(dir); err != nil {
@@ -84,7 +84,7 @@ func TestClearDeadMount(t *testing.T) {
 		store := newTestStore()
 		l := newTestLayer(t, fixture(t, "estargz"))
 		store.add(testRef, l)
-		srv, err := Mount(dir, store, defaultOptions())
+		srv, err := Mount(dir, store, defaultConfig())
 		if err != nil {
 			t.Fatalf("Mount after clearing: %v", err)
 		}

@@ -78,7 +78,7 @@
 // Only the daemon's user: root, the runtime, and overlayfs on behalf of containers (a rootless
 // daemon: its user, whose rootless runtime reaches the mount from a user namespace whose root
 // is that user; the checks below compare with the daemon's uid rather than 0, and
-// Options.IDs shows the trees' owners through that namespace's map). The daemon resolves layers
+// Config.IDs shows the trees' owners through that namespace's map). The daemon resolves layers
 // with the node's registry credentials, so a local user who could look up a reference would
 // read private images and make the daemon connect wherever a reference names. Two checks
 // keep other users out:
@@ -127,7 +127,7 @@
 //
 // The diff tree and blob never change for a given layer directory inode, so entries,
 // attributes, failed lookups, directory listings and file pages there are cached by the
-// kernel for a long time (Options.EntryTimeout, Options.AttrTimeout, FOPEN_CACHE_DIR,
+// kernel for a long time (Config.EntryTimeout, Config.AttrTimeout, FOPEN_CACHE_DIR,
 // FOPEN_KEEP_CACHE). Directories are listed with READDIRPLUS: every entry comes with its
 // attributes and becomes a cached lookup, so that a walk of a tree (find, a scanner) reaches
 // the daemon about once per directory, not once per entry. Files are opened FOPEN_NOFLUSH:

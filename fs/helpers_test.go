@@ -291,7 +291,7 @@ func layerPath(mnt, ref string, key digest.Digest, elem ...string) string {
 // server fails the test instead of blocking it forever; the wait for the server's end after
 // the unmount is bounded too (a copy of the mount in another mount namespace keeps the
 // connection alive).
-func mountTest(t *testing.T, store Store, opts Options) (string, *Server) {
+func mountTest(t *testing.T, store Store, opts Config) (string, *Server) {
 	t.Helper()
 	testfuse.Require(t)
 	mnt := testfuse.OpenTempDir(t) // other users reach the mount
@@ -330,7 +330,7 @@ type mountedLayer struct {
 }
 
 // mountLayer mounts, with opts, a store serving l under testRef (mountTest).
-func mountLayer(t *testing.T, l *testLayer, opts Options) mountedLayer {
+func mountLayer(t *testing.T, l *testLayer, opts Config) mountedLayer {
 	t.Helper()
 	store := newTestStore()
 	store.add(testRef, l)
@@ -362,6 +362,6 @@ func wantErrno(t *testing.T, what string, err error, want syscall.Errno) {
 
 // defaultOptions are the options the daemon runs with as root: passthrough, one hour timeouts
 // for the immutable tree, no logging.
-func defaultOptions() Options {
-	return Options{EntryTimeout: DefaultEntryTimeout, AttrTimeout: DefaultAttrTimeout, Passthrough: true}
+func defaultConfig() Config {
+	return Config{EntryTimeout: DefaultEntryTimeout, AttrTimeout: DefaultAttrTimeout, Passthrough: true}
 }

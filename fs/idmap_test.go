@@ -37,14 +37,14 @@ func TestRootlessIDMap(t *testing.T) {
 	}
 }
 
-// TestIDsShowOwners: with Options.IDs, the diff tree's entries are shown owned by the mapped
+// TestIDsShowOwners: with Config.IDs, the diff tree's entries are shown owned by the mapped
 // ids, and the synthetic directories by the daemon's user.
 func TestIDsShowOwners(t *testing.T) {
 	testfuse.Require(t)
 	f := fixture(t, "estargz")
 	l := newTestLayer(t, f)
 	ids := &IDMap{UIDs: []IDRange{{0, 1500, 1}, {1, 300000, 65536}}, GIDs: []IDRange{{0, 1600, 1}, {1, 400000, 65536}}}
-	opts := defaultOptions()
+	opts := defaultConfig()
 	opts.IDs = ids
 	m := mountLayer(t, l, opts)
 	ref, err := testlayer.ReferenceTree(testlayer.Tar())

@@ -26,9 +26,9 @@ const SuperMagic = 0x65735546
 // fsName is the filesystem name and subtype of the mount ("layerstore", "fuse.layerstore").
 const fsName = "layerstore"
 
-// Options configure Mount. Zero durations and a nil Logger take their defaults; the zero
-// Options serves without passthrough.
-type Options struct {
+// Config configure Mount. Zero durations and a nil Logger take their defaults; the zero
+// Config serves without passthrough.
+type Config struct {
 	// Logger receives the causes of EIO answers (warn) and mount events (info). The default
 	// discards everything.
 	Logger *slog.Logger
@@ -59,13 +59,13 @@ type Options struct {
 	forceBackingFiles bool
 }
 
-// Default values of Options.
+// Default values of Config.
 const (
 	DefaultEntryTimeout = time.Hour
 	DefaultAttrTimeout  = time.Hour
 )
 
-func (o Options) withDefaults() (Options, error) {
+func (o Config) withDefaults() (Config, error) {
 	if o.EntryTimeout < 0 || o.AttrTimeout < 0 {
 		return o, errors.New("fs: timeouts must not be negative")
 	}
@@ -99,7 +99,7 @@ const (
 	maxReadAhead = 1 << 20
 )
 
-func mountOptions(opts Options) fuse.MountOptions {
+func mountOptions(opts Config) fuse.MountOptions {
 	mo := fuse.MountOptions{
 		AllowOther:   opts.allowOther,
 		Options:      []string{"default_permissions", "nosuid", "nodev"},
@@ -130,7 +130,7 @@ func mountOptions(opts Options) fuse.MountOptions {
 // with mount(2) itself, so that it holds the session's /dev/fuse descriptor (Session); when
 // that is not permitted (not root), it falls back to go-fuse's mount (fusermount), without a
 // session.
-func Mount(mountpoint string, store Store, opts Options) (*Server, error) {
+func Mount(mountpoint string, store Store, opts Config) (*Server, error) {
 	opts, err := opts.withDefaults()
 	if err != nil {
 		return nil, err
@@ -214,7 +214,7 @@ func mountSelf(mountpoint string, mo *fuse.MountOptions) (int, error) {
 
 // startSession serves the mount on descriptor fd: it reads the kernel's INIT, writes the
 // session table's header and starts serving.
-func (s *Server) startSession(fd int, mo *fuse.MountOptions, opts Options) error {
+func (s *Server) startSession(fd int, mo *fuse.MountOptions, opts Config) error {
 	dev, err := unix.FcntlInt(uintptr(fd), unix.F_DUPFD_CLOEXEC, 0)
 	if err != nil {
 		_ = syscall.Close(fd)
@@ -270,8 +270,8 @@ func pollHack(mountpoint string) error {
 	return syscall.Close(fd)
 }
 
-// setPassthrough turns passthrough on when the kernel granted it and Options asked for it.
-func (s *Server) setPassthrough(opts Options) {
+// setPassthrough turns passthrough on when the kernel granted it and Config asked for it.
+func (s *Server) setPassthrough(opts Config) {
 	granted := s.fuse.KernelSettings().Flags64()&fuse.CAP_PASSTHROUGH != 0
 	switch {
 	case opts.forceBackingFiles || opts.Passthrough && granted:
@@ -308,9 +308,9 @@ func (s *Server) Session() (Session, bool) {
 // the mountpoint is not that session's mount; the caller then clears the dead mount and
 // mounts anew. The Server takes sess over: its files are closed when serving ends.
 //
-// Options that shape the session (passthrough, the FUSE settings) are the first process's;
+// The settings that shape the session (passthrough, the FUSE settings) are the first process's;
 // the rest (timeouts, logging) are opts.
-func Resume(mountpoint string, sess Session, store Store, opts Options) (*Server, error) {
+func Resume(mountpoint string, sess Session, store Store, opts Config) (*Server, error) {
 	opts, err := opts.withDefaults()
 	if err != nil {
 		return nil, err

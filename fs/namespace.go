@@ -49,9 +49,9 @@ type filesystem struct {
 	attrTO  time.Duration   // attribute timeout of the immutable parts
 	started time.Time       // times of the synthetic directories and files, the same in every process of a session
 	self    fuse.Owner      // owner of the synthetic directories and files: the daemon's user
-	ids     *IDMap          // how the diff trees' owners are shown (Options.IDs)
+	ids     *IDMap          // how the diff trees' owners are shown (Config.IDs)
 	srv     *fuse.Server    // set by Init, before the first request
-	// passthrough is set once the kernel granted FUSE passthrough and Options asked for it;
+	// passthrough is set once the kernel granted FUSE passthrough and Config asked for it;
 	// ptRefused once the kernel refused to register a backing file.
 	passthrough atomic.Bool
 	ptRefused   atomic.Bool

@@ -24,7 +24,7 @@ const testRef = "127.0.0.1:5000/test:modern-zstdchunked"
 // blob exist with exact sizes.
 func TestLookupByBothKeys(t *testing.T) {
 	l := newTestLayer(t, fixture(t, "zstdchunked-modern"))
-	m := mountLayer(t, l, defaultOptions())
+	m := mountLayer(t, l, defaultConfig())
 	for _, key := range []digest.Digest{l.tocKey, l.blobKey} {
 		for _, elem := range []string{"diff", "info", "blob"} {
 			if _, err := os.Stat(layerPath(m.mnt, testRef, key, elem)); err != nil {
@@ -63,7 +63,7 @@ func TestLookupByBothKeys(t *testing.T) {
 // layer key answer ENOENT without asking the store.
 func TestInvalidNamesDoNotReachTheStore(t *testing.T) {
 	store := newTestStore()
-	mnt, _ := mountTest(t, store, defaultOptions())
+	mnt, _ := mountTest(t, store, defaultConfig())
 	hex := strings.Repeat("ab", 32)
 	refDir := refDirName(testRef)
 	for _, p := range []string{
@@ -106,7 +106,7 @@ func TestInvalidNamesDoNotReachTheStore(t *testing.T) {
 // remembered by the kernel.
 func TestStoreErrors(t *testing.T) {
 	l := newTestLayer(t, fixture(t, "estargz"))
-	m := mountLayer(t, l, defaultOptions())
+	m := mountLayer(t, l, defaultConfig())
 	diff := m.path("diff")
 
 	m.store.setErr(l.tocKey, fmt.Errorf("resolving: %w", iofs.ErrNotExist))
@@ -139,7 +139,7 @@ func TestStoreErrors(t *testing.T) {
 func TestReadErrors(t *testing.T) {
 	l := newTestLayer(t, fixture(t, "estargz"))
 	l.readErr = errors.New("chunk fetch failed")
-	m := mountLayer(t, l, Options{})
+	m := mountLayer(t, l, Config{})
 	_, err := os.ReadFile(m.path("diff", "etc", "hostname"))
 	wantErrno(t, "read a file", err, syscall.EIO)
 	_, err = os.ReadFile(m.path("blob"))
@@ -155,7 +155,7 @@ func TestReadErrors(t *testing.T) {
 // directory reaches Store.Release and answers ENOENT.
 func TestUseAndRelease(t *testing.T) {
 	l := newTestLayer(t, fixture(t, "zstdchunked-modern"))
-	m := mountLayer(t, l, defaultOptions())
+	m := mountLayer(t, l, defaultConfig())
 	for _, key := range []digest.Digest{l.tocKey, l.blobKey} {
 		use := layerPath(m.mnt, testRef, key, "use")
 		_, err := os.Stat(use)
@@ -205,7 +205,7 @@ func TestUseAndRelease(t *testing.T) {
 // TestReaddir checks the listings of the namespace directories.
 func TestReaddir(t *testing.T) {
 	l := newTestLayer(t, fixture(t, "estargz"))
-	m := mountLayer(t, l, defaultOptions())
+	m := mountLayer(t, l, defaultConfig())
 	for _, c := range []struct {
 		dir  string
 		want []string
@@ -235,7 +235,7 @@ func TestReaddir(t *testing.T) {
 // inode a single path).
 func TestInodeNumbers(t *testing.T) {
 	l := newTestLayer(t, fixture(t, "estargz"))
-	m := mountLayer(t, l, defaultOptions())
+	m := mountLayer(t, l, defaultConfig())
 	m.store.add("docker.io/library/other:latest", l)
 	diff := m.path("diff")
 	before := scanTree(t, diff).inos
@@ -294,7 +294,7 @@ func forgetAll(t *testing.T, srv *Server, diff string, inos map[string]uint64) i
 // (a DiffID proven after the pull, say), stat and read show the new content at once.
 func TestInfoFollowsTheLayer(t *testing.T) {
 	l := newTestLayer(t, fixture(t, "zstdchunked-modern"))
-	m := mountLayer(t, l, defaultOptions())
+	m := mountLayer(t, l, defaultConfig())
 	info := m.path("info")
 	// Changes of the same size too: the kernel's own invalidation on a size change would
 	// hide cached pages otherwise.
@@ -322,7 +322,7 @@ func TestInfoFollowsTheLayer(t *testing.T) {
 func TestReferenceInodeNumbers(t *testing.T) {
 	l := newTestLayer(t, fixture(t, "estargz"))
 	refs := []string{testRef, "docker.io/library/a:1", "docker.io/library/b:1", "quay.io/x/y@sha256:" + strings.Repeat("12", 32)}
-	m := mountLayer(t, l, defaultOptions())
+	m := mountLayer(t, l, defaultConfig())
 	seen := map[uint64]string{}
 	for _, ref := range refs {
 		fi, err := os.Stat(filepath.Join(m.mnt, refDirName(ref)))

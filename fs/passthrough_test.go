@@ -60,7 +60,7 @@ func readBacked(t *testing.T, m mountedLayer, want []byte) {
 // the backing file, never through Layer.ReadFile.
 func TestPassthrough(t *testing.T) {
 	l, id, content := backedLayer(t)
-	m := mountLayer(t, l, defaultOptions())
+	m := mountLayer(t, l, defaultConfig())
 	if !m.srv.passthroughOn() {
 		t.Skip("skipping: the kernel did not grant FUSE passthrough (needs Linux >= 6.9 with CONFIG_FUSE_PASSTHROUGH)")
 	}
@@ -81,15 +81,15 @@ func TestPassthrough(t *testing.T) {
 	}
 }
 
-// TestPassthroughDisabled checks that with Options.Passthrough off, the layer is not even
+// TestPassthroughDisabled checks that with Config.Passthrough off, the layer is not even
 // asked for backing files and reads go through ReadFile.
 func TestPassthroughDisabled(t *testing.T) {
 	l, id, content := backedLayer(t)
-	opts := defaultOptions()
+	opts := defaultConfig()
 	opts.Passthrough = false
 	m := mountLayer(t, l, opts)
 	if m.srv.passthroughOn() {
-		t.Fatal("passthrough on although Options disabled it")
+		t.Fatal("passthrough on although Config disabled it")
 	}
 	readBacked(t, m, content)
 	if n := l.calls(l.backings, id); n != 0 {
@@ -105,7 +105,7 @@ func TestPassthroughDisabled(t *testing.T) {
 // registration fails, and the handle must serve reads itself and close the backing file.
 func TestPassthroughRefusedByKernel(t *testing.T) {
 	l, id, content := backedLayer(t)
-	opts := defaultOptions()
+	opts := defaultConfig()
 	opts.Passthrough = false
 	opts.forceBackingFiles = true
 	m := mountLayer(t, l, opts)
@@ -136,7 +136,7 @@ func TestPassthroughWhileOpenThroughDaemon(t *testing.T) {
 	local := l.backing[id]
 	delete(l.backing, id) // not local yet
 	l.mu.Unlock()
-	m := mountLayer(t, l, defaultOptions())
+	m := mountLayer(t, l, defaultConfig())
 	if !m.srv.passthroughOn() {
 		t.Skip("skipping: the kernel did not grant FUSE passthrough (needs Linux >= 6.9 with CONFIG_FUSE_PASSTHROUGH)")
 	}

@@ -21,7 +21,7 @@ import (
 // namespace around it.
 func TestReadOnly(t *testing.T) {
 	l := newTestLayer(t, fixture(t, "estargz"))
-	m := mountLayer(t, l, defaultOptions())
+	m := mountLayer(t, l, defaultConfig())
 	diff := m.path("diff")
 	file := filepath.Join(diff, "etc", "hostname")
 	open := func(p string, flags int) error {
@@ -94,7 +94,7 @@ func TestReadOnly(t *testing.T) {
 // an open to read it does not.
 func TestExecutingOnExecOpen(t *testing.T) {
 	l := newTestLayer(t, fixture(t, "estargz"))
-	m := mountLayer(t, l, defaultOptions())
+	m := mountLayer(t, l, defaultConfig())
 	diff := m.path("diff")
 	tool, _ := l.Index().LookupPath("usr/bin/tool")
 	b, err := os.ReadFile(filepath.Join(diff, "usr", "bin", "group-tool"))

@@ -51,7 +51,7 @@ func mountRefusing(t *testing.T) (mnt string, store *testStore, l *refusingLayer
 	l = &refusingLayer{testLayer: tl, refusal: make(chan struct{})}
 	store = newTestStore()
 	store.layers[testRef] = map[digest.Digest]Layer{tl.tocKey: l}
-	mnt, _ = mountTest(t, store, defaultOptions())
+	mnt, _ = mountTest(t, store, defaultConfig())
 	return mnt, store, l, func() {
 		err := errors.Join(chunked.ErrInvalid, errors.New("TOC and tar-split disagree"))
 		store.setErr(tl.tocKey, err)

@@ -96,8 +96,8 @@ func (l *blockingLayer) ReadFile(ctx context.Context, id chunked.EntryID, p []by
 	return l.testLayer.ReadFile(ctx, id, p, off)
 }
 
-func resumeOptions() Options {
-	opts := defaultOptions()
+func resumeOptions() Config {
+	opts := defaultConfig()
 	opts.Passthrough = os.Getenv(resumePTEnv) != "" // else every read reaches the daemon
 	return opts
 }

@@ -206,7 +206,7 @@ func TestDiffTreeMatchesReference(t *testing.T) {
 		layers[f.Name] = l
 		store.add("registry.example/fixtures:"+f.Name, l)
 	}
-	mnt, _ := mountTest(t, store, defaultOptions())
+	mnt, _ := mountTest(t, store, defaultConfig())
 	for _, f := range loadFixtures(t) {
 		t.Run(f.Name, func(t *testing.T) {
 			l := layers[f.Name]
@@ -229,7 +229,7 @@ func TestRandomReads(t *testing.T) {
 		layers[f.Name] = newTestLayer(t, f)
 		store.add("registry.example/reads:"+f.Name, layers[f.Name])
 	}
-	mnt, _ := mountTest(t, store, Options{})
+	mnt, _ := mountTest(t, store, Config{})
 	content := map[string][]byte{}
 	for _, e := range testlayer.Entries() {
 		if e.Header.Typeflag == '0' && len(e.Data) > 0 {
@@ -275,7 +275,7 @@ func TestLargeDirectory(t *testing.T) {
 	}
 	f.Format = chunked.EStargz
 	l := newTestLayer(t, f)
-	m := mountLayer(t, l, defaultOptions())
+	m := mountLayer(t, l, defaultConfig())
 	des, err := os.ReadDir(m.path("diff", "many"))
 	if err != nil {
 		t.Fatal(err)
@@ -303,7 +303,7 @@ func TestCloseSendsNoFlush(t *testing.T) {
 	ref := "registry.example/noflush:" + f.Name
 	store.add(ref, l)
 	var log syncbuf.Buffer
-	opts := defaultOptions()
+	opts := defaultConfig()
 	opts.Debug = true
 	opts.Logger = slog.New(slog.NewTextHandler(&log, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	mnt, _ := mountTest(t, store, opts)

@@ -153,7 +153,7 @@ func TestWalkFromKernelCaches(t *testing.T) {
 	const n = 5000
 	store, ref, key, x := syntheticLayer(t, n)
 	ops := &opCounter{ops: map[string]int{}}
-	opts := defaultOptions()
+	opts := defaultConfig()
 	opts.Debug = true
 	opts.Logger = slog.New(ops)
 	mnt, _ := mountTest(t, store, opts)
@@ -242,7 +242,7 @@ func dirents(t *testing.T, fd, size, want int) (names []string, offs []int64) {
 // listing) goes on with the entry after it, and that the whole listing is the index's.
 func TestReaddirOffsets(t *testing.T) {
 	store, ref, key, x := syntheticLayer(t, 5000)
-	mnt, _ := mountTest(t, store, defaultOptions())
+	mnt, _ := mountTest(t, store, defaultConfig())
 	dir := layerPath(mnt, ref, key, "diff", "usr", "lib")
 	id, ok := x.LookupPath("usr/lib")
 	if !ok {

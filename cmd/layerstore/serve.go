@@ -173,7 +173,7 @@ func openStack(cfg *Config, mountpoint string, inherited []fdstore.Named, log *s
 	if s.manager, err = layer.New(layer.ClientRegistry(s.client), s.cache, layerConfig(cfg, log)); err != nil {
 		return nil, err
 	}
-	opts := storefs.Options{Logger: log, Passthrough: orBool(cfg.FUSE.Passthrough, true)}
+	opts := storefs.Config{Logger: log, Passthrough: orBool(cfg.FUSE.Passthrough, true)}
 	if os.Geteuid() != 0 {
 		if opts.IDs, err = rootlessIDs(); err != nil {
 			return nil, err
@@ -215,7 +215,7 @@ func rootlessIDs() (*storefs.IDMap, error) {
 // none or it cannot be resumed (an older kernel, a session of an incompatible version): then
 // the old session is let go, so that the kernel ends it (its open files fail), and its dead
 // mount is cleared.
-func mountStore(mountpoint string, store storefs.Store, opts storefs.Options, inherited []fdstore.Named, log *slog.Logger) (_ *storefs.Server, resumed bool, _ error) {
+func mountStore(mountpoint string, store storefs.Store, opts storefs.Config, inherited []fdstore.Named, log *slog.Logger) (_ *storefs.Server, resumed bool, _ error) {
 	if sess, ok := inheritedSession(inherited, log); ok {
 		srv, err := storefs.Resume(mountpoint, sess, store, opts)
 		if err == nil {
