@@ -360,7 +360,7 @@ func wantErrno(t *testing.T, what string, err error, want syscall.Errno) {
 	}
 }
 
-// defaultOptions are the options the daemon runs with as root: passthrough, one hour timeouts
+// defaultConfig is the configuration the daemon runs with as root: passthrough, one hour timeouts
 // for the immutable tree, no logging.
 func defaultConfig() Config {
 	return Config{EntryTimeout: DefaultEntryTimeout, AttrTimeout: DefaultAttrTimeout, Passthrough: true}
