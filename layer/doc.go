@@ -178,8 +178,8 @@
 // of that manager shares (env, in env.go): the cache and its open files (handles.go), the
 // scheduler that shares the registry and the processors with background work
 // (scheduler.go), the counters, the read settings, the manager's lifetime (life), and, for
-// predictions, the other live layers of its image (env.siblings, the one call from a layer
-// into its manager). A layer holds its own blob: a layer restored from its record reaches the
+// predictions, the live layers (liveSet, which the manager fills and its layers read: a layer
+// never calls its manager). A layer holds its own blob: a layer restored from its record reaches the
 // registry through the reference and descriptor it was resolved by (registryBlob), not
 // through the manager. Startup profiles are package profile's (format, persistence, merge,
 // export and import); this package records them and replays them. The read
@@ -192,10 +192,12 @@
 // # Concurrency
 //
 // Every exported method is safe for concurrent use. The locks, none of which is held while
-// another is taken (each is a leaf), nor across I/O, a fetch or a wait, but for the two
+// another is taken (each is a leaf), nor across I/O, a fetch or a wait, but for the
 // exceptions said:
 //
-//   - Manager.mu: the resolutions, the live layers, closed.
+//   - Manager.mu: the resolutions, the images' starts, closed; the one lock taken under it
+//     is liveSet.mu (a layer made live or forgotten as the resolutions change).
+//   - liveSet.mu: the live layers (a leaf), read by the manager and by a layer's predictions.
 //   - lifetime.mu: whether the manager is closing; goTracked takes it.
 //   - Layer.mu: the references and repositories of a layer, its chunks in flight (and the
 //     failures remembered on them), its cold reads and files predicted, its blob copy.

@@ -6,6 +6,8 @@ import (
 	iofs "io/fs"
 	"log/slog"
 	"runtime/debug"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -16,7 +18,7 @@ import (
 
 // env is what the layers of one manager share, and all a layer knows of its manager: where
 // content is kept, how the registry is shared, what is counted, the settings of reads, the
-// lifetime of background work, and one read-only view of the manager's live layers (siblings).
+// lifetime of background work, and the manager's live layers (live: a layer reads them).
 // A layer never sees the manager's resolutions, nor reaches the registry through it: a layer
 // holds its own blob (a layer restored from its record, the registry, reference and descriptor
 // to reach it: registryBlob).
@@ -39,12 +41,10 @@ type env struct {
 	readAhead   int64         // the read-ahead window (options.readAhead)
 	regions     chan struct{} // a slot per region fetch in flight (regionSlots)
 	predicting  chan struct{} // a slot per prediction running (predictSlots; predict.go)
-	// siblings returns the other live layers resolved through a reference l was resolved
-	// through (the rest of its image), where a prediction looks for the files it names. The
-	// manager sets it to Manager.siblingsOf, which takes Manager.mu: the one call from a layer
-	// into its manager, made by predictions only, never under a layer's lock.
-	siblings func(l *Layer) []*Layer
-	batch    int64 // the compressed bytes of a background request (Config.PrefetchBatch)
+	// live is the manager's live layers, where a prediction finds the rest of its image
+	// (liveSet.siblings); nil in tests that make layers without a manager.
+	live  *liveSet
+	batch int64 // the compressed bytes of a background request (Config.PrefetchBatch)
 
 	// The recording of startup profiles: its window (options.profileWindow; zero: none) and
 	// the bounds that end it early (profile.MaxFiles, profile.MaxContent; tests lower them).
@@ -175,7 +175,7 @@ type lifetime struct {
 	tracked sync.WaitGroup
 }
 
-func newWork() *lifetime {
+func newLifetime() *lifetime {
 	w := &lifetime{}
 	w.ctx, w.cancel = context.WithCancel(context.Background())
 	return w
@@ -216,3 +216,76 @@ func (w *lifetime) stop() {
 
 // wait returns once the tracked work has ended.
 func (w *lifetime) wait() { w.tracked.Wait() }
+
+// liveSet is the manager's live layers, by identity: the manager makes layers live and forgets
+// them, and its layers read it to find their siblings, so that a layer needs nothing of the
+// manager itself. Its lock is a leaf: the manager takes it under Manager.mu.
+type liveSet struct {
+	mu     sync.Mutex
+	layers map[identity]*Layer
+}
+
+func newLiveSet() *liveSet { return &liveSet{layers: map[identity]*Layer{}} }
+
+// get returns the live layer of an identity, or nil.
+func (s *liveSet) get(id identity) *Layer {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.layers[id]
+}
+
+// add makes l the live layer of its identity, unless one is live already: that one is
+// returned, and l is not added.
+func (s *liveSet) add(l *Layer) (existing *Layer) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if existing = s.layers[l.id]; existing == nil {
+		s.layers[l.id] = l
+	}
+	return existing
+}
+
+// all returns the live layers, in no order.
+func (s *liveSet) all() []*Layer {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]*Layer, 0, len(s.layers))
+	for _, l := range s.layers {
+		out = append(out, l)
+	}
+	return out
+}
+
+// retain forgets the live layers keep refuses, and returns them and those kept.
+func (s *liveSet) retain(keep func(*Layer) bool) (gone, kept []*Layer) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for id, l := range s.layers {
+		if !keep(l) {
+			delete(s.layers, id)
+			gone = append(gone, l)
+			continue
+		}
+		kept = append(kept, l)
+	}
+	return gone, kept
+}
+
+// siblings returns the live layers other than l resolved through a reference l was resolved
+// through (the rest of its image), where a prediction looks for the files it names: in digest
+// order, at most maxSiblings. It takes no layer's lock while it holds its own.
+func (s *liveSet) siblings(l *Layer) []*Layer {
+	live := s.all()
+	refs := l.references()
+	var out []*Layer
+	for _, o := range live {
+		if o != l && slices.ContainsFunc(o.references(), func(r string) bool { return slices.Contains(refs, r) }) {
+			out = append(out, o)
+		}
+	}
+	slices.SortFunc(out, func(a, b *Layer) int { return strings.Compare(string(a.desc.Digest), string(b.desc.Digest)) })
+	return out[:min(len(out), maxSiblings)]
+}
+
+// maxSiblings bounds the layers a prediction looks in besides its own.
+const maxSiblings = 128

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	iofs "io/fs"
 	"slices"
-	"strings"
 	"sync"
 	"time"
 
@@ -63,7 +62,6 @@ type Manager struct {
 
 	mu       sync.Mutex
 	resolved map[layerKey]*resolution
-	live     map[identity]*Layer    // live layers, shared by every reference describing them alike
 	starts   map[string]*imageStart // images whose program is to be predicted, by reference (start.go)
 	closed   bool
 
@@ -123,7 +121,8 @@ func newManager(reg Registry, c *cache.Cache, o options) *Manager {
 			files:       newHandles(c, o.openFiles),
 			sched:       newScheduler(o.prefetchConcurrency, o.prefetchBandwidth, o.prefetchQuiet),
 			counters:    newCounters(),
-			life:        newWork(),
+			live:        newLiveSet(),
+			life:        newLifetime(),
 			records:     loadRecords(c, chunked.Limits{}.WithDefaults(), o.log),
 			profiles:    profile.NewStore(c, o.log),
 			refusals:    &refusals{},
@@ -143,12 +142,10 @@ func newManager(reg Registry, c *cache.Cache, o options) *Manager {
 		reg:       reg,
 		opts:      o,
 		resolved:  map[layerKey]*resolution{},
-		live:      map[identity]*Layer{},
 		starts:    map[string]*imageStart{},
 		resolving: make(chan struct{}, maxResolutions),
 		stop:      make(chan struct{}),
 	}
-	m.siblings = m.siblingsOf
 	m.done.Add(1)
 	go m.janitor()
 	m.resumePins()
@@ -164,10 +161,7 @@ func (m *Manager) Close() error {
 		return nil
 	}
 	m.closed = true
-	layers := make([]*Layer, 0, len(m.live))
-	for _, l := range m.live {
-		layers = append(layers, l)
-	}
+	layers := m.live.all() // none is added once closed
 	m.mu.Unlock()
 	for _, l := range layers {
 		l.endRecording() // a daemon stopped within a recording's window keeps what it recorded
@@ -352,9 +346,7 @@ func (m *Manager) remember(k layerKey, l *Layer, err error) {
 
 // liveLayer returns the live layer of an identity, or nil.
 func (m *Manager) liveLayer(id identity) *Layer {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return m.live[id]
+	return m.live.get(id)
 }
 
 // addLive makes l the live layer of its identity and starts its background fetch, unless a
@@ -366,9 +358,10 @@ func (m *Manager) addLive(l *Layer, ref string) (*Layer, error) {
 		cctx, l.yieldComparison = context.WithCancel(m.life.ctx)
 	}
 	m.mu.Lock()
-	existing, closed := m.live[l.id], m.closed
-	if !closed && existing == nil {
-		m.live[l.id] = l
+	closed := m.closed
+	var existing *Layer
+	if !closed {
+		existing = m.live.add(l)
 	}
 	m.mu.Unlock()
 	if closed || existing != nil {
@@ -458,31 +451,6 @@ func (m *Manager) addLiveReady(ctx context.Context, l *Layer, modern bool, ref s
 // processor): the time a layer the tar-split contradicts is served before it is refused
 // (docs/security.md), the comparison's own time aside.
 const tarSplitDelay = 5 * time.Second
-
-// siblingsOf returns the live layers other than l resolved through a reference l was
-// resolved through, in digest order, at most maxSiblings (env.siblings).
-func (m *Manager) siblingsOf(l *Layer) []*Layer {
-	m.mu.Lock()
-	live := make([]*Layer, 0, len(m.live))
-	for _, o := range m.live {
-		if o != l {
-			live = append(live, o)
-		}
-	}
-	m.mu.Unlock()
-	refs := l.references()
-	var out []*Layer
-	for _, o := range live {
-		if slices.ContainsFunc(o.references(), func(r string) bool { return slices.Contains(refs, r) }) {
-			out = append(out, o)
-		}
-	}
-	slices.SortFunc(out, func(a, b *Layer) int { return strings.Compare(string(a.desc.Digest), string(b.desc.Digest)) })
-	return out[:min(len(out), maxSiblings)]
-}
-
-// maxSiblings bounds the layers a prediction looks in besides its own.
-const maxSiblings = 128
 
 // waitsForTarSplit reports whether a lookup must wait for the TOC to be compared with the
 // tar-split before it answers: a lookup by blob digest, whose info carries the tar's size,
@@ -594,15 +562,7 @@ func (m *Manager) expire() {
 			live[r.layer] = true
 		}
 	}
-	var kept []*Layer
-	for id, l := range m.live {
-		if !live[l] {
-			delete(m.live, id)
-			gone = append(gone, l)
-			continue
-		}
-		kept = append(kept, l)
-	}
+	gone, kept := m.live.retain(func(l *Layer) bool { return live[l] })
 	m.mu.Unlock()
 	for _, l := range gone {
 		l.stopPrefetch()

@@ -244,13 +244,9 @@ func TestPinResumedAfterRestart(t *testing.T) {
 // identityOf returns the identity of m's only live layer.
 func identityOf(t *testing.T, m *Manager) identity {
 	t.Helper()
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if len(m.live) != 1 {
-		t.Fatalf("%d live layers, want 1", len(m.live))
+	live := m.live.all()
+	if len(live) != 1 {
+		t.Fatalf("%d live layers, want 1", len(live))
 	}
-	for id := range m.live {
-		return id
-	}
-	panic("unreachable")
+	return live[0].id
 }

@@ -190,8 +190,8 @@ func (l *Layer) predictFrom(ctx context.Context, id chunked.EntryID) []fileRef {
 	}
 	r := &predictReader{ctx: ctx, l: l, id: id}
 	layers := []*Layer{l}
-	if l.env.siblings != nil {
-		layers = append(layers, l.env.siblings(l)...)
+	if l.env.live != nil {
+		layers = append(layers, l.env.live.siblings(l)...)
 	}
 	var out []fileRef
 	add := func(p string) bool {

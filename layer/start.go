@@ -97,7 +97,7 @@ func (m *Manager) predictStart(ref string) {
 		return
 	}
 	var live []*Layer
-	for _, l := range m.live {
+	for _, l := range m.live.all() {
 		if slices.Contains(s.layers, l.desc.Digest) {
 			live = append(live, l)
 		}

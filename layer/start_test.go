@@ -84,9 +84,7 @@ func TestPredictImageProgram(t *testing.T) {
 			// The lower layer alone looked up, again once the program's layer is live
 			// (resolved ahead): that layer may be the runtime's own.
 			waitFor(t, "the upper layer resolved ahead", func() bool {
-				m.mu.Lock()
-				defer m.mu.Unlock()
-				return len(m.live) == 2
+				return len(m.live.all()) == 2
 			})
 			lookupOK(t, m, ref, profKey(bf))
 			time.Sleep(100 * time.Millisecond)

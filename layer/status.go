@@ -13,12 +13,7 @@ import (
 
 // Status returns a snapshot of every live layer, the cache and the counters.
 func (m *Manager) Status() protocol.Status {
-	m.mu.Lock()
-	layers := make([]*Layer, 0, len(m.live))
-	for _, l := range m.live {
-		layers = append(layers, l)
-	}
-	m.mu.Unlock()
+	layers := m.live.all()
 	st := protocol.Status{
 		Pins:  m.Pins(),
 		Cache: m.cache.Stats(),
