@@ -24,7 +24,7 @@ func Example() {
 		log.Fatal(err)
 	}
 	src := testlayer.BlobSource(fx.Blob)
-	l, err := verify.Open(ctx, fx.Desc, fx.DiffID, src)
+	l, err := verify.Open(ctx, fx.Desc, fx.DiffID, src, verify.Config{})
 	if err != nil {
 		log.Fatal(err)
 	}

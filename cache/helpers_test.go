@@ -51,7 +51,7 @@ func loadFiles(t testing.TB) (map[string]*testFile, error) {
 	out := map[string]*testFile{}
 	for kind, fx := range map[string]testlayer.Fixture{"zstd": zf, "estargz": ef} {
 		src := testlayer.BlobSource(fx.Blob)
-		l, err := verify.Open(t.Context(), fx.Desc, fx.DiffID, src)
+		l, err := verify.Open(t.Context(), fx.Desc, fx.DiffID, src, verify.Config{})
 		if err != nil {
 			return nil, err
 		}

@@ -141,7 +141,7 @@ func newTestLayer(t *testing.T, f testlayer.Fixture) *testLayer {
 // process.
 func openTestLayer(ctx context.Context, f testlayer.Fixture) (*testLayer, error) {
 	src := testlayer.BlobSource(f.Blob)
-	v, err := verify.Open(ctx, f.Desc, f.DiffID, src)
+	v, err := verify.Open(ctx, f.Desc, f.DiffID, src, verify.Config{})
 	if err != nil {
 		return nil, fmt.Errorf("verify.Open(%s): %w", f.Name, err)
 	}

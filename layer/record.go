@@ -322,7 +322,7 @@ func (rs *records) restore(name string, rec *cache.Record, written *chunked.Inde
 	if meta.TarSplitSize > 0 {
 		s.TarSplit = data[meta.IndexSize : meta.IndexSize+meta.TarSplitSize] // used in place, mapped as long as the index
 	}
-	v, err := verify.Restore(s, idx, verify.WithLimits(rs.limits), verify.WithUnresident(func() { _ = rec.Unresident() }))
+	v, err := verify.Restore(s, idx, verify.Config{Limits: rs.limits, Unresident: func() { _ = rec.Unresident() }})
 	if err != nil {
 		return nil, nil, err
 	}

@@ -275,7 +275,7 @@ func waitComplete(t *testing.T, l *Layer) {
 // check's transient memory).
 func TestRecordWrittenInPlace(t *testing.T) {
 	f := syntheticLayer(t, 20000, nil)
-	v, err := verify.Open(t.Context(), f.Desc, f.DiffID, testlayer.BlobSource(f.Blob))
+	v, err := verify.Open(t.Context(), f.Desc, f.DiffID, testlayer.BlobSource(f.Blob), verify.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -337,7 +337,7 @@ func recordNameOf(t *testing.T, rs *records) string {
 // resident memory is what its lookups and reads use, not its whole index.
 func TestRecordIndexNotResident(t *testing.T) {
 	f := syntheticLayer(t, 200000, nil)
-	v, err := verify.Open(t.Context(), f.Desc, f.DiffID, testlayer.BlobSource(f.Blob))
+	v, err := verify.Open(t.Context(), f.Desc, f.DiffID, testlayer.BlobSource(f.Blob), verify.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -146,11 +146,7 @@ func (m *Manager) openVerified(ctx context.Context, img *fetcher.Image, desc *fe
 		return nil, nil, err
 	}
 	now := waitsForTarSplit(modern, m.opts.requireDiffID)
-	var opts []verify.Option
-	if now {
-		opts = append(opts, verify.WithTarSplit())
-	}
-	v, err := verify.Open(ctx, desc.Descriptor, desc.DiffID, blob, opts...)
+	v, err := verify.Open(ctx, desc.Descriptor, desc.DiffID, blob, verify.Config{TarSplit: now})
 	if err == nil && now {
 		err = v.CheckTarSplit(ctx, blob) // before the record is written, which then holds the size
 	}

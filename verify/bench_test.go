@@ -59,7 +59,7 @@ func BenchmarkOpenLarge(b *testing.B) {
 	src := source(f.Blob)
 	b.Run("open", func(b *testing.B) {
 		for b.Loop() {
-			if _, err := verify.Open(b.Context(), f.Desc, f.DiffID, src); err != nil {
+			if _, err := verify.Open(b.Context(), f.Desc, f.DiffID, src, verify.Config{}); err != nil {
 				b.Fatal(err)
 			}
 		}
@@ -67,7 +67,7 @@ func BenchmarkOpenLarge(b *testing.B) {
 	})
 	b.Run("open+compare", func(b *testing.B) {
 		for b.Loop() {
-			l, err := verify.Open(b.Context(), f.Desc, f.DiffID, src)
+			l, err := verify.Open(b.Context(), f.Desc, f.DiffID, src, verify.Config{})
 			if err != nil {
 				b.Fatal(err)
 			}

@@ -39,13 +39,13 @@ func TestOpenCanceled(t *testing.T) {
 		src := ignoringSource{bytes.NewReader(f.Blob)}
 		ctx, cancel := context.WithCancel(t.Context())
 		cancel()
-		if _, err := verify.Open(ctx, f.Desc, f.DiffID, src); !errors.Is(err, context.Canceled) {
+		if _, err := verify.Open(ctx, f.Desc, f.DiffID, src, verify.Config{}); !errors.Is(err, context.Canceled) {
 			t.Errorf("%s: Open with a canceled context = %v, want context.Canceled", f.Name, err)
 		}
 		if f.Name != "zstdchunked-modern" {
 			continue
 		}
-		l, err := verify.Open(t.Context(), f.Desc, f.DiffID, src)
+		l, err := verify.Open(t.Context(), f.Desc, f.DiffID, src, verify.Config{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -56,7 +56,7 @@ func TestOpenCanceled(t *testing.T) {
 		if looks.looks == 0 {
 			t.Fatal("the tar-split comparison never looked at its context")
 		}
-		l, err = verify.Open(t.Context(), f.Desc, f.DiffID, src)
+		l, err = verify.Open(t.Context(), f.Desc, f.DiffID, src, verify.Config{})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -30,7 +30,7 @@ func source(blob []byte) verify.Source { return testlayer.BlobSource(blob) }
 func open(t testing.TB, f testlayer.Fixture) (*verify.Verifier, verify.Source) {
 	t.Helper()
 	src := source(f.Blob)
-	l, err := verify.Open(t.Context(), f.Desc, f.DiffID, src)
+	l, err := verify.Open(t.Context(), f.Desc, f.DiffID, src, verify.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -200,8 +200,8 @@ func (c *countingSource) Fetch(ctx context.Context, ranges []byterange.Range) ([
 	return out, nil
 }
 
-// Open reads the footer and the TOC (and the tar-split, WithTarSplit) in one request when the
-// annotations place the TOC, and none of the tar-split's bytes without WithTarSplit; eStargz
+// Open reads the footer and the TOC (and the tar-split, Config.TarSplit) in one request when the
+// annotations place the TOC, and none of the tar-split's bytes without Config.TarSplit; eStargz
 // needs its footer first.
 func TestOpenReads(t *testing.T) {
 	want := map[string]int{"zstdchunked-modern": 1, "zstdchunked-legacy": 1, "estargz-zstd-annotated": 1, "estargz": 2, "estargz-zstd": 2}
@@ -212,11 +212,7 @@ func TestOpenReads(t *testing.T) {
 		}
 		for _, withTarSplit := range []bool{false, true} {
 			src := &countingSource{Source: source(f.Blob)}
-			var opts []verify.Option
-			if withTarSplit {
-				opts = append(opts, verify.WithTarSplit())
-			}
-			l, err := verify.Open(t.Context(), f.Desc, f.DiffID, src, opts...)
+			l, err := verify.Open(t.Context(), f.Desc, f.DiffID, src, verify.Config{TarSplit: withTarSplit})
 			if err != nil {
 				t.Fatal(err)
 			}

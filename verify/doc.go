@@ -13,7 +13,7 @@
 //
 // That the TOC and the tar-split describe the same entries with the same metadata is
 // [Verifier.CheckTarSplit]'s to prove, off the lookup path: it reads the tar-split (unless
-// Open did, [WithTarSplit]), checks it against the digest the TOC names, and compares every
+// Open did, [Config.TarSplit]), checks it against the digest the TOC names, and compares every
 // entry (seconds for a million entries). Until it has succeeded the Verifier claims no more than
 // [ChunksVerified] and does not know the tar's size ([Verifier.TarSize] is -1); its verdict is
 // remembered, and once it has failed the Verifier verifies no chunk and proves no DiffID any

@@ -43,7 +43,7 @@ func ExampleOpen() {
 
 	// The source is random access to the blob: a fetcher.Blob in the daemon.
 	src := testlayer.BlobSource(blob)
-	l, err := verify.Open(ctx, desc, digest.Digest(strings.TrimSpace(string(diffID))), src)
+	l, err := verify.Open(ctx, desc, digest.Digest(strings.TrimSpace(string(diffID))), src, verify.Config{})
 	if err != nil {
 		log.Fatal(err)
 	}

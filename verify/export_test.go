@@ -4,7 +4,7 @@ package verify
 func HeadersCompared(v *Verifier) int64 { return v.headers.Load() }
 
 // SetUnresidentEvery sets how many entries the comparison reads between two calls of the
-// WithUnresident function, until the test ends.
+// Config.Unresident function, until the test ends.
 func SetUnresidentEvery(t interface{ Cleanup(func()) }, n int) {
 	old := unresidentEvery
 	unresidentEvery = n

@@ -42,11 +42,8 @@ func (v *Verifier) Save() Saved {
 //
 // The Verifier uses s.TarSplit in place, as it uses idx (the layer manager maps both from
 // its record): the caller keeps it unchanged and readable for as long as it keeps idx.
-func Restore(s Saved, idx *chunked.Index, opts ...Option) (*Verifier, error) {
-	o, err := newOptions(opts)
-	if err != nil {
-		return nil, err
-	}
+func Restore(s Saved, idx *chunked.Index, cfg Config) (*Verifier, error) {
+	lim := cfg.Limits.WithDefaults()
 	switch {
 	case idx == nil:
 		return nil, fmt.Errorf("%w: restoring a layer without an index", chunked.ErrInvalid)
@@ -56,16 +53,16 @@ func Restore(s Saved, idx *chunked.Index, opts ...Option) (*Verifier, error) {
 		return nil, fmt.Errorf("%w: restoring a layer with guarantee %d", chunked.ErrInvalid, s.Guarantee)
 	case s.DiffID.Validate() != nil || s.Layout.BlobDigest.Validate() != nil:
 		return nil, fmt.Errorf("%w: restoring a layer without valid digests", chunked.ErrInvalid)
-	case int64(len(s.TarSplit)) > o.limits.MaxTOCSize:
-		return nil, fmt.Errorf("%w: restored tar-split of %d bytes exceeds %d", chunked.ErrLimit, len(s.TarSplit), o.limits.MaxTOCSize)
+	case int64(len(s.TarSplit)) > lim.MaxTOCSize:
+		return nil, fmt.Errorf("%w: restored tar-split of %d bytes exceeds %d", chunked.ErrLimit, len(s.TarSplit), lim.MaxTOCSize)
 	}
 	layout := s.Layout
-	want, err := tarSplitDigest(&layout, idx, o.limits)
+	want, err := tarSplitDigest(&layout, idx, lim)
 	if err != nil {
 		return nil, err
 	}
-	v := &Verifier{layout: &layout, index: idx, diffID: s.DiffID, tarSplitDigest: want, limits: o.limits,
-		comparing: make(chan struct{}, 1), unresident: o.unresident}
+	v := &Verifier{layout: &layout, index: idx, diffID: s.DiffID, tarSplitDigest: want, limits: lim,
+		comparing: make(chan struct{}, 1), unresident: cfg.Unresident}
 	v.tarSize.Store(max(s.TarSize, -1))
 	if s.TarSplit != nil && want != "" && s.Guarantee < DiffIDVerified {
 		v.tarSplit.Store(&s.TarSplit)

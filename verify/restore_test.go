@@ -24,9 +24,9 @@ func TestRestoreUsesTarSplitInPlace(t *testing.T) {
 	}
 	l, src := open(t, f)
 	if s := l.Save(); s.TarSplit != nil {
-		t.Fatal("Open read the tar-split without WithTarSplit")
+		t.Fatal("Open read the tar-split without Config.TarSplit")
 	}
-	l, err = verify.Open(t.Context(), f.Desc, f.DiffID, src, verify.WithTarSplit())
+	l, err = verify.Open(t.Context(), f.Desc, f.DiffID, src, verify.Config{TarSplit: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -36,7 +36,7 @@ func TestRestoreUsesTarSplitInPlace(t *testing.T) {
 	}
 	var before, after runtime.MemStats
 	runtime.ReadMemStats(&before)
-	r, err := verify.Restore(s, l.Index())
+	r, err := verify.Restore(s, l.Index(), verify.Config{})
 	runtime.ReadMemStats(&after)
 	if err != nil {
 		t.Fatal(err)
@@ -55,7 +55,7 @@ func TestRestoreUsesTarSplitInPlace(t *testing.T) {
 	}
 }
 
-// The comparison of a restored layer's TOC with its tar-split calls the WithUnresident
+// The comparison of a restored layer's TOC with its tar-split calls the Config.Unresident
 // function as it reads them, every so many entries; a Verifier from Open has none to call.
 func TestRestoreUnresident(t *testing.T) {
 	f, err := testlayer.SyntheticZstdChunked(5_000, nil)
@@ -63,13 +63,13 @@ func TestRestoreUnresident(t *testing.T) {
 		t.Fatal(err)
 	}
 	src := source(f.Blob)
-	l, err := verify.Open(t.Context(), f.Desc, f.DiffID, src, verify.WithTarSplit()) // saved with the layer
+	l, err := verify.Open(t.Context(), f.Desc, f.DiffID, src, verify.Config{TarSplit: true}) // saved with the layer
 	if err != nil {
 		t.Fatal(err)
 	}
 	verify.SetUnresidentEvery(t, 1000)
 	calls := 0
-	r, err := verify.Restore(l.Save(), l.Index(), verify.WithUnresident(func() { calls++ }))
+	r, err := verify.Restore(l.Save(), l.Index(), verify.Config{Unresident: func() { calls++ }})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -123,7 +123,7 @@ func TestReleaseTarSplit(t *testing.T) {
 		t.Errorf("CheckDiffID read %v, want the tar-split %v read again", counted.read, ts)
 	}
 
-	r, err := verify.Restore(saved, l.Index())
+	r, err := verify.Restore(saved, l.Index(), verify.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}

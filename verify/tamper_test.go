@@ -108,7 +108,7 @@ func dump(x *chunked.Index) string {
 }
 
 // Any flipped byte of the footer, the TOC or the tar-split makes Open fail with a typed error
-// (the tar-split's only when Open reads it, WithTarSplit; otherwise CheckTarSplit fails, and
+// (the tar-split's only when Open reads it, Config.TarSplit; otherwise CheckTarSplit fails, and
 // its failure is the verdict). The only exception: the gzip header fields of the eStargz TOC
 // member (mtime, flags, OS), which no reader uses and which change nothing parsed.
 func TestTamperMetadata(t *testing.T) {
@@ -131,7 +131,7 @@ func TestTamperMetadata(t *testing.T) {
 					at := int(r.Offset) + p
 					src := source(flip(f.Blob, at))
 					if name == "tar-split" {
-						lazy, err := verify.Open(t.Context(), f.Desc, f.DiffID, src)
+						lazy, err := verify.Open(t.Context(), f.Desc, f.DiffID, src, verify.Config{})
 						if err != nil {
 							t.Fatalf("tar-split byte %d: Open without the tar-split = %v", p, err)
 						}
@@ -139,7 +139,7 @@ func TestTamperMetadata(t *testing.T) {
 							t.Fatalf("tar-split byte %d: CheckTarSplit = %v (Err %v), want a typed verdict", p, err, lazy.Err())
 						}
 					}
-					lt, err := verify.Open(t.Context(), f.Desc, f.DiffID, src, verify.WithTarSplit())
+					lt, err := verify.Open(t.Context(), f.Desc, f.DiffID, src, verify.Config{TarSplit: true})
 					if err != nil {
 						if !isTyped(err) {
 							t.Fatalf("%s byte %d: untyped error %v", name, p, err)
@@ -169,7 +169,7 @@ func TestTOCAnnotationMismatch(t *testing.T) {
 					d.Annotations[k] = digest.FromString("another TOC").String()
 				}
 			}
-			_, err := verify.Open(t.Context(), d, f.DiffID, source(f.Blob))
+			_, err := verify.Open(t.Context(), d, f.DiffID, source(f.Blob), verify.Config{})
 			var me *verify.MismatchError
 			if !errors.Is(err, verify.ErrDigestMismatch) || !errors.As(err, &me) || !strings.Contains(me.What, "TOC") {
 				t.Fatalf("Open = %v, want a TOC digest mismatch", err)
@@ -240,7 +240,7 @@ func TestTarSplitDisagreement(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if l, err := verify.Open(t.Context(), same.Desc, same.DiffID, source(same.Blob)); err != nil || l.CheckTarSplit(t.Context(), source(same.Blob)) != nil {
+	if l, err := verify.Open(t.Context(), same.Desc, same.DiffID, source(same.Blob), verify.Config{}); err != nil || l.CheckTarSplit(t.Context(), source(same.Blob)) != nil {
 		t.Fatalf("repacked without changes: %v", err)
 	}
 	for name, edit := range map[string]func(string) string{
@@ -258,7 +258,7 @@ func TestTarSplitDisagreement(t *testing.T) {
 					t.Fatal("the edit changed nothing")
 				}
 				src := source(f.Blob)
-				l, err := verify.Open(t.Context(), f.Desc, f.DiffID, src)
+				l, err := verify.Open(t.Context(), f.Desc, f.DiffID, src, verify.Config{})
 				if err != nil {
 					t.Fatalf("Open = %v; it checks the tar-split's digest only", err)
 				}
@@ -350,7 +350,7 @@ func TestCheckDiffIDMismatch(t *testing.T) {
 		t.Fatal(err)
 	}
 	src := source(f.Blob)
-	wrong, err := verify.Open(t.Context(), f.Desc, digest.FromString("other"), src)
+	wrong, err := verify.Open(t.Context(), f.Desc, digest.FromString("other"), src, verify.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -360,7 +360,7 @@ func TestCheckDiffIDMismatch(t *testing.T) {
 	if g := wrong.Guarantee(); g != verify.ChunksVerified {
 		t.Fatalf("guarantee after a failed check = %v", g)
 	}
-	l, err := verify.Open(t.Context(), f.Desc, f.DiffID, src)
+	l, err := verify.Open(t.Context(), f.Desc, f.DiffID, src, verify.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -404,12 +404,12 @@ func TestTarSplitChecksumAnnotation(t *testing.T) {
 				Annotations: maps.Clone(base.Desc.Annotations)}
 			d.Annotations[chunked.AnnotationTarSplitChecksum] = tc.checksum.String()
 			src := source(blob)
-			if _, err := verify.Open(t.Context(), d, base.DiffID, src, verify.WithTarSplit()); tc.ok != (err == nil) {
+			if _, err := verify.Open(t.Context(), d, base.DiffID, src, verify.Config{TarSplit: true}); tc.ok != (err == nil) {
 				t.Fatalf("Open with the tar-split = %v", err)
 			} else if !tc.ok && !errors.Is(err, verify.ErrDigestMismatch) {
 				t.Fatalf("Open with the tar-split = %v, want a tar-split digest mismatch", err)
 			}
-			l, err := verify.Open(t.Context(), d, base.DiffID, src)
+			l, err := verify.Open(t.Context(), d, base.DiffID, src, verify.Config{})
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -20,7 +20,7 @@ func TestCompareTarSplitAllocations(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	l, err := verify.Open(t.Context(), f.Desc, f.DiffID, source(f.Blob), verify.WithTarSplit()) // the comparison only, below
+	l, err := verify.Open(t.Context(), f.Desc, f.DiffID, source(f.Blob), verify.Config{TarSplit: true}) // the comparison only, below
 	if err != nil {
 		t.Fatal(err)
 	}

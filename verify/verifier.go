@@ -20,61 +20,26 @@ type Source interface {
 	ReadAt(ctx context.Context, p []byte, off int64) (int, error)
 }
 
-// Option configures [Open] and [Restore].
-type Option func(*options) error
-
-type options struct {
-	limits     chunked.Limits
-	unresident func()
-	tarSplit   bool
-}
-
-// newOptions applies opts to the defaults.
-func newOptions(opts []Option) (options, error) {
-	o := options{limits: chunked.Limits{}.WithDefaults()}
-	for _, opt := range opts {
-		if err := opt(&o); err != nil {
-			return o, err
-		}
-	}
-	return o, nil
-}
-
-// WithLimits sets the bounds on untrusted input. Zero fields keep their defaults
-// (see [chunked.Limits]).
-func WithLimits(l chunked.Limits) Option {
-	return func(o *options) error {
-		o.limits = l.WithDefaults()
-		return nil
-	}
-}
-
-// WithUnresident gives [Restore] a function that lets the pages of the index and tar-split
-// it uses in place stop being resident (a mapped file's pages: madvise MADV_DONTNEED), which
-// the comparison of the TOC with the tar-split calls every unresidentEvery entries, so that
-// what it has read of them does not stay resident while it reads the rest. Only for memory
-// that reads back unchanged once dropped: never heap memory.
-func WithUnresident(f func()) Option {
-	return func(o *options) error {
-		o.unresident = f
-		return nil
-	}
-}
-
-// WithTarSplit makes [Open] read a zstd:chunked tar-split with the TOC (in one request with
-// it when the source can make one: [RangeSource]) and check its digest, for a caller that
-// compares them at once ([Verifier.CheckTarSplit]). Without it the tar-split is read by the
-// first CheckTarSplit or CheckDiffID: a runtime's lookup need not wait for its bytes (1.3 MB
-// for a layer of 26,000 entries, 0.1 s at 100 Mbit/s).
-func WithTarSplit() Option {
-	return func(o *options) error {
-		o.tarSplit = true
-		return nil
-	}
+// Config configures [Open] and [Restore]. Its zero value is the defaults.
+type Config struct {
+	// Limits bounds untrusted input. Zero fields keep their defaults (see [chunked.Limits]).
+	Limits chunked.Limits
+	// Unresident, for [Restore], lets the pages of the index and tar-split it uses in place
+	// stop being resident (a mapped file's pages: madvise MADV_DONTNEED). The comparison of
+	// the TOC with the tar-split calls it every unresidentEvery entries, so that what it has
+	// read of them does not stay resident while it reads the rest. Only for memory that reads
+	// back unchanged once dropped: never heap memory. The default is none.
+	Unresident func()
+	// TarSplit makes [Open] read a zstd:chunked tar-split with the TOC (in one request with
+	// it when the source can make one: [RangeSource]) and check its digest, for a caller that
+	// compares them at once ([Verifier.CheckTarSplit]). By default the tar-split is read by the
+	// first CheckTarSplit or CheckDiffID: a runtime's lookup need not wait for its bytes
+	// (1.3 MB for a layer of 26,000 entries, 0.1 s at 100 Mbit/s).
+	TarSplit bool
 }
 
 // unresidentEvery is how many entries the comparison of the TOC with the tar-split reads
-// between two calls of the WithUnresident function: about 5 MiB of a record's index and tar-split.
+// between two calls of [Config.Unresident]: about 5 MiB of a record's index and tar-split.
 var unresidentEvery = 1 << 16 // a variable for tests
 
 // Guarantee is what has been proven about a layer's content.
@@ -110,14 +75,14 @@ type Verifier struct {
 	// layers, the annotation) names it; empty when the layer has none.
 	tarSplitDigest digest.Digest
 	// tarSplit is the compressed tar-split, its digest checked; nil until read (Open with
-	// WithTarSplit, Restore, or loadTarSplit), or again once released (ReleaseTarSplit).
+	// Config.TarSplit, Restore, or loadTarSplit), or again once released (ReleaseTarSplit).
 	tarSplit atomic.Pointer[[]byte]
 	// readTarSplit is tarSplit when the Verifier read it itself (on the heap, not mapped by
 	// Restore's caller): what ReleaseTarSplit drops.
 	readTarSplit atomic.Pointer[[]byte]
 	limits       chunked.Limits
 	guarantee    atomic.Int32
-	// unresident drops the pages of the index and tar-split, mapped (WithUnresident); nil
+	// unresident drops the pages of the index and tar-split, mapped (Config.Unresident); nil
 	// for those on the heap.
 	unresident func()
 
@@ -131,15 +96,12 @@ type Verifier struct {
 
 // Open verifies and indexes a layer: classification from the descriptor, the footer cross-check,
 // the TOC digest before the TOC is used, and for zstd:chunked with a tar-split, its size
-// within the limits (its digest is checked as it is read: by Open under [WithTarSplit], else
+// within the limits (its digest is checked as it is read: by Open under [Config.TarSplit], else
 // by the first [Verifier.CheckTarSplit], which also compares it with the TOC). Errors are [*LayerError]s wrapping [chunked.ErrNotLazy],
 // [chunked.ErrInvalid], [chunked.ErrLimit], [ErrDigestMismatch] or the source's error.
-func Open(ctx context.Context, desc chunked.Descriptor, diffID digest.Digest, src Source, opts ...Option) (*Verifier, error) {
-	o, err := newOptions(opts)
-	if err != nil {
-		return nil, err
-	}
-	v, err := open(ctx, desc, diffID, src, o)
+func Open(ctx context.Context, desc chunked.Descriptor, diffID digest.Digest, src Source, cfg Config) (*Verifier, error) {
+	cfg.Limits = cfg.Limits.WithDefaults()
+	v, err := open(ctx, desc, diffID, src, cfg)
 	if err != nil {
 		le := &LayerError{Layer: desc.Digest, Err: err}
 		if v != nil {
@@ -150,27 +112,29 @@ func Open(ctx context.Context, desc chunked.Descriptor, diffID digest.Digest, sr
 	return v, nil
 }
 
-func open(ctx context.Context, desc chunked.Descriptor, diffID digest.Digest, src Source, o options) (*Verifier, error) {
+// open does Open's work, cfg.Limits completed by their defaults. Once the layer is classified
+// it returns its Verifier even with an error, so that Open's error names the format.
+func open(ctx context.Context, desc chunked.Descriptor, diffID digest.Digest, src Source, cfg Config) (*Verifier, error) {
 	layout, err := chunked.Classify(desc)
 	if err != nil {
 		return nil, err
 	}
-	v := &Verifier{layout: layout, diffID: diffID, limits: o.limits, comparing: make(chan struct{}, 1)}
+	v := &Verifier{layout: layout, diffID: diffID, limits: cfg.Limits, comparing: make(chan struct{}, 1)}
 	v.tarSize.Store(-1)
 	if err := diffID.Validate(); err != nil {
 		return v, fmt.Errorf("%w: DiffID %q: %v", chunked.ErrInvalid, diffID, err)
 	}
-	m, err := readMetadata(ctx, src, layout, o.limits, o.tarSplit)
+	m, err := readMetadata(ctx, src, layout, cfg.Limits, cfg.TarSplit)
 	if err != nil {
 		return v, err
 	}
-	if v.index, err = parseTOC(ctx, layout, m.toc, o.limits); err != nil {
+	if v.index, err = parseTOC(ctx, layout, m.toc, cfg.Limits); err != nil {
 		return v, err
 	}
-	if v.tarSplitDigest, err = tarSplitDigest(layout, v.index, o.limits); err != nil {
+	if v.tarSplitDigest, err = tarSplitDigest(layout, v.index, cfg.Limits); err != nil {
 		return v, err
 	}
-	if o.tarSplit && v.tarSplitDigest != "" {
+	if cfg.TarSplit && v.tarSplitDigest != "" {
 		if m.tarSplit == nil { // the footer placed it: read now
 			if m.tarSplit, err = readRange(ctx, src, layout.TarSplit.Offset, layout.TarSplit.Length); err != nil {
 				return v, fmt.Errorf("reading the tar-split: %w", err)
@@ -363,7 +327,7 @@ func (v *Verifier) Err() error {
 // CheckTarSplit checks that the tar-split describes exactly the TOC's entries, in order, with
 // the same metadata (type, name, link target, mode, size, owner, times, device, xattrs), and
 // learns the tar's size. It first reads the tar-split from src and checks its digest, unless
-// [Open] did ([WithTarSplit]) or [Restore] was given it: the comparison reads the whole
+// [Open] did ([Config.TarSplit]) or [Restore] was given it: the comparison reads the whole
 // tar-split (seconds for a million entries) and is left to this method. Layers without a
 // tar-split have nothing to compare: nil.
 //
@@ -445,7 +409,7 @@ func (v *Verifier) fail(err error) {
 }
 
 // ReadTarSplit reads the tar-split from src and checks its digest, unless it has been read
-// (Open with [WithTarSplit], [Restore], an earlier call) or the comparison has a verdict; the
+// (Open with [Config.TarSplit], [Restore], an earlier call) or the comparison has a verdict; the
 // comparison itself is [Verifier.CheckTarSplit]'s. Bytes that do not hash to the digest are
 // the comparison's verdict, as in CheckTarSplit. A failed read is not, unless final is set: the
 // caller can wait no longer for the bytes that prove the TOC (a hostile registry may withhold
@@ -528,7 +492,7 @@ func (v *Verifier) keepTarSplit(raw []byte) ([]byte, error) {
 	return b, nil
 }
 
-// ReleaseTarSplit drops the tar-split the Verifier read itself (Open with [WithTarSplit],
+// ReleaseTarSplit drops the tar-split the Verifier read itself (Open with [Config.TarSplit],
 // [Verifier.ReadTarSplit], a comparison's or CheckDiffID's read) once the comparison has its
 // verdict, so that it does not stay on the heap for the layer's life: up to the TOC limit per
 // layer, whose size the image chooses. Only [Verifier.CheckDiffID] needs it after the verdict,
