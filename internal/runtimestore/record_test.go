@@ -547,7 +547,12 @@ func TestRecorderRetriesWhatWasNotReady(t *testing.T) {
 			t.Fatal("not recorded once ready, 10 s later")
 		}
 	}
-	if st := r.Stats(); st.Recorded != 1 {
+	// The count follows the write: wait for it as for the file.
+	st := r.Stats()
+	for deadline := time.Now().Add(10 * time.Second); st.Recorded < 1 && time.Now().Before(deadline); st = r.Stats() {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if st.Recorded != 1 {
 		t.Errorf("stats: %+v", st)
 	}
 }
