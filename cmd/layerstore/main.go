@@ -46,10 +46,52 @@ commands:
 `
 
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	ctx, stop := notifyStop()
 	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
 	stop()
 	os.Exit(code)
+}
+
+// notifyStop makes SIGTERM and SIGINT stop the command: the first cancels ctx, and each later
+// one is sent on the channel stopNow(ctx) returns, which serve takes as the order to stop at
+// once. One subscription receives them all, in order: with two (signal.NotifyContext beside a
+// channel of serve's own), the first signal could reach serve's channel after ctx was
+// cancelled, and be taken for a second.
+func notifyStop() (context.Context, func()) {
+	sigs := make(chan os.Signal, 4)
+	signal.Notify(sigs, syscall.SIGTERM, os.Interrupt)
+	again := make(chan os.Signal, 1)
+	ctx, cancel := context.WithCancel(context.WithValue(context.Background(), stopNowKey{}, (<-chan os.Signal)(again)))
+	done := make(chan struct{})
+	go func() {
+		select {
+		case <-sigs:
+			cancel()
+		case <-done:
+			return
+		}
+		for {
+			select {
+			case sig := <-sigs:
+				select {
+				case again <- sig:
+				default: // one unread is enough
+				}
+			case <-done:
+				return
+			}
+		}
+	}()
+	return ctx, func() { signal.Stop(sigs); close(done); cancel() }
+}
+
+type stopNowKey struct{}
+
+// stopNow returns the channel of the signals that follow the one that cancelled ctx (see
+// notifyStop), or nil (never ready) when ctx did not come from notifyStop.
+func stopNow(ctx context.Context) <-chan os.Signal {
+	ch, _ := ctx.Value(stopNowKey{}).(<-chan os.Signal)
+	return ch
 }
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {

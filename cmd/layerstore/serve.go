@@ -429,9 +429,7 @@ func listen(cfg *Config) (api, metrics net.Listener, err error) {
 // error of a re-execution that failed after the store stopped serving.
 func (s *stack) run(ctx context.Context, mountpoint string, hup, usr2 <-chan os.Signal, servers []*http.Server, log *slog.Logger) error {
 	// A second SIGTERM or SIGINT while the store is busy detaches it (see unmount).
-	again := make(chan os.Signal, 1)
-	signal.Notify(again, syscall.SIGTERM, os.Interrupt)
-	defer signal.Stop(again)
+	again := stopNow(ctx)
 	gone := make(chan struct{})
 	go func() { s.mount.Wait(); close(gone) }()
 	for {
@@ -445,11 +443,6 @@ func (s *stack) run(ctx context.Context, mountpoint string, hup, usr2 <-chan os.
 		case <-ctx.Done():
 			log.Info("stopping", "mountpoint", mountpoint)
 			_ = sdnotify.Notify("STOPPING=1")
-			// The signal that cancelled ctx may be queued here too: it is not a second one.
-			select {
-			case <-again:
-			default:
-			}
 			s.unmount(log, again, gone)
 			return nil
 		case <-gone:
