@@ -3,7 +3,11 @@ package chunked_test
 import (
 	"context"
 	"fmt"
+	"os"
 	"runtime"
+	"runtime/debug"
+	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/klauspost/compress/zstd"
@@ -107,4 +111,59 @@ func BenchmarkLoadIndex(b *testing.B) {
 		}
 	}
 	runtime.KeepAlive(x)
+}
+
+// BenchmarkParsePeak measures the peak memory of parsing a compressed 1M-entry TOC, as a
+// lookup does: the process's VmHWM (reset through /proc/self/clear_refs before the parse)
+// over its VmRSS before, beside the size of the index it keeps.
+func BenchmarkParsePeak(b *testing.B) {
+	for _, f := range []chunked.Format{chunked.ZstdChunked} {
+		b.Run(f.String(), func(b *testing.B) {
+			js, end := testlayer.SyntheticTOC(1_000_000)
+			enc, err := zstd.NewWriter(nil)
+			if err != nil {
+				b.Fatal(err)
+			}
+			raw := enc.EncodeAll(js, nil)
+			layout := &chunked.Layout{Format: chunked.ZstdChunked, TOC: byterange.Range{Offset: end + 8, Length: int64(len(raw))},
+				TOCUncompressed: int64(len(js))}
+			js = nil
+			var peak, kept float64
+			for b.Loop() {
+				runtime.GC()
+				debug.FreeOSMemory()
+				before := procStatus(b, "VmRSS")
+				if err := os.WriteFile("/proc/self/clear_refs", []byte("5"), 0); err != nil {
+					b.Skip("cannot reset the peak RSS:", err)
+				}
+				x, err := chunked.ParseCompressed(context.Background(), layout, raw, chunked.Limits{})
+				if err != nil {
+					b.Fatal(err)
+				}
+				peak = float64(procStatus(b, "VmHWM") - before)
+				kept = float64(len(x.Binary()))
+			}
+			b.ReportMetric(peak/(1<<20), "peakMiB")
+			b.ReportMetric(kept/(1<<20), "indexMiB")
+		})
+	}
+}
+
+// procStatus returns a field of /proc/self/status given in kB, in bytes.
+func procStatus(b *testing.B, field string) int64 {
+	data, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		b.Fatal(err)
+	}
+	for line := range strings.Lines(string(data)) {
+		if v, ok := strings.CutPrefix(line, field+":"); ok {
+			kb, err := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
+			if err != nil {
+				b.Fatal(err)
+			}
+			return kb << 10
+		}
+	}
+	b.Fatalf("no %s in /proc/self/status", field)
+	return 0
 }

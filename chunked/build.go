@@ -17,12 +17,12 @@ import (
 // wideIndex is the form the builder fills: one Go value per entry, chunk and xattr.
 type wideIndex struct {
 	format   Format
-	entries  []Entry
-	chunks   []Chunk
+	entries  blockSlice[Entry]
+	chunks   blockSlice[Chunk]
 	xattrs   []Xattr
 	children []EntryID // visible entries except the root, sorted by (Parent, BaseName)
 	root     EntryID
-	tocCount int // entries[:tocCount] are the TOC's non-chunk entries, in TOC order
+	tocCount int // entries below tocCount are the TOC's non-chunk entries, in TOC order
 
 	// times holds access and change times, in TOC order, when the TOC has them.
 	times []extTimes
@@ -38,7 +38,7 @@ type extTimes struct {
 
 // baseName is Index.BaseName on the wide form.
 func (w *wideIndex) baseName(id EntryID) string {
-	e := &w.entries[id]
+	e := w.entries.at(int(id))
 	b := e.Name[strings.LastIndexByte(e.Name, '/')+1:]
 	if e.Flags&FlagWhiteout != 0 {
 		b = b[len(whiteoutPrefix):]
@@ -94,7 +94,7 @@ func (b *builder) addEntry(r *rawEntry) error {
 	if err != nil {
 		return err
 	}
-	e := Entry{Name: name, Type: typ, Inode: EntryID(len(b.x.entries)), attr: EntryID(len(b.x.entries))}
+	e := Entry{Name: name, Type: typ, Inode: EntryID(b.x.entries.len()), attr: EntryID(b.x.entries.len())}
 	if r.Mode < 0 || r.Size < 0 {
 		return invalidf("negative mode or size")
 	}
@@ -147,10 +147,10 @@ func (b *builder) addEntry(r *rawEntry) error {
 	if err := b.addXattrs(&e, r.Xattrs); err != nil {
 		return err
 	}
-	b.cur, b.curRaw = len(b.x.entries), b.raw
+	b.cur, b.curRaw = b.x.entries.len(), b.raw
 	b.curEnd = 0
-	e.chunk0 = uint32(len(b.x.chunks))
-	b.x.entries = append(b.x.entries, e)
+	e.chunk0 = uint32(b.x.chunks.len())
+	b.x.entries.append(e)
 
 	if name == prefetchLandmark {
 		if r.Offset < 0 || r.Offset > b.x.payloadEnd {
@@ -182,14 +182,14 @@ func (b *builder) addEntry(r *rawEntry) error {
 
 // addChunk attaches a "chunk" entry to the regular file before it.
 func (b *builder) addChunk(r *rawEntry) error {
-	if b.cur < 0 || b.x.entries[b.cur].Type != TypeReg {
+	if b.cur < 0 || b.x.entries.at(b.cur).Type != TypeReg {
 		return invalidf("chunk entry does not follow a regular file")
 	}
 	name, err := cleanName(r.Name)
 	if err != nil {
 		return err
 	}
-	if cur := &b.x.entries[b.cur]; name != cur.Name {
+	if cur := b.x.entries.at(b.cur); name != cur.Name {
 		return invalidf("chunk entry follows a different file %q", cur.Name)
 	}
 	if r.ChunkOffset <= 0 {
@@ -199,7 +199,7 @@ func (b *builder) addChunk(r *rawEntry) error {
 }
 
 func (b *builder) chunkFrom(r *rawEntry) error {
-	file := &b.x.entries[b.cur]
+	file := b.x.entries.at(b.cur)
 	size := r.ChunkSize
 	if size == 0 {
 		size = file.Size - r.ChunkOffset
@@ -232,11 +232,11 @@ func (b *builder) appendChunk(c Chunk) error {
 	if c.Size > b.lim.MaxChunkSize || c.InnerOffset > b.lim.MaxChunkSize-c.Size {
 		return limitf("chunk of %d bytes (inner offset %d) exceeds %d", c.Size, c.InnerOffset, b.lim.MaxChunkSize)
 	}
-	if uint64(len(b.x.chunks)) >= math.MaxUint32 {
+	if uint64(b.x.chunks.len()) >= math.MaxUint32 {
 		return limitf("too many chunks")
 	}
-	b.x.chunks = append(b.x.chunks, c)
-	b.x.entries[b.cur].nchunks++
+	b.x.chunks.append(c)
+	b.x.entries.at(b.cur).nchunks++
 	return nil
 }
 
@@ -246,10 +246,12 @@ func (b *builder) closeFile() error {
 	if b.cur < 0 {
 		return nil
 	}
-	e := &b.x.entries[b.cur]
-	cs := b.x.chunks[e.chunk0 : e.chunk0+e.nchunks]
+	e := b.x.entries.at(b.cur)
+	cs := func(i int) *Chunk { return b.x.chunks.at(int(e.chunk0) + i) }
+	n := int(e.nchunks)
 	var off int64
-	for _, c := range cs {
+	for i := range n {
+		c := cs(i)
 		if c.FileOffset != off {
 			return &EntryError{Index: b.curRaw, Name: e.Name, Err: invalidf("chunk at file offset %d, want %d", c.FileOffset, off)}
 		}
@@ -259,18 +261,19 @@ func (b *builder) closeFile() error {
 		return &EntryError{Index: b.curRaw, Name: e.Name, Err: invalidf("chunks cover %d of %d bytes", off, e.Size)}
 	}
 	if b.curEnd > 0 {
-		for i := range cs {
+		for i := range n {
 			end := b.curEnd
-			if i+1 < len(cs) {
-				end = cs[i+1].Offset
+			if i+1 < n {
+				end = cs(i + 1).Offset
 			}
 			if end == 0 {
 				continue // as if not recorded: fillEnds finds it
 			}
-			if end <= cs[i].Offset {
-				return &EntryError{Index: b.curRaw, Name: e.Name, Err: invalidf("chunk at blob offset %d ends at %d (data ends at %d)", cs[i].Offset, end, b.x.payloadEnd)}
+			c := cs(i)
+			if end <= c.Offset {
+				return &EntryError{Index: b.curRaw, Name: e.Name, Err: invalidf("chunk at blob offset %d ends at %d (data ends at %d)", c.Offset, end, b.x.payloadEnd)}
 			}
-			cs[i].Length = end - cs[i].Offset
+			c.Length = end - c.Offset
 		}
 	}
 	b.cur = -1
@@ -283,7 +286,7 @@ func (b *builder) addTimes(r *rawEntry) error {
 	}
 	if !b.hasTimes {
 		b.hasTimes = true
-		b.x.times = make([]extTimes, len(b.x.entries), cap(b.x.entries))
+		b.x.times = make([]extTimes, b.x.entries.len())
 	}
 	var t extTimes
 	for _, f := range []struct {

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
+	"math/bits"
 	"runtime"
 	"strings"
 )
@@ -61,47 +62,63 @@ const (
 const allFlags = FlagWhiteout | FlagOpaque | FlagHidden | FlagShadowed | FlagImplicit
 
 // compact returns the Index of the wide form. paths maps tree paths to the entries holding
-// them, as the builder left it.
+// them, as the builder left it. It sizes the form first and then writes it in place, so that
+// a large index is allocated once, at its size, beside the wide form (not grown, nor copied
+// into place with its chunk table).
 func (w *wideIndex) compact(paths map[string]EntryID) (*Index, error) {
-	n := len(w.entries)
+	n := w.entries.len()
 	if uint64(n) > math.MaxUint32 {
 		return nil, limitf("%d entries", n)
 	}
-	recs := w.startForm() // the records are appended, their ends set in place
-	prefix := len(recs)
-	var table []byte
-	for i := range w.entries {
+	var recsLen, nTable int
+	for i := range n {
 		id := EntryID(i)
 		name, dir, full, err := w.recordName(id, paths)
 		if err != nil {
 			return nil, err
 		}
 		opt := w.recordOpt(id, full)
-		recs = w.appendRecord(recs, id, opt, name, dir, len(table)/chunkSize)
+		recsLen += w.recordSize(id, opt, name, dir, nTable)
 		if opt&optChunks != 0 {
-			table = w.appendChunkTable(table, &w.entries[id])
+			nTable += int(w.entries.at(i).nchunks)
 		}
-		if uint64(len(recs)-prefix) > math.MaxUint32 {
+		if uint64(recsLen) > math.MaxUint32 {
 			return nil, limitf("index of more than 4 GiB")
 		}
-		binary.LittleEndian.PutUint32(recs[headerSize+4*i:], uint32(len(recs)-prefix))
 	}
-	data := joinTable(recs, table)
-	w.putHeader(data, len(recs)-prefix, len(table)/chunkSize)
+	data := w.startForm(recsLen + nTable*chunkSize)
+	prefix := len(data)
+	data = data[:cap(data)]
+	recs := data[: prefix : prefix+recsLen] // full once every record is in
+	table := data[prefix+recsLen : prefix+recsLen]
+	for i := range n {
+		id := EntryID(i)
+		name, dir, full, _ := w.recordName(id, paths)
+		opt := w.recordOpt(id, full)
+		recs = w.appendRecord(recs, id, opt, name, dir, len(table)/chunkSize)
+		if opt&optChunks != 0 {
+			table = w.appendChunkTable(table, w.entries.at(i))
+		}
+		binary.LittleEndian.PutUint32(data[headerSize+4*i:], uint32(len(recs)-prefix))
+	}
+	if len(recs) != prefix+recsLen || &recs[0] != &data[0] || len(table) != nTable*chunkSize {
+		return nil, fmt.Errorf("index: records of %d bytes, sized %d", len(recs)-prefix, recsLen)
+	}
+	w.putHeader(data, recsLen, nTable)
 	return indexOf(data)
 }
 
-// startForm returns the binary form up to its records: room for the header and the ends,
-// the children and the times. Its capacity guesses the records' size too.
-func (w *wideIndex) startForm() []byte {
-	n := len(w.entries)
+// startForm returns the binary form up to its records (the header, the ends, the children
+// and the times), with the capacity for the rest bytes after it.
+func (w *wideIndex) startForm(rest int) []byte {
+	n := w.entries.len()
 	ntimes := 0
 	if w.times != nil {
 		ntimes = w.tocCount
 	}
 	le := binary.LittleEndian
 	prefix := headerSize + 4*n + 4*len(w.children) + timesSize*ntimes
-	data := make([]byte, headerSize+4*n, prefix+n*96)
+	data := make([]byte, headerSize+4*n, prefix+rest)
 	for _, id := range w.children {
 		data = le.AppendUint32(data, uint32(id))
 	}
@@ -118,7 +135,7 @@ func (w *wideIndex) startForm() []byte {
 // recordName returns the name entry id's record holds and its dir: the entry's base name
 // and the entry its name continues when there is one, else its whole Name (full).
 func (w *wideIndex) recordName(id EntryID, paths map[string]EntryID) (name string, dir EntryID, full bool, err error) {
-	e := &w.entries[id]
+	e := w.entries.at(int(id))
 	visible := e.Visible()
 	if visible {
 		dir = e.Parent
@@ -130,7 +147,7 @@ func (w *wideIndex) recordName(id EntryID, paths map[string]EntryID) (name strin
 		if !visible {
 			cand, ok = paths[d]
 		}
-		if ok && cand != id && w.entries[cand].Name == d {
+		if ok && cand != id && w.entries.at(int(cand)).Name == d {
 			if e.Flags&FlagWhiteout != 0 {
 				base = base[len(whiteoutPrefix):]
 			}
@@ -145,7 +162,7 @@ func (w *wideIndex) recordName(id EntryID, paths map[string]EntryID) (name strin
 
 // recordOpt returns the opt bits of entry id's record: which optional fields it holds.
 func (w *wideIndex) recordOpt(id EntryID, full bool) uint64 {
-	e := &w.entries[id]
+	e := w.entries.at(int(id))
 	var opt uint64
 	if full {
 		opt |= optFullName
@@ -159,7 +176,7 @@ func (w *wideIndex) recordOpt(id EntryID, full bool) uint64 {
 	}
 	switch {
 	case e.nchunks == 1:
-		c := &w.chunks[e.chunk0]
+		c := w.chunks.at(int(e.chunk0))
 		opt |= optChunk
 		if c.Digest != e.Digest {
 			opt |= optChunkSum
@@ -197,7 +214,7 @@ func (w *wideIndex) recordOpt(id EntryID, full bool) uint64 {
 // appendRecord appends entry id's record, with the fields opt names, name and dir (see
 // recordName); chunk0 is where its chunks start in the chunk table, with optChunks.
 func (w *wideIndex) appendRecord(recs []byte, id EntryID, opt uint64, name string, dir EntryID, chunk0 int) []byte {
-	e := &w.entries[id]
+	e := w.entries.at(int(id))
 	recs = append(recs, byte(e.Type), byte(e.Flags))
 	recs = binary.AppendUvarint(recs, opt)
 	recs = binary.AppendUvarint(recs, uint64(dir))
@@ -230,7 +247,7 @@ func (w *wideIndex) appendRecord(recs []byte, id EntryID, opt uint64, name strin
 		recs = append(recs, e.Digest[:]...)
 	}
 	if opt&optChunk != 0 {
-		c := &w.chunks[e.chunk0]
+		c := w.chunks.at(int(e.chunk0))
 		recs = binary.AppendUvarint(recs, uint64(c.Offset))
 		recs = binary.AppendUvarint(recs, uint64(c.Length))
 		recs = binary.AppendUvarint(recs, uint64(c.InnerOffset))
@@ -254,9 +271,56 @@ func (w *wideIndex) appendRecord(recs []byte, id EntryID, opt uint64, name strin
 	return recs
 }
 
+// recordSize returns the length of the record appendRecord appends with the same arguments.
+func (w *wideIndex) recordSize(id EntryID, opt uint64, name string, dir EntryID, chunk0 int) int {
+	e := w.entries.at(int(id))
+	n := 2 + uvlen(opt) + uvlen(uint64(dir)) + uvlen(uint64(len(name))) + len(name) +
+		uvlen(uint64(e.Mode)) + uvlen(uint64(e.UID)) + uvlen(uint64(e.GID)) +
+		uvlen(uint64(e.ModTimeSec)<<1^uint64(e.ModTimeSec>>63)) + uvlen(uint64(e.ModTimeNsec)) + uvlen(uint64(e.Size))
+	if opt&optLink != 0 {
+		n += uvlen(uint64(len(e.LinkName))) + len(e.LinkName)
+	}
+	if opt&optDev != 0 {
+		n += uvlen(uint64(e.DevMajor)) + uvlen(uint64(e.DevMinor))
+	}
+	if opt&optInode != 0 {
+		n += uvlen(uint64(e.Inode))
+	}
+	if opt&optAttr != 0 {
+		n += uvlen(uint64(e.attr))
+	}
+	if opt&optNlink != 0 {
+		n += uvlen(uint64(e.Nlink))
+	}
+	if opt&optDigest != 0 {
+		n += len(e.Digest)
+	}
+	if opt&optChunk != 0 {
+		c := w.chunks.at(int(e.chunk0))
+		n += uvlen(uint64(c.Offset)) + uvlen(uint64(c.Length)) + uvlen(uint64(c.InnerOffset))
+		if opt&optChunkSum != 0 {
+			n += len(c.Digest)
+		}
+	}
+	if opt&optChunks != 0 {
+		n += uvlen(uint64(chunk0)) + uvlen(uint64(e.nchunks))
+	}
+	if opt&optXattrs != 0 {
+		n += uvlen(uint64(e.nxattrs))
+		for _, xa := range w.xattrs[e.xattr0 : e.xattr0+uint32(e.nxattrs)] {
+			n += uvlen(uint64(len(xa.Name))) + len(xa.Name) + uvlen(uint64(len(xa.Value))) + len(xa.Value)
+		}
+	}
+	return n
+}
+
+// uvlen is the length of v as a uvarint.
+func uvlen(v uint64) int { return (bits.Len64(v|1) + 6) / 7 }
+
 // appendChunkTable appends the chunks of file e to the chunk table.
 func (w *wideIndex) appendChunkTable(table []byte, e *Entry) []byte {
-	for _, c := range w.chunks[e.chunk0 : e.chunk0+e.nchunks] {
+	for i := range int(e.nchunks) {
+		c := w.chunks.at(int(e.chunk0) + i)
 		for _, v := range []int64{c.Offset, c.Length, c.InnerOffset, c.FileOffset} {
 			table = binary.LittleEndian.AppendUint64(table, uint64(v))
 		}
@@ -264,17 +328,6 @@ func (w *wideIndex) appendChunkTable(table []byte, e *Entry) []byte {
 		table = append(table, b2byte(c.Zeros))
 	}
 	return table
-}
-
-// joinTable returns the form up to its records followed by the chunk table.
-func joinTable(recs, table []byte) []byte {
-	if size := len(recs) + len(table); size <= cap(recs) && cap(recs)-size <= size/8 {
-		return append(recs, table...)
-	}
-	// Not to keep much spare capacity for the index's life (a copy costs its size again).
-	data := make([]byte, len(recs)+len(table))
-	copy(data[copy(data, recs):], table)
-	return data
 }
 
 // putHeader writes the header of the binary form data, whose records take recsLen bytes
@@ -286,7 +339,7 @@ func (w *wideIndex) putHeader(data []byte, recsLen, nTable int) {
 	data[8] = byte(w.format)
 	data[9] = b2byte(w.times != nil)
 	le.PutUint32(data[12:], uint32(w.root))
-	le.PutUint32(data[16:], uint32(len(w.entries)))
+	le.PutUint32(data[16:], uint32(w.entries.len()))
 	le.PutUint32(data[20:], uint32(w.tocCount))
 	le.PutUint32(data[24:], uint32(nTable))
 	le.PutUint32(data[28:], uint32(len(w.children)))

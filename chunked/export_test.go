@@ -23,16 +23,19 @@ func CompareWide(layout *Layout, tocJSON []byte, limits Limits) error {
 		return nil
 	}
 	w := b.x
-	if x.Len() != len(w.entries) || x.Root() != w.root || x.TOCLen() != w.tocCount || x.Format() != w.format ||
+	if x.Len() != w.entries.len() || x.Root() != w.root || x.TOCLen() != w.tocCount || x.Format() != w.format ||
 		x.PrefetchEnd() != w.prefetchEnd || x.PayloadEnd() != w.payloadEnd || x.TarSplitDigest() != w.tarSplitDigest {
 		return fmt.Errorf("header differs")
 	}
-	for i := range w.entries {
+	for i := range w.entries.len() {
 		id := EntryID(i)
-		we := w.entries[i]
-		owner := &w.entries[we.Inode]
+		we := *w.entries.at(i)
+		owner := w.entries.at(int(we.Inode))
 		attr := owner.attr
-		cs := w.chunks[owner.chunk0 : owner.chunk0+owner.nchunks]
+		var cs []Chunk
+		for k := range int(owner.nchunks) {
+			cs = append(cs, *w.chunks.at(int(owner.chunk0) + k))
+		}
 		xs := w.xattrs[we.xattr0 : we.xattr0+uint32(we.nxattrs)]
 		we.chunk0, we.nchunks, we.xattr0, we.nxattrs, we.attr = 0, 0, 0, 0, 0
 		var at, ct int64
@@ -54,7 +57,7 @@ func CompareWide(layout *Layout, tocJSON []byte, limits Limits) error {
 		}
 	}
 	var children []EntryID
-	for i := range w.entries {
+	for i := range w.entries.len() {
 		children = append(children, x.Children(EntryID(i))...)
 	}
 	if len(children) != len(w.children) || len(w.children) > 0 && !reflect.DeepEqual(children, w.children) {

@@ -92,7 +92,7 @@ func Parse(ctx context.Context, layout *Layout, tocJSON []byte, limits Limits) (
 		return nil, limitf("TOC of %d bytes exceeds %d", len(tocJSON), lim.MaxTOCSize)
 	}
 	// A bytes.Buffer is parsed in place, without copying into the decoder's own buffer.
-	return parse(ctx, layout, bytes.NewBuffer(tocJSON), len(tocJSON), lim)
+	return parse(ctx, layout, bytes.NewBuffer(tocJSON), lim)
 }
 
 // ParseCompressed is [ExtractTOC] then [Parse] on the compressed TOC raw, in one pass: the
@@ -124,7 +124,7 @@ func ParseHashed(ctx context.Context, l *Layout, raw []byte, limits Limits, h ha
 			return nil, false, err
 		}
 		zr := newStargzStream(m, h)
-		x, err := parse(ctx, l, zr, int(m.sizeHint()), lim)
+		x, err := parse(ctx, l, zr, lim)
 		if err != nil && ctx.Err() == nil && !errors.Is(err, ErrLimit) {
 			zr.drain()
 		} else {
@@ -140,15 +140,11 @@ func ParseHashed(ctx context.Context, l *Layout, raw []byte, limits Limits, h ha
 		return nil, false, err
 	}
 	defer zr.close()
-	size := len(raw) * 5 // TOC JSON compresses 5-10 times
-	if h := tocSizeHint(l, raw, lim); h > 0 {
-		size = int(h)
-	}
 	var r io.Reader = zr
 	if h != nil {
 		r = io.TeeReader(zr, h)
 	}
-	x, err = parse(ctx, l, r, size, lim)
+	x, err = parse(ctx, l, r, lim)
 	hashed = ctx.Err() == nil && !errors.Is(err, ErrLimit)
 	if err != nil && h != nil && hashed {
 		_, _ = io.Copy(io.Discard, r)
@@ -165,11 +161,8 @@ func ParseHashed(ctx context.Context, l *Layout, raw []byte, limits Limits, h ha
 	return x, true, nil
 }
 
-// parse builds the index from the TOC JSON r yields, about size bytes.
-func parse(ctx context.Context, layout *Layout, r io.Reader, size int, lim Limits) (*Index, error) {
-	// Sized from the TOC's length (an entry takes 200 bytes or more of JSON), so that the
-	// slices of a large TOC are not copied as they grow.
-	guess := min(size/200+16, lim.MaxEntries)
+// parse builds the index from the TOC JSON r yields.
+func parse(ctx context.Context, layout *Layout, r io.Reader, lim Limits) (*Index, error) {
 	b := &builder{
 		ctx: ctx,
 		lim: lim,
@@ -177,8 +170,6 @@ func parse(ctx context.Context, layout *Layout, r io.Reader, size int, lim Limit
 			format:      layout.Format,
 			payloadEnd:  layout.PayloadEnd(),
 			prefetchEnd: -1,
-			entries:     make([]Entry, 0, guess),
-			chunks:      make([]Chunk, 0, guess),
 		},
 		cur: -1,
 	}

@@ -34,9 +34,9 @@ func (b *builder) finish() (*Index, error) {
 		return nil, err
 	}
 	x := b.x
-	x.tocCount = len(x.entries)
+	x.tocCount = x.entries.len()
 	if x.times != nil {
-		x.times = x.times[:len(x.entries)]
+		x.times = x.times[:x.entries.len()]
 	}
 	if err := b.fillEnds(); err != nil {
 		return nil, err
@@ -62,12 +62,12 @@ func (b *builder) finish() (*Index, error) {
 // replaces shadowed, and resolves hardlinks as it goes.
 func (b *builder) mapPaths() error {
 	x := b.x
-	b.paths = make(map[string]EntryID, len(x.entries))
-	for id := range x.entries {
+	b.paths = make(map[string]EntryID, x.entries.len())
+	for id := range x.entries.len() {
 		if err := b.canceled(id); err != nil {
 			return err
 		}
-		e := &x.entries[id]
+		e := x.entries.at(int(id))
 		key, err := b.classifyName(e)
 		if err != nil {
 			return &EntryError{Index: -1, Name: e.Name, Err: err}
@@ -83,7 +83,7 @@ func (b *builder) mapPaths() error {
 			}
 		}
 		if old, ok := b.paths[key]; ok {
-			x.entries[old].Flags |= FlagShadowed
+			x.entries.at(int(old)).Flags |= FlagShadowed
 		}
 		b.paths[key] = EntryID(id)
 	}
@@ -102,7 +102,7 @@ func (b *builder) addDirs() error {
 		if err := b.canceled(id); err != nil {
 			return err
 		}
-		if e := &x.entries[id]; e.Visible() && e.Name != "" {
+		if e := x.entries.at(int(id)); e.Visible() && e.Name != "" {
 			if d := dirOf(e.Name); d != lastDir {
 				if err := b.ensureDir(d); err != nil {
 					return err
@@ -115,7 +115,7 @@ func (b *builder) addDirs() error {
 		if err := b.ensureDir(d); err != nil {
 			return err
 		}
-		dir := &x.entries[b.paths[d]]
+		dir := x.entries.at(int(b.paths[d]))
 		if dir.Type != TypeDir {
 			return &EntryError{Index: -1, Name: d + "/" + opaqueMarker, Err: invalidf("opaque marker in a non-directory")}
 		}
@@ -140,8 +140,8 @@ func (b *builder) ensureDir(p string) error {
 			}
 			b.implicit++
 		}
-		id := EntryID(len(x.entries))
-		x.entries = append(x.entries, Entry{Name: p, Type: TypeDir, Mode: 0o755, Inode: id, attr: id, Flags: FlagImplicit})
+		id := EntryID(x.entries.len())
+		x.entries.append(Entry{Name: p, Type: TypeDir, Mode: 0o755, Inode: id, attr: id, Flags: FlagImplicit})
 		b.paths[p] = id
 		if p == "" {
 			return nil
@@ -155,16 +155,16 @@ func (b *builder) ensureDir(p string) error {
 func (b *builder) linkParents() error {
 	x := b.x
 	x.root = b.paths[""]
-	if x.entries[x.root].Type != TypeDir {
+	if x.entries.at(int(x.root)).Type != TypeDir {
 		return &EntryError{Index: -1, Name: "/", Err: invalidf("root is not a directory")}
 	}
 	x.children = make([]EntryID, 0, len(b.paths)-1)
 	lastDir, lastParent := "", x.root
-	for id := range x.entries {
+	for id := range x.entries.len() {
 		if err := b.canceled(id); err != nil {
 			return err
 		}
-		e := &x.entries[id]
+		e := x.entries.at(int(id))
 		if !e.Visible() {
 			continue
 		}
@@ -180,7 +180,7 @@ func (b *builder) linkParents() error {
 			lastDir, lastParent = d, b.paths[d]
 		}
 		e.Parent = lastParent
-		if x.entries[e.Parent].Type != TypeDir {
+		if x.entries.at(int(e.Parent)).Type != TypeDir {
 			return &EntryError{Index: -1, Name: e.Name, Err: invalidf("parent is not a directory")}
 		}
 		x.children = append(x.children, EntryID(id))
@@ -193,12 +193,12 @@ func (b *builder) linkParents() error {
 func (b *builder) countLinks() {
 	x := b.x
 	for _, id := range x.children {
-		switch e := &x.entries[id]; e.Type {
+		switch e := x.entries.at(int(id)); e.Type {
 		case TypeDir:
-			x.entries[e.Parent].Nlink++
+			x.entries.at(int(e.Parent)).Nlink++
 		case TypeHardlink:
 			// The owner counts its visible names: itself unless a later entry replaced it.
-			owner := &x.entries[e.Inode]
+			owner := x.entries.at(int(e.Inode))
 			owner.Nlink++
 			// Extractors apply a hardlink's header to the inode it shares (c/storage chowns,
 			// chmods and sets times through the new name), so the last header wins.
@@ -212,22 +212,22 @@ func (b *builder) countLinks() {
 // sortChildren sorts the children by (Parent, BaseName): grouped by parent in one pass, then
 // each directory's sorted by name (often sorted already, in TOC order).
 func (x *wideIndex) sortChildren() {
-	start := make([]uint32, len(x.entries)+1) // where each parent's children start
+	start := make([]uint32, x.entries.len()+1) // where each parent's children start
 	for _, id := range x.children {
-		start[x.entries[id].Parent+1]++
+		start[x.entries.at(int(id)).Parent+1]++
 	}
 	for i := 1; i < len(start); i++ {
 		start[i] += start[i-1]
 	}
 	sorted := make([]EntryID, len(x.children))
-	next := slices.Clone(start[:len(x.entries)])
+	next := slices.Clone(start[:x.entries.len()])
 	for _, id := range x.children {
-		p := x.entries[id].Parent
+		p := x.entries.at(int(id)).Parent
 		sorted[next[p]] = id
 		next[p]++
 	}
 	byName := func(a, b EntryID) int { return strings.Compare(x.baseName(a), x.baseName(b)) }
-	for p := range x.entries {
+	for p := range x.entries.len() {
 		if dir := sorted[start[p]:start[p+1]]; len(dir) > 1 && !slices.IsSortedFunc(dir, byName) {
 			slices.SortFunc(dir, byName)
 		}
@@ -269,7 +269,7 @@ func (b *builder) resolveLink(paths map[string]EntryID, target string) (EntryID,
 	if !ok {
 		return 0, invalidf("hardlink target %q does not exist before the hardlink", target)
 	}
-	switch t := &b.x.entries[id]; {
+	switch t := b.x.entries.at(int(id)); {
 	case t.Flags&FlagWhiteout != 0:
 		return 0, invalidf("hardlink to the whiteout %q", target)
 	case t.Type == TypeDir:
@@ -285,16 +285,19 @@ func (b *builder) resolveLink(paths map[string]EntryID, target string) (EntryID,
 func (b *builder) fillEnds() error {
 	x := b.x
 	var offs []int64 // sorted distinct chunk offsets, when some chunk needs them
-	if slices.ContainsFunc(x.chunks, func(c Chunk) bool { return c.Length == 0 }) {
-		offs = make([]int64, len(x.chunks))
-		for i, c := range x.chunks {
-			offs[i] = c.Offset
+	for i := range x.chunks.len() {
+		if x.chunks.at(i).Length == 0 {
+			offs = make([]int64, x.chunks.len())
+			for i := range offs {
+				offs[i] = x.chunks.at(i).Offset
+			}
+			slices.Sort(offs)
+			offs = slices.Compact(offs)
+			break
 		}
-		slices.Sort(offs)
-		offs = slices.Compact(offs)
 	}
-	for i := range x.chunks {
-		c := &x.chunks[i]
+	for i := range x.chunks.len() {
+		c := x.chunks.at(i)
 		end := c.End()
 		if c.Length == 0 {
 			end = x.payloadEnd
