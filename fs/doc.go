@@ -127,10 +127,13 @@
 //
 // The diff tree and blob never change for a given layer directory inode, so entries,
 // attributes, failed lookups, directory listings and file pages there are cached by the
-// kernel for a long time (Config.EntryTimeout, Config.AttrTimeout, FOPEN_CACHE_DIR,
-// FOPEN_KEEP_CACHE). Directories are listed with READDIRPLUS: every entry comes with its
-// attributes and becomes a cached lookup, so that a walk of a tree (find, a scanner) reaches
-// the daemon about once per directory, not once per entry. Files are opened FOPEN_NOFLUSH:
+// kernel for a long time (Config.EntryTimeout, Config.AttrTimeout, FOPEN_KEEP_CACHE for
+// files; no listing of the mount ever changes, so directories are opened by the kernel
+// itself, without OPENDIR or RELEASEDIR, and their listings kept: see rawFS.OpenDir).
+// Directories are listed with READDIRPLUS: every entry comes with its attributes and becomes a
+// cached lookup, so that a first walk of a tree (find, a scanner) reaches the daemon about
+// once per directory, not once per entry, and a second one only for the attributes of the
+// directories it lists (listing a directory invalidates its access time). Files are opened FOPEN_NOFLUSH:
 // nothing is ever written, so a close(2) sends no FLUSH and waits for no answer (a process
 // closing a file while the daemon restarts does not hang on it). The attributes of the root and of
 // the reference and layer directories never change for their inode numbers either, and are

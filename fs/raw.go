@@ -420,25 +420,17 @@ func (r *rawFS) Release(cancel <-chan struct{}, in *fuse.ReleaseIn) {
 	}
 }
 
-// OpenDir opens a directory for listing; the handle is its inode number. The kernel lists
-// with READDIRPLUS: each entry comes with its attributes and becomes a cached lookup, so that
-// a walk's lstat of every entry needs no request of its own. A directory of a diff tree never
-// changes, so the kernel also keeps the listing itself (FOPEN_CACHE_DIR): listing it again
-// reads the kernel's copy.
+// OpenDir answers ENOSYS, which the kernel takes as "opening a directory needs no request":
+// from the first on it opens directories itself, sends no OPENDIR and no RELEASEDIR, and keeps
+// their listings as FOPEN_CACHE_DIR and FOPEN_KEEP_CACHE would. No listing of the mount ever
+// changes (a diff tree is immutable; the root and the reference directories list nothing, a
+// layer directory the same three names), so a second walk of a tree reaches the daemon only
+// for the attributes of the directories it listed (see TestWalkFromKernelCaches), where each
+// directory's open and close took two requests more. A listing the kernel does not hold is
+// asked for with READDIRPLUS on the directory's inode (readDir): it meets the same checks an
+// open did (a block gone, a refused layer), and a refusal drops the listings kept (dropCached).
 func (r *rawFS) OpenDir(cancel <-chan struct{}, in *fuse.OpenIn, out *fuse.OpenOut) fuse.Status {
-	defer r.fsys.admit().done()
-	n, st := r.node(ctxOf(&in.InHeader, cancel), in.NodeId)
-	if !st.Ok() {
-		return st
-	}
-	if !n.isDir() {
-		return fuse.ENOTDIR
-	}
-	out.Fh = n.ino
-	if n.kind == kindEntry {
-		out.OpenFlags = fuse.FOPEN_CACHE_DIR | fuse.FOPEN_KEEP_CACHE
-	}
-	return fuse.OK
+	return fuse.ENOSYS
 }
 
 func (r *rawFS) ReadDir(cancel <-chan struct{}, in *fuse.ReadIn, out *fuse.DirEntryList) fuse.Status {
@@ -508,8 +500,6 @@ func (r *rawFS) readDir(cancel <-chan struct{}, in *fuse.ReadIn, out *fuse.DirEn
 	}
 	return fuse.OK
 }
-
-func (r *rawFS) ReleaseDir(*fuse.ReleaseIn) {}
 
 // Create of use in a layer directory is how the runtime takes a use of a layer: the Store
 // counts one user more, and the answer is ENOENT (a store where the create succeeds is one
