@@ -48,20 +48,25 @@ func BenchmarkParse(b *testing.B) {
 
 // BenchmarkParseCompressed measures decompressing and parsing a zstd TOC in one pass.
 func BenchmarkParseCompressed(b *testing.B) {
-	js, end := testlayer.SyntheticTOC(1_000_000)
-	enc, err := zstd.NewWriter(nil)
-	if err != nil {
-		b.Fatal(err)
-	}
-	raw := enc.EncodeAll(js, nil)
-	layout := &chunked.Layout{Format: chunked.ZstdChunked, TOC: byterange.Range{Offset: end + 8, Length: int64(len(raw))},
-		TOCUncompressed: int64(len(js))}
-	b.SetBytes(int64(len(js)))
+	layout, raw := compressedTOC(b, 1_000_000)
+	b.SetBytes(layout.TOCUncompressed)
 	for b.Loop() {
 		if _, err := chunked.ParseCompressed(context.Background(), layout, raw, chunked.Limits{}); err != nil {
 			b.Fatal(err)
 		}
 	}
+}
+
+// compressedTOC returns the zstd-compressed synthetic TOC of n entries and its layout.
+func compressedTOC(b *testing.B, n int) (*chunked.Layout, []byte) {
+	js, end := testlayer.SyntheticTOC(n)
+	enc, err := zstd.NewWriter(nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	raw := enc.EncodeAll(js, nil)
+	return &chunked.Layout{Format: chunked.ZstdChunked, TOC: byterange.Range{Offset: end + 8, Length: int64(len(raw))},
+		TOCUncompressed: int64(len(js))}, raw
 }
 
 // BenchmarkIndexAccess measures the accessors of the read paths on the compact index.
@@ -117,36 +122,24 @@ func BenchmarkLoadIndex(b *testing.B) {
 // lookup does: the process's VmHWM (reset through /proc/self/clear_refs before the parse)
 // over its VmRSS before, beside the size of the index it keeps.
 func BenchmarkParsePeak(b *testing.B) {
-	for _, f := range []chunked.Format{chunked.ZstdChunked} {
-		b.Run(f.String(), func(b *testing.B) {
-			js, end := testlayer.SyntheticTOC(1_000_000)
-			enc, err := zstd.NewWriter(nil)
-			if err != nil {
-				b.Fatal(err)
-			}
-			raw := enc.EncodeAll(js, nil)
-			layout := &chunked.Layout{Format: chunked.ZstdChunked, TOC: byterange.Range{Offset: end + 8, Length: int64(len(raw))},
-				TOCUncompressed: int64(len(js))}
-			js = nil
-			var peak, kept float64
-			for b.Loop() {
-				runtime.GC()
-				debug.FreeOSMemory()
-				before := procStatus(b, "VmRSS")
-				if err := os.WriteFile("/proc/self/clear_refs", []byte("5"), 0); err != nil {
-					b.Skip("cannot reset the peak RSS:", err)
-				}
-				x, err := chunked.ParseCompressed(context.Background(), layout, raw, chunked.Limits{})
-				if err != nil {
-					b.Fatal(err)
-				}
-				peak = float64(procStatus(b, "VmHWM") - before)
-				kept = float64(len(x.Binary()))
-			}
-			b.ReportMetric(peak/(1<<20), "peakMiB")
-			b.ReportMetric(kept/(1<<20), "indexMiB")
-		})
+	layout, raw := compressedTOC(b, 1_000_000)
+	var peak, kept float64
+	for b.Loop() {
+		runtime.GC()
+		debug.FreeOSMemory()
+		before := procStatus(b, "VmRSS")
+		if err := os.WriteFile("/proc/self/clear_refs", []byte("5"), 0); err != nil {
+			b.Skip("cannot reset the peak RSS:", err)
+		}
+		x, err := chunked.ParseCompressed(context.Background(), layout, raw, chunked.Limits{})
+		if err != nil {
+			b.Fatal(err)
+		}
+		peak = float64(procStatus(b, "VmHWM") - before)
+		kept = float64(len(x.Binary()))
 	}
+	b.ReportMetric(peak/(1<<20), "peakMiB")
+	b.ReportMetric(kept/(1<<20), "indexMiB")
 }
 
 // procStatus returns a field of /proc/self/status given in kB, in bytes.
