@@ -127,7 +127,7 @@ type heldLayer struct {
 	gone chan struct{}
 }
 
-func newLayerBox(l Layer) *heldLayer { return &heldLayer{Layer: l, gone: make(chan struct{})} }
+func newHeldLayer(l Layer) *heldLayer { return &heldLayer{Layer: l, gone: make(chan struct{})} }
 
 type blockKey struct {
 	ref   string
@@ -303,7 +303,7 @@ func (fsys *filesystem) block(ref string, key digest.Digest, l Layer) (*block, e
 		fsys.mu.Unlock()
 	}
 	if cur := b.layer.Load(); cur == nil || cur.Layer != l {
-		if old := b.layer.Swap(newLayerBox(l)); old != nil {
+		if old := b.layer.Swap(newHeldLayer(l)); old != nil {
 			close(old.gone)
 		}
 		fsys.watchRefusal(b, l)
@@ -363,7 +363,7 @@ func (fsys *filesystem) layerOf(ctx context.Context, b *block) (Layer, syscall.E
 		fsys.log.Warn("answering ESTALE: the layer the kernel knows changed since its lookup", "ref", b.ref, "key", b.key)
 		return nil, syscall.ESTALE
 	}
-	if b.layer.CompareAndSwap(nil, newLayerBox(l)) {
+	if b.layer.CompareAndSwap(nil, newHeldLayer(l)) {
 		fsys.watchRefusal(b, l)
 	}
 	return l, 0

@@ -29,6 +29,7 @@ type fetchRun struct {
 	Total    float64 // from the stat to the layer reported complete
 	Daemon   float64 // the daemon's own prefetch time (prefetchSeconds)
 	CPU      float64 // daemon CPU seconds over Total
+	HWM      int64   // the daemon's peak RSS (VmHWM) at the end: its start, the lookup and the fetch; 0 in process
 	Requests testregistry.BlobStats
 	Status   protocol.LayerStatus
 	Cache    protocol.CacheStats
@@ -109,6 +110,11 @@ func (b *bench) fetchOnce(ctx context.Context, repo string, l *builtLayer, prefe
 		return run, err
 	}
 	run.CPU = cpu1 - cpu0
+	m, err := d.Memory()
+	if err != nil {
+		return run, err
+	}
+	run.HWM = m.HWM
 	after := b.reg.Stats(l.Digest)
 	run.Requests = testregistry.BlobStats{Full: after.Full - before.Full, Ranged: after.Ranged - before.Ranged, Bytes: after.Bytes - before.Bytes}
 	if ls, st, ok, err := d.LayerStatus(ctx, l.Digest); err == nil && ok {

@@ -105,6 +105,9 @@ func (r *report) fetchSection(b *strings.Builder) {
 			benchenv.Median(field(r.fetch, func(x fetchRun) float64 { return x.Lookup })), list(field(r.fetch, func(x fetchRun) float64 { return x.Lookup }), "%.3f"))
 		fmt.Fprintf(b, "| of which background fetch (daemon's own figure) | %.2f | | | | | %s |\n",
 			benchenv.Median(field(r.fetch, func(x fetchRun) float64 { return x.Daemon })), list(field(r.fetch, func(x fetchRun) float64 { return x.Daemon }), "%.2f"))
+		if hwm := field(r.fetch, func(x fetchRun) float64 { return float64(x.HWM) / (1 << 20) }); hwm[0] > 0 {
+			fmt.Fprintf(b, "| the daemon's peak RSS (VmHWM, MiB): start, lookup and fetch | %.1f | | | | | %s |\n", benchenv.Median(hwm), list(hwm, "%.1f"))
+		}
 		var ratios []float64
 		for i := range min(len(r.fetch), len(r.baseline)) {
 			ratios = append(ratios, r.fetch[i].Total/r.baseline[i].Seconds)

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"encoding/base64"
 	"encoding/json"
@@ -10,7 +9,6 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -94,11 +92,11 @@ func (b *bench) finish(ctx context.Context, d *benchd.Daemon, s *sample) error {
 	case <-ctx.Done():
 		return ctx.Err()
 	}
-	m, err := procMemory(d.Cmd.Process.Pid)
+	m, err := d.Memory()
 	if err != nil {
 		return err
 	}
-	s.RSS, s.HWM, s.Anon = m.rss, m.hwm, m.anon
+	s.RSS, s.HWM, s.Anon = m.RSS, m.HWM, m.Anon
 	st, err := d.Client.Status(ctx)
 	if err != nil {
 		return fmt.Errorf("status: %w", err)
@@ -219,11 +217,11 @@ func (b *bench) quiet(ctx context.Context, d *benchd.Daemon, t0 time.Time, s *sa
 	case <-ctx.Done():
 		return ctx.Err()
 	}
-	m, err := procMemory(d.Cmd.Process.Pid)
+	m, err := d.Memory()
 	if err != nil {
 		return err
 	}
-	s.QuietRSS, s.QuietAnon = m.rss, m.anon
+	s.QuietRSS, s.QuietAnon = m.RSS, m.Anon
 	return nil
 }
 
@@ -309,8 +307,8 @@ func (b *bench) reopen(ctx context.Context, d *benchd.Daemon, repoTag string, l 
 	case <-ctx.Done():
 		return ctx.Err()
 	}
-	m, err := procMemory(d2.Cmd.Process.Pid)
-	s.ReopenRSS = m.rss
+	m, err := d2.Memory()
+	s.ReopenRSS = m.RSS
 	return err
 }
 
@@ -336,11 +334,11 @@ func (b *bench) walk(ctx context.Context, d *benchd.Daemon, diff string, l *buil
 		if err != nil {
 			return err
 		}
-		m, err := procMemory(d.Cmd.Process.Pid)
+		m, err := d.Memory()
 		if err != nil {
 			return err
 		}
-		s.WalkRSS = m.rss
+		s.WalkRSS = m.RSS
 		cpu1, err := d.CPU()
 		s.WalkCPU = cpu1 - cpu0
 		if err != nil {
@@ -504,43 +502,6 @@ func (b *bench) caseLookups(ctx context.Context, imgs []image, concurrent bool) 
 		return s, fmt.Errorf("the daemon reports %d layers resolved, want %d", s.Layers, len(dirs))
 	}
 	return s, nil
-}
-
-// memory is a process's resident memory, in bytes.
-type memory struct {
-	rss, hwm, anon int64 // VmRSS, VmHWM, RssAnon
-}
-
-// procMemory reads VmRSS, VmHWM and RssAnon of a process from /proc/<pid>/status.
-func procMemory(pid int) (memory, error) {
-	var m memory
-	f, err := os.Open(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		return m, err
-	}
-	defer f.Close()
-	fields := map[string]*int64{"VmRSS": &m.rss, "VmHWM": &m.hwm, "RssAnon": &m.anon}
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		k, v, ok := strings.Cut(sc.Text(), ":")
-		dst := fields[k]
-		if !ok || dst == nil {
-			continue
-		}
-		fs := strings.Fields(v)
-		if len(fs) != 2 || fs[1] != "kB" {
-			return m, fmt.Errorf("/proc/%d/status: %s: %q", pid, k, v)
-		}
-		n, err := strconv.ParseInt(fs[0], 10, 64)
-		if err != nil {
-			return m, err
-		}
-		*dst = n << 10
-	}
-	if m.rss == 0 || m.hwm == 0 || m.anon == 0 {
-		return m, fmt.Errorf("/proc/%d/status: no VmRSS, VmHWM or RssAnon", pid)
-	}
-	return m, sc.Err()
 }
 
 // withLog adds to err the warnings and errors the daemon logged (or the end of its log).

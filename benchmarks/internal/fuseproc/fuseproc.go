@@ -6,6 +6,7 @@
 package fuseproc
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -150,4 +151,42 @@ func (p *Proc) CPU() (float64, error) {
 		return 0, err
 	}
 	return (ut + st) / 100, nil
+}
+
+// Memory is a process's resident memory, in bytes.
+type Memory struct {
+	RSS, HWM, Anon int64 // VmRSS, VmHWM (the peak VmRSS), RssAnon
+}
+
+// Memory reads the process's VmRSS, VmHWM and RssAnon from /proc/<pid>/status.
+func (p *Proc) Memory() (Memory, error) {
+	var m Memory
+	pid := p.Cmd.Process.Pid
+	f, err := os.Open(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return m, err
+	}
+	defer f.Close()
+	fields := map[string]*int64{"VmRSS": &m.RSS, "VmHWM": &m.HWM, "RssAnon": &m.Anon}
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		k, v, ok := strings.Cut(sc.Text(), ":")
+		dst := fields[k]
+		if !ok || dst == nil {
+			continue
+		}
+		fs := strings.Fields(v)
+		if len(fs) != 2 || fs[1] != "kB" {
+			return m, fmt.Errorf("/proc/%d/status: %s: %q", pid, k, v)
+		}
+		n, err := strconv.ParseInt(fs[0], 10, 64)
+		if err != nil {
+			return m, err
+		}
+		*dst = n << 10
+	}
+	if m.RSS == 0 || m.HWM == 0 || m.Anon == 0 {
+		return m, fmt.Errorf("/proc/%d/status: no VmRSS, VmHWM or RssAnon", pid)
+	}
+	return m, sc.Err()
 }
