@@ -253,6 +253,7 @@ const decodeBatch = 256
 // entry limit) otherwise.
 type entryBatch struct {
 	entries []rawEntry
+	digests []byte // the bytes of the entries' Digest and ChunkDigest (entryDecoder.sum)
 	err     error
 	failed  bool
 }
@@ -279,10 +280,11 @@ func (b *builder) decodeEntries(dec *jsontext.Decoder) error {
 			var bt *entryBatch
 			select {
 			case bt = <-free:
-				bt.entries, bt.err, bt.failed = bt.entries[:0], nil, false
+				bt.entries, bt.digests, bt.err, bt.failed = bt.entries[:0], bt.digests[:0], nil, false
 			default:
-				bt = &entryBatch{entries: make([]rawEntry, 0, decodeBatch)}
+				bt = &entryBatch{entries: make([]rawEntry, 0, decodeBatch), digests: make([]byte, 0, decodeBatch*digestLen)}
 			}
+			d.digests = &bt.digests
 			for more && len(bt.entries) < decodeBatch {
 				if n >= b.lim.MaxEntries {
 					bt.err = limitf("TOC has more than %d entries", b.lim.MaxEntries)
