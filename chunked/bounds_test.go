@@ -145,9 +145,9 @@ func (b repeatByte) Read(p []byte) (int, error) {
 	return len(p), nil
 }
 
-// TestTarSplitRecordBounded: one tar-split record (a line of JSON) of hundreds of megabytes, as
+// TestTarSplitEntryBounded: one tar-split entry (a line of JSON) of hundreds of megabytes, as
 // a tiny zstd frame can hold, is refused before the decoder has buffered it.
-func TestTarSplitRecordBounded(t *testing.T) {
+func TestTarSplitEntryBounded(t *testing.T) {
 	const n = 200 << 20
 	r := io.MultiReader(strings.NewReader(`{"type":2,"payload":"`), io.LimitReader(repeatByte('A'), n),
 		strings.NewReader(`","position":0}`+"\n"))
@@ -247,13 +247,13 @@ func TestIterateTarSplitCanceled(t *testing.T) {
 		records := 0
 		err := chunked.IterateTarSplit(&cancelAfter{Context: context.Background(), n: looks},
 			chunked.NewTarSplitReader(strings.NewReader(data), chunked.Limits{}),
-			func(int, *tar.Header) error { return nil }, func(int, *chunked.TarSplitRecord) error { records++; return nil })
+			func(int, *tar.Header) error { return nil }, func(int, *chunked.TarSplitEntry) error { records++; return nil })
 		if !errors.Is(err, context.Canceled) {
 			t.Errorf("IterateTarSplit canceled at its look %d = %v, want context.Canceled", looks, err)
 		}
 	}
 	if err := chunked.IterateTarSplit(context.Background(), chunked.NewTarSplitReader(strings.NewReader(data), chunked.Limits{}),
-		func(int, *tar.Header) error { return nil }, func(int, *chunked.TarSplitRecord) error { return nil }); err != nil {
+		func(int, *tar.Header) error { return nil }, func(int, *chunked.TarSplitEntry) error { return nil }); err != nil {
 		t.Errorf("IterateTarSplit = %v", err)
 	}
 }
@@ -274,7 +274,7 @@ func TestIterateTarSplitAheadBounded(t *testing.T) {
 		runtime.GC()
 		runtime.ReadMemStats(&before)
 		err := chunked.IterateTarSplit(context.Background(), chunked.NewTarSplitReader(io.MultiReader(rs...), chunked.Limits{}),
-			func(int, *tar.Header) error { return nil }, func(int, *chunked.TarSplitRecord) error { return nil })
+			func(int, *tar.Header) error { return nil }, func(int, *chunked.TarSplitEntry) error { return nil })
 		runtime.ReadMemStats(&after)
 		if err != nil {
 			t.Fatal(err)

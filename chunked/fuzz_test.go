@@ -413,7 +413,7 @@ func tarSplit(t testing.TB, fs []testlayer.Fixture) []byte {
 	return nil
 }
 
-// tsLine renders one tar-split record.
+// tsLine renders one tar-split entry.
 func tsLine(typ int, name string, size int64, payload []byte, pos int64) string {
 	return obj("type", typ, "name", name, "size", size, "payload", base64.StdEncoding.EncodeToString(payload), "position", pos) + "\n"
 }
@@ -456,7 +456,7 @@ func FuzzTarSplit(f *testing.F) {
 				headers++
 				return nil
 			},
-			func(k int, r *chunked.TarSplitRecord) error {
+			func(k int, r *chunked.TarSplitEntry) error {
 				if k != files || r.Type != chunked.TarSplitFile || r.Size < 0 || r.FileName() == "" {
 					t.Errorf("file record %d: %+v, want number %d", k, r, files)
 				}
@@ -525,7 +525,7 @@ func TestIterateTarSplitFixture(t *testing.T) {
 	var names []string
 	err := chunked.IterateTarSplit(context.Background(), chunked.NewTarSplitReader(bytes.NewReader(data), chunked.Limits{}),
 		func(k int, h *tar.Header) error { got = append(got, h); return nil },
-		func(k int, r *chunked.TarSplitRecord) error { names = append(names, r.FileName()); return nil })
+		func(k int, r *chunked.TarSplitEntry) error { names = append(names, r.FileName()); return nil })
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -634,7 +634,7 @@ func TestIterateTarSplitErrors(t *testing.T) {
 			headers, files := 0, 0
 			err := chunked.IterateTarSplit(context.Background(), chunked.NewTarSplitReader(strings.NewReader(tc.data), chunked.Limits{}),
 				func(k int, h *tar.Header) error { headers++; return tc.onHeader },
-				func(k int, r *chunked.TarSplitRecord) error { files++; return tc.onFile })
+				func(k int, r *chunked.TarSplitEntry) error { files++; return tc.onFile })
 			if tc.want == nil && err != nil || !errors.Is(err, tc.want) {
 				t.Errorf("IterateTarSplit = %v, want %v", err, tc.want)
 			}
@@ -652,7 +652,7 @@ func TestIterateTarSplitTerminates(t *testing.T) {
 	done := make(chan error, 1)
 	go func() {
 		done <- chunked.IterateTarSplit(context.Background(), chunked.NewTarSplitReader(strings.NewReader(data), chunked.Limits{}),
-			func(int, *tar.Header) error { return nil }, func(int, *chunked.TarSplitRecord) error { return nil })
+			func(int, *tar.Header) error { return nil }, func(int, *chunked.TarSplitEntry) error { return nil })
 	}()
 	select {
 	case <-done:
@@ -799,7 +799,7 @@ func TestIterateTarSplitAhead(t *testing.T) {
 			got = append(got, h)
 			return nil
 		},
-		func(k int, r *chunked.TarSplitRecord) error {
+		func(k int, r *chunked.TarSplitEntry) error {
 			gotFiles = append(gotFiles, file{r.FileName(), r.Size})
 			return nil
 		})
@@ -824,7 +824,7 @@ func TestIterateTarSplitAhead(t *testing.T) {
 				return stop
 			}
 			return nil
-		}, func(int, *chunked.TarSplitRecord) error { return nil })
+		}, func(int, *chunked.TarSplitEntry) error { return nil })
 	if err != stop {
 		t.Fatalf("stopped: %v", err)
 	}

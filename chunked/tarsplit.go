@@ -11,7 +11,7 @@ import (
 	"github.com/go-json-experiment/json/jsontext"
 )
 
-// Tar-split record types (github.com/vbatts/tar-split/tar/storage).
+// Tar-split entry types (github.com/vbatts/tar-split/tar/storage).
 const (
 	TarSplitFile    = 1 // a file payload, known by name and size
 	TarSplitSegment = 2 // raw tar bytes: headers, padding, end blocks
@@ -20,12 +20,12 @@ const (
 // maxSegment bounds one raw tar-split segment (headers with their PAX records and padding).
 const maxSegment = 16 << 20
 
-// maxRecord bounds the JSON text of one tar-split record: a segment of maxSegment bytes in
-// base64, with room for the other members. The decoder holds a whole record in memory.
-const maxRecord = maxSegment/3*4 + 1<<20
+// maxTarSplitEntry bounds the JSON text of one tar-split entry: a segment of maxSegment bytes in
+// base64, with room for the other members. The decoder holds a whole entry in memory.
+const maxTarSplitEntry = maxSegment/3*4 + 1<<20
 
-// TarSplitRecord is one line of a tar-split stream.
-type TarSplitRecord struct {
+// TarSplitEntry is one line of a tar-split stream.
+type TarSplitEntry struct {
 	Type    int    `json:"type"`
 	Name    string `json:"name"`
 	NameRaw []byte `json:"name_raw"`
@@ -35,61 +35,61 @@ type TarSplitRecord struct {
 	Position int64  `json:"position"`
 }
 
-// rawTarSplitRecord is a record as json.Unmarshal decodes it, with the members no field
+// rawTarSplitEntry is an entry as json.Unmarshal decodes it, with the members no field
 // matched: the tests' reference for the entryDecoder's decodeTarSplit.
-type rawTarSplitRecord struct {
-	TarSplitRecord
+type rawTarSplitEntry struct {
+	TarSplitEntry
 	Unknown jsontext.Value `json:",embed"` // the members no field matched (see refuseCaseVariants)
 }
 
-// tarSplitNames are the record's member names, in lower case.
-var tarSplitNames = jsonNames(reflect.TypeFor[TarSplitRecord]())
+// tarSplitNames are the entry's member names, in lower case.
+var tarSplitNames = jsonNames(reflect.TypeFor[TarSplitEntry]())
 
-// FileName returns the name of a file record.
-func (r *TarSplitRecord) FileName() string {
+// FileName returns the name of a file entry.
+func (r *TarSplitEntry) FileName() string {
 	if len(r.NameRaw) > 0 {
 		return string(r.NameRaw)
 	}
 	return r.Name
 }
 
-// TarSplitReader reads the records of an uncompressed tar-split stream, strictly: records must
+// TarSplitReader reads the entries of an uncompressed tar-split stream, strictly: entries must
 // be well-formed JSON objects with sequential positions, segments are bounded, and the stream is
 // capped at [Limits].MaxTarSplitSize bytes.
 type TarSplitReader struct {
 	dec  *jsontext.Decoder
 	lr   *io.LimitedReader
-	rl   *recordLimiter
+	rl   *tarSplitLimiter
 	lim  Limits
 	d    entryDecoder
 	next int64
-	rec  TarSplitRecord // its NameRaw and Payload buffers are reused
+	rec  TarSplitEntry // its NameRaw and Payload buffers are reused
 	size int64
 }
 
-// NewTarSplitReader reads records from r.
+// NewTarSplitReader reads entries from r.
 func NewTarSplitReader(r io.Reader, limits Limits) *TarSplitReader {
 	lim := limits.WithDefaults()
 	lr := &io.LimitedReader{R: r, N: lim.MaxTarSplitSize + 1}
-	rl := &recordLimiter{r: lr}
+	rl := &tarSplitLimiter{r: lr}
 	dec := jsontext.NewDecoder(rl)
 	return &TarSplitReader{dec: dec, d: entryDecoder{dec: dec}, lr: lr, rl: rl, lim: lim}
 }
 
-// recordLimiter lets the decoder read at most up to limit, so that one record cannot make it
-// buffer more than maxRecord bytes.
-type recordLimiter struct {
+// tarSplitLimiter lets the decoder read at most up to limit, so that one entry cannot make it
+// buffer more than maxTarSplitEntry bytes.
+type tarSplitLimiter struct {
 	r           io.Reader
 	read, limit int64
 	over        bool
 }
 
-var errRecordTooLong = errors.New("tar-split record too long")
+var errTarSplitEntryTooLong = errors.New("tar-split entry too long")
 
-func (l *recordLimiter) Read(p []byte) (int, error) {
+func (l *tarSplitLimiter) Read(p []byte) (int, error) {
 	if l.read >= l.limit {
 		l.over = true
-		return 0, errRecordTooLong
+		return 0, errTarSplitEntryTooLong
 	}
 	if int64(len(p)) > l.limit-l.read {
 		p = p[:l.limit-l.read]
@@ -99,9 +99,9 @@ func (l *recordLimiter) Read(p []byte) (int, error) {
 	return n, err
 }
 
-// Next returns the next record, valid until the following call, or io.EOF at the end.
-func (t *TarSplitReader) Next() (*TarSplitRecord, error) {
-	t.rl.limit = t.dec.InputOffset() + maxRecord
+// Next returns the next entry, valid until the following call, or io.EOF at the end.
+func (t *TarSplitReader) Next() (*TarSplitEntry, error) {
+	t.rl.limit = t.dec.InputOffset() + maxTarSplitEntry
 	if t.dec.PeekKind() == 0 {
 		if _, err := t.dec.ReadToken(); err == io.EOF {
 			if t.lr.N <= 0 {
@@ -117,23 +117,23 @@ func (t *TarSplitReader) Next() (*TarSplitRecord, error) {
 			return nil, limitf("tar-split exceeds %d bytes", t.lim.MaxTarSplitSize)
 		}
 		if t.rl.over {
-			return nil, limitf("tar-split record %d exceeds %d bytes", t.next, maxRecord)
+			return nil, limitf("tar-split entry %d exceeds %d bytes", t.next, maxTarSplitEntry)
 		}
 		if errors.Is(err, ErrInvalid) {
-			return nil, fmt.Errorf("tar-split record %d: %w", t.next, err)
+			return nil, fmt.Errorf("tar-split entry %d: %w", t.next, err)
 		}
-		return nil, invalidf("tar-split record %d: %v", t.next, err)
+		return nil, invalidf("tar-split entry %d: %v", t.next, err)
 	}
 	r := &t.rec
 	switch {
 	case r.Position != t.next:
-		return nil, invalidf("tar-split record %d has position %d", t.next, r.Position)
+		return nil, invalidf("tar-split entry %d has position %d", t.next, r.Position)
 	case r.Type == TarSplitSegment && len(r.Payload) > maxSegment:
 		return nil, limitf("tar-split segment %d of %d bytes", t.next, len(r.Payload))
 	case r.Type == TarSplitFile && (r.Size < 0 || r.FileName() == ""):
-		return nil, invalidf("tar-split file record %d: bad name or size", t.next)
+		return nil, invalidf("tar-split file entry %d: bad name or size", t.next)
 	case r.Type != TarSplitFile && r.Type != TarSplitSegment:
-		return nil, invalidf("tar-split record %d has type %d", t.next, r.Type)
+		return nil, invalidf("tar-split entry %d has type %d", t.next, r.Type)
 	}
 	t.next++
 	if r.Type == TarSplitSegment {
@@ -144,21 +144,21 @@ func (t *TarSplitReader) Next() (*TarSplitRecord, error) {
 	return r, nil
 }
 
-// TarSize returns the size of the tar stream the records read so far describe: once the
+// TarSize returns the size of the tar stream the entries read so far describe: once the
 // stream is read to its end, the size of the layer's uncompressed tar.
 func (t *TarSplitReader) TarSize() int64 { return t.size }
 
 // IterateTarSplit walks a tar-split stream as the tar it describes, with every file payload
 // read as zeros (and skipped without reading when possible). It calls onHeader for each tar
-// header, numbered from 0, and onFile for each file record, numbered from 0. In a well-formed
-// tar-split, header k and file record k describe the same entry. It stops with ctx's error
+// header, numbered from 0, and onFile for each file entry, numbered from 0. In a well-formed
+// tar-split, header k and file entry k describe the same entry. It stops with ctx's error
 // soon after ctx is done.
 //
-// The records are decoded (decompressed, read as JSON, their base64 decoded) ahead, on a
+// The entries are decoded (decompressed, read as JSON, their base64 decoded) ahead, on a
 // goroutine of its own, while their tar headers are parsed and handed to onHeader and onFile
 // on the caller's: on two processors a large comparison takes about a third less time
 // (decodeAhead). The goroutine has ended when IterateTarSplit returns.
-func IterateTarSplit(ctx context.Context, ts *TarSplitReader, onHeader func(k int, h *tar.Header) error, onFile func(k int, r *TarSplitRecord) error) error {
+func IterateTarSplit(ctx context.Context, ts *TarSplitReader, onHeader func(k int, h *tar.Header) error, onFile func(k int, r *TarSplitEntry) error) error {
 	a := decodeAhead(ts)
 	defer a.stop()
 	v := &virtualTar{ctx: ctx, recs: a, onFile: onFile}
@@ -178,7 +178,7 @@ func IterateTarSplit(ctx context.Context, ts *TarSplitReader, onHeader func(k in
 			return err
 		}
 	}
-	// Consume what follows the end blocks, so every file record is seen, skipping payloads
+	// Consume what follows the end blocks, so every file entry is seen, skipping payloads
 	// without producing their zeros.
 	for {
 		v.seg, v.zeros = nil, 0
@@ -195,8 +195,8 @@ func IterateTarSplit(ctx context.Context, ts *TarSplitReader, onHeader func(k in
 type virtualTar struct {
 	ctx    context.Context
 	recs   *aheadReader
-	nrec   int // records read
-	onFile func(int, *TarSplitRecord) error
+	nent   int // entries read
+	onFile func(int, *TarSplitEntry) error
 	files  int
 	seg    []byte
 	zeros  int64
@@ -209,12 +209,12 @@ func (v *virtualTar) fill() error {
 		if v.err != nil {
 			return v.err
 		}
-		if v.nrec%ctxCheckEvery == 0 {
+		if v.nent%ctxCheckEvery == 0 {
 			if v.err = v.ctx.Err(); v.err != nil {
 				return v.err
 			}
 		}
-		v.nrec++
+		v.nent++
 		r, err := v.recs.next()
 		if err != nil {
 			if err != io.EOF {
@@ -276,27 +276,27 @@ func (v *virtualTar) Seek(off int64, whence int) (int64, error) {
 	return v.pos, nil
 }
 
-// Decoding ahead (IterateTarSplit): records go from the decoding goroutine to the reader in
-// batches of at most aheadRecords records or aheadBytes of names and payloads (a larger record
+// Decoding ahead (IterateTarSplit): entries go from the decoding goroutine to the reader in
+// batches of at most aheadEntries entries or aheadBytes of names and payloads (a larger entry
 // alone), copied into the batch's buffer; aheadBatches batches exist, reused, so that the
 // goroutine decodes at most that far ahead and the comparison holds at most aheadBatches x
-// (aheadBytes + one record) besides the TarSplitReader's own buffers.
+// (aheadBytes + one entry) besides the TarSplitReader's own buffers.
 const (
-	aheadRecords = 256
+	aheadEntries = 256
 	aheadBytes   = 1 << 20
 	aheadBatches = 3
 )
 
-// recordBatch is records decoded ahead.
-type recordBatch struct {
-	recs  []TarSplitRecord // once sealed, NameRaw and Payload point into buf
-	spans [][4]int         // where each record's NameRaw and Payload are in buf: start (-1: nil), length
+// tarSplitBatch is entries decoded ahead.
+type tarSplitBatch struct {
+	recs  []TarSplitEntry // once sealed, NameRaw and Payload point into buf
+	spans [][4]int        // where each entry's NameRaw and Payload are in buf: start (-1: nil), length
 	buf   []byte
 	err   error // after recs: io.EOF at the end, or the reader's error
 }
 
 // add appends a copy of r.
-func (b *recordBatch) add(r *TarSplitRecord) {
+func (b *tarSplitBatch) add(r *TarSplitEntry) {
 	at := func(p []byte) int {
 		if p == nil {
 			return -1
@@ -310,8 +310,8 @@ func (b *recordBatch) add(r *TarSplitRecord) {
 	b.spans = append(b.spans, [4]int{at(r.NameRaw), len(r.NameRaw), at(r.Payload), len(r.Payload)})
 }
 
-// seal points the records' NameRaw and Payload into the buffer, which no longer grows.
-func (b *recordBatch) seal() {
+// seal points the entries' NameRaw and Payload into the buffer, which no longer grows.
+func (b *tarSplitBatch) seal() {
 	in := func(at, n int) []byte {
 		if at < 0 {
 			return nil
@@ -323,22 +323,22 @@ func (b *recordBatch) seal() {
 	}
 }
 
-// aheadReader reads the records a goroutine decodes ahead (decodeAhead).
+// aheadReader reads the entries a goroutine decodes ahead (decodeAhead).
 type aheadReader struct {
-	full, free chan *recordBatch
+	full, free chan *tarSplitBatch
 	quit, done chan struct{}
-	cur        *recordBatch
+	cur        *tarSplitBatch
 	i          int
 }
 
-// decodeAhead starts decoding the records of ts on a goroutine of its own.
+// decodeAhead starts decoding the entries of ts on a goroutine of its own.
 func decodeAhead(ts *TarSplitReader) *aheadReader {
 	a := &aheadReader{
-		full: make(chan *recordBatch, aheadBatches), free: make(chan *recordBatch, aheadBatches),
+		full: make(chan *tarSplitBatch, aheadBatches), free: make(chan *tarSplitBatch, aheadBatches),
 		quit: make(chan struct{}), done: make(chan struct{}),
 	}
 	for range aheadBatches {
-		a.free <- &recordBatch{}
+		a.free <- &tarSplitBatch{}
 	}
 	go a.decode(ts)
 	return a
@@ -347,14 +347,14 @@ func decodeAhead(ts *TarSplitReader) *aheadReader {
 func (a *aheadReader) decode(ts *TarSplitReader) {
 	defer close(a.done)
 	for {
-		var b *recordBatch
+		var b *tarSplitBatch
 		select {
 		case b = <-a.free:
 		case <-a.quit:
 			return
 		}
 		b.recs, b.spans, b.buf, b.err = b.recs[:0], b.spans[:0], b.buf[:0], nil
-		for len(b.recs) < aheadRecords && len(b.buf) < aheadBytes {
+		for len(b.recs) < aheadEntries && len(b.buf) < aheadBytes {
 			r, err := ts.Next()
 			if err != nil {
 				b.err = err
@@ -374,9 +374,9 @@ func (a *aheadReader) decode(ts *TarSplitReader) {
 	}
 }
 
-// next returns the next record, valid until the following call, or the reader's error (io.EOF
+// next returns the next entry, valid until the following call, or the reader's error (io.EOF
 // at the end).
-func (a *aheadReader) next() (*TarSplitRecord, error) {
+func (a *aheadReader) next() (*TarSplitEntry, error) {
 	for a.cur == nil || a.i >= len(a.cur.recs) {
 		if a.cur != nil {
 			if a.cur.err != nil {

@@ -428,12 +428,12 @@ func (d *entryDecoder) xattrs(dst *map[string]string) error {
 	return nil
 }
 
-// decodeTarSplit reads one tar-split record into r as json.Unmarshal reads it into a
+// decodeTarSplit reads one tar-split entry into r as json.Unmarshal reads it into a
 // rawTarSplitRecord, with the refusal of case variants (see decodeEntry): name_raw and payload
 // are base64 (standard, padded, strict), decoded into the reused buffers r holds.
-func (d *entryDecoder) decodeTarSplit(r *TarSplitRecord) error {
+func (d *entryDecoder) decodeTarSplit(r *TarSplitEntry) error {
 	nameRaw, payload := r.NameRaw[:0], r.Payload[:0]
-	*r = TarSplitRecord{}
+	*r = TarSplitEntry{}
 	if tok, err := d.dec.ReadToken(); err != nil {
 		return err
 	} else if tok.Kind() != '{' {

@@ -103,14 +103,14 @@ func FuzzCleanName(f *testing.F) {
 	})
 }
 
-// referenceTarSplit reads one tar-split record as json.Unmarshal does, then refuses the
+// referenceTarSplit reads one tar-split entry as json.Unmarshal does, then refuses the
 // members that differ from a defined key only by case: what decodeTarSplit must match.
-func referenceTarSplit(in []byte) (TarSplitRecord, error) {
-	var r rawTarSplitRecord
+func referenceTarSplit(in []byte) (TarSplitEntry, error) {
+	var r rawTarSplitEntry
 	if err := json.UnmarshalDecode(jsontext.NewDecoder(bytes.NewReader(in)), &r); err != nil {
-		return r.TarSplitRecord, err
+		return r.TarSplitEntry, err
 	}
-	return r.TarSplitRecord, refuseCaseVariants(r.Unknown, tarSplitNames)
+	return r.TarSplitEntry, refuseCaseVariants(r.Unknown, tarSplitNames)
 }
 
 var tarSplitDecoderSeeds = []string{
@@ -135,7 +135,7 @@ func FuzzTarSplitDecoder(f *testing.F) {
 			return
 		}
 		want, werr := referenceTarSplit(in)
-		got := TarSplitRecord{Type: 7, Name: "stale", NameRaw: []byte("stale"), Payload: make([]byte, 3, 64)}
+		got := TarSplitEntry{Type: 7, Name: "stale", NameRaw: []byte("stale"), Payload: make([]byte, 3, 64)}
 		gerr := d.decodeTarSplit(&got)
 		if (werr == nil) != (gerr == nil) {
 			t.Fatalf("%q: error %v, json.Unmarshal's %v", in, gerr, werr)

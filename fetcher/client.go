@@ -107,7 +107,7 @@ func (c *Client) Platforms(ctx context.Context, img *Image) ([]*Manifest, error)
 
 // Blob returns a Blob reading layer l of img: from the source that served img's manifest, and
 // when it fails (after its retries), from img's other sources in turn.
-func (c *Client) Blob(ctx context.Context, img *Image, l *Descriptor) (*Blob, error) {
+func (c *Client) Blob(ctx context.Context, img *Image, l *ImageLayer) (*Blob, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("fetcher: %w", err)
 	}

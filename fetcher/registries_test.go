@@ -528,7 +528,7 @@ func TestClientConfigErrors(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := c.Blob(t.Context(), &Image{}, &Descriptor{Descriptor: chunked.Descriptor{Digest: digest.Digest("sha256:" + strings.Repeat("0", 64))}}); err == nil {
+	if _, err := c.Blob(t.Context(), &Image{}, &ImageLayer{Descriptor: chunked.Descriptor{Digest: digest.Digest("sha256:" + strings.Repeat("0", 64))}}); err == nil {
 		t.Error("Blob of an image with no source succeeded")
 	}
 }

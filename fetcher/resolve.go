@@ -30,7 +30,7 @@ import (
 type Manifest struct {
 	Digest   digest.Digest
 	Platform *v1.Platform // nil for a manifest that was not reached through an index
-	Layers   []Descriptor
+	Layers   []ImageLayer
 	Start    Start // what its config runs by default
 }
 
@@ -64,8 +64,8 @@ func startOf(c v1.Config) Start {
 	return s
 }
 
-// Descriptor is a layer descriptor as the manifest states it, with its DiffID from the config.
-type Descriptor struct {
+// ImageLayer is a layer descriptor as the manifest states it, with its DiffID from the config.
+type ImageLayer struct {
 	chunked.Descriptor
 	DiffID digest.Digest
 }
@@ -445,7 +445,7 @@ func manifestOf(im v1.Image, ref name.Digest, p *v1.Platform) (*Manifest, error)
 		if d.Validate() != nil || diffID.Validate() != nil || l.Size < 0 {
 			return nil, fmt.Errorf("%s: layer %d: digest %q, DiffID %q, size %d: %w", ref, i, d, diffID, l.Size, ErrBadResponse)
 		}
-		m.Layers = append(m.Layers, Descriptor{
+		m.Layers = append(m.Layers, ImageLayer{
 			Descriptor: chunked.Descriptor{MediaType: string(l.MediaType), Digest: d, Size: l.Size, Annotations: l.Annotations},
 			DiffID:     diffID,
 		})

@@ -82,7 +82,7 @@ func TestResolveAhead(t *testing.T) {
 }
 
 // peek returns the resolution of k, as remembered, without making it last longer.
-func (m *Manager) peek(k layerKey) (*Layer, error, bool) {
+func (m *Manager) peek(k layerKey) (*Served, error, bool) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	r := m.resolved[k]

@@ -30,7 +30,7 @@ type blobCopy struct {
 // ReadBlob implements storefs.Layer: the raw blob, from the verified copy, which the first read
 // makes. A blob whose bytes do not hash to its digest fails every read (with
 // verify.ErrDigestMismatch) and is fetched again after the negative TTL.
-func (l *Layer) ReadBlob(ctx context.Context, p []byte, off int64) (int, error) {
+func (l *Served) ReadBlob(ctx context.Context, p []byte, off int64) (int, error) {
 	if err := l.v.Err(); err != nil {
 		return 0, err // the layer is refused (checkTarSplit)
 	}
@@ -62,7 +62,7 @@ func (l *Layer) ReadBlob(ctx context.Context, p []byte, off int64) (int, error) 
 
 // blobCopyFor returns the layer's blob copy, starting it when there is none or when the last
 // attempt failed more than the negative TTL ago.
-func (l *Layer) blobCopyFor() *blobCopy {
+func (l *Served) blobCopyFor() *blobCopy {
 	now := l.env.now()
 	l.mu.Lock()
 	if bc := l.blobCopy; bc != nil {
@@ -81,13 +81,13 @@ func (l *Layer) blobCopyFor() *blobCopy {
 	bc.used.Store(now.UnixNano())
 	l.blobCopy = bc
 	l.mu.Unlock()
-	l.env.life.goTracked(func() { l.copyBlob(bc) }) // takes Manager.mu: not under Layer.mu
+	l.env.life.goTracked(func() { l.copyBlob(bc) }) // takes Manager.mu: not under Served.mu
 	return bc
 }
 
 // copyBlob fetches the whole blob in pieces of the background fetch's batch size
 // (Config.PrefetchBatch), in order, into a scratch file, hashing it on the way, and completes bc.
-func (l *Layer) copyBlob(bc *blobCopy) {
+func (l *Served) copyBlob(bc *blobCopy) {
 	f, err := l.fetchBlob()
 	l.mu.Lock()
 	current := l.blobCopy == bc
@@ -107,7 +107,7 @@ func (l *Layer) copyBlob(bc *blobCopy) {
 	close(bc.done)
 }
 
-func (l *Layer) fetchBlob() (*os.File, error) {
+func (l *Served) fetchBlob() (*os.File, error) {
 	f, err := l.env.cache.Scratch()
 	if err != nil {
 		return nil, err
@@ -142,7 +142,7 @@ func (l *Layer) fetchBlob() (*os.File, error) {
 
 // dropBlobCopy removes the blob copy when it has not been read since before cutoff (the zero
 // time: whatever its use), and closes its file once made.
-func (l *Layer) dropBlobCopy(cutoff time.Time) {
+func (l *Served) dropBlobCopy(cutoff time.Time) {
 	l.mu.Lock()
 	bc := l.blobCopy
 	if bc == nil || (!cutoff.IsZero() && bc.used.Load() >= cutoff.UnixNano()) {

@@ -16,7 +16,7 @@
 // tar's size) and under Config.RequireDiffID, which read the tar-split with the TOC and run the
 // comparison at once, at their priority (the background comparison of the same layer steps
 // aside); a layer whose TOC the tar-split contradicts is refused from then on (lookups, reads,
-// status, and through Layer.Refused the mount's answers about its tree; its identity is
+// status, and through Served.Refused the mount's answers about its tree; its identity is
 // remembered for the manager's life, so that a later resolution of it is refused at once).
 // Resolutions are shared by concurrent lookups, bounded in time (Config.ResolveTimeout), kept
 // while the runtime uses the layer and for a while after (Config.KeepTTL); failures are remembered
@@ -28,7 +28,7 @@
 // would otherwise wait for its own round trips. A layer resolved ahead starts its background
 // fetch only at its first lookup: the runtime may have it already.
 //
-// A [Layer] serves reads of its files from the cache when the verified bytes are there, and
+// A [Served] layer reads its files from the cache when the verified bytes are there, and
 // otherwise fetches the chunks a read needs (coalesced into as few range requests as the
 // fetcher can make), with those that follow them in the blob within a small read-ahead window
 // (32 KiB), verifies them, serves them and writes them to the cache. A file read in
@@ -74,7 +74,7 @@
 //     MiB, doubling to 4 MiB). Started by a cold read (from the first of a file executed or
 //     predicted, from the second of others); kind ahead.
 //   - prediction (predict, predict.go): the files a program's loader will open (its
-//     interpreter, its libraries). Started by an execution (Layer.Executing), a read of a
+//     interpreter, its libraries). Started by an execution (Served.Executing), a read of a
 //     shared object's header, or the lookup of an image's program (start.go, which also
 //     fetches the image's /etc/passwd and /etc/group, as a prediction does); kind ahead.
 //   - background fetch (prefetch, prefetch.go; "background work"): the whole layer, in large
@@ -93,7 +93,7 @@
 //
 // A container's start reads a few files of each layer one after another, each a round trip
 // when cold. The manager learns them, with nothing to configure and no producer step. From a
-// layer's first read on (Layer.ReadFile, or an open served by passthrough, Layer.Backing), for
+// layer's first read on (Served.ReadFile, or an open served by passthrough, Served.Backing), for
 // the profile window (30 s), it records the files read, by path, in the order of
 // their first read, and ends early at 4096 files, 256 MiB of their content or 256 KiB of
 // their paths; then it writes that list, the layer's profile, into the profile of each
@@ -143,8 +143,8 @@
 //
 // Without a profile, a program's start is still a chain of round trips: its loader opens the
 // libraries it names one after the other. When the kernel opens a file to execute it
-// (Layer.Executing), or a runtime reads the start of a file that is an ELF shared object (a
-// library a program loads itself, dlopen: Layer.ReadFile), the layer reads the file's program
+// (Served.Executing), or a runtime reads the start of a file that is an ELF shared object (a
+// library a program loads itself, dlopen: Served.ReadFile), the layer reads the file's program
 // headers and dynamic section, finds its interpreter and the libraries it names where the
 // loader looks for them, in this layer and the other live layers resolved through one of its
 // references, and fetches each one in turn (whole, up to 64 MiB of content, in batches of
@@ -174,7 +174,7 @@
 //
 // # Structure
 //
-// A [Manager] resolves; a [Layer] reads. A layer knows of its manager only what every layer
+// A [Manager] resolves; a [Served] layer reads. A layer knows of its manager only what every layer
 // of that manager shares (env, in env.go): the cache and its open files (handles.go), the
 // scheduler that shares the registry and the processors with background work
 // (scheduler.go), the counters, the read settings, the manager's lifetime (life), and, for
@@ -183,7 +183,7 @@
 // registry through the reference and descriptor it was resolved by (registryBlob), not
 // through the manager. Startup profiles are package profile's (format, persistence, merge,
 // export and import); this package records them and replays them. The read
-// path, from Layer.ReadFile, probes the cache file and hands what is missing to fetchChunks
+// path, from Served.ReadFile, probes the cache file and hands what is missing to fetchChunks
 // (fetch.go), the one way chunks come to be present, whoever asks: claim the missing
 // chunks, look in the cache again, fetch and verify them in one batch, store them. A fetch names its chunk
 // and is shared by every reader of it; its kind (on demand, ahead, background, a startup
@@ -199,15 +199,15 @@
 //     is liveSet.mu (a layer made live or forgotten as the resolutions change).
 //   - liveSet.mu: the live layers (a leaf), read by the manager and by a layer's predictions.
 //   - lifetime.mu: whether the manager is closing; goTracked takes it.
-//   - Layer.mu: the references and repositories of a layer, its chunks in flight (and the
+//   - Served.mu: the references and repositories of a layer, its chunks in flight (and the
 //     failures remembered on them), its cold reads and files predicted, its blob copy.
-//   - Layer.prefetch.mu: the state of its background fetch.
+//   - Served.prefetch.mu: the state of its background fetch.
 //   - handles.mu: the open cache files and their LRU.
-//   - Layer.recording.mu: the startup profile being recorded.
-//   - Layer.recordMu: serializes the writes of a layer's record (Layer.writeRecord, so that
+//   - Served.recording.mu: the startup profile being recorded.
+//   - Served.recordMu: serializes the writes of a layer's record (Served.writeRecord, so that
 //     each writes the state of its time); an exception: held across the write of the record
-//     (cache.PutRecord: a file written and renamed), and Layer.mu and the records' own lock
-//     are taken under it, briefly; taken only by background work (Layer.saveRecord).
+//     (cache.PutRecord: a file written and renamed), and Served.mu and the records' own lock
+//     are taken under it, briefly; taken only by background work (Served.saveRecord).
 //   - package profile's Store lock: the profile records; an exception, held across the read
 //     and write of a repository's profile record (so that two updates do not lose each
 //     other's), taken only by background work (a recording's end, a background fetch's start)

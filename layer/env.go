@@ -222,13 +222,13 @@ func (w *lifetime) wait() { w.tracked.Wait() }
 // manager itself. Its lock is a leaf: the manager takes it under Manager.mu.
 type liveSet struct {
 	mu     sync.Mutex
-	layers map[identity]*Layer
+	layers map[identity]*Served
 }
 
-func newLiveSet() *liveSet { return &liveSet{layers: map[identity]*Layer{}} }
+func newLiveSet() *liveSet { return &liveSet{layers: map[identity]*Served{}} }
 
 // get returns the live layer of an identity, or nil.
-func (s *liveSet) get(id identity) *Layer {
+func (s *liveSet) get(id identity) *Served {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.layers[id]
@@ -236,7 +236,7 @@ func (s *liveSet) get(id identity) *Layer {
 
 // add makes l the live layer of its identity, unless one is live already: that one is
 // returned, and l is not added.
-func (s *liveSet) add(l *Layer) (existing *Layer) {
+func (s *liveSet) add(l *Served) (existing *Served) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if existing = s.layers[l.id]; existing == nil {
@@ -246,10 +246,10 @@ func (s *liveSet) add(l *Layer) (existing *Layer) {
 }
 
 // all returns the live layers, in no order.
-func (s *liveSet) all() []*Layer {
+func (s *liveSet) all() []*Served {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	out := make([]*Layer, 0, len(s.layers))
+	out := make([]*Served, 0, len(s.layers))
 	for _, l := range s.layers {
 		out = append(out, l)
 	}
@@ -257,7 +257,7 @@ func (s *liveSet) all() []*Layer {
 }
 
 // retain forgets the live layers keep refuses, and returns them and those kept.
-func (s *liveSet) retain(keep func(*Layer) bool) (gone, kept []*Layer) {
+func (s *liveSet) retain(keep func(*Served) bool) (gone, kept []*Served) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for id, l := range s.layers {
@@ -274,16 +274,16 @@ func (s *liveSet) retain(keep func(*Layer) bool) (gone, kept []*Layer) {
 // siblings returns the live layers other than l resolved through a reference l was resolved
 // through (the rest of its image), where a prediction looks for the files it names: in digest
 // order, at most maxSiblings. It takes no layer's lock while it holds its own.
-func (s *liveSet) siblings(l *Layer) []*Layer {
+func (s *liveSet) siblings(l *Served) []*Served {
 	live := s.all()
 	refs := l.references()
-	var out []*Layer
+	var out []*Served
 	for _, o := range live {
 		if o != l && slices.ContainsFunc(o.references(), func(r string) bool { return slices.Contains(refs, r) }) {
 			out = append(out, o)
 		}
 	}
-	slices.SortFunc(out, func(a, b *Layer) int { return strings.Compare(string(a.desc.Digest), string(b.desc.Digest)) })
+	slices.SortFunc(out, func(a, b *Served) int { return strings.Compare(string(a.desc.Digest), string(b.desc.Digest)) })
 	return out[:min(len(out), maxSiblings)]
 }
 

@@ -56,7 +56,7 @@ type fetch struct {
 	verified verify.ChunkData // set when fetched here (not taken from the cache), for storing
 	err      error
 
-	failedUntil time.Time // guarded by Layer.mu; set once err is
+	failedUntil time.Time // guarded by Served.mu; set once err is
 
 	// wanted: a reader waits for it (want.waits): a background fetch does not put its
 	// verification below the runtimes' priority (idlecpu.go).
@@ -68,7 +68,7 @@ type fetch struct {
 // The chunks h holds are read from there, the others fetched (fetchMissing); a file read in
 // sequence (the chunk before the last one read is present, the one after it is not) also has
 // the next chunk fetched ahead.
-func (l *Layer) readChunks(ctx context.Context, h *handle, id chunked.EntryID, p []byte, off int64, first, last int, kind fetchKind) (int, error) {
+func (l *Served) readChunks(ctx context.Context, h *handle, id chunked.EntryID, p []byte, off int64, first, last int, kind fetchKind) (int, error) {
 	chunk := func(i int) chunked.Chunk { c, _ := l.idx.Chunk(id, i); return c }
 	var missing []int
 	for i := first; i <= last; i++ {
@@ -127,7 +127,7 @@ func copyChunk(p []byte, off, fileOff int64, b []byte) {
 // A read that had to wait for the registry (a chunk of its own to fetch, or one another read
 // or the fetch-ahead was still fetching) counts its wait in the read-wait histogram and in
 // the layer's status (readSet.wait); a prediction's does not.
-func (l *Layer) fetchMissing(ctx context.Context, file chunked.EntryID, idx []int, h *handle, next int, kind fetchKind) ([][]byte, error) {
+func (l *Served) fetchMissing(ctx context.Context, file chunked.EntryID, idx []int, h *handle, next int, kind fetchKind) ([][]byte, error) {
 	keys := make([]chunkKey, len(idx))
 	for i, c := range idx {
 		keys[i] = chunkKey{file, c}
@@ -187,7 +187,7 @@ type want struct {
 //  6. run: fetch this call's chunks in one batch of range requests, verify, complete each
 //     fetch, and store them (before run returns, or after for a read of the runtime); now,
 //     or on the manager's work group (w.detach).
-func (l *Layer) fetchChunks(ctx context.Context, keys []chunkKey, w want) (all []*fetch, own bool) {
+func (l *Served) fetchChunks(ctx context.Context, keys []chunkKey, w want) (all []*fetch, own bool) {
 	all, mine := l.claim(w.h, keys)
 	own = len(mine) > 0
 	if own && w.kind == onDemand {
@@ -234,7 +234,7 @@ func allDone(fetches []*fetch) bool {
 // fetchAhead fetches chunk k in the background, unless somebody is fetching it: a reader
 // going through a file in sequence then finds the next chunk fetched and verified, or on its
 // way, when it gets there, rather than paying a round trip and a verification per chunk.
-func (l *Layer) fetchAhead(k chunkKey) {
+func (l *Served) fetchAhead(k chunkKey) {
 	l.fetchChunks(l.env.life.ctx, []chunkKey{k}, want{kind: ahead, detach: true})
 }
 
@@ -252,7 +252,7 @@ func (l *Layer) fetchAhead(k chunkKey) {
 // larger parts. A region holds at most its window of content (the chunks that start in it,
 // until it is full), and nothing is done when read-ahead is off or regionSlots region
 // fetches are in flight already: regions hold at most regionSlots x regionMax of content.
-func (l *Layer) fetchRegion(k chunkKey, h *handle) {
+func (l *Served) fetchRegion(k chunkKey, h *handle) {
 	if l.env.readAhead <= 0 {
 		return
 	}
@@ -270,7 +270,7 @@ func (l *Layer) fetchRegion(k chunkKey, h *handle) {
 
 // region counts a cold read of chunk i of file and returns the other chunks of the file's
 // region around it (fetchRegion): at most the window's size of content.
-func (l *Layer) region(file chunked.EntryID, i int) []chunkKey {
+func (l *Served) region(file chunked.EntryID, i int) []chunkKey {
 	l.mu.Lock()
 	if len(l.cold) >= maxColdFiles {
 		clear(l.cold)
@@ -324,7 +324,7 @@ const (
 // has been remembered long enough) get new fetches; those whose chunk the cache file h, when
 // not nil, holds by now are completed from there and forgotten, and the others are also
 // returned as mine: the caller must run them, or complete them otherwise.
-func (l *Layer) claim(h *handle, keys []chunkKey) (all, mine []*fetch) {
+func (l *Served) claim(h *handle, keys []chunkKey) (all, mine []*fetch) {
 	now := l.env.now()
 	l.mu.Lock()
 	for _, k := range keys {
@@ -342,7 +342,7 @@ func (l *Layer) claim(h *handle, keys []chunkKey) (all, mine []*fetch) {
 
 // takeCached completes the fetches of mine whose chunk the cache file h holds by now, forgets
 // them, and returns the others.
-func (l *Layer) takeCached(h *handle, mine []*fetch) []*fetch {
+func (l *Served) takeCached(h *handle, mine []*fetch) []*fetch {
 	if h == nil {
 		return mine
 	}
@@ -401,7 +401,7 @@ func wait(ctx context.Context, fetches []*fetch) ([][]byte, error) {
 // work up while it runs; a fetch ahead of the reads (a prediction's, a region's) restarts the
 // quiet period that background work waits for, as a demand fetch does, without holding up what
 // is fetched at once (prioritized files, a profile's replay).
-func (l *Layer) run(ctx context.Context, batch []*fetch, kind fetchKind) {
+func (l *Served) run(ctx context.Context, batch []*fetch, kind fetchKind) {
 	if len(batch) == 0 {
 		return
 	}
@@ -429,7 +429,7 @@ func (l *Layer) run(ctx context.Context, batch []*fetch, kind fetchKind) {
 // fetchAndVerify fetches the bytes of batch's chunks, verifies each, and completes its fetch.
 // It does not depend on the caller's context: other readers may be waiting for the same
 // chunks; the read timeout and the manager's lifetime bound it.
-func (l *Layer) fetchAndVerify(ctx context.Context, batch []*fetch, kind fetchKind) {
+func (l *Served) fetchAndVerify(ctx context.Context, batch []*fetch, kind fetchKind) {
 	ctx, cancel := l.env.life.bound(ctx, l.env.readTimeout)
 	defer cancel()
 	var ranges []byterange.Range
@@ -535,7 +535,7 @@ func parallel(workers, n int, fn func(int)) {
 // their content in the blob), skipping files complete in the cache. A cold read costs a round
 // trip; the files beside it in the blob (the same directory's) are often read next, and a
 // small window costs little bandwidth. It stops at the first chunk not further in the blob.
-func (l *Layer) readAhead(k chunkKey) []chunkKey {
+func (l *Served) readAhead(k chunkKey) []chunkKey {
 	window := l.env.readAhead
 	if window <= 0 {
 		return nil
@@ -586,7 +586,7 @@ const (
 // forgetFailed marks the failed fetches of batch to be replaced after the negative TTL (at
 // once when it is zero): until then, readers of their chunks get the same error without a
 // request.
-func (l *Layer) forgetFailed(batch []*fetch) {
+func (l *Served) forgetFailed(batch []*fetch) {
 	now := l.env.now()
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -621,7 +621,7 @@ func transientFailure(err error) bool {
 
 // forget removes the fetches of batch that succeeded from the chunks in flight: from then on,
 // readers look for their chunks in the cache.
-func (l *Layer) forget(batch []*fetch) {
+func (l *Served) forget(batch []*fetch) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	for _, f := range batch {
@@ -636,7 +636,7 @@ func (l *Layer) forget(batch []*fetch) {
 // batch) are stored whole, in one group commit for all of them (cache.PutFiles: two syncfs
 // calls rather than several fsyncs per file); the chunks of each other file are stored in one
 // Put (two fsyncs: a batch of zstd:chunked holds tens of chunks of a large file).
-func (l *Layer) store(batch []*fetch) {
+func (l *Served) store(batch []*fetch) {
 	byFile := map[chunked.EntryID][]*fetch{}
 	var order []chunked.EntryID
 	for _, f := range batch {
@@ -688,7 +688,7 @@ func (l *Layer) store(batch []*fetch) {
 
 // putChunks ensures verified chunks of file land in the cache, all in one Put (two syncs); a chunk
 // the cache refuses as such is left out and the others kept. Failures only cost a refetch later.
-func (l *Layer) putChunks(file chunked.EntryID, cs ...verify.ChunkData) {
+func (l *Served) putChunks(file chunked.EntryID, cs ...verify.ChunkData) {
 	e := l.idx.Meta(file)
 	if e.Digest.IsZero() {
 		return
@@ -717,7 +717,7 @@ func (l *Layer) putChunks(file chunked.EntryID, cs ...verify.ChunkData) {
 
 // wholeFile returns the verified chunks of file id in order when fetches hold every one of
 // them; nil otherwise.
-func (l *Layer) wholeFile(id chunked.EntryID, fetches []*fetch) []verify.ChunkData {
+func (l *Served) wholeFile(id chunked.EntryID, fetches []*fetch) []verify.ChunkData {
 	n := l.idx.NumChunks(id)
 	if len(fetches) < n {
 		return nil

@@ -92,7 +92,7 @@ func stringsCut(s, sep string) (string, string, bool) {
 }
 
 // readPath reads a whole file of l by path.
-func readPath(t *testing.T, l *Layer, path string) string {
+func readPath(t *testing.T, l *Served, path string) string {
 	t.Helper()
 	id, ok := l.Index().LookupPath(path)
 	if !ok {
@@ -238,7 +238,7 @@ func TestBlobVerified(t *testing.T) {
 	}
 }
 
-func readBlob(t *testing.T, l *Layer, n int) []byte {
+func readBlob(t *testing.T, l *Served, n int) []byte {
 	t.Helper()
 	var out []byte
 	buf := make([]byte, n)
@@ -340,7 +340,7 @@ func (r *blockingRegistry) Platforms(context.Context, *fetcher.Image) ([]*fetche
 	return nil, errors.New("no platforms")
 }
 
-func (r *blockingRegistry) Blob(context.Context, *fetcher.Image, *fetcher.Descriptor) (RemoteBlob, error) {
+func (r *blockingRegistry) Blob(context.Context, *fetcher.Image, *fetcher.ImageLayer) (RemoteBlob, error) {
 	return nil, errors.New("no blobs")
 }
 

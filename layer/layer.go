@@ -21,12 +21,12 @@ import (
 	"github.com/layerstore/layerstore/verify"
 )
 
-// Layer is a resolved, verified layer. It implements storefs.Layer; its methods are safe for
-// concurrent use and keep working after the manager forgot the layer.
-type Layer struct {
+// Served is a resolved, verified layer, as the store serves it. It implements storefs.Layer;
+// its methods are safe for concurrent use and keep working after the manager forgot the layer.
+type Served struct {
 	env    *env // what it shares with the manager's other layers
 	id     identity
-	desc   fetcher.Descriptor
+	desc   fetcher.ImageLayer
 	tocKey digest.Digest
 	v      *verify.Verifier
 	idx    *chunked.Index
@@ -74,8 +74,8 @@ type chunkKey struct {
 	i    int
 }
 
-func newLayer(e *env, id identity, ref string, desc fetcher.Descriptor, v *verify.Verifier, blob RemoteBlob) *Layer {
-	return &Layer{
+func newLayer(e *env, id identity, ref string, desc fetcher.ImageLayer, v *verify.Verifier, blob RemoteBlob) *Served {
+	return &Served{
 		env:      e,
 		id:       id,
 		desc:     desc,
@@ -112,7 +112,7 @@ func tarSize(v *verify.Verifier, annotations map[string]string) int64 {
 // run). Its failure refuses the layer: lookups fail with it (Manager.lookup), so do reads and
 // the background fetch (the verifier verifies nothing more), and status shows it; it is
 // counted as a verification failure and logged once.
-func (l *Layer) checkTarSplit(ctx context.Context) error {
+func (l *Served) checkTarSplit(ctx context.Context) error {
 	err := l.v.CheckTarSplit(ctx, l.timedBlob())
 	if l.v.Err() != nil && l.refused.CompareAndSwap(false, true) {
 		l.env.counters.failures.Add(1)
@@ -132,7 +132,7 @@ func (l *Layer) checkTarSplit(ctx context.Context) error {
 // readTarSplit reads the tar-split for the background comparison, finally: a read that fails
 // refuses the layer (verify.Verifier.ReadTarSplit), with the refusal's bookkeeping
 // (checkTarSplit, which then returns the verdict at once).
-func (l *Layer) readTarSplit(ctx context.Context) error {
+func (l *Served) readTarSplit(ctx context.Context) error {
 	err := l.v.ReadTarSplit(ctx, l.timedBlob(), true)
 	if err != nil && l.v.Err() != nil {
 		return l.checkTarSplit(ctx)
@@ -144,7 +144,7 @@ func (l *Layer) readTarSplit(ctx context.Context) error {
 // first comparison), each bounded by the read timeout as the layer's fetches are: a registry
 // that holds the read would otherwise hold the comparison, which a lookup by blob digest
 // waits for.
-func (l *Layer) timedBlob() verify.Source { return timedSource{l.blob, l.env.readTimeout} }
+func (l *Served) timedBlob() verify.Source { return timedSource{l.blob, l.env.readTimeout} }
 
 type timedSource struct {
 	src     verify.Source
@@ -160,11 +160,11 @@ func (s timedSource) ReadAt(ctx context.Context, p []byte, off int64) (int, erro
 // Refused returns the error that refuses the layer (its TOC and tar-split disagree, or its
 // tar-split is not the one the TOC names or could not be read in time), nil
 // while it is served: the namespace stops answering anything of its tree once it is set.
-func (l *Layer) Refused() error { return l.v.Err() }
+func (l *Served) Refused() error { return l.v.Err() }
 
 // Refusal returns a channel closed once the layer is refused (when checkTarSplit finds the
 // disagreement), so that the namespace drops what the kernel cached of its tree.
-func (l *Layer) Refusal() <-chan struct{} { return l.refusal }
+func (l *Served) Refusal() <-chan struct{} { return l.refusal }
 
 // refusals remembers the identities of the layers refused because their TOC and tar-split
 // disagree, so that a later resolution of the same identity (after the keep TTL forgot the
@@ -212,7 +212,7 @@ func (r *refusals) err(id identity) error {
 // addRef records that ref resolved to the layer, and that its repository serves the blob; a
 // repository new to the layer is written to its record, so that lookups through it are
 // answered from the record after a restart.
-func (l *Layer) addRef(ref string) {
+func (l *Served) addRef(ref string) {
 	repo := repository(ref)
 	l.mu.Lock()
 	newRepo := !l.repos[repo]
@@ -227,14 +227,14 @@ func (l *Layer) addRef(ref string) {
 }
 
 // references returns the image references the layer was resolved through.
-func (l *Layer) references() []string {
+func (l *Served) references() []string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return slices.Clone(l.refs)
 }
 
 // restoreRefs adds what a layer's record remembers: its references and repositories.
-func (l *Layer) restoreRefs(refs, repos []string) {
+func (l *Served) restoreRefs(refs, repos []string) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	for _, r := range repos {
@@ -249,7 +249,7 @@ func (l *Layer) restoreRefs(refs, repos []string) {
 
 // saveRecord writes the layer's record again, in the background: its repositories or its
 // guarantee changed. The record's data is built on the heap: it is released after.
-func (l *Layer) saveRecord() {
+func (l *Served) saveRecord() {
 	l.env.life.goTracked(func() {
 		if err := l.writeRecord(); err != nil {
 			l.env.log.Warn("updating the layer record failed", "layer", l.desc.Digest, "err", err)
@@ -267,7 +267,7 @@ func (l *Layer) saveRecord() {
 
 // writeRecord writes the layer's record as the layer is now. Writes of one layer are
 // serialized, each writing the state of its time.
-func (l *Layer) writeRecord() error {
+func (l *Served) writeRecord() error {
 	l.recordMu.Lock()
 	defer l.recordMu.Unlock()
 	l.mu.Lock()
@@ -282,20 +282,20 @@ func (l *Layer) writeRecord() error {
 }
 
 // hasRepo reports whether repo is known to serve the layer's blob.
-func (l *Layer) hasRepo(repo string) bool {
+func (l *Served) hasRepo(repo string) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.repos[repo]
 }
 
 // Index implements storefs.Layer.
-func (l *Layer) Index() *chunked.Index { return l.idx }
+func (l *Served) Index() *chunked.Index { return l.idx }
 
 // BlobSize implements storefs.Layer.
-func (l *Layer) BlobSize() int64 { return l.desc.Size }
+func (l *Served) BlobSize() int64 { return l.desc.Size }
 
 // Digest returns the layer's compressed blob digest.
-func (l *Layer) Digest() digest.Digest { return l.desc.Digest }
+func (l *Served) Digest() digest.Digest { return l.desc.Digest }
 
 // info is the part of c/storage's Layer record that an additional layer store provides.
 type info struct {
@@ -318,7 +318,7 @@ const (
 // which DiffID the runtime must expect, claims the DiffID only once proven, and gives the tar's
 // size once known; seen through its blob
 // digest (an older runtime, which needs both digests), it names the blob and the DiffID.
-func (l *Layer) Info(key digest.Digest) []byte {
+func (l *Served) Info(key digest.Digest) []byte {
 	in := info{CompressedSize: l.desc.Size, DiffSize: -1, Compression: compressionGzip}
 	if l.v.Layout().Format.Zstd() {
 		in.Compression = compressionZstd
@@ -349,7 +349,7 @@ func (l *Layer) Info(key digest.Digest) []byte {
 }
 
 // Backing implements storefs.Layer: the cache's file, when its content is complete.
-func (l *Layer) Backing(id chunked.EntryID) *os.File {
+func (l *Served) Backing(id chunked.EntryID) *os.File {
 	e := l.idx.Meta(id)
 	if l.v.Err() != nil || e.Type != chunked.TypeReg || e.Size == 0 || e.Digest.IsZero() || !l.env.cache.Has(e.Digest) {
 		return nil
@@ -377,7 +377,7 @@ func (l *Layer) Backing(id chunked.EntryID) *os.File {
 // where present and from the registry otherwise. A read of the start of a shared object
 // predicts it, unless the layer replays a startup profile: a library being loaded (dlopen,
 // predict.go).
-func (l *Layer) ReadFile(ctx context.Context, id chunked.EntryID, p []byte, off int64) (int, error) {
+func (l *Served) ReadFile(ctx context.Context, id chunked.EntryID, p []byte, off int64) (int, error) {
 	n, err := l.read(ctx, id, p, off, onDemand)
 	if err == nil && off == 0 && execdeps.IsSharedObject(p[:n]) && !l.replaysProfile() {
 		l.predict(nil, id)
@@ -388,7 +388,7 @@ func (l *Layer) ReadFile(ctx context.Context, id chunked.EntryID, p []byte, off 
 // Executing implements storefs.Layer: the files the loader of file id will open are
 // predicted (predict.go), and the guess of the image's program (start.go) is settled: right
 // when id is that program, wrong when a program no prediction foresaw runs first.
-func (l *Layer) Executing(id chunked.EntryID) {
+func (l *Served) Executing(id chunked.EntryID) {
 	fresh := l.predict(nil, id)
 	if g := l.startGuess.Load(); g != nil {
 		g.executing(fileRef{l, id}, fresh)
@@ -398,7 +398,7 @@ func (l *Layer) Executing(id chunked.EntryID) {
 // read reads verified content of regular file id: a read a runtime waits for (onDemand), or a
 // prediction's (ahead), which is neither recorded nor counted as the workload's and fetches
 // nothing ahead of itself in sequence.
-func (l *Layer) read(ctx context.Context, id chunked.EntryID, p []byte, off int64, kind fetchKind) (int, error) {
+func (l *Served) read(ctx context.Context, id chunked.EntryID, p []byte, off int64, kind fetchKind) (int, error) {
 	if err := l.v.Err(); err != nil {
 		return 0, err // the layer is refused (checkTarSplit)
 	}

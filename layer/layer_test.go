@@ -21,7 +21,7 @@ import (
 
 // readAll reads every regular file of l through ReadFile in reads of size n and returns
 // path -> sha256.
-func readAll(t *testing.T, l *Layer, n int) map[string]string {
+func readAll(t *testing.T, l *Served, n int) map[string]string {
 	t.Helper()
 	idx := l.Index()
 	out := map[string]string{}
@@ -108,7 +108,7 @@ func TestReadEveryFormat(t *testing.T) {
 			if toc != "" {
 				keys = append(keys, toc)
 			}
-			var l *Layer
+			var l *Served
 			for _, k := range keys {
 				got, err := m.Lookup(t.Context(), ref, k)
 				if k == blobKey && !sized(f) {

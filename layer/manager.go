@@ -26,7 +26,7 @@ import (
 type Registry interface {
 	Resolve(ctx context.Context, ref string) (*fetcher.Image, error)
 	Platforms(ctx context.Context, img *fetcher.Image) ([]*fetcher.Manifest, error)
-	Blob(ctx context.Context, img *fetcher.Image, l *fetcher.Descriptor) (RemoteBlob, error)
+	Blob(ctx context.Context, img *fetcher.Image, l *fetcher.ImageLayer) (RemoteBlob, error)
 }
 
 // RemoteBlob is what a layer needs of its blob in the registry: package fetcher's RemoteBlob. Both
@@ -42,7 +42,7 @@ func ClientRegistry(c *fetcher.Client) Registry { return clientRegistry{c} }
 
 type clientRegistry struct{ *fetcher.Client }
 
-func (r clientRegistry) Blob(ctx context.Context, img *fetcher.Image, l *fetcher.Descriptor) (RemoteBlob, error) {
+func (r clientRegistry) Blob(ctx context.Context, img *fetcher.Image, l *fetcher.ImageLayer) (RemoteBlob, error) {
 	b, err := r.Client.Blob(ctx, img, l)
 	if err != nil {
 		return nil, err // not a nil *fetcher.Blob in a non-nil Blob
@@ -51,7 +51,7 @@ func (r clientRegistry) Blob(ctx context.Context, img *fetcher.Image, l *fetcher
 }
 
 // Manager resolves and serves layers: it is the store the FUSE namespace (package storefs)
-// serves, whose Store interface it meets but for Lookup's result, a *Layer where the namespace
+// serves, whose Store interface it meets but for Lookup's result, a *Served where the namespace
 // takes its storefs.Layer (the daemon converts it). It is safe for concurrent use.
 type Manager struct {
 	env  // shared with its layers
@@ -97,7 +97,7 @@ type layerKey struct {
 
 // resolution is the outcome of resolving one (reference, key).
 type resolution struct {
-	layer   *Layer // nil on failure
+	layer   *Served // nil on failure
 	err     error
 	users   int       // runtime references taken through this key (use) and not released
 	expires time.Time // when an unused success or a failure is forgotten
@@ -185,7 +185,7 @@ func (m *Manager) Close() error {
 
 // Lookup returns the layer key names in the image ref, resolving it if needed. Layers that are
 // not served lazily give an error wrapping io/fs.ErrNotExist.
-func (m *Manager) Lookup(ctx context.Context, ref string, key digest.Digest) (l *Layer, err error) {
+func (m *Manager) Lookup(ctx context.Context, ref string, key digest.Digest) (l *Served, err error) {
 	start := time.Now()
 	m.counters.lookups.Add(1)
 	src := sourceMemory
@@ -205,11 +205,11 @@ func (m *Manager) Lookup(ctx context.Context, ref string, key digest.Digest) (l 
 // resolveShared returns the resolution of (ref, key): remembered, or shared with the
 // resolutions of the same pair under way, or made now (ahead: for resolveAhead, which it does
 // not call again); and where it came from.
-func (m *Manager) resolveShared(ctx context.Context, ref string, key digest.Digest, ahead bool) (*Layer, lookupSource, error) {
+func (m *Manager) resolveShared(ctx context.Context, ref string, key digest.Digest, ahead bool) (*Served, lookupSource, error) {
 	k := layerKey{ref, key}
 	if l, err, ok := m.remembered(k); ok {
 		if err == nil && l.v.Err() != nil {
-			err, l = l.v.Err(), nil // refused since (Layer.checkTarSplit)
+			err, l = l.v.Err(), nil // refused since (Served.checkTarSplit)
 		}
 		return l, sourceMemory, err
 	}
@@ -308,12 +308,12 @@ const (
 
 // resolved is what a shared resolution hands every lookup waiting for it.
 type resolved struct {
-	layer  *Layer
+	layer  *Served
 	source lookupSource
 }
 
 // remembered returns a resolution that is still valid.
-func (m *Manager) remembered(k layerKey) (*Layer, error, bool) {
+func (m *Manager) remembered(k layerKey) (*Served, error, bool) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	r := m.resolved[k]
@@ -332,7 +332,7 @@ func (m *Manager) remembered(k layerKey) (*Layer, error, bool) {
 	return r.layer, nil, true
 }
 
-func (m *Manager) remember(k layerKey, l *Layer, err error) {
+func (m *Manager) remember(k layerKey, l *Served, err error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if err != nil {
@@ -345,13 +345,13 @@ func (m *Manager) remember(k layerKey, l *Layer, err error) {
 }
 
 // liveLayer returns the live layer of an identity, or nil.
-func (m *Manager) liveLayer(id identity) *Layer {
+func (m *Manager) liveLayer(id identity) *Served {
 	return m.live.get(id)
 }
 
 // addLive makes l the live layer of its identity and starts its background fetch, unless a
 // concurrent resolution made another one live first: that one is returned, with ref added.
-func (m *Manager) addLive(l *Layer, ref string) (*Layer, error) {
+func (m *Manager) addLive(l *Served, ref string) (*Served, error) {
 	compare := l.v.CanProveDiffID() && l.v.TarSize() < 0
 	var cctx context.Context
 	if compare {
@@ -359,7 +359,7 @@ func (m *Manager) addLive(l *Layer, ref string) (*Layer, error) {
 	}
 	m.mu.Lock()
 	closed := m.closed
-	var existing *Layer
+	var existing *Served
 	if !closed {
 		existing = m.live.add(l)
 	}
@@ -435,7 +435,7 @@ func (m *Manager) addLive(l *Layer, ref string) (*Layer, error) {
 // addLiveReady is addLive for a layer that was made ready for this lookup (Manager.ready):
 // when a concurrent resolution made another layer of the identity live first, that one is
 // returned, and it must be made ready too (compared first, for a lookup by blob digest).
-func (m *Manager) addLiveReady(ctx context.Context, l *Layer, modern bool, ref string) (*Layer, error) {
+func (m *Manager) addLiveReady(ctx context.Context, l *Served, modern bool, ref string) (*Served, error) {
 	live, err := m.addLive(l, ref)
 	if err != nil || live == l {
 		return live, err
@@ -459,7 +459,7 @@ func waitsForTarSplit(modern, requireDiffID bool) bool { return !modern || requi
 
 // ready checks that l can answer a lookup: compared with its tar-split first when the lookup
 // waits for it (see waitsForTarSplit), and of a known size when looked up by blob digest.
-func (m *Manager) ready(ctx context.Context, l *Layer, modern bool, ref string) error {
+func (m *Manager) ready(ctx context.Context, l *Served, modern bool, ref string) error {
 	if waitsForTarSplit(modern, m.opts.requireDiffID) {
 		known := l.v.TarSize() >= 0
 		if !known && l.yieldComparison != nil {
@@ -478,7 +478,7 @@ func (m *Manager) ready(ctx context.Context, l *Layer, modern bool, ref string) 
 // unsized refuses a lookup by blob digest of a layer whose tar size is unknown: runtimes that
 // look layers up by blob digest (c/storage < 1.54) record the tar's size from info and fail
 // on images whose size is unknown, so such layers are pulled normally.
-func (m *Manager) unsized(l *Layer, modern bool, ref string) error {
+func (m *Manager) unsized(l *Served, modern bool, ref string) error {
 	if modern || tarSize(l.v, l.desc.Annotations) >= 0 {
 		return nil
 	}
@@ -550,9 +550,9 @@ func (m *Manager) janitor() {
 
 func (m *Manager) expire() {
 	now := m.opts.now()
-	var gone []*Layer
+	var gone []*Served
 	m.mu.Lock()
-	live := map[*Layer]bool{}
+	live := map[*Served]bool{}
 	for k, r := range m.resolved {
 		if r.users == 0 && !now.Before(r.expires) {
 			delete(m.resolved, k)
@@ -562,7 +562,7 @@ func (m *Manager) expire() {
 			live[r.layer] = true
 		}
 	}
-	gone, kept := m.live.retain(func(l *Layer) bool { return live[l] })
+	gone, kept := m.live.retain(func(l *Served) bool { return live[l] })
 	m.mu.Unlock()
 	for _, l := range gone {
 		l.stopPrefetch()

@@ -51,7 +51,7 @@ func (m *Manager) Pin(ctx context.Context, ref, platform string) (protocol.Pin, 
 	if err != nil {
 		return p, fmt.Errorf("pin %s: %w", ref, err)
 	}
-	var layers []*Layer
+	var layers []*Served
 	for i := range mf.Layers {
 		d := &mf.Layers[i]
 		key := tocKey(d.Annotations)
@@ -172,7 +172,7 @@ func (m *Manager) pinProgress(p protocol.Pin) protocol.Pin {
 
 // pinContent returns what keeps the layers local: their records, the digests of their
 // regular files, the bytes of those files, and the bytes the cache does not hold yet.
-func (m *Manager) pinContent(layers []*Layer) (records []string, files []chunked.Sum, total, need int64) {
+func (m *Manager) pinContent(layers []*Served) (records []string, files []chunked.Sum, total, need int64) {
 	seen := map[chunked.Sum]bool{}
 	for _, l := range layers {
 		records = append(records, recordName(l.id))

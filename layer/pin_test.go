@@ -15,7 +15,7 @@ import (
 )
 
 // layerFiles returns the digests of a layer's regular files with content.
-func layerFiles(l *Layer) []chunked.Sum {
+func layerFiles(l *Served) []chunked.Sum {
 	var out []chunked.Sum
 	idx := l.Index()
 	for id := range chunked.EntryID(idx.Len()) {

@@ -31,7 +31,7 @@ import (
 // loads libraries itself (dlopen: Python's extension modules and the libraries they name,
 // plugins, a JVM's libjvm), which no exec shows: the loader opens the file, reads its start
 // and maps it. So a runtime's read of the start of a file whose first bytes are an ELF
-// shared object's header (execdeps.IsSharedObject; Layer.ReadFile) starts its prediction
+// shared object's header (execdeps.IsSharedObject; Served.ReadFile) starts its prediction
 // too, unless its layer replays a startup profile (which holds what the start loaded, and
 // nothing it read as data); a shared object read as data (a checksum, a copy) is predicted alike, which costs fetches of
 // the image's own files, within the same bounds. Other files read (scripts, objects, archives)
@@ -75,7 +75,7 @@ const (
 // predict starts the prediction of file id (once per file, at most maxPredicted per layer),
 // in the background, and reports whether it did. Cancelling guess stops what the prediction,
 // and those of the files it names, have not started fetching yet; nil for none.
-func (l *Layer) predict(guess context.Context, id chunked.EntryID) bool {
+func (l *Served) predict(guess context.Context, id chunked.EntryID) bool {
 	if !l.markPredicted(id) {
 		return false
 	}
@@ -118,7 +118,7 @@ func (l *Layer) predict(guess context.Context, id chunked.EntryID) bool {
 // uses a fast link far below its rate, and four in flight started gcc faster than two at
 // 1 Gbit/s, with no change at 100 Mbit/s, where the link is the bound
 // (benchmarks/results/2026-11-29-readybench-wholebatches-ab).
-func (l *Layer) fetchFile(ctx context.Context, id chunked.EntryID) {
+func (l *Served) fetchFile(ctx context.Context, id chunked.EntryID) {
 	e := l.idx.Meta(id)
 	if l.v.Err() != nil || e.Type != chunked.TypeReg || e.Digest.IsZero() || e.Size > maxPredictWhole || l.env.cache.Has(e.Digest) {
 		return // refused (checkTarSplit), not a file with content, too large, or local
@@ -149,7 +149,7 @@ func (l *Layer) fetchFile(ctx context.Context, id chunked.EntryID) {
 }
 
 // replaysProfile reports whether the layer's background fetch replays a startup profile.
-func (l *Layer) replaysProfile() bool {
+func (l *Served) replaysProfile() bool {
 	l.prefetch.mu.Lock()
 	defer l.prefetch.mu.Unlock()
 	return l.prefetch.profileFiles > 0
@@ -158,7 +158,7 @@ func (l *Layer) replaysProfile() bool {
 // markPredicted marks file id as predicted, which also makes it mapped for its regions
 // (fetchRegion); it reports false when it was already, when the layer has maxPredicted, or
 // when prediction is off.
-func (l *Layer) markPredicted(id chunked.EntryID) bool {
+func (l *Served) markPredicted(id chunked.EntryID) bool {
 	if l.env.readAhead <= 0 || l.env.predicting == nil {
 		return false
 	}
@@ -176,20 +176,20 @@ func (l *Layer) markPredicted(id chunked.EntryID) bool {
 
 // fileRef names a regular file of a layer.
 type fileRef struct {
-	l  *Layer
+	l  *Served
 	id chunked.EntryID
 }
 
 // predictFrom reads the ELF file id's loading information (reading its chunks as a
 // prediction) and returns the files its loader will open: its interpreter and the libraries
 // it names, where they are found.
-func (l *Layer) predictFrom(ctx context.Context, id chunked.EntryID) []fileRef {
+func (l *Served) predictFrom(ctx context.Context, id chunked.EntryID) []fileRef {
 	e := l.idx.Meta(id)
 	if e.Type != chunked.TypeReg {
 		return nil
 	}
 	r := &predictReader{ctx: ctx, l: l, id: id}
-	layers := []*Layer{l}
+	layers := []*Served{l}
 	if l.env.live != nil {
 		layers = append(layers, l.env.live.siblings(l)...)
 	}
@@ -232,7 +232,7 @@ func (l *Layer) predictFrom(ctx context.Context, id chunked.EntryID) []fileRef {
 // predictReader reads a file of a layer as a prediction does (io.ReaderAt).
 type predictReader struct {
 	ctx context.Context
-	l   *Layer
+	l   *Served
 	id  chunked.EntryID
 }
 
@@ -247,7 +247,7 @@ func (r *predictReader) ReadAt(p []byte, off int64) (int, error) {
 // resolvePath finds the regular file at absolute path p in the merged tree of layers (the
 // first layer holding each component wins), following symlinks (at most maxLinkHops) as the
 // kernel does, across layers.
-func resolvePath(layers []*Layer, p string) (fileRef, bool) {
+func resolvePath(layers []*Served, p string) (fileRef, bool) {
 	if len(p) > execdeps.MaxPath {
 		return fileRef{}, false
 	}
@@ -290,7 +290,7 @@ func resolvePath(layers []*Layer, p string) (fileRef, bool) {
 }
 
 // lookupIn returns the entry at path p of the first of layers that has one.
-func lookupIn(layers []*Layer, p string) (fileRef, bool) {
+func lookupIn(layers []*Served, p string) (fileRef, bool) {
 	for _, l := range layers {
 		if id, ok := l.idx.LookupPath(p); ok && id != l.idx.Root() {
 			return fileRef{l, id}, true

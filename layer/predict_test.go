@@ -38,7 +38,7 @@ func linkEntry(name, target string) testlayer.Entry {
 }
 
 // fetchedFiles returns the paths of l whose first chunk a logged fetch of its blob fetched.
-func fetchedFiles(l *Layer, log []fetchEvent) []string {
+func fetchedFiles(l *Served, log []fetchEvent) []string {
 	first := map[int64]string{}
 	x := l.Index()
 	for id := chunked.EntryID(0); int(id) < x.Len(); id++ {
@@ -132,7 +132,7 @@ func TestPredictLoadedFiles(t *testing.T) {
 			}
 		}
 		for _, f := range []struct {
-			l *Layer
+			l *Served
 			p string
 		}{{lb, lib + "libc.so.6"}, {lb, lib + "libz.so.1.2.13"}, {la, "usr/bin/prog"}, {la, "usr/lib/app/libfoo.so"}} {
 			cs := f.l.Index().Chunks(fileOf(t, f.l, f.p))
@@ -262,7 +262,7 @@ func TestResolvePathBounded(t *testing.T) {
 	m, _ := e.start(withPrefetch(false))
 	l := lookupOK(t, m, profRepo+":v1", profKey(fx))
 	for p, want := range map[string]bool{"/a": false, "/self": false, "/up": true, "/chain/0": false, "/chain/2": true, "/etc/f": true, "/etc": false, "/": false, "": false} {
-		if _, ok := resolvePath([]*Layer{l}, p); ok != want {
+		if _, ok := resolvePath([]*Served{l}, p); ok != want {
 			t.Errorf("%q: %v, want %v", p, ok, want)
 		}
 	}

@@ -31,7 +31,7 @@ type prefetchState struct {
 	profileSame    bool
 }
 
-func (l *Layer) startPrefetch() {
+func (l *Served) startPrefetch() {
 	p := &l.prefetch
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -61,7 +61,7 @@ func (l *Layer) startPrefetch() {
 	}()
 }
 
-func (l *Layer) logPrefetch(s protocol.State, err error, elapsed time.Duration) {
+func (l *Served) logPrefetch(s protocol.State, err error, elapsed time.Duration) {
 	log := l.env.log.With("layer", l.desc.Digest, "elapsed", elapsed.Round(time.Millisecond),
 		"prefetched", l.prefetched.Load(), "on_demand", l.onDemand.Load())
 	switch s {
@@ -74,7 +74,7 @@ func (l *Layer) logPrefetch(s protocol.State, err error, elapsed time.Duration) 
 	}
 }
 
-func (l *Layer) stopPrefetch() {
+func (l *Served) stopPrefetch() {
 	p := &l.prefetch
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -84,7 +84,7 @@ func (l *Layer) stopPrefetch() {
 }
 
 // waitPrefetch returns when the background fetch, if any, has ended, or ctx has.
-func (l *Layer) waitPrefetch(ctx context.Context) error {
+func (l *Served) waitPrefetch(ctx context.Context) error {
 	p := &l.prefetch
 	p.mu.Lock()
 	done := p.done
@@ -101,7 +101,7 @@ func (l *Layer) waitPrefetch(ctx context.Context) error {
 }
 
 // wait returns when the background fetch, if any, has ended.
-func (l *Layer) wait() { _ = l.waitPrefetch(context.Background()) }
+func (l *Served) wait() { _ = l.waitPrefetch(context.Background()) }
 
 // runPrefetch fetches every chunk the cache does not hold: first the files of the startup
 // profile the layer's repositories hold (profile.go), in the profile's order, at once; then
@@ -112,7 +112,7 @@ func (l *Layer) wait() { _ = l.waitPrefetch(context.Background()) }
 // share the link the start's reads need), in
 // batches of about the configured size spread over the scheduler's slots; then it proves the
 // DiffID where the format allows.
-func (l *Layer) runPrefetch(ctx context.Context) error {
+func (l *Served) runPrefetch(ctx context.Context) error {
 	keys, planned := l.plan()
 	var prof replayPlan
 	if len(keys) > 0 {
@@ -216,7 +216,7 @@ type prefetchBatch struct {
 	prio   bool
 }
 
-func (l *Layer) prefetchBatch(ctx context.Context, b prefetchBatch) error {
+func (l *Served) prefetchBatch(ctx context.Context, b prefetchBatch) error {
 	keys := b.keys
 	first, last := l.ref(keys[0]), l.ref(keys[len(keys)-1])
 	u := deferred
@@ -272,7 +272,7 @@ func (l *Layer) prefetchBatch(ctx context.Context, b prefetchBatch) error {
 // the plan was made: a file completed meanwhile (read whole, predicted, stored through another
 // layer) is not fetched again, nor the chunks of a file the layer has read or predicted in
 // part.
-func (l *Layer) uncached(keys []chunkKey) []chunkKey {
+func (l *Served) uncached(keys []chunkKey) []chunkKey {
 	var out []chunkKey
 	for i := 0; i < len(keys); {
 		j := i + 1
@@ -304,20 +304,20 @@ func (l *Layer) uncached(keys []chunkKey) []chunkKey {
 }
 
 // touched reports whether the layer has read file cold or predicted it.
-func (l *Layer) touched(file chunked.EntryID) bool {
+func (l *Served) touched(file chunked.EntryID) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.cold[file] > 0 || l.predicted[file]
 }
 
-func (l *Layer) ref(k chunkKey) chunked.Chunk { c, _ := l.idx.Chunk(k.file, k.i); return c }
+func (l *Served) ref(k chunkKey) chunked.Chunk { c, _ := l.idx.Chunk(k.file, k.i); return c }
 
 // batchLen returns how many of keys (in blob order) make one background request: their
 // compressed span within the batch size, and their uncompressed content within
 // maxBatchContent, since every chunk of a batch is held in memory, decompressed, until the
 // batch is stored (a layer of zeros compresses a thousandfold). The prioritized files end at
 // prioEnd in the blob (0: none, or not fetched at once).
-func (l *Layer) batchLen(keys []chunkKey, prioEnd int64) int {
+func (l *Served) batchLen(keys []chunkKey, prioEnd int64) int {
 	start := l.ref(keys[0]).Offset
 	content := l.ref(keys[0]).Size
 	// A batch of prioritized files stays within them, so that it goes out at once.
@@ -355,7 +355,7 @@ const maxBatchContent = 32 << 20
 
 // plan lists the chunks of every file whose content is not complete in the cache, once per
 // distinct content, in blob order, with their compressed size in all.
-func (l *Layer) plan() ([]chunkKey, int64) {
+func (l *Served) plan() ([]chunkKey, int64) {
 	var keys []chunkKey
 	var offs []int64 // the keys' blob offsets
 	var total int64
@@ -387,7 +387,7 @@ func (l *Layer) plan() ([]chunkKey, int64) {
 }
 
 // payload serves CheckDiffID the complete files from the cache.
-func (l *Layer) payload(_ context.Context, id chunked.EntryID) (io.ReadCloser, error) {
+func (l *Served) payload(_ context.Context, id chunked.EntryID) (io.ReadCloser, error) {
 	e := l.idx.Entry(id)
 	h, err := l.env.files.acquire(e.Digest, e.Size)
 	if err != nil {

@@ -24,7 +24,7 @@ import (
 // profileStore is where the repositories' startup profiles are kept: package profile's Store.
 type profileStore interface {
 	Get(repo string) *profile.Repo
-	Add(repo string, layers ...profile.Layer) error
+	Add(repo string, layers ...profile.LayerReads) error
 	Export(w io.Writer) (int, error)
 	Import(r io.Reader) (protocol.ProfileImport, error)
 }
@@ -48,7 +48,7 @@ type recording struct {
 
 // recordRead notes a read of regular file id that ends at end (a passthrough open: the file's
 // size), while the layer records.
-func (l *Layer) recordRead(id chunked.EntryID, end int64) {
+func (l *Served) recordRead(id chunked.EntryID, end int64) {
 	r := &l.recording
 	if r.done.Load() {
 		return
@@ -96,7 +96,7 @@ func (l *Layer) recordRead(id chunked.EntryID, end int64) {
 
 // endRecording ends the layer's recording and writes what it recorded, if anything, to the
 // profile of each repository the layer was resolved through.
-func (l *Layer) endRecording() {
+func (l *Served) endRecording() {
 	r := &l.recording
 	r.mu.Lock()
 	if r.done.Load() {
@@ -127,7 +127,7 @@ func (l *Layer) endRecording() {
 	}
 	l.mu.Unlock()
 	slices.Sort(repos)
-	slot := profile.Layer{Layer: l.desc.Digest, Recorded: time.Now().UTC(), Files: paths, Ends: profile.SparseEnds(ends)}
+	slot := profile.LayerReads{Layer: l.desc.Digest, Recorded: time.Now().UTC(), Files: paths, Ends: profile.SparseEnds(ends)}
 	l.env.life.goTracked(func() {
 		for _, repo := range repos {
 			if err := l.env.profiles.Add(repo, slot); err != nil && !errors.Is(err, cache.ErrClosed) {
@@ -154,14 +154,14 @@ type replayPlan struct {
 // ignored; nothing but this layer's own files is ever named. The repositories looked at (those
 // of the most recent references first) and the paths looked up are bounded, so that a base
 // layer shared by many repositories costs a bounded time to start.
-func (l *Layer) profileFiles() replayPlan {
+func (l *Served) profileFiles() replayPlan {
 	var ps []*profile.Repo
 	for _, repo := range l.profileRepos() {
 		if p := l.env.profiles.Get(repo); p != nil {
 			ps = append(ps, p)
 		}
 	}
-	var exact *profile.Layer
+	var exact *profile.LayerReads
 	for _, p := range ps {
 		for i, pl := range p.Layers {
 			if pl.Layer == l.desc.Digest && (exact == nil || pl.Recorded.After(exact.Recorded)) {
@@ -202,7 +202,7 @@ const (
 
 // profileRepos returns the layer's repositories whose profiles a replay looks at: those of its
 // most recent references first, then the others in order, at most maxProfileRepoLookups.
-func (l *Layer) profileRepos() []string {
+func (l *Served) profileRepos() []string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	var out []string
@@ -229,7 +229,7 @@ func (l *Layer) profileRepos() []string {
 
 // matchFiles returns the regular files with content of the layer that pl's paths name, in
 // order, each once, with their ends.
-func (l *Layer) matchFiles(pl *profile.Layer) replayPlan {
+func (l *Served) matchFiles(pl *profile.LayerReads) replayPlan {
 	var out replayPlan
 	seen := map[chunked.EntryID]bool{}
 	for i, p := range pl.Files {
@@ -252,7 +252,7 @@ func (l *Layer) matchFiles(pl *profile.Layer) replayPlan {
 // profileFirst moves the chunks of the profile's files to the front of keys (the background
 // fetch's plan, in blob order), in the profile's order, those of each file that start before
 // its end; it returns the new order and how many keys the profile took.
-func (l *Layer) profileFirst(keys []chunkKey, plan replayPlan) ([]chunkKey, int) {
+func (l *Served) profileFirst(keys []chunkKey, plan replayPlan) ([]chunkKey, int) {
 	if len(plan.files) == 0 {
 		return keys, 0
 	}
@@ -291,7 +291,7 @@ func (l *Layer) profileFirst(keys []chunkKey, plan replayPlan) ([]chunkKey, int)
 // replayBatchLen returns how many of keys (profile chunks, in the profile's order) make one
 // background request: within the span of a request fetched at once (urgentSpan) in compressed bytes and maxBatchContent in
 // content. The batch is then fetched in blob order, coalesced as any background batch.
-func (l *Layer) replayBatchLen(keys []chunkKey) int {
+func (l *Served) replayBatchLen(keys []chunkKey) int {
 	length, content := l.ref(keys[0]).Length, l.ref(keys[0]).Size
 	limit := l.link.urgentSpan(l.env.batch)
 	n := 1
@@ -308,7 +308,7 @@ func (l *Layer) replayBatchLen(keys []chunkKey) int {
 }
 
 // sortByOffset returns keys in blob order (a copy).
-func (l *Layer) sortByOffset(keys []chunkKey) []chunkKey {
+func (l *Served) sortByOffset(keys []chunkKey) []chunkKey {
 	out := slices.Clone(keys)
 	slices.SortStableFunc(out, func(a, b chunkKey) int { return cmp.Compare(l.ref(a).Offset, l.ref(b).Offset) })
 	return out

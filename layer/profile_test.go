@@ -71,7 +71,7 @@ func (r *profRegistry) Resolve(_ context.Context, ref string) (*fetcher.Image, e
 	img := &fetcher.Image{Ref: ref}
 	img.Start = r.starts[ref]
 	for _, f := range fs {
-		img.Manifest.Layers = append(img.Manifest.Layers, fetcher.Descriptor{Descriptor: f.Desc, DiffID: f.DiffID})
+		img.Manifest.Layers = append(img.Manifest.Layers, fetcher.ImageLayer{Descriptor: f.Desc, DiffID: f.DiffID})
 	}
 	return img, nil
 }
@@ -80,7 +80,7 @@ func (r *profRegistry) Platforms(context.Context, *fetcher.Image) ([]*fetcher.Ma
 	return nil, nil
 }
 
-func (r *profRegistry) Blob(_ context.Context, _ *fetcher.Image, d *fetcher.Descriptor) (RemoteBlob, error) {
+func (r *profRegistry) Blob(_ context.Context, _ *fetcher.Image, d *fetcher.ImageLayer) (RemoteBlob, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	b, ok := r.blobs[d.Digest]
@@ -209,7 +209,7 @@ func profLayer(t *testing.T, name string, seed uint64, files ...string) testlaye
 
 func profKey(f testlayer.Fixture) digest.Digest { return tocKey(f.Desc.Annotations) }
 
-func lookupOK(t *testing.T, m *Manager, ref string, key digest.Digest) *Layer {
+func lookupOK(t *testing.T, m *Manager, ref string, key digest.Digest) *Served {
 	t.Helper()
 	l, err := m.Lookup(t.Context(), ref, key)
 	if err != nil {
@@ -218,7 +218,7 @@ func lookupOK(t *testing.T, m *Manager, ref string, key digest.Digest) *Layer {
 	return l
 }
 
-func readPaths(t *testing.T, l *Layer, paths ...string) {
+func readPaths(t *testing.T, l *Served, paths ...string) {
 	t.Helper()
 	for _, p := range paths {
 		readOne(t, l, fileOf(t, l, p))
@@ -246,7 +246,7 @@ func waitProfile(t *testing.T, m *Manager, repo string, layer digest.Digest) []s
 }
 
 // fileRanges maps the blob offset of each chunk of paths in l to its path.
-func fileRanges(t *testing.T, l *Layer, paths ...string) map[int64]string {
+func fileRanges(t *testing.T, l *Served, paths ...string) map[int64]string {
 	t.Helper()
 	out := map[int64]string{}
 	for _, p := range paths {
@@ -460,7 +460,7 @@ func TestProfileChoice(t *testing.T) {
 	now := time.Now().UTC()
 	add := func(d digest.Digest, ago time.Duration, files ...string) {
 		t.Helper()
-		if err := m.profiles.Add(profRepo, profile.Layer{Layer: d, Recorded: now.Add(-ago), Files: files}); err != nil {
+		if err := m.profiles.Add(profRepo, profile.LayerReads{Layer: d, Recorded: now.Add(-ago), Files: files}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -519,7 +519,7 @@ func TestProfileDamagedDropped(t *testing.T) {
 	e.reg.push(profRepo+":v1", a)
 	m, _ := e.start(withPrefetchQuiet(0))
 	bad, _ := json.Marshal(profile.Repo{Version: 1, Repository: "registry.example/someone-else",
-		Layers: []profile.Layer{{Layer: a.Desc.Digest, Files: []string{"usr/bin/f01"}}}})
+		Layers: []profile.LayerReads{{Layer: a.Desc.Digest, Files: []string{"usr/bin/f01"}}}})
 	if err := m.cache.PutRecord(profile.RecordName(profRepo), bad); err != nil {
 		t.Fatal(err)
 	}
@@ -542,7 +542,7 @@ func TestOnDemandOvertakesProfileReplay(t *testing.T) {
 	ref := profRepo + ":v1"
 	e.reg.push(ref, a)
 	m, stop := e.start(withPrefetch(false))
-	slot := profile.Layer{Layer: a.Desc.Digest, Recorded: time.Now().UTC(), Files: profFiles("f", 0, 10)}
+	slot := profile.LayerReads{Layer: a.Desc.Digest, Recorded: time.Now().UTC(), Files: profFiles("f", 0, 10)}
 	if err := m.profiles.Add(profRepo, slot); err != nil {
 		t.Fatal(err)
 	}
@@ -611,7 +611,7 @@ func TestProfileSavesRoundTrips(t *testing.T) {
 		e.reg.delay = 30 * time.Millisecond
 		m, _ := e.start(withReadAhead(0), withProfileWindow(0))
 		if withProfile {
-			slot := profile.Layer{Layer: a.Desc.Digest, Recorded: time.Now().UTC(), Files: startup}
+			slot := profile.LayerReads{Layer: a.Desc.Digest, Recorded: time.Now().UTC(), Files: startup}
 			if err := m.profiles.Add(profRepo, slot); err != nil {
 				t.Fatal(err)
 			}
@@ -649,7 +649,7 @@ func TestProfileExportImport(t *testing.T) {
 	ref := profRepo + ":v1"
 	e.reg.push(ref, a)
 	m, _ := e.start(withPrefetch(false))
-	slot := profile.Layer{Layer: a.Desc.Digest, Recorded: time.Now().UTC(), Files: []string{"usr/bin/f07", "usr/bin/f02", "usr/bin/nope"}}
+	slot := profile.LayerReads{Layer: a.Desc.Digest, Recorded: time.Now().UTC(), Files: []string{"usr/bin/f07", "usr/bin/f02", "usr/bin/nope"}}
 	if err := m.profiles.Add(profRepo, slot); err != nil {
 		t.Fatal(err)
 	}

@@ -35,7 +35,7 @@ const maxRecordRefs = 16
 // needed.
 type recordMeta struct {
 	Version      int                `json:"version"`
-	Descriptor   fetcher.Descriptor `json:"descriptor"`
+	Descriptor   fetcher.ImageLayer `json:"descriptor"`
 	Verified     verify.Saved       `json:"verified"`
 	Repositories []string           `json:"repositories"`
 	Refs         []string           `json:"refs"`
@@ -196,7 +196,7 @@ func (rs *records) find(key digest.Digest, repo string) (storedRecord, bool) {
 // save writes the record of a verified layer, replacing any previous one: the layer's
 // descriptor, what verification established, its repositories and references, its index
 // and, until the DiffID is proven, its tar-split.
-func (rs *records) save(desc fetcher.Descriptor, v *verify.Verifier, repos, refs []string) (string, error) {
+func (rs *records) save(desc fetcher.ImageLayer, v *verify.Verifier, repos, refs []string) (string, error) {
 	name, meta, raw, data, err := encodeRecord(desc, v, repos, refs)
 	if err != nil {
 		return "", err
@@ -214,7 +214,7 @@ func (rs *records) save(desc fetcher.Descriptor, v *verify.Verifier, repos, refs
 // record (its index mapped from the record's file) as soon as the record's bytes are written.
 // The record is stored in the background (see cache.WriteRecord), by a function the caller
 // runs (on a tracked goroutine), which indexes it once stored.
-func (rs *records) write(desc fetcher.Descriptor, v *verify.Verifier, repos, refs []string) (*verify.Verifier, *cache.Record, func() error, error) {
+func (rs *records) write(desc fetcher.ImageLayer, v *verify.Verifier, repos, refs []string) (*verify.Verifier, *cache.Record, func() error, error) {
 	name, meta, raw, data, err := encodeRecord(desc, v, repos, refs)
 	if err != nil {
 		return nil, nil, nil, err
@@ -247,7 +247,7 @@ func (rs *records) write(desc fetcher.Descriptor, v *verify.Verifier, repos, ref
 
 // encodeRecord returns the name, meta (decoded and encoded) and data (in parts) of a verified
 // layer's record.
-func encodeRecord(desc fetcher.Descriptor, v *verify.Verifier, repos, refs []string) (string, *recordMeta, []byte, [][]byte, error) {
+func encodeRecord(desc fetcher.ImageLayer, v *verify.Verifier, repos, refs []string) (string, *recordMeta, []byte, [][]byte, error) {
 	saved := v.Save()
 	idx := v.Index()
 	data := idx.Binary() // written from where it is: the caller keeps idx alive

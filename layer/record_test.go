@@ -260,7 +260,7 @@ func mustFixtures(t *testing.T) []testlayer.Fixture {
 }
 
 // waitComplete waits for the layer's background fetch to end, and fails unless it completed.
-func waitComplete(t *testing.T, l *Layer) {
+func waitComplete(t *testing.T, l *Served) {
 	t.Helper()
 	l.wait()
 	if s := l.Status(); s.State != protocol.StateComplete {
@@ -285,7 +285,7 @@ func TestRecordWrittenInPlace(t *testing.T) {
 	}
 	t.Cleanup(func() { c.Close() })
 	rs := loadRecords(c, chunked.Limits{}.WithDefaults(), slog.New(slog.DiscardHandler))
-	desc := fetcher.Descriptor{Descriptor: f.Desc, DiffID: f.DiffID}
+	desc := fetcher.ImageLayer{Descriptor: f.Desc, DiffID: f.DiffID}
 	size := len(v.Index().Binary())
 	runtime.GC()
 	var before, after runtime.MemStats
@@ -349,7 +349,7 @@ func TestRecordIndexNotResident(t *testing.T) {
 	rs := loadRecords(c, chunked.Limits{}.WithDefaults(), slog.New(slog.DiscardHandler))
 	size := int64(len(v.Index().Binary()))
 	before := testproc.RSSFile(t)
-	rv, _, store, err := rs.write(fetcher.Descriptor{Descriptor: f.Desc, DiffID: f.DiffID}, v, []string{"example.com/synthetic"}, nil)
+	rv, _, store, err := rs.write(fetcher.ImageLayer{Descriptor: f.Desc, DiffID: f.DiffID}, v, []string{"example.com/synthetic"}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -110,7 +110,7 @@ func TestBlobLookupRacingModernLookupCompares(t *testing.T) {
 	hold(t, m)                                                        // the background comparison does not run
 	e.reg.Hang(f.Desc.Digest, true)
 	type answer struct {
-		l   *Layer
+		l   *Served
 		err error
 	}
 	old := make(chan answer, 1)

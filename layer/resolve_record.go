@@ -16,7 +16,7 @@ import (
 // resolveFromRecord answers a lookup from the record of a layer resolved before through ref's
 // repository, without the registry. It reports false when no record answers the lookup (or
 // the record turned out damaged: it is then dropped and the registry asked).
-func (m *Manager) resolveFromRecord(ctx context.Context, ref string, key digest.Digest, start time.Time) (*Layer, error, bool) {
+func (m *Manager) resolveFromRecord(ctx context.Context, ref string, key digest.Digest, start time.Time) (*Served, error, bool) {
 	rec, ok := m.records.find(key, repository(ref))
 	if !ok {
 		return nil, nil, false
@@ -68,7 +68,7 @@ func (m *Manager) resolveFromRecord(ctx context.Context, ref string, key digest.
 type registryBlob struct {
 	reg     Registry
 	ref     string
-	desc    fetcher.Descriptor
+	desc    fetcher.ImageLayer
 	life    *lifetime
 	timeout time.Duration // Config.ResolveTimeout
 }

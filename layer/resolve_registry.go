@@ -18,7 +18,7 @@ import (
 
 // resolve finds key in the image ref and opens the layer: from its record when one was
 // written for ref's repository, otherwise through the registry; it says which answered.
-func (m *Manager) resolve(ctx context.Context, ref string, key digest.Digest, ahead bool) (*Layer, lookupSource, error) {
+func (m *Manager) resolve(ctx context.Context, ref string, key digest.Digest, ahead bool) (*Served, lookupSource, error) {
 	start := m.opts.now()
 	m.counters.resolutions.Add(1)
 	if err := key.Validate(); err != nil {
@@ -33,7 +33,7 @@ func (m *Manager) resolve(ctx context.Context, ref string, key digest.Digest, ah
 
 // resolveThroughRegistry finds key in the image ref through the registry and opens the layer:
 // the live layer of its identity when there is one, else a new one, verified and recorded.
-func (m *Manager) resolveThroughRegistry(ctx context.Context, ref string, key digest.Digest, start time.Time, ahead bool) (*Layer, error) {
+func (m *Manager) resolveThroughRegistry(ctx context.Context, ref string, key digest.Digest, start time.Time, ahead bool) (*Served, error) {
 	img, err := m.resolveImage(ctx, ref)
 	if err != nil {
 		return nil, err
@@ -89,7 +89,7 @@ func (m *Manager) resolveImage(ctx context.Context, ref string) (*fetcher.Image,
 // servedIdentity returns the identity of the layer desc, when it is served lazily: of a lazily
 // pullable format (zstd:chunked under the DiffID policy), with a DiffID when looked up by blob
 // digest, and not refused before.
-func (m *Manager) servedIdentity(desc *fetcher.Descriptor, modern bool, ref string, log *slog.Logger) (identity, error) {
+func (m *Manager) servedIdentity(desc *fetcher.ImageLayer, modern bool, ref string, log *slog.Logger) (identity, error) {
 	layout, err := chunked.Classify(desc.Descriptor)
 	if err == nil {
 		err = m.diffIDPolicy(layout.Format)
@@ -119,7 +119,7 @@ func (m *Manager) diffIDPolicy(f chunked.Format) error {
 
 // shareLive answers a lookup with l, the live layer of the identity it found, once l is ready
 // for it.
-func (m *Manager) shareLive(ctx context.Context, l *Layer, img *fetcher.Image, desc *fetcher.Descriptor, modern bool, ref string, log *slog.Logger) (*Layer, error) {
+func (m *Manager) shareLive(ctx context.Context, l *Served, img *fetcher.Image, desc *fetcher.ImageLayer, modern bool, ref string, log *slog.Logger) (*Served, error) {
 	if err := m.ready(ctx, l, modern, ref); err != nil {
 		return nil, err
 	}
@@ -139,7 +139,7 @@ func (m *Manager) shareLive(ctx context.Context, l *Layer, img *fetcher.Image, d
 // openVerified opens the blob of desc and verifies its TOC against the manifest; a lookup
 // that waits for the comparison has the tar-split read with the TOC and compared at once,
 // others have it read by the comparison, in the background.
-func (m *Manager) openVerified(ctx context.Context, img *fetcher.Image, desc *fetcher.Descriptor, modern bool, format chunked.Format, log *slog.Logger) (RemoteBlob, *verify.Verifier, error) {
+func (m *Manager) openVerified(ctx context.Context, img *fetcher.Image, desc *fetcher.ImageLayer, modern bool, format chunked.Format, log *slog.Logger) (RemoteBlob, *verify.Verifier, error) {
 	blob, err := m.reg.Blob(ctx, img, desc)
 	if err != nil {
 		m.counters.failures.Add(1)
@@ -169,7 +169,7 @@ func (m *Manager) openVerified(ctx context.Context, img *fetcher.Image, desc *fe
 // mapped from the record instead of living on the heap, and the next start needs no registry.
 // The record is made durable in the background. It returns the verifier to serve (v itself
 // when the record could not be written) and the record, and says where the layer came from.
-func (m *Manager) writeRecord(ctx context.Context, desc *fetcher.Descriptor, v *verify.Verifier, ref string, log *slog.Logger) (*verify.Verifier, *cache.Record, string) {
+func (m *Manager) writeRecord(ctx context.Context, desc *fetcher.ImageLayer, v *verify.Verifier, ref string, log *slog.Logger) (*verify.Verifier, *cache.Record, string) {
 	rv, rec, store, err := m.records.write(*desc, v, []string{repository(ref)}, []string{ref})
 	if store != nil {
 		m.life.goTracked(func() {
@@ -190,7 +190,7 @@ func (m *Manager) writeRecord(ctx context.Context, desc *fetcher.Descriptor, v *
 
 // logServed logs a resolution that serves the layer desc, verified by v: from where it came,
 // and in how long.
-func (m *Manager) logServed(log *slog.Logger, from string, toc digest.Digest, desc *fetcher.Descriptor, v *verify.Verifier, start time.Time) {
+func (m *Manager) logServed(log *slog.Logger, from string, toc digest.Digest, desc *fetcher.ImageLayer, v *verify.Verifier, start time.Time) {
 	log.Info("layer served lazily", "from", from, "format", v.Layout().Format, "toc", toc,
 		"entries", v.Index().Len(), "size", desc.Size, "guarantee", v.Guarantee(),
 		"resolve", m.opts.now().Sub(start).Round(time.Millisecond))
@@ -208,7 +208,7 @@ func noSpaceLevel(err error) slog.Level {
 // find returns the descriptor of the layer key names in img, looking through the other
 // platforms of an index when the host's manifest does not have it, and whether key is the
 // TOC digest (a modern runtime's lookup) rather than the blob digest.
-func (m *Manager) find(ctx context.Context, img *fetcher.Image, key digest.Digest) (*fetcher.Descriptor, bool, error) {
+func (m *Manager) find(ctx context.Context, img *fetcher.Image, key digest.Digest) (*fetcher.ImageLayer, bool, error) {
 	if d, modern := findIn(&img.Manifest, key); d != nil {
 		return d, modern, nil
 	}
@@ -224,7 +224,7 @@ func (m *Manager) find(ctx context.Context, img *fetcher.Image, key digest.Diges
 	return nil, false, fmt.Errorf("no layer %s in %s: %w", key, img.Ref, iofs.ErrNotExist)
 }
 
-func findIn(mf *fetcher.Manifest, key digest.Digest) (*fetcher.Descriptor, bool) {
+func findIn(mf *fetcher.Manifest, key digest.Digest) (*fetcher.ImageLayer, bool) {
 	for i := range mf.Layers {
 		l := &mf.Layers[i]
 		if tocKey(l.Annotations) == key {
@@ -240,7 +240,7 @@ func findIn(mf *fetcher.Manifest, key digest.Digest) (*fetcher.Descriptor, bool)
 // probe checks that the blob of desc can be read through img's sources (its last byte): what
 // a layer verified through another repository needs before it is served for this one.
 // Registries answer a blob only to those who may pull it from the repository asked.
-func (m *Manager) probe(ctx context.Context, img *fetcher.Image, desc *fetcher.Descriptor) error {
+func (m *Manager) probe(ctx context.Context, img *fetcher.Image, desc *fetcher.ImageLayer) error {
 	blob, err := m.reg.Blob(ctx, img, desc)
 	if err == nil {
 		var b [1]byte

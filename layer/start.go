@@ -96,16 +96,16 @@ func (m *Manager) predictStart(ref string) {
 		m.mu.Unlock()
 		return
 	}
-	var live []*Layer
+	var live []*Served
 	for _, l := range m.live.all() {
 		if slices.Contains(s.layers, l.desc.Digest) {
 			live = append(live, l)
 		}
 	}
 	m.mu.Unlock()
-	layers := make([]*Layer, 0, len(s.layers))
+	layers := make([]*Served, 0, len(s.layers))
 	for _, d := range slices.Backward(s.layers) {
-		i := slices.IndexFunc(live, func(l *Layer) bool {
+		i := slices.IndexFunc(live, func(l *Served) bool {
 			return l.desc.Digest == d && slices.Contains(l.references(), ref)
 		})
 		if i < 0 {
@@ -153,7 +153,7 @@ func (m *Manager) predictStart(ref string) {
 
 // fetchUserFiles fetches the userFiles of the merged tree of layers (top first) whole, in the
 // background, as a prediction's fetches go.
-func fetchUserFiles(layers []*Layer) {
+func fetchUserFiles(layers []*Served) {
 	for _, p := range userFiles {
 		if f, ok := resolvePath(layers, p); ok && f.l.idx.Meta(f.id).Size <= maxUserFile {
 			f.l.env.life.goTracked(func() {
@@ -190,7 +190,7 @@ func (g *startGuess) executing(f fileRef, fresh bool) {
 // exec does: a path as is (a relative one depends on the working directory: not looked for),
 // a name in each absolute directory of its PATH (defaultPath when it sets none), the first
 // executable regular file found.
-func findProgram(layers []*Layer, start fetcher.Start) (fileRef, bool) {
+func findProgram(layers []*Served, start fetcher.Start) (fileRef, bool) {
 	prog := start.Program
 	if strings.Contains(prog, "/") {
 		if !path.IsAbs(prog) {

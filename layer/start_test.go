@@ -75,7 +75,7 @@ func TestPredictImageProgram(t *testing.T) {
 			e.reg.starts[ref] = c.start
 			m, _ := e.start(withPrefetch(false), withReadAhead(c.readAhead))
 			if c.profiled {
-				pl := profile.Layer{Layer: af.Desc.Digest, Recorded: time.Now().UTC(), Files: []string{"usr/bin/tool"}}
+				pl := profile.LayerReads{Layer: af.Desc.Digest, Recorded: time.Now().UTC(), Files: []string{"usr/bin/tool"}}
 				if err := m.profiles.Add(profRepo, pl); err != nil {
 					t.Fatal(err)
 				}
@@ -190,7 +190,7 @@ func TestUserFilesBounded(t *testing.T) {
 	m, _ := e.start(withPrefetch(false))
 	l := lookupOK(t, m, ref, profKey(fx))
 	e.reg.log(true)
-	fetchUserFiles([]*Layer{l})
+	fetchUserFiles([]*Served{l})
 	waitFor(t, "/etc/group", func() bool { return slices.Contains(fetchedFiles(l, e.reg.log(false)), "etc/group") })
 	time.Sleep(100 * time.Millisecond) // anything more would come now
 	if got := fetchedFiles(l, e.reg.log(false)); !slices.Equal(got, []string{"etc/group"}) {

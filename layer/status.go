@@ -40,7 +40,7 @@ func (m *Manager) Status() protocol.Status {
 }
 
 // Status describes the layer.
-func (l *Layer) Status() protocol.LayerStatus {
+func (l *Served) Status() protocol.LayerStatus {
 	l.mu.Lock()
 	refs := slices.Clone(l.refs)
 	l.mu.Unlock()
@@ -79,7 +79,7 @@ func (l *Layer) Status() protocol.LayerStatus {
 // unstored returns an error when a regular file of the layer is not complete in the cache:
 // the layer is fully local only when the cache holds every file, whatever the background
 // fetch did (the cache refuses content when its filesystem is full, and evicts).
-func (l *Layer) unstored() error {
+func (l *Served) unstored() error {
 	var missing, files int
 	for d := range l.contentFiles(nil) {
 		files++
@@ -95,7 +95,7 @@ func (l *Layer) unstored() error {
 
 // contentFiles yields the digest and size of each regular file of the layer that has content,
 // once per digest; seen, when not nil, carries the digests already yielded across layers.
-func (l *Layer) contentFiles(seen map[chunked.Sum]bool) iter.Seq2[chunked.Sum, int64] {
+func (l *Served) contentFiles(seen map[chunked.Sum]bool) iter.Seq2[chunked.Sum, int64] {
 	if seen == nil {
 		seen = map[chunked.Sum]bool{}
 	}

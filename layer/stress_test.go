@@ -20,7 +20,7 @@ import (
 func TestStress(t *testing.T) {
 	e := newEnv(t)
 	m := e.manager(withPrefetchBatch(64<<10), withPrefetchConcurrency(3))
-	var layers []*Layer
+	var layers []*Served
 	for _, f := range e.fixtures[:6] {
 		if servedKey(f) == "" {
 			continue
@@ -45,7 +45,7 @@ func TestStress(t *testing.T) {
 			files[strings.Trim(path.Clean("/"+h.Name), "/")] = b
 		}
 	}
-	full := map[*Layer]map[chunked.EntryID][]byte{}
+	full := map[*Served]map[chunked.EntryID][]byte{}
 	for _, l := range layers {
 		full[l] = map[chunked.EntryID][]byte{}
 		idx := l.Index()

@@ -27,7 +27,7 @@ func syntheticLayer(t *testing.T, n int, editTOC func([]byte) []byte) testlayer.
 }
 
 // firstFile returns the first regular file with content of l.
-func firstFile(t *testing.T, l *Layer) chunked.EntryID {
+func firstFile(t *testing.T, l *Served) chunked.EntryID {
 	t.Helper()
 	for id := range chunked.EntryID(l.idx.Len()) {
 		if e := l.idx.Entry(id); e.Type == chunked.TypeReg && e.Size > 0 {
@@ -63,7 +63,7 @@ func TestTarSplitBeforeAnswer(t *testing.T) {
 	e := newEnv(t)
 	f := syntheticLayer(t, 2000, nil)
 	ref := e.push("synthetic:v1", fixtureLayer(f))
-	tarSize := func(l *Layer) int64 {
+	tarSize := func(l *Served) int64 {
 		var in struct {
 			DiffSize int64 `json:"diff-size"`
 		}
@@ -95,7 +95,7 @@ func TestTarSplitBeforeAnswer(t *testing.T) {
 			}
 			t.Cleanup(func() { m.Close() })
 			release := hold(t, m) // the background comparison waits for a processor: none
-			var l *Layer
+			var l *Served
 			for _, k := range tc.keys {
 				key := f.Desc.Digest
 				if k == "toc" {
@@ -233,7 +233,7 @@ func TestRecordsKeepNoTarSplit(t *testing.T) {
 // digest, at start, through a manager without background fetch whose quiet period never
 // ends: the comparison of its TOC with its tar-split is left to the background, which runs it
 // tarSplitDelay after the lookup.
-func lookedUpByTOC(t *testing.T) (m *Manager, l *Layer, f testlayer.Fixture, ref string, start time.Time) {
+func lookedUpByTOC(t *testing.T) (m *Manager, l *Served, f testlayer.Fixture, ref string, start time.Time) {
 	t.Helper()
 	e := newEnv(t)
 	f = syntheticLayer(t, 2000, nil)

@@ -92,7 +92,7 @@ type memRegistry struct {
 }
 
 func (r *memRegistry) Resolve(_ context.Context, ref string) (*fetcher.Image, error) {
-	return &fetcher.Image{Ref: ref, Manifest: fetcher.Manifest{Layers: []fetcher.Descriptor{{
+	return &fetcher.Image{Ref: ref, Manifest: fetcher.Manifest{Layers: []fetcher.ImageLayer{{
 		Descriptor: r.f.Desc, DiffID: r.f.DiffID,
 	}}}}, nil
 }
@@ -101,7 +101,7 @@ func (r *memRegistry) Platforms(context.Context, *fetcher.Image) ([]*fetcher.Man
 	return nil, nil
 }
 
-func (r *memRegistry) Blob(context.Context, *fetcher.Image, *fetcher.Descriptor) (RemoteBlob, error) {
+func (r *memRegistry) Blob(context.Context, *fetcher.Image, *fetcher.ImageLayer) (RemoteBlob, error) {
 	return r.blob, nil
 }
 
@@ -134,7 +134,7 @@ func memManager(t *testing.T, opts ...option) (*Manager, *memBlob, testlayer.Fix
 const memRef = "registry.example/app:v1"
 
 // fileOf returns the owner of path in l.
-func fileOf(t *testing.T, l *Layer, path string) chunked.EntryID {
+func fileOf(t *testing.T, l *Served, path string) chunked.EntryID {
 	t.Helper()
 	id, ok := l.Index().LookupPath(path)
 	if !ok {
@@ -184,7 +184,7 @@ func TestConcurrentReadsShareOneFetch(t *testing.T) {
 
 func servedKeyOf(m *Manager) digest.Digest { return m.reg.(*memRegistry).f.Desc.Digest }
 
-func readOne(t *testing.T, l *Layer, id chunked.EntryID) []byte {
+func readOne(t *testing.T, l *Served, id chunked.EntryID) []byte {
 	t.Helper()
 	p := make([]byte, l.Index().Entry(id).Size)
 	n, err := l.ReadFile(t.Context(), id, p, 0)

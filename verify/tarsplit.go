@@ -25,10 +25,10 @@ var tarTypes = map[byte]chunked.Type{
 	tar.TypeFifo: chunked.TypeFifo,
 }
 
-// tarSplitRecords returns a reader of the records of a compressed tar-split, and a function that
-// releases it. Called with check set, once the records are read, it first checks that the
+// tarSplitEntries returns a reader of the entries of a compressed tar-split, and a function that
+// releases it. Called with check set, once the entries are read, it first checks that the
 // stream decompresses to the size the layout states; without, it decompresses nothing more.
-func (v *Verifier) tarSplitRecords(compressed []byte) (*chunked.TarSplitReader, func(check bool) error, error) {
+func (v *Verifier) tarSplitEntries(compressed []byte) (*chunked.TarSplitReader, func(check bool) error, error) {
 	d, err := zstd.NewReader(bytes.NewReader(compressed), zstd.WithDecoderConcurrency(1),
 		zstd.WithDecoderMaxWindow(1<<27))
 	if err != nil {
@@ -69,7 +69,7 @@ func (v *Verifier) compareTarSplit(ctx context.Context, raw []byte) (int64, erro
 	x := v.index
 	// A restored tar-split is readable as long as the index is (Restore): until the end.
 	defer runtime.KeepAlive(x)
-	ts, done, err := v.tarSplitRecords(raw)
+	ts, done, err := v.tarSplitEntries(raw)
 	if err != nil {
 		return 0, err
 	}
@@ -91,8 +91,8 @@ func (v *Verifier) compareTarSplit(ctx context.Context, raw []byte) (int64, erro
 			}
 			return nil
 		},
-		func(k int, r *chunked.TarSplitRecord) error {
-			return fileRecordMatches(x, k, r)
+		func(k int, r *chunked.TarSplitEntry) error {
+			return fileEntryMatches(x, k, r)
 		})
 	if err == nil && headers != n {
 		err = fmt.Errorf("%w: tar-split has %d entries, the TOC %d", chunked.ErrInvalid, headers, n)
@@ -104,14 +104,14 @@ func (v *Verifier) compareTarSplit(ctx context.Context, raw []byte) (int64, erro
 	return ts.TarSize(), done(true)
 }
 
-func fileRecordMatches(x *chunked.Index, k int, r *chunked.TarSplitRecord) error {
+func fileEntryMatches(x *chunked.Index, k int, r *chunked.TarSplitEntry) error {
 	if k >= x.TOCLen() {
-		return fmt.Errorf("%w: tar-split file record %d beyond the TOC's %d entries", chunked.ErrInvalid, k, x.TOCLen())
+		return fmt.Errorf("%w: tar-split file entry %d beyond the TOC's %d entries", chunked.ErrInvalid, k, x.TOCLen())
 	}
 	e := x.Entry(chunked.EntryID(k))
 	if clean(r.FileName()) != e.Name || (e.Type == chunked.TypeReg && r.Size != e.Size) {
 		return &chunked.EntryError{Index: -1, Name: e.Name, Err: fmt.Errorf(
-			"%w: tar-split file record %d is %q (%d bytes)", chunked.ErrInvalid, k, r.FileName(), r.Size)}
+			"%w: tar-split file entry %d is %q (%d bytes)", chunked.ErrInvalid, k, r.FileName(), r.Size)}
 	}
 	return nil
 }
@@ -248,7 +248,7 @@ func (v *Verifier) checkDiffID(ctx context.Context, src Source, payload PayloadF
 	if err != nil {
 		return err
 	}
-	ts, done, err := v.tarSplitRecords(raw)
+	ts, done, err := v.tarSplitEntries(raw)
 	if err != nil {
 		return err
 	}
@@ -272,7 +272,7 @@ func (v *Verifier) checkDiffID(ctx context.Context, src Source, payload PayloadF
 			h.Write(r.Payload)
 			continue
 		}
-		if err := fileRecordMatches(v.index, files, r); err != nil {
+		if err := fileEntryMatches(v.index, files, r); err != nil {
 			return err
 		}
 		id := chunked.EntryID(files)

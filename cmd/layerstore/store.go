@@ -16,8 +16,8 @@ type managerStore struct{ *layer.Manager }
 
 var (
 	_ storefs.Store   = managerStore{}
-	_ storefs.Layer   = (*layer.Layer)(nil)
-	_ storefs.Refuser = (*layer.Layer)(nil)
+	_ storefs.Layer   = (*layer.Served)(nil)
+	_ storefs.Refuser = (*layer.Served)(nil)
 )
 
 func (s managerStore) Lookup(ctx context.Context, ref string, key digest.Digest) (storefs.Layer, error) {

@@ -54,17 +54,17 @@ const recordPrefix = "profile-"
 // Repo is the profile of a repository: for each of its layers recorded (the most recent
 // first), the files first read after its first use, in the order of their first read.
 type Repo struct {
-	Version    int     `json:"version"`
-	Repository string  `json:"repository"`
-	Layers     []Layer `json:"layers"`
+	Version    int          `json:"version"`
+	Repository string       `json:"repository"`
+	Layers     []LayerReads `json:"layers"`
 }
 
-// Layer is the profile of one layer: its blob digest, when it was recorded, and the paths of
+// LayerReads is the profile of one layer: its blob digest, when it was recorded, and the paths of
 // the files read, in order; Ends, when present, holds for each file how much of it was read:
 // the end of its furthest read (0: the whole file, as for a file the kernel reads by itself
 // through passthrough). A replay fetches the chunks of each file that start before its end: a
 // program that reads the first pages of a large library does not have it fetched whole.
-type Layer struct {
+type LayerReads struct {
 	Layer    digest.Digest `json:"layer"`
 	Recorded time.Time     `json:"recorded"`
 	Files    []string      `json:"files"`
@@ -72,7 +72,7 @@ type Layer struct {
 }
 
 // End returns how much of file i was read (0: the whole file).
-func (pl *Layer) End(i int) int64 {
+func (pl *LayerReads) End(i int) int64 {
 	if i < len(pl.Ends) {
 		return pl.Ends[i]
 	}
@@ -120,7 +120,7 @@ func (p *Repo) Check() error {
 }
 
 // check checks a layer's files and ends, and returns its path bytes.
-func (pl *Layer) check() (int, error) {
+func (pl *LayerReads) check() (int, error) {
 	if len(pl.Files) == 0 || len(pl.Files) > MaxFiles {
 		return 0, fmt.Errorf("%d files, want 1 to %d", len(pl.Files), MaxFiles)
 	}
@@ -169,21 +169,21 @@ func truncate(s string, n int) string {
 // loses what an earlier one learned), within the bounds of one layer's profile; the most
 // recent layers first; the oldest dropped beyond the bounds (layers, path bytes, encoded
 // size). It returns p's encoding.
-func (p *Repo) merge(layers []Layer) ([]byte, error) {
+func (p *Repo) merge(layers []LayerReads) ([]byte, error) {
 	all := append(slices.Clone(layers), p.Layers...)
-	slices.SortStableFunc(all, func(a, b Layer) int { return b.Recorded.Compare(a.Recorded) })
-	var byLayer []Layer
+	slices.SortStableFunc(all, func(a, b LayerReads) int { return b.Recorded.Compare(a.Recorded) })
+	var byLayer []LayerReads
 	at := map[digest.Digest]int{}
 	for _, l := range all {
 		i, ok := at[l.Layer]
 		if !ok {
 			at[l.Layer] = len(byLayer)
-			byLayer = append(byLayer, Layer{Layer: l.Layer, Recorded: l.Recorded})
+			byLayer = append(byLayer, LayerReads{Layer: l.Layer, Recorded: l.Recorded})
 			i = len(byLayer) - 1
 		}
 		byLayer[i].Union(&l)
 	}
-	var kept []Layer
+	var kept []LayerReads
 	total := 0
 	for _, l := range byLayer {
 		n := pathBytes(l.Files)
@@ -209,7 +209,7 @@ func (p *Repo) merge(layers []Layer) ([]byte, error) {
 // Union adds to pl the files of more it lacks, after its own, within the bounds of one layer's
 // profile (files, path bytes); a file in both keeps the larger of its ends (0, the whole file,
 // the largest).
-func (pl *Layer) Union(more *Layer) {
+func (pl *LayerReads) Union(more *LayerReads) {
 	files := slices.Clone(pl.Files)
 	ends := make([]int64, len(files))
 	have := make(map[string]int, len(files))

@@ -39,12 +39,12 @@ func TestCheck(t *testing.T) {
 	for name, p := range map[string]Repo{
 		"version":    {Version: 2, Repository: repo},
 		"repository": {Version: 1, Repository: "a\nb"},
-		"digest":     {Version: 1, Repository: repo, Layers: []Layer{{Layer: "sha256:zz", Files: []string{"a"}}}},
-		"no files":   {Version: 1, Repository: repo, Layers: []Layer{{Layer: d}}},
-		"many files": {Version: 1, Repository: repo, Layers: []Layer{{Layer: d, Files: many}}},
-		"long path":  {Version: 1, Repository: repo, Layers: []Layer{{Layer: d, Files: []string{long}}}},
-		"nul":        {Version: 1, Repository: repo, Layers: []Layer{{Layer: d, Files: []string{"a\x00b"}}}},
-		"twice":      {Version: 1, Repository: repo, Layers: []Layer{{Layer: d, Files: []string{"a"}}, {Layer: d, Files: []string{"b"}}}},
+		"digest":     {Version: 1, Repository: repo, Layers: []LayerReads{{Layer: "sha256:zz", Files: []string{"a"}}}},
+		"no files":   {Version: 1, Repository: repo, Layers: []LayerReads{{Layer: d}}},
+		"many files": {Version: 1, Repository: repo, Layers: []LayerReads{{Layer: d, Files: many}}},
+		"long path":  {Version: 1, Repository: repo, Layers: []LayerReads{{Layer: d, Files: []string{long}}}},
+		"nul":        {Version: 1, Repository: repo, Layers: []LayerReads{{Layer: d, Files: []string{"a\x00b"}}}},
+		"twice":      {Version: 1, Repository: repo, Layers: []LayerReads{{Layer: d, Files: []string{"a"}}, {Layer: d, Files: []string{"b"}}}},
 	} {
 		if err := p.Check(); err == nil {
 			t.Errorf("%s: accepted", name)
@@ -55,12 +55,12 @@ func TestCheck(t *testing.T) {
 // TestUnion: merged with a recording that read a file whole (or an older one without ends),
 // the file is whole; the other files' ends are kept, after the layer's own files.
 func TestUnion(t *testing.T) {
-	pl := Layer{Files: []string{"usr/lib/big.so", "usr/bin/f00"}, Ends: []int64{4096, 0}}
-	pl.Union(&Layer{Files: []string{"usr/bin/f01", "usr/lib/big.so"}, Ends: []int64{100, 0}})
+	pl := LayerReads{Files: []string{"usr/lib/big.so", "usr/bin/f00"}, Ends: []int64{4096, 0}}
+	pl.Union(&LayerReads{Files: []string{"usr/bin/f01", "usr/lib/big.so"}, Ends: []int64{100, 0}})
 	if !slices.Equal(pl.Files, []string{"usr/lib/big.so", "usr/bin/f00", "usr/bin/f01"}) || !slices.Equal(pl.Ends, []int64{0, 0, 100}) {
 		t.Errorf("union: %q %v", pl.Files, pl.Ends)
 	}
-	pl.Union(&Layer{Files: []string{"usr/bin/f01"}})
+	pl.Union(&LayerReads{Files: []string{"usr/bin/f01"}})
 	if pl.Ends != nil {
 		t.Errorf("union with a whole file: ends %v, want none", pl.Ends)
 	}
@@ -72,7 +72,7 @@ func TestStoreKeepsMaxLayers(t *testing.T) {
 	s := newStore(t)
 	base := time.Now().UTC()
 	for i := range MaxLayers + 8 {
-		slot := Layer{Layer: digest.FromString(fmt.Sprint(i)), Recorded: base.Add(time.Duration(i) * time.Second), Files: []string{"usr/bin/x"}}
+		slot := LayerReads{Layer: digest.FromString(fmt.Sprint(i)), Recorded: base.Add(time.Duration(i) * time.Second), Files: []string{"usr/bin/x"}}
 		if err := s.Add(repo, slot); err != nil {
 			t.Fatal(err)
 		}
@@ -89,7 +89,7 @@ func TestStoreKeepsMaxLayers(t *testing.T) {
 // TestExportImport: what one store exports, another imports as it was.
 func TestExportImport(t *testing.T) {
 	s := newStore(t)
-	want := Layer{Layer: digest.FromString("a"), Recorded: time.Now().UTC().Truncate(time.Second), Files: []string{"usr/bin/a", "usr/lib/b.so"}, Ends: []int64{0, 4096}}
+	want := LayerReads{Layer: digest.FromString("a"), Recorded: time.Now().UTC().Truncate(time.Second), Files: []string{"usr/bin/a", "usr/lib/b.so"}, Ends: []int64{0, 4096}}
 	if err := s.Add(repo, want); err != nil {
 		t.Fatal(err)
 	}
@@ -116,7 +116,7 @@ func TestImportRefuses(t *testing.T) {
 	d := digest.FromString("a")
 	header := `{"format":"layerstore-profiles","version":1}` + "\n"
 	line := func(p Repo) string { b, _ := json.Marshal(p); return string(b) + "\n" }
-	good := Repo{Version: 1, Repository: "registry.example/b", Layers: []Layer{{Layer: d, Files: []string{"x"}}}}
+	good := Repo{Version: 1, Repository: "registry.example/b", Layers: []LayerReads{{Layer: d, Files: []string{"x"}}}}
 	for name, tc := range map[string]struct{ in, want string }{
 		"empty":         {"", "empty input"},
 		"not an export": {"{}\n", "not an export"},

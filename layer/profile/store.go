@@ -90,7 +90,7 @@ func (s *Store) getLocked(repo string, use bool) *Repo {
 }
 
 // Add merges layers into the profile of repo and writes it.
-func (s *Store) Add(repo string, layers ...Layer) error {
+func (s *Store) Add(repo string, layers ...LayerReads) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.listLocked()

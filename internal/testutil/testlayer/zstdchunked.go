@@ -60,7 +60,7 @@ type zstdChunkedBuilder struct {
 	pending  bytes.Buffer // tar bytes written since the last segment record
 	diff     hash.Hash    // the tar stream, for the DiffID
 	tw       *tar.Writer  // writes to pending and diff
-	position int          // of the next tar-split record
+	position int          // of the next tar-split entry
 }
 
 var syntheticMtime = time.Date(2024, 3, 1, 12, 0, 0, 0, time.UTC)
@@ -125,7 +125,7 @@ func (b *zstdChunkedBuilder) writeTar(h *tar.Header, content []byte) error {
 	return nil
 }
 
-// record appends a tar-split record.
+// record appends a tar-split entry.
 func (b *zstdChunkedBuilder) record(typ int, name string, size int64, payload []byte) {
 	b.split = append(b.split, `{"type":`...)
 	b.split = strconv.AppendInt(b.split, int64(typ), 10)
