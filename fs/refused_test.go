@@ -135,7 +135,8 @@ func TestRefusedLayerTreeNotServed(t *testing.T) {
 // refused it (entries and attributes for an hour, pages kept) is dropped at the refusal, so
 // that a container whose overlay holds the layer's diff directory (as this test holds a
 // descriptor of it) stops seeing the contradicted metadata at once, not an hour later: its
-// path walks, stats of files it opened and reads of their cached pages fail with EIO.
+// path walks, stats of files it opened, reads of their cached pages and listings of
+// directories it opened fail with EIO.
 func TestRefusedLayerCacheDropped(t *testing.T) {
 	mnt, store, l, refuse := mountRefusing(t)
 	diff, err := os.Open(layerPath(mnt, testRef, l.tocKey, "diff"))
@@ -161,6 +162,23 @@ func TestRefusedLayerCacheDropped(t *testing.T) {
 	if _, err := f.ReadAt(buf, 0); err != nil {
 		t.Fatalf("read of %s before the refusal: %v", backedFile, err)
 	}
+	// A directory opened and listed: the kernel keeps the listing (the mount answers OPENDIR
+	// with ENOSYS, so FOPEN_CACHE_DIR holds) and would list it again from that copy.
+	listed, err := os.Open(filepath.Join(diff.Name(), "usr/bin"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer listed.Close()
+	list := func() error {
+		if _, err := listed.Seek(0, 0); err != nil {
+			return err
+		}
+		_, err := listed.Readdirnames(-1)
+		return err
+	}
+	if err := list(); err != nil {
+		t.Fatalf("listing usr/bin before the refusal: %v", err)
+	}
 	lookups := store.totalLookups()
 	refuse()
 
@@ -171,6 +189,7 @@ func TestRefusedLayerCacheDropped(t *testing.T) {
 		{"stat of a refused layer's file, looked up before the refusal", stat},
 		{"fstat of a refused layer's file opened before the refusal", func() error { _, err := f.Stat(); return err }},
 		{"read of a refused layer's file's cached pages", func() error { _, err := f.ReadAt(buf, 0); return err }},
+		{"listing of a refused layer's directory, kept by the kernel since before the refusal", list},
 	}
 	deadline := time.Now().Add(5 * time.Second)
 	for _, c := range checks {
