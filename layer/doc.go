@@ -155,9 +155,9 @@
 // # Memory
 //
 // What untrusted input can make the package hold, beyond the index: a background request holds
-// at most 8 MiB of compressed bytes and 32 MiB of decompressed content (or one chunk, when a
-// chunk alone is larger), so background fetching holds at most concurrency x 32 MiB (128 MiB by
-// default); a cold read holds the chunks it reads and at most 16 read-ahead windows of content
+// at most 8 MiB of compressed bytes, 32 MiB of decompressed content (or one chunk, when a chunk
+// alone is larger) and 1024 chunks, so background fetching holds at most concurrency x 32 MiB
+// (128 MiB by default); a cold read holds the chunks it reads and at most 16 read-ahead windows of content
 // (512 KiB by default); regions hold at most 4 x 4 MiB of content; 4 predictions run at once,
 // each holding at most four batches of 4 MiB of content (fetched whole) and 64 KiB of dynamic
 // section; a blob copy holds one batch-sized buffer. A layer's recording holds at most 4096

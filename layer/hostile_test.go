@@ -13,6 +13,7 @@ import (
 	"runtime"
 	"runtime/debug"
 	"runtime/metrics"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -424,6 +425,50 @@ func TestBatchBoundedByContent(t *testing.T) {
 	}
 	if limit := int64(readAheadContent * defaultReadAhead); content > limit {
 		t.Errorf("read-ahead of %d bytes of content, above %d", content, limit)
+	}
+}
+
+// TestBatchBoundedByChunks: a layer of many small files (thousands within one batch's
+// compressed span and content) is fetched in batches of at most maxBatchChunks chunks, each
+// of which costs memory beside its content, and completes.
+func TestBatchBoundedByChunks(t *testing.T) {
+	e := newEnv(t)
+	const files = 2*maxBatchChunks + maxBatchChunks/2
+	var es []testlayer.Entry
+	for i := range files {
+		data := []byte(fmt.Sprintf("file %d\n", i))
+		es = append(es, testlayer.Entry{Header: tarFile(fmt.Sprintf("f%05d", i), int64(len(data))), Data: data})
+	}
+	f, err := testlayer.BuildEStargz("small", testlayer.Build(es))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ref := e.push("small:v1", fixtureLayer(f))
+	m := e.manager(withPrefetch(false))
+	l, err := m.Lookup(t.Context(), ref, f.Desc.Digest)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys, planned := l.plan()
+	if len(keys) < files || planned > DefaultPrefetchBatch {
+		t.Fatalf("%d chunks in %d compressed bytes; the test needs %d within one batch's span", len(keys), planned, files)
+	}
+	var sizes, want []int
+	for rest := len(keys); rest > 0; rest -= maxBatchChunks {
+		want = append(want, min(rest, maxBatchChunks))
+	}
+	for len(keys) > 0 {
+		n := l.batchLen(keys, l.idx.PrefetchEnd())
+		sizes = append(sizes, n)
+		keys = keys[n:]
+	}
+	if !slices.Equal(sizes, want) {
+		t.Errorf("batches of %v chunks, want %v", sizes, want)
+	}
+	l.startPrefetch()
+	l.wait()
+	if st := l.Status(); st.State != protocol.StateComplete {
+		t.Fatalf("background fetch %s: %s", st.State, st.Error)
 	}
 }
 

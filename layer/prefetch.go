@@ -313,10 +313,10 @@ func (l *Served) touched(file chunked.EntryID) bool {
 func (l *Served) ref(k chunkKey) chunked.Chunk { c, _ := l.idx.Chunk(k.file, k.i); return c }
 
 // batchLen returns how many of keys (in blob order) make one background request: their
-// compressed span within the batch size, and their uncompressed content within
-// maxBatchContent, since every chunk of a batch is held in memory, decompressed, until the
-// batch is stored (a layer of zeros compresses a thousandfold). The prioritized files end at
-// prioEnd in the blob (0: none, or not fetched at once).
+// compressed span within the batch size, their uncompressed content within maxBatchContent,
+// since every chunk of a batch is held in memory, decompressed, until the batch is stored (a
+// layer of zeros compresses a thousandfold), and at most maxBatchChunks of them. The
+// prioritized files end at prioEnd in the blob (0: none, or not fetched at once).
 func (l *Served) batchLen(keys []chunkKey, prioEnd int64) int {
 	start := l.ref(keys[0]).Offset
 	content := l.ref(keys[0]).Size
@@ -329,7 +329,7 @@ func (l *Served) batchLen(keys []chunkKey, prioEnd int64) int {
 	n := 1
 	for n < len(keys) {
 		c := l.ref(keys[n])
-		if c.End()-start > limit || content+c.Size > maxBatchContent ||
+		if c.End()-start > limit || content+c.Size > maxBatchContent || n >= maxBatchChunks ||
 			(prio && c.End() > prioEnd) {
 			break
 		}
@@ -352,6 +352,15 @@ const urgentBatch = 1 << 20
 // concurrency of 4, background fetching holds at most 128 MiB of content (or 4 chunks, when
 // one chunk alone is larger).
 const maxBatchContent = 32 << 20
+
+// maxBatchChunks bounds the chunks of one background request. Each chunk in flight costs,
+// beside its content, its fetch and its part of the batch's store (several hundred bytes): a
+// layer of many small files would otherwise put tens of thousands of them in one batch (100k
+// files of 1.3 KiB on average, 32 MiB compressed, made four batches of 25k, and the background
+// fetch peaked at 320-360 MiB of RSS; 88-94 MiB with this bound, and faster, the collector
+// having less to do: benchmarks/results/2026-12-06-scalebench-batchchunks-ab). A batch of
+// chunks of tens of KiB (zstd:chunked) or of MiB (eStargz) reaches the batch size first.
+const maxBatchChunks = 1024
 
 // plan lists the chunks of every file whose content is not complete in the cache, once per
 // distinct content, in blob order, with their compressed size in all.
