@@ -103,20 +103,9 @@ func (l *Served) readChunks(ctx context.Context, h *handle, id chunked.EntryID, 
 		return 0, err
 	}
 	for k, b := range got {
-		copyChunk(p, off, chunk(missing[k]).FileOffset, b)
+		byterange.Copy(p, off, b, chunk(missing[k]).FileOffset)
 	}
 	return len(p), nil
-}
-
-// copyChunk copies the part of a chunk at fileOff that overlaps p, which holds the file from off.
-func copyChunk(p []byte, off, fileOff int64, b []byte) {
-	if fileOff >= off {
-		copy(p[fileOff-off:], b)
-		return
-	}
-	if skip := off - fileOff; skip < int64(len(b)) {
-		copy(p, b[skip:])
-	}
 }
 
 // fetchMissing returns the verified content of chunks idx of file, which a read found missing

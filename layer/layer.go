@@ -412,10 +412,13 @@ func (l *Served) read(ctx context.Context, id chunked.EntryID, p []byte, off int
 	if rest := e.Size - off; int64(len(p)) > rest {
 		p = p[:rest]
 	}
-	// The read's chunks, found once: for the read set, and below for the read itself.
-	first, last := l.idx.ChunkAt(id, off), l.idx.ChunkAt(id, off+int64(len(p))-1)
+	end := off + int64(len(p))
 	if kind == onDemand {
-		l.recordRead(id, off+int64(len(p)))
+		l.recordRead(id, end)
+	}
+	// The read's chunks, found once: for the read set, and below for the read itself.
+	first, last := l.idx.ChunkAt(id, off), l.idx.ChunkAt(id, end-1)
+	if kind == onDemand {
 		l.reads.mark(l.idx, id, first, last)
 	}
 	var h *handle

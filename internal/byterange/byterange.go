@@ -1,6 +1,8 @@
 // Package byterange owns the byte range of a blob or a file and the sorted set of them: the
-// positions the chunked index gives, the spans the fetcher requests, the bytes the cache holds.
-// A Range is a value; a Set is a slice its owner guards (its methods add in place).
+// positions the chunked index gives, the spans the fetcher requests, the bytes the cache holds;
+// and Copy, which puts the bytes of one range where they overlap another's (a fetched chunk
+// into the buffer of a read). A Range is a value; a Set is a slice its owner guards (its
+// methods add in place).
 package byterange
 
 import "sort"
@@ -17,6 +19,21 @@ func (r Range) End() int64 { return r.Offset + r.Length }
 // Within reports whether the range lies in [0, end), without overflowing.
 func (r Range) Within(end int64) bool {
 	return r.Offset >= 0 && r.Length >= 0 && r.Offset <= end && r.Length <= end-r.Offset
+}
+
+// Copy copies into dst, which holds the bytes from dstOff, the part of src, the bytes from
+// srcOff, that overlaps it, and returns how many bytes it copied.
+func Copy(dst []byte, dstOff int64, src []byte, srcOff int64) int {
+	if srcOff >= dstOff {
+		if skip := srcOff - dstOff; skip < int64(len(dst)) {
+			return copy(dst[skip:], src)
+		}
+		return 0
+	}
+	if skip := dstOff - srcOff; skip < int64(len(src)) {
+		return copy(dst, src[skip:])
+	}
+	return 0
 }
 
 // Set is a sorted list of disjoint, non-adjacent, non-empty ranges.

@@ -3,6 +3,7 @@ package byterange
 import (
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"testing"
 )
 
@@ -96,6 +97,32 @@ func TestSetRandom(t *testing.T) {
 		}
 		if s.Bytes() != count {
 			t.Fatalf("Bytes = %d, want %d", s.Bytes(), count)
+		}
+	}
+}
+
+// TestCopy: Copy puts the overlap of a source range into a destination range, whichever
+// starts first, and nothing when they do not overlap.
+func TestCopy(t *testing.T) {
+	file := []byte("0123456789abcdefghij")
+	for _, c := range []struct {
+		dstOff, dstLen, srcOff, srcLen int64
+		want                           string // dst after the copy, '.' where nothing was copied
+		n                              int
+	}{
+		{dstOff: 4, dstLen: 6, srcOff: 4, srcLen: 6, want: "456789", n: 6},  // the same range
+		{dstOff: 4, dstLen: 6, srcOff: 6, srcLen: 2, want: "..67..", n: 2},  // the source within
+		{dstOff: 4, dstLen: 6, srcOff: 0, srcLen: 6, want: "45....", n: 2},  // the source first
+		{dstOff: 4, dstLen: 6, srcOff: 8, srcLen: 10, want: "....89", n: 2}, // the source last
+		{dstOff: 4, dstLen: 6, srcOff: 0, srcLen: 20, want: "456789", n: 6}, // the source around
+		{dstOff: 4, dstLen: 6, srcOff: 0, srcLen: 4, want: "......", n: 0},  // before, adjacent
+		{dstOff: 4, dstLen: 6, srcOff: 10, srcLen: 4, want: "......", n: 0}, // after, adjacent
+		{dstOff: 4, dstLen: 6, srcOff: 15, srcLen: 5, want: "......", n: 0}, // far after
+	} {
+		dst := []byte(strings.Repeat(".", int(c.dstLen)))
+		n := Copy(dst, c.dstOff, file[c.srcOff:c.srcOff+c.srcLen], c.srcOff)
+		if string(dst) != c.want || n != c.n {
+			t.Errorf("dst %d+%d, src %d+%d: %q, %d bytes; want %q, %d", c.dstOff, c.dstLen, c.srcOff, c.srcLen, dst, n, c.want, c.n)
 		}
 	}
 }
