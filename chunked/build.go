@@ -65,10 +65,12 @@ type builder struct {
 	lastMTimeSec  int64
 	lastMTimeNsec uint32
 
-	// paths maps the tree's paths to the entries holding them, once finish has mapped them;
-	// implicit counts the directories it added that the TOC does not list.
-	paths    map[string]EntryID
-	implicit int
+	// paths maps the tree's paths to the entries holding them, once finish has mapped them,
+	// and whiteouts the paths whiteouts remove (pathOf); implicit counts the directories it
+	// added that the TOC does not list.
+	paths     *pathTable
+	whiteouts map[EntryID]string
+	implicit  int
 }
 
 // ctxCheckEvery is how many entries the parse handles between two looks at its context.

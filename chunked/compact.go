@@ -65,7 +65,7 @@ const allFlags = FlagWhiteout | FlagOpaque | FlagHidden | FlagShadowed | FlagImp
 // them, as the builder left it. It sizes the form first and then writes it in place, so that
 // a large index is allocated once, at its size, beside the wide form (not grown, nor copied
 // into place with its chunk table).
-func (w *wideIndex) compact(paths map[string]EntryID) (*Index, error) {
+func (w *wideIndex) compact(paths *pathTable) (*Index, error) {
 	n := w.entries.len()
 	if uint64(n) > math.MaxUint32 {
 		return nil, limitf("%d entries", n)
@@ -134,7 +134,7 @@ func (w *wideIndex) startForm(rest int) []byte {
 
 // recordName returns the name entry id's record holds and its dir: the entry's base name
 // and the entry its name continues when there is one, else its whole Name (full).
-func (w *wideIndex) recordName(id EntryID, paths map[string]EntryID) (name string, dir EntryID, full bool, err error) {
+func (w *wideIndex) recordName(id EntryID, paths *pathTable) (name string, dir EntryID, full bool, err error) {
 	e := w.entries.at(int(id))
 	visible := e.Visible()
 	if visible {
@@ -145,7 +145,7 @@ func (w *wideIndex) recordName(id EntryID, paths map[string]EntryID) (name strin
 		d, base := e.Name[:max(i, 0)], e.Name[i+1:]
 		cand, ok := dir, visible
 		if !visible {
-			cand, ok = paths[d]
+			cand, ok = paths.Get(d)
 		}
 		if ok && cand != id && w.entries.at(int(cand)).Name == d {
 			if e.Flags&FlagWhiteout != 0 {

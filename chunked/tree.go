@@ -62,7 +62,7 @@ func (b *builder) finish() (*Index, error) {
 // replaces shadowed, and resolves hardlinks as it goes.
 func (b *builder) mapPaths() error {
 	x := b.x
-	b.paths = make(map[string]EntryID, x.entries.len())
+	b.paths = newPathTable(x.entries.len(), b.pathOf)
 	for id := range x.entries.len() {
 		if err := b.canceled(id); err != nil {
 			return err
@@ -75,6 +75,12 @@ func (b *builder) mapPaths() error {
 		if e.Flags&FlagHidden != 0 {
 			continue
 		}
+		if key != e.Name { // a whiteout's: the path it removes
+			if b.whiteouts == nil {
+				b.whiteouts = map[EntryID]string{}
+			}
+			b.whiteouts[EntryID(id)] = key
+		}
 		// A hardlink links to what its target path holds at this point of the layer, as
 		// extraction makes it: a later entry at that path replaces the path, not the link.
 		if e.Type == TypeHardlink {
@@ -82,10 +88,10 @@ func (b *builder) mapPaths() error {
 				return &EntryError{Index: -1, Name: e.Name, Err: err}
 			}
 		}
-		if old, ok := b.paths[key]; ok {
+		if old, ok := b.paths.Get(key); ok {
 			x.entries.at(int(old)).Flags |= FlagShadowed
 		}
-		b.paths[key] = EntryID(id)
+		b.paths.Set(key, EntryID(id))
 	}
 	return nil
 }
@@ -115,7 +121,8 @@ func (b *builder) addDirs() error {
 		if err := b.ensureDir(d); err != nil {
 			return err
 		}
-		dir := x.entries.at(int(b.paths[d]))
+		at, _ := b.paths.Get(d)
+		dir := x.entries.at(int(at))
 		if dir.Type != TypeDir {
 			return &EntryError{Index: -1, Name: d + "/" + opaqueMarker, Err: invalidf("opaque marker in a non-directory")}
 		}
@@ -130,7 +137,7 @@ func (b *builder) addDirs() error {
 func (b *builder) ensureDir(p string) error {
 	x := b.x
 	for {
-		if _, ok := b.paths[p]; ok {
+		if _, ok := b.paths.Get(p); ok {
 			return nil
 		}
 		if p != "" {
@@ -142,7 +149,7 @@ func (b *builder) ensureDir(p string) error {
 		}
 		id := EntryID(x.entries.len())
 		x.entries.append(Entry{Name: p, Type: TypeDir, Mode: 0o755, Inode: id, attr: id, Flags: FlagImplicit})
-		b.paths[p] = id
+		b.paths.Set(p, id)
 		if p == "" {
 			return nil
 		}
@@ -154,11 +161,11 @@ func (b *builder) ensureDir(p string) error {
 // lists the visible entries but the root as children.
 func (b *builder) linkParents() error {
 	x := b.x
-	x.root = b.paths[""]
+	x.root, _ = b.paths.Get("")
 	if x.entries.at(int(x.root)).Type != TypeDir {
 		return &EntryError{Index: -1, Name: "/", Err: invalidf("root is not a directory")}
 	}
-	x.children = make([]EntryID, 0, len(b.paths)-1)
+	x.children = make([]EntryID, 0, b.paths.Len()-1)
 	lastDir, lastParent := "", x.root
 	for id := range x.entries.len() {
 		if err := b.canceled(id); err != nil {
@@ -177,7 +184,8 @@ func (b *builder) linkParents() error {
 			continue
 		}
 		if d := dirOf(e.Name); d != lastDir {
-			lastDir, lastParent = d, b.paths[d]
+			lastDir = d
+			lastParent, _ = b.paths.Get(d)
 		}
 		e.Parent = lastParent
 		if x.entries.at(int(e.Parent)).Type != TypeDir {
@@ -262,10 +270,20 @@ func (b *builder) classifyName(e *Entry) (string, error) {
 	return e.Name, nil
 }
 
+// pathOf returns the path entry id holds in the tree: its name, or for a whiteout the path
+// it removes.
+func (b *builder) pathOf(id EntryID) string {
+	e := b.x.entries.at(int(id))
+	if e.Flags&FlagWhiteout != 0 {
+		return b.whiteouts[id]
+	}
+	return e.Name
+}
+
 // resolveLink returns the entry that owns the inode at path target, given paths, the entries
 // before the hardlink by path. A hardlink there is resolved already.
-func (b *builder) resolveLink(paths map[string]EntryID, target string) (EntryID, error) {
-	id, ok := paths[target]
+func (b *builder) resolveLink(paths *pathTable, target string) (EntryID, error) {
+	id, ok := paths.Get(target)
 	if !ok {
 		return 0, invalidf("hardlink target %q does not exist before the hardlink", target)
 	}
