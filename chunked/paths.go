@@ -4,10 +4,11 @@ import "hash/maphash"
 
 // pathTable maps the tree's paths to the entries holding them, as a map[string]EntryID
 // would, but holds only the entries' numbers: a path is read back from its entry (keyOf)
-// when probed. For a TOC of a million entries that is 8 MiB where the map took about 50, held
-// through the parse's peak (the compact form is written while it is alive). Its hash is seeded
-// per table (hash/maphash), so that a TOC cannot be made of paths that collide; probing is
-// linear, the table at most half full.
+// when probed. That is 8-16 bytes an entry (8 MiB for a TOC of a million entries, where the
+// map took about 50), held through the parse's peak (the compact form is written while it is
+// alive). Its hash is seeded per table (hash/maphash), so that a TOC cannot be made of paths
+// that collide; probing is linear, the table at most half full. Not safe for concurrent use:
+// the builder alone uses it.
 type pathTable struct {
 	seed  maphash.Seed
 	slots []uint32 // an entry's number + 1; 0 is an empty slot
