@@ -63,7 +63,7 @@ func main() {
 	var o options
 	var links, only, full, runtimes, peers, modes string
 	flag.IntVar(&o.samples, "samples", 5, "runs of every cell (p50 and p95 are reported)")
-	flag.StringVar(&links, "links", "100mbit/10ms,1gbit/1ms", "links between the runtime and the registry, RATE/RTT, comma-separated (\"unlimited\": loopback)")
+	flag.StringVar(&links, "links", "100mbit/10ms,1gbit/1ms,10gbit/0.2ms", "links between the runtime and the registry, RATE/RTT, comma-separated (\"unlimited\": loopback)")
 	flag.StringVar(&only, "only", "", "run only the cells whose name (image:format:mode:link:cache, e.g. python:estargz:lazy:1gbit/1ms:cold) matches this regular expression; only the images and formats they pull are built")
 	flag.StringVar(&modes, "modes", strings.Join(allModes, ","), "modes measured, comma-separated: "+strings.Join(allModes, ", ")+" (a peer's cells are lazy ones)")
 	flag.StringVar(&full, "full", fmtGzip, "formats also pulled in full by podman alone, comma-separated ("+strings.Join(allFormats, ", ")+")")

@@ -24,6 +24,7 @@ func TestParseLink(t *testing.T) {
 		{in: "1gbit/1ms", rate: 125_000_000, rtt: time.Millisecond},
 		{in: "512kbit/150ms", rate: 64_000, rtt: 150 * time.Millisecond},
 		{in: "2.5Gbit/500us", rate: 312_500_000, rtt: 500 * time.Microsecond},
+		{in: "10gbit/0.2ms", rate: 1_250_000_000, rtt: 200 * time.Microsecond},
 		{in: "unlimited"},
 		{in: "100mbit", bad: true},
 		{in: "100mb/10ms", bad: true},
