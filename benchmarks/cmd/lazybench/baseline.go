@@ -4,10 +4,12 @@ import (
 	"archive/tar"
 	"bufio"
 	"context"
+	"crypto/sha256"
 	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
+	"hash"
 	"io"
 	"net/http"
 	"os"
@@ -38,11 +40,13 @@ type baselineResult struct {
 
 // runBaselineChild is the child's main: GET url, gunzip (klauspost/compress, the library the
 // daemon's verifier uses), read the tar; with dir set, write every regular file under dir and
-// syncfs at the end (what a full pull does); otherwise discard the content.
+// syncfs at the end (what a full pull does); with hash set, take the sha256 of every regular
+// file's content (what verifying it costs at least); otherwise discard the content.
 func runBaselineChild(args []string) error {
 	fl := flag.NewFlagSet("baseline", flag.ContinueOnError)
 	url := fl.String("url", "", "blob URL")
 	dir := fl.String("dir", "", "untar into this directory (default: discard)")
+	hashFiles := fl.Bool("hash", false, "hash every regular file's content (sha256)")
 	if err := fl.Parse(args); err != nil {
 		return err
 	}
@@ -77,6 +81,11 @@ func runBaselineChild(args []string) error {
 		res.Files++
 		var w io.Writer = io.Discard
 		var f *os.File
+		var sum hash.Hash
+		if *hashFiles {
+			sum = sha256.New()
+			w = sum
+		}
 		if *dir != "" {
 			p := filepath.Join(*dir, filepath.FromSlash(h.Name))
 			if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
@@ -88,6 +97,9 @@ func runBaselineChild(args []string) error {
 			w = f
 		}
 		n, err := io.CopyBuffer(w, tr, buf)
+		if sum != nil {
+			sum.Sum(nil)
+		}
 		res.TarBytes += n
 		if f != nil {
 			if cerr := f.Close(); err == nil {
@@ -134,8 +146,9 @@ func (c *countReader) Read(p []byte) (int, error) {
 	return n, err
 }
 
-// runBaseline runs the child once and adds its CPU time.
-func runBaseline(ctx context.Context, url, dir string) (baselineResult, error) {
+// runBaseline runs the child once (hash: hashing every file, see runBaselineChild) and adds
+// its CPU time.
+func runBaseline(ctx context.Context, url, dir string, hash bool) (baselineResult, error) {
 	self, err := os.Executable()
 	if err != nil {
 		return baselineResult{}, err
@@ -143,6 +156,9 @@ func runBaseline(ctx context.Context, url, dir string) (baselineResult, error) {
 	args := []string{"baseline", "-url", url}
 	if dir != "" {
 		args = append(args, "-dir", dir)
+	}
+	if hash {
+		args = append(args, "-hash")
 	}
 	cmd := exec.CommandContext(ctx, self, args...)
 	var out, errb strings.Builder

@@ -202,23 +202,30 @@ func (b *bench) fetchScenario(ctx context.Context, rep *report) error {
 		return err
 	}
 	url := fmt.Sprintf("http://%s/v2/bench/rootfs/blobs/%s", b.reg.Host, l.Digest)
-	// Runs alternate (baseline, baseline to disk, background fetch), so that drifts of the
-	// machine hit all three alike; each fetch is also compared with the baseline of its round.
+	// Runs alternate (baseline, hashed, baseline to disk, background fetch), so that drifts of
+	// the machine hit all alike; each fetch is also compared with the baseline of its round.
 	for i := range o.runs {
 		dropCaches()
-		r, err := runBaseline(ctx, url, "")
+		r, err := runBaseline(ctx, url, "", false)
 		if err != nil {
 			return err
 		}
 		fmt.Fprintf(os.Stderr, "round %d: baseline GET+gunzip+untar (discard): %.2fs, CPU %.2fs\n", i+1, r.Seconds, r.CPU)
 		rep.baseline = append(rep.baseline, r)
 
+		dropCaches()
+		if r, err = runBaseline(ctx, url, "", true); err != nil {
+			return err
+		}
+		fmt.Fprintf(os.Stderr, "round %d: baseline GET+gunzip+untar+sha256 (discard): %.2fs, CPU %.2fs\n", i+1, r.Seconds, r.CPU)
+		rep.baselineHash = append(rep.baselineHash, r)
+
 		dir, err := b.newDir("untar")
 		if err != nil {
 			return err
 		}
 		dropCaches()
-		r, err = runBaseline(ctx, url, dir)
+		r, err = runBaseline(ctx, url, dir, false)
 		if err != nil {
 			return err
 		}
