@@ -43,9 +43,10 @@
 // Concurrent reads of one chunk share one fetch. In the background every resolved layer is fetched
 // completely, prioritized files first, in large coalesced requests verified on every core;
 // background work yields to reads a runtime is waiting for, starts its requests (prioritized
-// files aside) only once the runtime has been quiet for a while (Config.PrefetchQuiet) and no
-// startup profile is being replayed (a container whose reads a replay fetched ahead of it
-// fetches nothing on demand, yet is starting), can be bounded in concurrency and bandwidth,
+// files aside) only once the runtime has been quiet for a while (Config.PrefetchQuiet) and
+// nothing is being fetched ahead of the reads (a startup profile's replay, a prediction: a
+// container whose reads they fetched ahead of it fetches nothing on demand, yet is starting),
+// can be bounded in concurrency and bandwidth,
 // and stops for layers whose users all went away.
 //
 // A read whose fetch failed (a registry error, a timeout, a chunk that did not verify) leaves

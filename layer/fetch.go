@@ -387,8 +387,8 @@ func wait(ctx context.Context, fetches []*fetch) ([][]byte, error) {
 // each fetch, and stores the verified chunks: for a demand read, after it returns (its
 // fetches stay in flight until then, so nobody fetches them again); otherwise before run
 // returns. A failed fetch is remembered for the negative TTL. A demand fetch holds background
-// work up while it runs; a fetch ahead of the reads (a prediction's, a region's) restarts the
-// quiet period that background work waits for, as a demand fetch does, without holding up what
+// work up while it runs; a fetch ahead of the reads (a prediction's, a region's) holds up the
+// rest of the layer while it runs and for the quiet period after it, without holding up what
 // is fetched at once (prioritized files, a profile's replay).
 func (l *Served) run(ctx context.Context, batch []*fetch, kind fetchKind) {
 	if len(batch) == 0 {
@@ -398,14 +398,14 @@ func (l *Served) run(ctx context.Context, batch []*fetch, kind fetchKind) {
 	case onDemand:
 		l.env.sched.demandStart()
 	case ahead:
-		l.env.sched.touch() // a container is starting: the rest of the layer waits its turn
+		l.env.sched.aheadStart() // a container is starting: the rest of the layer waits its turn
 	}
 	l.fetchAndVerify(ctx, batch, kind)
 	switch kind {
 	case onDemand:
 		l.env.sched.demandEnd()
 	case ahead:
-		l.env.sched.touch()
+		l.env.sched.aheadEnd()
 	}
 	l.forgetFailed(batch)
 	if kind == onDemand {

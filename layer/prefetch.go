@@ -245,8 +245,8 @@ func (l *Served) prefetchBatch(ctx context.Context, b prefetchBatch) error {
 		return nil
 	}
 	if b.replay {
-		l.env.sched.replayStart()
-		defer l.env.sched.replayEnd()
+		l.env.sched.aheadStart()
+		defer l.env.sched.aheadEnd()
 	}
 	kind := background
 	if b.replay {

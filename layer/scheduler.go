@@ -11,10 +11,10 @@ import (
 // scheduler shares the registry between reads a runtime waits for and background fetches.
 // Background requests take one of a fixed number of slots and are paced to a bandwidth when
 // one is set. Deferred ones (urgency) also wait until the layers have been quiet for a while:
-// no read fetching on demand, and none having ended, nor a fetch ahead of the reads (a
-// prediction's, a region's) started or ended, nor a layer looked up, within the quiet period,
-// and no startup profile being replayed (a container whose reads the replay or a prediction
-// fetched ahead of it starts no demand fetch, yet is starting). A container reads in bursts as it
+// no read fetching on demand and no fetch ahead of the reads in flight (a startup profile's
+// replay, a prediction's, a region's: a container whose reads they fetched ahead of it starts
+// no demand fetch, yet is starting, however long they take), and none of them started or
+// ended, nor a layer looked up, within the quiet period. A container reads in bursts as it
 // starts; background requests already in flight would sit on the link ahead of each of its
 // reads (32 MiB are 2.7 s at 100 Mbit/s).
 //
@@ -22,14 +22,14 @@ import (
 // runs, verifies at most one chunk per processor at a time (cpu), and the background fetch's
 // runs at a lower priority than the rest of the machine's work (idle, idlecpu.go).
 type scheduler struct {
-	slots   chan struct{}
-	prio    chan struct{} // prioritized files' requests in flight (prioritized)
-	cpu     chan struct{}
-	idle    *lowPriority // the threads background verification runs on (idlecpu.go)
-	quiet   time.Duration
-	demand  atomic.Int64
-	replays atomic.Int64 // replay requests in flight (replayStart)
-	last    atomic.Int64 // unix nanoseconds of the last demand fetch's or replay's start or end, or touch
+	slots  chan struct{}
+	prio   chan struct{} // prioritized files' requests in flight (prioritized)
+	cpu    chan struct{}
+	idle   *lowPriority // the threads background verification runs on (idlecpu.go)
+	quiet  time.Duration
+	demand atomic.Int64
+	ahead  atomic.Int64 // fetches ahead of the reads in flight (aheadStart)
+	last   atomic.Int64 // unix nanoseconds of the last demand or ahead fetch's start or end, or touch
 
 	rate int64 // bytes per second; 0: unbounded
 	mu   sync.Mutex
@@ -92,10 +92,11 @@ func sleep(ctx context.Context, d time.Duration) error {
 func (s *scheduler) demandStart() { s.demand.Add(1); s.touch() }
 func (s *scheduler) demandEnd()   { s.demand.Add(-1); s.touch() }
 
-// replayStart and replayEnd bracket a request of a startup profile's replay: other background
-// requests, if deferred, wait for it and for the quiet period after it.
-func (s *scheduler) replayStart() { s.replays.Add(1); s.touch() }
-func (s *scheduler) replayEnd()   { s.replays.Add(-1); s.touch() }
+// aheadStart and aheadEnd bracket a fetch ahead of the reads (a startup profile's replay, a
+// prediction's, a region's): deferred requests wait for it and for the quiet period after
+// it; urgent ones do not.
+func (s *scheduler) aheadStart() { s.ahead.Add(1); s.touch() }
+func (s *scheduler) aheadEnd()   { s.ahead.Add(-1); s.touch() }
 
 // touch restarts the quiet period: a runtime is about to use a layer.
 func (s *scheduler) touch() { s.last.Store(s.now().UnixNano()) }
@@ -170,7 +171,7 @@ func (s *scheduler) wait(ctx context.Context, urgent bool) error {
 				return ctx.Err()
 			}
 			left := s.quiet - s.now().Sub(time.Unix(0, s.last.Load()))
-			if s.replays.Load() > 0 {
+			if s.ahead.Load() > 0 {
 				left = max(left, yieldPoll)
 			}
 			if left <= 0 {

@@ -47,20 +47,21 @@ func TestSchedulerQuietPeriod(t *testing.T) {
 		t.Fatal("a request for prioritized files still waits after the demand fetch ended")
 	}
 
-	// A replay in flight holds other background requests, however long it takes, and the
-	// quiet period starts again at its end; it holds no urgent request.
+	// A fetch ahead of the reads in flight (a replay's, a prediction's) holds other background
+	// requests, however long it takes, and the quiet period starts again at its end; it holds
+	// no urgent request.
 	s = newScheduler(2, 0, 30*time.Millisecond)
-	s.replayStart()
+	s.aheadStart()
 	time.Sleep(50 * time.Millisecond) // longer than the quiet period
 	if !blocked(s, deferred) {
-		t.Fatal("a background request went out while a startup profile was being replayed")
+		t.Fatal("a background request went out while a fetch ahead of the reads was in flight")
 	}
 	if blocked(s, prioritized) {
-		t.Fatal("a request for prioritized files waited for a replay")
+		t.Fatal("a request for prioritized files waited for a fetch ahead")
 	}
-	s.replayEnd()
+	s.aheadEnd()
 	if blocked(s, deferred) { // it waits 100 ms, more than the quiet period
-		t.Fatal("a background request still waits after the replay ended and the quiet period passed")
+		t.Fatal("a background request still waits after the fetch ahead ended and the quiet period passed")
 	}
 
 	// Prioritized requests take at most prioSlots of the slots; a replay's, any.
