@@ -186,7 +186,10 @@
 // export and import); this package records them and replays them. The read
 // path, from Served.ReadFile, probes the cache file and hands what is missing to fetchChunks
 // (fetch.go), the one way chunks come to be present, whoever asks: claim the missing
-// chunks, look in the cache again, fetch and verify them in one batch, store them. A fetch names its chunk
+// chunks, look in the cache again, fetch them in one batch through package verify (which reads
+// the blob and hands the chunks back only to be verified: the layer never holds unverified
+// bytes) and verify them, store them. The read goes down: layer, cache, verify, fetcher, each
+// once before the request. A fetch names its chunk
 // and is shared by every reader of it; its kind (on demand, ahead, background, a startup
 // profile's replay) decides how it shares the link and the processors.
 //

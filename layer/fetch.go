@@ -421,14 +421,12 @@ func (l *Served) run(ctx context.Context, batch []*fetch, kind fetchKind) {
 func (l *Served) fetchAndVerify(ctx context.Context, batch []*fetch, kind fetchKind) {
 	ctx, cancel := l.env.life.bound(ctx, l.env.readTimeout)
 	defer cancel()
-	var ranges []byterange.Range
-	for _, f := range batch {
-		if f.chunk.Length > 0 {
-			ranges = append(ranges, f.chunk.Range)
-		}
+	ids := make([]verify.ChunkID, len(batch))
+	for i, f := range batch {
+		ids[i] = verify.ChunkID{File: f.key.file, I: f.key.i}
 	}
 	start := time.Now()
-	bufs, err := l.blob.Fetch(ctx, ranges)
+	got, err := l.v.ReadChunks(ctx, l.blob, ids)
 	took := time.Since(start)
 	if err != nil {
 		for _, f := range batch {
@@ -437,10 +435,7 @@ func (l *Served) fetchAndVerify(ctx context.Context, batch []*fetch, kind fetchK
 		}
 		return
 	}
-	var fetched int64
-	for _, r := range ranges {
-		fetched += r.Length
-	}
+	fetched := got.Size()
 	l.link.observe(fetched, took)
 	switch kind {
 	case replay:
@@ -454,20 +449,12 @@ func (l *Served) fetchAndVerify(ctx context.Context, batch []*fetch, kind fetchK
 		l.onDemand.Add(fetched)
 		l.env.counters.onDemandBytes.Add(fetched)
 	}
-	// Hand each chunk its bytes in order (a chunk of zeros has none), then verify in parallel.
-	raws := make([][]byte, len(batch))
-	j := 0
-	for i, f := range batch {
-		if f.chunk.Length > 0 {
-			raws[i] = bufs[j]
-			j++
-		}
-	}
+	// Verify in parallel: the chunks' bytes leave verify only verified.
 	parallel(cap(l.env.sched.cpu), len(batch), func(i int) {
 		f := batch[i]
 		var c verify.ChunkData
 		var err error
-		verifyChunk := func() { c, err = l.v.VerifyChunk(f.key.file, f.key.i, raws[i]) }
+		verifyChunk := func() { c, err = got.Verify(i) }
 		if !kind.isBackground() {
 			verifyChunk()
 		} else {

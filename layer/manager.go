@@ -16,7 +16,6 @@ import (
 	"github.com/layerstore/layerstore/cache"
 	"github.com/layerstore/layerstore/chunked"
 	"github.com/layerstore/layerstore/fetcher"
-	"github.com/layerstore/layerstore/internal/byterange"
 	"github.com/layerstore/layerstore/layer/profile"
 	"github.com/layerstore/layerstore/verify"
 )
@@ -29,12 +28,11 @@ type Registry interface {
 	Blob(ctx context.Context, img *fetcher.Image, l *fetcher.ImageLayer) (RemoteBlob, error)
 }
 
-// RemoteBlob is what a layer needs of its blob in the registry: package fetcher's RemoteBlob. Both
+// RemoteBlob is what a layer needs of its blob in the registry: package fetcher's RemoteBlob, read
+// through verify (Verifier.ReadChunks), which reads several ranges in one request set. Both
 // methods fill their buffers completely or fail; concurrent calls must be safe.
 type RemoteBlob interface {
-	verify.Source // ReadAt
-	// Fetch returns the bytes of ranges, in order, in as few requests as it can.
-	Fetch(ctx context.Context, ranges []byterange.Range) ([][]byte, error)
+	verify.RangeSource
 }
 
 // ClientRegistry returns c as a [Registry].

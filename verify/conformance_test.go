@@ -240,3 +240,72 @@ func TestOpenReads(t *testing.T) {
 		}
 	}
 }
+
+// tamperingSource flips the first byte of every range it returns.
+type tamperingSource struct{ *countingSource }
+
+func (s tamperingSource) Fetch(ctx context.Context, ranges []byterange.Range) ([][]byte, error) {
+	out, err := s.countingSource.Fetch(ctx, ranges)
+	for _, b := range out {
+		if len(b) > 0 {
+			b[0] ^= 0xff
+		}
+	}
+	return out, err
+}
+
+// ReadChunks reads a file's chunks in one request set (a chunk of zeros reads nothing), and
+// its bytes come out only verified: the content of ReadChunk, a source's tampered bytes
+// refused, each chunk verified once.
+func TestReadChunks(t *testing.T) {
+	for _, f := range fixtures(t) {
+		t.Run(f.Name, func(t *testing.T) {
+			l, plain := open(t, f)
+			x := l.Index()
+			for id := range chunked.EntryID(x.Len()) {
+				if x.Entry(id).Inode != id || x.NumChunks(id) == 0 {
+					continue
+				}
+				var ids []verify.ChunkID
+				var want int64
+				for i, c := range x.Chunks(id) {
+					ids = append(ids, verify.ChunkID{File: id, I: i})
+					want += c.Length
+				}
+				src := &countingSource{Source: plain}
+				got, err := l.ReadChunks(t.Context(), src, ids)
+				if err != nil {
+					t.Fatalf("%s: %v", x.Path(id), err)
+				}
+				if src.reads != 1 || got.Size() != want || got.Len() != len(ids) {
+					t.Errorf("%s: %d requests, %d bytes, %d chunks; want 1, %d, %d", x.Path(id), src.reads, got.Size(), got.Len(), want, len(ids))
+				}
+				for i := range ids {
+					c, err := got.Verify(i)
+					one, err1 := l.ReadChunk(t.Context(), plain, id, i)
+					if err != nil || err1 != nil || !bytes.Equal(c.Bytes(), one.Bytes()) {
+						t.Fatalf("%s chunk %d: %v, %v, or content differs from ReadChunk's", x.Path(id), i, err, err1)
+					}
+					if c.Ref().Length > 0 {
+						if _, err := got.Verify(i); err == nil {
+							t.Errorf("%s chunk %d: verified twice", x.Path(id), i)
+						}
+					}
+				}
+				bad, err := l.ReadChunks(t.Context(), tamperingSource{&countingSource{Source: plain}}, ids)
+				if err != nil {
+					t.Fatal(err)
+				}
+				for i := range ids {
+					c, err := bad.Verify(i)
+					if err == nil && x.Chunks(id)[i].Length > 0 {
+						t.Errorf("%s chunk %d: a tampered chunk verified", x.Path(id), i)
+					}
+					if err != nil && c.Bytes() != nil {
+						t.Errorf("%s chunk %d: bytes with an error", x.Path(id), i)
+					}
+				}
+			}
+		})
+	}
+}

@@ -22,7 +22,10 @@
 //
 // Chunk data leaves the package only as [ChunkData] values, built by [Verifier.VerifyChunk] after the
 // chunk was decompressed with a hard size cap and its sha256 matched the TOC's digest. There
-// is no option to skip any of this.
+// is no option to skip any of this. [Verifier.ReadChunks] reads chunks from a [Source] (a
+// registry's blob) in one request set and hands them back as [Fetched], whose bytes leave it
+// only through [Fetched.Verify]: its user never holds a chunk's unverified bytes, and
+// verifies them on the goroutines and at the priority it chooses.
 //
 // The strongest guarantee, that the layer's tree is exactly the DiffID's tar, needs every
 // payload: [Verifier.CheckDiffID] rebuilds the tar stream from the tar-split and the payloads and
@@ -33,6 +36,7 @@
 // immutable once Open returns, and the tar-split once read; the tar-split, the guarantee, the
 // tar size and the comparison's verdict are atomics, and concurrent CheckTarSplit calls share
 // one comparison. A [ChunkData] is immutable and may be shared; its bytes must not be modified. A
+// [Fetched]'s Verify may run on several goroutines at once, each for its own chunks. A
 // [Source] shared by calls on several goroutines must be safe for concurrent use, as
 // fetcher's is.
 package verify

@@ -441,17 +441,76 @@ func (v *Verifier) ReadTarSplit(ctx context.Context, src Source, final bool) err
 	return &LayerError{Layer: v.layout.BlobDigest, Format: v.layout.Format, Err: err}
 }
 
-// ReadChunk fetches chunk i of a file from src and verifies it.
+// ReadChunk fetches chunk i of a file from src and verifies it: [Verifier.ReadChunks] of one
+// chunk.
 func (v *Verifier) ReadChunk(ctx context.Context, src Source, file chunked.EntryID, i int) (ChunkData, error) {
-	c, ok := v.index.Chunk(file, i)
-	if !ok {
-		return ChunkData{}, fmt.Errorf("chunk %d of %q: %w", i, v.index.Entry(file).Name, errors.ErrUnsupported)
-	}
-	raw, err := readRange(ctx, src, c.Offset, c.Length)
+	got, err := v.ReadChunks(ctx, src, []ChunkID{{file, i}})
 	if err != nil {
 		return ChunkData{}, &LayerError{Layer: v.layout.BlobDigest, Format: v.layout.Format, Err: err}
 	}
-	return v.VerifyChunk(file, i, raw)
+	return got.Verify(0)
+}
+
+// A ChunkID names chunk I of regular file File.
+type ChunkID struct {
+	File chunked.EntryID
+	I    int
+}
+
+// Fetched is the compressed bytes of chunks read from a source ([Verifier.ReadChunks]), not
+// yet verified: they leave it only as [ChunkData], through [Fetched.Verify]. Verify may be
+// called on several goroutines at once, each for its own chunks.
+type Fetched struct {
+	v    *Verifier
+	ids  []ChunkID
+	raws [][]byte // nil for a chunk of zeros, and once verified
+	n    int64
+}
+
+// ReadChunks reads the compressed bytes of chunks ids from src, in as few requests as src can
+// make (one set of range requests, when src is a [RangeSource]); a chunk of zeros has none. It
+// returns them to be verified one by one by the caller, on the goroutines and at the priority
+// it chooses. Its errors are src's, and [errors.ErrUnsupported] wrapped for a chunk the index
+// does not have.
+func (v *Verifier) ReadChunks(ctx context.Context, src Source, ids []ChunkID) (*Fetched, error) {
+	var ranges []byterange.Range
+	for _, id := range ids {
+		c, ok := v.index.Chunk(id.File, id.I)
+		if !ok {
+			return nil, fmt.Errorf("chunk %d of %q: %w", id.I, v.index.Entry(id.File).Name, errors.ErrUnsupported)
+		}
+		if c.Length > 0 {
+			ranges = append(ranges, c.Range)
+		}
+	}
+	bufs, err := readRanges(ctx, src, ranges)
+	if err != nil {
+		return nil, err
+	}
+	f := &Fetched{v: v, ids: ids, raws: make([][]byte, len(ids))}
+	j := 0
+	for i, id := range ids {
+		if c, _ := v.index.Chunk(id.File, id.I); c.Length > 0 {
+			f.raws[i] = bufs[j]
+			f.n += c.Length
+			j++
+		}
+	}
+	return f, nil
+}
+
+// Len returns the number of chunks read.
+func (f *Fetched) Len() int { return len(f.ids) }
+
+// Size returns the compressed bytes read.
+func (f *Fetched) Size() int64 { return f.n }
+
+// Verify verifies the i-th chunk read ([Verifier.VerifyChunk]) and drops its compressed
+// bytes: each chunk is verified once.
+func (f *Fetched) Verify(i int) (ChunkData, error) {
+	raw := f.raws[i]
+	f.raws[i] = nil
+	return f.v.VerifyChunk(f.ids[i].File, f.ids[i].I, raw)
 }
 
 // tarSplitDigest returns the digest of a modern zstd:chunked layer's tar-split as its TOC (or,
