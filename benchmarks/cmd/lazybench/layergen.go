@@ -5,7 +5,6 @@ import (
 	"bytes"
 	"compress/gzip"
 	"crypto/sha256"
-	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
@@ -22,14 +21,8 @@ import (
 	"github.com/containerd/stargz-snapshotter/estargz"
 	"github.com/opencontainers/go-digest"
 
+	"github.com/layerstore/layerstore/benchmarks/internal/synth"
 	"github.com/layerstore/layerstore/chunked"
-)
-
-// Content kinds of generated files.
-const (
-	kindText   = "text"   // words with a Zipf distribution: compresses about 3x, like sources and docs
-	kindBinary = "binary" // blocks of code-like, text and random bytes: compresses about 2x, like libraries
-	kindRandom = "random" // incompressible, like archives, media or model weights
 )
 
 // genFile is one regular file of a generated layer.
@@ -68,16 +61,16 @@ func rootfsSpec(seed uint64, small, medium int, large int64) layerSpec {
 	for i := range small {
 		top := dirs[rng.IntN(len(dirs))]
 		dir := fmt.Sprintf("%s/pkg%03d/sub%d", top, rng.IntN(120), rng.IntN(4))
-		next(kindText, 1<<10+rng.Int64N(49<<10), dir, exts[i%len(exts)])
+		next(synth.Text, 1<<10+rng.Int64N(49<<10), dir, exts[i%len(exts)])
 	}
 	for range medium {
-		next(kindBinary, 64<<10+rng.Int64N(3<<20-64<<10), fmt.Sprintf("usr/lib/x86_64-linux-gnu/lib%03d", rng.IntN(40)), ".so")
+		next(synth.Binary, 64<<10+rng.Int64N(3<<20-64<<10), fmt.Sprintf("usr/lib/x86_64-linux-gnu/lib%03d", rng.IntN(40)), ".so")
 	}
 	if large > 0 {
 		// Roughly 3/8 text (a database dump, logs), 2/8 binary, 3/8 incompressible.
-		next(kindText, large*3/8, "var/lib/db", ".sql")
-		next(kindBinary, large*2/8, "opt/app/bin", ".bin")
-		next(kindRandom, large*3/8, "opt/app/models", ".dat")
+		next(synth.Text, large*3/8, "var/lib/db", ".sql")
+		next(synth.Binary, large*2/8, "opt/app/bin", ".bin")
+		next(synth.Random, large*3/8, "opt/app/models", ".dat")
 	}
 	// A rootfs tar lists a directory's entries together, sorted: so does this one.
 	slices.SortFunc(s.Files, func(a, b genFile) int { return strings.Compare(a.Path, b.Path) })
@@ -87,7 +80,7 @@ func rootfsSpec(seed uint64, small, medium int, large int64) layerSpec {
 // fioSpec is a layer holding one incompressible file, the target of the fio runs.
 func fioSpec(seed uint64, size int64) layerSpec {
 	return layerSpec{Name: "fio", Seed: seed, Level: gzip.BestSpeed,
-		Files: []genFile{{Path: "data/fio.bin", Size: size, Kind: kindRandom, seed: seed ^ 0x5eed}}}
+		Files: []genFile{{Path: "data/fio.bin", Size: size, Kind: synth.Random, seed: seed ^ 0x5eed}}}
 }
 
 // key identifies the spec's content, for reusing built blobs.
@@ -233,7 +226,7 @@ func (s layerSpec) tar() ([]byte, error) {
 		if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeReg, Name: f.Path, Size: f.Size, Mode: 0o644, ModTime: epoch, Format: tar.FormatPAX}); err != nil {
 			return nil, err
 		}
-		if err := writeContent(tw, f); err != nil {
+		if err := synth.Write(tw, f.Kind, f.seed, f.Size); err != nil {
 			return nil, err
 		}
 		if s.Links > 0 && i%(len(s.Files)/s.Links+1) == 0 {
@@ -251,103 +244,4 @@ func (s layerSpec) tar() ([]byte, error) {
 		return nil, err
 	}
 	return buf.Bytes(), nil
-}
-
-// writeContent streams a file's deterministic content to w.
-func writeContent(w io.Writer, f genFile) error {
-	g := newContentGen(f.seed)
-	buf := make([]byte, 1<<20)
-	for left := f.Size; left > 0; {
-		n := min(left, int64(len(buf)))
-		g.fill(f.Kind, buf[:n])
-		if _, err := w.Write(buf[:n]); err != nil {
-			return err
-		}
-		left -= n
-	}
-	return nil
-}
-
-// contentGen makes deterministic file content of each kind.
-type contentGen struct {
-	rng   *rand.Rand
-	cc    *rand.ChaCha8
-	zipf  *rand.Zipf
-	words [][]byte
-}
-
-var vocabulary = func() [][]byte {
-	rng := rand.New(rand.NewPCG(42, 42))
-	const letters = "etaoinshrdlcumwfgypbvkjxqz_"
-	words := make([][]byte, 8192)
-	for i := range words {
-		w := make([]byte, 2+rng.IntN(9))
-		for j := range w {
-			w[j] = letters[min(rng.IntN(len(letters)), rng.IntN(len(letters)))]
-		}
-		words[i] = w
-	}
-	return words
-}()
-
-func newContentGen(seed uint64) *contentGen {
-	var key [32]byte
-	binary.LittleEndian.PutUint64(key[:], seed)
-	rng := rand.New(rand.NewPCG(seed, 3))
-	return &contentGen{rng: rng, cc: rand.NewChaCha8(key), zipf: rand.NewZipf(rng, 1.1, 4, uint64(len(vocabulary)-1)), words: vocabulary}
-}
-
-func (g *contentGen) fill(kind string, p []byte) {
-	switch kind {
-	case kindRandom:
-		_, _ = g.cc.Read(p)
-	case kindText:
-		g.text(p)
-	default:
-		g.binary(p)
-	}
-}
-
-// text fills p with lines of Zipf-distributed words.
-func (g *contentGen) text(p []byte) {
-	i, col := 0, 0
-	for i < len(p) {
-		w := g.words[g.zipf.Uint64()]
-		i += copy(p[i:], w)
-		col += len(w)
-		if i < len(p) {
-			if col > 60+g.rng.IntN(20) {
-				p[i], col = '\n', 0
-			} else {
-				p[i] = ' '
-				col++
-			}
-			i++
-		}
-	}
-}
-
-// binary fills p with 256-byte blocks: random (40%), text (30%) and code-like (30%: a few
-// opcodes and small operands, runs of zeros).
-func (g *contentGen) binary(p []byte) {
-	for off := 0; off < len(p); off += 256 {
-		b := p[off:min(off+256, len(p))]
-		switch r := g.rng.IntN(10); {
-		case r < 4:
-			_, _ = g.cc.Read(b)
-		case r < 7:
-			g.text(b)
-		default:
-			for j := range b {
-				switch g.rng.IntN(8) {
-				case 0, 1, 2:
-					b[j] = 0
-				case 3:
-					b[j] = byte(g.rng.IntN(256))
-				default:
-					b[j] = []byte{0x48, 0x89, 0x8b, 0xe8, 0xc3, 0x0f, 0xff, 0x24}[g.rng.IntN(8)]
-				}
-			}
-		}
-	}
 }

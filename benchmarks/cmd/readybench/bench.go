@@ -159,6 +159,9 @@ func (b *bench) plan() []cell {
 	}
 	for _, l := range b.opts.links {
 		for _, img := range imageSpecs {
+			if !slices.Contains(b.opts.imageNames, img.name) {
+				continue
+			}
 			for _, warm := range []bool{false, true} {
 				for _, rt := range b.opts.runtimes {
 					for _, f := range b.opts.fullFormats {
@@ -186,6 +189,9 @@ func (b *bench) plan() []cell {
 		modes = allModes
 	}
 	cells = slices.DeleteFunc(cells, func(c cell) bool {
+		if c.image.generated() && (c.format == fmtEStargzPri || c.profile == profileNewVersion) {
+			return true // no tree to trace the workload in, nor to rebuild (layerRecipe.generate)
+		}
 		return !slices.Contains(modes, c.modeOf()) || (b.opts.only != nil && !b.opts.only.MatchString(c.String()))
 	})
 	return cells

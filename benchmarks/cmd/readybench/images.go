@@ -178,6 +178,15 @@ func (c *imageCache) ensure(ctx context.Context, reg *dockerregistry.Registry, n
 	}
 	for _, name := range need.layers() {
 		r, _ := recipeByName(name)
+		if r.generate != nil {
+			t, s, err := c.generatedTar(r)
+			if err != nil {
+				return fmt.Errorf("layer %s: %w", r.name, err)
+			}
+			c.cat.Layers[r.name] = t
+			c.step(fmt.Sprintf("layer %s: generated tar (%s, %d entries)", r.name, mb(t.Size), t.Entries), s, start)
+			continue
+		}
 		s, err := c.buildRootfs(ctx, r)
 		if err != nil {
 			return fmt.Errorf("layer %s: %w", r.name, err)

@@ -45,7 +45,7 @@ func TestParseModes(t *testing.T) {
 // lazy format, named by their mode, and what -modes keeps.
 func TestPlanModes(t *testing.T) {
 	o := options{samples: 3}
-	if err := o.parse("100mbit/10ms", `^(python|gcc):`, "gzip"); err != nil {
+	if err := o.parse("100mbit/10ms", `^(python|gcc):`, "gzip", strings.Join(defaultImages, ",")); err != nil {
 		t.Fatal(err)
 	}
 	if err := o.parseRuntimes("podman4", ""); err != nil {
@@ -176,7 +176,7 @@ func TestFloorColumns(t *testing.T) {
 // image, format, runtime and link, the plain warm cell for a learned-profile one.
 func TestWarmOf(t *testing.T) {
 	o := options{samples: 1}
-	if err := o.parse("100mbit/10ms", "", "gzip"); err != nil {
+	if err := o.parse("100mbit/10ms", "", "gzip", strings.Join(defaultImages, ",")); err != nil {
 		t.Fatal(err)
 	}
 	gcc := imageSpecs[1]

@@ -4,7 +4,8 @@
 // store) or in full by podman alone.
 //
 // It owns the whole experiment: images built offline with debootstrap and apt-get (python,
-// gcc, and a 1.3 GB image whose workload reads three small files), cached in -images and
+// gcc, and a 1.3 GB image whose workload reads three small files; with -image ml, a generated
+// 6 GB image of an ML framework and its model: mlimage.go), cached in -images and
 // pushed as gzip, eStargz, eStargz with the workload's files prioritized (an strace profile)
 // and zstd:chunked to Debian's docker-registry on 127.0.0.1; a shaping proxy
 // (benchmarks/internal/shaper) that puts the registry behind a link of given bandwidth and
@@ -44,6 +45,7 @@ type options struct {
 	only        *regexp.Regexp
 	modes       []string // of allModes; nil: all
 	fullFormats []string
+	imageNames  []string // of imageSpecs
 	images      string
 	workdir     string
 	out         string
@@ -61,11 +63,12 @@ type options struct {
 
 func main() {
 	var o options
-	var links, only, full, runtimes, peers, modes string
+	var links, only, full, runtimes, peers, modes, images string
 	flag.IntVar(&o.samples, "samples", 5, "runs of every cell (p50 and p95 are reported)")
 	flag.StringVar(&links, "links", "100mbit/10ms,1gbit/1ms,10gbit/0.2ms", "links between the runtime and the registry, RATE/RTT, comma-separated (\"unlimited\": loopback)")
 	flag.StringVar(&only, "only", "", "run only the cells whose name (image:format:mode:link:cache, e.g. python:estargz:lazy:1gbit/1ms:cold) matches this regular expression; only the images and formats they pull are built")
 	flag.StringVar(&modes, "modes", strings.Join(allModes, ","), "modes measured, comma-separated: "+strings.Join(allModes, ", ")+" (a peer's cells are lazy ones)")
+	flag.StringVar(&images, "image", strings.Join(defaultImages, ","), "images measured, comma-separated: python, gcc, large, ml (ml: 6 GB, about 40 GB of disk for its formats and a run; its full pull takes 8 minutes at 100 Mbit/s)")
 	flag.StringVar(&full, "full", fmtGzip, "formats also pulled in full by podman alone, comma-separated ("+strings.Join(allFormats, ", ")+")")
 	flag.StringVar(&o.images, "images", "", "cache of the built images (root filesystems, blobs, registry storage); default benchmarks/work/images in the module")
 	flag.StringVar(&o.workdir, "workdir", "", "where the run's temporary directory goes (stores' caches, podman storage); default benchmarks/work in the module")
@@ -89,7 +92,7 @@ func main() {
 		}
 		return
 	}
-	err := o.parse(links, only, full)
+	err := o.parse(links, only, full, images)
 	if err == nil {
 		err = o.parseModes(modes)
 	}
@@ -170,9 +173,18 @@ func (b *bench) addPeer(machine *[]string) error {
 	return nil
 }
 
-func (o *options) parse(links, only, full string) error {
+func (o *options) parse(links, only, full, images string) error {
 	if o.samples < 1 {
 		return errors.New("-samples must be at least 1")
+	}
+	for _, name := range strings.Split(images, ",") {
+		if name = strings.TrimSpace(name); name == "" {
+			continue
+		}
+		if !slices.ContainsFunc(imageSpecs, func(img imageSpec) bool { return img.name == name }) {
+			return fmt.Errorf("-image: no image %q", name)
+		}
+		o.imageNames = append(o.imageNames, name)
 	}
 	for _, s := range strings.Split(links, ",") {
 		l, err := shaper.ParseLink(strings.TrimSpace(s))

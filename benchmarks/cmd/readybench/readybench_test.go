@@ -172,7 +172,7 @@ func TestPercentiles(t *testing.T) {
 
 func TestPlanAndOnly(t *testing.T) {
 	o := options{samples: 5}
-	if err := o.parse("100mbit/10ms,1gbit/1ms", "", "gzip"); err != nil {
+	if err := o.parse("100mbit/10ms,1gbit/1ms", "", "gzip", strings.Join(defaultImages, ",")); err != nil {
 		t.Fatal(err)
 	}
 	if err := o.parseRuntimes("podman4,podman5", ""); err != nil {
@@ -277,7 +277,7 @@ func TestOptionErrors(t *testing.T) {
 		{"100mbit/10ms", "", "lz4"},
 	} {
 		o := options{samples: 5}
-		if err := o.parse(tc.links, tc.only, tc.full); err == nil {
+		if err := o.parse(tc.links, tc.only, tc.full, strings.Join(defaultImages, ",")); err == nil {
 			t.Errorf("parse(%q, %q, %q) accepted", tc.links, tc.only, tc.full)
 		}
 	}
@@ -315,7 +315,7 @@ func TestNeededImages(t *testing.T) {
 		{"^nothing$", "gzip", nil, nil},
 	} {
 		o := options{samples: 1}
-		if err := o.parse("100mbit/10ms,1gbit/1ms", tc.only, tc.full); err != nil {
+		if err := o.parse("100mbit/10ms,1gbit/1ms", tc.only, tc.full, strings.Join(defaultImages, ",")); err != nil {
 			t.Fatal(err)
 		}
 		if err := o.parseRuntimes("podman4,podman5", ""); err != nil {
