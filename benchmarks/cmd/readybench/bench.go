@@ -121,6 +121,10 @@ type sample struct {
 	// From the start of the pull to the ready line: the store's CPU seconds (-1 without a
 	// store) and the share of the machine's processors that were busy (cpu.go).
 	StoreCPU, Busy float64
+	// StoreHWM is the store's peak RSS (VmHWM, bytes) from its start until it is stopped,
+	// after the container's removal: the lookups, the start, and as much of the background
+	// fetch as had run by then; 0 without a store.
+	StoreHWM int64
 }
 
 func (s sample) total() float64 { return s.Pull + s.Run }
@@ -439,6 +443,7 @@ func (b *bench) runOnce(ctx context.Context, c cell) (s sample, err error) {
 	pm.remove(name)
 	ph.mark("podman rm")
 	if ms != nil {
+		s.StoreHWM = peakRSS(ms.pid())
 		ms.stop()
 		ph.mark("store stop")
 	}

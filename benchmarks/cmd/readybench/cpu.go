@@ -93,3 +93,23 @@ func cpuSpent(from, to cpuSnap) (store, busy float64) {
 	}
 	return store, busy
 }
+
+// peakRSS returns process pid's peak resident set (VmHWM of /proc/PID/status) in bytes; 0
+// when it cannot be read.
+func peakRSS(pid int) int64 {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0
+	}
+	for line := range bytes.Lines(b) {
+		if v, ok := bytes.CutPrefix(line, []byte("VmHWM:")); ok {
+			f := bytes.Fields(v) // "123456 kB"
+			if len(f) == 2 {
+				if n, err := strconv.ParseInt(string(f[0]), 10, 64); err == nil {
+					return n << 10
+				}
+			}
+		}
+	}
+	return 0
+}

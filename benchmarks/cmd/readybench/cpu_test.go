@@ -61,3 +61,12 @@ func TestCPUColumn(t *testing.T) {
 		t.Errorf("full pull: %q", got)
 	}
 }
+
+func TestPeakRSS(t *testing.T) {
+	if n := peakRSS(os.Getpid()); n < 1<<20 || n > 1<<40 {
+		t.Errorf("this process's peak RSS: %d bytes", n)
+	}
+	if n := peakRSS(-1); n != 0 {
+		t.Errorf("no process: %d", n)
+	}
+}

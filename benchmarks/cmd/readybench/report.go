@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"math"
@@ -217,7 +218,9 @@ func (r *report) writeMethod(m *mdText) {
 	m.w("at once count each): reads / requests (seconds). \"CPU\": from the start of the pull to the ready line, the\n")
 	m.w("store's own CPU time (user + system, p50; `-` for a full pull) / the share of the machine's processors that\n")
 	m.w("were busy (p50, all processes): near 100%% the start waits for the processors (decompressing, verifying,\n")
-	m.w("podman's own work), which the floor below does not count.\n\n")
+	m.w("podman's own work), which the floor below does not count. \"store peak RSS\": the largest, over the\n")
+	m.w("samples, of the store's VmHWM read as it is stopped (its start, the lookups, the container's start and\n")
+	m.w("as much of the background fetch as ran until the container was removed); `-` for a full pull.\n\n")
 	m.w("**Floor** (cold lazy cells): the least a cold lazy start of the image can take over the link, whatever the\n")
 	m.w("store: round trips one after the other at the link's RTT (the manifest; the config; one TOC request per\n")
 	m.w("layer served lazily, a layer after its parent as the runtime looks them up; one for the chunks the workload\n")
@@ -318,8 +321,8 @@ func (r *report) writeLink(m *mdText, l shaper.Link, plots map[string]string) {
 	if p := plots[l.String()]; p != "" {
 		m.w("![time to ready over %s](%s)\n\n", l, p)
 	}
-	m.w("| image | format | mode | runtime | cache | n | pull p50 | pull p95 | run p50 | run p95 | **total p50** | total p95 | lazy/full | floor (net) | floor | /floor | read | from store | via link | blob GETs | waited | CPU |\n")
-	m.w("|---|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	m.w("| image | format | mode | runtime | cache | n | pull p50 | pull p95 | run p50 | run p95 | **total p50** | total p95 | lazy/full | floor (net) | floor | /floor | read | from store | via link | blob GETs | waited | CPU | store peak RSS |\n")
+	m.w("|---|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, c := range r.cells {
 		if c.link.String() != l.String() {
 			continue
@@ -391,9 +394,13 @@ func (r *report) row(c cell, ss []sample, l shaper.Link) string {
 	if c.runtime == rtPodman5 {
 		pull50, pull95 = "-", "-" // pulled by podman run (see Method)
 	}
-	return fmt.Sprintf("| %s | %s | %s | %s | %s | %d | %s | %s | %.2f | %.2f | **%.2f** | %.2f | %s | %s | %s | %s | %s | %s | %s | %.0f | %s | %s |\n",
+	rss := "-"
+	if hwm := slices.MaxFunc(ss, func(a, b sample) int { return cmp.Compare(a.StoreHWM, b.StoreHWM) }).StoreHWM; hwm > 0 {
+		rss = fmt.Sprintf("%d MiB", hwm>>20)
+	}
+	return fmt.Sprintf("| %s | %s | %s | %s | %s | %d | %s | %s | %.2f | %.2f | **%.2f** | %.2f | %s | %s | %s | %s | %s | %s | %s | %.0f | %s | %s | %s |\n",
 		c.image.name, c.format, c.mode(), c.runtime, c.cache(), len(ss), pull50, pull95, run.p50, run.p95, total.p50, total.p95, ratio,
-		netStr, floorStr, overFloor, read, fromStr, mb(int64(bytes.p50)), gets.p50, waited, cpu)
+		netStr, floorStr, overFloor, read, fromStr, mb(int64(bytes.p50)), gets.p50, waited, cpu, rss)
 }
 
 // writeRunTime: how long the runs took, by image and mode, and the warm caches' preparation.
