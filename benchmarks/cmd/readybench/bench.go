@@ -33,6 +33,10 @@ type cell struct {
 	// first run learned (see learnProfile): profileLearned (the same image again) or
 	// profileNewVersion (the image's new version, see newversion.go).
 	profile string
+	// pin is set for layerstore's cells that pin the image on a fresh cache instead of
+	// running it (pinOnce): the image fetched and verified to fully local, beside its full
+	// pull.
+	pin bool
 }
 
 // The learned-profile cells.
@@ -44,8 +48,11 @@ const (
 func (c cell) lazy() bool { return c.store != "" }
 
 // mode is "full", "lazy" (layerstore), "lazy-learned" and "lazy-newversion" (layerstore
-// with a learned profile) or "lazy-<peer>".
+// with a learned profile), "pin" (layerstore, pinCell) or "lazy-<peer>".
 func (c cell) mode() string {
+	if c.pin {
+		return modePin
+	}
 	switch c.store {
 	case "":
 		return "full"
@@ -72,9 +79,13 @@ const (
 	modeLazy       = "lazy"
 	modeLearned    = "lazy-" + profileLearned
 	modeNewVersion = "lazy-" + profileNewVersion
+	modePin        = "pin"
 )
 
-var allModes = []string{modeFull, modeLazy, modeLearned, modeNewVersion}
+var allModes = []string{modeFull, modeLazy, modeLearned, modeNewVersion, modePin}
+
+// defaultModes are the modes measured unless -modes says otherwise: pin is asked for.
+var defaultModes = allModes[:4]
 
 func (c cell) cache() string {
 	if c.warm {
@@ -125,6 +136,9 @@ type sample struct {
 	// after the container's removal: the lookups, the start, and as much of the background
 	// fetch as had run by then; 0 without a store.
 	StoreHWM int64
+	// For a pin cell: the largest of the store's VmRSS sampled during the pin, the content
+	// the pin reports (the pinned layers' files) and the cache's disk use after it.
+	StoreRSSSampled, Content, CacheDisk int64
 }
 
 func (s sample) total() float64 { return s.Pull + s.Run }
@@ -181,6 +195,9 @@ func (b *bench) plan() []cell {
 								for _, p := range []string{profileLearned, profileNewVersion} {
 									cells = append(cells, cell{image: img, format: f, store: s, runtime: rt, link: l, profile: p})
 								}
+								if rt == b.opts.runtimes[0] { // no runtime takes part
+									cells = append(cells, cell{image: img, format: f, store: s, runtime: rt, link: l, pin: true})
+								}
 							}
 						}
 					}
@@ -190,7 +207,7 @@ func (b *bench) plan() []cell {
 	}
 	modes := b.opts.modes
 	if modes == nil {
-		modes = allModes
+		modes = defaultModes
 	}
 	cells = slices.DeleteFunc(cells, func(c cell) bool {
 		if c.image.generated() && (c.format == fmtEStargzPri || c.profile == profileNewVersion) {
@@ -371,6 +388,9 @@ var errLazyDownloaded = errors.New("a lazily pullable layer was downloaded in fu
 func (b *bench) runOnce(ctx context.Context, c cell) (s sample, err error) {
 	ph := &phases{last: time.Now()}
 	defer func() { s.Phases = ph.String() }()
+	if c.pin {
+		return b.pinOnce(ctx, c, ph)
+	}
 	var learned []byte
 	if c.profile != "" {
 		if learned, err = b.learnProfile(ctx, c); err != nil {

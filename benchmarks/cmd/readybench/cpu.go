@@ -94,15 +94,18 @@ func cpuSpent(from, to cpuSnap) (store, busy float64) {
 	return store, busy
 }
 
-// peakRSS returns process pid's peak resident set (VmHWM of /proc/PID/status) in bytes; 0
-// when it cannot be read.
-func peakRSS(pid int) int64 {
+// peakRSS returns process pid's peak resident set (VmHWM) in bytes; 0 when it cannot be read.
+func peakRSS(pid int) int64 { return procStatusBytes(pid, "VmHWM:") }
+
+// procStatusBytes returns the value of key (e.g. "VmHWM:", in kB) of /proc/PID/status, in
+// bytes; 0 when it cannot be read.
+func procStatusBytes(pid int, key string) int64 {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
 	if err != nil {
 		return 0
 	}
 	for line := range bytes.Lines(b) {
-		if v, ok := bytes.CutPrefix(line, []byte("VmHWM:")); ok {
+		if v, ok := bytes.CutPrefix(line, []byte(key)); ok {
 			f := bytes.Fields(v) // "123456 kB"
 			if len(f) == 2 {
 				if n, err := strconv.ParseInt(string(f[0]), 10, 64); err == nil {

@@ -19,7 +19,8 @@ func TestParseModes(t *testing.T) {
 		want []string
 		bad  bool
 	}{
-		{in: "full,lazy,lazy-learned,lazy-newversion", want: allModes},
+		{in: "full,lazy,lazy-learned,lazy-newversion", want: defaultModes},
+		{in: "pin,lazy", want: []string{"pin", "lazy"}},
 		{in: " lazy-learned , lazy,lazy-learned", want: []string{"lazy-learned", "lazy"}},
 		{in: "lazy-newversion", want: []string{"lazy-newversion"}},
 		{in: "", bad: true},
@@ -70,7 +71,7 @@ func TestPlanModes(t *testing.T) {
 	// 2 images x (full cold, full warm; 3 formats x (lazy, peer) cold and warm; 3 formats x 2 learned, cold).
 	want := map[string]int{"full:cold": 2, "full:warm": 2, "lazy:cold": 6, "lazy:warm": 6, "lazy-stargz-store:cold": 6,
 		"lazy-stargz-store:warm": 6, "lazy-learned:cold": 6, "lazy-newversion:cold": 6}
-	if got := count(strings.Join(allModes, ",")); !mapsEqual(got, want) {
+	if got := count(strings.Join(defaultModes, ",")); !mapsEqual(got, want) {
 		t.Errorf("all modes: %v, want %v", got, want)
 	}
 	if got := count("lazy-learned,lazy-newversion"); !mapsEqual(got, map[string]int{"lazy-learned:cold": 6, "lazy-newversion:cold": 6}) {
@@ -79,13 +80,17 @@ func TestPlanModes(t *testing.T) {
 	if got := count("lazy"); !mapsEqual(got, map[string]int{"lazy:cold": 6, "lazy:warm": 6, "lazy-stargz-store:cold": 6, "lazy-stargz-store:warm": 6}) {
 		t.Errorf("lazy: %v", got)
 	}
-	b.opts.modes = nil // as a bench made without parseModes: every mode
-	if got := count(strings.Join(allModes, ",")); !mapsEqual(got, want) {
+	// The pin cells: layerstore's, cold, one per lazy format and image, of the first runtime.
+	if got := count("pin"); !mapsEqual(got, map[string]int{"pin:cold": 6}) {
+		t.Errorf("pin: %v", got)
+	}
+	b.opts.modes = nil // as a bench made without parseModes: the default modes
+	if got := count(strings.Join(defaultModes, ",")); !mapsEqual(got, want) {
 		t.Errorf("nil modes: %v", got)
 	}
 	// -only names the mode: the reduced run of the report.
 	b.opts.only = regexp.MustCompile(`^(python|gcc):(gzip:full:podman4:100mbit/10ms:cold|(estargz|estargz-prio|zstdchunked):lazy(-learned|-newversion)?:podman4:100mbit/10ms:(cold|warm))$`)
-	if got := count(strings.Join(allModes, ",")); !mapsEqual(got, map[string]int{"full:cold": 2, "lazy:cold": 6, "lazy:warm": 6,
+	if got := count(strings.Join(defaultModes, ",")); !mapsEqual(got, map[string]int{"full:cold": 2, "lazy:cold": 6, "lazy:warm": 6,
 		"lazy-learned:cold": 6, "lazy-newversion:cold": 6}) {
 		t.Errorf("reduced run: %v", got)
 	}

@@ -67,7 +67,7 @@ func main() {
 	flag.IntVar(&o.samples, "samples", 5, "runs of every cell (p50 and p95 are reported)")
 	flag.StringVar(&links, "links", "100mbit/10ms,1gbit/1ms,10gbit/0.2ms", "links between the runtime and the registry, RATE/RTT, comma-separated (\"unlimited\": loopback)")
 	flag.StringVar(&only, "only", "", "run only the cells whose name (image:format:mode:link:cache, e.g. python:estargz:lazy:1gbit/1ms:cold) matches this regular expression; only the images and formats they pull are built")
-	flag.StringVar(&modes, "modes", strings.Join(allModes, ","), "modes measured, comma-separated: "+strings.Join(allModes, ", ")+" (a peer's cells are lazy ones)")
+	flag.StringVar(&modes, "modes", strings.Join(defaultModes, ","), "modes measured, comma-separated: "+strings.Join(allModes, ", ")+" (a peer's cells are lazy ones; pin: layerstore pins the image on a fresh cache, cold cells of the first runtime)")
 	flag.StringVar(&images, "image", strings.Join(defaultImages, ","), "images measured, comma-separated: python, gcc, large, ml (ml: 6 GB, about 40 GB of disk for its formats and a run; its full pull takes 8 minutes at 100 Mbit/s)")
 	flag.StringVar(&full, "full", fmtGzip, "formats also pulled in full by podman alone, comma-separated ("+strings.Join(allFormats, ", ")+")")
 	flag.StringVar(&o.images, "images", "", "cache of the built images (root filesystems, blobs, registry storage); default benchmarks/work/images in the module")

@@ -65,7 +65,7 @@ func measureOf(ss []sample, f func(sample) float64) stats {
 
 func (r *report) baseline(c cell) (stats, bool) {
 	base := c
-	base.format, base.store = fmtGzip, ""
+	base.format, base.store, base.pin = fmtGzip, "", false
 	ss, ok := r.results[base.String()]
 	if !ok || len(ss) == 0 {
 		return stats{}, false
@@ -220,7 +220,13 @@ func (r *report) writeMethod(m *mdText) {
 	m.w("were busy (p50, all processes): near 100%% the start waits for the processors (decompressing, verifying,\n")
 	m.w("podman's own work), which the floor below does not count. \"store peak RSS\": the largest, over the\n")
 	m.w("samples, of the store's VmHWM read as it is stopped (its start, the lookups, the container's start and\n")
-	m.w("as much of the background fetch as ran until the container was removed); `-` for a full pull.\n\n")
+	m.w("as much of the background fetch as ran until the container was removed); `-` for a full pull.\n")
+	m.w("**pin** cells (`-modes pin`, layerstore, cold, the first runtime only): on a fresh cache with the page\n")
+	m.w("cache dropped, `layerstore pin` of the image over the link (every layer the store serves fetched and\n")
+	m.w("verified to fully local, after its check that the cache's filesystem has room); \"pull\" and \"total\" are\n")
+	m.w("its time, \"lazy/full\" its time over the full pull's; \"store peak RSS\" its VmHWM at the end (the largest\n")
+	m.w("VmRSS sampled every 20 ms during the pin is not above it); \"cache disk / content\" the blocks the cache\n")
+	m.w("takes on disk after it beside the content of the pinned layers' files (p50).\n\n")
 	m.w("**Floor** (cold lazy cells): the least a cold lazy start of the image can take over the link, whatever the\n")
 	m.w("store: round trips one after the other at the link's RTT (the manifest; the config; one TOC request per\n")
 	m.w("layer served lazily, a layer after its parent as the runtime looks them up; one for the chunks the workload\n")
@@ -321,8 +327,8 @@ func (r *report) writeLink(m *mdText, l shaper.Link, plots map[string]string) {
 	if p := plots[l.String()]; p != "" {
 		m.w("![time to ready over %s](%s)\n\n", l, p)
 	}
-	m.w("| image | format | mode | runtime | cache | n | pull p50 | pull p95 | run p50 | run p95 | **total p50** | total p95 | lazy/full | floor (net) | floor | /floor | read | from store | via link | blob GETs | waited | CPU | store peak RSS |\n")
-	m.w("|---|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	m.w("| image | format | mode | runtime | cache | n | pull p50 | pull p95 | run p50 | run p95 | **total p50** | total p95 | lazy/full | floor (net) | floor | /floor | read | from store | via link | blob GETs | waited | CPU | store peak RSS | cache disk / content |\n")
+	m.w("|---|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, c := range r.cells {
 		if c.link.String() != l.String() {
 			continue
@@ -398,9 +404,15 @@ func (r *report) row(c cell, ss []sample, l shaper.Link) string {
 	if hwm := slices.MaxFunc(ss, func(a, b sample) int { return cmp.Compare(a.StoreHWM, b.StoreHWM) }).StoreHWM; hwm > 0 {
 		rss = fmt.Sprintf("%d MiB", hwm>>20)
 	}
-	return fmt.Sprintf("| %s | %s | %s | %s | %s | %d | %s | %s | %.2f | %.2f | **%.2f** | %.2f | %s | %s | %s | %s | %s | %s | %s | %.0f | %s | %s | %s |\n",
+	disk := "-"
+	if c.pin {
+		fromStr = "-"
+		disk = fmt.Sprintf("%s / %s", mb(int64(measureOf(ss, func(s sample) float64 { return float64(s.CacheDisk) }).p50)),
+			mb(int64(measureOf(ss, func(s sample) float64 { return float64(s.Content) }).p50)))
+	}
+	return fmt.Sprintf("| %s | %s | %s | %s | %s | %d | %s | %s | %.2f | %.2f | **%.2f** | %.2f | %s | %s | %s | %s | %s | %s | %s | %.0f | %s | %s | %s | %s |\n",
 		c.image.name, c.format, c.mode(), c.runtime, c.cache(), len(ss), pull50, pull95, run.p50, run.p95, total.p50, total.p95, ratio,
-		netStr, floorStr, overFloor, read, fromStr, mb(int64(bytes.p50)), gets.p50, waited, cpu, rss)
+		netStr, floorStr, overFloor, read, fromStr, mb(int64(bytes.p50)), gets.p50, waited, cpu, rss, disk)
 }
 
 // writeRunTime: how long the runs took, by image and mode, and the warm caches' preparation.
