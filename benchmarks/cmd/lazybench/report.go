@@ -48,6 +48,7 @@ func (r *report) markdown() string {
 	b.WriteString(benchenv.Header("lazybench results", "lazybench", r.machine))
 	if r.layer != nil {
 		r.fetchSection(&b)
+		r.probeSection(&b)
 	}
 	if r.fio != nil {
 		r.fioColdSection(&b)
@@ -149,6 +150,12 @@ func (r *report) fetchSection(b *strings.Builder) {
 		last := r.fetch[len(r.fetch)-1]
 		fmt.Fprintf(b, "\nCache after a run: %d files (%d complete), %s.\n", last.Cache.Files, last.Cache.Complete, mib(last.Cache.Bytes))
 	}
+}
+
+// probeSection reports the reads made through the mount during the background fetch, and
+// without it.
+func (r *report) probeSection(b *strings.Builder) {
+	o := r.opts
 	if len(r.during.Probes) > 0 || len(r.idle.Probes) > 0 {
 		d, i := summarize(r.during.Probes, true), summarize(r.idle.Probes, false)
 		fmt.Fprintf(b, "\n### Reads through the mount while the background fetch runs\n\n")
