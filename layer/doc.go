@@ -44,7 +44,7 @@
 // completely, prioritized files first, in large coalesced requests verified on every core;
 // background work yields to reads a runtime is waiting for, starts its requests (prioritized
 // files aside) only once the runtime has been quiet for a while (Config.PrefetchQuiet) and
-// nothing is being fetched ahead of the reads (a startup profile's replay, a prediction: a
+// nothing is being fetched ahead of the reads (a startup profile's replay, a prediction's fetch: a
 // container whose reads they fetched ahead of it fetches nothing on demand, yet is starting),
 // can be bounded in concurrency and bandwidth,
 // and stops for layers whose users all went away.

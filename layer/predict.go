@@ -80,10 +80,6 @@ func (l *Served) predict(guess context.Context, id chunked.EntryID) bool {
 		return false
 	}
 	l.env.life.goTracked(func() {
-		// A container is starting: the rest of the layer waits while the prediction runs,
-		// between its fetches too, and for the quiet period after it.
-		l.env.sched.aheadStart()
-		defer l.env.sched.aheadEnd()
 		select {
 		case l.env.predicting <- struct{}{}:
 		case <-l.env.life.ctx.Done():
