@@ -37,6 +37,10 @@ type Served struct {
 
 	users  atomic.Int64 // runtime references over every key and reference
 	looked atomic.Bool  // a runtime looked the layer up (resolved ahead ones wait for it)
+	// liveSince is when the layer was made live (Manager.addLive, under Manager.mu): the
+	// resolution that made it live names it only once remembered, and the janitor keeps it
+	// for the resolution's time meanwhile (Manager.expire).
+	liveSince time.Time
 	// startGuess is the prediction of the program of the image the layer was last looked up
 	// for (start.go); nil before one.
 	startGuess atomic.Pointer[startGuess]

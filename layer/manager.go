@@ -359,6 +359,7 @@ func (m *Manager) addLive(l *Served, ref string) (*Served, error) {
 	closed := m.closed
 	var existing *Served
 	if !closed {
+		l.liveSince = m.opts.now()
 		existing = m.live.add(l)
 	}
 	m.mu.Unlock()
@@ -560,7 +561,12 @@ func (m *Manager) expire() {
 			live[r.layer] = true
 		}
 	}
-	gone, kept := m.live.retain(func(l *Served) bool { return live[l] })
+	// A layer made live is named by its resolution only once the resolution is remembered
+	// (resolveShared), after the rest of the lookup (Manager.ready): it is kept for as long
+	// as a resolution may take, or the janitor would forget a layer being looked up.
+	gone, kept := m.live.retain(func(l *Served) bool {
+		return live[l] || now.Before(l.liveSince.Add(m.opts.resolveTimeout))
+	})
 	m.mu.Unlock()
 	for _, l := range gone {
 		l.stopPrefetch()

@@ -272,6 +272,31 @@ func TestJanitorForgets(t *testing.T) {
 	}
 }
 
+// TestJanitorKeepsResolving: a layer made live is kept while the resolution that made it live
+// is not remembered yet (the rest of its lookup still running), for as long as a resolution
+// may take; then, named by no resolution, it is forgotten.
+func TestJanitorKeepsResolving(t *testing.T) {
+	clock := newTestClock()
+	m, _, _ := memManager(t, withClock(clock.now), withKeepTTL(time.Minute))
+	key := servedKeyOf(m)
+	if _, err := m.Lookup(t.Context(), memRef, key); err != nil {
+		t.Fatal(err)
+	}
+	m.mu.Lock()
+	delete(m.resolved, layerKey{memRef, key}) // as between addLive and remember
+	m.mu.Unlock()
+	clock.advance(time.Second)
+	m.expire()
+	if n := len(m.Status().Layers); n != 1 {
+		t.Fatalf("%d layers while the resolution is not remembered yet, want 1", n)
+	}
+	clock.advance(m.opts.resolveTimeout)
+	m.expire()
+	if n := len(m.Status().Layers); n != 0 {
+		t.Errorf("%d layers named by no resolution after the resolution's time, want 0", n)
+	}
+}
+
 // TestCloseWhileReading: Close while reads wait on fetches that do not answer ends the
 // fetches, fails the reads, and returns; reads after Close still fail cleanly or succeed,
 // never hang.
