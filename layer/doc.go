@@ -225,7 +225,8 @@
 // observed without a lock and read by Status.
 //
 // Goroutines: the janitor (one per manager, every second: forgets expired resolutions and the
-// layers none names, drops blob copies unread for the keep TTL); each resolution in
+// layers none names, but for those made live less than the resolve timeout ago, whose
+// resolution is not remembered yet; drops blob copies unread for the keep TTL); each resolution in
 // singleflight's goroutine; each layer's background fetch (a feeder and one worker per
 // background slot, each batch verified on up to one goroutine per processor, on the
 // process's background threads: one per processor, locked, at a lower priority, started
