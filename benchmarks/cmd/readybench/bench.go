@@ -383,6 +383,26 @@ func (b *bench) newRunDir() (string, error) {
 // served: the benchmark fails.
 var errLazyDownloaded = errors.New("a lazily pullable layer was downloaded in full")
 
+// startRun makes the directory of a measured run of c, which done removes unless -keep, waits
+// until the previous run's connections are closed, and sets c's link.
+func (b *bench) startRun(c cell, ph *phases) (dir string, done func(), err error) {
+	if dir, err = b.newRunDir(); err != nil {
+		return "", nil, err
+	}
+	done = func() {
+		if !b.opts.keep {
+			os.RemoveAll(dir)
+			ph.mark("rm -r")
+		}
+	}
+	if !b.proxy.WaitIdle(30 * time.Second) {
+		done()
+		return "", nil, fmt.Errorf("%d connections of the previous run still open after 30s", b.proxy.Conns())
+	}
+	b.proxy.SetLink(c.link)
+	return dir, done, nil
+}
+
 // runOnce measures one run of c. Its phases (set-up, the measured pull and run, clean-up)
 // are timed in s.Phases.
 func (b *bench) runOnce(ctx context.Context, c cell) (s sample, err error) {
@@ -398,20 +418,11 @@ func (b *bench) runOnce(ctx context.Context, c cell) (s sample, err error) {
 		}
 		ph.mark("learn")
 	}
-	dir, err := b.newRunDir()
+	dir, done, err := b.startRun(c, ph)
 	if err != nil {
 		return s, err
 	}
-	defer func() {
-		if !b.opts.keep {
-			os.RemoveAll(dir)
-			ph.mark("rm -r")
-		}
-	}()
-	if !b.proxy.WaitIdle(30 * time.Second) {
-		return s, fmt.Errorf("%d connections of the previous run still open after 30s", b.proxy.Conns())
-	}
-	b.proxy.SetLink(c.link)
+	defer done()
 	img := b.imageOf(c)
 	mnt := ""
 	var ms mountedStore

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -179,7 +180,7 @@ func (c *imageCache) ensure(ctx context.Context, reg *dockerregistry.Registry, n
 	for _, name := range need.layers() {
 		r, _ := recipeByName(name)
 		if r.generate != nil {
-			t, s, err := c.generatedTar(r)
+			t, s, err := c.writeTar(r.name, r.key(), r.generate)
 			if err != nil {
 				return fmt.Errorf("layer %s: %w", r.name, err)
 			}
@@ -256,30 +257,38 @@ func (c *imageCache) writeCatalogue() error {
 
 // layerTar writes the tar of layer r once its tree is built.
 func (c *imageCache) layerTar(r layerRecipe) (layerTar, stamp, error) {
-	p := filepath.Join(c.dir, "layers", r.name+".tar")
 	rs, ok := readStamp(filepath.Join(c.dir, "rootfs", r.name+".json"), r.key())
 	if !ok {
 		return layerTar{}, stamp{}, errors.New("tree not built")
 	}
-	key := r.key() + " " + rs.Built.UTC().Format(time.RFC3339Nano)
+	root := filepath.Join(c.dir, "rootfs", r.name)
+	return c.writeTar(r.name, r.key()+" "+rs.Built.UTC().Format(time.RFC3339Nano), func(w io.Writer) (int64, string, int, error) {
+		return writeLayerTar(w, root, map[string]bool{"dev": true, "proc": true, "sys": true})
+	})
+}
+
+// writeTar writes layers/<name>.tar with write, unless its stamp says it was written from key.
+func (c *imageCache) writeTar(name, key string, write func(io.Writer) (size int64, diffID string, entries int, err error)) (layerTar, stamp, error) {
+	p := filepath.Join(c.dir, "layers", name+".tar")
 	if s, ok := readStamp(p+".json", key); ok {
 		if fi, err := os.Stat(p); err == nil && fi.Size() == s.Size {
 			return layerTar{Size: s.Size, DiffID: s.Digest, Entries: s.Files}, s, nil
 		}
 	}
-	fmt.Fprintf(os.Stderr, "writing the tar of layer %s\n", r.name)
+	fmt.Fprintf(os.Stderr, "writing the tar of layer %s\n", name)
 	start := time.Now()
 	f, err := os.Create(p)
 	if err != nil {
 		return layerTar{}, stamp{}, err
 	}
-	size, diffID, n, err := writeLayerTar(f, filepath.Join(c.dir, "rootfs", r.name), map[string]bool{"dev": true, "proc": true, "sys": true})
+	size, diffID, n, err := write(f)
 	if err == nil {
 		err = f.Close()
 	} else {
 		f.Close()
 	}
 	if err != nil {
+		os.Remove(p)
 		return layerTar{}, stamp{}, err
 	}
 	s := stamp{Key: key, Seconds: time.Since(start).Seconds(), Built: time.Now(), Size: size, Digest: diffID, Files: n}

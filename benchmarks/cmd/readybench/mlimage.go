@@ -11,9 +11,7 @@ import (
 	"io"
 	"math"
 	"math/rand/v2"
-	"os"
 	"path"
-	"path/filepath"
 	"slices"
 	"strings"
 	"time"
@@ -185,33 +183,4 @@ func writeMLTar(w io.Writer) (size int64, diffID string, entries int, err error)
 		return 0, "", 0, err
 	}
 	return cw.n, "sha256:" + hex.EncodeToString(h.Sum(nil)), entries, nil
-}
-
-// generatedTar writes the tar of generated layer r (layers/<name>.tar) unless it is there.
-func (c *imageCache) generatedTar(r layerRecipe) (layerTar, stamp, error) {
-	p := filepath.Join(c.dir, "layers", r.name+".tar")
-	key := r.key()
-	if s, ok := readStamp(p+".json", key); ok {
-		if fi, err := os.Stat(p); err == nil && fi.Size() == s.Size {
-			return layerTar{Size: s.Size, DiffID: s.Digest, Entries: s.Files}, s, nil
-		}
-	}
-	fmt.Fprintf(os.Stderr, "generating the tar of layer %s\n", r.name)
-	start := time.Now()
-	f, err := os.Create(p)
-	if err != nil {
-		return layerTar{}, stamp{}, err
-	}
-	size, diffID, n, err := r.generate(f)
-	if err == nil {
-		err = f.Close()
-	} else {
-		f.Close()
-	}
-	if err != nil {
-		os.Remove(p)
-		return layerTar{}, stamp{}, err
-	}
-	s := stamp{Key: key, Seconds: time.Since(start).Seconds(), Built: time.Now(), Size: size, Digest: diffID, Files: n}
-	return layerTar{Size: size, DiffID: diffID, Entries: n}, s, writeStamp(p+".json", s)
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"io/fs"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -25,20 +24,11 @@ const pinSample = 20 * time.Millisecond
 
 // pinOnce measures one run of pin cell c.
 func (b *bench) pinOnce(ctx context.Context, c cell, ph *phases) (s sample, err error) {
-	dir, err := b.newRunDir()
+	dir, done, err := b.startRun(c, ph)
 	if err != nil {
 		return s, err
 	}
-	defer func() {
-		if !b.opts.keep {
-			os.RemoveAll(dir)
-			ph.mark("rm -r")
-		}
-	}()
-	if !b.proxy.WaitIdle(30 * time.Second) {
-		return s, fmt.Errorf("%d connections of the previous run still open after 30s", b.proxy.Conns())
-	}
-	b.proxy.SetLink(c.link)
+	defer done()
 	img := b.imageOf(c)
 	ms, err := b.startStore(ctx, c, dir)
 	if err != nil {
