@@ -474,12 +474,13 @@ type Fetched struct {
 // does not have.
 func (v *Verifier) ReadChunks(ctx context.Context, src Source, ids []ChunkID) (*Fetched, error) {
 	var ranges []byterange.Range
-	for _, id := range ids {
+	read := make([]bool, len(ids)) // the chunk has bytes to read (not zeros)
+	for i, id := range ids {
 		c, ok := v.index.Chunk(id.File, id.I)
 		if !ok {
 			return nil, fmt.Errorf("chunk %d of %q: %w", id.I, v.index.Entry(id.File).Name, errors.ErrUnsupported)
 		}
-		if c.Length > 0 {
+		if read[i] = c.Length > 0; read[i] {
 			ranges = append(ranges, c.Range)
 		}
 	}
@@ -489,10 +490,10 @@ func (v *Verifier) ReadChunks(ctx context.Context, src Source, ids []ChunkID) (*
 	}
 	f := &Fetched{v: v, ids: ids, raws: make([][]byte, len(ids))}
 	j := 0
-	for i, id := range ids {
-		if c, _ := v.index.Chunk(id.File, id.I); c.Length > 0 {
+	for i := range ids {
+		if read[i] {
 			f.raws[i] = bufs[j]
-			f.n += c.Length
+			f.n += int64(len(bufs[j]))
 			j++
 		}
 	}
