@@ -155,15 +155,15 @@
 //
 // # Memory
 //
-// What untrusted input can make the package hold, beyond the index: a background request holds
-// at most 8 MiB of compressed bytes, 32 MiB of decompressed content (or one chunk, when a chunk
-// alone is larger) and 1024 chunks, so background fetching holds at most concurrency x 32 MiB
-// (128 MiB by default); a cold read holds the chunks it reads and at most 16 read-ahead windows of content
-// (512 KiB by default); regions hold at most 4 x 4 MiB of content; 4 predictions run at once,
-// each holding at most four batches of 4 MiB of content (fetched whole) and 64 KiB of dynamic
-// section; a blob copy holds one batch-sized buffer. A layer's recording holds at most 4096
-// files (and the set of files read during its window); choosing the profile to replay holds the
-// profiles of at most 16 repositories, each at most 1 MiB of paths; an import holds one line,
+// What untrusted input can make the package hold, beyond the index: a background request holds at
+// most 8 MiB of compressed bytes, 4 MiB of decompressed content (or one chunk, when a chunk alone
+// is larger) and 1024 chunks, so background fetching holds at most concurrency x 4 MiB of content
+// (16 MiB by default); a cold read holds the chunks it reads and at most 16 read-ahead windows of
+// content (512 KiB by default); regions hold at most 4 x 4 MiB of content; 4 predictions run at
+// once, each holding at most four batches of 4 MiB of content (fetched whole) and 64 KiB of
+// dynamic section; a blob copy holds one batch-sized buffer. A layer's recording holds at most
+// 4096 files (and the set of files read during its window); choosing the profile to replay holds
+// the profiles of at most 16 repositories, each at most 1 MiB of paths; an import holds one line,
 // at most 2 MiB, at a time.
 //
 // # Lifetime

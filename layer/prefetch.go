@@ -348,10 +348,15 @@ func (l *Served) batchLen(keys []chunkKey, prioEnd int64) int {
 // 2026-11-27-readybench-urgent-batch).
 const urgentBatch = 1 << 20
 
-// maxBatchContent bounds the uncompressed bytes of one background request. With the default
-// concurrency of 4, background fetching holds at most 128 MiB of content (or 4 chunks, when
-// one chunk alone is larger).
-const maxBatchContent = 32 << 20
+// maxBatchContent bounds the uncompressed bytes of one background request: with the default
+// concurrency of 4, background fetching holds at most 16 MiB of content (or 4 chunks, when one
+// chunk alone is larger: an eStargz chunk is 4 MiB by default) beside its compressed bytes.
+// Four requests of 4 MiB keep even a fast link busy (1 Gbit/s moves one in 34 ms, 34 round trips
+// of 1 ms). With 32 MiB, the daemon's peak RSS through the pin of a 6 GB image was 159-175 MiB
+// and through lazybench's background fetch 187-237 MiB; with 4 MiB, 105-121 and 117-135, the
+// eStargz pin 4-5% longer, the others within their spread
+// (benchmarks/results/2026-12-06-batchcontent-ab).
+const maxBatchContent = 4 << 20
 
 // maxBatchChunks bounds the chunks of one background request. Each chunk in flight costs,
 // beside its content, its fetch and its part of the batch's store (several hundred bytes): a
