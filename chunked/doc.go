@@ -11,8 +11,10 @@
 //     one model for all formats, with full metadata, hardlinks resolved, whiteouts and opaque
 //     markers translated for overlayfs, format artefacts hidden, and for every regular file its
 //     chunks with their compressed ranges in the blob. [ParseCompressed] does both in one pass,
-//     parsing as it decompresses (on another goroutine), and [ParseHashed] hashes the JSON as
-//     well, for the formats whose TOC digest covers it.
+//     parsing as it decompresses (on another goroutine), and lets go of the compressed bytes
+//     once decompressed, before it builds the index (a caller that drops them too keeps them
+//     out of the heap live while it is built); [ParseHashed] hashes the JSON as well, for the
+//     formats whose TOC digest covers it.
 //   - [TarSplitReader] reads the records of a tar-split stream; [IterateTarSplit] walks the tar
 //     they describe, header by header, decoding the records ahead on another goroutine (at
 //     most three batches of 1 MiB or one record ahead) while the caller's callbacks run on its

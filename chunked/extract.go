@@ -66,10 +66,27 @@ type tocReader struct {
 	err   error // the first error other than io.EOF, as ExtractTOC reports it
 }
 
+// consumed reads b and lets go of it at its end: the compressed TOC (tens of MB for a million
+// entries) is not live while the index is built from what it decompressed to, whoever holds
+// the decoder (unless the caller holds it). The decoder reads it as a stream, whatever its
+// size, where given the bytes whole it decodes a TOC of less than 5 MB compressed whole, into
+// one buffer of its decompressed size.
+type consumed struct{ b []byte }
+
+func (c *consumed) Read(p []byte) (int, error) {
+	if len(c.b) == 0 {
+		c.b = nil
+		return 0, io.EOF
+	}
+	n := copy(p, c.b)
+	c.b = c.b[n:]
+	return n, nil
+}
+
 // newTOCReader returns a reader of the zstd TOC raw; concurrency is the decoder's (1:
 // decompressed as it is read, on the reader's goroutine).
 func newTOCReader(l *Layout, raw []byte, lim Limits, concurrency int) (*tocReader, error) {
-	dec, err := zstd.NewReader(bytes.NewReader(raw), zstd.WithDecoderConcurrency(concurrency),
+	dec, err := zstd.NewReader(&consumed{b: raw}, zstd.WithDecoderConcurrency(concurrency),
 		zstd.WithDecoderMaxMemory(uint64(lim.MaxTOCSize)), zstd.WithDecoderMaxWindow(uint64(min(lim.MaxTOCSize, 1<<30))))
 	if err != nil {
 		return nil, invalidf("TOC: %v", err)

@@ -128,7 +128,11 @@ func open(ctx context.Context, desc chunked.Descriptor, diffID digest.Digest, sr
 	if err != nil {
 		return v, err
 	}
-	if v.index, err = parseTOC(ctx, layout, m.toc, cfg.Limits); err != nil {
+	// The compressed TOC is the parse's alone: it lets go of it once decompressed, before it
+	// builds the index (tens of MB for a million entries, which m would otherwise keep).
+	toc := m.toc
+	m.toc = nil
+	if v.index, err = parseTOC(ctx, layout, toc, cfg.Limits); err != nil {
 		return v, err
 	}
 	if v.tarSplitDigest, err = tarSplitDigest(layout, v.index, cfg.Limits); err != nil {
@@ -277,6 +281,13 @@ func readRanges(ctx context.Context, src Source, ranges []byterange.Range) ([][]
 func readRange(ctx context.Context, src Source, off, n int64) ([]byte, error) {
 	if off < 0 || n < 0 {
 		return nil, fmt.Errorf("%w: range %d+%d", chunked.ErrInvalid, off, n)
+	}
+	if _, ok := src.(RangeSource); ok && n > 0 { // the source's own buffer, not a copy of it
+		bufs, err := readRanges(ctx, src, []byterange.Range{{Offset: off, Length: n}})
+		if err != nil {
+			return nil, err
+		}
+		return bufs[0], nil
 	}
 	p := make([]byte, n)
 	got, err := src.ReadAt(ctx, p, off)
