@@ -41,7 +41,8 @@ type Config struct {
 	// over all layers. The default is 4.
 	PrefetchConcurrency int
 	// PrefetchBatch is the compressed size of one background request, at least 64 KiB. The
-	// default is 8 MiB.
+	// default is 8 MiB. A request also holds at most 4 MiB of decompressed content (or one
+	// chunk, when larger) and 1024 chunks, whatever this is.
 	PrefetchBatch int64
 	// PrefetchBandwidth bounds background fetching to bytes per second over all layers. The
 	// default, zero, is no bound.
