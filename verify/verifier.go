@@ -282,13 +282,6 @@ func readRange(ctx context.Context, src Source, off, n int64) ([]byte, error) {
 	if off < 0 || n < 0 {
 		return nil, fmt.Errorf("%w: range %d+%d", chunked.ErrInvalid, off, n)
 	}
-	if _, ok := src.(RangeSource); ok && n > 0 { // the source's own buffer, not a copy of it
-		bufs, err := readRanges(ctx, src, []byterange.Range{{Offset: off, Length: n}})
-		if err != nil {
-			return nil, err
-		}
-		return bufs[0], nil
-	}
 	p := make([]byte, n)
 	got, err := src.ReadAt(ctx, p, off)
 	if err == nil && int64(got) != n {
