@@ -115,11 +115,18 @@ func (b *Blob) ReadAt(ctx context.Context, p []byte, off int64) (int, error) {
 		return 0, io.EOF
 	}
 	n := min(int64(len(p)), b.size-off)
-	res, err := b.Fetch(ctx, []byterange.Range{{Offset: off, Length: n}})
+	r := byterange.Range{Offset: off, Length: n}
+	if err := b.checkRanges(ctx, []byterange.Range{r}); err != nil {
+		return 0, err
+	}
+	// The spans' bytes go straight into p: through Fetch, a range longer than a span would be
+	// copied twice (a 48 MB TOC: once into Fetch's buffer, once into p).
+	spans := coalesce([]byterange.Range{r}, b.o.maxGap, b.o.maxSpan)
+	bufs, err := b.fetchShared(ctx, spans)
 	if err != nil {
 		return 0, err
 	}
-	copy(p, res[0])
+	gather(p[:n], r, spans, bufs)
 	if n < int64(len(p)) {
 		return int(n), io.EOF
 	}
@@ -133,14 +140,8 @@ func (b *Blob) ReadAt(ctx context.Context, p []byte, off int64) (int, error) {
 // buffers the responses were read into, which they may share with each other (overlapping or
 // neighbouring ranges) and with the results of concurrent calls that shared a request.
 func (b *Blob) Fetch(ctx context.Context, ranges []byterange.Range) ([][]byte, error) {
-	for _, r := range ranges {
-		if r.Offset < 0 || r.Length < 0 || r.Offset > b.size || r.Length > b.size-r.Offset {
-			return nil, fmt.Errorf("fetcher: %w: %d bytes at %d in a blob of %d",
-				ErrInvalidRange, r.Length, r.Offset, b.size)
-		}
-	}
-	if err := ctx.Err(); err != nil {
-		return nil, fmt.Errorf("fetcher: %w", err)
+	if err := b.checkRanges(ctx, ranges); err != nil {
+		return nil, err
 	}
 	spans := coalesce(ranges, b.o.maxGap, b.o.maxSpan)
 	bufs, err := b.fetchShared(ctx, spans)
@@ -162,12 +163,32 @@ func (b *Blob) Fetch(ctx context.Context, ranges []byterange.Range) ([][]byte, e
 			continue
 		}
 		buf := make([]byte, r.Length)
-		for pos := r.Offset; pos < r.End(); j++ {
-			pos += int64(copy(buf[pos-r.Offset:], bufs[j][pos-spans[j].Offset:]))
-		}
+		gather(buf, r, spans[j:], bufs[j:])
 		out[k] = buf
 	}
 	return out, nil
+}
+
+// checkRanges refuses ranges outside the blob, and a done ctx.
+func (b *Blob) checkRanges(ctx context.Context, ranges []byterange.Range) error {
+	for _, r := range ranges {
+		if r.Offset < 0 || r.Length < 0 || r.Offset > b.size || r.Length > b.size-r.Offset {
+			return fmt.Errorf("fetcher: %w: %d bytes at %d in a blob of %d",
+				ErrInvalidRange, r.Length, r.Offset, b.size)
+		}
+	}
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("fetcher: %w", err)
+	}
+	return nil
+}
+
+// gather copies the bytes of r into dst (len(dst) == r.Length) from consecutive spans, the
+// first of which holds r's first byte, and their buffers.
+func gather(dst []byte, r byterange.Range, spans []byterange.Range, bufs [][]byte) {
+	for j, pos := 0, r.Offset; pos < r.End(); j++ {
+		pos += int64(copy(dst[pos-r.Offset:], bufs[j][pos-spans[j].Offset:]))
+	}
 }
 
 // fetchShared returns the bytes of spans, joining requests other callers already have in

@@ -456,6 +456,27 @@ func TestFetchResultsAreViews(t *testing.T) {
 	}
 }
 
+// TestReadAtAcrossSpans: a range longer than the maximum span is read in spans, their bytes
+// gathered into the caller's buffer, up to the end of the blob.
+func TestReadAtAcrossSpans(t *testing.T) {
+	data := testBlob(300_000)
+	reg := newTestRegistry(t, data)
+	b, _ := newTestBlob(t, reg, Config{MaxSpan: 100_000})
+	for _, r := range []byterange.Range{{Offset: 0, Length: 300_000}, {Offset: 99_999, Length: 100_002}, {Offset: 12_345, Length: 250_000}} {
+		p := make([]byte, r.Length)
+		if n, err := b.ReadAt(t.Context(), p, r.Offset); err != nil || n != len(p) {
+			t.Fatalf("ReadAt(%d bytes at %d) = %d, %v", r.Length, r.Offset, n, err)
+		}
+		if !bytes.Equal(p, data[r.Offset:r.End()]) {
+			t.Errorf("ReadAt(%d bytes at %d): bytes differ", r.Length, r.Offset)
+		}
+	}
+	p := make([]byte, 250_000)
+	if n, err := b.ReadAt(t.Context(), p, 150_000); n != 150_000 || !errors.Is(err, io.EOF) || !bytes.Equal(p[:n], data[150_000:]) {
+		t.Errorf("ReadAt across the end = %d, %v; want 150000, io.EOF and the last bytes", n, err)
+	}
+}
+
 // TestFetchFarRangesOneRequest: two ranges too far apart to be merged into one span are asked
 // for in one multi-range request, of a server answering Range requests as net/http does.
 func TestFetchFarRangesOneRequest(t *testing.T) {
