@@ -5,6 +5,7 @@ import (
 	"encoding/base64"
 	"encoding/hex"
 	"fmt"
+	"iter"
 	"math"
 	"path"
 	"slices"
@@ -16,9 +17,12 @@ import (
 
 // wideIndex is the form the builder fills: one Go value per entry, chunk and xattr.
 type wideIndex struct {
-	format   Format
-	entries  blockSlice[Entry]
+	format  Format
+	entries blockSlice[wideEntry]
+	// chunks holds the chunks of files but those held in their entry (wideEntry.one): a
+	// file's are consecutive, in file order.
 	chunks   blockSlice[Chunk]
+	extras   blockSlice[wideExtra]
 	xattrs   []Xattr
 	children []EntryID // visible entries except the root, sorted by (Parent, BaseName)
 	root     EntryID
@@ -30,6 +34,90 @@ type wideIndex struct {
 	tarSplitDigest Sum
 	prefetchEnd    int64
 	payloadEnd     int64
+}
+
+// wideEntry is an entry as the builder holds it: [Entry]'s fields, but for the rare ones
+// (extras), and where its chunks, xattrs and attributes are. A million-entry layer holds a
+// million of them at once, beside its compact form.
+type wideEntry struct {
+	Name           string
+	Size           int64
+	ModTimeSec     int64
+	ModTimeNsec    uint32
+	Mode, UID, GID uint32
+	Parent, Inode  EntryID
+	Nlink          uint32
+	Digest         Sum
+	Type           Type
+	Flags          Flags
+	nxattrs        uint16
+	// chunk0 is where the file's nchunks chunks start in the chunk table, or inPlace: its one
+	// chunk is one, at inner offset oneInner.
+	chunk0, nchunks uint32
+	one             oneChunk
+	oneInner        uint32
+	xattr0          uint32
+	attr            EntryID // see Index.AttrEntry
+	extra           uint32  // 1 + the index of its wideExtra in extras, 0 when it has none
+}
+
+// Visible is Entry.Visible.
+func (e *wideEntry) Visible() bool { return e.Flags&(FlagHidden|FlagShadowed) == 0 }
+
+// inPlace is the chunk0 of a file whose one chunk its entry holds.
+const inPlace = math.MaxUint32
+
+// oneChunk is a file's only chunk as most are, held in its entry instead of the chunk table
+// (80 bytes a file less): at file offset 0, of the file's size and digest, not zeros, its
+// inner offset within 32 bits (wideEntry.oneInner: not here, where it would take 8 bytes).
+type oneChunk struct {
+	offset, length int64
+}
+
+// wideExtra holds what few entries have: a link's target, a device's numbers.
+type wideExtra struct {
+	LinkName           string
+	DevMajor, DevMinor uint32
+}
+
+// extraOf returns the extras of e.
+func (w *wideIndex) extraOf(e *wideEntry) wideExtra {
+	if e.extra == 0 {
+		return wideExtra{}
+	}
+	return *w.extras.at(int(e.extra) - 1)
+}
+
+// chunk returns chunk i of file e.
+func (w *wideIndex) chunk(e *wideEntry, i int) Chunk {
+	if e.chunk0 == inPlace {
+		return Chunk{Range: byterange.Range{Offset: e.one.offset, Length: e.one.length}, InnerOffset: int64(e.oneInner),
+			Size: e.Size, Digest: e.Digest}
+	}
+	return *w.chunks.at(int(e.chunk0) + i)
+}
+
+// setLength sets the compressed length of chunk i of file e.
+func (w *wideIndex) setLength(e *wideEntry, i int, n int64) {
+	if e.chunk0 == inPlace {
+		e.one.length = n
+		return
+	}
+	w.chunks.at(int(e.chunk0) + i).Length = n
+}
+
+// chunksAll yields each chunk of the index, by its file and number, in the order of files.
+func (w *wideIndex) chunksAll() iter.Seq2[*wideEntry, int] {
+	return func(yield func(*wideEntry, int) bool) {
+		for id := range w.entries.len() {
+			e := w.entries.at(id)
+			for i := range int(e.nchunks) {
+				if !yield(e, i) {
+					return
+				}
+			}
+		}
+	}
 }
 
 type extTimes struct {
@@ -96,7 +184,8 @@ func (b *builder) addEntry(r *rawEntry) error {
 	if err != nil {
 		return err
 	}
-	e := Entry{Name: name, Type: typ, Inode: EntryID(b.x.entries.len()), attr: EntryID(b.x.entries.len())}
+	e := wideEntry{Name: name, Type: typ, Inode: EntryID(b.x.entries.len()), attr: EntryID(b.x.entries.len())}
+	var ex wideExtra
 	if r.Mode < 0 || r.Size < 0 {
 		return invalidf("negative mode or size")
 	}
@@ -108,10 +197,10 @@ func (b *builder) addEntry(r *rawEntry) error {
 	if e.GID, err = u32("gid", r.GID); err != nil {
 		return err
 	}
-	if e.DevMajor, err = u32("devMajor", r.DevMajor); err != nil {
+	if ex.DevMajor, err = u32("devMajor", r.DevMajor); err != nil {
 		return err
 	}
-	if e.DevMinor, err = u32("devMinor", r.DevMinor); err != nil {
+	if ex.DevMinor, err = u32("devMinor", r.DevMinor); err != nil {
 		return err
 	}
 	if r.ModTime != "" && r.ModTime == b.lastMTime {
@@ -132,12 +221,12 @@ func (b *builder) addEntry(r *rawEntry) error {
 		if r.LinkName == "" || len(r.LinkName) > maxNameLen || strings.IndexByte(r.LinkName, 0) >= 0 {
 			return invalidf("bad symlink target %q", r.LinkName)
 		}
-		e.LinkName = r.LinkName
+		ex.LinkName = r.LinkName
 	case TypeHardlink:
-		if e.LinkName, err = cleanName(r.LinkName); err != nil {
+		if ex.LinkName, err = cleanName(r.LinkName); err != nil {
 			return fmt.Errorf("hardlink target: %w", err)
 		}
-		if e.LinkName == "" {
+		if ex.LinkName == "" {
 			return invalidf("hardlink to the root")
 		}
 	}
@@ -149,9 +238,12 @@ func (b *builder) addEntry(r *rawEntry) error {
 	if err := b.addXattrs(&e, r.Xattrs); err != nil {
 		return err
 	}
+	if ex != (wideExtra{}) {
+		b.x.extras.append(ex)
+		e.extra = uint32(b.x.extras.len())
+	}
 	b.cur, b.curRaw = b.x.entries.len(), b.raw
 	b.curEnd = 0
-	e.chunk0 = uint32(b.x.chunks.len())
 	b.x.entries.append(e)
 
 	if name == prefetchLandmark {
@@ -234,11 +326,26 @@ func (b *builder) appendChunk(c Chunk) error {
 	if c.Size > b.lim.MaxChunkSize || c.InnerOffset > b.lim.MaxChunkSize-c.Size {
 		return limitf("chunk of %d bytes (inner offset %d) exceeds %d", c.Size, c.InnerOffset, b.lim.MaxChunkSize)
 	}
-	if uint64(b.x.chunks.len()) >= math.MaxUint32 {
+	if uint64(b.x.chunks.len()) >= math.MaxUint32-1 {
 		return limitf("too many chunks")
 	}
-	b.x.chunks.append(c)
-	b.x.entries.at(b.cur).nchunks++
+	e := b.x.entries.at(b.cur)
+	switch {
+	case e.nchunks == 0 && c.FileOffset == 0 && c.Size == e.Size && c.Digest == e.Digest && !c.Zeros && c.Length == 0 &&
+		c.InnerOffset <= math.MaxUint32:
+		e.chunk0, e.one, e.oneInner = inPlace, oneChunk{offset: c.Offset}, uint32(c.InnerOffset)
+	case e.chunk0 == inPlace: // a second chunk: the first joins it in the table
+		first := b.x.chunk(e, 0)
+		e.chunk0 = uint32(b.x.chunks.len())
+		b.x.chunks.append(first)
+		b.x.chunks.append(c)
+	default:
+		if e.nchunks == 0 {
+			e.chunk0 = uint32(b.x.chunks.len())
+		}
+		b.x.chunks.append(c)
+	}
+	e.nchunks++
 	return nil
 }
 
@@ -249,11 +356,10 @@ func (b *builder) closeFile() error {
 		return nil
 	}
 	e := b.x.entries.at(b.cur)
-	cs := func(i int) *Chunk { return b.x.chunks.at(int(e.chunk0) + i) }
 	n := int(e.nchunks)
 	var off int64
 	for i := range n {
-		c := cs(i)
+		c := b.x.chunk(e, i)
 		if c.FileOffset != off {
 			return &EntryError{Index: b.curRaw, Name: e.Name, Err: invalidf("chunk at file offset %d, want %d", c.FileOffset, off)}
 		}
@@ -266,16 +372,16 @@ func (b *builder) closeFile() error {
 		for i := range n {
 			end := b.curEnd
 			if i+1 < n {
-				end = cs(i + 1).Offset
+				end = b.x.chunk(e, i+1).Offset
 			}
 			if end == 0 {
 				continue // as if not recorded: fillEnds finds it
 			}
-			c := cs(i)
+			c := b.x.chunk(e, i)
 			if end <= c.Offset {
 				return &EntryError{Index: b.curRaw, Name: e.Name, Err: invalidf("chunk at blob offset %d ends at %d (data ends at %d)", c.Offset, end, b.x.payloadEnd)}
 			}
-			c.Length = end - c.Offset
+			b.x.setLength(e, i, end-c.Offset)
 		}
 	}
 	b.cur = -1
@@ -311,7 +417,7 @@ func (b *builder) addTimes(r *rawEntry) error {
 	return nil
 }
 
-func (b *builder) addXattrs(e *Entry, xs map[string]string) error {
+func (b *builder) addXattrs(e *wideEntry, xs map[string]string) error {
 	if len(xs) == 0 {
 		return nil
 	}

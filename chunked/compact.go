@@ -176,7 +176,7 @@ func (w *wideIndex) recordOpt(id EntryID, full bool) uint64 {
 	}
 	switch {
 	case e.nchunks == 1:
-		c := w.chunks.at(int(e.chunk0))
+		c := w.chunk(e, 0)
 		opt |= optChunk
 		if c.Digest != e.Digest {
 			opt |= optChunkSum
@@ -187,10 +187,10 @@ func (w *wideIndex) recordOpt(id EntryID, full bool) uint64 {
 	case e.nchunks > 1:
 		opt |= optChunks
 	}
-	if e.LinkName != "" {
+	if ex := w.extraOf(e); ex.LinkName != "" {
 		opt |= optLink
 	}
-	if e.DevMajor != 0 || e.DevMinor != 0 {
+	if ex := w.extraOf(e); ex.DevMajor != 0 || ex.DevMinor != 0 {
 		opt |= optDev
 	}
 	if e.Inode != id {
@@ -226,13 +226,14 @@ func (w *wideIndex) appendRecord(recs []byte, id EntryID, opt uint64, name strin
 	recs = binary.AppendVarint(recs, e.ModTimeSec)
 	recs = binary.AppendUvarint(recs, uint64(e.ModTimeNsec))
 	recs = binary.AppendUvarint(recs, uint64(e.Size))
+	ex := w.extraOf(e)
 	if opt&optLink != 0 {
-		recs = binary.AppendUvarint(recs, uint64(len(e.LinkName)))
-		recs = append(recs, e.LinkName...)
+		recs = binary.AppendUvarint(recs, uint64(len(ex.LinkName)))
+		recs = append(recs, ex.LinkName...)
 	}
 	if opt&optDev != 0 {
-		recs = binary.AppendUvarint(recs, uint64(e.DevMajor))
-		recs = binary.AppendUvarint(recs, uint64(e.DevMinor))
+		recs = binary.AppendUvarint(recs, uint64(ex.DevMajor))
+		recs = binary.AppendUvarint(recs, uint64(ex.DevMinor))
 	}
 	if opt&optInode != 0 {
 		recs = binary.AppendUvarint(recs, uint64(e.Inode))
@@ -247,7 +248,7 @@ func (w *wideIndex) appendRecord(recs []byte, id EntryID, opt uint64, name strin
 		recs = append(recs, e.Digest[:]...)
 	}
 	if opt&optChunk != 0 {
-		c := w.chunks.at(int(e.chunk0))
+		c := w.chunk(e, 0)
 		recs = binary.AppendUvarint(recs, uint64(c.Offset))
 		recs = binary.AppendUvarint(recs, uint64(c.Length))
 		recs = binary.AppendUvarint(recs, uint64(c.InnerOffset))
@@ -277,11 +278,12 @@ func (w *wideIndex) recordSize(id EntryID, opt uint64, name string, dir EntryID,
 	n := 2 + uvlen(opt) + uvlen(uint64(dir)) + uvlen(uint64(len(name))) + len(name) +
 		uvlen(uint64(e.Mode)) + uvlen(uint64(e.UID)) + uvlen(uint64(e.GID)) +
 		uvlen(uint64(e.ModTimeSec)<<1^uint64(e.ModTimeSec>>63)) + uvlen(uint64(e.ModTimeNsec)) + uvlen(uint64(e.Size))
+	ex := w.extraOf(e)
 	if opt&optLink != 0 {
-		n += uvlen(uint64(len(e.LinkName))) + len(e.LinkName)
+		n += uvlen(uint64(len(ex.LinkName))) + len(ex.LinkName)
 	}
 	if opt&optDev != 0 {
-		n += uvlen(uint64(e.DevMajor)) + uvlen(uint64(e.DevMinor))
+		n += uvlen(uint64(ex.DevMajor)) + uvlen(uint64(ex.DevMinor))
 	}
 	if opt&optInode != 0 {
 		n += uvlen(uint64(e.Inode))
@@ -296,7 +298,7 @@ func (w *wideIndex) recordSize(id EntryID, opt uint64, name string, dir EntryID,
 		n += len(e.Digest)
 	}
 	if opt&optChunk != 0 {
-		c := w.chunks.at(int(e.chunk0))
+		c := w.chunk(e, 0)
 		n += uvlen(uint64(c.Offset)) + uvlen(uint64(c.Length)) + uvlen(uint64(c.InnerOffset))
 		if opt&optChunkSum != 0 {
 			n += len(c.Digest)
@@ -318,9 +320,9 @@ func (w *wideIndex) recordSize(id EntryID, opt uint64, name string, dir EntryID,
 func uvlen(v uint64) int { return (bits.Len64(v|1) + 6) / 7 }
 
 // appendChunkTable appends the chunks of file e to the chunk table.
-func (w *wideIndex) appendChunkTable(table []byte, e *Entry) []byte {
+func (w *wideIndex) appendChunkTable(table []byte, e *wideEntry) []byte {
 	for i := range int(e.nchunks) {
-		c := w.chunks.at(int(e.chunk0) + i)
+		c := w.chunk(e, i)
 		for _, v := range []int64{c.Offset, c.Length, c.InnerOffset, c.FileOffset} {
 			table = binary.LittleEndian.AppendUint64(table, uint64(v))
 		}
@@ -411,11 +413,26 @@ func (x *Index) Binary() []byte { return x.data }
 // the same bytes (say, the mapping of the file x was just written to). It costs a
 // comparison of the bytes, where [LoadIndex] checks the structure of untrusted ones: x's was
 // checked when x was built or loaded, and data is x's. data is used as by LoadIndex.
-func (x *Index) Moved(data []byte) (*Index, error) {
-	same := bytes.Equal(data, x.data)
+//
+// The bytes are compared in windows of movedWindow; read, when not nil, is called after each,
+// with the bytes of data compared so far: a mapping's caller can take them out of its resident
+// memory there, so that the comparison never holds the whole mapping beside x (a million-entry
+// index: 82 MiB of each).
+func (x *Index) Moved(data []byte, read func(done []byte)) (*Index, error) {
+	same := len(data) == len(x.data)
+	for off := 0; same && off < len(data); off += movedWindow {
+		end := min(off+movedWindow, len(data))
+		same = bytes.Equal(data[off:end], x.data[off:end])
+		if read != nil {
+			read(data[:end])
+		}
+	}
 	runtime.KeepAlive(x)
 	if !same {
 		return nil, invalidf("index: %d bytes that are not the index's", len(data))
 	}
 	return indexOf(data)
 }
+
+// movedWindow is the window of Moved's comparison.
+const movedWindow = 8 << 20

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"reflect"
 	"runtime"
+	"slices"
 	"testing"
 
 	"github.com/layerstore/layerstore/chunked"
@@ -196,15 +197,19 @@ func FuzzLoadIndex(f *testing.F) {
 // TestIndexMoved: an index moved to a copy of its bytes is the same index, using the copy;
 // bytes that differ in any way are refused.
 func TestIndexMoved(t *testing.T) {
-	js, end := testlayer.SyntheticTOC(2000)
+	js, end := testlayer.SyntheticTOC(100_000) // an index of two windows
 	x, err := chunked.Parse(context.Background(), syntheticLayout(end), js, chunked.Limits{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	cp := bytes.Clone(x.Binary())
-	y, err := x.Moved(cp)
+	var read []int
+	y, err := x.Moved(cp, func(done []byte) { read = append(read, len(done)) })
 	if err != nil {
 		t.Fatal(err)
+	}
+	if len(read) < 2 || read[len(read)-1] != len(cp) || !slices.IsSorted(read) {
+		t.Errorf("read reported %v of %d bytes", read, len(cp))
 	}
 	if &y.Binary()[0] != &cp[0] {
 		t.Error("the moved index does not use the bytes given")
@@ -213,13 +218,13 @@ func TestIndexMoved(t *testing.T) {
 		t.Error("the moved index differs")
 	}
 	for _, bad := range [][]byte{cp[:len(cp)-1], append(bytes.Clone(cp), 0), nil} {
-		if _, err := x.Moved(bad); !errors.Is(err, chunked.ErrInvalid) {
+		if _, err := x.Moved(bad, nil); !errors.Is(err, chunked.ErrInvalid) {
 			t.Errorf("Moved to %d other bytes = %v, want ErrInvalid", len(bad), err)
 		}
 	}
 	flipped := bytes.Clone(cp)
 	flipped[len(flipped)/2] ^= 1
-	if _, err := x.Moved(flipped); !errors.Is(err, chunked.ErrInvalid) {
+	if _, err := x.Moved(flipped, nil); !errors.Is(err, chunked.ErrInvalid) {
 		t.Errorf("Moved to bytes with one flipped = %v, want ErrInvalid", err)
 	}
 }

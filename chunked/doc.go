@@ -26,8 +26,11 @@
 // being the file's), a table of fixed-size records for the chunks of files of more than one
 // chunk, the sorted children and the TOC's access and change times. It holds no Go pointers
 // and costs its size: about 85 bytes per entry for a tree of small files (a name of 15
-// bytes, a 32-byte digest), where the wide form it is built from (one Entry, Chunk and
-// string per entry) costs about 300. [Parse] builds the wide form and compacts it at its end.
+// bytes, a 32-byte digest), where the wide form it is built from costs about 175 (an entry of
+// 136 bytes holding a file's one chunk, and its name: only the chunks of files of more than
+// one chunk, or of an unusual one, are in a table of their own, 80 bytes each, and links'
+// targets and devices' numbers beside). [Parse] builds the wide form and compacts it at its
+// end.
 // [Index.Binary] hands the form out for writing; [LoadIndex] uses one in place (a read-only
 // mapping of a file, say), once it has checked every record, offset, count and reference, so
 // that no method panics, loops or reads out of bounds whatever the bytes; [Index.Moved] uses

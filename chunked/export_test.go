@@ -29,15 +29,19 @@ func CompareWide(layout *Layout, tocJSON []byte, limits Limits) error {
 	}
 	for i := range w.entries.len() {
 		id := EntryID(i)
-		we := *w.entries.at(i)
+		wide := w.entries.at(i)
+		ex := w.extraOf(wide)
+		we := Entry{Name: wide.Name, LinkName: ex.LinkName, Size: wide.Size, ModTimeSec: wide.ModTimeSec,
+			ModTimeNsec: wide.ModTimeNsec, Mode: wide.Mode, UID: wide.UID, GID: wide.GID, DevMajor: ex.DevMajor,
+			DevMinor: ex.DevMinor, Parent: wide.Parent, Inode: wide.Inode, Nlink: wide.Nlink, Digest: wide.Digest,
+			Type: wide.Type, Flags: wide.Flags}
 		owner := w.entries.at(int(we.Inode))
 		attr := owner.attr
 		var cs []Chunk
 		for k := range int(owner.nchunks) {
-			cs = append(cs, *w.chunks.at(int(owner.chunk0) + k))
+			cs = append(cs, w.chunk(owner, k))
 		}
-		xs := w.xattrs[we.xattr0 : we.xattr0+uint32(we.nxattrs)]
-		we.chunk0, we.nchunks, we.xattr0, we.nxattrs, we.attr = 0, 0, 0, 0, 0
+		xs := w.xattrs[wide.xattr0 : wide.xattr0+uint32(wide.nxattrs)]
 		var at, ct int64
 		if i < len(w.times) {
 			at, ct = w.times[i].atime, w.times[i].ctime

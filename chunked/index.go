@@ -110,12 +110,6 @@ type Entry struct {
 	Digest Sum
 	Type   Type
 	Flags  Flags
-
-	// The builder's (see toc.go); zero in the entries an Index hands out.
-	chunk0, nchunks uint32
-	xattr0          uint32
-	attr            EntryID // see Index.AttrEntry
-	nxattrs         uint16
 }
 
 // ModTime returns the modification time.

@@ -84,7 +84,7 @@ func (b *builder) mapPaths() error {
 		// A hardlink links to what its target path holds at this point of the layer, as
 		// extraction makes it: a later entry at that path replaces the path, not the link.
 		if e.Type == TypeHardlink {
-			if e.Inode, err = b.resolveLink(b.paths, e.LinkName); err != nil {
+			if e.Inode, err = b.resolveLink(b.paths, x.extraOf(e).LinkName); err != nil {
 				return &EntryError{Index: -1, Name: e.Name, Err: err}
 			}
 		}
@@ -148,7 +148,7 @@ func (b *builder) ensureDir(p string) error {
 			b.implicit++
 		}
 		id := EntryID(x.entries.len())
-		x.entries.append(Entry{Name: p, Type: TypeDir, Mode: 0o755, Inode: id, attr: id, Flags: FlagImplicit})
+		x.entries.append(wideEntry{Name: p, Type: TypeDir, Mode: 0o755, Inode: id, attr: id, Flags: FlagImplicit})
 		b.paths.Set(p, id)
 		if p == "" {
 			return nil
@@ -244,7 +244,7 @@ func (x *wideIndex) sortChildren() {
 }
 
 // classifyName sets the whiteout and hidden flags of an entry and returns its path in the tree.
-func (b *builder) classifyName(e *Entry) (string, error) {
+func (b *builder) classifyName(e *wideEntry) (string, error) {
 	dir, base := path.Split(e.Name)
 	switch {
 	case e.Name == "":
@@ -303,19 +303,19 @@ func (b *builder) resolveLink(paths *pathTable, target string) (EntryID, error) 
 func (b *builder) fillEnds() error {
 	x := b.x
 	var offs []int64 // sorted distinct chunk offsets, when some chunk needs them
-	for i := range x.chunks.len() {
-		if x.chunks.at(i).Length == 0 {
-			offs = make([]int64, x.chunks.len())
-			for i := range offs {
-				offs[i] = x.chunks.at(i).Offset
+	for e, i := range x.chunksAll() {
+		if x.chunk(e, i).Length == 0 {
+			offs = make([]int64, 0, x.chunks.len())
+			for e, i := range x.chunksAll() {
+				offs = append(offs, x.chunk(e, i).Offset)
 			}
 			slices.Sort(offs)
 			offs = slices.Compact(offs)
 			break
 		}
 	}
-	for i := range x.chunks.len() {
-		c := x.chunks.at(i)
+	for e, i := range x.chunksAll() {
+		c := x.chunk(e, i)
 		end := c.End()
 		if c.Length == 0 {
 			end = x.payloadEnd
@@ -326,7 +326,7 @@ func (b *builder) fillEnds() error {
 		if end <= c.Offset || end > x.payloadEnd {
 			return invalidf("chunk at blob offset %d ends at %d (data ends at %d)", c.Offset, end, x.payloadEnd)
 		}
-		c.Length = min(end, c.Offset+MaxSpan(c.InnerOffset+c.Size)) - c.Offset
+		x.setLength(e, i, min(end, c.Offset+MaxSpan(c.InnerOffset+c.Size))-c.Offset)
 	}
 	return nil
 }

@@ -311,7 +311,9 @@ func (rs *records) restore(name string, rec *cache.Record, written *chunked.Inde
 	var idx *chunked.Index
 	var err error
 	if written != nil {
-		idx, err = written.Moved(data[:meta.IndexSize])
+		// The pages compared are let go of as the comparison goes: the whole mapping would
+		// be resident beside the index on the heap.
+		idx, err = written.Moved(data[:meta.IndexSize], func([]byte) { _ = rec.Unresident() })
 	} else {
 		idx, err = chunked.LoadIndex(data[:meta.IndexSize], rs.limits)
 	}
