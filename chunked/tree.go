@@ -305,7 +305,7 @@ func (b *builder) fillEnds() error {
 	var offs []int64 // sorted distinct chunk offsets, when some chunk needs them
 	for e, i := range x.chunksAll() {
 		if x.chunk(e, i).Length == 0 {
-			offs = make([]int64, 0, x.chunks.len())
+			offs = make([]int64, 0, x.chunks.len()+x.entries.len()) // at most one in place per entry
 			for e, i := range x.chunksAll() {
 				offs = append(offs, x.chunk(e, i).Offset)
 			}
