@@ -187,10 +187,11 @@ func (w *wideIndex) recordOpt(id EntryID, full bool) uint64 {
 	case e.nchunks > 1:
 		opt |= optChunks
 	}
-	if ex := w.extraOf(e); ex.LinkName != "" {
+	ex := w.extraOf(e)
+	if ex.LinkName != "" {
 		opt |= optLink
 	}
-	if ex := w.extraOf(e); ex.DevMajor != 0 || ex.DevMinor != 0 {
+	if ex.DevMajor != 0 || ex.DevMinor != 0 {
 		opt |= optDev
 	}
 	if e.Inode != id {
