@@ -14,7 +14,8 @@
 //     parsing as it decompresses (on another goroutine), and lets go of the compressed bytes
 //     once decompressed, before it builds the index (a caller that drops them too keeps them
 //     out of the heap live while it is built); [ParseHashed] hashes the JSON as well, for the
-//     formats whose TOC digest covers it.
+//     formats whose TOC digest covers it, and [ParseStream] does that reading the compressed
+//     TOC from a reader, as it arrives.
 //   - [TarSplitReader] reads the records of a tar-split stream; [IterateTarSplit] walks the tar
 //     they describe, header by header, decoding the records ahead on another goroutine (at
 //     most three batches of 1 MiB or one record ahead) while the caller's callbacks run on its

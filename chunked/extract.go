@@ -2,6 +2,7 @@ package chunked
 
 import (
 	"archive/tar"
+	"bufio"
 	"bytes"
 	"errors"
 	"hash"
@@ -9,6 +10,7 @@ import (
 
 	"github.com/klauspost/compress/gzip"
 	"github.com/klauspost/compress/zstd"
+	"github.com/layerstore/layerstore/internal/readahead"
 )
 
 // maxTOCRatio bounds the uncompressed size of a TOC, per compressed byte, that ExtractTOC
@@ -29,12 +31,12 @@ func ExtractTOC(l *Layout, raw []byte, limits Limits) ([]byte, error) {
 	if l.Format == EStargz {
 		return extractStargzTOC(raw, lim.MaxTOCSize)
 	}
-	zr, err := newTOCReader(l, raw, lim, 1)
+	zr, err := newTOCReader(l, &consumed{b: raw}, lim, 1)
 	if err != nil {
 		return nil, err
 	}
 	defer zr.close()
-	out, err := readCapped(zr, lim.MaxTOCSize, tocSizeHint(l, raw, lim))
+	out, err := readCapped(zr, lim.MaxTOCSize, tocSizeHint(l, int64(len(raw)), lim))
 	if zr.err != nil {
 		return nil, zr.err
 	}
@@ -47,11 +49,11 @@ func ExtractTOC(l *Layout, raw []byte, limits Limits) ([]byte, error) {
 	return out, nil
 }
 
-// tocSizeHint returns the TOC's uncompressed size the layout states when the compressed TOC
-// raw could plausibly hold it (a manifest alone must not make the daemon allocate up to the
-// limit), else 0.
-func tocSizeHint(l *Layout, raw []byte, lim Limits) int64 {
-	if h := l.TOCUncompressed; h > 0 && h <= maxTOCRatio*int64(len(raw)) && h <= lim.MaxTOCSize {
+// tocSizeHint returns the TOC's uncompressed size the layout states when a compressed TOC of
+// size bytes could plausibly hold it (a manifest alone must not make the daemon allocate up
+// to the limit), else 0.
+func tocSizeHint(l *Layout, size int64, lim Limits) int64 {
+	if h := l.TOCUncompressed; h > 0 && h <= maxTOCRatio*size && h <= lim.MaxTOCSize {
 		return h
 	}
 	return 0
@@ -83,10 +85,10 @@ func (c *consumed) Read(p []byte) (int, error) {
 	return n, nil
 }
 
-// newTOCReader returns a reader of the zstd TOC raw; concurrency is the decoder's (1:
+// newTOCReader returns a reader of the zstd TOC r yields; concurrency is the decoder's (1:
 // decompressed as it is read, on the reader's goroutine).
-func newTOCReader(l *Layout, raw []byte, lim Limits, concurrency int) (*tocReader, error) {
-	dec, err := zstd.NewReader(&consumed{b: raw}, zstd.WithDecoderConcurrency(concurrency),
+func newTOCReader(l *Layout, r io.Reader, lim Limits, concurrency int) (*tocReader, error) {
+	dec, err := zstd.NewReader(r, zstd.WithDecoderConcurrency(concurrency),
 		zstd.WithDecoderMaxMemory(uint64(lim.MaxTOCSize)), zstd.WithDecoderMaxWindow(uint64(min(lim.MaxTOCSize, 1<<30))))
 	if err != nil {
 		return nil, invalidf("TOC: %v", err)
@@ -126,7 +128,7 @@ func (t *tocReader) close() { t.dec.Close() }
 // extractStargzTOC reads the TOC member to its end, so that the gzip CRC covers every byte
 // of it: the tar header, the JSON, the padding and the end blocks.
 func extractStargzTOC(raw []byte, limit int64) ([]byte, error) {
-	m, err := openStargzTOC(raw, limit)
+	m, err := openStargzTOC(bytes.NewReader(raw), int64(len(raw)), limit)
 	if err != nil {
 		return nil, err
 	}
@@ -145,15 +147,16 @@ func extractStargzTOC(raw []byte, limit int64) ([]byte, error) {
 // stargzMember is an eStargz TOC member opened at the start of its JSON: m.tr yields the
 // JSON (to the size its tar header states, within the limit), then m.finish checks the rest.
 type stargzMember struct {
-	raw  []byte
-	br   *bytes.Reader
-	zr   *gzip.Reader
-	tr   *tar.Reader
-	size int64 // the JSON's size, as the tar header states it
+	br    *bufio.Reader // the compressed member, and nothing after it
+	zr    *gzip.Reader
+	tr    *tar.Reader
+	csize int64 // the compressed member's size
+	size  int64 // the JSON's size, as the tar header states it
 }
 
-func openStargzTOC(raw []byte, limit int64) (*stargzMember, error) {
-	m := &stargzMember{raw: raw, br: bytes.NewReader(raw)}
+// openStargzTOC opens the TOC member of csize bytes r yields, which it reads as a stream.
+func openStargzTOC(r io.Reader, csize, limit int64) (*stargzMember, error) {
+	m := &stargzMember{br: bufio.NewReaderSize(r, stargzReadBuffer), csize: csize}
 	var err error
 	if m.zr, err = gzip.NewReader(m.br); err != nil {
 		return nil, invalidf("TOC: %v", err)
@@ -174,9 +177,12 @@ func openStargzTOC(raw []byte, limit int64) (*stargzMember, error) {
 	return m, nil
 }
 
+// stargzReadBuffer is how much of a compressed eStargz TOC its decompressor reads at once.
+const stargzReadBuffer = 64 << 10
+
 // sizeHint is the JSON's size the tar header states, as far as the compressed TOC could
 // plausibly hold it (a header alone must not make the daemon allocate up to the limit).
-func (m *stargzMember) sizeHint() int64 { return min(m.size, maxTOCRatio*int64(len(m.raw))) }
+func (m *stargzMember) sizeHint() int64 { return min(m.size, maxTOCRatio*m.csize) }
 
 // finish checks what follows the JSON, once read: nothing more in the tar, the end blocks,
 // then the member's CRC and size, and nothing after the member.
@@ -187,8 +193,11 @@ func (m *stargzMember) finish() error {
 	if n, err := io.Copy(io.Discard, io.LimitReader(m.zr, 1<<20)); err != nil || n >= 1<<20 {
 		return invalidf("TOC: bad end of the TOC member (%d bytes, %v)", n, err)
 	}
-	if m.br.Len() != 0 {
-		return invalidf("TOC: %d bytes after the TOC member", m.br.Len())
+	switch _, err := m.br.ReadByte(); {
+	case err == nil:
+		return invalidf("TOC: bytes after the TOC member")
+	case err != io.EOF:
+		return invalidf("TOC: %v", err)
 	}
 	return nil
 }
@@ -200,64 +209,29 @@ const (
 	streamBlocks = 4
 )
 
-// stargzStream decompresses an eStargz TOC member on its own goroutine, writing its JSON to
-// a hash, while the caller reads the JSON (and parses it), in blocks handed over through a
-// channel, so that the two goroutines meet once per block rather than once per read.
-type stargzStream struct {
-	full chan []byte   // blocks of JSON, in order; closed at the end or on an error
-	free chan []byte   // blocks read, for the decompression to fill again
-	stop chan struct{} // closed by close: the reader is gone
-	done chan struct{} // closed when the goroutine has returned
-	err  error         // what stopped the decompression; read once done
-
-	blk, cur []byte // the block being read, and the rest of it
-}
-
-func newStargzStream(m *stargzMember, h hash.Hash) *stargzStream {
-	s := &stargzStream{
-		full: make(chan []byte, streamBlocks),
-		free: make(chan []byte, streamBlocks),
-		stop: make(chan struct{}),
-		done: make(chan struct{}),
-	}
-	for range streamBlocks {
-		s.free <- nil // allocated on first use: a small TOC needs one block
-	}
-	go func() {
-		defer close(s.done)
-		defer close(s.full)
-		for {
-			var b []byte
-			select {
-			case b = <-s.free:
-			case <-s.stop:
-				return
-			}
-			if b == nil {
-				b = make([]byte, streamBlock)
-			}
-			n, err := fill(m.tr, b[:cap(b)])
-			if n > 0 {
-				if h != nil {
-					h.Write(b[:n])
-				}
-				select {
-				case s.full <- b[:n]:
-				case <-s.stop:
-					return
-				}
-			}
-			switch {
-			case err == io.EOF:
-				s.err = m.finish()
-				return
-			case err != nil:
-				s.err = invalidf("TOC: %v", err)
-				return
-			}
+// newStargzStream decompresses the TOC member m on a goroutine of its own, writing its JSON to
+// h (when not nil), while the caller reads the JSON (and parses it), in blocks of streamBlock
+// bytes, at most streamBlocks of them under way.
+func newStargzStream(m *stargzMember, h hash.Hash) *readahead.Reader {
+	return readahead.New(streamBlocks, func(b []byte) ([]byte, error) {
+		if b == nil {
+			b = make([]byte, streamBlock)
 		}
-	}()
-	return s
+		n, err := fill(m.tr, b)
+		if h != nil {
+			h.Write(b[:n])
+		}
+		switch {
+		case err == io.EOF:
+			if err := m.finish(); err != nil {
+				return b[:n], err
+			}
+			return b[:n], io.EOF
+		case err != nil:
+			return b[:n], invalidf("TOC: %v", err)
+		}
+		return b[:n], nil
+	}, nil)
 }
 
 // fill reads into b until it is full or r fails (io.EOF at its end).
@@ -271,41 +245,6 @@ func fill(r io.Reader, b []byte) (int, error) {
 		}
 	}
 	return n, nil
-}
-
-func (s *stargzStream) Read(p []byte) (int, error) {
-	if len(s.cur) == 0 {
-		b, ok := <-s.full
-		if !ok {
-			<-s.done
-			if s.err != nil {
-				return 0, s.err
-			}
-			return 0, io.EOF
-		}
-		s.blk, s.cur = b, b
-	}
-	n := copy(p, s.cur)
-	s.cur = s.cur[n:]
-	if len(s.cur) == 0 {
-		s.free <- s.blk[:cap(s.blk)] // never blocks: at most streamBlocks blocks go round
-		s.blk = nil
-	}
-	return n, nil
-}
-
-// drain reads the rest of the JSON (into the hash) and waits for the decompression's end.
-func (s *stargzStream) drain() {
-	for b := range s.full {
-		s.free <- b[:cap(b)]
-	}
-	<-s.done
-}
-
-// close stops the decompression, if still running, and waits for its goroutine.
-func (s *stargzStream) close() {
-	close(s.stop)
-	<-s.done
 }
 
 func readCapped(r io.Reader, limit, sizeHint int64) ([]byte, error) {

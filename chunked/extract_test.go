@@ -7,11 +7,13 @@ import (
 	"context"
 	"crypto/sha256"
 	"errors"
+	"io"
 	"runtime"
 	"strconv"
 	"strings"
 	"sync"
 	"testing"
+	"testing/iotest"
 
 	"github.com/layerstore/layerstore/chunked"
 	"github.com/layerstore/layerstore/internal/byterange"
@@ -286,5 +288,43 @@ func TestParseCompressedStargzStreams(t *testing.T) {
 	}
 	if got := after.TotalAlloc - before.TotalAlloc; got > uint64(len(js)) {
 		t.Errorf("parsing a TOC of %d MiB (%d KiB compressed) allocated %d MiB", len(js)>>20, len(raw)>>10, got>>20)
+	}
+}
+
+// TestParseStream: ParseStream builds from a reader, whatever the size of its reads, the
+// index ParseHashed builds from the bytes; it refuses bytes after the TOC (where the bytes
+// were refused alike) and a stream that ends too soon, and passes on the reader's error.
+func TestParseStream(t *testing.T) {
+	for _, f := range fixtures(t) {
+		t.Run(f.Name, func(t *testing.T) {
+			l, raw, _ := fixtureTOC(t, f)
+			want, _, err := chunked.ParseHashed(t.Context(), l, raw, chunked.Limits{}, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for name, r := range map[string]io.Reader{
+				"one byte": iotest.OneByteReader(bytes.NewReader(raw)),
+				"half":     iotest.HalfReader(bytes.NewReader(raw)),
+			} {
+				x, hashed, err := chunked.ParseStream(t.Context(), l, r, int64(len(raw)), chunked.Limits{}, sha256.New())
+				if err != nil || !hashed || !bytes.Equal(x.Binary(), want.Binary()) {
+					t.Errorf("%s reads: ParseStream = %v (hashed %v), or another index", name, err, hashed)
+				}
+			}
+			more := append(bytes.Clone(raw), 0)
+			_, _, errBytes := chunked.ParseHashed(t.Context(), l, more, chunked.Limits{}, nil)
+			_, _, errStream := chunked.ParseStream(t.Context(), l, bytes.NewReader(more), int64(len(more)), chunked.Limits{}, nil)
+			if !errors.Is(errStream, chunked.ErrInvalid) || !errors.Is(errBytes, chunked.ErrInvalid) {
+				t.Errorf("a byte after the TOC: ParseStream = %v, ParseHashed = %v; want ErrInvalid", errStream, errBytes)
+			}
+			if _, _, err := chunked.ParseStream(t.Context(), l, bytes.NewReader(raw[:len(raw)-1]), int64(len(raw)), chunked.Limits{}, nil); !errors.Is(err, chunked.ErrInvalid) {
+				t.Errorf("a TOC one byte short: ParseStream = %v, want ErrInvalid", err)
+			}
+			broken := errors.New("connection reset")
+			r := io.MultiReader(bytes.NewReader(raw[:len(raw)/2]), iotest.ErrReader(broken))
+			if _, _, err := chunked.ParseStream(t.Context(), l, r, int64(len(raw)), chunked.Limits{}, nil); err == nil {
+				t.Error("a reader failing half way: no error")
+			}
+		})
 	}
 }

@@ -67,7 +67,7 @@ func TestTOCReleasedAtEnd(t *testing.T) {
 		}
 		gone := released(raw)
 		l := &Layout{Format: ZstdChunked}
-		r, err := newTOCReader(l, raw, Limits{}.WithDefaults(), 2)
+		r, err := newTOCReader(l, &consumed{b: raw}, Limits{}.WithDefaults(), 2)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -103,7 +103,7 @@ func TestTOCReleasedAtEnd(t *testing.T) {
 		}
 		raw := buf.Bytes()
 		gone := released(raw)
-		m, err := openStargzTOC(raw, Limits{}.WithDefaults().MaxTOCSize)
+		m, err := openStargzTOC(&consumed{b: raw}, int64(len(raw)), Limits{}.WithDefaults().MaxTOCSize)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -117,6 +117,6 @@ func TestTOCReleasedAtEnd(t *testing.T) {
 			t.Error("the compressed TOC is still held once read")
 		}
 		runtime.KeepAlive(s)
-		s.close()
+		s.Close()
 	})
 }

@@ -114,40 +114,51 @@ func ParseCompressed(ctx context.Context, l *Layout, raw []byte, limits Limits) 
 // can tell a TOC that is not the one its digest names from an invalid one); not with an
 // error of the decompression, of a limit or of ctx.
 func ParseHashed(ctx context.Context, l *Layout, raw []byte, limits Limits, h hash.Hash) (x *Index, hashed bool, err error) {
+	return ParseStream(ctx, l, &consumed{b: raw}, int64(len(raw)), limits, h)
+}
+
+// ParseStream is [ParseHashed] on the compressed TOC of size bytes r yields, read as it is
+// decompressed: the compressed TOC is never held whole either (tens of MB for a million
+// entries), and its parse starts with its first bytes. r must yield size bytes and then
+// io.EOF; what it yields past the TOC is refused. Its errors are the parse's, as
+// decompression errors: the caller tells its own (a failed read of the registry) by what it
+// wraps them in.
+func ParseStream(ctx context.Context, l *Layout, r io.Reader, size int64, limits Limits, h hash.Hash) (x *Index, hashed bool, err error) {
 	lim := limits.WithDefaults()
-	if int64(len(raw)) > lim.MaxTOCSize {
-		return nil, false, limitf("compressed TOC of %d bytes exceeds %d", len(raw), lim.MaxTOCSize)
+	if size > lim.MaxTOCSize {
+		return nil, false, limitf("compressed TOC of %d bytes exceeds %d", size, lim.MaxTOCSize)
 	}
 	if l.Format == EStargz {
-		m, err := openStargzTOC(raw, lim.MaxTOCSize)
+		m, err := openStargzTOC(r, size, lim.MaxTOCSize)
 		if err != nil {
 			return nil, false, err
 		}
 		zr := newStargzStream(m, h)
 		x, err := parse(ctx, l, zr, lim)
+		var zerr error
 		if err != nil && ctx.Err() == nil && !errors.Is(err, ErrLimit) {
-			zr.drain()
+			zerr = zr.Drain()
 		} else {
-			zr.close()
+			zerr = zr.Close()
 		}
-		if zr.err != nil {
-			return nil, false, zr.err // what stopped the decompression, rather than the parse's view of it
+		if zerr != nil {
+			return nil, false, zerr // what stopped the decompression, rather than the parse's view of it
 		}
 		return x, ctx.Err() == nil && !errors.Is(err, ErrLimit), err
 	}
-	zr, err := newTOCReader(l, raw, lim, 2)
+	zr, err := newTOCReader(l, r, lim, 2)
 	if err != nil {
 		return nil, false, err
 	}
 	defer zr.close()
-	var r io.Reader = zr
+	var jr io.Reader = zr
 	if h != nil {
-		r = io.TeeReader(zr, h)
+		jr = io.TeeReader(zr, h)
 	}
-	x, err = parse(ctx, l, r, lim)
+	x, err = parse(ctx, l, jr, lim)
 	hashed = ctx.Err() == nil && !errors.Is(err, ErrLimit)
 	if err != nil && h != nil && hashed {
-		_, _ = io.Copy(io.Discard, r)
+		_, _ = io.Copy(io.Discard, jr)
 	}
 	if zr.err != nil {
 		return nil, false, zr.err // what stopped the decompression, rather than the parse's view of it

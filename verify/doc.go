@@ -8,7 +8,10 @@
 //     parsed; over the uncompressed JSON for eStargz, hashed as the JSON is decompressed and
 //     parsed, the index dropped unless the whole JSON matches (and, for stargz-flavoured zstd
 //     that also carries the legacy checksum annotation, over the compressed bytes too,
-//     before);
+//     before). Such a TOC, with nothing to check before its parse, is read from the source as
+//     it is parsed, in pieces of 4 MiB, the next one on a goroutine of Open's own (ended when
+//     Open returns) while one is parsed: a TOC of tens of MB is never held whole, and its
+//     parse starts with its first piece instead of after its last;
 //   - the footer agrees with the annotations.
 //
 // That the TOC and the tar-split describe the same entries with the same metadata is

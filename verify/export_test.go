@@ -10,3 +10,11 @@ func SetUnresidentEvery(t interface{ Cleanup(func()) }, n int) {
 	unresidentEvery = n
 	t.Cleanup(func() { unresidentEvery = old })
 }
+
+// SetStreamPiece sets the size of the pieces in which a TOC is read as it is parsed, until
+// the test ends.
+func SetStreamPiece(t interface{ Cleanup(func()) }, n int64) {
+	old := streamPiece
+	streamPiece = n
+	t.Cleanup(func() { streamPiece = old })
+}

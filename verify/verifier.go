@@ -132,7 +132,7 @@ func open(ctx context.Context, desc chunked.Descriptor, diffID digest.Digest, sr
 	// builds the index (tens of MB for a million entries, which m would otherwise keep).
 	toc := m.toc
 	m.toc = nil
-	if v.index, err = parseTOC(ctx, layout, toc, cfg.Limits); err != nil {
+	if v.index, err = parseTOC(ctx, src, layout, toc, cfg.Limits); err != nil {
 		return v, err
 	}
 	if v.tarSplitDigest, err = tarSplitDigest(layout, v.index, cfg.Limits); err != nil {
@@ -154,8 +154,15 @@ func open(ctx context.Context, desc chunked.Descriptor, diffID digest.Digest, sr
 
 // metadata is the raw footer-side parts of a blob.
 type metadata struct {
-	toc      []byte
+	toc      []byte // nil when the parse is to read it (streamTOC)
 	tarSplit []byte // nil when not read yet
+}
+
+// streamTOC reports whether the layout's TOC is read as it is parsed (parseTOC), rather than
+// whole before: when its digest covers the JSON, whose parse checks it, and nothing is to be
+// checked before the parse.
+func streamTOC(layout *chunked.Layout) bool {
+	return layout.Format.StargzTOC() && layout.LegacyChecksum == ""
 }
 
 // readMetadata reads the footer (completing and cross-checking the layout) and the TOC, and
@@ -163,7 +170,7 @@ type metadata struct {
 // TOC (zstd:chunked), the parts are read at once, in one request when the source can make one
 // (RangeSource; every zstd:chunked producer writes the TOC, the tar-split and the footer
 // adjacent at the end of the blob). Otherwise (eStargz, whose footer is the only locator) the
-// footer is read first.
+// footer is read first, then the TOC, unless the parse is to read it as it goes (streamTOC).
 func readMetadata(ctx context.Context, src Source, layout *chunked.Layout, lim chunked.Limits, tarSplit bool) (metadata, error) {
 	tailN := min(chunked.TailSize(layout.Format), layout.BlobSize)
 	tailAt := byterange.Range{Offset: layout.BlobSize - tailN, Length: tailN}
@@ -199,6 +206,9 @@ func readMetadata(ctx context.Context, src Source, layout *chunked.Layout, lim c
 	if layout.TOC.Length > lim.MaxTOCSize {
 		return metadata{}, fmt.Errorf("%w: compressed TOC of %d bytes exceeds %d", chunked.ErrLimit, layout.TOC.Length, lim.MaxTOCSize)
 	}
+	if streamTOC(layout) {
+		return metadata{}, nil
+	}
 	toc, err := readRange(ctx, src, layout.TOC.Offset, layout.TOC.Length)
 	if err != nil {
 		return metadata{}, fmt.Errorf("reading the TOC: %w", err)
@@ -209,8 +219,9 @@ func readMetadata(ctx context.Context, src Source, layout *chunked.Layout, lim c
 // parseTOC checks the TOC digest the way the format defines it: before parsing when it covers
 // the compressed bytes, as the JSON is parsed when it covers the JSON (the index is returned
 // only if the JSON matches, and a TOC that does not match is reported as such, not as the
-// invalid TOC it may also be).
-func parseTOC(ctx context.Context, layout *chunked.Layout, raw []byte, lim chunked.Limits) (*chunked.Index, error) {
+// invalid TOC it may also be). raw is the compressed TOC, or nil for the parse to read it
+// from src as it goes (streamTOC).
+func parseTOC(ctx context.Context, src Source, layout *chunked.Layout, raw []byte, lim chunked.Limits) (*chunked.Index, error) {
 	if !layout.Format.StargzTOC() {
 		if err := checkDigest("TOC", layout.TOCDigest, raw); err != nil {
 			return nil, err
@@ -225,7 +236,19 @@ func parseTOC(ctx context.Context, layout *chunked.Layout, raw []byte, lim chunk
 	// The digest covers the JSON: it is hashed as it is decompressed and parsed, and the
 	// index is used only once the whole JSON is known to be the TOC the digest names.
 	h := sha256.New()
-	x, hashed, err := chunked.ParseHashed(ctx, layout, raw, lim, h)
+	var x *chunked.Index
+	var hashed bool
+	var err error
+	if raw != nil {
+		x, hashed, err = chunked.ParseHashed(ctx, layout, raw, lim, h)
+	} else {
+		r := streamRange(ctx, src, layout.TOC)
+		x, hashed, err = chunked.ParseStream(ctx, layout, r, layout.TOC.Length, lim, h)
+		if rerr := r.Close(); rerr != nil {
+			// The parse saw the source's failure as a TOC that ends too soon: it is not.
+			return nil, fmt.Errorf("reading the TOC: %w", rerr)
+		}
+	}
 	if !hashed {
 		return nil, err
 	}

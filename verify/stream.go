@@ -1,0 +1,44 @@
+package verify
+
+import (
+	"context"
+	"io"
+
+	"github.com/layerstore/layerstore/internal/byterange"
+	"github.com/layerstore/layerstore/internal/readahead"
+)
+
+// streamPiece is the size of the pieces in which streamRange reads (a variable for tests),
+// and streamPieces how many it reads ahead of its reader at most.
+var streamPiece int64 = 4 << 20
+
+const streamPieces = 2
+
+// streamRange reads range r of src as a stream, in pieces of up to streamPiece bytes read one
+// after the other on a goroutine of its own, at most streamPieces ahead of the reader: a TOC
+// of tens of MB is parsed as it arrives, from its first piece, and never held whole. Close
+// ends a read under way (its context is canceled) and returns src's error, if one stopped the
+// reads.
+func streamRange(ctx context.Context, src Source, r byterange.Range) *readahead.Reader {
+	ctx, cancel := context.WithCancel(ctx)
+	off := r.Offset
+	return readahead.New(streamPieces, func(b []byte) ([]byte, error) {
+		n := min(streamPiece, r.End()-off)
+		if n <= 0 {
+			return nil, io.EOF
+		}
+		if int64(cap(b)) < n {
+			b = make([]byte, n) // a short TOC is one piece of its size
+		}
+		b = b[:n]
+		got, err := src.ReadAt(ctx, b, off)
+		if err == nil && int64(got) != n {
+			err = io.ErrUnexpectedEOF
+		}
+		if err != nil {
+			return nil, err
+		}
+		off += n
+		return b, nil
+	}, cancel)
+}
