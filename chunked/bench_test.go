@@ -60,6 +60,12 @@ func BenchmarkParseCompressed(b *testing.B) {
 // compressedTOC returns the zstd-compressed synthetic TOC of n entries and its layout.
 func compressedTOC(b *testing.B, n int) (*chunked.Layout, []byte) {
 	js, end := testlayer.SyntheticTOC(n)
+	return compressedJSON(b, js, end)
+}
+
+// compressedJSON returns the zstd-compressed TOC js, whose payload ends at end, and its
+// layout.
+func compressedJSON(b *testing.B, js []byte, end int64) (*chunked.Layout, []byte) {
 	enc, err := zstd.NewWriter(nil)
 	if err != nil {
 		b.Fatal(err)
@@ -120,26 +126,60 @@ func BenchmarkLoadIndex(b *testing.B) {
 
 // BenchmarkParsePeak measures the peak memory of parsing a compressed 1M-entry TOC, as a
 // lookup does: the process's VmHWM (reset through /proc/self/clear_refs before the parse)
-// over its VmRSS before, beside the size of the index it keeps.
+// over its VmRSS before, beside the size of the index it keeps. Two shapes: a tree of small
+// files, and one of symbolic links only (the costliest entries of the wide form per entry:
+// a link's target is held beside it).
 func BenchmarkParsePeak(b *testing.B) {
-	layout, raw := compressedTOC(b, 1_000_000)
-	var peak, kept float64
-	for b.Loop() {
-		runtime.GC()
-		debug.FreeOSMemory()
-		before := procStatus(b, "VmRSS")
-		if err := os.WriteFile("/proc/self/clear_refs", []byte("5"), 0); err != nil {
-			b.Skip("cannot reset the peak RSS:", err)
-		}
-		x, err := chunked.ParseCompressed(context.Background(), layout, raw, chunked.Limits{})
-		if err != nil {
-			b.Fatal(err)
-		}
-		peak = float64(procStatus(b, "VmHWM") - before)
-		kept = float64(len(x.Binary()))
+	const n = 1_000_000
+	for _, shape := range []struct {
+		name string
+		toc  func() (*chunked.Layout, []byte)
+	}{
+		{"files", func() (*chunked.Layout, []byte) { return compressedTOC(b, n) }},
+		{"symlinks", func() (*chunked.Layout, []byte) { return compressedJSON(b, symlinkTOC(n), 0) }},
+	} {
+		b.Run(shape.name, func(b *testing.B) {
+			layout, raw := shape.toc()
+			var peak, kept float64
+			for b.Loop() {
+				runtime.GC()
+				debug.FreeOSMemory()
+				before := procStatus(b, "VmRSS")
+				if err := os.WriteFile("/proc/self/clear_refs", []byte("5"), 0); err != nil {
+					b.Skip("cannot reset the peak RSS:", err)
+				}
+				x, err := chunked.ParseCompressed(context.Background(), layout, raw, chunked.Limits{})
+				if err != nil {
+					b.Fatal(err)
+				}
+				peak = float64(procStatus(b, "VmHWM") - before)
+				kept = float64(len(x.Binary()))
+			}
+			b.ReportMetric(peak/(1<<20), "peakMiB")
+			b.ReportMetric(peak/n, "peakB/entry")
+			b.ReportMetric(kept/(1<<20), "indexMiB")
+		})
 	}
-	b.ReportMetric(peak/(1<<20), "peakMiB")
-	b.ReportMetric(kept/(1<<20), "indexMiB")
+}
+
+// symlinkTOC returns a TOC of n entries: directories of 40 entries, the others symbolic
+// links.
+func symlinkTOC(n int) []byte {
+	var b strings.Builder
+	b.WriteString(`{"version":1,"entries":[`)
+	for i := range n {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		dir := fmt.Sprintf("usr/lib/pkg%06d/", i/40)
+		if i%40 == 0 {
+			fmt.Fprintf(&b, `{"name":%q,"type":"dir","mode":493}`, dir)
+			continue
+		}
+		fmt.Fprintf(&b, `{"name":"%slink%d.so","type":"symlink","linkName":"../target.so","mode":511}`, dir, i)
+	}
+	b.WriteString(`]}`)
+	return []byte(b.String())
 }
 
 // procStatus returns a field of /proc/self/status given in kB, in bytes.
