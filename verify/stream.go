@@ -31,11 +31,7 @@ func streamRange(ctx context.Context, src Source, r byterange.Range) *readahead.
 			b = make([]byte, n) // a short TOC is one piece of its size
 		}
 		b = b[:n]
-		got, err := src.ReadAt(ctx, b, off)
-		if err == nil && int64(got) != n {
-			err = io.ErrUnexpectedEOF
-		}
-		if err != nil {
+		if err := readFull(ctx, src, b, off); err != nil {
 			return nil, err
 		}
 		off += n

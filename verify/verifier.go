@@ -306,14 +306,19 @@ func readRange(ctx context.Context, src Source, off, n int64) ([]byte, error) {
 		return nil, fmt.Errorf("%w: range %d+%d", chunked.ErrInvalid, off, n)
 	}
 	p := make([]byte, n)
-	got, err := src.ReadAt(ctx, p, off)
-	if err == nil && int64(got) != n {
-		err = io.ErrUnexpectedEOF
-	}
-	if err != nil {
+	if err := readFull(ctx, src, p, off); err != nil {
 		return nil, err
 	}
 	return p, nil
+}
+
+// readFull fills p with src's bytes at off, or fails: a short read is io.ErrUnexpectedEOF.
+func readFull(ctx context.Context, src Source, p []byte, off int64) error {
+	got, err := src.ReadAt(ctx, p, off)
+	if err == nil && got != len(p) {
+		err = io.ErrUnexpectedEOF
+	}
+	return err
 }
 
 // Index returns the layer's verified index.
