@@ -19,14 +19,17 @@ import (
 type wideIndex struct {
 	format  Format
 	entries blockSlice[wideEntry]
+	names   nameArena // the entries' names
 	// chunks holds the chunks of files but those held in their entry (wideEntry.one): a
 	// file's are consecutive, in file order.
 	chunks   blockSlice[Chunk]
 	extras   blockSlice[wideExtra]
 	xattrs   []Xattr
 	children []EntryID // visible entries except the root, sorted by (Parent, BaseName)
-	root     EntryID
-	tocCount int // entries below tocCount are the TOC's non-chunk entries, in TOC order
+	// freeChildren lets go of children (mappedSlice).
+	freeChildren func()
+	root         EntryID
+	tocCount     int // entries below tocCount are the TOC's non-chunk entries, in TOC order
 
 	// times holds access and change times, in TOC order, when the TOC has them.
 	times []extTimes
@@ -34,13 +37,30 @@ type wideIndex struct {
 	tarSplitDigest Sum
 	prefetchEnd    int64
 	payloadEnd     int64
+
+	keep bool // compact keeps the wide form whole (the tests compare it with the index)
+}
+
+// newWideIndex returns an empty wide form for a TOC of layout, whose entries and chunks are
+// mapped (see blockSlice): its owner frees it.
+func newWideIndex(layout *Layout) *wideIndex {
+	w := &wideIndex{format: layout.Format, payloadEnd: layout.PayloadEnd(), prefetchEnd: -1, freeChildren: func() {}}
+	w.entries.mapped, w.chunks.mapped = true, true
+	return w
+}
+
+// free lets go of the wide form's mapped blocks: no entry or chunk may be used after.
+func (w *wideIndex) free() {
+	w.entries.free()
+	w.chunks.free()
+	w.freeChildren()
+	w.children = nil
 }
 
 // wideEntry is an entry as the builder holds it: [Entry]'s fields, but for the rare ones
-// (extras), and where its chunks, xattrs and attributes are. A million-entry layer holds a
-// million of them at once, beside its compact form.
+// (extras), and where its name, chunks, xattrs and attributes are. A million-entry layer
+// holds a million of them at once, beside its compact form. It holds no pointers.
 type wideEntry struct {
-	Name           string
 	Size           int64
 	ModTimeSec     int64
 	ModTimeNsec    uint32
@@ -59,6 +79,7 @@ type wideEntry struct {
 	xattr0          uint32
 	attr            EntryID // see Index.AttrEntry
 	extra           uint32  // 1 + the index of its wideExtra in extras, 0 when it has none
+	nameAt          nameRef // its Name, in the index's names
 }
 
 // Visible is Entry.Visible.
@@ -79,6 +100,9 @@ type wideExtra struct {
 	LinkName           string
 	DevMajor, DevMinor uint32
 }
+
+// nameOf returns e's Name.
+func (w *wideIndex) nameOf(e *wideEntry) string { return w.names.get(e.nameAt) }
 
 // extraOf returns the extras of e.
 func (w *wideIndex) extraOf(e *wideEntry) wideExtra {
@@ -126,9 +150,9 @@ type extTimes struct {
 
 // baseName is Index.BaseName on the wide form.
 func (w *wideIndex) baseName(id EntryID) string {
-	e := w.entries.at(int(id))
-	b := e.Name[strings.LastIndexByte(e.Name, '/')+1:]
-	if e.Flags&FlagWhiteout != 0 {
+	name := w.nameOf(w.entries.at(int(id)))
+	b := name[strings.LastIndexByte(name, '/')+1:]
+	if w.entries.at(int(id)).Flags&FlagWhiteout != 0 {
 		b = b[len(whiteoutPrefix):]
 	}
 	return b
@@ -184,7 +208,10 @@ func (b *builder) addEntry(r *rawEntry) error {
 	if err != nil {
 		return err
 	}
-	e := wideEntry{Name: name, Type: typ, Inode: EntryID(b.x.entries.len()), attr: EntryID(b.x.entries.len())}
+	e := wideEntry{Type: typ, Inode: EntryID(b.x.entries.len()), attr: EntryID(b.x.entries.len())}
+	if e.nameAt, err = b.x.names.add(name); err != nil {
+		return err
+	}
 	var ex wideExtra
 	if r.Mode < 0 || r.Size < 0 {
 		return invalidf("negative mode or size")
@@ -283,8 +310,8 @@ func (b *builder) addChunk(r *rawEntry) error {
 	if err != nil {
 		return err
 	}
-	if cur := b.x.entries.at(b.cur); name != cur.Name {
-		return invalidf("chunk entry follows a different file %q", cur.Name)
+	if cur := b.x.nameOf(b.x.entries.at(b.cur)); name != cur {
+		return invalidf("chunk entry follows a different file %q", cur)
 	}
 	if r.ChunkOffset <= 0 {
 		return invalidf("chunk at file offset %d", r.ChunkOffset)
@@ -361,12 +388,12 @@ func (b *builder) closeFile() error {
 	for i := range n {
 		c := b.x.chunk(e, i)
 		if c.FileOffset != off {
-			return &EntryError{Index: b.curRaw, Name: e.Name, Err: invalidf("chunk at file offset %d, want %d", c.FileOffset, off)}
+			return &EntryError{Index: b.curRaw, Name: b.x.nameOf(e), Err: invalidf("chunk at file offset %d, want %d", c.FileOffset, off)}
 		}
 		off += c.Size
 	}
 	if off != e.Size {
-		return &EntryError{Index: b.curRaw, Name: e.Name, Err: invalidf("chunks cover %d of %d bytes", off, e.Size)}
+		return &EntryError{Index: b.curRaw, Name: b.x.nameOf(e), Err: invalidf("chunks cover %d of %d bytes", off, e.Size)}
 	}
 	if b.curEnd > 0 {
 		for i := range n {
@@ -379,7 +406,7 @@ func (b *builder) closeFile() error {
 			}
 			c := b.x.chunk(e, i)
 			if end <= c.Offset {
-				return &EntryError{Index: b.curRaw, Name: e.Name, Err: invalidf("chunk at blob offset %d ends at %d (data ends at %d)", c.Offset, end, b.x.payloadEnd)}
+				return &EntryError{Index: b.curRaw, Name: b.x.nameOf(e), Err: invalidf("chunk at blob offset %d ends at %d (data ends at %d)", c.Offset, end, b.x.payloadEnd)}
 			}
 			b.x.setLength(e, i, end-c.Offset)
 		}

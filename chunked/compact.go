@@ -63,21 +63,31 @@ const allFlags = FlagWhiteout | FlagOpaque | FlagHidden | FlagShadowed | FlagImp
 
 // compact returns the Index of the wide form. paths maps tree paths to the entries holding
 // them, as the builder left it. It sizes the form first and then writes it in place, so that
-// a large index is allocated once, at its size, beside the wide form (not grown, nor copied
-// into place with its chunk table).
+// a large index is allocated once, at its size (not grown, nor copied into place with its
+// chunk table), and lets go of the wide form as it writes (see release): the form is
+// written in entry order, and the sizing pass keeps what a record needs of other entries
+// (the entry its name continues), so that the entries and chunks behind are no longer read.
+// The wide form is unusable after: only its header fields and names remain.
 func (w *wideIndex) compact(paths *pathTable) (*Index, error) {
 	n := w.entries.len()
 	if uint64(n) > math.MaxUint32 {
 		return nil, limitf("%d entries", n)
 	}
 	var recsLen, nTable int
+	dirs, freeDirs := mappedSlice[EntryID](n) // each record's dir (recordName)
+	defer freeDirs()
+	full := make([]uint64, (n+63)/64) // whether it holds its whole name
 	for i := range n {
 		id := EntryID(i)
-		name, dir, full, err := w.recordName(id, paths)
+		name, dir, isFull, err := w.recordName(id, paths)
 		if err != nil {
 			return nil, err
 		}
-		opt := w.recordOpt(id, full)
+		dirs[i] = dir
+		if isFull {
+			full[i/64] |= 1 << (i % 64)
+		}
+		opt := w.recordOpt(id, isFull)
 		recsLen += w.recordSize(id, opt, name, dir, nTable)
 		if opt&optChunks != 0 {
 			nTable += int(w.entries.at(i).nchunks)
@@ -86,6 +96,8 @@ func (w *wideIndex) compact(paths *pathTable) (*Index, error) {
 			return nil, limitf("index of more than 4 GiB")
 		}
 	}
+	paths.Free() // pass 1 was its last use
+	rel := releaser{w}
 	data := w.startForm(recsLen + nTable*chunkSize)
 	prefix := len(data)
 	data = data[:cap(data)]
@@ -93,13 +105,19 @@ func (w *wideIndex) compact(paths *pathTable) (*Index, error) {
 	table := data[prefix+recsLen : prefix+recsLen]
 	for i := range n {
 		id := EntryID(i)
-		name, dir, full, _ := w.recordName(id, paths)
-		opt := w.recordOpt(id, full)
-		recs = w.appendRecord(recs, id, opt, name, dir, len(table)/chunkSize)
+		e := w.entries.at(i)
+		isFull := full[i/64]&(1<<(i%64)) != 0
+		name := w.nameOf(e)
+		if !isFull {
+			name = w.baseName(id)
+		}
+		opt := w.recordOpt(id, isFull)
+		recs = w.appendRecord(recs, id, opt, name, dirs[i], len(table)/chunkSize)
 		if opt&optChunks != 0 {
-			table = w.appendChunkTable(table, w.entries.at(i))
+			table = w.appendChunkTable(table, e)
 		}
 		binary.LittleEndian.PutUint32(data[headerSize+4*i:], uint32(len(recs)-prefix))
+		rel.written(i, e)
 	}
 	if len(recs) != prefix+recsLen || &recs[0] != &data[0] || len(table) != nTable*chunkSize {
 		return nil, fmt.Errorf("index: records of %d bytes, sized %d", len(recs)-prefix, recsLen)
@@ -140,24 +158,25 @@ func (w *wideIndex) recordName(id EntryID, paths *pathTable) (name string, dir E
 	if visible {
 		dir = e.Parent
 	}
+	name = w.nameOf(e)
 	if id != w.root {
-		i := strings.LastIndexByte(e.Name, '/')
-		d, base := e.Name[:max(i, 0)], e.Name[i+1:]
+		i := strings.LastIndexByte(name, '/')
+		d, base := name[:max(i, 0)], name[i+1:]
 		cand, ok := dir, visible
 		if !visible {
 			cand, ok = paths.Get(d)
 		}
-		if ok && cand != id && w.entries.at(int(cand)).Name == d {
+		if ok && cand != id && w.nameOf(w.entries.at(int(cand))) == d {
 			if e.Flags&FlagWhiteout != 0 {
 				base = base[len(whiteoutPrefix):]
 			}
 			return base, cand, false, nil
 		}
 		if visible {
-			return "", 0, false, fmt.Errorf("index: entry %q has no parent directory entry", e.Name)
+			return "", 0, false, fmt.Errorf("index: entry %q has no parent directory entry", name)
 		}
 	}
-	return e.Name, dir, true, nil
+	return name, dir, true, nil
 }
 
 // recordOpt returns the opt bits of entry id's record: which optional fields it holds.

@@ -27,11 +27,16 @@
 // being the file's), a table of fixed-size records for the chunks of files of more than one
 // chunk, the sorted children and the TOC's access and change times. It holds no Go pointers
 // and costs its size: about 85 bytes per entry for a tree of small files (a name of 15
-// bytes, a 32-byte digest), where the wide form it is built from costs about 175 (an entry of
-// 136 bytes holding a file's one chunk, and its name: only the chunks of files of more than
-// one chunk, or of an unusual one, are in a table of their own, 80 bytes each, and links'
-// targets and devices' numbers beside). [Parse] builds the wide form and compacts it at its
-// end.
+// bytes, a 32-byte digest), where the wide form it is built from costs about 160 (an entry of
+// 128 bytes holding a file's one chunk, and its name in an arena of names: only the chunks of
+// files of more than one chunk, or of an unusual one, are in a table of their own, 80 bytes
+// each, and links' targets and devices' numbers beside). [Parse] builds the wide form and
+// compacts it at its end. The wide form's entries and chunks, and the large arrays that
+// building the tree uses for a moment, are mapped outside the Go heap and unmapped as soon
+// as they are done with: the compaction writes the records in entry order and unmaps the
+// entries and chunks behind it, so that the compact form takes the wide form's place
+// instead of adding to it (a parse's peak is the wide form's, not the two's: see
+// BenchmarkParsePeak).
 // [Index.Binary] hands the form out for writing; [LoadIndex] uses one in place (a read-only
 // mapping of a file, say), once it has checked every record, offset, count and reference, so
 // that no method panics, loops or reads out of bounds whatever the bytes; [Index.Moved] uses
@@ -50,9 +55,10 @@
 // refused. Errors wrap [ErrInvalid], [ErrLimit] or [ErrNotLazy], and name the entry at fault
 // through [EntryError].
 //
-// The package keeps no mutable state: its functions may run on any number of goroutines at
+// The package keeps no mutable state (but an atomic count of the bytes its parses have
+// mapped, which the tests read): its functions may run on any number of goroutines at
 // once, and those that start goroutines of their own (the parsers, [IterateTarSplit]) have
-// ended them when they return. An [Index] is immutable and safe for concurrent use; the
+// ended them, and unmapped what they mapped, when they return. An [Index] is immutable and safe for concurrent use; the
 // bytes one uses in place ([LoadIndex], [Index.Moved]) must not change while it is in use.
 // [Layout] and [Limits] are plain values: [Layout.ApplyFooter] changes its Layout, which is
 // therefore completed before it is shared. A [TarSplitReader] serves one goroutine at a

@@ -14,7 +14,9 @@ func (x *Index) Children(dir EntryID) []EntryID { return x.ChildrenFrom(dir, 0, 
 // form the builder fills and what the compact index it becomes answers, or nil.
 func CompareWide(layout *Layout, tocJSON []byte, limits Limits) error {
 	b := &builder{ctx: context.Background(), lim: limits.WithDefaults(), cur: -1,
-		x: &wideIndex{format: layout.Format, payloadEnd: layout.PayloadEnd(), prefetchEnd: -1}}
+		x: newWideIndex(layout)}
+	b.x.keep = true
+	defer b.free()
 	if err := b.decode(bytes.NewBuffer(tocJSON)); err != nil {
 		return nil // Parse refuses it too
 	}
@@ -31,7 +33,7 @@ func CompareWide(layout *Layout, tocJSON []byte, limits Limits) error {
 		id := EntryID(i)
 		wide := w.entries.at(i)
 		ex := w.extraOf(wide)
-		we := Entry{Name: wide.Name, LinkName: ex.LinkName, Size: wide.Size, ModTimeSec: wide.ModTimeSec,
+		we := Entry{Name: w.nameOf(wide), LinkName: ex.LinkName, Size: wide.Size, ModTimeSec: wide.ModTimeSec,
 			ModTimeNsec: wide.ModTimeNsec, Mode: wide.Mode, UID: wide.UID, GID: wide.GID, DevMajor: ex.DevMajor,
 			DevMinor: ex.DevMinor, Parent: wide.Parent, Inode: wide.Inode, Nlink: wide.Nlink, Digest: wide.Digest,
 			Type: wide.Type, Flags: wide.Flags}

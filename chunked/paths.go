@@ -12,6 +12,7 @@ import "hash/maphash"
 type pathTable struct {
 	seed  maphash.Seed
 	slots []uint32 // an entry's number + 1; 0 is an empty slot
+	free  func()   // lets go of slots (mappedSlice)
 	n     int
 	keyOf func(EntryID) string
 }
@@ -22,7 +23,14 @@ func newPathTable(n int, keyOf func(EntryID) string) *pathTable {
 	for size < 2*n {
 		size *= 2
 	}
-	return &pathTable{seed: maphash.MakeSeed(), slots: make([]uint32, size), keyOf: keyOf}
+	slots, free := mappedSlice[uint32](size)
+	return &pathTable{seed: maphash.MakeSeed(), slots: slots, free: free, keyOf: keyOf}
+}
+
+// Free lets go of the table: it is unusable after.
+func (t *pathTable) Free() {
+	t.free()
+	t.slots = nil
 }
 
 // Len returns how many paths the table holds.
@@ -60,8 +68,9 @@ func (t *pathTable) Set(p string, id EntryID) {
 
 // grow doubles the table.
 func (t *pathTable) grow() {
-	old := t.slots
-	t.slots = make([]uint32, 2*len(old))
+	old, freeOld := t.slots, t.free
+	defer freeOld()
+	t.slots, t.free = mappedSlice[uint32](2 * len(old))
 	mask := len(t.slots) - 1
 	for _, s := range old {
 		if s == 0 {

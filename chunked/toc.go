@@ -174,16 +174,8 @@ func ParseStream(ctx context.Context, l *Layout, r io.Reader, size int64, limits
 
 // parse builds the index from the TOC JSON r yields.
 func parse(ctx context.Context, layout *Layout, r io.Reader, lim Limits) (*Index, error) {
-	b := &builder{
-		ctx: ctx,
-		lim: lim,
-		x: &wideIndex{
-			format:      layout.Format,
-			payloadEnd:  layout.PayloadEnd(),
-			prefetchEnd: -1,
-		},
-		cur: -1,
-	}
+	b := &builder{ctx: ctx, lim: lim, x: newWideIndex(layout), cur: -1}
+	defer b.free()
 	if b.x.payloadEnd < 0 {
 		return nil, invalidf("TOC offset %d leaves no room for data", layout.TOC.Offset)
 	}
@@ -264,7 +256,7 @@ const decodeBatch = 256
 // entry limit) otherwise.
 type entryBatch struct {
 	entries []rawEntry
-	digests []byte // the bytes of the entries' Digest and ChunkDigest (entryDecoder.sum)
+	strs    []byte // the bytes of the entries' Name, Digest and ChunkDigest (entryDecoder.batchStr)
 	err     error
 	failed  bool
 }
@@ -291,11 +283,11 @@ func (b *builder) decodeEntries(dec *jsontext.Decoder) error {
 			var bt *entryBatch
 			select {
 			case bt = <-free:
-				bt.entries, bt.digests, bt.err, bt.failed = bt.entries[:0], bt.digests[:0], nil, false
+				bt.entries, bt.strs, bt.err, bt.failed = bt.entries[:0], bt.strs[:0], nil, false
 			default:
-				bt = &entryBatch{entries: make([]rawEntry, 0, decodeBatch), digests: make([]byte, 0, decodeBatch*digestLen)}
+				bt = &entryBatch{entries: make([]rawEntry, 0, decodeBatch), strs: make([]byte, 0, decodeBatch*(digestLen+64))}
 			}
-			d.digests = &bt.digests
+			d.strs = &bt.strs
 			for more && len(bt.entries) < decodeBatch {
 				if n >= b.lim.MaxEntries {
 					bt.err = limitf("TOC has more than %d entries", b.lim.MaxEntries)
@@ -331,7 +323,7 @@ func (b *builder) decodeEntries(dec *jsontext.Decoder) error {
 			}
 			if bt.failed && i == len(bt.entries)-1 {
 				if errors.Is(bt.err, ErrInvalid) {
-					return &EntryError{Index: b.raw, Name: r.Name, Err: bt.err}
+					return &EntryError{Index: b.raw, Name: strings.Clone(r.Name), Err: bt.err}
 				}
 				return &EntryError{Index: b.raw, Err: invalidf("%v", bt.err)}
 			}
@@ -345,7 +337,7 @@ func (b *builder) decodeEntries(dec *jsontext.Decoder) error {
 				if _, ok := errors.AsType[*EntryError](err); ok {
 					return err // names an earlier entry already
 				}
-				return &EntryError{Index: b.raw, Name: r.Name, Err: err}
+				return &EntryError{Index: b.raw, Name: strings.Clone(r.Name), Err: err} // r's bytes are the batch's
 			}
 			b.raw++
 		}

@@ -20,8 +20,8 @@ type entryDecoder struct {
 	scratch   []byte              // unquoted strings that held escapes
 	lastMTime string              // the last modtime read: most entries share theirs
 	unknown   map[string]struct{} // the names of the unknown members of the object being read
-	// digests, when set, holds the bytes of the digests read (see sum).
-	digests *[]byte
+	// strs, when set, holds the bytes of the names and digests read (see batchStr).
+	strs *[]byte
 }
 
 // tocJSON are the options of a TOC's JSON decoder. jsontext's check of duplicate member
@@ -147,7 +147,7 @@ func (d *entryDecoder) decodeEntry(r *rawEntry) error {
 		}
 		switch k {
 		case keyName:
-			err = d.str(&r.Name)
+			err = d.batchStr(&r.Name, "")
 		case keyType:
 			err = d.typ(&r.Type)
 		case keySize:
@@ -173,7 +173,7 @@ func (d *entryDecoder) decodeEntry(r *rawEntry) error {
 		case keyXattrs:
 			err = d.xattrs(&r.Xattrs)
 		case keyDigest:
-			err = d.sum(&r.Digest, "")
+			err = d.batchStr(&r.Digest, "")
 		case keyOffset:
 			err = d.int(&r.Offset)
 		case keyEndOffset:
@@ -185,7 +185,7 @@ func (d *entryDecoder) decodeEntry(r *rawEntry) error {
 		case keyChunkSize:
 			err = d.int(&r.ChunkSize)
 		case keyChunkDigest:
-			err = d.sum(&r.ChunkDigest, r.Digest) // a single chunk's digest is the file's
+			err = d.batchStr(&r.ChunkDigest, r.Digest) // a single chunk's digest is the file's
 		case keyChunkType:
 			err = d.str(&r.ChunkType)
 		case keyUserName:
@@ -297,26 +297,27 @@ func (d *entryDecoder) strAs(dst *string, same string) error {
 // digestLen is the length of a digest as a TOC writes it ("sha256:" and 64 hex digits).
 const digestLen = len("sha256:") + 64
 
-// sum is str for a digest, which the builder reads once into a Sum and never keeps: with
-// d.digests set, the string is stored there, not allocated (80 bytes a file of the TOC,
-// garbage once read, which the collector's pace let a large parse's peak hold: BenchmarkParsePeak
-// 446 -> 407 MiB); same (read before it) is reused when equal. Such a string is valid until *d.digests is
-// reused: the decoding goroutine sets it to the batch's own, which the builder hands back
-// after it has read the batch's entries.
-func (d *entryDecoder) sum(dst *string, same string) error {
+// batchStr is str for a name or a digest, which the builder copies or decodes at once and
+// never keeps: with d.strs set, the string is stored there, not allocated (a name and 80
+// bytes of digests a file of the TOC, garbage once read, which the collector's pace let a
+// large parse's peak hold: BenchmarkParsePeak 446 -> 407 MiB for the digests); same (read
+// before it) is reused when equal. Such a string is valid until *d.strs is reused: the
+// decoding goroutine sets it to the batch's own, which the builder hands back after it has
+// read the batch's entries.
+func (d *entryDecoder) batchStr(dst *string, same string) error {
 	b, _, err := d.stringValue()
 	switch {
 	case err != nil:
 		return err
 	case string(b) == same:
 		*dst = same
-	case d.digests == nil || len(b) == 0:
+	case d.strs == nil || len(b) == 0:
 		*dst = string(b)
 	default:
-		at := len(*d.digests)
-		*d.digests = append(*d.digests, b...)
+		at := len(*d.strs)
+		*d.strs = append(*d.strs, b...)
 		// A grown array stays alive as long as the strings in the old one.
-		*dst = unsafe.String(&(*d.digests)[at], len(b))
+		*dst = unsafe.String(&(*d.strs)[at], len(b))
 	}
 	return nil
 }

@@ -58,6 +58,14 @@ func (b *builder) finish() (*Index, error) {
 	return x.compact(b.paths)
 }
 
+// free lets go of the builder's wide form and path table: neither is usable after.
+func (b *builder) free() {
+	b.x.free()
+	if b.paths != nil {
+		b.paths.Free()
+	}
+}
+
 // mapPaths maps every path of the tree to the last TOC entry at it, marking the entries it
 // replaces shadowed, and resolves hardlinks as it goes.
 func (b *builder) mapPaths() error {
@@ -68,14 +76,15 @@ func (b *builder) mapPaths() error {
 			return err
 		}
 		e := x.entries.at(int(id))
-		key, err := b.classifyName(e)
+		name := x.nameOf(e)
+		key, err := b.classifyName(e, name)
 		if err != nil {
-			return &EntryError{Index: -1, Name: e.Name, Err: err}
+			return &EntryError{Index: -1, Name: name, Err: err}
 		}
 		if e.Flags&FlagHidden != 0 {
 			continue
 		}
-		if key != e.Name { // a whiteout's: the path it removes
+		if key != name { // a whiteout's: the path it removes
 			if b.whiteouts == nil {
 				b.whiteouts = map[EntryID]string{}
 			}
@@ -85,7 +94,7 @@ func (b *builder) mapPaths() error {
 		// extraction makes it: a later entry at that path replaces the path, not the link.
 		if e.Type == TypeHardlink {
 			if e.Inode, err = b.resolveLink(b.paths, x.extraOf(e).LinkName); err != nil {
-				return &EntryError{Index: -1, Name: e.Name, Err: err}
+				return &EntryError{Index: -1, Name: name, Err: err}
 			}
 		}
 		if old, ok := b.paths.Get(key); ok {
@@ -108,8 +117,8 @@ func (b *builder) addDirs() error {
 		if err := b.canceled(id); err != nil {
 			return err
 		}
-		if e := x.entries.at(int(id)); e.Visible() && e.Name != "" {
-			if d := dirOf(e.Name); d != lastDir {
+		if e := x.entries.at(int(id)); e.Visible() && e.nameAt.n != 0 {
+			if d := dirOf(x.nameOf(e)); d != lastDir {
 				if err := b.ensureDir(d); err != nil {
 					return err
 				}
@@ -148,7 +157,11 @@ func (b *builder) ensureDir(p string) error {
 			b.implicit++
 		}
 		id := EntryID(x.entries.len())
-		x.entries.append(wideEntry{Name: p, Type: TypeDir, Mode: 0o755, Inode: id, attr: id, Flags: FlagImplicit})
+		at, err := x.names.add(p)
+		if err != nil {
+			return err
+		}
+		x.entries.append(wideEntry{nameAt: at, Type: TypeDir, Mode: 0o755, Inode: id, attr: id, Flags: FlagImplicit})
 		b.paths.Set(p, id)
 		if p == "" {
 			return nil
@@ -165,7 +178,8 @@ func (b *builder) linkParents() error {
 	if x.entries.at(int(x.root)).Type != TypeDir {
 		return &EntryError{Index: -1, Name: "/", Err: invalidf("root is not a directory")}
 	}
-	x.children = make([]EntryID, 0, b.paths.Len()-1)
+	children, free := mappedSlice[EntryID](b.paths.Len() - 1)
+	x.children, x.freeChildren = children[:0], free
 	lastDir, lastParent := "", x.root
 	for id := range x.entries.len() {
 		if err := b.canceled(id); err != nil {
@@ -183,13 +197,13 @@ func (b *builder) linkParents() error {
 			e.Parent = x.root
 			continue
 		}
-		if d := dirOf(e.Name); d != lastDir {
+		if d := dirOf(x.nameOf(e)); d != lastDir {
 			lastDir = d
 			lastParent, _ = b.paths.Get(d)
 		}
 		e.Parent = lastParent
 		if x.entries.at(int(e.Parent)).Type != TypeDir {
-			return &EntryError{Index: -1, Name: e.Name, Err: invalidf("parent is not a directory")}
+			return &EntryError{Index: -1, Name: x.nameOf(e), Err: invalidf("parent is not a directory")}
 		}
 		x.children = append(x.children, EntryID(id))
 	}
@@ -220,15 +234,18 @@ func (b *builder) countLinks() {
 // sortChildren sorts the children by (Parent, BaseName): grouped by parent in one pass, then
 // each directory's sorted by name (often sorted already, in TOC order).
 func (x *wideIndex) sortChildren() {
-	start := make([]uint32, x.entries.len()+1) // where each parent's children start
+	start, freeStart := mappedSlice[uint32](x.entries.len() + 1) // where each parent's children start
+	defer freeStart()
 	for _, id := range x.children {
 		start[x.entries.at(int(id)).Parent+1]++
 	}
 	for i := 1; i < len(start); i++ {
 		start[i] += start[i-1]
 	}
-	sorted := make([]EntryID, len(x.children))
-	next := slices.Clone(start[:x.entries.len()])
+	sorted, freeSorted := mappedSlice[EntryID](len(x.children))
+	next, freeNext := mappedSlice[uint32](x.entries.len())
+	defer freeNext()
+	copy(next, start)
 	for _, id := range x.children {
 		p := x.entries.at(int(id)).Parent
 		sorted[next[p]] = id
@@ -240,14 +257,16 @@ func (x *wideIndex) sortChildren() {
 			slices.SortFunc(dir, byName)
 		}
 	}
-	x.children = sorted
+	x.freeChildren()
+	x.children, x.freeChildren = sorted, freeSorted
 }
 
-// classifyName sets the whiteout and hidden flags of an entry and returns its path in the tree.
-func (b *builder) classifyName(e *wideEntry) (string, error) {
-	dir, base := path.Split(e.Name)
+// classifyName sets the whiteout and hidden flags of an entry, whose Name is name, and returns
+// its path in the tree.
+func (b *builder) classifyName(e *wideEntry, name string) (string, error) {
+	dir, base := path.Split(name)
 	switch {
-	case e.Name == "":
+	case name == "":
 		return "", nil
 	case dir == "" && artefacts[base]:
 		e.Flags |= FlagHidden
@@ -267,7 +286,7 @@ func (b *builder) classifyName(e *wideEntry) (string, error) {
 		e.Flags |= FlagWhiteout
 		return dir + vis, nil
 	}
-	return e.Name, nil
+	return name, nil
 }
 
 // pathOf returns the path entry id holds in the tree: its name, or for a whiteout the path
@@ -277,7 +296,7 @@ func (b *builder) pathOf(id EntryID) string {
 	if e.Flags&FlagWhiteout != 0 {
 		return b.whiteouts[id]
 	}
-	return e.Name
+	return b.x.nameOf(e)
 }
 
 // resolveLink returns the entry that owns the inode at path target, given paths, the entries
@@ -305,7 +324,9 @@ func (b *builder) fillEnds() error {
 	var offs []int64 // sorted distinct chunk offsets, when some chunk needs them
 	for e, i := range x.chunksAll() {
 		if x.chunk(e, i).Length == 0 {
-			offs = make([]int64, 0, x.chunks.len()+x.entries.len()) // at most one in place per entry
+			all, free := mappedSlice[int64](x.chunks.len() + x.entries.len()) // at most one in place per entry
+			defer free()
+			offs = all[:0]
 			for e, i := range x.chunksAll() {
 				offs = append(offs, x.chunk(e, i).Offset)
 			}

@@ -1,0 +1,33 @@
+//go:build unix
+
+package chunked
+
+import (
+	"sync/atomic"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// mapBlock maps size bytes of zeroed private memory, or returns nil when it cannot: the
+// caller then allocates on the heap.
+func mapBlock(size uintptr) unsafe.Pointer {
+	p, err := unix.MmapPtr(-1, 0, nil, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANON)
+	if err != nil {
+		return nil
+	}
+	mappedBytes.Add(int64(size))
+	return p
+}
+
+// mappedBytes counts the bytes mapped by mapBlock and not unmapped (the tests' check that a
+// parse unmaps what it mapped, whatever its end).
+var mappedBytes atomic.Int64
+
+// unmapBlock unmaps what mapBlock mapped.
+func unmapBlock(p unsafe.Pointer, size uintptr) {
+	if err := unix.MunmapPtr(p, size); err != nil {
+		panic("chunked: unmapping a block: " + err.Error()) // only an invalid address fails
+	}
+	mappedBytes.Add(-int64(size))
+}
