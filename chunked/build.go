@@ -70,16 +70,15 @@ type wideEntry struct {
 	Digest         Sum
 	Type           Type
 	Flags          Flags
-	nxattrs        uint16
+	nameLen        uint16 // its Name, in the index's names: a nameRef, here where it packs
 	// chunk0 is where the file's nchunks chunks start in the chunk table, or inPlace: its one
 	// chunk is one, at inner offset oneInner.
 	chunk0, nchunks uint32
 	one             oneChunk
 	oneInner        uint32
-	xattr0          uint32
 	attr            EntryID // see Index.AttrEntry
 	extra           uint32  // 1 + the index of its wideExtra in extras, 0 when it has none
-	nameAt          nameRef // its Name, in the index's names
+	nameOff         uint32
 }
 
 // Visible is Entry.Visible.
@@ -95,14 +94,24 @@ type oneChunk struct {
 	offset, length int64
 }
 
-// wideExtra holds what few entries have: a link's target, a device's numbers.
+// wideExtra holds what few entries have: a link's target, a device's numbers, xattrs (the
+// index's xattrs from xattr0).
 type wideExtra struct {
 	LinkName           string
 	DevMajor, DevMinor uint32
+	xattr0             uint32
+	nxattrs            uint16
 }
 
 // nameOf returns e's Name.
-func (w *wideIndex) nameOf(e *wideEntry) string { return w.names.get(e.nameAt) }
+func (w *wideIndex) nameOf(e *wideEntry) string {
+	return w.names.get(nameRef{off: e.nameOff, n: e.nameLen})
+}
+
+// xattrsOf returns the xattrs of an entry whose extras are ex.
+func (w *wideIndex) xattrsOf(ex wideExtra) []Xattr {
+	return w.xattrs[ex.xattr0 : ex.xattr0+uint32(ex.nxattrs)]
+}
 
 // extraOf returns the extras of e.
 func (w *wideIndex) extraOf(e *wideEntry) wideExtra {
@@ -209,9 +218,11 @@ func (b *builder) addEntry(r *rawEntry) error {
 		return err
 	}
 	e := wideEntry{Type: typ, Inode: EntryID(b.x.entries.len()), attr: EntryID(b.x.entries.len())}
-	if e.nameAt, err = b.x.names.add(name); err != nil {
+	at, err := b.x.names.add(name)
+	if err != nil {
 		return err
 	}
+	e.nameOff, e.nameLen = at.off, at.n
 	var ex wideExtra
 	if r.Mode < 0 || r.Size < 0 {
 		return invalidf("negative mode or size")
@@ -262,7 +273,7 @@ func (b *builder) addEntry(r *rawEntry) error {
 			return err
 		}
 	}
-	if err := b.addXattrs(&e, r.Xattrs); err != nil {
+	if err := b.addXattrs(&ex, r.Xattrs); err != nil {
 		return err
 	}
 	if ex != (wideExtra{}) {
@@ -444,7 +455,7 @@ func (b *builder) addTimes(r *rawEntry) error {
 	return nil
 }
 
-func (b *builder) addXattrs(e *wideEntry, xs map[string]string) error {
+func (b *builder) addXattrs(e *wideExtra, xs map[string]string) error {
 	if len(xs) == 0 {
 		return nil
 	}

@@ -225,7 +225,7 @@ func (w *wideIndex) recordOpt(id EntryID, full bool) uint64 {
 	if !e.Digest.IsZero() {
 		opt |= optDigest
 	}
-	if e.nxattrs != 0 {
+	if ex.nxattrs != 0 {
 		opt |= optXattrs
 	}
 	return opt
@@ -281,8 +281,8 @@ func (w *wideIndex) appendRecord(recs []byte, id EntryID, opt uint64, name strin
 		recs = binary.AppendUvarint(recs, uint64(e.nchunks))
 	}
 	if opt&optXattrs != 0 {
-		recs = binary.AppendUvarint(recs, uint64(e.nxattrs))
-		for _, xa := range w.xattrs[e.xattr0 : e.xattr0+uint32(e.nxattrs)] {
+		recs = binary.AppendUvarint(recs, uint64(ex.nxattrs))
+		for _, xa := range w.xattrsOf(ex) {
 			recs = binary.AppendUvarint(recs, uint64(len(xa.Name)))
 			recs = append(recs, xa.Name...)
 			recs = binary.AppendUvarint(recs, uint64(len(xa.Value)))
@@ -328,8 +328,8 @@ func (w *wideIndex) recordSize(id EntryID, opt uint64, name string, dir EntryID,
 		n += uvlen(uint64(chunk0)) + uvlen(uint64(e.nchunks))
 	}
 	if opt&optXattrs != 0 {
-		n += uvlen(uint64(e.nxattrs))
-		for _, xa := range w.xattrs[e.xattr0 : e.xattr0+uint32(e.nxattrs)] {
+		n += uvlen(uint64(ex.nxattrs))
+		for _, xa := range w.xattrsOf(ex) {
 			n += uvlen(uint64(len(xa.Name))) + len(xa.Name) + uvlen(uint64(len(xa.Value))) + len(xa.Value)
 		}
 	}

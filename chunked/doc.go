@@ -27,10 +27,10 @@
 // being the file's), a table of fixed-size records for the chunks of files of more than one
 // chunk, the sorted children and the TOC's access and change times. It holds no Go pointers
 // and costs its size: about 85 bytes per entry for a tree of small files (a name of 15
-// bytes, a 32-byte digest), where the wide form it is built from costs about 160 (an entry of
-// 128 bytes holding a file's one chunk, and its name in an arena of names: only the chunks of
+// bytes, a 32-byte digest), where the wide form it is built from costs about 150 (an entry of
+// 120 bytes holding a file's one chunk, and its name in an arena of names: only the chunks of
 // files of more than one chunk, or of an unusual one, are in a table of their own, 80 bytes
-// each, and links' targets and devices' numbers beside). [Parse] builds the wide form and
+// each, and links' targets, devices' numbers and xattrs beside). [Parse] builds the wide form and
 // compacts it at its end. The wide form's entries and chunks, and the large arrays that
 // building the tree uses for a moment, are mapped outside the Go heap and unmapped as soon
 // as they are done with: the compaction writes the records in entry order and unmaps the

@@ -43,7 +43,7 @@ func CompareWide(layout *Layout, tocJSON []byte, limits Limits) error {
 		for k := range int(owner.nchunks) {
 			cs = append(cs, w.chunk(owner, k))
 		}
-		xs := w.xattrs[wide.xattr0 : wide.xattr0+uint32(wide.nxattrs)]
+		xs := w.xattrsOf(ex)
 		var at, ct int64
 		if i < len(w.times) {
 			at, ct = w.times[i].atime, w.times[i].ctime

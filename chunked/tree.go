@@ -117,7 +117,7 @@ func (b *builder) addDirs() error {
 		if err := b.canceled(id); err != nil {
 			return err
 		}
-		if e := x.entries.at(int(id)); e.Visible() && e.nameAt.n != 0 {
+		if e := x.entries.at(int(id)); e.Visible() && e.nameLen != 0 {
 			if d := dirOf(x.nameOf(e)); d != lastDir {
 				if err := b.ensureDir(d); err != nil {
 					return err
@@ -161,7 +161,7 @@ func (b *builder) ensureDir(p string) error {
 		if err != nil {
 			return err
 		}
-		x.entries.append(wideEntry{nameAt: at, Type: TypeDir, Mode: 0o755, Inode: id, attr: id, Flags: FlagImplicit})
+		x.entries.append(wideEntry{nameOff: at.off, nameLen: at.n, Type: TypeDir, Mode: 0o755, Inode: id, attr: id, Flags: FlagImplicit})
 		b.paths.Set(p, id)
 		if p == "" {
 			return nil

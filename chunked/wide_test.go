@@ -59,7 +59,7 @@ func TestWideFormChunksInPlace(t *testing.T) {
 			t.Errorf("%s: chunks %+v, want %+v", name, cs, want)
 		}
 	}
-	if size := unsafe.Sizeof(wideEntry{}); size > 128 {
-		t.Errorf("a wide entry takes %d bytes, want at most 128", size)
+	if size := unsafe.Sizeof(wideEntry{}); size > 120 {
+		t.Errorf("a wide entry takes %d bytes, want at most 120", size)
 	}
 }
