@@ -18,8 +18,9 @@
 // For each directory overlay/<id> of a graphroot whose additionallayer file names a layer
 // directory of this store (<store>/<reference>/<digest>), and whose id layers.json lacks, it
 // appends the entry a c/storage with the fix would have written: the store's info as
-// c/storage decodes it, the id, the parent (the first link of the overlay driver's lower file,
-// resolved through overlay/l), and the creation time (the additionallayer file's). Entries
+// c/storage decodes it, the id, the parent (as the overlay driver finds it: the first id of
+// its lower-layers file, or without one the first link of its lower file, resolved through
+// overlay/l), and the creation time (the additionallayer file's). Entries
 // already there are never reordered, rewritten or dropped: the new ones are appended to the
 // file's bytes as they are, whatever fields a newer c/storage put in them. An entry is written
 // once: a layer whose tar size the store does not know yet (zstd:chunked, until its tar-split
@@ -36,8 +37,8 @@
 // old file or the new one, and at most a temporary file of ours, removed by the next run.
 //
 // A graphroot without overlay-layers (no runtime has used it), a layers.json that does not
-// parse, a lower file that does not name one parent layer, a layer directory of another store:
-// nothing is written for them, and the log says why.
+// parse, a lower-layers or lower file that does not name one parent layer, a layer directory
+// of another store: nothing is written for them, and the log says why.
 //
 // # Concurrency
 //

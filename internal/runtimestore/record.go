@@ -267,8 +267,8 @@ func inStore(store, p string) bool {
 	return err == nil
 }
 
-// build makes c's entry: the store's info, the parent from the lower file, the time the
-// runtime took the layer.
+// build makes c's entry: the store's info, the parent (parentOf), the time the runtime took
+// the layer.
 func (c *candidate) build(ctx context.Context, graphroot string) error {
 	dir := filepath.Join(graphroot, "overlay", c.id)
 	parent, err := parentOf(graphroot, c.id)
@@ -305,10 +305,27 @@ func (c *candidate) build(ctx context.Context, graphroot string) error {
 	return nil
 }
 
-// parentOf reads the parent of layer id from its lower file: the first link, which
-// overlay/l/<link> resolves to ../<parent>/diff. No lower file: no parent.
+// parentOf reads the parent of layer id as the overlay driver does: the first layer its
+// lower-layers file names (c/storage 1.64 and later write it), else the first link of its
+// lower file, which overlay/l/<link> resolves to ../<parent>/diff. No lower file: no parent.
+//
+// lower-layers comes first, as for the driver: a layer's link is not for ever. A runtime that
+// makes a layer again (one that lost it from its memory in a concurrent pull removes its
+// directory, link included, and makes it anew under a new link) leaves the layers above it
+// naming the old link in their lower files, and their parent by its id in lower-layers.
 func parentOf(graphroot, id string) (string, error) {
 	overlay := filepath.Join(graphroot, "overlay")
+	ids, err := readBounded(filepath.Join(overlay, id, "lower-layers"), maxLowerSize)
+	if err == nil {
+		first, _, _ := strings.Cut(strings.TrimSpace(string(ids)), ":")
+		if !layerID.MatchString(first) {
+			return "", fmt.Errorf("malformed lower-layers file %q", truncate(string(ids)))
+		}
+		return first, nil
+	}
+	if !errors.Is(err, fs.ErrNotExist) {
+		return "", err
+	}
 	lower, err := readBounded(filepath.Join(overlay, id, "lower"), maxLowerSize)
 	if errors.Is(err, fs.ErrNotExist) {
 		return "", nil

@@ -254,6 +254,10 @@ func TestRecordRefusesOddInput(t *testing.T) {
 			f.layerDir(id, "", good)
 			f.write("overlay/"+id+"/lower", "../../etc/passwd")
 		},
+		"malformed lower-layers": func(id string) {
+			f.layerDir(id, baseID, good)
+			f.write("overlay/"+id+"/lower-layers", "../../etc:"+baseID)
+		},
 		"lower link to no layer": func(id string) {
 			f.layerDir(id, "", good)
 			f.write("overlay/"+id+"/lower", "l/EVIL")
@@ -307,7 +311,7 @@ func TestRecordRefusesOddInput(t *testing.T) {
 		}
 	}
 	t.Logf("warnings:\n%s", strings.Join(f.warnings, "\n"))
-	for _, want := range []string{"malformed lower", "not to a layer", "does not parse", "invalid checksum digest", "larger than", "no layer directory"} {
+	for _, want := range []string{"malformed lower", "malformed lower-layers", "not to a layer", "does not parse", "invalid checksum digest", "larger than", "no layer directory"} {
 		if !strings.Contains(strings.Join(f.warnings, "\n"), want) {
 			t.Errorf("no warning says %q", want)
 		}
@@ -554,5 +558,33 @@ func TestRecorderRetriesWhatWasNotReady(t *testing.T) {
 	}
 	if st.Recorded != 1 {
 		t.Errorf("stats: %+v", st)
+	}
+}
+
+// A layer whose parent was made again under a new link (a runtime that lost the parent from
+// its memory in a concurrent pull removes its directory, link included, and makes it anew)
+// names the old link in its lower file and the parent by its id in lower-layers, which the
+// overlay driver reads first: it is recorded on that parent, as the driver mounts it.
+func TestRecordParentMadeAgain(t *testing.T) {
+	f := newFixture(t)
+	f.layerDir(midID, baseID, f.storeLayer("r", "sha256:"+hex2, info(hex2)))
+	f.write("overlay/"+midID+"/lower-layers", baseID)
+	old := filepath.Join(f.graphroot, "overlay/l", f.links[baseID])
+	if err := os.Remove(old); err != nil {
+		t.Fatal(err)
+	}
+	f.write("overlay/"+baseID+"/link", "NEWLINKNEWLINKNEWLINKNEWLI")
+	if err := os.Symlink("../"+baseID+"/diff", filepath.Join(f.graphroot, "overlay/l/NEWLINKNEWLINKNEWLINKNEWLI")); err != nil {
+		t.Fatal(err)
+	}
+	ids, err := f.record()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ids) != 1 || ids[0] != midID {
+		t.Fatalf("recorded %v, want %s; warnings: %v", ids, midID, f.warnings)
+	}
+	if got := f.read("overlay-layers/layers.json"); !strings.Contains(got, `"id":"`+midID+`","parent":"`+baseID+`"`) {
+		t.Errorf("not recorded on its parent: %s", got)
 	}
 }
