@@ -112,7 +112,9 @@ func (a *nameArena) add(s string) (nameRef, error) {
 		if uint64(len(a.blocks)+1)<<nameBlockShift > math.MaxUint32+1 {
 			return nameRef{}, limitf("names of more than 4 GiB")
 		}
-		a.blocks = append(a.blocks, make([]byte, 0, 1<<nameBlockShift))
+		block := make([]byte, 0, 1<<nameBlockShift)
+		prefault(block[:cap(block)])
+		a.blocks = append(a.blocks, block)
 		last++
 	}
 	at := len(a.blocks[last])
@@ -148,4 +150,25 @@ func mappedSlice[T any](n int) ([]T, func()) {
 		return make([]T, n), func() {}
 	}
 	return unsafe.Slice((*T)(m), n), sync.OnceFunc(func() { unmapBlock(m, size) })
+}
+
+// faultAhead prefaults b a window at a time ahead of a writer that writes it in order, from
+// next: the pages come in fewer faults, but no sooner than they are about to be written (the
+// compaction's pages take the place of the wide form's as it unmaps them).
+type faultAhead struct {
+	b    []byte
+	next int // b is faulted in up to next
+}
+
+// faultWindow is how far ahead of its writer a faultAhead faults pages in.
+const faultWindow = 256 << 10
+
+// to is called with the writer at offset at.
+func (f *faultAhead) to(at int) {
+	if at+faultWindow/2 < f.next || f.next >= len(f.b) {
+		return
+	}
+	end := min(max(f.next, at)+faultWindow, len(f.b))
+	prefault(f.b[f.next:end])
+	f.next = end
 }

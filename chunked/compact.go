@@ -103,7 +103,11 @@ func (w *wideIndex) compact(paths *pathTable) (*Index, error) {
 	data = data[:cap(data)]
 	recs := data[: prefix : prefix+recsLen] // full once every record is in
 	table := data[prefix+recsLen : prefix+recsLen]
+	recsAhead := faultAhead{b: data[:prefix+recsLen], next: prefix}
+	tableAhead := faultAhead{b: data, next: prefix + recsLen}
 	for i := range n {
+		recsAhead.to(len(recs))
+		tableAhead.to(prefix + recsLen + len(table))
 		id := EntryID(i)
 		e := w.entries.at(i)
 		isFull := full[i/64]&(1<<(i%64)) != 0
@@ -137,6 +141,7 @@ func (w *wideIndex) startForm(rest int) []byte {
 	le := binary.LittleEndian
 	prefix := headerSize + 4*n + 4*len(w.children) + timesSize*ntimes
 	data := make([]byte, headerSize+4*n, prefix+rest)
+	prefault(data[:prefix]) // written now; the rest as compact writes it (faultAhead)
 	for _, id := range w.children {
 		data = le.AppendUint32(data, uint32(id))
 	}

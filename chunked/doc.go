@@ -36,7 +36,9 @@
 // as they are done with: the compaction writes the records in entry order and unmaps the
 // entries and chunks behind it, so that the compact form takes the wide form's place
 // instead of adding to it (a parse's peak is the wide form's, not the two's: see
-// BenchmarkParsePeak).
+// BenchmarkParsePeak). What a parse writes whole (the mapped blocks, the compact form, the
+// names' blocks) is faulted in whole when it is allocated, on Linux, rather than a page fault
+// at a time as it is written.
 // [Index.Binary] hands the form out for writing; [LoadIndex] uses one in place (a read-only
 // mapping of a file, say), once it has checked every record, offset, count and reference, so
 // that no method panics, loops or reads out of bounds whatever the bytes; [Index.Moved] uses

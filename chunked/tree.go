@@ -324,7 +324,11 @@ func (b *builder) fillEnds() error {
 	var offs []int64 // sorted distinct chunk offsets, when some chunk needs them
 	for e, i := range x.chunksAll() {
 		if x.chunk(e, i).Length == 0 {
-			all, free := mappedSlice[int64](x.chunks.len() + x.entries.len()) // at most one in place per entry
+			n := 0
+			for range x.chunksAll() {
+				n++
+			}
+			all, free := mappedSlice[int64](n) // at its size: mapped pages are faulted in whole
 			defer free()
 			offs = all[:0]
 			for e, i := range x.chunksAll() {
