@@ -201,7 +201,7 @@ func (c *countingSource) Fetch(ctx context.Context, ranges []byterange.Range) ([
 }
 
 // Open reads the footer and the TOC (and the tar-split, Config.TarSplit) in one request when the
-// annotations place the TOC, and none of the tar-split's bytes without Config.TarSplit; eStargz
+// annotations place a TOC of at most a piece (a larger one is streamed: TestTOCStreamed), and none of the tar-split's bytes without Config.TarSplit; eStargz
 // needs its footer first.
 func TestOpenReads(t *testing.T) {
 	want := map[string]int{"zstdchunked-modern": 1, "zstdchunked-legacy": 1, "estargz-zstd-annotated": 1, "estargz": 2, "estargz-zstd": 2}

@@ -5,13 +5,17 @@
 //
 //   - the TOC digest matches the annotation, computed the way the format defines it, before
 //     the TOC is used: over the compressed bytes for zstd:chunked, checked before the TOC is
-//     parsed; over the uncompressed JSON for eStargz, hashed as the JSON is decompressed and
-//     parsed, the index dropped unless the whole JSON matches (and, for stargz-flavoured zstd
-//     that also carries the legacy checksum annotation, over the compressed bytes too,
-//     before). Such a TOC, with nothing to check before its parse, is read from the source as
-//     it is parsed, in pieces of 4 MiB, the next one on a goroutine of Open's own (ended when
-//     Open returns) while one is parsed: a TOC of tens of MB is never held whole, and its
-//     parse starts with its first piece instead of after its last;
+//     parsed when it is read whole (at most one piece, below, read with the footer in one
+//     request), else hashed as they arrive; over the uncompressed JSON for eStargz, hashed as
+//     the JSON is decompressed and parsed (and, for stargz-flavoured zstd that also carries
+//     the legacy checksum annotation, over the compressed bytes too, before). A TOC hashed
+//     as it is parsed is read to its end even when the parse fails, and the index is dropped
+//     unless the whole TOC matches: a TOC that is not the one named is reported as a
+//     mismatch, not as the invalid TOC it may also be. Such a TOC, with nothing to check
+//     before its parse, is read from the source as it is parsed, in pieces of 4 MiB, the next
+//     one on a goroutine of Open's own (ended when Open returns) while one is parsed: a TOC of
+//     tens of MB is never held whole, and its parse starts with its first piece instead of
+//     after its last;
 //   - the footer agrees with the annotations.
 //
 // That the TOC and the tar-split describe the same entries with the same metadata is

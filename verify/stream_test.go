@@ -9,18 +9,21 @@ import (
 
 	"github.com/layerstore/layerstore/chunked"
 	"github.com/layerstore/layerstore/internal/byterange"
+	"github.com/layerstore/layerstore/internal/testutil/testlayer"
 	"github.com/layerstore/layerstore/verify"
 )
 
-// TestTOCStreamed: an eStargz TOC is read in pieces as it is parsed, never whole, into the
-// index its bytes read whole make; a source that fails part way through is reported as
-// such, not as an invalid TOC; one that stalls is left when the context ends.
+// TestTOCStreamed: an eStargz TOC, and a zstd:chunked TOC of more than a piece, is read in
+// pieces as it is parsed, never whole, into the index its bytes read whole make; a source that
+// fails part way through is reported as such, not as an invalid TOC; one that stalls is left
+// when the context ends; one over a limit is refused for it. A zstd:chunked TOC, whose digest covers its compressed bytes, with a
+// byte changed anywhere is reported as not matching its digest, however its parse ended.
 func TestTOCStreamed(t *testing.T) {
 	const piece = 512
 	verify.SetStreamPiece(t, piece)
 	n := 0
 	for _, f := range fixtures(t) {
-		if f.Format != chunked.EStargz {
+		if f.Format != chunked.EStargz && f.Format != chunked.ZstdChunked && f.Format != chunked.ZstdChunkedLegacy {
 			continue
 		}
 		n++
@@ -36,7 +39,7 @@ func TestTOCStreamed(t *testing.T) {
 		}
 		var pieces []byterange.Range
 		for _, r := range src.read {
-			if r.Offset < toc.End() && r.End() > toc.Offset {
+			if r.Offset >= toc.Offset && r.End() <= toc.End() { // not the footer's read, which may hold the TOC's end
 				pieces = append(pieces, r)
 			}
 		}
@@ -54,6 +57,19 @@ func TestTOCStreamed(t *testing.T) {
 		}
 		if !bytes.Equal(whole.Binary(), l.Index().Binary()) {
 			t.Fatalf("%s: the TOC read as a stream makes another index", f.Name)
+		}
+		// A limit the TOC is over stops its parse early: it is the verdict, not a mismatch.
+		_, err = verify.Open(t.Context(), f.Desc, f.DiffID, source(f.Blob), verify.Config{Limits: chunked.Limits{MaxEntries: 2}})
+		if !errors.Is(err, chunked.ErrLimit) || errors.Is(err, verify.ErrDigestMismatch) {
+			t.Errorf("%s: a TOC over the entry limit: %v, want the limit", f.Name, err)
+		}
+		if f.Format != chunked.EStargz {
+			for _, p := range []int64{0, 1, toc.Length / 3, toc.Length / 2, toc.Length - 2, toc.Length - 1} {
+				_, err := verify.Open(t.Context(), f.Desc, f.DiffID, source(flip(f.Blob, int(toc.Offset+p))), verify.Config{})
+				if !errors.Is(err, verify.ErrDigestMismatch) {
+					t.Errorf("%s: TOC byte %d flipped: %v, want a digest mismatch", f.Name, p, err)
+				}
+			}
 		}
 
 		// The registry fails half way through the TOC.
@@ -95,4 +111,26 @@ func (s *failingAt) ReadAt(ctx context.Context, p []byte, off int64) (int, error
 		return 0, ctx.Err()
 	}
 	return s.Source.ReadAt(ctx, p, off)
+}
+
+// TestTOCStreamedLimit: a large zstd:chunked TOC, streamed, that is over a limit stops its
+// parse early and is refused for the limit, not as a TOC that does not match its digest (the
+// rest of it is still read and hashed).
+func TestTOCStreamedLimit(t *testing.T) {
+	verify.SetStreamPiece(t, 4096)
+	f, err := testlayer.SyntheticZstdChunked(20_000, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := verify.Open(t.Context(), f.Desc, f.DiffID, source(f.Blob), verify.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if toc := l.Layout().TOC; toc.Length < 64*4096 {
+		t.Fatalf("a TOC of %d bytes: too small to be read far ahead of its parse", toc.Length)
+	}
+	_, err = verify.Open(t.Context(), f.Desc, f.DiffID, source(f.Blob), verify.Config{Limits: chunked.Limits{MaxEntries: 100}})
+	if !errors.Is(err, chunked.ErrLimit) || errors.Is(err, verify.ErrDigestMismatch) {
+		t.Fatalf("a TOC over the entry limit: %v, want the limit", err)
+	}
 }

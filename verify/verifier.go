@@ -6,11 +6,14 @@ import (
 	"crypto/sha256"
 	"errors"
 	"fmt"
+	"hash"
 	"io"
+	"sync"
 	"sync/atomic"
 
 	"github.com/layerstore/layerstore/chunked"
 	"github.com/layerstore/layerstore/internal/byterange"
+	"github.com/layerstore/layerstore/internal/readahead"
 	digest "github.com/opencontainers/go-digest"
 )
 
@@ -159,18 +162,24 @@ type metadata struct {
 }
 
 // streamTOC reports whether the layout's TOC is read as it is parsed (parseTOC), rather than
-// whole before: when its digest covers the JSON, whose parse checks it, and nothing is to be
-// checked before the parse.
+// whole before: a TOC whose digest covers the JSON (the eStargz family), unless a digest of
+// its compressed bytes is also to be checked before (stargz-flavoured zstd with the legacy
+// checksum annotation); a zstd:chunked TOC of more than a piece (streamPiece), whose digest,
+// over the compressed bytes, is then checked as they arrive. A smaller zstd:chunked TOC is
+// read with the footer, in one request, and checked before its parse.
 func streamTOC(layout *chunked.Layout) bool {
-	return layout.Format.StargzTOC() && layout.LegacyChecksum == ""
+	if layout.LegacyChecksum != "" {
+		return false
+	}
+	return layout.Format.StargzTOC() || layout.TOC.Length > streamPiece
 }
 
-// readMetadata reads the footer (completing and cross-checking the layout) and the TOC, and
-// with tarSplit the tar-split when the annotations place it. When the annotations place the
-// TOC (zstd:chunked), the parts are read at once, in one request when the source can make one
-// (RangeSource; every zstd:chunked producer writes the TOC, the tar-split and the footer
-// adjacent at the end of the blob). Otherwise (eStargz, whose footer is the only locator) the
-// footer is read first, then the TOC, unless the parse is to read it as it goes (streamTOC).
+// readMetadata reads the footer (completing and cross-checking the layout), the TOC unless
+// the parse is to read it as it goes (streamTOC), and with tarSplit the tar-split when the
+// annotations place it. When the annotations place the TOC (zstd:chunked), these are read at
+// once, in one request when the source can make one (RangeSource; every zstd:chunked producer
+// writes the TOC, the tar-split and the footer adjacent at the end of the blob). Otherwise
+// (eStargz, whose footer is the only locator) the footer is read first.
 func readMetadata(ctx context.Context, src Source, layout *chunked.Layout, lim chunked.Limits, tarSplit bool) (metadata, error) {
 	tailN := min(chunked.TailSize(layout.Format), layout.BlobSize)
 	tailAt := byterange.Range{Offset: layout.BlobSize - tailN, Length: tailN}
@@ -178,7 +187,11 @@ func readMetadata(ctx context.Context, src Source, layout *chunked.Layout, lim c
 		if layout.TOC.Length > lim.MaxTOCSize {
 			return metadata{}, fmt.Errorf("%w: compressed TOC of %d bytes exceeds %d", chunked.ErrLimit, layout.TOC.Length, lim.MaxTOCSize)
 		}
-		parts := []byterange.Range{layout.TOC, tailAt}
+		parts := []byterange.Range{tailAt}
+		withTOC := !streamTOC(layout)
+		if withTOC {
+			parts = append(parts, layout.TOC)
+		}
 		withTarSplit := tarSplit && layout.TarSplit.Length > 0 && layout.TarSplit.Length <= lim.MaxTOCSize
 		if withTarSplit {
 			parts = append(parts, layout.TarSplit)
@@ -187,12 +200,15 @@ func readMetadata(ctx context.Context, src Source, layout *chunked.Layout, lim c
 		if err != nil {
 			return metadata{}, fmt.Errorf("reading the TOC and footer: %w", err)
 		}
-		if err := layout.ApplyFooter(bufs[1]); err != nil {
+		if err := layout.ApplyFooter(bufs[0]); err != nil {
 			return metadata{}, err
 		}
-		m := metadata{toc: bufs[0]}
+		var m metadata
+		if withTOC {
+			m.toc, bufs = bufs[1], bufs[1:]
+		}
 		if withTarSplit {
-			m.tarSplit = bufs[2]
+			m.tarSplit = bufs[1]
 		}
 		return m, nil
 	}
@@ -216,13 +232,17 @@ func readMetadata(ctx context.Context, src Source, layout *chunked.Layout, lim c
 	return metadata{toc: toc}, nil
 }
 
-// parseTOC checks the TOC digest the way the format defines it: before parsing when it covers
-// the compressed bytes, as the JSON is parsed when it covers the JSON (the index is returned
-// only if the JSON matches, and a TOC that does not match is reported as such, not as the
-// invalid TOC it may also be). raw is the compressed TOC, or nil for the parse to read it
-// from src as it goes (streamTOC).
+// parseTOC checks the TOC digest the way the format defines it: over the compressed bytes
+// (zstd:chunked) before the parse when they were read whole, else as they arrive; over the
+// JSON as it is decompressed and parsed (the eStargz family). The index is returned only if the digest matches, and a
+// TOC that does not match is reported as such, not as the invalid TOC it may also be: the
+// rest of the TOC is still read and hashed after a failed parse (within the TOC limit). raw is
+// the compressed TOC, or nil for the parse to read it from src as it goes (streamTOC).
 func parseTOC(ctx context.Context, src Source, layout *chunked.Layout, raw []byte, lim chunked.Limits) (*chunked.Index, error) {
 	if !layout.Format.StargzTOC() {
+		if raw == nil {
+			return parseCompressedSum(ctx, src, layout, lim)
+		}
 		if err := checkDigest("TOC", layout.TOCDigest, raw); err != nil {
 			return nil, err
 		}
@@ -233,8 +253,6 @@ func parseTOC(ctx context.Context, src Source, layout *chunked.Layout, raw []byt
 			return nil, err
 		}
 	}
-	// The digest covers the JSON: it is hashed as it is decompressed and parsed, and the
-	// index is used only once the whole JSON is known to be the TOC the digest names.
 	h := sha256.New()
 	var x *chunked.Index
 	var hashed bool
@@ -256,6 +274,55 @@ func parseTOC(ctx context.Context, src Source, layout *chunked.Layout, raw []byt
 		return nil, &MismatchError{What: "TOC", Want: layout.TOCDigest, Got: got}
 	}
 	return x, err
+}
+
+// parseCompressedSum parses the TOC of a format whose digest covers its compressed bytes
+// (zstd:chunked), read from src as it is hashed, decompressed and parsed: the compressed TOC
+// (tens of MB for a million entries) is never held whole, and its download overlaps its
+// parse.
+func parseCompressedSum(ctx context.Context, src Source, layout *chunked.Layout, lim chunked.Limits) (*chunked.Index, error) {
+	r := &hashingReader{r: streamRange(ctx, src, layout.TOC), h: sha256.New()}
+	x, _, err := chunked.ParseStream(ctx, layout, r, layout.TOC.Length, lim, nil)
+	// A parse that succeeded read the TOC to its end; one that failed is followed by the rest,
+	// to tell a TOC that is not the one named from an invalid one (or one over a limit).
+	if err != nil && ctx.Err() == nil {
+		r.drain()
+	}
+	if rerr := r.r.Close(); rerr != nil {
+		return nil, fmt.Errorf("reading the TOC: %w", rerr)
+	}
+	if err != nil && ctx.Err() != nil {
+		return nil, err // not read to its end: no verdict on the TOC
+	}
+	if got := r.sum(); got != layout.TOCDigest {
+		return nil, &MismatchError{What: "TOC", Want: layout.TOCDigest, Got: got}
+	}
+	return x, err
+}
+
+// hashingReader hashes what is read through it. Its reads are serialized: the decompressor
+// reads on a goroutine of its own, which may not have returned when the parse has.
+type hashingReader struct {
+	mu sync.Mutex
+	r  *readahead.Reader
+	h  hash.Hash
+}
+
+func (r *hashingReader) Read(p []byte) (int, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	n, err := r.r.Read(p)
+	r.h.Write(p[:n])
+	return n, err
+}
+
+// drain reads the rest, to its end or the source's error.
+func (r *hashingReader) drain() { _, _ = io.Copy(io.Discard, r) }
+
+func (r *hashingReader) sum() digest.Digest {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return digest.NewDigest(digest.SHA256, r.h)
 }
 
 // RangeSource is a [Source] that reads several ranges in as few requests as it can (a
