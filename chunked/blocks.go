@@ -4,6 +4,8 @@ import (
 	"math"
 	"sync"
 	"unsafe"
+
+	"github.com/layerstore/layerstore/internal/prefault"
 )
 
 // blockShift sets the elements of a block of a blockSlice: 1<<blockShift.
@@ -113,7 +115,7 @@ func (a *nameArena) add(s string) (nameRef, error) {
 			return nameRef{}, limitf("names of more than 4 GiB")
 		}
 		block := make([]byte, 0, 1<<nameBlockShift)
-		prefault(block[:cap(block)])
+		prefault.Write(block[:cap(block)])
 		a.blocks = append(a.blocks, block)
 		last++
 	}
@@ -169,6 +171,6 @@ func (f *faultAhead) to(at int) {
 		return
 	}
 	end := min(max(f.next, at)+faultWindow, len(f.b))
-	prefault(f.b[f.next:end])
+	prefault.Write(f.b[f.next:end])
 	f.next = end
 }

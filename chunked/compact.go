@@ -8,6 +8,8 @@ import (
 	"math/bits"
 	"runtime"
 	"strings"
+
+	"github.com/layerstore/layerstore/internal/prefault"
 )
 
 // The compact binary form of an Index, little-endian throughout:
@@ -141,7 +143,7 @@ func (w *wideIndex) startForm(rest int) []byte {
 	le := binary.LittleEndian
 	prefix := headerSize + 4*n + 4*len(w.children) + timesSize*ntimes
 	data := make([]byte, headerSize+4*n, prefix+rest)
-	prefault(data[:prefix]) // written now; the rest as compact writes it (faultAhead)
+	prefault.Write(data[:prefix]) // written now; the rest as compact writes it (faultAhead)
 	for _, id := range w.children {
 		data = le.AppendUint32(data, uint32(id))
 	}

@@ -7,12 +7,14 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/layerstore/layerstore/internal/prefault"
 )
 
 // mapBlock maps size bytes of zeroed private memory, or returns nil when it cannot: the
 // caller then allocates on the heap.
 func mapBlock(size uintptr) unsafe.Pointer {
-	p, err := unix.MmapPtr(-1, 0, nil, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANON|mapPopulate)
+	p, err := unix.MmapPtr(-1, 0, nil, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANON|prefault.MapFlag)
 	if err != nil {
 		return nil
 	}
