@@ -45,7 +45,9 @@ func (s *blockSlice[T]) append(v T) {
 	if s.n&(blockLen-1) == 0 {
 		var m unsafe.Pointer
 		if s.mapped {
-			m = mapBlock(blockBytes[T]())
+			// A TOC's first block may hold a few entries: it is faulted in as it is
+			// written; those after it are written whole, but for a TOC's last.
+			m = mapBlock(blockBytes[T](), len(s.blocks) > 0)
 		}
 		if m != nil {
 			s.blocks = append(s.blocks, unsafe.Slice((*T)(m), blockLen))
@@ -115,7 +117,9 @@ func (a *nameArena) add(s string) (nameRef, error) {
 			return nameRef{}, limitf("names of more than 4 GiB")
 		}
 		block := make([]byte, 0, 1<<nameBlockShift)
-		prefault.Write(block[:cap(block)])
+		if last >= 0 { // a TOC's first block may hold a few names (see blockSlice.append)
+			prefault.Write(block[:cap(block)])
+		}
 		a.blocks = append(a.blocks, block)
 		last++
 	}
@@ -147,7 +151,7 @@ func mappedSlice[T any](n int) ([]T, func()) {
 	if size < mapMin {
 		return make([]T, n), func() {}
 	}
-	m := mapBlock(size)
+	m := mapBlock(size, true)
 	if m == nil {
 		return make([]T, n), func() {}
 	}

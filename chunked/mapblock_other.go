@@ -8,7 +8,7 @@ import (
 )
 
 // mapBlock returns nil where memory is not mapped: blocks are on the heap.
-func mapBlock(uintptr) unsafe.Pointer { return nil }
+func mapBlock(uintptr, bool) unsafe.Pointer { return nil }
 
 func unmapBlock(unsafe.Pointer, uintptr) {}
 

@@ -11,10 +11,15 @@ import (
 	"github.com/layerstore/layerstore/internal/prefault"
 )
 
-// mapBlock maps size bytes of zeroed private memory, or returns nil when it cannot: the
-// caller then allocates on the heap.
-func mapBlock(size uintptr) unsafe.Pointer {
-	p, err := unix.MmapPtr(-1, 0, nil, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANON|prefault.MapFlag)
+// mapBlock maps size bytes of zeroed private memory, its pages faulted in at once when whole
+// (it is to be written whole), or returns nil when it cannot: the caller then allocates on the
+// heap.
+func mapBlock(size uintptr, whole bool) unsafe.Pointer {
+	flags := unix.MAP_PRIVATE | unix.MAP_ANON
+	if whole {
+		flags |= prefault.MapFlag
+	}
+	p, err := unix.MmapPtr(-1, 0, nil, size, unix.PROT_READ|unix.PROT_WRITE, flags)
 	if err != nil {
 		return nil
 	}
