@@ -66,7 +66,7 @@ const allFlags = FlagWhiteout | FlagOpaque | FlagHidden | FlagShadowed | FlagImp
 // compact returns the Index of the wide form. paths maps tree paths to the entries holding
 // them, as the builder left it. It sizes the form first and then writes it in place, so that
 // a large index is allocated once, at its size (not grown, nor copied into place with its
-// chunk table), and lets go of the wide form as it writes (see release): the form is
+// chunk table), and lets go of the wide form as it writes (see releaser): the form is
 // written in entry order, and the sizing pass keeps what a record needs of other entries
 // (the entry its name continues), so that the entries and chunks behind are no longer read.
 // The wide form is unusable after: only its header fields and names remain.

@@ -119,8 +119,10 @@ func (b *Blob) ReadAt(ctx context.Context, p []byte, off int64) (int, error) {
 	if err := b.checkRanges(ctx, []byterange.Range{r}); err != nil {
 		return 0, err
 	}
-	// The spans' bytes go straight into p: through Fetch, a range longer than a span would be
-	// copied twice (a 48 MB TOC: once into Fetch's buffer, once into p).
+	// The spans' bytes are copied into p from the buffers they were read into, once: through
+	// Fetch, a range longer than a span would be copied twice (a 48 MB TOC: once into
+	// Fetch's buffer, once into p). The buffers are never p itself: a request joined by
+	// concurrent callers hands them its bytes too, which p's owner may overwrite.
 	spans := coalesce([]byterange.Range{r}, b.o.maxGap, b.o.maxSpan)
 	bufs, err := b.fetchShared(ctx, spans)
 	if err != nil {
