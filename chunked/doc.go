@@ -55,7 +55,12 @@
 // Every parser is strict and bounded (see [Limits]): sizes and counts are capped, names are
 // cleaned and escapes rejected, JSON with duplicate keys, invalid UTF-8 or trailing data is
 // refused. Errors wrap [ErrInvalid], [ErrLimit] or [ErrNotLazy], and name the entry at fault
-// through [EntryError].
+// through [EntryError]. A TOC's entries of the shape its writers give them (the defined
+// members, once each, strings without escapes, integers without fraction or exponent) are
+// read by a scanner of that shape alone; every other entry, and every other value of the
+// TOC, is cut out whole by matching its brackets and read by the JSON decoder, so that a TOC
+// reads here as a JSON decoder reads it (the fuzzers hold both to json.Unmarshal). Its work
+// is linear in the JSON, however the JSON arrives.
 //
 // The package keeps no mutable state (but an atomic count of the bytes its parses have
 // mapped, which the tests read): its functions may run on any number of goroutines at

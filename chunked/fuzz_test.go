@@ -863,3 +863,76 @@ func tarHeaders(t *testing.T, stream []byte) []*tar.Header {
 		hs = append(hs, h)
 	}
 }
+
+// FuzzTOCScan checks that the scanner of a TOC's JSON reads every TOC as json.Unmarshal reads
+// it (chunked.ReferenceTOC: the same members and entries, or an error for both), whether the
+// JSON is read in place or from a reader that yields a few bytes at a time into a buffer
+// that starts small: entries cut anywhere by the buffer's end, read again when it grows.
+func FuzzTOCScan(f *testing.F) {
+	for _, fx := range fuzzFixtures(f) {
+		_, _, js := fixtureTOC(f, fx)
+		f.Add(js, byte(0))
+		f.Add(js, byte(7))
+	}
+	for _, tc := range tocErrCases {
+		if len(tc.toc) < 8<<10 {
+			f.Add([]byte(tc.toc), byte(3))
+		}
+	}
+	synthetic, _ := testlayer.SyntheticTOC(50)
+	f.Add(synthetic, byte(0))
+	f.Add(synthetic, byte(200))
+	for i, e := range chunked.EntrySeeds {
+		f.Add([]byte(`{"version":1,"entries":[`+e+`]}`), byte(i))
+		f.Add([]byte(`{"entries":[{"name":"a"}, `+e+` ,{}],"version":1}`), byte(i+1))
+	}
+	for _, s := range []string{
+		`{}`, ` { } `, `{"version":1}`, `{"version":1,"entries":[]}`, `{"entries":null}`, `{"entries":{}}`,
+		`{"entries":[null]}`, `{"entries":[1]}`, `{"entries":[{},]}`, `{"entries":[{} {}]}`, `{"entries":[{}`,
+		`{"entries":[],"entries":[]}`, `{"entr\u0069es":[{"name":"a"}]}`, `{"Entries":[{"name":"a"}]}`,
+		`{"version":1,"tarSplitDigest":"sha256:00","x":{"a":[1,2,{"b":null}]},"y":[{"a":1,"a":2}]}`,
+		`{"version":1.0}`, `{"version":"1"}`, `{"version":null}`, `{"tarSplitDigest":1}`, `{"x":"\xff"}`,
+		`{"version":1}x`, `{"version":1}{}`, `{"version":1}` + "\x00", "\ufeff{}", `{"a":1,}`, `{,}`, `{"a"}`,
+		`{"a":}`, `{"a" 1}`, `{1:1}`, `{"entries":[{"name":"a","size":01}]}`, `{"entries":[{"size":1.}]}`,
+		`{"entries":[{"size":-}]}`, `{"entries":[{"size":tru}]}`, `{"entries":[{"name":"a\u0000"}]}`,
+		`{"entries":[{"name":"a` + "\x01" + `"}]}`, `{"entries":[{"name":"\xc3\xa9\xc3"}]}`,
+		`{"entries":[{"size":123456789012345678}]}`, `{"entries":[{"size":1234567890123456789}]}`,
+		`{"entries":[{"name" : "a" , "type" :"reg"	}	,	{ }]}`,
+	} {
+		f.Add([]byte(s), byte(len(s)))
+	}
+	f.Fuzz(func(t *testing.T, js []byte, chunk byte) {
+		want, werr := chunked.ReferenceTOC(js)
+		readers := []struct {
+			r      io.Reader
+			minBuf int
+		}{
+			{bytes.NewBuffer(js), 256 << 10},
+			{&dribble{b: js, n: int(chunk)%16 + 1}, int(chunk)/16 + 1},
+		}
+		for _, rd := range readers {
+			got, _, err := chunked.ScanTOC(rd.r, rd.minBuf)
+			if (err == nil) != (werr == nil) {
+				t.Fatalf("%q (buffer %d): error %v, json.Unmarshal's %v", js, rd.minBuf, err, werr)
+			}
+			if err == nil && !chunked.EqualTOCRead(got, want) {
+				t.Fatalf("%q (buffer %d): read\n%+v\njson.Unmarshal reads\n%+v", js, rd.minBuf, got, want)
+			}
+		}
+	})
+}
+
+// dribble yields b at most n bytes a read.
+type dribble struct {
+	b []byte
+	n int
+}
+
+func (d *dribble) Read(p []byte) (int, error) {
+	if len(d.b) == 0 {
+		return 0, io.EOF
+	}
+	n := copy(p[:min(len(p), d.n)], d.b)
+	d.b = d.b[n:]
+	return n, nil
+}

@@ -186,64 +186,20 @@ func parse(ctx context.Context, layout *Layout, r io.Reader, lim Limits) (*Index
 }
 
 func (b *builder) decode(r io.Reader) error {
-	dec := jsontext.NewDecoder(r, tocJSON)
-	if err := expect(dec, '{'); err != nil {
+	s := newTOCScanner(r)
+	var top tocTop
+	if err := s.scan(&top, func() error { return b.decodeEntries(s) }); err != nil {
 		return err
 	}
-	seen := map[string]bool{}
-	for dec.PeekKind() == '"' {
-		key, err := dec.ReadToken()
-		if err != nil {
-			return invalidf("TOC: %v", err)
+	b.version = top.version
+	if top.tarSplitDigest != "" {
+		var err error
+		if b.x.tarSplitDigest, err = parseSum(top.tarSplitDigest); err != nil {
+			return fmt.Errorf("TOC tarSplitDigest: %w", err)
 		}
-		if seen[key.String()] {
-			return invalidf("TOC: %v", errDuplicate([]byte(key.String())))
-		}
-		seen[key.String()] = true
-		switch key.String() {
-		case "version":
-			if err := json.UnmarshalDecode(dec, &b.version); err != nil {
-				return invalidf("TOC version: %v", err)
-			}
-		case "tarSplitDigest":
-			var s string
-			if err := json.UnmarshalDecode(dec, &s); err != nil {
-				return invalidf("TOC tarSplitDigest: %v", err)
-			}
-			if s != "" {
-				if b.x.tarSplitDigest, err = parseSum(s); err != nil {
-					return fmt.Errorf("TOC tarSplitDigest: %w", err)
-				}
-			}
-		case "entries":
-			if err := b.decodeEntries(dec); err != nil {
-				return err
-			}
-		default:
-			if err := skipValue(dec); err != nil {
-				return invalidf("TOC: %v", err)
-			}
-		}
-	}
-	if err := expect(dec, '}'); err != nil {
-		return err
-	}
-	if _, err := dec.ReadToken(); err != io.EOF {
-		return invalidf("TOC: trailing data after the JSON object")
 	}
 	if b.version != 1 {
 		return invalidf("TOC version %d is not 1", b.version)
-	}
-	return nil
-}
-
-func expect(dec *jsontext.Decoder, kind jsontext.Kind) error {
-	tok, err := dec.ReadToken()
-	if err != nil {
-		return invalidf("TOC: %v", err)
-	}
-	if tok.Kind() != kind {
-		return invalidf("TOC: got %v, want %v", tok.Kind(), kind)
 	}
 	return nil
 }
@@ -266,20 +222,17 @@ type entryBatch struct {
 // decoding and indexing share the processors (its decompression runs on others). The
 // builder's view is as if one goroutine did both: entries are added in order, and the first
 // error, of either, is returned.
-func (b *builder) decodeEntries(dec *jsontext.Decoder) error {
-	if err := expect(dec, '['); err != nil {
-		return err
-	}
+func (b *builder) decodeEntries(s *tocScanner) error {
 	full := make(chan *entryBatch, 2)
 	free := make(chan *entryBatch, 4)
 	stop := make(chan struct{})
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		defer close(full) // after the decoder's last use: the builder reads on from there
-		d := entryDecoder{dec: dec}
+		defer close(full) // after the scanner's last use: the builder reads on from there
 		n := 0
-		for more := dec.PeekKind() == '{'; more; {
+		more, err := s.next()
+		for more || err != nil {
 			var bt *entryBatch
 			select {
 			case bt = <-free:
@@ -287,19 +240,23 @@ func (b *builder) decodeEntries(dec *jsontext.Decoder) error {
 			default:
 				bt = &entryBatch{entries: make([]rawEntry, 0, decodeBatch), strs: make([]byte, 0, decodeBatch*(digestLen+64))}
 			}
-			d.strs = &bt.strs
-			for more && len(bt.entries) < decodeBatch {
-				if n >= b.lim.MaxEntries {
+			for len(bt.entries) < decodeBatch {
+				if err == nil && n >= b.lim.MaxEntries {
 					bt.err = limitf("TOC has more than %d entries", b.lim.MaxEntries)
 					break
 				}
 				bt.entries = append(bt.entries, rawEntry{})
-				if err := d.decodeEntry(&bt.entries[len(bt.entries)-1]); err != nil {
+				if err == nil {
+					err = s.entry(&bt.entries[len(bt.entries)-1], &bt.strs)
+				}
+				if err != nil {
 					bt.err, bt.failed = err, true
 					break
 				}
 				n++
-				more = dec.PeekKind() == '{'
+				if more, err = s.next(); !more && err == nil {
+					break
+				}
 			}
 			select {
 			case full <- bt:
@@ -352,5 +309,5 @@ func (b *builder) decodeEntries(dec *jsontext.Decoder) error {
 		default:
 		}
 	}
-	return expect(dec, ']')
+	return nil
 }

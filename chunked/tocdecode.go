@@ -269,29 +269,18 @@ func (d *entryDecoder) str(dst *string) error {
 // reused when equal.
 func (d *entryDecoder) strSame(dst, last *string) error {
 	b, _, err := d.stringValue()
-	if err != nil {
-		return err
+	if err == nil {
+		*dst = sameString(b, last)
 	}
+	return err
+}
+
+// sameString returns b as a string: *last when equal, a new one (then also in *last) otherwise.
+func sameString(b []byte, last *string) string {
 	if string(b) != *last {
 		*last = string(b)
 	}
-	*dst = *last
-	return nil
-}
-
-// strAs is str for a member whose value is often same's (read before it): same is reused
-// when equal.
-func (d *entryDecoder) strAs(dst *string, same string) error {
-	b, _, err := d.stringValue()
-	if err != nil {
-		return err
-	}
-	if string(b) == same {
-		*dst = same
-	} else {
-		*dst = string(b)
-	}
-	return nil
+	return *last
 }
 
 // digestLen is the length of a digest as a TOC writes it ("sha256:" and 64 hex digits).
@@ -306,9 +295,15 @@ const digestLen = len("sha256:") + 64
 // read the batch's entries.
 func (d *entryDecoder) batchStr(dst *string, same string) error {
 	b, _, err := d.stringValue()
+	if err == nil {
+		d.putBatchStr(dst, b, same)
+	}
+	return err
+}
+
+// putBatchStr sets *dst to b as batchStr does.
+func (d *entryDecoder) putBatchStr(dst *string, b []byte, same string) {
 	switch {
-	case err != nil:
-		return err
 	case string(b) == same:
 		*dst = same
 	case d.strs == nil || len(b) == 0:
@@ -319,30 +314,32 @@ func (d *entryDecoder) batchStr(dst *string, same string) error {
 		// A grown array stays alive as long as the strings in the old one.
 		*dst = unsafe.String(&(*d.strs)[at], len(b))
 	}
-	return nil
 }
 
 // typ reads the type member, without allocating for the types the formats define.
 func (d *entryDecoder) typ(dst *string) error {
 	b, _, err := d.stringValue()
-	if err != nil {
-		return err
+	if err == nil {
+		*dst = typeString(b)
 	}
+	return err
+}
+
+// typeString returns b as a string, without allocating for the types the formats define.
+func typeString(b []byte) string {
 	switch string(b) {
 	case "reg":
-		*dst = "reg"
+		return "reg"
 	case "chunk":
-		*dst = "chunk"
+		return "chunk"
 	case "dir":
-		*dst = "dir"
+		return "dir"
 	case "symlink":
-		*dst = "symlink"
+		return "symlink"
 	case "hardlink":
-		*dst = "hardlink"
-	default:
-		*dst = string(b)
+		return "hardlink"
 	}
-	return nil
+	return string(b)
 }
 
 var errIntSyntax = errors.New("cannot unmarshal a JSON number with a fraction or an exponent into an integer")

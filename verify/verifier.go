@@ -234,10 +234,11 @@ func readMetadata(ctx context.Context, src Source, layout *chunked.Layout, lim c
 
 // parseTOC checks the TOC digest the way the format defines it: over the compressed bytes
 // (zstd:chunked) before the parse when they were read whole, else as they arrive; over the
-// JSON as it is decompressed and parsed (the eStargz family). The index is returned only if the digest matches, and a
-// TOC that does not match is reported as such, not as the invalid TOC it may also be: the
-// rest of the TOC is still read and hashed after a failed parse (within the TOC limit). raw is
-// the compressed TOC, or nil for the parse to read it from src as it goes (streamTOC).
+// JSON as it is decompressed and parsed (the eStargz family). The index is returned only if
+// the digest matches, and a TOC that does not match is reported as such, not as the invalid
+// TOC it may also be: the rest of the TOC is still read and hashed after a failed parse
+// (within the TOC limit). raw is the compressed TOC, or nil for the parse to read it from
+// src as it goes (streamTOC).
 func parseTOC(ctx context.Context, src Source, layout *chunked.Layout, raw []byte, lim chunked.Limits) (*chunked.Index, error) {
 	if !layout.Format.StargzTOC() {
 		if raw == nil {
