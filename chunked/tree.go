@@ -70,7 +70,7 @@ func (b *builder) free() {
 // replaces shadowed, and resolves hardlinks as it goes.
 func (b *builder) mapPaths() error {
 	x := b.x
-	b.paths = newPathTable(x.entries.len(), b.pathOf)
+	b.paths = newPathTable(x.entries.len(), b.lim.MaxEntries, b.pathOf)
 	for id := range x.entries.len() {
 		if err := b.canceled(id); err != nil {
 			return err
@@ -97,10 +97,9 @@ func (b *builder) mapPaths() error {
 				return &EntryError{Index: -1, Name: name, Err: err}
 			}
 		}
-		if old, ok := b.paths.Get(key); ok {
+		if old, ok := b.paths.Put(key, EntryID(id)); ok {
 			x.entries.at(int(old)).Flags |= FlagShadowed
 		}
-		b.paths.Set(key, EntryID(id))
 	}
 	return nil
 }
