@@ -212,7 +212,7 @@ const decodeBatch = 256
 // entry limit) otherwise.
 type entryBatch struct {
 	entries []rawEntry
-	strs    []byte // the bytes of the entries' Name, Digest and ChunkDigest (entryDecoder.batchStr)
+	strs    []byte // the bytes of the entries' Name, Digest and ChunkDigest (entryDecoder.putBatchStr)
 	err     error
 	failed  bool
 }

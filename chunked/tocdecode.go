@@ -20,7 +20,7 @@ type entryDecoder struct {
 	scratch   []byte              // unquoted strings that held escapes
 	lastMTime string              // the last modtime read: most entries share theirs
 	unknown   map[string]struct{} // the names of the unknown members of the object being read
-	// strs, when set, holds the bytes of the names and digests read (see batchStr).
+	// strs, when set, holds the bytes of the names and digests read (see putBatchStr).
 	strs *[]byte
 }
 
@@ -146,64 +146,94 @@ func (d *entryDecoder) decodeEntry(r *rawEntry) error {
 			seen |= 1 << k
 		}
 		switch k {
-		case keyName:
-			err = d.batchStr(&r.Name, "")
-		case keyType:
-			err = d.typ(&r.Type)
-		case keySize:
-			err = d.int(&r.Size)
-		case keyModTime:
-			err = d.strSame(&r.ModTime, &d.lastMTime)
-		case keyAccessTime:
-			err = d.str(&r.AccessTime)
-		case keyChangeTime:
-			err = d.str(&r.ChangeTime)
-		case keyLinkName:
-			err = d.str(&r.LinkName)
-		case keyMode:
-			err = d.int(&r.Mode)
-		case keyUID:
-			err = d.int(&r.UID)
-		case keyGID:
-			err = d.int(&r.GID)
-		case keyDevMajor:
-			err = d.int(&r.DevMajor)
-		case keyDevMinor:
-			err = d.int(&r.DevMinor)
-		case keyXattrs:
-			err = d.xattrs(&r.Xattrs)
-		case keyDigest:
-			err = d.batchStr(&r.Digest, "")
-		case keyOffset:
-			err = d.int(&r.Offset)
-		case keyEndOffset:
-			err = d.int(&r.EndOffset)
-		case keyInnerOffset:
-			err = d.int(&r.InnerOffset)
-		case keyChunkOffset:
-			err = d.int(&r.ChunkOffset)
-		case keyChunkSize:
-			err = d.int(&r.ChunkSize)
-		case keyChunkDigest:
-			err = d.batchStr(&r.ChunkDigest, r.Digest) // a single chunk's digest is the file's
-		case keyChunkType:
-			err = d.str(&r.ChunkType)
-		case keyUserName:
-			err = d.str(&r.UserName)
-		case keyGroupName:
-			err = d.str(&r.GroupName)
-		default:
+		case keyUnknown:
 			if unknown == 0 {
 				clear(d.unknown)
 			}
 			unknown++
 			err = d.unknownMember(name, knownKeys)
+		case keyXattrs:
+			err = d.xattrs(&r.Xattrs)
+		default:
+			err = d.member(r, k)
 		}
 		if err != nil {
 			return err
 		}
 	}
 	return d.endObject()
+}
+
+// member reads the value of defined key k, other than xattrs, into its field of r.
+func (d *entryDecoder) member(r *rawEntry, k int) error {
+	if p := r.intField(k); p != nil {
+		return d.int(p)
+	}
+	b, _, err := d.stringValue()
+	if err == nil {
+		d.setStr(r, k, b)
+	}
+	return err
+}
+
+// intField returns the field of r that key k sets if it is an integer's, nil otherwise.
+func (r *rawEntry) intField(k int) *int64 {
+	switch k {
+	case keySize:
+		return &r.Size
+	case keyMode:
+		return &r.Mode
+	case keyUID:
+		return &r.UID
+	case keyGID:
+		return &r.GID
+	case keyDevMajor:
+		return &r.DevMajor
+	case keyDevMinor:
+		return &r.DevMinor
+	case keyOffset:
+		return &r.Offset
+	case keyEndOffset:
+		return &r.EndOffset
+	case keyInnerOffset:
+		return &r.InnerOffset
+	case keyChunkOffset:
+		return &r.ChunkOffset
+	case keyChunkSize:
+		return &r.ChunkSize
+	}
+	return nil
+}
+
+// setStr sets the field of r that key k sets, a string's, to b (nil for a JSON null): as
+// both readers of an entry, the decoder and the scanner's fastEntry, set it. A name's and a
+// digest's are kept in d.strs (putBatchStr); the types and the modification time, which
+// repeat, are not allocated again.
+func (d *entryDecoder) setStr(r *rawEntry, k int, b []byte) {
+	switch k {
+	case keyName:
+		d.putBatchStr(&r.Name, b, "")
+	case keyDigest:
+		d.putBatchStr(&r.Digest, b, "")
+	case keyChunkDigest:
+		d.putBatchStr(&r.ChunkDigest, b, r.Digest) // a single chunk's digest is the file's
+	case keyType:
+		r.Type = typeString(b)
+	case keyModTime:
+		r.ModTime = sameString(b, &d.lastMTime)
+	case keyAccessTime:
+		r.AccessTime = string(b)
+	case keyChangeTime:
+		r.ChangeTime = string(b)
+	case keyLinkName:
+		r.LinkName = string(b)
+	case keyChunkType:
+		r.ChunkType = string(b)
+	case keyUserName:
+		r.UserName = string(b)
+	case keyGroupName:
+		r.GroupName = string(b)
+	}
 }
 
 // unknownMember refuses a name read before in the object (d.unknown, cleared by the caller
@@ -265,16 +295,6 @@ func (d *entryDecoder) str(dst *string) error {
 	return err
 }
 
-// strSame is str for a member whose value often repeats: the string last read, in *last, is
-// reused when equal.
-func (d *entryDecoder) strSame(dst, last *string) error {
-	b, _, err := d.stringValue()
-	if err == nil {
-		*dst = sameString(b, last)
-	}
-	return err
-}
-
 // sameString returns b as a string: *last when equal, a new one (then also in *last) otherwise.
 func sameString(b []byte, last *string) string {
 	if string(b) != *last {
@@ -286,22 +306,13 @@ func sameString(b []byte, last *string) string {
 // digestLen is the length of a digest as a TOC writes it ("sha256:" and 64 hex digits).
 const digestLen = len("sha256:") + 64
 
-// batchStr is str for a name or a digest, which the builder copies or decodes at once and
-// never keeps: with d.strs set, the string is stored there, not allocated (a name and 80
+// putBatchStr sets *dst to b, a name or a digest, which the builder copies or decodes at once
+// and never keeps: with d.strs set, the string is stored there, not allocated (a name and 80
 // bytes of digests a file of the TOC, garbage once read, which the collector's pace let a
 // large parse's peak hold: BenchmarkParsePeak 446 -> 407 MiB for the digests); same (read
 // before it) is reused when equal. Such a string is valid until *d.strs is reused: the
 // decoding goroutine sets it to the batch's own, which the builder hands back after it has
 // read the batch's entries.
-func (d *entryDecoder) batchStr(dst *string, same string) error {
-	b, _, err := d.stringValue()
-	if err == nil {
-		d.putBatchStr(dst, b, same)
-	}
-	return err
-}
-
-// putBatchStr sets *dst to b as batchStr does.
 func (d *entryDecoder) putBatchStr(dst *string, b []byte, same string) {
 	switch {
 	case string(b) == same:
@@ -314,15 +325,6 @@ func (d *entryDecoder) putBatchStr(dst *string, b []byte, same string) {
 		// A grown array stays alive as long as the strings in the old one.
 		*dst = unsafe.String(&(*d.strs)[at], len(b))
 	}
-}
-
-// typ reads the type member, without allocating for the types the formats define.
-func (d *entryDecoder) typ(dst *string) error {
-	b, _, err := d.stringValue()
-	if err == nil {
-		*dst = typeString(b)
-	}
-	return err
 }
 
 // typeString returns b as a string, without allocating for the types the formats define.

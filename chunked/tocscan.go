@@ -337,7 +337,7 @@ func (s *tocScanner) next() (bool, error) {
 }
 
 // entry reads the entries array's next element (see next) into r, with the strings
-// batchStr stores in strs.
+// putBatchStr stores in strs.
 func (s *tocScanner) entry(r *rawEntry, strs *[]byte) error {
 	s.d.strs = strs
 	at := len(*strs)
@@ -422,31 +422,15 @@ func (d *entryDecoder) fastEntry(b []byte, r *rawEntry, eof bool) (int, int) {
 			return 0, short
 		}
 		var st int
-		switch k {
-		case keySize, keyMode, keyUID, keyGID, keyDevMajor, keyDevMinor, keyOffset, keyEndOffset,
-			keyInnerOffset, keyChunkOffset, keyChunkSize:
+		if p := r.intField(k); p != nil {
 			var v int64
 			if i, v, st = fastInt(b, i); st == fastOK {
-				*r.intField(k) = v
+				*p = v
 			}
-		default:
+		} else {
 			var v []byte
-			if i, v, st = fastString(b, i); st != fastOK {
-				break
-			}
-			switch k {
-			case keyName:
-				d.putBatchStr(&r.Name, v, "")
-			case keyDigest:
-				d.putBatchStr(&r.Digest, v, "")
-			case keyChunkDigest:
-				d.putBatchStr(&r.ChunkDigest, v, r.Digest)
-			case keyType:
-				r.Type = typeString(v)
-			case keyModTime:
-				r.ModTime = sameString(v, &d.lastMTime)
-			default:
-				*r.strField(k) = string(v)
+			if i, v, st = fastString(b, i); st == fastOK {
+				d.setStr(r, k, v)
 			}
 		}
 		if st != fastOK {
@@ -468,50 +452,6 @@ func (d *entryDecoder) fastEntry(b []byte, r *rawEntry, eof bool) (int, int) {
 			return 0, fastSlow
 		}
 	}
-}
-
-// intField returns the integer field of key k.
-func (r *rawEntry) intField(k int) *int64 {
-	switch k {
-	case keySize:
-		return &r.Size
-	case keyMode:
-		return &r.Mode
-	case keyUID:
-		return &r.UID
-	case keyGID:
-		return &r.GID
-	case keyDevMajor:
-		return &r.DevMajor
-	case keyDevMinor:
-		return &r.DevMinor
-	case keyOffset:
-		return &r.Offset
-	case keyEndOffset:
-		return &r.EndOffset
-	case keyInnerOffset:
-		return &r.InnerOffset
-	case keyChunkOffset:
-		return &r.ChunkOffset
-	}
-	return &r.ChunkSize
-}
-
-// strField returns the string field of key k, other than those fastEntry fills itself.
-func (r *rawEntry) strField(k int) *string {
-	switch k {
-	case keyAccessTime:
-		return &r.AccessTime
-	case keyChangeTime:
-		return &r.ChangeTime
-	case keyLinkName:
-		return &r.LinkName
-	case keyChunkType:
-		return &r.ChunkType
-	case keyUserName:
-		return &r.UserName
-	}
-	return &r.GroupName
 }
 
 // plainByte marks the bytes a string fastString reads may hold as they are: not the
