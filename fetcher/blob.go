@@ -103,7 +103,8 @@ func (b *Blob) Stats() Stats {
 }
 
 // ReadAt reads len(p) bytes at off. It fills p completely or returns an error; reading past the
-// end of the blob returns the bytes up to the end and io.EOF.
+// end of the blob returns the bytes up to the end and io.EOF. The bytes are read into p as they
+// arrive, and p may hold some of them after an error.
 func (b *Blob) ReadAt(ctx context.Context, p []byte, off int64) (int, error) {
 	if off < 0 {
 		return 0, fmt.Errorf("fetcher: %w: negative offset %d", ErrInvalidRange, off)
@@ -119,16 +120,21 @@ func (b *Blob) ReadAt(ctx context.Context, p []byte, off int64) (int, error) {
 	if err := b.checkRanges(ctx, []byterange.Range{r}); err != nil {
 		return 0, err
 	}
-	// The spans' bytes are copied into p from the buffers they were read into, once: through
-	// Fetch, a range longer than a span would be copied twice (a 48 MB TOC: once into
-	// Fetch's buffer, once into p). The buffers are never p itself: a request joined by
-	// concurrent callers hands them its bytes too, which p's owner may overwrite.
+	// The spans are read straight into p, each into its part: no buffer of their own, which
+	// the heap would hold as garbage until a collection (a 48 MB TOC read in pieces, a
+	// tar-split of tens of MB), and no copy. A request of p's is therefore not shared with
+	// concurrent callers (Fetch's are): they would get bytes p's owner may overwrite.
 	spans := coalesce([]byterange.Range{r}, b.o.maxGap, b.o.maxSpan)
-	bufs, err := b.fetchShared(ctx, spans)
-	if err != nil {
+	dst := make([][]byte, len(spans))
+	for j, sp := range spans {
+		dst[j] = p[sp.Offset-off : sp.End()-off]
+	}
+	if err := b.inBatches(ctx, len(spans), func(ctx context.Context, lo, hi int) error {
+		_, err := b.fetchBatch(ctx, spans[lo:hi], dst[lo:hi])
+		return err
+	}); err != nil {
 		return 0, err
 	}
-	gather(p[:n], r, spans, bufs)
 	if n < int64(len(p)) {
 		return int(n), io.EOF
 	}
@@ -265,43 +271,56 @@ func isContextErr(err error) bool {
 // runOwned fetches the spans idx (sorted), grouped into requests, and completes their calls.
 // Every call in calls is completed before it returns.
 func (b *Blob) runOwned(ctx context.Context, spans []byterange.Range, idx []int, calls map[int]*call) {
+	_ = b.inBatches(ctx, len(idx), func(ctx context.Context, lo, hi int) error {
+		batch := idx[lo:hi]
+		batchSpans := make([]byterange.Range, len(batch))
+		for k, i := range batch {
+			batchSpans[k] = spans[i]
+		}
+		bufs, err := b.fetchBatch(ctx, batchSpans, nil)
+		b.mu.Lock()
+		for k, i := range batch {
+			c := calls[i]
+			if err != nil {
+				c.err = err
+			} else {
+				c.buf = bufs[k]
+			}
+			if b.inflight[spans[i]] == c {
+				delete(b.inflight, spans[i])
+			}
+			close(c.done)
+		}
+		b.mu.Unlock()
+		return err
+	})
+}
+
+// inBatches runs fn on the batches [lo, hi) of n sorted spans that one request asks for (at
+// most Config.MaxRangesPerRequest; one where the registry does not do multi-range requests),
+// concurrently, and returns the first error. A failure cancels the context of the others: the
+// caller fails anyway, so their requests are spared.
+func (b *Blob) inBatches(ctx context.Context, n int, fn func(ctx context.Context, lo, hi int) error) error {
 	per := b.o.maxRanges
 	if b.eps[b.cur.Load()].noMulti.Load() {
 		per = 1
 	}
+	if n <= per {
+		return fn(ctx, 0, n)
+	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	errs := make([]error, (n+per-1)/per)
 	var wg sync.WaitGroup
-	for start := 0; start < len(idx); start += per {
-		batch := idx[start:min(start+per, len(idx))]
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			batchSpans := make([]byterange.Range, len(batch))
-			for k, i := range batch {
-				batchSpans[k] = spans[i]
+	for k := range errs {
+		wg.Go(func() {
+			if errs[k] = fn(ctx, k*per, min(k*per+per, n)); errs[k] != nil {
+				cancel()
 			}
-			bufs, err := b.fetchBatch(ctx, batchSpans)
-			if err != nil {
-				cancel() // the caller fails anyway; spare the other requests
-			}
-			b.mu.Lock()
-			for k, i := range batch {
-				c := calls[i]
-				if err != nil {
-					c.err = err
-				} else {
-					c.buf = bufs[k]
-				}
-				if b.inflight[spans[i]] == c {
-					delete(b.inflight, spans[i])
-				}
-				close(c.done)
-			}
-			b.mu.Unlock()
-		}()
+		})
 	}
 	wg.Wait()
+	return firstError(errs)
 }
 
 // cachedLocation returns the cached redirect target, or nil.

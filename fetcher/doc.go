@@ -130,7 +130,10 @@
 //     the first source's, quoting the others'.
 //   - Concurrency: every request holds one of the Client's slots for the registry's host
 //     (Config.ConcurrencyPerHost, default 8), including the hops to storage it was redirected
-//     to. Concurrent calls asking for the same coalesced span share one request.
+//     to. Concurrent Fetch calls asking for the same coalesced span share one request. ReadAt
+//     reads the spans straight into the caller's buffer (no buffer of their own for the
+//     collector to find, no copy: a TOC or a tar-split of tens of MB is read this way), so its
+//     requests are its own.
 //
 // # Bounds on what registries send
 //

@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -350,7 +351,7 @@ func TestCanceledContext(t *testing.T) {
 	}
 }
 
-// TestSingleflight: concurrent reads of the same range share one request.
+// TestSingleflight: concurrent fetches of the same range share one request.
 func TestSingleflight(t *testing.T) {
 	data := testBlob(1 << 20)
 	reg := newTestRegistry(t, data)
@@ -359,18 +360,16 @@ func TestSingleflight(t *testing.T) {
 	const readers = 5
 	var wg sync.WaitGroup
 	for range readers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			p := make([]byte, far1.Length)
-			if _, err := b.ReadAt(t.Context(), p, far1.Offset); err != nil {
+		wg.Go(func() {
+			got, err := b.Fetch(t.Context(), []byterange.Range{far1})
+			if err != nil {
 				t.Error(err)
 				return
 			}
-			if !bytes.Equal(p, data[far1.Offset:far1.End()]) {
+			if !bytes.Equal(got[0], data[far1.Offset:far1.End()]) {
 				t.Error("bytes differ")
 			}
-		}()
+		})
 	}
 	waitFor(t, "one request and the other readers waiting on it", func() bool {
 		return reg.count() == 1 && b.waiting.Load() == readers-1
@@ -378,7 +377,7 @@ func TestSingleflight(t *testing.T) {
 	close(reg.gate)
 	wg.Wait()
 	if got := reg.count(); got != 1 {
-		t.Errorf("%d requests for %d concurrent reads of one range, want 1", got, readers)
+		t.Errorf("%d requests for %d concurrent fetches of one range, want 1", got, readers)
 	}
 }
 
@@ -389,17 +388,19 @@ func TestSingleflightOwnerCanceled(t *testing.T) {
 	reg := newTestRegistry(t, data)
 	reg.gate = make(chan struct{})
 	b, _ := newTestBlob(t, reg)
+	first := []byterange.Range{{Offset: 0, Length: 10}}
 	ownerCtx, cancelOwner := context.WithCancel(t.Context())
 	ownerDone := make(chan error, 1)
 	go func() {
-		_, err := b.ReadAt(ownerCtx, make([]byte, 10), 0)
+		_, err := b.Fetch(ownerCtx, first)
 		ownerDone <- err
 	}()
 	waitFor(t, "the first request", func() bool { return reg.count() == 1 })
 	waiterDone := make(chan error, 1)
-	p := make([]byte, 10)
+	var got [][]byte
 	go func() {
-		_, err := b.ReadAt(t.Context(), p, 0)
+		var err error
+		got, err = b.Fetch(t.Context(), first)
 		waiterDone <- err
 	}()
 	waitFor(t, "the second reader to wait", func() bool { return b.waiting.Load() == 1 })
@@ -412,9 +413,78 @@ func TestSingleflightOwnerCanceled(t *testing.T) {
 	if err := <-waiterDone; err != nil {
 		t.Fatalf("waiter: %v", err)
 	}
-	if !bytes.Equal(p, data[:10]) {
+	if !bytes.Equal(got[0], data[:10]) {
 		t.Error("waiter's bytes differ")
 	}
+}
+
+// TestReadAtIntoCallersBuffer: ReadAt reads the spans straight into the caller's buffer,
+// allocating no buffer of their size (a TOC read in pieces left each piece's buffer to the
+// collector), however the registry answers: one span, several in one multi-range request,
+// several after a refused multi-range request, a whole body for a range. Concurrent ReadAts of
+// one range share no request: each owner may overwrite its buffer.
+func TestReadAtIntoCallersBuffer(t *testing.T) {
+	data := testBlob(8 << 20)
+	const off, n = 12_345, 6 << 20
+	for _, c := range []struct {
+		name  string
+		cfg   Config
+		fault func(w http.ResponseWriter, r *http.Request, _ int) bool
+	}{
+		{name: "one span"},
+		{name: "multi-range", cfg: Config{MaxSpan: 1 << 20}},
+		{name: "multi-range refused", cfg: Config{MaxSpan: 1 << 20}, fault: func(w http.ResponseWriter, r *http.Request, _ int) bool {
+			if strings.Contains(r.Header.Get("Range"), ",") {
+				w.WriteHeader(http.StatusBadRequest)
+				return true
+			}
+			return false
+		}},
+		{name: "range ignored", fault: func(w http.ResponseWriter, r *http.Request, _ int) bool {
+			_, _ = w.Write(data)
+			return true
+		}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			reg := newTestRegistry(t, data)
+			reg.serveRanges = true
+			reg.fault = c.fault
+			b, _ := newTestBlob(t, reg, c.cfg)
+			p := make([]byte, n)
+			if _, err := b.ReadAt(t.Context(), make([]byte, 10), 0); err != nil { // the connection, once
+				t.Fatal(err)
+			}
+			var before, after runtime.MemStats
+			runtime.ReadMemStats(&before)
+			got, err := b.ReadAt(t.Context(), p, off)
+			runtime.ReadMemStats(&after)
+			if err != nil || got != n || !bytes.Equal(p, data[off:off+n]) {
+				t.Fatalf("ReadAt = %d, %v, bytes equal %v", got, err, bytes.Equal(p, data[off:off+n]))
+			}
+			// The server runs in this process: what it allocates counts too.
+			if alloc := after.TotalAlloc - before.TotalAlloc; alloc > n/4 {
+				t.Errorf("ReadAt of %d bytes allocated %d bytes", n, alloc)
+			}
+		})
+	}
+
+	reg := newTestRegistry(t, data)
+	reg.serveRanges = true
+	reg.gate = make(chan struct{})
+	b, _ := newTestBlob(t, reg)
+	var wg sync.WaitGroup
+	bufs := [][]byte{make([]byte, far1.Length), make([]byte, far1.Length)}
+	for _, p := range bufs {
+		wg.Go(func() {
+			if _, err := b.ReadAt(t.Context(), p, far1.Offset); err != nil || !bytes.Equal(p, data[far1.Offset:far1.End()]) {
+				t.Errorf("ReadAt: %v, bytes equal %v", err, bytes.Equal(p, data[far1.Offset:far1.End()]))
+			}
+			clear(p) // its owner's to overwrite
+		})
+	}
+	waitFor(t, "a request of each reader", func() bool { return reg.count() == 2 })
+	close(reg.gate)
+	wg.Wait()
 }
 
 func equalStrings(a, b []string) bool { return strings.Join(a, "|") == strings.Join(b, "|") }

@@ -100,10 +100,15 @@ type spanSet struct {
 	filled []bool
 }
 
-func newSpanSet(spans []byterange.Range) *spanSet {
-	s := &spanSet{spans: spans, bufs: make([][]byte, len(spans)), filled: make([]bool, len(spans))}
-	for i, sp := range spans {
-		s.bufs[i] = make([]byte, sp.Length)
+// newSpanSet returns the set that receives spans into bufs, one buffer of its span's length
+// each, or when bufs is nil into buffers of their own.
+func newSpanSet(spans []byterange.Range, bufs [][]byte) *spanSet {
+	s := &spanSet{spans: spans, bufs: bufs, filled: make([]bool, len(spans))}
+	if bufs == nil {
+		s.bufs = make([][]byte, len(spans))
+		for i, sp := range spans {
+			s.bufs[i] = make([]byte, sp.Length)
+		}
 	}
 	return s
 }

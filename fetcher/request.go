@@ -25,15 +25,17 @@ var errMultiRefused = errors.New("multi-range request refused")
 
 // fetchBatch fetches spans (sorted, disjoint) from the preferred endpoint, and when that fails
 // for any reason but the caller's context, from the next endpoints in turn. An endpoint that
-// failed stops being the preferred one, so that later fetches do not wait for it again.
-func (b *Blob) fetchBatch(ctx context.Context, spans []byterange.Range) ([][]byte, error) {
+// failed stops being the preferred one, so that later fetches do not wait for it again. The
+// spans are read into dst, one buffer of its span's length each, or when dst is nil into
+// buffers of their own; it returns the buffers.
+func (b *Blob) fetchBatch(ctx context.Context, spans []byterange.Range, dst [][]byte) ([][]byte, error) {
 	first := int(b.cur.Load())
 	var firstErr error
 	var others []string
 	for k := range len(b.eps) {
 		i := (first + k) % len(b.eps)
 		ep := b.eps[i]
-		bufs, err := b.fetchBatchFrom(ctx, ep, spans)
+		bufs, err := b.fetchBatchFrom(ctx, ep, spans, dst)
 		if err == nil {
 			return bufs, nil
 		}
@@ -60,12 +62,13 @@ func (b *Blob) fetchBatch(ctx context.Context, spans []byterange.Range) ([][]byt
 }
 
 // fetchBatchFrom fetches spans from one endpoint with as few requests as it allows, falling back
-// to one request per span when it turns out not to do multi-range requests.
-func (b *Blob) fetchBatchFrom(ctx context.Context, ep *endpoint, spans []byterange.Range) ([][]byte, error) {
+// to one request per span when it turns out not to do multi-range requests. dst is as
+// fetchBatch's.
+func (b *Blob) fetchBatchFrom(ctx context.Context, ep *endpoint, spans []byterange.Range, dst [][]byte) ([][]byte, error) {
 	if len(spans) > 1 && ep.noMulti.Load() {
-		return b.fetchSingles(ctx, ep, spans)
+		return b.fetchSingles(ctx, ep, spans, dst)
 	}
-	set := newSpanSet(spans)
+	set := newSpanSet(spans, dst)
 	err := b.withRetries(ctx, ep, func(ctx context.Context) error { return b.attempt(ctx, ep, set) })
 	if err != nil && !errors.Is(err, errMultiRefused) {
 		return nil, err
@@ -79,7 +82,15 @@ func (b *Blob) fetchBatchFrom(ctx context.Context, ep *endpoint, spans []byteran
 		return nil, &Error{URL: redact(ep.url), Err: fmt.Errorf("%w: range not served", ErrBadResponse)}
 	}
 	b.markNoMulti(ep)
-	bufs, err := b.fetchSingles(ctx, ep, rest)
+	var restDst [][]byte
+	if dst != nil {
+		for i := range set.spans {
+			if !set.filled[i] {
+				restDst = append(restDst, dst[i])
+			}
+		}
+	}
+	bufs, err := b.fetchSingles(ctx, ep, rest, restDst)
 	if err != nil {
 		return nil, err
 	}
@@ -99,8 +110,9 @@ func (b *Blob) markNoMulti(ep *endpoint) {
 	}
 }
 
-// fetchSingles fetches each span with its own request, concurrently (within the host limit).
-func (b *Blob) fetchSingles(ctx context.Context, ep *endpoint, spans []byterange.Range) ([][]byte, error) {
+// fetchSingles fetches each span with its own request, concurrently (within the host limit),
+// into dst as fetchBatch does.
+func (b *Blob) fetchSingles(ctx context.Context, ep *endpoint, spans []byterange.Range, dst [][]byte) ([][]byte, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	out := make([][]byte, len(spans))
@@ -110,7 +122,11 @@ func (b *Blob) fetchSingles(ctx context.Context, ep *endpoint, spans []byterange
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			bufs, err := b.fetchBatchFrom(ctx, ep, []byterange.Range{sp})
+			var d [][]byte
+			if dst != nil {
+				d = dst[i : i+1]
+			}
+			bufs, err := b.fetchBatchFrom(ctx, ep, []byterange.Range{sp}, d)
 			if err != nil {
 				errs[i] = err
 				cancel()
