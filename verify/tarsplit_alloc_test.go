@@ -36,3 +36,26 @@ func TestCompareTarSplitAllocations(t *testing.T) {
 		t.Errorf("%.1f allocations per entry compared, want at most %d", perEntry, maxCompareAllocs)
 	}
 }
+
+// TestReadTarSplitOneCopy: a tar-split read on its own (the background comparison's read, tens
+// of MB for a large layer) is kept in the buffer it was read into, not copied again.
+func TestReadTarSplitOneCopy(t *testing.T) {
+	f, err := testlayer.SyntheticZstdChunked(20_000, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := verify.Open(t.Context(), f.Desc, f.DiffID, source(f.Blob), verify.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	size := l.Layout().TarSplit.Length
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	if err := l.ReadTarSplit(t.Context(), source(f.Blob), false); err != nil {
+		t.Fatal(err)
+	}
+	runtime.ReadMemStats(&after)
+	if alloc := after.TotalAlloc - before.TotalAlloc; alloc > uint64(size)*5/4 {
+		t.Errorf("reading a tar-split of %d bytes allocated %d", size, alloc)
+	}
+}

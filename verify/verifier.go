@@ -142,12 +142,13 @@ func open(ctx context.Context, desc chunked.Descriptor, diffID digest.Digest, sr
 		return v, err
 	}
 	if cfg.TarSplit && v.tarSplitDigest != "" {
-		if m.tarSplit == nil { // the footer placed it: read now
+		own := m.tarSplit == nil
+		if own { // the footer placed it: read now
 			if m.tarSplit, err = readRange(ctx, src, layout.TarSplit.Offset, layout.TarSplit.Length); err != nil {
 				return v, fmt.Errorf("reading the tar-split: %w", err)
 			}
 		}
-		if _, err := v.keepTarSplit(m.tarSplit); err != nil {
+		if _, err := v.keepTarSplit(m.tarSplit, own); err != nil {
 			return v, err
 		}
 	}
@@ -639,13 +640,17 @@ func tarSplitDigest(layout *chunked.Layout, idx *chunked.Index, lim chunked.Limi
 	return want, nil
 }
 
-// keepTarSplit checks raw against the tar-split's digest and keeps a copy of it (raw may be a
-// view of a larger buffer), which it returns.
-func (v *Verifier) keepTarSplit(raw []byte) ([]byte, error) {
+// keepTarSplit checks raw against the tar-split's digest and keeps it, which it returns: raw
+// itself when own (a buffer of its own), else a copy (a view of a larger buffer, which the copy
+// lets go of).
+func (v *Verifier) keepTarSplit(raw []byte, own bool) ([]byte, error) {
 	if err := checkDigest("tar-split", v.tarSplitDigest, raw); err != nil {
 		return nil, err
 	}
-	b := bytes.Clone(raw)
+	b := raw
+	if !own {
+		b = bytes.Clone(raw)
+	}
 	if v.tarSplit.CompareAndSwap(nil, &b) {
 		v.readTarSplit.Store(&b)
 	}
@@ -681,5 +686,5 @@ func (v *Verifier) loadTarSplit(ctx context.Context, src Source) ([]byte, error)
 	if err != nil {
 		return nil, fmt.Errorf("reading the tar-split: %w", err)
 	}
-	return v.keepTarSplit(raw)
+	return v.keepTarSplit(raw, true)
 }
