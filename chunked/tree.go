@@ -47,14 +47,15 @@ func (b *builder) finish() (*Index, error) {
 	if err := b.addDirs(); err != nil {
 		return nil, err
 	}
-	if err := b.linkParents(); err != nil {
+	start, freeStart, err := b.linkParents()
+	if err != nil {
 		return nil, err
 	}
-	b.countLinks()
-	if err := b.ctx.Err(); err != nil {
+	err = b.listChildren(start)
+	freeStart()
+	if err != nil {
 		return nil, err
 	}
-	x.sortChildren()
 	return x.compact(b.paths)
 }
 
@@ -169,20 +170,21 @@ func (b *builder) ensureDir(p string) error {
 	}
 }
 
-// linkParents sets the root, and each visible entry's Parent and default link count, and
-// lists the visible entries but the root as children.
-func (b *builder) linkParents() error {
+// linkParents sets the root, and each visible entry's Parent and default link count. It
+// returns the count of each entry's children, at the index after the entry's (for
+// listChildren), and the function that lets go of them.
+func (b *builder) linkParents() ([]uint32, func(), error) {
 	x := b.x
 	x.root, _ = b.paths.Get("")
 	if x.entries.at(int(x.root)).Type != TypeDir {
-		return &EntryError{Index: -1, Name: "/", Err: invalidf("root is not a directory")}
+		return nil, nil, &EntryError{Index: -1, Name: "/", Err: invalidf("root is not a directory")}
 	}
-	children, free := mappedSlice[EntryID](b.paths.Len() - 1)
-	x.children, x.freeChildren = children[:0], free
+	counts, free := mappedSlice[uint32](x.entries.len() + 1)
 	lastDir, lastParent := "", x.root
 	for id := range x.entries.len() {
 		if err := b.canceled(id); err != nil {
-			return err
+			free()
+			return nil, nil, err
 		}
 		e := x.entries.at(int(id))
 		if !e.Visible() {
@@ -202,19 +204,38 @@ func (b *builder) linkParents() error {
 		}
 		e.Parent = lastParent
 		if x.entries.at(int(e.Parent)).Type != TypeDir {
-			return &EntryError{Index: -1, Name: x.nameOf(e), Err: invalidf("parent is not a directory")}
+			free()
+			return nil, nil, &EntryError{Index: -1, Name: x.nameOf(e), Err: invalidf("parent is not a directory")}
 		}
-		x.children = append(x.children, EntryID(id))
+		counts[e.Parent+1]++
 	}
-	return nil
+	return counts, free, nil
 }
 
-// countLinks counts a directory's subdirectories and an inode's hardlinks in their link
+// listChildren lists the visible entries but the root as children, sorted by (Parent,
+// BaseName): grouped by parent in one pass in TOC order, then each directory's sorted by name
+// (often sorted already, in TOC order). counts is linkParents'; listChildren changes them. In
+// the same pass it counts a directory's subdirectories and an inode's hardlinks in their link
 // counts, and gives a hardlinked inode the attributes of its last header.
-func (b *builder) countLinks() {
+func (b *builder) listChildren(counts []uint32) error {
 	x := b.x
-	for _, id := range x.children {
-		switch e := x.entries.at(int(id)); e.Type {
+	at := counts // at[p]: where the next child of p goes, once summed
+	for i := 1; i < len(at); i++ {
+		at[i] += at[i-1]
+	}
+	children, free := mappedSlice[EntryID](int(at[len(at)-1]))
+	x.children, x.freeChildren = children, free
+	for id := range x.entries.len() {
+		if err := b.canceled(id); err != nil {
+			return err
+		}
+		e := x.entries.at(int(id))
+		if !e.Visible() || EntryID(id) == x.root {
+			continue
+		}
+		children[at[e.Parent]] = EntryID(id)
+		at[e.Parent]++
+		switch e.Type {
 		case TypeDir:
 			x.entries.at(int(e.Parent)).Nlink++
 		case TypeHardlink:
@@ -224,40 +245,20 @@ func (b *builder) countLinks() {
 			// Extractors apply a hardlink's header to the inode it shares (c/storage chowns,
 			// chmods and sets times through the new name), so the last header wins.
 			if owner.Type != TypeSymlink {
-				owner.attr = id
+				owner.attr = EntryID(id)
 			}
 		}
 	}
-}
-
-// sortChildren sorts the children by (Parent, BaseName): grouped by parent in one pass, then
-// each directory's sorted by name (often sorted already, in TOC order).
-func (x *wideIndex) sortChildren() {
-	start, freeStart := mappedSlice[uint32](x.entries.len() + 1) // where each parent's children start
-	defer freeStart()
-	for _, id := range x.children {
-		start[x.entries.at(int(id)).Parent+1]++
-	}
-	for i := 1; i < len(start); i++ {
-		start[i] += start[i-1]
-	}
-	sorted, freeSorted := mappedSlice[EntryID](len(x.children))
-	next, freeNext := mappedSlice[uint32](x.entries.len())
-	defer freeNext()
-	copy(next, start)
-	for _, id := range x.children {
-		p := x.entries.at(int(id)).Parent
-		sorted[next[p]] = id
-		next[p]++
-	}
+	// at[p] is now where the children of p end, and those of p+1 start.
 	byName := func(a, b EntryID) int { return strings.Compare(x.baseName(a), x.baseName(b)) }
+	from := uint32(0)
 	for p := range x.entries.len() {
-		if dir := sorted[start[p]:start[p+1]]; len(dir) > 1 && !slices.IsSortedFunc(dir, byName) {
+		if dir := children[from:at[p]]; len(dir) > 1 && !slices.IsSortedFunc(dir, byName) {
 			slices.SortFunc(dir, byName)
 		}
+		from = at[p]
 	}
-	x.freeChildren()
-	x.children, x.freeChildren = sorted, freeSorted
+	return nil
 }
 
 // classifyName sets the whiteout and hidden flags of an entry, whose Name is name, and returns
