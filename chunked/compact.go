@@ -7,7 +7,6 @@ import (
 	"math"
 	"math/bits"
 	"runtime"
-	"strings"
 
 	"github.com/layerstore/layerstore/internal/prefault"
 )
@@ -113,9 +112,9 @@ func (w *wideIndex) compact(paths *pathTable) (*Index, error) {
 		id := EntryID(i)
 		e := w.entries.at(i)
 		isFull := full[i/64]&(1<<(i%64)) != 0
-		name := w.nameOf(e)
-		if !isFull {
-			name = w.baseName(id)
+		name := w.baseName(id)
+		if isFull {
+			name = w.nameOf(e)
 		}
 		opt := w.recordOpt(id, isFull)
 		recs = w.appendRecord(recs, id, opt, name, dirs[i], len(table)/chunkSize)
@@ -165,25 +164,20 @@ func (w *wideIndex) recordName(id EntryID, paths *pathTable) (name string, dir E
 	if visible {
 		dir = e.Parent
 	}
-	name = w.nameOf(e)
 	if id != w.root {
-		i := strings.LastIndexByte(name, '/')
-		d, base := name[:max(i, 0)], name[i+1:]
+		d := w.dirOf(e)
 		cand, ok := dir, visible
 		if !visible {
 			cand, ok = paths.Get(d)
 		}
-		if ok && cand != id && w.nameOf(w.entries.at(int(cand))) == d {
-			if e.Flags&FlagWhiteout != 0 {
-				base = base[len(whiteoutPrefix):]
-			}
-			return base, cand, false, nil
+		if ok && cand != id && w.nameIs(w.entries.at(int(cand)), d) {
+			return w.baseName(id), cand, false, nil
 		}
 		if visible {
-			return "", 0, false, fmt.Errorf("index: entry %q has no parent directory entry", name)
+			return "", 0, false, fmt.Errorf("index: entry %q has no parent directory entry", w.nameOf(e))
 		}
 	}
-	return name, dir, true, nil
+	return w.nameOf(e), dir, true, nil
 }
 
 // recordOpt returns the opt bits of entry id's record: which optional fields it holds.

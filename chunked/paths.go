@@ -1,12 +1,16 @@
 package chunked
 
-import "hash/maphash"
+import (
+	"hash/maphash"
+	"strings"
+)
 
 // pathTable maps the tree's paths to the entries holding them, as a map[string]EntryID
 // would, but holds only the entries' numbers: a path is read back from its entry (keyOf)
 // when probed. That is 8-16 bytes an entry (8 MiB for a TOC of a million entries, where the
 // map took about 50), held through the parse's peak (the compact form is written while it is
-// alive). A slot's bits above those of the numbers the table may hold (24 bits for the default
+// alive). A path is hashed and read back in two parts, as the builder holds names
+// (splitPath). A slot's bits above those of the numbers the table may hold (24 bits for the default
 // entry limit) hold a tag of its path's hash: a probe reads back only the paths whose tag
 // matches, not one of every slot it passes (each read two cache misses, the entry and its
 // name). Its hash is seeded per table (hash/maphash), so that a TOC cannot be made of paths
@@ -14,17 +18,26 @@ import "hash/maphash"
 // the builder alone uses it.
 type pathTable struct {
 	seed  maphash.Seed
-	slots []uint32 // an entry's number + 1 (idMask), and its path's tag; 0 is an empty slot
-	free  func()   // lets go of slots (mappedSlice)
+	seed2 maphash.Seed // the base name's
+	slots []uint32     // an entry's number + 1 (idMask), and its path's tag; 0 is an empty slot
+	free  func()       // lets go of slots (mappedSlice)
 	n     int
 	// idMask is the bits of a slot that hold the entry's number + 1: the others hold the tag.
 	idMask uint32
-	keyOf  func(EntryID) string
+	keyOf  func(EntryID) (dir, base string)
+}
+
+// splitPath returns a path's parts as a pathTable holds them.
+func splitPath(p string) (dir, base string) {
+	if i := strings.LastIndexByte(p, '/'); i >= 0 {
+		return p[:i], p[i+1:]
+	}
+	return "", p
 }
 
 // newPathTable returns a table sized for n paths, whose paths are keyOf's, for entry numbers
 // up to maxEntries (an index holds at most the entry limit and its root).
-func newPathTable(n, maxEntries int, keyOf func(EntryID) string) *pathTable {
+func newPathTable(n, maxEntries int, keyOf func(EntryID) (dir, base string)) *pathTable {
 	size := 16
 	for size < 2*n {
 		size *= 2
@@ -34,7 +47,7 @@ func newPathTable(n, maxEntries int, keyOf func(EntryID) string) *pathTable {
 	if maxEntries+1 < 1<<24-1 {
 		idMask = 1<<24 - 1
 	}
-	return &pathTable{seed: maphash.MakeSeed(), slots: slots, free: free, idMask: idMask, keyOf: keyOf}
+	return &pathTable{seed: maphash.MakeSeed(), seed2: maphash.MakeSeed(), slots: slots, free: free, idMask: idMask, keyOf: keyOf}
 }
 
 // Free lets go of the table: it is unusable after.
@@ -46,42 +59,53 @@ func (t *pathTable) Free() {
 // Len returns how many paths the table holds.
 func (t *pathTable) Len() int { return t.n }
 
-// hash returns the hash of path p: where its probe starts, and its tag.
-func (t *pathTable) hash(p string) (int, uint32) {
-	h := maphash.String(t.seed, p)
+// hash returns the hash of the path of parts dir and base: where its probe starts, and its
+// tag.
+func (t *pathTable) hash(dir, base string) (int, uint32) {
+	h := maphash.String(t.seed, dir) ^ maphash.String(t.seed2, base)
 	return int(h), uint32(h>>32) &^ t.idMask
 }
 
-// find returns the slot of path p, or the empty slot where it would go, and p's tag.
-func (t *pathTable) find(p string) (int, uint32) {
+// find returns the slot of the path of parts dir and base, or the empty slot where it would
+// go, and its tag.
+func (t *pathTable) find(dir, base string) (int, uint32) {
 	mask := len(t.slots) - 1
-	h, tag := t.hash(p)
+	h, tag := t.hash(dir, base)
 	for i := h & mask; ; i = (i + 1) & mask {
 		s := t.slots[i]
-		if s == 0 || s&^t.idMask == tag && t.keyOf(EntryID(s&t.idMask-1)) == p {
+		if s == 0 {
 			return i, tag
+		}
+		if s&^t.idMask == tag {
+			if d, b := t.keyOf(EntryID(s&t.idMask - 1)); b == base && d == dir {
+				return i, tag
+			}
 		}
 	}
 }
 
 // Get returns the entry at path p.
 func (t *pathTable) Get(p string) (EntryID, bool) {
-	i, _ := t.find(p)
+	i, _ := t.find(splitPath(p))
 	s := t.slots[i]
 	return EntryID(s&t.idMask - 1), s != 0
 }
 
-// Set maps path p, which must be keyOf(id), to id, replacing the entry it mapped to.
-func (t *pathTable) Set(p string, id EntryID) { t.Put(p, id) }
+// Set maps path p, whose parts must be keyOf(id), to id, replacing the entry it mapped to.
+func (t *pathTable) Set(p string, id EntryID) {
+	dir, base := splitPath(p)
+	t.Put(dir, base, id)
+}
 
-// Put is Set that returns the entry p mapped to before, if any.
-func (t *pathTable) Put(p string, id EntryID) (EntryID, bool) {
-	i, tag := t.find(p)
+// Put is Set of the path of parts dir and base, and returns the entry it mapped to before,
+// if any.
+func (t *pathTable) Put(dir, base string, id EntryID) (EntryID, bool) {
+	i, tag := t.find(dir, base)
 	old := t.slots[i]
 	if old == 0 {
 		if 2*(t.n+1) > len(t.slots) {
 			t.grow()
-			i, _ = t.find(p)
+			i, _ = t.find(dir, base)
 		}
 		t.n++
 	}

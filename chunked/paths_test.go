@@ -17,9 +17,9 @@ func TestPathTable(t *testing.T) {
 func testPathTable(t *testing.T, maxEntries int) {
 	var names []string // entry i's path
 	reads := 0         // of paths, by the table
-	keyOf := func(id EntryID) string {
+	keyOf := func(id EntryID) (string, string) {
 		reads++
-		return names[id]
+		return splitPath(names[id])
 	}
 	tab := newPathTable(4, maxEntries, keyOf)
 	want := map[string]EntryID{}

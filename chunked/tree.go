@@ -1,7 +1,6 @@
 package chunked
 
 import (
-	"path"
 	"slices"
 	"strings"
 )
@@ -17,14 +16,6 @@ const (
 
 // artefacts are root-level entries that formats add and the tree hides.
 var artefacts = map[string]bool{"stargz.index.json": true, prefetchLandmark: true, noPrefetchMark: true}
-
-// dirOf returns the directory of a slash-separated path, "" for a top-level one.
-func dirOf(p string) string {
-	if i := strings.LastIndexByte(p, '/'); i >= 0 {
-		return p[:i]
-	}
-	return ""
-}
 
 // finish links the entries into a tree: last entry wins per path, implicit directories,
 // whiteouts and opaque markers, hardlinks, link counts, compressed ends, sorted children;
@@ -77,28 +68,21 @@ func (b *builder) mapPaths() error {
 			return err
 		}
 		e := x.entries.at(int(id))
-		name := x.nameOf(e)
-		key, err := b.classifyName(e, name)
+		dir, base, err := b.classifyName(e)
 		if err != nil {
-			return &EntryError{Index: -1, Name: name, Err: err}
+			return &EntryError{Index: -1, Name: x.nameOf(e), Err: err}
 		}
 		if e.Flags&FlagHidden != 0 {
 			continue
-		}
-		if key != name { // a whiteout's: the path it removes
-			if b.whiteouts == nil {
-				b.whiteouts = map[EntryID]string{}
-			}
-			b.whiteouts[EntryID(id)] = key
 		}
 		// A hardlink links to what its target path holds at this point of the layer, as
 		// extraction makes it: a later entry at that path replaces the path, not the link.
 		if e.Type == TypeHardlink {
 			if e.Inode, err = b.resolveLink(b.paths, x.extraOf(e).LinkName); err != nil {
-				return &EntryError{Index: -1, Name: name, Err: err}
+				return &EntryError{Index: -1, Name: x.nameOf(e), Err: err}
 			}
 		}
-		if old, ok := b.paths.Put(key, EntryID(id)); ok {
+		if old, ok := b.paths.Put(dir, base, EntryID(id)); ok {
 			x.entries.at(int(old)).Flags |= FlagShadowed
 		}
 	}
@@ -112,18 +96,16 @@ func (b *builder) addDirs() error {
 	if err := b.ensureDir(""); err != nil {
 		return err
 	}
-	lastDir := "" // ensured: entries of a directory mostly follow one another
+	lastDir := uint32(0) // ensured: entries of a directory mostly follow one another
 	for id := range x.tocCount {
 		if err := b.canceled(id); err != nil {
 			return err
 		}
-		if e := x.entries.at(int(id)); e.Visible() && e.nameLen != 0 {
-			if d := dirOf(x.nameOf(e)); d != lastDir {
-				if err := b.ensureDir(d); err != nil {
-					return err
-				}
-				lastDir = d
+		if e := x.entries.at(int(id)); e.Visible() && e.dir != lastDir {
+			if err := b.ensureDir(x.dirOf(e)); err != nil {
+				return err
 			}
+			lastDir = e.dir
 		}
 	}
 	for _, d := range b.opaqueDir {
@@ -157,16 +139,17 @@ func (b *builder) ensureDir(p string) error {
 			b.implicit++
 		}
 		id := EntryID(x.entries.len())
-		at, err := x.names.add(p)
+		dir, base, err := x.addName(p)
 		if err != nil {
 			return err
 		}
-		x.entries.append(wideEntry{nameOff: at.off, nameLen: at.n, Type: TypeDir, Mode: 0o755, Inode: id, attr: id, Flags: FlagImplicit})
+		x.entries.append(wideEntry{dir: dir, baseOff: base.off, baseLen: base.n, Type: TypeDir, Mode: 0o755, Inode: id, attr: id,
+			Flags: FlagImplicit})
 		b.paths.Set(p, id)
 		if p == "" {
 			return nil
 		}
-		p = dirOf(p)
+		p, _ = splitPath(p)
 	}
 }
 
@@ -180,7 +163,7 @@ func (b *builder) linkParents() ([]uint32, func(), error) {
 		return nil, nil, &EntryError{Index: -1, Name: "/", Err: invalidf("root is not a directory")}
 	}
 	counts, free := mappedSlice[uint32](x.entries.len() + 1)
-	lastDir, lastParent := "", x.root
+	lastDir, lastParent := uint32(0), x.root
 	for id := range x.entries.len() {
 		if err := b.canceled(id); err != nil {
 			free()
@@ -198,9 +181,9 @@ func (b *builder) linkParents() ([]uint32, func(), error) {
 			e.Parent = x.root
 			continue
 		}
-		if d := dirOf(x.nameOf(e)); d != lastDir {
-			lastDir = d
-			lastParent, _ = b.paths.Get(d)
+		if e.dir != lastDir {
+			lastDir = e.dir
+			lastParent, _ = b.paths.Get(x.dirOf(e))
 		}
 		e.Parent = lastParent
 		if x.entries.at(int(e.Parent)).Type != TypeDir {
@@ -261,42 +244,38 @@ func (b *builder) listChildren(counts []uint32) error {
 	return nil
 }
 
-// classifyName sets the whiteout and hidden flags of an entry, whose Name is name, and returns
-// its path in the tree.
-func (b *builder) classifyName(e *wideEntry, name string) (string, error) {
-	dir, base := path.Split(name)
+// classifyName sets the whiteout and hidden flags of an entry, and returns its path in the
+// tree: its directory's path and its base name (see pathTable).
+func (b *builder) classifyName(e *wideEntry) (dir, base string, err error) {
+	dir, base = b.x.dirOf(e), b.x.baseOf(e)
 	switch {
-	case name == "":
-		return "", nil
+	case base == "":
 	case dir == "" && artefacts[base]:
 		e.Flags |= FlagHidden
 	case base == opaqueMarker:
 		e.Flags |= FlagHidden
-		b.opaqueDir = append(b.opaqueDir, strings.TrimSuffix(dir, "/"))
+		b.opaqueDir = append(b.opaqueDir, dir)
 	case strings.HasPrefix(base, reservedPrefix):
 		e.Flags |= FlagHidden
 	case strings.HasPrefix(base, whiteoutPrefix):
 		vis := base[len(whiteoutPrefix):]
 		if vis == "" || vis == "." || vis == ".." {
-			return "", invalidf("bad whiteout name")
+			return "", "", invalidf("bad whiteout name")
 		}
 		if e.Type == TypeDir {
-			return "", invalidf("whiteout is a directory")
+			return "", "", invalidf("whiteout is a directory")
 		}
 		e.Flags |= FlagWhiteout
-		return dir + vis, nil
+		return dir, vis, nil
 	}
-	return name, nil
+	return dir, base, nil
 }
 
-// pathOf returns the path entry id holds in the tree: its name, or for a whiteout the path
-// it removes.
-func (b *builder) pathOf(id EntryID) string {
+// pathOf returns the path entry id holds in the tree, as classifyName does: its directory's
+// path and its base name, for a whiteout the name of the path it removes.
+func (b *builder) pathOf(id EntryID) (dir, base string) {
 	e := b.x.entries.at(int(id))
-	if e.Flags&FlagWhiteout != 0 {
-		return b.whiteouts[id]
-	}
-	return b.x.nameOf(e)
+	return b.x.dirOf(e), b.x.baseName(id)
 }
 
 // resolveLink returns the entry that owns the inode at path target, given paths, the entries

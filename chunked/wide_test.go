@@ -3,6 +3,8 @@ package chunked
 import (
 	"bytes"
 	"context"
+	"fmt"
+	"strings"
 	"testing"
 	"unsafe"
 
@@ -61,5 +63,69 @@ func TestWideFormChunksInPlace(t *testing.T) {
 	}
 	if size := unsafe.Sizeof(wideEntry{}); size > 120 {
 		t.Errorf("a wide entry takes %d bytes, want at most 120", size)
+	}
+}
+
+// TestWideNamesShareDirectories: the builder holds a directory's path once for a run of its
+// entries, and each entry's base name, not every entry's whole Name (47 bytes an entry of a
+// million-entry layer, where its base names take 14); the names read back whole.
+func TestWideNamesShareDirectories(t *testing.T) {
+	const dir = "usr/lib/python3.12/site-packages/numpy/core"
+	var toc strings.Builder
+	toc.WriteString(`{"version":1,"entries":[`)
+	var want []string
+	for i := range 100 {
+		name := fmt.Sprintf("%s/f%d.py", dir, i)
+		if i%50 == 0 { // a run of another directory between two runs of dir
+			name = fmt.Sprintf("%s/sub%d/f.py", dir, i)
+		}
+		want = append(want, name)
+		fmt.Fprintf(&toc, `{"type":"reg","name":%q,"mode":420},`, name)
+	}
+	toc.WriteString(`{"type":"dir","name":"usr/"}]}`)
+	want = append(want, "usr")
+	layout := &Layout{Format: EStargz, TOC: byterange.Range{Offset: 1000, Length: 1}}
+	b := &builder{ctx: context.Background(), lim: Limits{}.WithDefaults(), cur: -1, x: newWideIndex(layout)}
+	b.x.keep = true
+	defer b.free()
+	if err := b.decode(strings.NewReader(toc.String())); err != nil {
+		t.Fatal(err)
+	}
+	held, whole := 0, 0
+	for _, blk := range b.x.names.blocks {
+		held += len(blk)
+	}
+	for i, name := range want {
+		e := b.x.entries.at(i)
+		if got := b.x.nameOf(e); got != name || !b.x.nameIs(e, name) || b.x.nameIs(e, name+"x") {
+			t.Errorf("entry %d: name %q, want %q", i, got, name)
+		}
+		whole += len(name)
+	}
+	// The runs: dir (3 times), dir/sub0, dir/sub50; usr's root directory is held already.
+	if max := 3*len(dir) + 2*len(dir+"/sub50") + whole - 100*len(dir); held > max || held >= whole/3 {
+		t.Errorf("names take %d bytes, want at most %d (the whole names take %d)", held, max, whole)
+	}
+	if _, err := b.finish(); err != nil {
+		t.Fatal(err)
+	}
+	if err := CompareWide(layout, []byte(toc.String()), Limits{}); err != nil {
+		t.Error(err)
+	}
+}
+
+// TestWideOneChunkLongSpan: a file's one chunk held in its entry keeps a compressed length of
+// more than 32 bits (a zstd:chunked endOffset far away, before fillEnds caps it), moved to the
+// chunk table.
+func TestWideOneChunkLongSpan(t *testing.T) {
+	w := newWideIndex(&Layout{Format: ZstdChunked, TOC: byterange.Range{Offset: 8 << 30, Length: 1}})
+	defer w.free()
+	w.entries.append(wideEntry{Type: TypeReg, Size: 10, chunk0: inPlace, nchunks: 1, one: oneChunk{offset: 100, inner: 7}})
+	e := w.entries.at(0)
+	for _, n := range []int64{5 << 30, 4 << 30, 1 << 30, 3} {
+		w.setLength(e, 0, n)
+		if c := w.chunk(e, 0); c.Length != n || c.Offset != 100 || c.InnerOffset != 7 || c.Size != 10 {
+			t.Errorf("set to %d: chunk %+v", n, c)
+		}
 	}
 }
