@@ -1,6 +1,7 @@
 package chunked
 
 import (
+	"cmp"
 	"context"
 	"encoding/base64"
 	"encoding/hex"
@@ -33,7 +34,12 @@ type wideIndex struct {
 	chunks   blockSlice[Chunk]
 	extras   blockSlice[wideExtra]
 	xattrs   []Xattr
-	children []EntryID // visible entries except the root, sorted by (Parent, BaseName)
+	bigTimes []entryTime // by entry, the times out of wideEntry.mtime's range
+	children []EntryID   // visible entries except the root, sorted by (Parent, BaseName)
+	// hiddenDirs holds, for each entry that is not visible, in order, the entry its name
+	// continues in its record (the entry at its directory's path), or noDir (see
+	// linkParents, recordName).
+	hiddenDirs []EntryID
 	// freeChildren lets go of children (mappedSlice).
 	freeChildren func()
 	root         EntryID
@@ -64,35 +70,36 @@ func (w *wideIndex) free() {
 	w.chunks.free()
 	w.dirs.free()
 	w.freeChildren()
-	w.children = nil
+	w.children, w.hiddenDirs = nil, nil
 }
 
 // wideEntry is an entry as the builder holds it: [Entry]'s fields, but for the rare ones
 // (extras), and where its name, chunks, xattrs and attributes are. A million-entry layer
-// holds a million of them at once, beside its compact form. It holds no pointers.
+// holds a million of them at once, beside its compact form: 104 bytes each. It holds no
+// pointers.
 type wideEntry struct {
 	Size           int64
-	ModTimeSec     int64
-	ModTimeNsec    uint32
+	mtime          int64 // its ModTime in Unix nanoseconds, or bigTime (see wideIndex.modTime)
+	one            oneChunk
 	Mode, UID, GID uint32
-	Parent, Inode  EntryID
-	Nlink          uint32
+	Parent         EntryID
 	Digest         Sum
 	Type           Type
 	Flags          Flags
 	baseLen        uint16 // its base name, in the index's names: a nameRef, here where it packs
 	// chunk0 is where the file's nchunks chunks start in the chunk table, or inPlace: its one
-	// chunk is one.
+	// chunk is one. A directory, which has no chunks, holds its Nlink there (see nlink).
 	chunk0, nchunks uint32
-	one             oneChunk
-	attr            EntryID // see Index.AttrEntry
-	extra           uint32  // 1 + the index of its wideExtra in extras, 0 when it has none
+	extra           uint32 // 1 + the index of its wideExtra in extras, 0 when it has none
 	baseOff         uint32
 	dir             uint32 // its directory's path: dirs[dir] (see wideIndex.names)
 }
 
 // Visible is Entry.Visible.
 func (e *wideEntry) Visible() bool { return e.Flags&(FlagHidden|FlagShadowed) == 0 }
+
+// noDir is a hiddenDirs value: the record holds the entry's whole Name.
+const noDir = ^EntryID(0)
 
 // inPlace is the chunk0 of a file whose one chunk its entry holds.
 const inPlace = math.MaxUint32
@@ -107,12 +114,94 @@ type oneChunk struct {
 }
 
 // wideExtra holds what few entries have: a link's target, a device's numbers, xattrs (the
-// index's xattrs from xattr0).
+// index's xattrs from xattr0), what hardlinks make of an inode.
 type wideExtra struct {
 	LinkName           string
 	DevMajor, DevMinor uint32
 	xattr0             uint32
 	nxattrs            uint16
+	inode              EntryID // a hardlink's Entry.Inode (every hardlink has extras)
+	attr               EntryID // 1 + Index.AttrEntry of an inode's owner, 0 when the owner itself
+	links              uint32  // the hardlinks to an inode's owner that count in its Nlink
+}
+
+// bigTime is the wideEntry.mtime of an entry whose time takes more than 64 bits of
+// nanoseconds (before 1678 or after 2262): wideIndex.bigTimes holds it.
+const bigTime = math.MinInt64
+
+// entryTime is the modification time of entry id, when it is out of wideEntry.mtime's range.
+type entryTime struct {
+	id   EntryID
+	nsec uint32
+	sec  int64
+}
+
+// setModTime sets the modification time of e, entry id (the last entry added).
+func (w *wideIndex) setModTime(id EntryID, e *wideEntry, sec int64, nsec uint32) {
+	const maxSec = math.MaxInt64/1_000_000_000 - 1 // so that sec*1e9+nsec never overflows, nor is bigTime
+	if sec < -maxSec || sec > maxSec {
+		e.mtime = bigTime
+		w.bigTimes = append(w.bigTimes, entryTime{id: id, nsec: nsec, sec: sec})
+		return
+	}
+	e.mtime = sec*1e9 + int64(nsec)
+}
+
+// modTime returns the modification time of e, entry id, in Unix seconds and nanoseconds.
+func (w *wideIndex) modTime(id EntryID, e *wideEntry) (int64, uint32) {
+	if e.mtime == bigTime {
+		i, _ := slices.BinarySearchFunc(w.bigTimes, id, func(t entryTime, id EntryID) int { return cmp.Compare(t.id, id) })
+		return w.bigTimes[i].sec, w.bigTimes[i].nsec
+	}
+	sec, nsec := e.mtime/1e9, e.mtime%1e9
+	if nsec < 0 {
+		sec, nsec = sec-1, nsec+1e9
+	}
+	return sec, uint32(nsec)
+}
+
+// extraFor returns e's extras, which it adds when e has none.
+func (w *wideIndex) extraFor(e *wideEntry) *wideExtra {
+	if e.extra == 0 {
+		w.extras.append(wideExtra{})
+		e.extra = uint32(w.extras.len())
+	}
+	return w.extras.at(int(e.extra) - 1)
+}
+
+// inode returns Entry.Inode of e, entry id: a hardlink's owner, or e itself.
+func (w *wideIndex) inode(id EntryID, e *wideEntry) EntryID {
+	if e.Type == TypeHardlink {
+		return w.extras.at(int(e.extra) - 1).inode
+	}
+	return id
+}
+
+// attrOf returns Index.AttrEntry of e, entry id, an inode's owner: its last hardlink's header,
+// or its own.
+func (w *wideIndex) attrOf(id EntryID, e *wideEntry) EntryID {
+	if e.extra != 0 {
+		if a := w.extras.at(int(e.extra) - 1).attr; a != 0 {
+			return a - 1
+		}
+	}
+	return id
+}
+
+// nlink returns Entry.Nlink of e, once the tree is linked: a directory's, its chunk0; another
+// entry's, 1 when visible, and its hardlinks.
+func (w *wideIndex) nlink(e *wideEntry) uint32 {
+	if e.Type == TypeDir {
+		return e.chunk0
+	}
+	var n uint32
+	if e.Visible() {
+		n = 1
+	}
+	if e.extra != 0 {
+		n += w.extras.at(int(e.extra) - 1).links
+	}
+	return n
 }
 
 // addName adds an entry's Name, cleaned (cleanName), to names, and returns its directory's
@@ -276,7 +365,8 @@ func (b *builder) addEntry(r *rawEntry) error {
 	if err != nil {
 		return err
 	}
-	e := wideEntry{Type: typ, Inode: EntryID(b.x.entries.len()), attr: EntryID(b.x.entries.len())}
+	id := EntryID(b.x.entries.len())
+	e := wideEntry{Type: typ}
 	var base nameRef
 	if e.dir, base, err = b.x.addName(name); err != nil {
 		return err
@@ -300,15 +390,15 @@ func (b *builder) addEntry(r *rawEntry) error {
 	if ex.DevMinor, err = u32("devMinor", r.DevMinor); err != nil {
 		return err
 	}
-	if r.ModTime != "" && r.ModTime == b.lastMTime {
-		e.ModTimeSec, e.ModTimeNsec = b.lastMTimeSec, b.lastMTimeNsec
-	} else if r.ModTime != "" {
+	if r.ModTime != "" && r.ModTime != b.lastMTime {
 		t, err := parseTime(r.ModTime)
 		if err != nil {
 			return err
 		}
-		e.ModTimeSec, e.ModTimeNsec = t.Unix(), uint32(t.Nanosecond())
-		b.lastMTime, b.lastMTimeSec, b.lastMTimeNsec = r.ModTime, e.ModTimeSec, e.ModTimeNsec
+		b.lastMTime, b.lastMTimeSec, b.lastMTimeNsec = r.ModTime, t.Unix(), uint32(t.Nanosecond())
+	}
+	if r.ModTime != "" {
+		b.x.setModTime(id, &e, b.lastMTimeSec, b.lastMTimeNsec)
 	}
 	if err := b.addTimes(r); err != nil {
 		return err
@@ -326,6 +416,7 @@ func (b *builder) addEntry(r *rawEntry) error {
 		if ex.LinkName == "" {
 			return invalidf("hardlink to the root")
 		}
+		ex.inode = id // until the tree resolves it
 	}
 	if r.Digest != "" {
 		if e.Digest, err = parseSum(r.Digest); err != nil {

@@ -62,32 +62,25 @@ const (
 
 const allFlags = FlagWhiteout | FlagOpaque | FlagHidden | FlagShadowed | FlagImplicit
 
-// compact returns the Index of the wide form. paths maps tree paths to the entries holding
-// them, as the builder left it. It sizes the form first and then writes it in place, so that
-// a large index is allocated once, at its size (not grown, nor copied into place with its
-// chunk table), and lets go of the wide form as it writes (see releaser): the form is
-// written in entry order, and the sizing pass keeps what a record needs of other entries
-// (the entry its name continues), so that the entries and chunks behind are no longer read.
-// The wide form is unusable after: only its header fields and names remain.
-func (w *wideIndex) compact(paths *pathTable) (*Index, error) {
+// compact returns the Index of the wide form. It sizes the form first and then writes it in
+// place, so that a large index is allocated once, at its size (not grown, nor copied into
+// place with its chunk table), and lets go of the wide form as it writes (see releaser): the
+// form is written in entry order, and a record needs no other entry's than the one it
+// describes (its dir is its Parent, or in hiddenDirs), so that the entries and chunks behind
+// are no longer read. The wide form is unusable after: only its header fields and names
+// remain.
+func (w *wideIndex) compact() (*Index, error) {
 	n := w.entries.len()
 	if uint64(n) > math.MaxUint32 {
 		return nil, limitf("%d entries", n)
 	}
-	var recsLen, nTable int
-	dirs, freeDirs := mappedSlice[EntryID](n) // each record's dir (recordName)
-	defer freeDirs()
-	full := make([]uint64, (n+63)/64) // whether it holds its whole name
+	var recsLen, nTable, hidden int
 	for i := range n {
 		id := EntryID(i)
-		name, dir, isFull, err := w.recordName(id, paths)
-		if err != nil {
-			return nil, err
+		if e := w.entries.at(i); e.Visible() && id != w.root && (e.Parent == id || !w.nameIs(w.entries.at(int(e.Parent)), w.dirOf(e))) {
+			return nil, fmt.Errorf("index: entry %q has no parent directory entry", w.nameOf(e))
 		}
-		dirs[i] = dir
-		if isFull {
-			full[i/64] |= 1 << (i % 64)
-		}
+		name, dir, isFull := w.recordName(id, &hidden)
 		opt := w.recordOpt(id, isFull)
 		recsLen += w.recordSize(id, opt, name, dir, nTable)
 		if opt&optChunks != 0 {
@@ -97,27 +90,30 @@ func (w *wideIndex) compact(paths *pathTable) (*Index, error) {
 			return nil, limitf("index of more than 4 GiB")
 		}
 	}
-	paths.Free() // pass 1 was its last use
 	rel := releaser{w}
+	nChildren := len(w.children)
 	data := w.startForm(recsLen + nTable*chunkSize)
+	if !w.keep { // copied into the form
+		w.freeChildren()
+		w.children = nil
+	}
 	prefix := len(data)
 	data = data[:cap(data)]
 	recs := data[: prefix : prefix+recsLen] // full once every record is in
 	table := data[prefix+recsLen : prefix+recsLen]
+	endsAhead := faultAhead{b: data[:headerSize+4*n], next: headerSize}
 	recsAhead := faultAhead{b: data[:prefix+recsLen], next: prefix}
 	tableAhead := faultAhead{b: data, next: prefix + recsLen}
+	hidden = 0
 	for i := range n {
+		endsAhead.to(headerSize + 4*i)
 		recsAhead.to(len(recs))
 		tableAhead.to(prefix + recsLen + len(table))
 		id := EntryID(i)
 		e := w.entries.at(i)
-		isFull := full[i/64]&(1<<(i%64)) != 0
-		name := w.baseName(id)
-		if isFull {
-			name = w.nameOf(e)
-		}
+		name, dir, isFull := w.recordName(id, &hidden)
 		opt := w.recordOpt(id, isFull)
-		recs = w.appendRecord(recs, id, opt, name, dirs[i], len(table)/chunkSize)
+		recs = w.appendRecord(recs, id, opt, name, dir, len(table)/chunkSize)
 		if opt&optChunks != 0 {
 			table = w.appendChunkTable(table, e)
 		}
@@ -127,12 +123,13 @@ func (w *wideIndex) compact(paths *pathTable) (*Index, error) {
 	if len(recs) != prefix+recsLen || &recs[0] != &data[0] || len(table) != nTable*chunkSize {
 		return nil, fmt.Errorf("index: records of %d bytes, sized %d", len(recs)-prefix, recsLen)
 	}
-	w.putHeader(data, recsLen, nTable)
+	w.putHeader(data, recsLen, nTable, nChildren)
 	return indexOf(data)
 }
 
 // startForm returns the binary form up to its records (the header, the ends, the children
-// and the times), with the capacity for the rest bytes after it.
+// and the times), with the capacity for the rest bytes after it. The ends are left to be
+// written.
 func (w *wideIndex) startForm(rest int) []byte {
 	n := w.entries.len()
 	ntimes := 0
@@ -142,7 +139,7 @@ func (w *wideIndex) startForm(rest int) []byte {
 	le := binary.LittleEndian
 	prefix := headerSize + 4*n + 4*len(w.children) + timesSize*ntimes
 	data := make([]byte, headerSize+4*n, prefix+rest)
-	prefault.Write(data[:prefix]) // written now; the rest as compact writes it (faultAhead)
+	prefault.Write(data[headerSize+4*n : prefix]) // written now; the rest as compact writes it (faultAhead)
 	for _, id := range w.children {
 		data = le.AppendUint32(data, uint32(id))
 	}
@@ -157,27 +154,23 @@ func (w *wideIndex) startForm(rest int) []byte {
 }
 
 // recordName returns the name entry id's record holds and its dir: the entry's base name
-// and the entry its name continues when there is one, else its whole Name (full).
-func (w *wideIndex) recordName(id EntryID, paths *pathTable) (name string, dir EntryID, full bool, err error) {
+// and the entry its name continues when there is one, else its whole Name (full). It reads
+// no other entry: a visible entry's name continues its Parent's (compact checked it), that of
+// one that is not visible the one linkParents noted, the next of hiddenDirs from *hidden.
+func (w *wideIndex) recordName(id EntryID, hidden *int) (name string, dir EntryID, full bool) {
 	e := w.entries.at(int(id))
-	visible := e.Visible()
-	if visible {
-		dir = e.Parent
+	switch {
+	case id == w.root:
+		return w.nameOf(e), e.Parent, true
+	case e.Visible():
+		return w.baseName(id), e.Parent, false
 	}
-	if id != w.root {
-		d := w.dirOf(e)
-		cand, ok := dir, visible
-		if !visible {
-			cand, ok = paths.Get(d)
-		}
-		if ok && cand != id && w.nameIs(w.entries.at(int(cand)), d) {
-			return w.baseName(id), cand, false, nil
-		}
-		if visible {
-			return "", 0, false, fmt.Errorf("index: entry %q has no parent directory entry", w.nameOf(e))
-		}
+	dir = w.hiddenDirs[*hidden]
+	*hidden++
+	if dir == noDir {
+		return w.nameOf(e), 0, true
 	}
-	return w.nameOf(e), dir, true, nil
+	return w.baseName(id), dir, false
 }
 
 // recordOpt returns the opt bits of entry id's record: which optional fields it holds.
@@ -187,7 +180,7 @@ func (w *wideIndex) recordOpt(id EntryID, full bool) uint64 {
 	if full {
 		opt |= optFullName
 	}
-	defNlink := uint32(0)
+	defNlink := uint32(0) // what an index takes when the record holds none
 	if e.Visible() {
 		defNlink = 1
 		if e.Type == TypeDir {
@@ -214,13 +207,13 @@ func (w *wideIndex) recordOpt(id EntryID, full bool) uint64 {
 	if ex.DevMajor != 0 || ex.DevMinor != 0 {
 		opt |= optDev
 	}
-	if e.Inode != id {
+	if w.inode(id, e) != id {
 		opt |= optInode
 	}
-	if e.attr != id {
+	if w.attrOf(id, e) != id {
 		opt |= optAttr
 	}
-	if e.Nlink != defNlink {
+	if w.nlink(e) != defNlink {
 		opt |= optNlink
 	}
 	if !e.Digest.IsZero() {
@@ -244,8 +237,9 @@ func (w *wideIndex) appendRecord(recs []byte, id EntryID, opt uint64, name strin
 	recs = binary.AppendUvarint(recs, uint64(e.Mode))
 	recs = binary.AppendUvarint(recs, uint64(e.UID))
 	recs = binary.AppendUvarint(recs, uint64(e.GID))
-	recs = binary.AppendVarint(recs, e.ModTimeSec)
-	recs = binary.AppendUvarint(recs, uint64(e.ModTimeNsec))
+	sec, nsec := w.modTime(id, e)
+	recs = binary.AppendVarint(recs, sec)
+	recs = binary.AppendUvarint(recs, uint64(nsec))
 	recs = binary.AppendUvarint(recs, uint64(e.Size))
 	ex := w.extraOf(e)
 	if opt&optLink != 0 {
@@ -257,13 +251,13 @@ func (w *wideIndex) appendRecord(recs []byte, id EntryID, opt uint64, name strin
 		recs = binary.AppendUvarint(recs, uint64(ex.DevMinor))
 	}
 	if opt&optInode != 0 {
-		recs = binary.AppendUvarint(recs, uint64(e.Inode))
+		recs = binary.AppendUvarint(recs, uint64(w.inode(id, e)))
 	}
 	if opt&optAttr != 0 {
-		recs = binary.AppendUvarint(recs, uint64(e.attr))
+		recs = binary.AppendUvarint(recs, uint64(w.attrOf(id, e)))
 	}
 	if opt&optNlink != 0 {
-		recs = binary.AppendUvarint(recs, uint64(e.Nlink))
+		recs = binary.AppendUvarint(recs, uint64(w.nlink(e)))
 	}
 	if opt&optDigest != 0 {
 		recs = append(recs, e.Digest[:]...)
@@ -296,9 +290,10 @@ func (w *wideIndex) appendRecord(recs []byte, id EntryID, opt uint64, name strin
 // recordSize returns the length of the record appendRecord appends with the same arguments.
 func (w *wideIndex) recordSize(id EntryID, opt uint64, name string, dir EntryID, chunk0 int) int {
 	e := w.entries.at(int(id))
+	sec, nsec := w.modTime(id, e)
 	n := 2 + uvlen(opt) + uvlen(uint64(dir)) + uvlen(uint64(len(name))) + len(name) +
 		uvlen(uint64(e.Mode)) + uvlen(uint64(e.UID)) + uvlen(uint64(e.GID)) +
-		uvlen(uint64(e.ModTimeSec)<<1^uint64(e.ModTimeSec>>63)) + uvlen(uint64(e.ModTimeNsec)) + uvlen(uint64(e.Size))
+		uvlen(uint64(sec)<<1^uint64(sec>>63)) + uvlen(uint64(nsec)) + uvlen(uint64(e.Size))
 	ex := w.extraOf(e)
 	if opt&optLink != 0 {
 		n += uvlen(uint64(len(ex.LinkName))) + len(ex.LinkName)
@@ -307,13 +302,13 @@ func (w *wideIndex) recordSize(id EntryID, opt uint64, name string, dir EntryID,
 		n += uvlen(uint64(ex.DevMajor)) + uvlen(uint64(ex.DevMinor))
 	}
 	if opt&optInode != 0 {
-		n += uvlen(uint64(e.Inode))
+		n += uvlen(uint64(w.inode(id, e)))
 	}
 	if opt&optAttr != 0 {
-		n += uvlen(uint64(e.attr))
+		n += uvlen(uint64(w.attrOf(id, e)))
 	}
 	if opt&optNlink != 0 {
-		n += uvlen(uint64(e.Nlink))
+		n += uvlen(uint64(w.nlink(e)))
 	}
 	if opt&optDigest != 0 {
 		n += len(e.Digest)
@@ -355,7 +350,7 @@ func (w *wideIndex) appendChunkTable(table []byte, e *wideEntry) []byte {
 
 // putHeader writes the header of the binary form data, whose records take recsLen bytes
 // and whose chunk table holds nTable chunks.
-func (w *wideIndex) putHeader(data []byte, recsLen, nTable int) {
+func (w *wideIndex) putHeader(data []byte, recsLen, nTable, nChildren int) {
 	le := binary.LittleEndian
 	copy(data, indexMagic)
 	le.PutUint32(data[4:], indexVersion)
@@ -365,7 +360,7 @@ func (w *wideIndex) putHeader(data []byte, recsLen, nTable int) {
 	le.PutUint32(data[16:], uint32(w.entries.len()))
 	le.PutUint32(data[20:], uint32(w.tocCount))
 	le.PutUint32(data[24:], uint32(nTable))
-	le.PutUint32(data[28:], uint32(len(w.children)))
+	le.PutUint32(data[28:], uint32(nChildren))
 	le.PutUint64(data[32:], uint64(recsLen))
 	le.PutUint64(data[40:], uint64(w.prefetchEnd))
 	le.PutUint64(data[48:], uint64(w.payloadEnd))

@@ -33,12 +33,13 @@ func CompareWide(layout *Layout, tocJSON []byte, limits Limits) error {
 		id := EntryID(i)
 		wide := w.entries.at(i)
 		ex := w.extraOf(wide)
-		we := Entry{Name: w.nameOf(wide), LinkName: ex.LinkName, Size: wide.Size, ModTimeSec: wide.ModTimeSec,
-			ModTimeNsec: wide.ModTimeNsec, Mode: wide.Mode, UID: wide.UID, GID: wide.GID, DevMajor: ex.DevMajor,
-			DevMinor: ex.DevMinor, Parent: wide.Parent, Inode: wide.Inode, Nlink: wide.Nlink, Digest: wide.Digest,
+		sec, nsec := w.modTime(id, wide)
+		we := Entry{Name: w.nameOf(wide), LinkName: ex.LinkName, Size: wide.Size, ModTimeSec: sec,
+			ModTimeNsec: nsec, Mode: wide.Mode, UID: wide.UID, GID: wide.GID, DevMajor: ex.DevMajor,
+			DevMinor: ex.DevMinor, Parent: wide.Parent, Inode: w.inode(id, wide), Nlink: w.nlink(wide), Digest: wide.Digest,
 			Type: wide.Type, Flags: wide.Flags}
 		owner := w.entries.at(int(we.Inode))
-		attr := owner.attr
+		attr := w.attrOf(we.Inode, owner)
 		var cs []Chunk
 		for k := range int(owner.nchunks) {
 			cs = append(cs, w.chunk(owner, k))

@@ -35,7 +35,7 @@ func ExtractTOC(l *Layout, raw []byte, limits Limits) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	defer zr.close()
+	defer zr.release()
 	out, err := readCapped(zr, lim.MaxTOCSize, tocSizeHint(l, int64(len(raw)), lim))
 	if zr.err != nil {
 		return nil, zr.err
@@ -100,6 +100,9 @@ func (t *tocReader) Read(p []byte) (int, error) {
 	if t.err != nil {
 		return 0, t.err
 	}
+	if t.dec == nil {
+		return 0, io.EOF // released
+	}
 	n, err := t.dec.Read(p)
 	t.n += int64(n)
 	switch {
@@ -123,7 +126,15 @@ func (t *tocReader) checkSize() error {
 	return nil
 }
 
-func (t *tocReader) close() { t.dec.Close() }
+// release lets go of the decoder once the TOC is read to its end (the decoder's windows and
+// buffers, some 11 MB for a million-entry TOC, are then not live while the index is built):
+// Read returns io.EOF after.
+func (t *tocReader) release() {
+	if t.dec != nil {
+		t.dec.Close()
+		t.dec = nil
+	}
+}
 
 // extractStargzTOC reads the TOC member to its end, so that the gzip CRC covers every byte
 // of it: the tar header, the JSON, the padding and the end blocks.

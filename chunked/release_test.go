@@ -3,15 +3,20 @@ package chunked
 import (
 	"archive/tar"
 	"bytes"
+	"context"
+	"errors"
 	"fmt"
 	"io"
 	"math/rand/v2"
 	"runtime"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/klauspost/compress/gzip"
 	"github.com/klauspost/compress/zstd"
+
+	"github.com/layerstore/layerstore/internal/byterange"
 )
 
 // released returns a channel closed once the allocation b starts is collected.
@@ -82,7 +87,10 @@ func TestTOCReleasedAtEnd(t *testing.T) {
 			t.Errorf("a read after the end: %d, %v", n, err)
 		}
 		runtime.KeepAlive(r)
-		r.close()
+		r.release()
+		if n, err := r.Read(make([]byte, 10)); n != 0 || err != io.EOF {
+			t.Errorf("a read after the release: %d, %v", n, err)
+		}
 	})
 
 	t.Run("estargz", func(t *testing.T) {
@@ -119,4 +127,24 @@ func TestTOCReleasedAtEnd(t *testing.T) {
 		runtime.KeepAlive(s)
 		s.Close()
 	})
+}
+
+// TestParseLetsGoOfItsReaderBeforeTheTree: a parse lets go of what reads its TOC (the zstd
+// decoder's windows) once the JSON is read whole, before the tree's steps, where its peak
+// is: a tree step's error comes after the release; a decoding error, before it.
+func TestParseLetsGoOfItsReaderBeforeTheTree(t *testing.T) {
+	layout := &Layout{Format: ZstdChunked, TOC: byterange.Range{Offset: 1000, Length: 1}}
+	for _, tc := range []struct {
+		toc      string
+		released bool
+	}{
+		{`{"version":1,"entries":[{"type":"reg","name":"f","mode":420},{"type":"reg","name":"f/g","mode":420}]}`, true},
+		{`{"version":1,"entries":[{"type":"reg","name":"f","mode":420},{"type":"reg","name":"f"`, false},
+	} {
+		released := false
+		_, err := parse(context.Background(), layout, strings.NewReader(tc.toc), Limits{}.WithDefaults(), func() { released = true })
+		if !errors.Is(err, ErrInvalid) || released != tc.released {
+			t.Errorf("%s: %v, reader let go of: %v, want %v", tc.toc, err, released, tc.released)
+		}
+	}
 }

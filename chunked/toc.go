@@ -8,6 +8,7 @@ import (
 	"hash"
 	"io"
 	"reflect"
+	"runtime/debug"
 	"strings"
 
 	"github.com/go-json-experiment/json"
@@ -92,7 +93,7 @@ func Parse(ctx context.Context, layout *Layout, tocJSON []byte, limits Limits) (
 		return nil, limitf("TOC of %d bytes exceeds %d", len(tocJSON), lim.MaxTOCSize)
 	}
 	// A bytes.Buffer is parsed in place, without copying into the decoder's own buffer.
-	return parse(ctx, layout, bytes.NewBuffer(tocJSON), lim)
+	return parse(ctx, layout, bytes.NewBuffer(tocJSON), lim, nil)
 }
 
 // ParseCompressed is [ExtractTOC] then [Parse] on the compressed TOC raw, in one pass: the
@@ -134,7 +135,7 @@ func ParseStream(ctx context.Context, l *Layout, r io.Reader, size int64, limits
 			return nil, false, err
 		}
 		zr := newStargzStream(m, h)
-		x, err := parse(ctx, l, zr, lim)
+		x, err := parse(ctx, l, zr, lim, nil)
 		var zerr error
 		if err != nil && ctx.Err() == nil && !errors.Is(err, ErrLimit) {
 			zerr = zr.Drain()
@@ -150,12 +151,12 @@ func ParseStream(ctx context.Context, l *Layout, r io.Reader, size int64, limits
 	if err != nil {
 		return nil, false, err
 	}
-	defer zr.close()
+	defer zr.release()
 	var jr io.Reader = zr
 	if h != nil {
 		jr = io.TeeReader(zr, h)
 	}
-	x, err = parse(ctx, l, jr, lim)
+	x, err = parse(ctx, l, jr, lim, zr.release)
 	hashed = ctx.Err() == nil && !errors.Is(err, ErrLimit)
 	if err != nil && h != nil && hashed {
 		_, _ = io.Copy(io.Discard, jr)
@@ -172,8 +173,9 @@ func ParseStream(ctx context.Context, l *Layout, r io.Reader, size int64, limits
 	return x, true, nil
 }
 
-// parse builds the index from the TOC JSON r yields.
-func parse(ctx context.Context, layout *Layout, r io.Reader, lim Limits) (*Index, error) {
+// parse builds the index from the TOC JSON r yields. read, when not nil, is called once r is
+// read to its end, to let go of what reading it holds before the tree is built.
+func parse(ctx context.Context, layout *Layout, r io.Reader, lim Limits, read func()) (*Index, error) {
 	b := &builder{ctx: ctx, lim: lim, x: newWideIndex(layout), cur: -1}
 	defer b.free()
 	if b.x.payloadEnd < 0 {
@@ -181,6 +183,15 @@ func parse(ctx context.Context, layout *Layout, r io.Reader, lim Limits) (*Index
 	}
 	if err := b.decode(r); err != nil {
 		return nil, err
+	}
+	if read != nil {
+		read()
+	}
+	if b.raw >= releaseEntries {
+		// What reading the TOC left (its pieces, the decompressor's buffers, the batches) is
+		// garbage, up to the collector's target: handed back before the tree's steps add
+		// their arrays to the wide form, where the parse's peak is.
+		debug.FreeOSMemory()
 	}
 	return b.finish()
 }
@@ -203,6 +214,11 @@ func (b *builder) decode(r io.Reader) error {
 	}
 	return nil
 }
+
+// releaseEntries is the TOC entries from which a parse hands the memory its reading left
+// free back to the kernel before it builds the tree (a collection of the whole heap: a few
+// ms, where the wide form of so many entries takes 30 MiB or more).
+const releaseEntries = 1 << 18
 
 // decodeBatch is how many TOC entries the decoding goroutine hands the builder at a time.
 const decodeBatch = 256

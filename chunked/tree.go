@@ -38,16 +38,18 @@ func (b *builder) finish() (*Index, error) {
 	if err := b.addDirs(); err != nil {
 		return nil, err
 	}
-	start, freeStart, err := b.linkParents()
+	if err := b.linkParents(); err != nil {
+		return nil, err
+	}
+	b.paths.Free() // linkParents was its last use
+	b.paths = nil
+	counts, freeCounts := b.countChildren()
+	err := b.listChildren(counts)
+	freeCounts()
 	if err != nil {
 		return nil, err
 	}
-	err = b.listChildren(start)
-	freeStart()
-	if err != nil {
-		return nil, err
-	}
-	return x.compact(b.paths)
+	return x.compact()
 }
 
 // free lets go of the builder's wide form and path table: neither is usable after.
@@ -78,7 +80,8 @@ func (b *builder) mapPaths() error {
 		// A hardlink links to what its target path holds at this point of the layer, as
 		// extraction makes it: a later entry at that path replaces the path, not the link.
 		if e.Type == TypeHardlink {
-			if e.Inode, err = b.resolveLink(b.paths, x.extraOf(e).LinkName); err != nil {
+			ex := x.extras.at(int(e.extra) - 1)
+			if ex.inode, err = b.resolveLink(b.paths, ex.LinkName); err != nil {
 				return &EntryError{Index: -1, Name: x.nameOf(e), Err: err}
 			}
 		}
@@ -143,8 +146,7 @@ func (b *builder) ensureDir(p string) error {
 		if err != nil {
 			return err
 		}
-		x.entries.append(wideEntry{dir: dir, baseOff: base.off, baseLen: base.n, Type: TypeDir, Mode: 0o755, Inode: id, attr: id,
-			Flags: FlagImplicit})
+		x.entries.append(wideEntry{dir: dir, baseOff: base.off, baseLen: base.n, Type: TypeDir, Mode: 0o755, Flags: FlagImplicit})
 		b.paths.Set(p, id)
 		if p == "" {
 			return nil
@@ -153,29 +155,32 @@ func (b *builder) ensureDir(p string) error {
 	}
 }
 
-// linkParents sets the root, and each visible entry's Parent and default link count. It
-// returns the count of each entry's children, at the index after the entry's (for
-// listChildren), and the function that lets go of them.
-func (b *builder) linkParents() ([]uint32, func(), error) {
+// linkParents sets the root, and each visible entry's Parent and default link count; for
+// each entry that is not visible, it notes the entry its name continues (hiddenDirs). It is
+// the last step that needs the path table.
+func (b *builder) linkParents() error {
 	x := b.x
 	x.root, _ = b.paths.Get("")
 	if x.entries.at(int(x.root)).Type != TypeDir {
-		return nil, nil, &EntryError{Index: -1, Name: "/", Err: invalidf("root is not a directory")}
+		return &EntryError{Index: -1, Name: "/", Err: invalidf("root is not a directory")}
 	}
-	counts, free := mappedSlice[uint32](x.entries.len() + 1)
 	lastDir, lastParent := uint32(0), x.root
 	for id := range x.entries.len() {
 		if err := b.canceled(id); err != nil {
-			free()
-			return nil, nil, err
+			return err
 		}
 		e := x.entries.at(int(id))
 		if !e.Visible() {
+			d := x.dirOf(e)
+			cand, ok := b.paths.Get(d)
+			if !ok || cand == EntryID(id) || !x.nameIs(x.entries.at(int(cand)), d) {
+				cand = noDir
+			}
+			x.hiddenDirs = append(x.hiddenDirs, cand)
 			continue
 		}
-		e.Nlink = 1
 		if e.Type == TypeDir {
-			e.Nlink = 2
+			e.chunk0 = 2 // its Nlink (see nlink); another's is 1
 		}
 		if EntryID(id) == x.root {
 			e.Parent = x.root
@@ -187,17 +192,28 @@ func (b *builder) linkParents() ([]uint32, func(), error) {
 		}
 		e.Parent = lastParent
 		if x.entries.at(int(e.Parent)).Type != TypeDir {
-			free()
-			return nil, nil, &EntryError{Index: -1, Name: x.nameOf(e), Err: invalidf("parent is not a directory")}
+			return &EntryError{Index: -1, Name: x.nameOf(e), Err: invalidf("parent is not a directory")}
 		}
-		counts[e.Parent+1]++
 	}
-	return counts, free, nil
+	return nil
+}
+
+// countChildren returns the count of each entry's visible children, at the index after the
+// entry's (for listChildren), and the function that lets go of them.
+func (b *builder) countChildren() ([]uint32, func()) {
+	x := b.x
+	counts, free := mappedSlice[uint32](x.entries.len() + 1)
+	for id := range x.entries.len() {
+		if e := x.entries.at(id); e.Visible() && EntryID(id) != x.root {
+			counts[e.Parent+1]++
+		}
+	}
+	return counts, free
 }
 
 // listChildren lists the visible entries but the root as children, sorted by (Parent,
 // BaseName): grouped by parent in one pass in TOC order, then each directory's sorted by name
-// (often sorted already, in TOC order). counts is linkParents'; listChildren changes them. In
+// (often sorted already, in TOC order). counts is countChildren's; listChildren changes them. In
 // the same pass it counts a directory's subdirectories and an inode's hardlinks in their link
 // counts, and gives a hardlinked inode the attributes of its last header.
 func (b *builder) listChildren(counts []uint32) error {
@@ -220,15 +236,16 @@ func (b *builder) listChildren(counts []uint32) error {
 		at[e.Parent]++
 		switch e.Type {
 		case TypeDir:
-			x.entries.at(int(e.Parent)).Nlink++
+			x.entries.at(int(e.Parent)).chunk0++ // its Nlink
 		case TypeHardlink:
 			// The owner counts its visible names: itself unless a later entry replaced it.
-			owner := x.entries.at(int(e.Inode))
-			owner.Nlink++
+			owner := x.entries.at(int(x.inode(EntryID(id), e)))
+			ex := x.extraFor(owner)
+			ex.links++
 			// Extractors apply a hardlink's header to the inode it shares (c/storage chowns,
 			// chmods and sets times through the new name), so the last header wins.
 			if owner.Type != TypeSymlink {
-				owner.attr = EntryID(id)
+				ex.attr = EntryID(id) + 1
 			}
 		}
 	}
@@ -291,7 +308,7 @@ func (b *builder) resolveLink(paths *pathTable, target string) (EntryID, error) 
 	case t.Type == TypeDir:
 		return 0, invalidf("hardlink to the directory %q", target)
 	default:
-		return t.Inode, nil
+		return b.x.inode(id, t), nil
 	}
 }
 

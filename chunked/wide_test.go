@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 	"unsafe"
 
 	"github.com/layerstore/layerstore/internal/byterange"
@@ -61,8 +62,8 @@ func TestWideFormChunksInPlace(t *testing.T) {
 			t.Errorf("%s: chunks %+v, want %+v", name, cs, want)
 		}
 	}
-	if size := unsafe.Sizeof(wideEntry{}); size > 120 {
-		t.Errorf("a wide entry takes %d bytes, want at most 120", size)
+	if size := unsafe.Sizeof(wideEntry{}); size > 104 {
+		t.Errorf("a wide entry takes %d bytes, want at most 104", size)
 	}
 }
 
@@ -127,5 +128,45 @@ func TestWideOneChunkLongSpan(t *testing.T) {
 		if c := w.chunk(e, 0); c.Length != n || c.Offset != 100 || c.InnerOffset != 7 || c.Size != 10 {
 			t.Errorf("set to %d: chunk %+v", n, c)
 		}
+	}
+}
+
+// TestWideTimesOutOfRange: a modification time beyond 64 bits of nanoseconds (before 1678,
+// after 2262) is kept whole beside the entries, and the index has every time as the TOC gives
+// it, before 1970 too.
+func TestWideTimesOutOfRange(t *testing.T) {
+	times := []string{"1500-01-01T00:00:00.5Z", "1960-05-05T01:02:03.000000007Z", "2024-01-01T00:00:00Z",
+		"2500-12-31T23:59:59.999999999Z", "0001-01-01T00:00:00Z", "1677-09-21T00:12:43.145224191Z", "1969-12-31T23:59:59.999999999Z"}
+	var toc strings.Builder
+	toc.WriteString(`{"version":1,"entries":[`)
+	for i, s := range times {
+		if i > 0 {
+			toc.WriteByte(',')
+		}
+		fmt.Fprintf(&toc, `{"type":"reg","name":"t%d","modtime":%q},{"type":"dir","name":"d%d","modtime":%q}`, i, s, i, s)
+	}
+	toc.WriteString(`]}`)
+	layout := &Layout{Format: EStargz, TOC: byterange.Range{Offset: 1000, Length: 1}}
+	x, err := Parse(context.Background(), layout, []byte(toc.String()), Limits{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, s := range times {
+		tm, err := time.Parse(time.RFC3339Nano, s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, name := range []string{fmt.Sprint("t", i), fmt.Sprint("d", i)} {
+			id, ok := x.LookupPath(name)
+			if !ok {
+				t.Fatalf("%s: not found", name)
+			}
+			if e := x.Entry(id); e.ModTimeSec != tm.Unix() || e.ModTimeNsec != uint32(tm.Nanosecond()) {
+				t.Errorf("%s: %d.%09d, want %s (%d.%09d)", name, e.ModTimeSec, e.ModTimeNsec, s, tm.Unix(), tm.Nanosecond())
+			}
+		}
+	}
+	if err := CompareWide(layout, []byte(toc.String()), Limits{}); err != nil {
+		t.Error(err)
 	}
 }
