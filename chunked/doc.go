@@ -27,8 +27,8 @@
 // being the file's), a table of fixed-size records for the chunks of files of more than one
 // chunk, the sorted children and the TOC's access and change times. It holds no Go pointers
 // and costs its size: about 85 bytes per entry for a tree of small files (a name of 15
-// bytes, a 32-byte digest), where the wide form it is built from costs about 135 (an entry of
-// 120 bytes holding a file's one chunk, and its base name in an arena of names, where its
+// bytes, a 32-byte digest), where the wide form it is built from costs about 120 (an entry of
+// 104 bytes holding a file's one chunk, and its base name in an arena of names, where its
 // directory's path is held once for each run of entries in it: only the chunks of files of
 // more than one chunk, or of an unusual one, are in a table of their own, 80 bytes each, and
 // links' targets, devices' numbers and xattrs beside). [Parse] builds the wide form and
@@ -36,9 +36,9 @@
 // need them (the table of paths is let go of once the parents are linked, the children once
 // copied into the compact form), and a parse of a TOC of 256Ki entries or more first hands
 // back to the kernel what reading the TOC left free (the decompressor's windows, the pieces
-// read; [runtime/debug.FreeOSMemory]). The wide form's entries and chunks, and the large arrays that
-// building the tree uses for a moment, are mapped outside the Go heap and unmapped as soon
-// as they are done with: the compaction writes the records in entry order and unmaps the
+// read; [runtime/debug.FreeOSMemory]). The wide form's entries and chunks, and the large
+// arrays that building the tree uses for a moment, are mapped outside the Go heap and
+// unmapped as soon as they are done with: the compaction writes the records in entry order and unmaps the
 // entries and chunks behind it, so that the compact form takes the wide form's place
 // instead of adding to it (a parse's peak is the wide form's, not the two's: see
 // BenchmarkParsePeak). What a parse writes whole (the mapped blocks, the compact form, the

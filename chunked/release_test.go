@@ -72,7 +72,7 @@ func TestTOCReleasedAtEnd(t *testing.T) {
 		}
 		gone := released(raw)
 		l := &Layout{Format: ZstdChunked}
-		r, err := newTOCReader(l, &consumed{b: raw}, Limits{}.WithDefaults(), 2)
+		r, err := newTOCReader(l, &consumed{b: raw}, Limits{}.WithDefaults())
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -147,7 +147,7 @@ func ParseStream(ctx context.Context, l *Layout, r io.Reader, size int64, limits
 		}
 		return x, ctx.Err() == nil && !errors.Is(err, ErrLimit), err
 	}
-	zr, err := newTOCReader(l, r, lim, 2)
+	zr, err := newTOCReader(l, r, lim)
 	if err != nil {
 		return nil, false, err
 	}
