@@ -20,11 +20,12 @@ import (
 type wideIndex struct {
 	format  Format
 	entries blockSlice[wideEntry]
-	// names holds the entries' base names and their directories' paths: an entry's Name is
-	// its directory's path (dirs[dir]), a slash and its base name, or its base name alone in
-	// the root directory. Entries of a directory mostly follow one another in a TOC, so a
-	// directory's path is held once for each run of them (addName), not once for each entry:
-	// 47 bytes an entry of names became 14 in a million-entry layer.
+	// names holds the entries' base names, their directories' paths and links' targets
+	// (wideExtra.linkOff): an entry's Name is its directory's path (dirs[dir]), a slash and
+	// its base name, or its base name alone in the root directory. Entries of a directory
+	// mostly follow one another in a TOC, so a directory's path is held once for each run of
+	// them (addName), not once for each entry: 47 bytes an entry of names became 14 in a
+	// million-entry layer.
 	names nameArena
 	dirs  blockSlice[nameRef] // dirs[0] is the root directory's path, ""
 	// lastDir is the directory of the last name added: the index in dirs of its path.
@@ -59,7 +60,7 @@ type wideIndex struct {
 // mapped (see blockSlice): its owner frees it.
 func newWideIndex(layout *Layout) *wideIndex {
 	w := &wideIndex{format: layout.Format, payloadEnd: layout.PayloadEnd(), prefetchEnd: -1, freeChildren: func() {}}
-	w.entries.mapped, w.chunks.mapped = true, true
+	w.entries.mapped, w.chunks.mapped, w.extras.mapped = true, true, true
 	w.dirs.append(nameRef{})
 	return w
 }
@@ -68,6 +69,7 @@ func newWideIndex(layout *Layout) *wideIndex {
 func (w *wideIndex) free() {
 	w.entries.free()
 	w.chunks.free()
+	w.extras.free()
 	w.dirs.free()
 	w.freeChildren()
 	w.children, w.hiddenDirs = nil, nil
@@ -113,16 +115,29 @@ type oneChunk struct {
 	length, inner uint32
 }
 
-// wideExtra holds what few entries have: a link's target, a device's numbers, xattrs (the
-// index's xattrs from xattr0), what hardlinks make of an inode.
+// wideExtra holds what few entries have: a link's target (in the index's names), a device's
+// numbers, xattrs (the index's xattrs from xattr0), what hardlinks make of an inode. It holds
+// no pointers (its blocks are mapped, as the entries'): 32 bytes.
 type wideExtra struct {
-	LinkName           string
 	DevMajor, DevMinor uint32
 	xattr0             uint32
-	nxattrs            uint16
 	inode              EntryID // a hardlink's Entry.Inode (every hardlink has extras)
 	attr               EntryID // 1 + Index.AttrEntry of an inode's owner, 0 when the owner itself
 	links              uint32  // the hardlinks to an inode's owner that count in its Nlink
+	linkOff            uint32  // LinkName: a nameRef, here where it packs
+	linkLen, nxattrs   uint16
+}
+
+// linkName returns the LinkName of an entry whose extras are ex.
+func (w *wideIndex) linkName(ex wideExtra) string {
+	return w.names.get(nameRef{off: ex.linkOff, n: ex.linkLen})
+}
+
+// setLinkName sets the LinkName in ex, of at most maxNameLen bytes.
+func (w *wideIndex) setLinkName(ex *wideExtra, link string) error {
+	at, err := w.names.add(link)
+	ex.linkOff, ex.linkLen = at.off, at.n
+	return err
 }
 
 // bigTime is the wideEntry.mtime of an entry whose time takes more than 64 bits of
@@ -408,13 +423,19 @@ func (b *builder) addEntry(r *rawEntry) error {
 		if r.LinkName == "" || len(r.LinkName) > maxNameLen || strings.IndexByte(r.LinkName, 0) >= 0 {
 			return invalidf("bad symlink target %q", r.LinkName)
 		}
-		ex.LinkName = r.LinkName
+		if err := b.x.setLinkName(&ex, r.LinkName); err != nil {
+			return err
+		}
 	case TypeHardlink:
-		if ex.LinkName, err = cleanName(r.LinkName); err != nil {
+		target, err := cleanName(r.LinkName)
+		if err != nil {
 			return fmt.Errorf("hardlink target: %w", err)
 		}
-		if ex.LinkName == "" {
+		if target == "" {
 			return invalidf("hardlink to the root")
+		}
+		if err := b.x.setLinkName(&ex, target); err != nil {
+			return err
 		}
 		ex.inode = id // until the tree resolves it
 	}

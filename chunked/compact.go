@@ -201,7 +201,7 @@ func (w *wideIndex) recordOpt(id EntryID, full bool) uint64 {
 		opt |= optChunks
 	}
 	ex := w.extraOf(e)
-	if ex.LinkName != "" {
+	if ex.linkLen != 0 {
 		opt |= optLink
 	}
 	if ex.DevMajor != 0 || ex.DevMinor != 0 {
@@ -243,8 +243,9 @@ func (w *wideIndex) appendRecord(recs []byte, id EntryID, opt uint64, name strin
 	recs = binary.AppendUvarint(recs, uint64(e.Size))
 	ex := w.extraOf(e)
 	if opt&optLink != 0 {
-		recs = binary.AppendUvarint(recs, uint64(len(ex.LinkName)))
-		recs = append(recs, ex.LinkName...)
+		link := w.linkName(ex)
+		recs = binary.AppendUvarint(recs, uint64(len(link)))
+		recs = append(recs, link...)
 	}
 	if opt&optDev != 0 {
 		recs = binary.AppendUvarint(recs, uint64(ex.DevMajor))
@@ -296,7 +297,7 @@ func (w *wideIndex) recordSize(id EntryID, opt uint64, name string, dir EntryID,
 		uvlen(uint64(sec)<<1^uint64(sec>>63)) + uvlen(uint64(nsec)) + uvlen(uint64(e.Size))
 	ex := w.extraOf(e)
 	if opt&optLink != 0 {
-		n += uvlen(uint64(len(ex.LinkName))) + len(ex.LinkName)
+		n += uvlen(uint64(ex.linkLen)) + int(ex.linkLen)
 	}
 	if opt&optDev != 0 {
 		n += uvlen(uint64(ex.DevMajor)) + uvlen(uint64(ex.DevMinor))

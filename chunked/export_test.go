@@ -34,7 +34,7 @@ func CompareWide(layout *Layout, tocJSON []byte, limits Limits) error {
 		wide := w.entries.at(i)
 		ex := w.extraOf(wide)
 		sec, nsec := w.modTime(id, wide)
-		we := Entry{Name: w.nameOf(wide), LinkName: ex.LinkName, Size: wide.Size, ModTimeSec: sec,
+		we := Entry{Name: w.nameOf(wide), LinkName: w.linkName(ex), Size: wide.Size, ModTimeSec: sec,
 			ModTimeNsec: nsec, Mode: wide.Mode, UID: wide.UID, GID: wide.GID, DevMajor: ex.DevMajor,
 			DevMinor: ex.DevMinor, Parent: wide.Parent, Inode: w.inode(id, wide), Nlink: w.nlink(wide), Digest: wide.Digest,
 			Type: wide.Type, Flags: wide.Flags}

@@ -1,6 +1,7 @@
 package chunked
 
 import (
+	"encoding/binary"
 	"hash/maphash"
 	"strings"
 )
@@ -18,9 +19,8 @@ import (
 // the builder alone uses it.
 type pathTable struct {
 	seed  maphash.Seed
-	seed2 maphash.Seed // the base name's
-	slots []uint32     // an entry's number + 1 (idMask), and its path's tag; 0 is an empty slot
-	free  func()       // lets go of slots (mappedSlice)
+	slots []uint32 // an entry's number + 1 (idMask), and its path's tag; 0 is an empty slot
+	free  func()   // lets go of slots (mappedSlice)
 	n     int
 	// idMask is the bits of a slot that hold the entry's number + 1: the others hold the tag.
 	idMask uint32
@@ -47,7 +47,7 @@ func newPathTable(n, maxEntries int, keyOf func(EntryID) (dir, base string)) *pa
 	if maxEntries+1 < 1<<24-1 {
 		idMask = 1<<24 - 1
 	}
-	return &pathTable{seed: maphash.MakeSeed(), seed2: maphash.MakeSeed(), slots: slots, free: free, idMask: idMask, keyOf: keyOf}
+	return &pathTable{seed: maphash.MakeSeed(), slots: slots, free: free, idMask: idMask, keyOf: keyOf}
 }
 
 // Free lets go of the table: it is unusable after.
@@ -60,9 +60,13 @@ func (t *pathTable) Free() {
 func (t *pathTable) Len() int { return t.n }
 
 // hash returns the hash of the path of parts dir and base: where its probe starts, and its
-// tag.
+// tag. The parts' hashes are hashed together, not combined by an operation a TOC's paths could
+// give a structure (the same base names in many directories).
 func (t *pathTable) hash(dir, base string) (int, uint32) {
-	h := maphash.String(t.seed, dir) ^ maphash.String(t.seed2, base)
+	var parts [16]byte
+	binary.LittleEndian.PutUint64(parts[:8], maphash.String(t.seed, dir))
+	binary.LittleEndian.PutUint64(parts[8:], maphash.String(t.seed, base))
+	h := maphash.Bytes(t.seed, parts[:])
 	return int(h), uint32(h>>32) &^ t.idMask
 }
 

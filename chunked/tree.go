@@ -81,7 +81,7 @@ func (b *builder) mapPaths() error {
 		// extraction makes it: a later entry at that path replaces the path, not the link.
 		if e.Type == TypeHardlink {
 			ex := x.extras.at(int(e.extra) - 1)
-			if ex.inode, err = b.resolveLink(b.paths, ex.LinkName); err != nil {
+			if ex.inode, err = b.resolveLink(b.paths, x.linkName(*ex)); err != nil {
 				return &EntryError{Index: -1, Name: x.nameOf(e), Err: err}
 			}
 		}

@@ -65,6 +65,9 @@ func TestWideFormChunksInPlace(t *testing.T) {
 	if size := unsafe.Sizeof(wideEntry{}); size > 104 {
 		t.Errorf("a wide entry takes %d bytes, want at most 104", size)
 	}
+	if size := unsafe.Sizeof(wideExtra{}); size > 32 {
+		t.Errorf("an entry's extras take %d bytes, want at most 32", size)
+	}
 }
 
 // TestWideNamesShareDirectories: the builder holds a directory's path once for a run of its
