@@ -287,3 +287,44 @@ func TestIterateTarSplitAheadBounded(t *testing.T) {
 		t.Errorf("16 segments allocated %d MiB, 4 %d MiB: records decoded ahead are not bounded", many>>20, few>>20)
 	}
 }
+
+// TestParseOutOfRangeTimesBounded: a TOC whose every entry has a time outside the wide form's
+// 64 bits of nanoseconds (year 1) costs the parse its 16 bytes an entry beside the entries,
+// mapped with them, and the index keeps nothing more for them.
+func TestParseOutOfRangeTimesBounded(t *testing.T) {
+	const n = 200000
+	toc := func(modtime string) []byte {
+		es := make([]string, n)
+		for i := range es {
+			es[i] = ent(fmt.Sprintf("d%d/f%d", i%100, i), "fifo", "mode", 0o644, "modtime", modtime)
+		}
+		return []byte(tocOf(es...))
+	}
+	inRange, outOfRange := toc("2024-01-02T03:04:05Z"), toc("0001-01-01T00:00:00Z")
+	chunked.MappedPeak()
+	_, err, totalIn, liveIn, _ := parseMeasured(t, inRange, chunked.Limits{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mappedIn := chunked.MappedPeak()
+	x, err, totalOut, liveOut, took := parseMeasured(t, outOfRange, chunked.Limits{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mappedOut := chunked.MappedPeak()
+	t.Logf("%d entries: allocated %d KiB (in range %d KiB), %d KiB live (%d KiB), mapped at most %d KiB (%d KiB), in %v",
+		n, totalOut>>10, totalIn>>10, liveOut>>10, liveIn>>10, mappedOut>>10, mappedIn>>10, took)
+	if id, ok := x.LookupPath("d7/f7"); !ok {
+		t.Error("d7/f7 not found")
+	} else if e := x.Entry(id); e.ModTimeSec != -62135596800 || e.ModTimeNsec != 0 {
+		t.Errorf("d7/f7's time %d.%09d, want year 1", e.ModTimeSec, e.ModTimeNsec)
+	}
+	// 16 bytes an entry, in blocks (at most one block more), and the index's records' longer
+	// times: at most 18 bytes an entry in all.
+	if extra := (mappedOut - mappedIn) + int64(totalOut) - int64(totalIn); extra > 18*n+64<<10 {
+		t.Errorf("out-of-range times cost the parse %d bytes, want at most 18 an entry (%d)", extra, 18*n)
+	}
+	if extra := int64(liveOut) - int64(liveIn); extra > 8*n {
+		t.Errorf("out-of-range times cost the index %d bytes an entry, want at most 8", extra/n)
+	}
+}

@@ -1,7 +1,6 @@
 package chunked
 
 import (
-	"cmp"
 	"context"
 	"encoding/base64"
 	"encoding/hex"
@@ -10,6 +9,7 @@ import (
 	"math"
 	"path"
 	"slices"
+	"sort"
 	"strings"
 	"time"
 
@@ -35,8 +35,8 @@ type wideIndex struct {
 	chunks   blockSlice[Chunk]
 	extras   blockSlice[wideExtra]
 	xattrs   []Xattr
-	bigTimes []entryTime // by entry, the times out of wideEntry.mtime's range
-	children []EntryID   // visible entries except the root, sorted by (Parent, BaseName)
+	bigTimes blockSlice[entryTime] // by entry, the times out of wideEntry.mtime's range
+	children []EntryID             // visible entries except the root, sorted by (Parent, BaseName)
 	// hiddenDirs holds, for each entry that is not visible, in order, the entry its name
 	// continues in its record (the entry at its directory's path), or noDir (see
 	// linkParents, recordName).
@@ -60,7 +60,7 @@ type wideIndex struct {
 // mapped (see blockSlice): its owner frees it.
 func newWideIndex(layout *Layout) *wideIndex {
 	w := &wideIndex{format: layout.Format, payloadEnd: layout.PayloadEnd(), prefetchEnd: -1, freeChildren: func() {}}
-	w.entries.mapped, w.chunks.mapped, w.extras.mapped = true, true, true
+	w.entries.mapped, w.chunks.mapped, w.extras.mapped, w.bigTimes.mapped = true, true, true, true
 	w.dirs.append(nameRef{})
 	return w
 }
@@ -70,6 +70,7 @@ func (w *wideIndex) free() {
 	w.entries.free()
 	w.chunks.free()
 	w.extras.free()
+	w.bigTimes.free()
 	w.dirs.free()
 	w.freeChildren()
 	w.children, w.hiddenDirs = nil, nil
@@ -156,7 +157,7 @@ func (w *wideIndex) setModTime(id EntryID, e *wideEntry, sec int64, nsec uint32)
 	const maxSec = math.MaxInt64/1_000_000_000 - 1 // so that sec*1e9+nsec never overflows, nor is bigTime
 	if sec < -maxSec || sec > maxSec {
 		e.mtime = bigTime
-		w.bigTimes = append(w.bigTimes, entryTime{id: id, nsec: nsec, sec: sec})
+		w.bigTimes.append(entryTime{id: id, nsec: nsec, sec: sec})
 		return
 	}
 	e.mtime = sec*1e9 + int64(nsec)
@@ -165,8 +166,8 @@ func (w *wideIndex) setModTime(id EntryID, e *wideEntry, sec int64, nsec uint32)
 // modTime returns the modification time of e, entry id, in Unix seconds and nanoseconds.
 func (w *wideIndex) modTime(id EntryID, e *wideEntry) (int64, uint32) {
 	if e.mtime == bigTime {
-		i, _ := slices.BinarySearchFunc(w.bigTimes, id, func(t entryTime, id EntryID) int { return cmp.Compare(t.id, id) })
-		return w.bigTimes[i].sec, w.bigTimes[i].nsec
+		t := w.bigTimes.at(sort.Search(w.bigTimes.len(), func(i int) bool { return w.bigTimes.at(i).id >= id }))
+		return t.sec, t.nsec
 	}
 	sec, nsec := e.mtime/1e9, e.mtime%1e9
 	if nsec < 0 {

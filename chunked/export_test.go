@@ -72,3 +72,7 @@ func CompareWide(layout *Layout, tocJSON []byte, limits Limits) error {
 	}
 	return nil
 }
+
+// MappedPeak returns the most bytes the parses since the last call held mapped outside the
+// heap at once (see blockSlice), and starts counting again from what is mapped now.
+func MappedPeak() int64 { return mappedPeak.Swap(mappedBytes.Load()) }

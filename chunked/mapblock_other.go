@@ -12,4 +12,4 @@ func mapBlock(uintptr, bool) unsafe.Pointer { return nil }
 
 func unmapBlock(unsafe.Pointer, uintptr) {}
 
-var mappedBytes atomic.Int64
+var mappedBytes, mappedPeak atomic.Int64

@@ -23,13 +23,16 @@ func mapBlock(size uintptr, whole bool) unsafe.Pointer {
 	if err != nil {
 		return nil
 	}
-	mappedBytes.Add(int64(size))
+	n := mappedBytes.Add(int64(size))
+	for peak := mappedPeak.Load(); n > peak && !mappedPeak.CompareAndSwap(peak, n); peak = mappedPeak.Load() {
+	}
 	return p
 }
 
-// mappedBytes counts the bytes mapped by mapBlock and not unmapped (the tests' check that a
-// parse unmaps what it mapped, whatever its end).
-var mappedBytes atomic.Int64
+// mappedBytes counts the bytes mapped by mapBlock and not unmapped, and mappedPeak the most
+// it counted: the tests check that a parse unmaps what it mapped, whatever its end, and
+// what a TOC can make it map.
+var mappedBytes, mappedPeak atomic.Int64
 
 // unmapBlock unmaps what mapBlock mapped.
 func unmapBlock(p unsafe.Pointer, size uintptr) {
