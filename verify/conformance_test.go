@@ -201,8 +201,8 @@ func (c *countingSource) Fetch(ctx context.Context, ranges []byterange.Range) ([
 }
 
 // Open reads the footer and the TOC (and the tar-split, Config.TarSplit) in one request when the
-// annotations place a TOC of at most a piece (a larger one is streamed: TestTOCStreamed), and none of the tar-split's bytes without Config.TarSplit; eStargz
-// needs its footer first.
+// annotations place a TOC of at most two pieces (a larger one is streamed: TestTOCStreamed),
+// and none of the tar-split's bytes without Config.TarSplit; eStargz needs its footer first.
 func TestOpenReads(t *testing.T) {
 	want := map[string]int{"zstdchunked-modern": 1, "zstdchunked-legacy": 1, "estargz-zstd-annotated": 1, "estargz": 2, "estargz-zstd": 2}
 	for _, f := range fixtures(t) {
@@ -239,6 +239,37 @@ func TestOpenReads(t *testing.T) {
 			}
 		}
 	}
+}
+
+// TestOpenReadsTwoPiecesWhole: a zstd:chunked TOC of two pieces is read whole with the footer,
+// in one request (the stream would hold it whole too); one byte more than two pieces, and it
+// is streamed in pieces after the footer's request.
+func TestOpenReadsTwoPiecesWhole(t *testing.T) {
+	for _, f := range fixtures(t) {
+		if f.Name != "zstdchunked-modern" {
+			continue
+		}
+		l, err := verify.Open(t.Context(), f.Desc, f.DiffID, source(f.Blob), verify.Config{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := l.Layout().TOC.Length
+		for _, c := range []struct {
+			piece int64
+			reads int
+		}{{(n + 1) / 2, 1}, {(n - 1) / 2, 1 + int((n+(n-1)/2-1)/((n-1)/2))}} {
+			verify.SetStreamPiece(t, c.piece)
+			src := &countingSource{Source: source(f.Blob)}
+			if _, err := verify.Open(t.Context(), f.Desc, f.DiffID, src, verify.Config{}); err != nil {
+				t.Fatal(err)
+			}
+			if src.reads != c.reads {
+				t.Errorf("a TOC of %d bytes in pieces of %d: %d requests, want %d", n, c.piece, src.reads, c.reads)
+			}
+		}
+		return
+	}
+	t.Fatal("no zstdchunked-modern fixture")
 }
 
 // tamperingSource flips the first byte of every range it returns.

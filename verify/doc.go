@@ -12,7 +12,7 @@
 //     as it is parsed is read to its end even when the parse fails, and the index is dropped
 //     unless the whole TOC matches: a TOC that is not the one named is reported as a
 //     mismatch, not as the invalid TOC it may also be. Such a TOC, with nothing to check
-//     before its parse, is read from the source as it is parsed, in pieces of 4 MiB, the next
+//     before its parse, is read from the source as it is parsed, in pieces of 2 MiB, the next
 //     one on a goroutine of Open's own (ended when Open returns) while one is parsed: a TOC of
 //     tens of MB is never held whole, and its parse starts with its first piece instead of
 //     after its last;

@@ -13,7 +13,7 @@ import (
 	"github.com/layerstore/layerstore/verify"
 )
 
-// TestTOCStreamed: an eStargz TOC, and a zstd:chunked TOC of more than a piece, is read in
+// TestTOCStreamed: an eStargz TOC, and a zstd:chunked TOC of more than two pieces, is read in
 // pieces as it is parsed, never whole, into the index its bytes read whole make; a source that
 // fails part way through is reported as such, not as an invalid TOC; one that stalls is left
 // when the context ends; one over a limit is refused for it. A zstd:chunked TOC, whose digest covers its compressed bytes, with a

@@ -165,14 +165,15 @@ type metadata struct {
 // streamTOC reports whether the layout's TOC is read as it is parsed (parseTOC), rather than
 // whole before: a TOC whose digest covers the JSON (the eStargz family), unless a digest of
 // its compressed bytes is also to be checked before (stargz-flavoured zstd with the legacy
-// checksum annotation); a zstd:chunked TOC of more than a piece (streamPiece), whose digest,
-// over the compressed bytes, is then checked as they arrive. A smaller zstd:chunked TOC is
-// read with the footer, in one request, and checked before its parse.
+// checksum annotation); a zstd:chunked TOC of more than two pieces (streamPiece), whose
+// digest, over the compressed bytes, is then checked as they arrive. A smaller zstd:chunked
+// TOC, which the stream would hold whole anyway, is read with the footer, in one request, and
+// checked before its parse.
 func streamTOC(layout *chunked.Layout) bool {
 	if layout.LegacyChecksum != "" {
 		return false
 	}
-	return layout.Format.StargzTOC() || layout.TOC.Length > streamPiece
+	return layout.Format.StargzTOC() || layout.TOC.Length > 2*streamPiece
 }
 
 // readMetadata reads the footer (completing and cross-checking the layout), the TOC unless
