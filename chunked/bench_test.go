@@ -126,9 +126,9 @@ func BenchmarkLoadIndex(b *testing.B) {
 
 // BenchmarkParsePeak measures the peak memory of parsing a compressed 1M-entry TOC, as a
 // lookup does: the process's VmHWM (reset through /proc/self/clear_refs before the parse)
-// over its VmRSS before, beside the size of the index it keeps. Two shapes: a tree of small
-// files, and one of symbolic links only (the costliest entries of the wide form per entry:
-// a link's target is held beside it).
+// over its VmRSS before, beside the size of the index it keeps. Four shapes: a tree of small
+// files, one of symbolic links only (a link's target is held beside its entry), one of files
+// with two xattrs each, and one of hardlinks to one file (each with its extras).
 func BenchmarkParsePeak(b *testing.B) {
 	const n = 1_000_000
 	for _, shape := range []struct {
@@ -137,6 +137,8 @@ func BenchmarkParsePeak(b *testing.B) {
 	}{
 		{"files", func() (*chunked.Layout, []byte) { return compressedTOC(b, n) }},
 		{"symlinks", func() (*chunked.Layout, []byte) { return compressedJSON(b, symlinkTOC(n), 0) }},
+		{"xattrs", func() (*chunked.Layout, []byte) { return compressedJSON(b, shapeTOC(n, xattrEntry), 0) }},
+		{"hardlinks", func() (*chunked.Layout, []byte) { return compressedJSON(b, shapeTOC(n, hardlinkEntry), 0) }},
 	} {
 		b.Run(shape.name, func(b *testing.B) {
 			layout, raw := shape.toc()
@@ -160,6 +162,35 @@ func BenchmarkParsePeak(b *testing.B) {
 			b.ReportMetric(kept/(1<<20), "indexMiB")
 		})
 	}
+}
+
+// shapeTOC returns a TOC of the n entries entry renders.
+func shapeTOC(n int, entry func(i int) string) []byte {
+	var b strings.Builder
+	b.WriteString(`{"version":1,"entries":[`)
+	for i := range n {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteString(entry(i))
+	}
+	b.WriteString(`]}`)
+	return []byte(b.String())
+}
+
+// xattrEntry renders entry i of a TOC of files with two xattrs each, one named after the file
+// (security.capability and user.* attributes of real images are few; this is a TOC made to
+// cost the parse what xattrs can).
+func xattrEntry(i int) string {
+	return fmt.Sprintf(`{"type":"reg","name":"d%d/f%d","xattrs":{"user.a%d":"YWFhYWFhYWFhYWFhYWFhYWFh","user.b":"YQ=="}}`, i/64, i, i)
+}
+
+// hardlinkEntry renders entry i of a TOC of hardlinks to its first entry, a file.
+func hardlinkEntry(i int) string {
+	if i == 0 {
+		return `{"type":"reg","name":"target"}`
+	}
+	return fmt.Sprintf(`{"type":"hardlink","name":"d%d/h%d","linkName":"target"}`, i/64, i)
 }
 
 // symlinkTOC returns a TOC of n entries: directories of 40 entries, the others symbolic

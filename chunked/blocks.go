@@ -91,10 +91,10 @@ func (s *blockSlice[T]) release(k int) {
 // name's limit (maxNameLen), so that a name never spans two blocks.
 const nameBlockShift = 20
 
-// nameArena holds the builder's entry names, one after the other in blocks of bytes that hold
-// no pointers and are written once: a name is a nameRef (6 bytes in its entry) where a string
-// would be 16 and an allocation of its own, which the collector would scan and the allocator
-// round up. Its zero value is empty.
+// nameArena holds the builder's entry names (and links' targets, xattrs' names and values),
+// one after the other in blocks of bytes that hold no pointers and are written once: a name
+// is a nameRef (6 bytes in its entry) where a string would be 16 and an allocation of its
+// own, which the collector would scan and the allocator round up. Its zero value is empty.
 type nameArena struct {
 	blocks [][]byte
 }
@@ -111,10 +111,37 @@ func (a *nameArena) add(s string) (nameRef, error) {
 	if len(s) == 0 {
 		return nameRef{}, nil
 	}
+	off, err := a.put(s)
+	return nameRef{off: off, n: uint16(len(s))}, err
+}
+
+// bytesRef is where a nameArena holds a run of bytes longer than a name may be (an xattr's
+// value): its first byte's offset, as in a nameRef, and its length.
+type bytesRef struct {
+	off, n uint32
+}
+
+// addBytes copies b, of at most a block (1<<nameBlockShift bytes), into the arena.
+func (a *nameArena) addBytes(b []byte) (bytesRef, error) {
+	if len(b) == 0 {
+		return bytesRef{}, nil
+	}
+	if len(b) > 1<<nameBlockShift {
+		return bytesRef{}, limitf("%d bytes in one piece", len(b))
+	}
+	off, err := a.put(unsafe.String(&b[0], len(b)))
+	return bytesRef{off: off, n: uint32(len(b))}, err
+}
+
+// getBytes returns the bytes at r as a string, as get does.
+func (a *nameArena) getBytes(r bytesRef) string { return a.str(r.off, int(r.n)) }
+
+// put copies s, not empty and of at most a block, into the arena and returns its offset.
+func (a *nameArena) put(s string) (uint32, error) {
 	last := len(a.blocks) - 1
 	if last < 0 || len(a.blocks[last])+len(s) > cap(a.blocks[last]) {
 		if uint64(len(a.blocks)+1)<<nameBlockShift > math.MaxUint32+1 {
-			return nameRef{}, limitf("names of more than 4 GiB")
+			return 0, limitf("names of more than 4 GiB")
 		}
 		block := make([]byte, 0, 1<<nameBlockShift)
 		if last >= 0 { // a TOC's first block may hold a few names (see blockSlice.append)
@@ -125,17 +152,20 @@ func (a *nameArena) add(s string) (nameRef, error) {
 	}
 	at := len(a.blocks[last])
 	a.blocks[last] = append(a.blocks[last], s...)
-	return nameRef{off: uint32(last<<nameBlockShift + at), n: uint16(len(s))}, nil
+	return uint32(last<<nameBlockShift + at), nil
 }
 
 // get returns the name at r. Its bytes are never written again: the string is valid, and
 // keeps its block alive, whatever the arena does after.
-func (a *nameArena) get(r nameRef) string {
-	if r.n == 0 {
+func (a *nameArena) get(r nameRef) string { return a.str(r.off, int(r.n)) }
+
+// str returns the n bytes at off as a string, as get does.
+func (a *nameArena) str(off uint32, n int) string {
+	if n == 0 {
 		return ""
 	}
-	b := a.blocks[r.off>>nameBlockShift]
-	return unsafe.String(&b[r.off&(1<<nameBlockShift-1)], int(r.n))
+	b := a.blocks[off>>nameBlockShift]
+	return unsafe.String(&b[off&(1<<nameBlockShift-1)], n)
 }
 
 // mapMin is the size from which mappedSlice maps a slice.

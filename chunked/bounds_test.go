@@ -328,3 +328,89 @@ func TestParseOutOfRangeTimesBounded(t *testing.T) {
 		t.Errorf("out-of-range times cost the index %d bytes an entry, want at most 8", extra/n)
 	}
 }
+
+// TestParseShapesBounded: TOCs made to cost the parse what each kind of entry can (files,
+// xattrs, hardlinks, a directory's path that changes at every entry, long link targets) stay
+// within what each costs now, counting everything the parse allocates on the heap (garbage
+// included) and the most it maps at once. The bounds hold about a fifth more than measured;
+// xattrs held as strings of their own (1089 bytes an entry) fail theirs.
+func TestParseShapesBounded(t *testing.T) {
+	const n = 100000
+	const sum = "sha256:9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08"
+	long := strings.Repeat("abcdefghij", 20)
+	for _, c := range []struct {
+		name  string
+		max   int64 // bytes an entry
+		entry func(i int) string
+	}{
+		{"files", 240, func(i int) string {
+			return fmt.Sprintf(`{"type":"reg","name":"d%d/f%d","size":10,"digest":%q,"offset":%d,"chunkDigest":%q}`, i/64, i, sum, 512+int64(i)*100, sum)
+		}},
+		{"xattrs", 900, func(i int) string {
+			return fmt.Sprintf(`{"type":"reg","name":"d%d/f%d","xattrs":{"user.a%d":"YWFhYWFhYWFhYWFhYWFhYWFh","user.b":"YQ=="}}`, i/64, i, i)
+		}},
+		{"hardlinks", 270, func(i int) string {
+			if i == 0 {
+				return `{"type":"reg","name":"target"}`
+			}
+			return fmt.Sprintf(`{"type":"hardlink","name":"d%d/h%d","linkName":"target"}`, i/64, i)
+		}},
+		{"alternating directories", 700, func(i int) string {
+			return fmt.Sprintf(`{"type":"reg","name":"%s/%s/d%d/f%d"}`, long, long, i%2, i)
+		}},
+		{"long link targets", 2400, func(i int) string {
+			return fmt.Sprintf(`{"type":"symlink","name":"d%d/l%d","linkName":"%s%s%s"}`, i/64, i, long, long, long)
+		}},
+	} {
+		var b strings.Builder
+		b.WriteString(`{"version":1,"entries":[`)
+		for i := range n {
+			if i > 0 {
+				b.WriteByte(',')
+			}
+			b.WriteString(c.entry(i))
+		}
+		b.WriteString(`]}`)
+		js := []byte(b.String())
+		layout := &chunked.Layout{Format: chunked.EStargz, TOC: byterange.Range{Offset: 1 << 40, Length: 100}}
+		var before, after runtime.MemStats
+		runtime.GC()
+		runtime.ReadMemStats(&before)
+		chunked.MappedPeak()
+		x, err := chunked.Parse(context.Background(), layout, js, chunked.Limits{})
+		mapped := chunked.MappedPeak()
+		runtime.ReadMemStats(&after)
+		if err != nil {
+			t.Fatalf("%s: %v", c.name, err)
+		}
+		heap := int64(after.TotalAlloc - before.TotalAlloc)
+		t.Logf("%s: %d bytes of JSON an entry; %d bytes an entry allocated, %d mapped at most; index %d bytes an entry",
+			c.name, len(js)/n, heap/n, mapped/n, len(x.Binary())/x.Len())
+		if got := (heap + mapped) / n; got > c.max {
+			t.Errorf("%s: the parse took %d bytes an entry, want at most %d", c.name, got, c.max)
+		}
+	}
+}
+
+// TestParseXattrPieces: an xattr's name of more than 4096 bytes, and a value of more than
+// 1 MiB, are refused whatever MaxXattrBytes allows (Linux allows 255 and 64 KiB); a value of
+// 1 MiB reads back whole.
+func TestParseXattrPieces(t *testing.T) {
+	lim := chunked.Limits{MaxXattrBytes: 4 << 20}
+	toc := func(name string, value int) []byte {
+		v := base64.StdEncoding.EncodeToString([]byte(strings.Repeat("v", value)))
+		return []byte(tocOf(ent("f", "reg", "xattrs", map[string]string{name: v})))
+	}
+	x, err := chunked.Parse(context.Background(), testLayout(chunked.EStargz), toc(strings.Repeat("n", 4096), 1<<20), lim)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if xs := x.TOCXattrs(lookup(t, x, "f")); len(xs) != 1 || len(xs[0].Name) != 4096 || xs[0].Value != strings.Repeat("v", 1<<20) {
+		t.Errorf("the xattr read back differs")
+	}
+	for _, js := range [][]byte{toc(strings.Repeat("n", 4097), 1), toc("user.a", 1<<20+1)} {
+		if _, err := chunked.Parse(context.Background(), testLayout(chunked.EStargz), js, lim); !errors.Is(err, chunked.ErrLimit) {
+			t.Errorf("Parse = %v, want ErrLimit", err)
+		}
+	}
+}

@@ -12,6 +12,7 @@ import (
 	"sort"
 	"strings"
 	"time"
+	"unsafe"
 
 	"github.com/layerstore/layerstore/internal/byterange"
 )
@@ -34,7 +35,7 @@ type wideIndex struct {
 	// file's are consecutive, in file order.
 	chunks   blockSlice[Chunk]
 	extras   blockSlice[wideExtra]
-	xattrs   []Xattr
+	xattrs   blockSlice[xattrRef]  // by entry (wideExtra.xattr0), each entry's sorted by name
 	bigTimes blockSlice[entryTime] // by entry, the times out of wideEntry.mtime's range
 	children []EntryID             // visible entries except the root, sorted by (Parent, BaseName)
 	// hiddenDirs holds, for each entry that is not visible, in order, the entry its name
@@ -60,7 +61,7 @@ type wideIndex struct {
 // mapped (see blockSlice): its owner frees it.
 func newWideIndex(layout *Layout) *wideIndex {
 	w := &wideIndex{format: layout.Format, payloadEnd: layout.PayloadEnd(), prefetchEnd: -1, freeChildren: func() {}}
-	w.entries.mapped, w.chunks.mapped, w.extras.mapped, w.bigTimes.mapped = true, true, true, true
+	w.entries.mapped, w.chunks.mapped, w.extras.mapped, w.bigTimes.mapped, w.xattrs.mapped = true, true, true, true, true
 	w.dirs.append(nameRef{})
 	return w
 }
@@ -71,6 +72,7 @@ func (w *wideIndex) free() {
 	w.chunks.free()
 	w.extras.free()
 	w.bigTimes.free()
+	w.xattrs.free()
 	w.dirs.free()
 	w.freeChildren()
 	w.children, w.hiddenDirs = nil, nil
@@ -269,9 +271,17 @@ func (w *wideIndex) nameIs(e *wideEntry, name string) bool {
 	return len(name) == len(d)+1+len(b) && name[len(d)] == '/' && name[:len(d)] == d && name[len(d)+1:] == b
 }
 
-// xattrsOf returns the xattrs of an entry whose extras are ex.
-func (w *wideIndex) xattrsOf(ex wideExtra) []Xattr {
-	return w.xattrs[ex.xattr0 : ex.xattr0+uint32(ex.nxattrs)]
+// xattrRef is an xattr as the wide form holds it: its name and value in the arena of names.
+type xattrRef struct {
+	name  nameRef
+	value bytesRef
+}
+
+// xattrAt returns xattr k (below ex.nxattrs) of an entry whose extras are ex. Its strings are
+// the arena's bytes, not copies.
+func (w *wideIndex) xattrAt(ex wideExtra, k int) Xattr {
+	r := w.xattrs.at(int(ex.xattr0) + k)
+	return Xattr{Name: w.names.get(r.name), Value: w.names.getBytes(r.value)}
 }
 
 // extraOf returns the extras of e.
@@ -356,6 +366,10 @@ type builder struct {
 	// implicit counts the directories it added that the TOC does not list.
 	paths    *pathTable
 	implicit int
+
+	// xattrs and xattrValue are addXattrs' scratch space, reused from entry to entry.
+	xattrs     []Xattr
+	xattrValue []byte
 }
 
 // ctxCheckEvery is how many entries the parse handles between two looks at its context.
@@ -634,24 +648,45 @@ func (b *builder) addXattrs(e *wideExtra, xs map[string]string) error {
 	if len(xs) > math.MaxUint16 {
 		return limitf("too many xattrs")
 	}
-	e.xattr0 = uint32(len(b.x.xattrs))
+	// The names and values are checked and sorted here, then copied into the arena of names:
+	// the wide form holds 16 bytes an xattr beside them, not two strings and their headers.
+	own := b.xattrs[:0]
 	total := 0
 	for k, v := range xs {
-		val, err := base64.StdEncoding.Strict().DecodeString(v)
-		if err != nil {
-			return invalidf("xattr %q: %v", k, err)
-		}
 		if k == "" || strings.IndexByte(k, 0) >= 0 {
 			return invalidf("bad xattr name %q", k)
 		}
-		total += len(k) + len(val)
+		if base64.StdEncoding.DecodedLen(len(v))-2 > b.lim.MaxXattrBytes { // not decoded to be refused
+			return limitf("xattrs exceed %d bytes", b.lim.MaxXattrBytes)
+		}
+		own = append(own, Xattr{Name: k, Value: v})
+	}
+	slices.SortFunc(own, func(a, b Xattr) int { return strings.Compare(a.Name, b.Name) })
+	b.xattrs = own
+	e.xattr0 = uint32(b.x.xattrs.len())
+	for _, xa := range own {
+		val, err := base64.StdEncoding.Strict().AppendDecode(b.xattrValue[:0], unsafe.Slice(unsafe.StringData(xa.Value), len(xa.Value)))
+		if err != nil {
+			return invalidf("xattr %q: %v", xa.Name, err)
+		}
+		b.xattrValue = val
+		total += len(xa.Name) + len(val)
 		if total > b.lim.MaxXattrBytes {
 			return limitf("xattrs exceed %d bytes", b.lim.MaxXattrBytes)
 		}
-		b.x.xattrs = append(b.x.xattrs, Xattr{Name: k, Value: string(val)})
+		if len(xa.Name) > maxNameLen {
+			return limitf("xattr name of %d bytes", len(xa.Name))
+		}
+		var r xattrRef
+		if r.name, err = b.x.names.add(xa.Name); err != nil {
+			return err
+		}
+		if r.value, err = b.x.names.addBytes(val); err != nil {
+			return fmt.Errorf("xattr %q: %w", xa.Name, err)
+		}
+		b.x.xattrs.append(r)
 	}
-	own := b.x.xattrs[e.xattr0:]
-	slices.SortFunc(own, func(a, b Xattr) int { return strings.Compare(a.Name, b.Name) })
+	clear(own) // the decoder's strings are not kept alive by the scratch space
 	e.nxattrs = uint16(len(own))
 	return nil
 }

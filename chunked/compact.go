@@ -278,7 +278,8 @@ func (w *wideIndex) appendRecord(recs []byte, id EntryID, opt uint64, name strin
 	}
 	if opt&optXattrs != 0 {
 		recs = binary.AppendUvarint(recs, uint64(ex.nxattrs))
-		for _, xa := range w.xattrsOf(ex) {
+		for k := range int(ex.nxattrs) {
+			xa := w.xattrAt(ex, k)
 			recs = binary.AppendUvarint(recs, uint64(len(xa.Name)))
 			recs = append(recs, xa.Name...)
 			recs = binary.AppendUvarint(recs, uint64(len(xa.Value)))
@@ -326,7 +327,8 @@ func (w *wideIndex) recordSize(id EntryID, opt uint64, name string, dir EntryID,
 	}
 	if opt&optXattrs != 0 {
 		n += uvlen(uint64(ex.nxattrs))
-		for _, xa := range w.xattrsOf(ex) {
+		for k := range int(ex.nxattrs) {
+			xa := w.xattrAt(ex, k)
 			n += uvlen(uint64(len(xa.Name))) + len(xa.Name) + uvlen(uint64(len(xa.Value))) + len(xa.Value)
 		}
 	}

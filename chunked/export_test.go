@@ -44,7 +44,10 @@ func CompareWide(layout *Layout, tocJSON []byte, limits Limits) error {
 		for k := range int(owner.nchunks) {
 			cs = append(cs, w.chunk(owner, k))
 		}
-		xs := w.xattrsOf(ex)
+		var xs []Xattr
+		for k := range int(ex.nxattrs) {
+			xs = append(xs, w.xattrAt(ex, k))
+		}
 		var at, ct int64
 		if i < len(w.times) {
 			at, ct = w.times[i].atime, w.times[i].ctime

@@ -139,7 +139,7 @@ func TestMappedTypesHoldNoPointers(t *testing.T) {
 		}
 		return t.Kind() > reflect.Complex128 // pointers, strings, slices, maps, ...
 	}
-	for _, v := range []any{wideEntry{}, Chunk{}, wideExtra{}, entryTime{}, nameRef{}, EntryID(0), uint32(0), int64(0)} {
+	for _, v := range []any{wideEntry{}, Chunk{}, wideExtra{}, entryTime{}, nameRef{}, xattrRef{}, EntryID(0), uint32(0), int64(0)} {
 		if pointers(reflect.TypeOf(v)) {
 			t.Errorf("%T holds pointers", v)
 		}
