@@ -206,9 +206,9 @@ func (r *rawEntry) intField(k int) *int64 {
 }
 
 // setStr sets the field of r that key k sets, a string's, to b (nil for a JSON null): as
-// both readers of an entry, the decoder and the scanner's fastEntry, set it. A name's and a
-// digest's are kept in d.strs (putBatchStr); the types and the modification time, which
-// repeat, are not allocated again.
+// both readers of an entry, the decoder and the scanner's fastEntry, set it. A name, a digest
+// and a link's target are kept in d.strs (putBatchStr); the types and the modification time,
+// which repeat, are not allocated again.
 func (d *entryDecoder) setStr(r *rawEntry, k int, b []byte) {
 	switch k {
 	case keyName:
@@ -226,7 +226,7 @@ func (d *entryDecoder) setStr(r *rawEntry, k int, b []byte) {
 	case keyChangeTime:
 		r.ChangeTime = string(b)
 	case keyLinkName:
-		r.LinkName = string(b)
+		d.putBatchStr(&r.LinkName, b, "")
 	case keyChunkType:
 		r.ChunkType = string(b)
 	case keyUserName:
@@ -306,8 +306,8 @@ func sameString(b []byte, last *string) string {
 // digestLen is the length of a digest as a TOC writes it ("sha256:" and 64 hex digits).
 const digestLen = len("sha256:") + 64
 
-// putBatchStr sets *dst to b, a name or a digest, which the builder copies or decodes at once
-// and never keeps: with d.strs set, the string is stored there, not allocated (a name and 80
+// putBatchStr sets *dst to b, a name, a digest or a link's target, which the builder copies
+// or decodes at once and never keeps: with d.strs set, the string is stored there, not allocated (a name and 80
 // bytes of digests a file of the TOC, garbage once read, which the collector's pace let a
 // large parse's peak hold: BenchmarkParsePeak 446 -> 407 MiB for the digests); same (read
 // before it) is reused when equal. Such a string is valid until *d.strs is reused: the
