@@ -330,11 +330,11 @@ func TestParseOutOfRangeTimesBounded(t *testing.T) {
 }
 
 // TestParseShapesBounded: TOCs made to cost the parse what each kind of entry can (files,
-// xattrs, hardlinks, a directory's path that changes at every entry, long link targets) stay
-// within what each costs now, counting everything the parse allocates on the heap (garbage
-// included) and the most it maps at once. The bounds hold about a fifth more than measured;
-// xattrs held as strings of their own (1089 bytes an entry), and links' targets decoded into
-// strings of their own (2040), fail theirs.
+// xattrs, hardlinks, files of many chunks, devices, a directory's path that changes at every
+// entry, long link targets) stay within what each costs now, counting everything the parse
+// allocates on the heap (garbage included) and the most it maps at once. The bounds hold
+// about a fifth more than measured; xattrs held as strings of their own (1089 bytes an entry),
+// and links' targets decoded into strings of their own (2040), fail theirs.
 func TestParseShapesBounded(t *testing.T) {
 	const n = 100000
 	const sum = "sha256:9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08"
@@ -358,6 +358,16 @@ func TestParseShapesBounded(t *testing.T) {
 		}},
 		{"alternating directories", 700, func(i int) string {
 			return fmt.Sprintf(`{"type":"reg","name":"%s/%s/d%d/f%d"}`, long, long, i%2, i)
+		}},
+		{"chunks", 240, func(i int) string {
+			f, c := i/8, i%8
+			if c == 0 {
+				return fmt.Sprintf(`{"type":"reg","name":"d%d/f%d","size":80,"digest":%q,"offset":%d,"chunkSize":10,"chunkDigest":%q}`, f/64, f, sum, 512+int64(i)*100, sum)
+			}
+			return fmt.Sprintf(`{"type":"chunk","name":"d%d/f%d","offset":%d,"chunkOffset":%d,"chunkSize":10,"chunkDigest":%q}`, f/64, f, 512+int64(i)*100, c*10, sum)
+		}},
+		{"devices", 250, func(i int) string {
+			return fmt.Sprintf(`{"type":"char","name":"d%d/c%d","devMajor":%d,"devMinor":%d}`, i/64, i, 1+i%200, i)
 		}},
 		{"long link targets", 1700, func(i int) string {
 			return fmt.Sprintf(`{"type":"symlink","name":"d%d/l%d","linkName":"%s%s%s"}`, i/64, i, long, long, long)
