@@ -656,6 +656,9 @@ func (b *builder) addXattrs(e *wideExtra, xs map[string]string) error {
 		if k == "" || strings.IndexByte(k, 0) >= 0 {
 			return invalidf("bad xattr name %q", k)
 		}
+		if len(k) > maxNameLen {
+			return limitf("xattr name of %d bytes", len(k))
+		}
 		if base64.StdEncoding.DecodedLen(len(v))-2 > b.lim.MaxXattrBytes { // not decoded to be refused
 			return limitf("xattrs exceed %d bytes", b.lim.MaxXattrBytes)
 		}
@@ -673,9 +676,6 @@ func (b *builder) addXattrs(e *wideExtra, xs map[string]string) error {
 		total += len(xa.Name) + len(val)
 		if total > b.lim.MaxXattrBytes {
 			return limitf("xattrs exceed %d bytes", b.lim.MaxXattrBytes)
-		}
-		if len(xa.Name) > maxNameLen {
-			return limitf("xattr name of %d bytes", len(xa.Name))
 		}
 		var r xattrRef
 		if r.name, err = b.x.names.add(xa.Name); err != nil {

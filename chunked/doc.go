@@ -38,9 +38,9 @@
 // back to the kernel what reading the TOC left free (the decompressor's windows, the pieces
 // read; [runtime/debug.FreeOSMemory]). The wide form's entries and chunks, and the large
 // arrays that building the tree uses for a moment, are mapped outside the Go heap and
-// unmapped as soon as they are done with: the compaction writes the records in entry order and unmaps the
-// entries and chunks behind it, so that the compact form takes the wide form's place
-// instead of adding to it (a parse's peak is the wide form's, not the two's: see
+// unmapped as soon as they are done with: the compaction writes the records in entry order
+// and unmaps the entries and chunks behind it, so that the compact form takes the wide
+// form's place instead of adding to it (a parse's peak is the wide form's, not the two's: see
 // BenchmarkParsePeak). What a parse writes whole (the mapped blocks, the compact form, the
 // names' blocks) is faulted in whole when it is allocated, on Linux, rather than a page fault
 // at a time as it is written.

@@ -307,10 +307,10 @@ func sameString(b []byte, last *string) string {
 const digestLen = len("sha256:") + 64
 
 // putBatchStr sets *dst to b, a name, a digest or a link's target, which the builder copies
-// or decodes at once and never keeps: with d.strs set, the string is stored there, not allocated (a name and 80
-// bytes of digests a file of the TOC, garbage once read, which the collector's pace let a
-// large parse's peak hold: BenchmarkParsePeak 446 -> 407 MiB for the digests); same (read
-// before it) is reused when equal. Such a string is valid until *d.strs is reused: the
+// or decodes at once and never keeps: with d.strs set, the string is stored there, not
+// allocated (a name and 80 bytes of digests a file of the TOC, garbage once read, which the
+// collector's pace let a large parse's peak hold: BenchmarkParsePeak 446 -> 407 MiB for the
+// digests); same (read before it) is reused when equal. Such a string is valid until *d.strs is reused: the
 // decoding goroutine sets it to the batch's own, which the builder hands back after it has
 // read the batch's entries.
 func (d *entryDecoder) putBatchStr(dst *string, b []byte, same string) {
