@@ -8,7 +8,6 @@ import (
 	"net/http"
 	"net/netip"
 	"net/url"
-	"sort"
 	"sync"
 	"sync/atomic"
 
@@ -50,10 +49,10 @@ type endpoint struct {
 	origin   []netip.Addr // guarded by originMu: the registry's addresses, nil until looked up
 }
 
-// call is one span being fetched; done is closed once buf or err is set.
+// call is one span being fetched into sp; done is closed once sp is full or err is set.
 type call struct {
 	done chan struct{}
-	buf  []byte
+	sp   *span
 	err  error
 }
 
@@ -125,13 +124,12 @@ func (b *Blob) ReadAt(ctx context.Context, p []byte, off int64) (int, error) {
 	// tar-split of tens of MB), and no copy. A request of p's is therefore not shared with
 	// concurrent callers (Fetch's are): they would get bytes p's owner may overwrite.
 	spans := coalesce([]byterange.Range{r}, b.o.maxGap, b.o.maxSpan)
-	dst := make([][]byte, len(spans))
+	dst := make([]*span, len(spans))
 	for j, sp := range spans {
-		dst[j] = p[sp.Offset-off : sp.End()-off]
+		dst[j] = &span{b: p[sp.Offset-off : sp.End()-off]}
 	}
 	if err := b.inBatches(ctx, len(spans), func(ctx context.Context, lo, hi int) error {
-		_, err := b.fetchBatch(ctx, spans[lo:hi], dst[lo:hi])
-		return err
+		return b.fetchBatch(ctx, spans[lo:hi], dst[lo:hi])
 	}); err != nil {
 		return 0, err
 	}
@@ -152,27 +150,15 @@ func (b *Blob) Fetch(ctx context.Context, ranges []byterange.Range) ([][]byte, e
 		return nil, err
 	}
 	spans := coalesce(ranges, b.o.maxGap, b.o.maxSpan)
-	bufs, err := b.fetchShared(ctx, spans)
-	if err != nil {
+	sps := newSpans(len(spans))
+	if err := b.fetchShared(ctx, spans, sps); err != nil {
 		return nil, err
 	}
 	out := make([][]byte, len(ranges))
 	for k, r := range ranges {
-		if r.Length == 0 {
-			out[k] = []byte{}
-			continue
-		}
-		j := sort.Search(len(spans), func(j int) bool { return spans[j].End() > r.Offset })
-		if r.End() <= spans[j].End() {
-			// Within one span (always, unless the range is longer than the maximum span): no
-			// copy. The capacity is cut so that an append cannot write into the span.
-			lo, hi := r.Offset-spans[j].Offset, r.End()-spans[j].Offset
-			out[k] = bufs[j][lo:hi:hi]
-			continue
-		}
-		buf := make([]byte, r.Length)
-		gather(buf, r, spans[j:], bufs[j:])
-		out[k] = buf
+		// Within one span (always, unless the range is longer than the maximum span): no copy;
+		// the capacity is cut so that an append cannot write into the span. Else a copy.
+		out[k], _ = newPart(r, spans, sps).Bytes() // every span is full
 	}
 	return out, nil
 }
@@ -191,18 +177,10 @@ func (b *Blob) checkRanges(ctx context.Context, ranges []byterange.Range) error 
 	return nil
 }
 
-// gather copies the bytes of r into dst (len(dst) == r.Length) from consecutive spans, the
-// first of which holds r's first byte, and their buffers.
-func gather(dst []byte, r byterange.Range, spans []byterange.Range, bufs [][]byte) {
-	for j, pos := 0, r.Offset; pos < r.End(); j++ {
-		pos += int64(copy(dst[pos-r.Offset:], bufs[j][pos-spans[j].Offset:]))
-	}
-}
-
-// fetchShared returns the bytes of spans, joining requests other callers already have in
-// flight for identical spans and fetching the rest itself.
-func (b *Blob) fetchShared(ctx context.Context, spans []byterange.Range) ([][]byte, error) {
-	out := make([][]byte, len(spans))
+// fetchShared fills sps, the buffers of spans, joining requests other callers already have in
+// flight for identical spans and fetching the rest itself. A span whose request it joins takes
+// that request's buffer once it is full; the others get buffers of their own.
+func (b *Blob) fetchShared(ctx context.Context, spans []byterange.Range, sps []*span) error {
 	pending := make([]int, len(spans))
 	for i := range pending {
 		pending[i] = i
@@ -217,7 +195,10 @@ func (b *Blob) fetchShared(ctx context.Context, spans []byterange.Range) ([][]by
 				joined[i] = c
 				continue
 			}
-			c := &call{done: make(chan struct{})}
+			if sps[i].b == nil {
+				sps[i].b = make([]byte, spans[i].Length)
+			}
+			c := &call{done: make(chan struct{}), sp: sps[i]}
 			b.inflight[spans[i]] = c
 			own[i] = c
 			ownIdx = append(ownIdx, i)
@@ -233,10 +214,9 @@ func (b *Blob) fetchShared(ctx context.Context, spans []byterange.Range) ([][]by
 				if err != nil && (firstErr == nil || isContextErr(firstErr) && !isContextErr(err)) {
 					firstErr = err
 				}
-				out[i] = own[i].buf
 			}
 			if firstErr != nil {
-				return nil, firstErr
+				return firstErr
 			}
 		}
 
@@ -248,7 +228,7 @@ func (b *Blob) fetchShared(ctx context.Context, spans []byterange.Range) ([][]by
 				b.waiting.Add(-1)
 			case <-ctx.Done():
 				b.waiting.Add(-1)
-				return nil, fmt.Errorf("fetcher: %w", ctx.Err())
+				return fmt.Errorf("fetcher: %w", ctx.Err())
 			}
 			if c.err != nil {
 				if isContextErr(c.err) && ctx.Err() == nil {
@@ -256,12 +236,12 @@ func (b *Blob) fetchShared(ctx context.Context, spans []byterange.Range) ([][]by
 					pending = append(pending, i)
 					continue
 				}
-				return nil, c.err
+				return c.err
 			}
-			out[i] = c.buf
+			sps[i].take(c.sp.b)
 		}
 	}
-	return out, nil
+	return nil
 }
 
 func isContextErr(err error) bool {
@@ -277,15 +257,15 @@ func (b *Blob) runOwned(ctx context.Context, spans []byterange.Range, idx []int,
 		for k, i := range batch {
 			batchSpans[k] = spans[i]
 		}
-		bufs, err := b.fetchBatch(ctx, batchSpans, nil)
-		b.mu.Lock()
+		batchSps := make([]*span, len(batch))
 		for k, i := range batch {
+			batchSps[k] = calls[i].sp
+		}
+		err := b.fetchBatch(ctx, batchSpans, batchSps)
+		b.mu.Lock()
+		for _, i := range batch {
 			c := calls[i]
-			if err != nil {
-				c.err = err
-			} else {
-				c.buf = bufs[k]
-			}
+			c.err = err
 			if b.inflight[spans[i]] == c {
 				delete(b.inflight, spans[i])
 			}

@@ -83,9 +83,10 @@
 // # What a Blob does with a batch of ranges
 //
 // A [Blob] reads byte ranges of one registry blob over HTTP: it turns random reads
-// ([Blob.ReadAt], which satisfies verify.Source) and batches of ranges ([Blob.Fetch]) into as
-// few range requests as it can, and survives what registries and their storage back ends do to
-// such requests. Bytes are not verified here; package verify does that.
+// ([Blob.ReadAt], which satisfies verify.Source) and batches of ranges ([Blob.Fetch], and
+// [Blob.Stream], which hands out each range's bytes as they arrive) into as few range requests
+// as it can, and survives what registries and their storage back ends do to such requests.
+// Bytes are not verified here; package verify does that.
 //
 //   - Coalescing: ranges are sorted; overlapping and adjacent ones are merged, and so are ranges
 //     closer than the gap (Config.MaxGap, default 64 KiB) while the merged span stays within the
@@ -128,9 +129,15 @@
 //     for any reason but the caller's context (after its retries), the same requests go to the
 //     next, and the next becomes the first asked for later reads. When all fail, the error is
 //     the first source's, quoting the others'.
+//   - Streaming: every span is read into its buffer as the body comes, and what has come is
+//     published at once ([Blob.Stream]'s readers block for the rest: package verify
+//     decompresses and hashes a chunk while it arrives). A byte once written is never written
+//     again: a request that fails part way is followed by one (the retry, or the next source's)
+//     that skips the bytes already in. A reader of a request that fails gets its error.
 //   - Concurrency: every request holds one of the Client's slots for the registry's host
 //     (Config.ConcurrencyPerHost, default 8), including the hops to storage it was redirected
-//     to. Concurrent Fetch calls asking for the same coalesced span share one request. ReadAt
+//     to. Concurrent Fetch and Stream calls asking for the same coalesced span share one
+//     request (a Stream joining another's request reads its bytes once it has ended). ReadAt
 //     reads the spans straight into the caller's buffer (no buffer of their own for the
 //     collector to find, no copy: a TOC or a tar-split of tens of MB is read this way), so its
 //     requests are its own.

@@ -93,29 +93,17 @@ func parseContentRange(v string) (first, last, size int64, err error) {
 	return first, last, size, nil
 }
 
-// spanSet receives the bytes of the spans of one request.
+// spanSet receives the bytes of the spans of one request into their buffers.
 type spanSet struct {
-	spans  []byterange.Range // sorted, disjoint
-	bufs   [][]byte
-	filled []bool
-}
-
-// newSpanSet returns the set that receives spans into bufs, one buffer of its span's length
-// each, or when bufs is nil into buffers of their own.
-func newSpanSet(spans []byterange.Range, bufs [][]byte) *spanSet {
-	s := &spanSet{spans: spans, bufs: bufs, filled: make([]bool, len(spans))}
-	if bufs == nil {
-		s.bufs = make([][]byte, len(spans))
-		for i, sp := range spans {
-			s.bufs[i] = make([]byte, sp.Length)
-		}
-	}
-	return s
+	spans []byterange.Range // sorted, disjoint
+	sps   []*span
 }
 
 // copyPart reads from r the bytes first..last (inclusive) of the blob, as far as needed, and
-// stores those of the spans they contain. It returns how many spans it filled. A span cut by
-// the part is a protocol error (ErrBadResponse); a read error means a truncated body.
+// stores those of the spans they contain, publishing them as they come; of a span that an
+// earlier request filled in part, the bytes it holds are skipped. It returns how many spans it
+// filled. A span cut by the part is a protocol error (ErrBadResponse); a read error means a
+// truncated body.
 func (s *spanSet) copyPart(r io.Reader, first, last int64) (int, error) {
 	pos, n := first, 0
 	for i, sp := range s.spans {
@@ -126,17 +114,28 @@ func (s *spanSet) copyPart(r io.Reader, first, last int64) (int, error) {
 			return n, fmt.Errorf("%w: part bytes %d-%d cuts requested range %d-%d",
 				ErrBadResponse, first, last, sp.Offset, sp.End()-1)
 		}
-		if s.filled[i] {
+		dst := s.sps[i]
+		if dst.full() {
 			continue
 		}
-		if _, err := io.CopyN(io.Discard, r, sp.Offset-pos); err != nil {
+		have := dst.filled.Load()
+		if _, err := io.CopyN(io.Discard, r, sp.Offset+have-pos); err != nil {
 			return n, truncated(err)
 		}
-		if _, err := io.ReadFull(r, s.bufs[i]); err != nil {
-			return n, truncated(err)
+		for have < sp.Length {
+			m, err := r.Read(dst.b[have:])
+			if m > 0 {
+				have += int64(m)
+				dst.grew(m)
+			}
+			if err != nil && have < sp.Length {
+				if errors.Is(err, io.EOF) {
+					err = io.ErrUnexpectedEOF
+				}
+				return n, truncated(err)
+			}
 		}
 		pos = sp.End()
-		s.filled[i] = true
 		n++
 	}
 	return n, nil
@@ -146,7 +145,7 @@ func (s *spanSet) copyPart(r io.Reader, first, last int64) (int, error) {
 func (s *spanSet) missing() []byterange.Range {
 	var out []byterange.Range
 	for i, sp := range s.spans {
-		if !s.filled[i] {
+		if !s.sps[i].full() {
 			out = append(out, sp)
 		}
 	}

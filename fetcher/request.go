@@ -23,24 +23,24 @@ import (
 // errMultiRefused: the server answered a multi-range request with 400 or 416.
 var errMultiRefused = errors.New("multi-range request refused")
 
-// fetchBatch fetches spans (sorted, disjoint) from the preferred endpoint, and when that fails
-// for any reason but the caller's context, from the next endpoints in turn. An endpoint that
-// failed stops being the preferred one, so that later fetches do not wait for it again. The
-// spans are read into dst, one buffer of its span's length each, or when dst is nil into
-// buffers of their own; it returns the buffers.
-func (b *Blob) fetchBatch(ctx context.Context, spans []byterange.Range, dst [][]byte) ([][]byte, error) {
+// fetchBatch fetches spans (sorted, disjoint) into dst, the buffer of each, from the preferred
+// endpoint, and when that fails for any reason but the caller's context, from the next
+// endpoints in turn (a span filled in part goes on from where it stopped: the bytes are the
+// same everywhere). An endpoint that failed stops being the preferred one, so that later
+// fetches do not wait for it again.
+func (b *Blob) fetchBatch(ctx context.Context, spans []byterange.Range, dst []*span) error {
 	first := int(b.cur.Load())
 	var firstErr error
 	var others []string
 	for k := range len(b.eps) {
 		i := (first + k) % len(b.eps)
 		ep := b.eps[i]
-		bufs, err := b.fetchBatchFrom(ctx, ep, spans, dst)
+		err := b.fetchBatchFrom(ctx, ep, spans, dst)
 		if err == nil {
-			return bufs, nil
+			return nil
 		}
 		if ctx.Err() != nil {
-			return nil, err
+			return err
 		}
 		if firstErr == nil {
 			firstErr = err
@@ -56,51 +56,38 @@ func (b *Blob) fetchBatch(ctx context.Context, spans []byterange.Range, dst [][]
 		}
 	}
 	if len(others) == 0 {
-		return nil, firstErr
+		return firstErr
 	}
-	return nil, fmt.Errorf("%w (other sources also failed: %s)", firstErr, strings.Join(others, "; "))
+	return fmt.Errorf("%w (other sources also failed: %s)", firstErr, strings.Join(others, "; "))
 }
 
-// fetchBatchFrom fetches spans from one endpoint with as few requests as it allows, falling back
-// to one request per span when it turns out not to do multi-range requests. dst is as
-// fetchBatch's.
-func (b *Blob) fetchBatchFrom(ctx context.Context, ep *endpoint, spans []byterange.Range, dst [][]byte) ([][]byte, error) {
+// fetchBatchFrom fetches spans into dst from one endpoint with as few requests as it allows,
+// falling back to one request per span when it turns out not to do multi-range requests.
+func (b *Blob) fetchBatchFrom(ctx context.Context, ep *endpoint, spans []byterange.Range, dst []*span) error {
 	if len(spans) > 1 && ep.noMulti.Load() {
 		return b.fetchSingles(ctx, ep, spans, dst)
 	}
-	set := newSpanSet(spans, dst)
+	set := &spanSet{spans: spans, sps: dst}
 	err := b.withRetries(ctx, ep, func(ctx context.Context) error { return b.attempt(ctx, ep, set) })
 	if err != nil && !errors.Is(err, errMultiRefused) {
-		return nil, err
+		return err
 	}
-	rest := set.missing()
+	var rest []byterange.Range
+	var restDst []*span
+	for i, sp := range spans {
+		if !dst[i].full() {
+			rest, restDst = append(rest, sp), append(restDst, dst[i])
+		}
+	}
 	if len(rest) == 0 {
-		return set.bufs, nil
+		return nil
 	}
 	if len(spans) == 1 {
 		// Unreachable: an attempt for one span fills it or fails. Guards against a loop.
-		return nil, &Error{URL: redact(ep.url), Err: fmt.Errorf("%w: range not served", ErrBadResponse)}
+		return &Error{URL: redact(ep.url), Err: fmt.Errorf("%w: range not served", ErrBadResponse)}
 	}
 	b.markNoMulti(ep)
-	var restDst [][]byte
-	if dst != nil {
-		for i := range set.spans {
-			if !set.filled[i] {
-				restDst = append(restDst, dst[i])
-			}
-		}
-	}
-	bufs, err := b.fetchSingles(ctx, ep, rest, restDst)
-	if err != nil {
-		return nil, err
-	}
-	for i, k := 0, 0; i < len(set.spans); i++ {
-		if !set.filled[i] {
-			set.bufs[i] = bufs[k]
-			k++
-		}
-	}
-	return set.bufs, nil
+	return b.fetchSingles(ctx, ep, rest, restDst)
 }
 
 func (b *Blob) markNoMulti(ep *endpoint) {
@@ -110,36 +97,22 @@ func (b *Blob) markNoMulti(ep *endpoint) {
 	}
 }
 
-// fetchSingles fetches each span with its own request, concurrently (within the host limit),
-// into dst as fetchBatch does.
-func (b *Blob) fetchSingles(ctx context.Context, ep *endpoint, spans []byterange.Range, dst [][]byte) ([][]byte, error) {
+// fetchSingles fetches each span into its buffer of dst with its own request, concurrently
+// (within the host limit).
+func (b *Blob) fetchSingles(ctx context.Context, ep *endpoint, spans []byterange.Range, dst []*span) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	out := make([][]byte, len(spans))
 	errs := make([]error, len(spans))
 	var wg sync.WaitGroup
 	for i, sp := range spans {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			var d [][]byte
-			if dst != nil {
-				d = dst[i : i+1]
-			}
-			bufs, err := b.fetchBatchFrom(ctx, ep, []byterange.Range{sp}, d)
-			if err != nil {
-				errs[i] = err
+		wg.Go(func() {
+			if errs[i] = b.fetchBatchFrom(ctx, ep, []byterange.Range{sp}, dst[i:i+1]); errs[i] != nil {
 				cancel()
-				return
 			}
-			out[i] = bufs[0]
-		}()
+		})
 	}
 	wg.Wait()
-	if err := firstError(errs); err != nil {
-		return nil, err
-	}
-	return out, nil
+	return firstError(errs)
 }
 
 // firstError returns the first error, preferring one that is not a context error (those

@@ -173,9 +173,10 @@ type want struct {
 //     what they name only (a prediction's file is coming whole, or is too large to);
 //  4. fetch w.next ahead, on its own, unless the read-ahead took it;
 //  5. mark the fetches wanted when the caller waits for them;
-//  6. run: fetch this call's chunks in one batch of range requests, verify, complete each
-//     fetch, and store them (before run returns, or after for a read of the runtime); now,
-//     or on the manager's work group (w.detach).
+//  6. run: fetch this call's chunks in one batch of range requests, verify each as it
+//     arrives, complete each fetch, and store them (before run returns, or after for a read
+//     of the runtime); now, or on the manager's work group (w.detach, and a read of the
+//     runtime, which waits for its own chunks only, not for the read-ahead behind them).
 func (l *Served) fetchChunks(ctx context.Context, keys []chunkKey, w want) (all []*fetch, own bool) {
 	all, mine := l.claim(w.h, keys)
 	own = len(mine) > 0
@@ -193,6 +194,10 @@ func (l *Served) fetchChunks(ctx context.Context, keys []chunkKey, w want) (all 
 		}
 	}
 	switch {
+	case !w.detach && w.kind == onDemand && len(mine) > 0:
+		// The reader waits for its own chunks (fetchMissing), each completed once it has
+		// arrived and verified, not for the read-ahead behind them in the same request.
+		l.env.life.goTracked(func() { l.run(ctx, mine, w.kind) })
 	case !w.detach:
 		l.run(ctx, mine, w.kind)
 	case len(mine) > 0:
@@ -407,7 +412,6 @@ func (l *Served) run(ctx context.Context, batch []*fetch, kind fetchKind) {
 	case ahead:
 		l.env.sched.aheadEnd()
 	}
-	l.forgetFailed(batch)
 	if kind == onDemand {
 		l.env.life.goTracked(func() { l.store(batch) })
 	} else {
@@ -415,9 +419,11 @@ func (l *Served) run(ctx context.Context, batch []*fetch, kind fetchKind) {
 	}
 }
 
-// fetchAndVerify fetches the bytes of batch's chunks, verifies each, and completes its fetch.
-// It does not depend on the caller's context: other readers may be waiting for the same
-// chunks; the read timeout and the manager's lifetime bound it.
+// fetchAndVerify fetches the bytes of batch's chunks, verifies each as its bytes arrive, and
+// completes its fetch once verified: a reader waits for its own chunk, decompressed while it
+// comes in, not for the rest of the batch. It does not depend on the caller's context: other
+// readers may be waiting for the same chunks; the read timeout and the manager's lifetime
+// bound it.
 func (l *Served) fetchAndVerify(ctx context.Context, batch []*fetch, kind fetchKind) {
 	ctx, cancel := l.env.life.bound(ctx, l.env.readTimeout)
 	defer cancel()
@@ -425,31 +431,15 @@ func (l *Served) fetchAndVerify(ctx context.Context, batch []*fetch, kind fetchK
 	for i, f := range batch {
 		ids[i] = verify.ChunkID{File: f.key.file, I: f.key.i}
 	}
-	start := time.Now()
 	got, err := l.v.ReadChunks(ctx, l.blob, ids)
-	took := time.Since(start)
 	if err != nil {
 		for _, f := range batch {
-			f.err = err
-			close(f.done)
+			l.fail(f, err)
 		}
 		return
 	}
-	fetched := got.Size()
-	l.link.observe(fetched, took)
-	switch kind {
-	case replay:
-		l.prefetched.Add(fetched)
-		l.profiled.Add(fetched)
-		l.env.counters.profileBytes.Add(fetched)
-	case background:
-		l.prefetched.Add(fetched)
-		l.env.counters.prefetchBytes.Add(fetched)
-	default:
-		l.onDemand.Add(fetched)
-		l.env.counters.onDemandBytes.Add(fetched)
-	}
-	// Verify in parallel: the chunks' bytes leave verify only verified.
+	// Verify in parallel, each chunk as it arrives: the chunks' bytes leave verify only
+	// verified.
 	parallel(cap(l.env.sched.cpu), len(batch), func(i int) {
 		f := batch[i]
 		var c verify.ChunkData
@@ -463,7 +453,9 @@ func (l *Served) fetchAndVerify(ctx context.Context, batch []*fetch, kind fetchK
 			// below the runtimes' priority, but for one a reader waits for. A replay fetches
 			// the chunks a start read, and verifies them as a read does (below, learned starts
 			// on a fast link were slower when it did not: benchmarks/README.md, the row of
-			// the background fetch below the runtimes' priority).
+			// the background fetch below the runtimes' priority). Its bytes come first: the
+			// turn is for the processors, not for the link.
+			got.Arrived(i)
 			release := l.env.sched.verifying(ctx)
 			if kind == background && !f.wanted.Load() {
 				l.env.sched.idle.run(verifyChunk)
@@ -472,13 +464,46 @@ func (l *Served) fetchAndVerify(ctx context.Context, batch []*fetch, kind fetchK
 			}
 			release()
 		}
-		if err != nil {
+		if err == nil || !readFailed(got, err) {
+			l.counted(kind, f.chunk.Length)
+		}
+		if err != nil && !readFailed(got, err) {
 			l.env.counters.verifyFailures.Add(1)
 			l.env.log.Warn("chunk refused", "layer", l.desc.Digest, "err", err)
 		}
-		f.verified, f.data, f.err = c, c.Bytes(), err
+		if err != nil {
+			l.fail(f, err)
+			return
+		}
+		f.verified, f.data = c, c.Bytes()
 		close(f.done)
 	})
+	if took, err := got.Wait(); err == nil {
+		l.link.observe(got.Size(), took)
+	}
+}
+
+// readFailed reports whether err, a chunk's failure, is that of the read of got: its bytes did
+// not come.
+func readFailed(got *verify.Fetched, err error) bool {
+	_, rerr := got.Wait()
+	return rerr != nil && errors.Is(err, rerr)
+}
+
+// counted counts n compressed bytes fetched for a fetch of kind.
+func (l *Served) counted(kind fetchKind, n int64) {
+	switch kind {
+	case replay:
+		l.prefetched.Add(n)
+		l.profiled.Add(n)
+		l.env.counters.profileBytes.Add(n)
+	case background:
+		l.prefetched.Add(n)
+		l.env.counters.prefetchBytes.Add(n)
+	default:
+		l.onDemand.Add(n)
+		l.env.counters.onDemandBytes.Add(n)
+	}
 }
 
 // parallel calls fn for 0..n-1 on up to workers goroutines.
@@ -559,27 +584,26 @@ const (
 	readAheadContent = 16
 )
 
-// forgetFailed marks the failed fetches of batch to be replaced after the negative TTL (at
-// once when it is zero): until then, readers of their chunks get the same error without a
-// request.
-func (l *Served) forgetFailed(batch []*fetch) {
+// fail completes fetch f with err, and marks it to be replaced after the negative TTL (at once
+// when it is zero): until then, readers of its chunk get the same error without a request.
+// The TTL runs from the failure, not from the end of the batch it was part of.
+func (l *Served) fail(f *fetch, err error) {
+	f.err = err
 	now := l.env.now()
 	l.mu.Lock()
-	defer l.mu.Unlock()
-	for _, f := range batch {
-		if f.err == nil || l.inflight[f.key] != f {
-			continue
-		}
+	if l.inflight[f.key] == f {
 		ttl := l.env.negativeTTL
-		if transientFailure(f.err) {
+		if transientFailure(err) {
 			ttl = min(ttl, transientNegativeTTL)
 		}
 		if ttl <= 0 {
 			delete(l.inflight, f.key)
-			continue
+		} else {
+			f.failedUntil = now.Add(ttl)
 		}
-		f.failedUntil = now.Add(ttl)
 	}
+	l.mu.Unlock()
+	close(f.done)
 }
 
 // transientNegativeTTL is how long a fetch that failed for the network's or the registry's

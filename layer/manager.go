@@ -28,9 +28,10 @@ type Registry interface {
 	Blob(ctx context.Context, img *fetcher.Image, l *fetcher.ImageLayer) (RemoteBlob, error)
 }
 
-// RemoteBlob is what a layer needs of its blob in the registry: package fetcher's RemoteBlob, read
+// RemoteBlob is what a layer needs of its blob in the registry: package fetcher's Blob, read
 // through verify (Verifier.ReadChunks), which reads several ranges in one request set. Both
-// methods fill their buffers completely or fail; concurrent calls must be safe.
+// methods fill their buffers completely or fail; concurrent calls must be safe. A blob that is
+// also a verify.StreamSource (fetcher's is) has each chunk verified as its bytes arrive.
 type RemoteBlob interface {
 	verify.RangeSource
 }

@@ -2,6 +2,7 @@ package layer
 
 import (
 	"testing"
+	"time"
 
 	"github.com/layerstore/layerstore/chunked"
 )
@@ -69,4 +70,56 @@ func adjacentFiles(x *chunked.Index, window int64) (a, b chunked.EntryID, ok boo
 		}
 	}
 	return 0, 0, false
+}
+
+// TestReadBeforeReadAheadArrives: a cold read returns once its own chunk has arrived and
+// verified, while the read-ahead that shares its request is still on its way: the body stalls
+// right after the chunk's bytes, and the read does not wait for the rest. The file after it, in
+// the same request, is served once its bytes come.
+func TestReadBeforeReadAheadArrives(t *testing.T) {
+	for _, f := range newEnv(t).fixtures {
+		toc := tocKey(f.Desc.Annotations)
+		if toc == "" {
+			continue // not served to modern runtimes
+		}
+		t.Run(f.Name, func(t *testing.T) {
+			e := newEnv(t)
+			ref := e.push("readahead-stall/"+f.Name+":v1", fixtureLayer(f))
+			m := e.manager(withPrefetch(false))
+			l, err := m.Lookup(t.Context(), ref, toc)
+			if err != nil {
+				t.Fatal(err)
+			}
+			a, b, ok := adjacentFiles(l.Index(), defaultReadAhead)
+			if !ok {
+				t.Skip("no two small files next to each other in the blob")
+			}
+			ca, _ := l.Index().Chunk(a, 0)
+			e.reg.Stall(f.Desc.Digest, ca.End())
+			t.Cleanup(func() { e.reg.Unstall(f.Desc.Digest) })
+			buf := make([]byte, 1<<20)
+			done := make(chan error, 1)
+			go func() {
+				_, err := l.ReadFile(t.Context(), a, buf, 0)
+				done <- err
+			}()
+			select {
+			case err := <-done:
+				if err != nil {
+					t.Fatal(err)
+				}
+			case <-time.After(20 * time.Second):
+				t.Fatalf("the read of %s waited for the read-ahead behind it", l.Index().Entry(a).Name)
+			}
+			e.reg.Unstall(f.Desc.Digest)
+			before := e.reg.Stats(f.Desc.Digest)
+			n, err := l.ReadFile(t.Context(), b, buf, 0)
+			if err != nil || int64(n) != l.Index().Entry(b).Size {
+				t.Fatalf("reading %s: %d bytes, %v", l.Index().Entry(b).Name, n, err)
+			}
+			if after := e.reg.Stats(f.Desc.Digest); after.Ranged+after.Full > before.Ranged+before.Full {
+				t.Errorf("reading %s after the stall asked the registry again", l.Index().Entry(b).Name)
+			}
+		})
+	}
 }

@@ -1,8 +1,10 @@
 package layer
 
 import (
+	"bytes"
 	"context"
 	"fmt"
+	"io"
 	iofs "io/fs"
 	"sync"
 	"time"
@@ -11,6 +13,7 @@ import (
 
 	"github.com/layerstore/layerstore/fetcher"
 	"github.com/layerstore/layerstore/internal/byterange"
+	"github.com/layerstore/layerstore/verify"
 )
 
 // resolveFromRecord answers a lookup from the record of a layer resolved before through ref's
@@ -144,4 +147,25 @@ func (b *lazyBlob) Fetch(ctx context.Context, ranges []byterange.Range) ([][]byt
 		return nil, err
 	}
 	return blob.Fetch(ctx, ranges)
+}
+
+// Stream streams the ranges from the blob (verify.StreamSource) when it can, as a
+// fetcher.Blob does; from another, it reads them whole first.
+func (b *lazyBlob) Stream(ctx context.Context, ranges []byterange.Range) ([]io.Reader, func() error, error) {
+	blob, err := b.get(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	if s, ok := blob.(verify.StreamSource); ok {
+		return s.Stream(ctx, ranges)
+	}
+	bufs, err := blob.Fetch(ctx, ranges)
+	if err != nil {
+		return nil, nil, err
+	}
+	parts := make([]io.Reader, len(bufs))
+	for i, buf := range bufs {
+		parts[i] = bytes.NewReader(buf)
+	}
+	return parts, func() error { return nil }, nil
 }

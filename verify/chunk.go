@@ -1,6 +1,7 @@
 package verify
 
 import (
+	"bufio"
 	"bytes"
 	"crypto/sha256"
 	"fmt"
@@ -35,24 +36,26 @@ func (v *Verifier) VerifyChunk(file chunked.EntryID, i int, compressed []byte) (
 	if err := v.Err(); err != nil {
 		return ChunkData{}, err
 	}
-	c, err := v.verifyChunk(file, i, compressed)
+	if ref, ok := v.index.Chunk(file, i); ok && int64(len(compressed)) > ref.Length {
+		compressed = compressed[:ref.Length]
+	}
+	c, err := v.verifyChunk(file, i, whole(compressed))
 	if err != nil {
 		return ChunkData{}, &LayerError{Layer: v.layout.BlobDigest, Format: v.layout.Format, Err: err}
 	}
 	return c, nil
 }
 
-func (v *Verifier) verifyChunk(file chunked.EntryID, i int, compressed []byte) (ChunkData, error) {
+// verifyChunk decompresses chunk i of file from in, its compressed bytes, and checks the
+// result against the TOC's digest.
+func (v *Verifier) verifyChunk(file chunked.EntryID, i int, in *arriving) (ChunkData, error) {
 	// The one chunk, not the file's list: a file of zstd:chunked's small chunks has hundreds.
 	ref, ok := v.index.Chunk(file, i)
 	if !ok {
 		return ChunkData{}, fmt.Errorf("%q has no chunk %d", v.index.Entry(file).Name, i)
 	}
-	if want := ref.Length; int64(len(compressed)) > want {
-		compressed = compressed[:want]
-	}
 	data := make([]byte, ref.Size)
-	if err := decompress(v.layout.Format, ref, compressed, data); err != nil {
+	if err := decompress(v.layout.Format, ref, in, data); err != nil {
 		return ChunkData{}, fmt.Errorf("chunk %d of %q: %w: %v", i, v.index.Entry(file).Name, ErrCorrupt, err)
 	}
 	if got := sha256.Sum256(data); got != ref.Digest {
@@ -60,6 +63,68 @@ func (v *Verifier) verifyChunk(file chunked.EntryID, i int, compressed []byte) (
 			Want: digest.Digest(ref.Digest.String()), Got: digest.NewDigestFromBytes(digest.SHA256, got[:])}
 	}
 	return ChunkData{ref: ref, data: data}, nil
+}
+
+// arriving is a chunk's compressed bytes as a reader, whole or as they arrive (a
+// [StreamSource]'s), for a decompressor to read a byte at a time: it records the first error
+// of the read itself, which is then the read's failure, not the chunk's.
+type arriving struct {
+	r     io.Reader
+	br    io.ByteReader
+	whole []byte // every byte, when they came whole
+	err   error
+}
+
+// wholeReader is a reader of bytes on their way that can wait for them all and return them.
+type wholeReader interface {
+	Bytes() ([]byte, error)
+}
+
+// whole returns the arriving bytes of a chunk read whole.
+func whole(b []byte) *arriving {
+	a := newArriving(bytes.NewReader(b))
+	a.whole = b
+	return a
+}
+
+func newArriving(r io.Reader) *arriving {
+	a := &arriving{r: r}
+	if br, ok := r.(io.ByteReader); ok {
+		a.br = br
+	} else {
+		a.r = bufio.NewReader(r)
+		a.br = a.r.(io.ByteReader)
+	}
+	return a
+}
+
+func (a *arriving) record(err error) error {
+	if err != nil && err != io.EOF && a.err == nil {
+		a.err = err
+	}
+	return err
+}
+
+func (a *arriving) Read(p []byte) (int, error) {
+	n, err := a.r.Read(p)
+	return n, a.record(err)
+}
+
+func (a *arriving) ReadByte() (byte, error) {
+	c, err := a.br.ReadByte()
+	return c, a.record(err)
+}
+
+// all returns every byte, waiting for them.
+func (a *arriving) all() ([]byte, error) {
+	if w, ok := a.r.(wholeReader); ok {
+		b, err := w.Bytes()
+		return b, a.record(err)
+	}
+	if a.whole != nil {
+		return a.whole, nil
+	}
+	return io.ReadAll(a)
 }
 
 var (
@@ -77,14 +142,14 @@ var (
 // decompress fills out with the chunk's bytes, skipping InnerOffset bytes first. Reading stops
 // at len(out): a frame that holds more (eStargz members carry the next tar header) is not
 // decoded further.
-func decompress(f chunked.Format, ref chunked.Chunk, src []byte, out []byte) error {
+func decompress(f chunked.Format, ref chunked.Chunk, in *arriving, out []byte) error {
 	if !f.Zstd() {
 		zr, _ := gzipPool.Get().(*gzip.Reader)
 		var err error
 		if zr == nil {
-			zr, err = gzip.NewReader(bytes.NewReader(src))
+			zr, err = gzip.NewReader(in)
 		} else {
-			err = zr.Reset(bytes.NewReader(src))
+			err = zr.Reset(in)
 		}
 		if err != nil {
 			return err
@@ -95,8 +160,12 @@ func decompress(f chunked.Format, ref chunked.Chunk, src []byte, out []byte) err
 	d := zstdPool.Get().(*zstd.Decoder)
 	defer zstdPool.Put(d)
 	if ref.InnerOffset == 0 && f != chunked.StargzZstd {
-		// zstd:chunked: the range is exactly the chunk's frame; decode it in one call,
-		// capped at the chunk's size.
+		// zstd:chunked: the range is exactly the chunk's frame, of some tens of KiB; decode
+		// it in one call once it is in, capped at the chunk's size.
+		src, err := in.all()
+		if err != nil {
+			return err
+		}
 		got, err := d.DecodeAll(src, out[:0])
 		if err != nil {
 			return err
@@ -109,7 +178,7 @@ func decompress(f chunked.Format, ref chunked.Chunk, src []byte, out []byte) err
 		}
 		return nil
 	}
-	if err := d.Reset(bytes.NewReader(src)); err != nil {
+	if err := d.Reset(in); err != nil {
 		return err
 	}
 	defer d.Reset(nil) //nolint:errcheck // releasing the source

@@ -32,7 +32,11 @@
 // is no option to skip any of this. [Verifier.ReadChunks] reads chunks from a [Source] (a
 // registry's blob) in one request set and hands them back as [Fetched], whose bytes leave it
 // only through [Fetched.Verify]: its user never holds a chunk's unverified bytes, and
-// verifies them on the goroutines and at the priority it chooses.
+// verifies them on the goroutines and at the priority it chooses. From a [StreamSource] it
+// returns once the requests are sent, and Verify decompresses and hashes each chunk while its
+// bytes arrive: a chunk is served once its own bytes are in and verified, not once the whole
+// request has come. A chunk whose bytes stop coming fails with the read's error, which is no
+// verdict on the chunk.
 //
 // The strongest guarantee, that the layer's tree is exactly the DiffID's tar, needs every
 // payload: [Verifier.CheckDiffID] rebuilds the tar stream from the tar-split and the payloads and

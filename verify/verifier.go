@@ -10,6 +10,7 @@ import (
 	"io"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/layerstore/layerstore/chunked"
 	"github.com/layerstore/layerstore/internal/byterange"
@@ -563,20 +564,41 @@ type ChunkID struct {
 // yet verified: they leave it only as [ChunkData], through [Fetched.Verify]. Verify may be
 // called on several goroutines at once, each for its own chunks.
 type Fetched struct {
-	v    *Verifier
-	ids  []ChunkID
-	raws [][]byte // nil for a chunk of zeros, and once verified
-	n    int64
+	v   *Verifier
+	ids []ChunkID
+	n   int64
+	// The chunks' bytes, one of them: read whole (raws), or on their way (parts). A chunk of
+	// zeros has none; a verified one none any more.
+	raws  [][]byte
+	parts []io.Reader
+
+	start time.Time
+	done  chan struct{} // closed once the read has ended: took and err are set
+	took  time.Duration
+	err   error
+}
+
+// StreamSource is a [RangeSource] that also reads ranges as their bytes arrive (a
+// fetcher.Blob): [Verifier.ReadChunks] then returns at once, and each chunk is decompressed and
+// hashed while its bytes come in.
+type StreamSource interface {
+	RangeSource
+	// Stream starts reading ranges and returns a reader of each, in order, which returns its
+	// bytes as they arrive (io.EOF at its end, the read's error if they do not come), and wait,
+	// which returns once the whole read has ended, with its error.
+	Stream(ctx context.Context, ranges []byterange.Range) (parts []io.Reader, wait func() error, err error)
 }
 
 // ReadChunks reads the compressed bytes of chunks ids from src, in as few requests as src can
 // make (one set of range requests, when src is a [RangeSource]); a chunk of zeros has none. It
 // returns them to be verified one by one by the caller, on the goroutines and at the priority
-// it chooses. Its errors are src's, and [errors.ErrUnsupported] wrapped for a chunk the index
-// does not have.
+// it chooses. From a [StreamSource], it returns once the requests are sent, and each chunk is
+// verified as its bytes arrive; [Fetched.Wait] returns when the read ends. Its errors are
+// src's, and [errors.ErrUnsupported] wrapped for a chunk the index does not have.
 func (v *Verifier) ReadChunks(ctx context.Context, src Source, ids []ChunkID) (*Fetched, error) {
 	var ranges []byterange.Range
 	read := make([]bool, len(ids)) // the chunk has bytes to read (not zeros)
+	f := &Fetched{v: v, ids: ids, start: time.Now(), done: make(chan struct{})}
 	for i, id := range ids {
 		c, ok := v.index.Chunk(id.File, id.I)
 		if !ok {
@@ -584,18 +606,46 @@ func (v *Verifier) ReadChunks(ctx context.Context, src Source, ids []ChunkID) (*
 		}
 		if read[i] = c.Length > 0; read[i] {
 			ranges = append(ranges, c.Range)
+			f.n += c.Length
 		}
+	}
+	if ss, ok := src.(StreamSource); ok && len(ranges) > 0 {
+		for _, r := range ranges {
+			if r.Offset < 0 {
+				return nil, fmt.Errorf("%w: range %d+%d", chunked.ErrInvalid, r.Offset, r.Length)
+			}
+		}
+		parts, wait, err := ss.Stream(ctx, ranges)
+		if err != nil {
+			return nil, err
+		}
+		if len(parts) != len(ranges) {
+			return nil, fmt.Errorf("%d ranges streamed of %d: %w", len(parts), len(ranges), io.ErrUnexpectedEOF)
+		}
+		f.parts = make([]io.Reader, len(ids))
+		for i, j := 0, 0; i < len(ids); i++ {
+			if read[i] {
+				f.parts[i] = parts[j]
+				j++
+			}
+		}
+		go func() {
+			f.err = wait()
+			f.took = time.Since(f.start)
+			close(f.done)
+		}()
+		return f, nil
 	}
 	bufs, err := readRanges(ctx, src, ranges)
 	if err != nil {
 		return nil, err
 	}
-	f := &Fetched{v: v, ids: ids, raws: make([][]byte, len(ids))}
-	j := 0
-	for i := range ids {
+	f.took = time.Since(f.start)
+	close(f.done)
+	f.raws = make([][]byte, len(ids))
+	for i, j := 0, 0; i < len(ids); i++ {
 		if read[i] {
 			f.raws[i] = bufs[j]
-			f.n += int64(len(bufs[j]))
 			j++
 		}
 	}
@@ -605,15 +655,54 @@ func (v *Verifier) ReadChunks(ctx context.Context, src Source, ids []ChunkID) (*
 // Len returns the number of chunks read.
 func (f *Fetched) Len() int { return len(f.ids) }
 
-// Size returns the compressed bytes read.
+// Size returns the compressed bytes read, or being read.
 func (f *Fetched) Size() int64 { return f.n }
 
+// Wait returns once the read has ended: how long it took, or its error. The chunks whose bytes
+// came before an error can be verified all the same.
+func (f *Fetched) Wait() (time.Duration, error) {
+	<-f.done
+	return f.took, f.err
+}
+
+// Arrived returns once the i-th chunk's bytes are all in, or the read has failed: a caller
+// that verifies below others' priority waits for them before it takes its turn.
+func (f *Fetched) Arrived(i int) {
+	if f.parts != nil && f.parts[i] != nil {
+		if w, ok := f.parts[i].(wholeReader); ok {
+			_, _ = w.Bytes()
+			return
+		}
+		<-f.done
+	}
+}
+
 // Verify verifies the i-th chunk read ([Verifier.VerifyChunk]) and drops its compressed
-// bytes: each chunk is verified once.
+// bytes: each chunk is verified once. A chunk still on its way is verified as it arrives; if
+// its bytes do not come, Verify returns the read's error, as ReadChunks would have.
 func (f *Fetched) Verify(i int) (ChunkData, error) {
-	raw := f.raws[i]
-	f.raws[i] = nil
-	return f.v.VerifyChunk(f.ids[i].File, f.ids[i].I, raw)
+	if err := f.v.Err(); err != nil {
+		return ChunkData{}, err
+	}
+	var in *arriving
+	if f.parts != nil && f.parts[i] != nil {
+		in = newArriving(f.parts[i])
+		f.parts[i] = nil
+	} else {
+		var raw []byte
+		if f.raws != nil {
+			raw, f.raws[i] = f.raws[i], nil
+		}
+		in = whole(raw)
+	}
+	c, err := f.v.verifyChunk(f.ids[i].File, f.ids[i].I, in)
+	switch {
+	case in.err != nil:
+		return ChunkData{}, in.err // the read's failure, not the chunk's
+	case err != nil:
+		return ChunkData{}, &LayerError{Layer: f.v.layout.BlobDigest, Format: f.v.layout.Format, Err: err}
+	}
+	return c, nil
 }
 
 // tarSplitDigest returns the digest of a modern zstd:chunked layer's tar-split as its TOC (or,

@@ -48,6 +48,7 @@ type Registry struct {
 	// Hostile behaviour (see Serve and Hang).
 	served map[repoBlob][]byte // nil value: the repository does not have the blob
 	hang   map[digest.Digest]bool
+	stall  map[digest.Digest]stall
 	encode map[digest.Digest]encoded
 	closed chan struct{}
 }
@@ -89,6 +90,7 @@ func Start() (*Registry, error) {
 		fail:   map[digest.Digest]int{},
 		served: map[repoBlob][]byte{},
 		hang:   map[digest.Digest]bool{},
+		stall:  map[digest.Digest]stall{},
 		encode: map[digest.Digest]encoded{},
 		closed: make(chan struct{}),
 	}
@@ -121,6 +123,7 @@ func (r *Registry) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	enc, encode := r.encode[d]
 	b, hostile := r.served[repoBlob{repo, d}]
 	code, hang := r.fail[d], r.hang[d]
+	st, stalled := r.stall[d]
 	r.mu.Unlock()
 	switch {
 	case encode:
@@ -144,8 +147,71 @@ func (r *Registry) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 		}
 	case code != 0:
 		http.Error(w, http.StatusText(code), code)
+	case stalled:
+		var first int64
+		if _, err := fmt.Sscanf(req.Header.Get("Range"), "bytes=%d-", &first); err != nil {
+			first = 0 // no range: the whole blob
+		}
+		r.Send(&stallWriter{ResponseWriter: w, pos: first, stall: st, done: req.Context().Done(), closed: r.closed}, req, d, b)
 	default:
 		r.Send(w, req, d, b)
+	}
+}
+
+// A stall holds the answers to GETs of a blob at one of its offsets (see Stall).
+type stall struct {
+	at      int64
+	release chan struct{}
+}
+
+// stallWriter writes an answer's body, whose first byte is the blob's byte pos, up to the
+// stall's offset, then waits for the stall's release (or the client, or the registry's end).
+type stallWriter struct {
+	http.ResponseWriter
+	pos          int64
+	stall        stall
+	done, closed <-chan struct{}
+}
+
+func (s *stallWriter) Write(p []byte) (int, error) {
+	n := 0
+	if s.pos < s.stall.at && s.pos+int64(len(p)) > s.stall.at {
+		k, err := s.ResponseWriter.Write(p[:s.stall.at-s.pos])
+		n, s.pos = k, s.pos+int64(k)
+		if err != nil {
+			return n, err
+		}
+		_ = http.NewResponseController(s.ResponseWriter).Flush()
+		select {
+		case <-s.stall.release:
+		case <-s.done:
+			return n, http.ErrAbortHandler
+		case <-s.closed:
+			return n, http.ErrAbortHandler
+		}
+		p = p[k:]
+	}
+	k, err := s.ResponseWriter.Write(p)
+	s.pos += int64(k)
+	return n + k, err
+}
+
+// Stall makes GETs of blob d send the bytes before the blob's offset at (the whole answer,
+// for a range that starts there or after), then wait until Unstall, until the client gives up
+// or the registry closes: a body that comes in part, then stops for a while.
+func (r *Registry) Stall(d digest.Digest, at int64) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.stall[d] = stall{at: at, release: make(chan struct{})}
+}
+
+// Unstall lets the answers Stall holds go on, and ends the stall.
+func (r *Registry) Unstall(d digest.Digest) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if st, ok := r.stall[d]; ok {
+		close(st.release)
+		delete(r.stall, d)
 	}
 }
 
