@@ -100,8 +100,8 @@ func newSpans(n int) []*span {
 // do not come. A reader is also an [io.ByteReader], and its Bytes method waits for the whole
 // range and returns it, read-only as Fetch's slices are.
 //
-// The requests run on their own goroutine, bound by ctx as Fetch's are: the caller need not
-// read every range, but must not let ctx live forever if it does not call wait.
+// The requests run on a goroutine of their own and end as Fetch's do (ctx, each attempt's
+// timeout, the retries): the caller need not read every range, nor call wait.
 func (b *Blob) Stream(ctx context.Context, ranges []byterange.Range) (parts []io.Reader, wait func() error, err error) {
 	if err := b.checkRanges(ctx, ranges); err != nil {
 		return nil, nil, err

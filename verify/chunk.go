@@ -8,6 +8,7 @@ import (
 	"io"
 	"sync"
 
+	"github.com/klauspost/compress/flate"
 	"github.com/klauspost/compress/gzip"
 	"github.com/klauspost/compress/zstd"
 	"github.com/layerstore/layerstore/chunked"
@@ -65,13 +66,16 @@ func (v *Verifier) verifyChunk(file chunked.EntryID, i int, in *arriving) (Chunk
 	return ChunkData{ref: ref, data: data}, nil
 }
 
-// arriving is a chunk's compressed bytes as a reader, whole or as they arrive (a
-// [StreamSource]'s), for a decompressor to read a byte at a time: it records the first error
-// of the read itself, which is then the read's failure, not the chunk's.
+// arriving is a chunk's compressed bytes for a decompressor: whole, or as they arrive (a
+// [StreamSource]'s reader). It records the first error of the read itself, which is then the
+// read's failure, not the chunk's.
 type arriving struct {
-	r     io.Reader
-	br    io.ByteReader
-	whole []byte // every byte, when they came whole
+	// r is what the decompressor reads: a *bytes.Reader over the whole bytes, or a
+	// *bufio.Reader over the arriving ones. klauspost's flate reads either type without an
+	// interface call per byte (any other reader costs the background fetch a quarter more CPU).
+	r     flate.Reader
+	whole []byte    // every byte, when they came whole
+	src   io.Reader // the arriving bytes, when streamed
 	err   error
 }
 
@@ -82,20 +86,26 @@ type wholeReader interface {
 
 // whole returns the arriving bytes of a chunk read whole.
 func whole(b []byte) *arriving {
-	a := newArriving(bytes.NewReader(b))
-	a.whole = b
+	return &arriving{r: bytes.NewReader(b), whole: b}
+}
+
+// streamed returns the arriving bytes of a chunk read from src as they come.
+func streamed(src io.Reader) *arriving {
+	a := &arriving{src: src}
+	a.r = bufio.NewReaderSize(recorder{a}, streamedBuffer)
 	return a
 }
 
-func newArriving(r io.Reader) *arriving {
-	a := &arriving{r: r}
-	if br, ok := r.(io.ByteReader); ok {
-		a.br = br
-	} else {
-		a.r = bufio.NewReader(r)
-		a.br = a.r.(io.ByteReader)
-	}
-	return a
+// streamedBuffer is the buffer of a chunk decompressed as it arrives: each fill takes what has
+// come, up to that.
+const streamedBuffer = 32 << 10
+
+// recorder reads the arriving bytes, recording the read's error.
+type recorder struct{ a *arriving }
+
+func (r recorder) Read(p []byte) (int, error) {
+	n, err := r.a.src.Read(p)
+	return n, r.a.record(err)
 }
 
 func (a *arriving) record(err error) error {
@@ -105,26 +115,16 @@ func (a *arriving) record(err error) error {
 	return err
 }
 
-func (a *arriving) Read(p []byte) (int, error) {
-	n, err := a.r.Read(p)
-	return n, a.record(err)
-}
-
-func (a *arriving) ReadByte() (byte, error) {
-	c, err := a.br.ReadByte()
-	return c, a.record(err)
-}
-
 // all returns every byte, waiting for them.
 func (a *arriving) all() ([]byte, error) {
-	if w, ok := a.r.(wholeReader); ok {
+	switch w, ok := a.src.(wholeReader); {
+	case a.whole != nil || a.src == nil:
+		return a.whole, nil
+	case ok:
 		b, err := w.Bytes()
 		return b, a.record(err)
 	}
-	if a.whole != nil {
-		return a.whole, nil
-	}
-	return io.ReadAll(a)
+	return io.ReadAll(a.r)
 }
 
 var (
@@ -147,9 +147,9 @@ func decompress(f chunked.Format, ref chunked.Chunk, in *arriving, out []byte) e
 		zr, _ := gzipPool.Get().(*gzip.Reader)
 		var err error
 		if zr == nil {
-			zr, err = gzip.NewReader(in)
+			zr, err = gzip.NewReader(in.r)
 		} else {
-			err = zr.Reset(in)
+			err = zr.Reset(in.r)
 		}
 		if err != nil {
 			return err
@@ -178,7 +178,7 @@ func decompress(f chunked.Format, ref chunked.Chunk, in *arriving, out []byte) e
 		}
 		return nil
 	}
-	if err := d.Reset(in); err != nil {
+	if err := d.Reset(in.r); err != nil {
 		return err
 	}
 	defer d.Reset(nil) //nolint:errcheck // releasing the source

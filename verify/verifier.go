@@ -622,7 +622,7 @@ func (v *Verifier) ReadChunks(ctx context.Context, src Source, ids []ChunkID) (*
 		if len(parts) != len(ranges) {
 			return nil, fmt.Errorf("%d ranges streamed of %d: %w", len(parts), len(ranges), io.ErrUnexpectedEOF)
 		}
-		f.parts = make([]io.Reader, len(ids))
+		f.parts, f.raws = make([]io.Reader, len(ids)), make([][]byte, len(ids))
 		for i, j := 0, 0; i < len(ids); i++ {
 			if read[i] {
 				f.parts[i] = parts[j]
@@ -666,14 +666,19 @@ func (f *Fetched) Wait() (time.Duration, error) {
 }
 
 // Arrived returns once the i-th chunk's bytes are all in, or the read has failed: a caller
-// that verifies below others' priority waits for them before it takes its turn.
+// that verifies below others' priority waits for them before it takes its turn. Verify then
+// decompresses them whole, as from a source that does not stream.
 func (f *Fetched) Arrived(i int) {
-	if f.parts != nil && f.parts[i] != nil {
-		if w, ok := f.parts[i].(wholeReader); ok {
-			_, _ = w.Bytes()
-			return
-		}
+	if f.parts == nil || f.parts[i] == nil {
+		return
+	}
+	w, ok := f.parts[i].(wholeReader)
+	if !ok {
 		<-f.done
+		return
+	}
+	if b, err := w.Bytes(); err == nil {
+		f.raws[i], f.parts[i] = b, nil
 	}
 }
 
@@ -686,14 +691,11 @@ func (f *Fetched) Verify(i int) (ChunkData, error) {
 	}
 	var in *arriving
 	if f.parts != nil && f.parts[i] != nil {
-		in = newArriving(f.parts[i])
+		in = streamed(f.parts[i])
 		f.parts[i] = nil
 	} else {
-		var raw []byte
-		if f.raws != nil {
-			raw, f.raws[i] = f.raws[i], nil
-		}
-		in = whole(raw)
+		in = whole(f.raws[i])
+		f.raws[i] = nil
 	}
 	c, err := f.v.verifyChunk(f.ids[i].File, f.ids[i].I, in)
 	switch {
