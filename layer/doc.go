@@ -68,7 +68,9 @@
 //
 //   - read-ahead (readAhead): a cold read's chunks are fetched with those that follow them
 //     in the blob, within the window, in the same batch of requests. Started by a runtime's
-//     read; kind onDemand, as the read's own.
+//     read; kind onDemand, as the read's own. The reader does not wait for them: each chunk
+//     is verified as its bytes arrive (verify.StreamSource), and the read returns once its own
+//     are.
 //   - fetch-ahead (fetchAhead): a file read in sequence has its next chunk fetched while the
 //     reader is served. Started by a read whose previous chunk is in the cache; kind ahead.
 //   - region (fetchRegion): the rest of an aligned window of the file around a cold read (1
