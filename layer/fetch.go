@@ -464,19 +464,19 @@ func (l *Served) fetchAndVerify(ctx context.Context, batch []*fetch, kind fetchK
 			}
 			release()
 		}
-		if err == nil || !readFailed(got, err) {
+		switch {
+		case err == nil:
 			l.counted(kind, f.chunk.Length)
-		}
-		if err != nil && !readFailed(got, err) {
+			f.verified, f.data = c, c.Bytes()
+			close(f.done)
+		case readFailed(got, err): // its bytes did not come: no verdict on the chunk
+			l.fail(f, err)
+		default:
+			l.counted(kind, f.chunk.Length)
 			l.env.counters.verifyFailures.Add(1)
 			l.env.log.Warn("chunk refused", "layer", l.desc.Digest, "err", err)
-		}
-		if err != nil {
 			l.fail(f, err)
-			return
 		}
-		f.verified, f.data = c, c.Bytes()
-		close(f.done)
 	})
 	if took, err := got.Wait(); err == nil {
 		l.link.observe(got.Size(), took)

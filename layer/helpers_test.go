@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/opencontainers/go-digest"
+
 	"github.com/layerstore/layerstore/cache"
 	"github.com/layerstore/layerstore/fetcher"
 	"github.com/layerstore/layerstore/internal/testutil/testlayer"
@@ -73,6 +75,19 @@ func (e *testEnv) push(repoTag string, layers ...testregistry.LayerBlob) string 
 }
 
 // testClock is a clock tests move by hand.
+// lookupFixture pushes fixture f to e as repo:v1 and looks it up by toc, its TOC digest, in a
+// manager with opts: the reference, the manager and the layer.
+func (e *testEnv) lookupFixture(repo string, f testlayer.Fixture, toc digest.Digest, opts ...option) (string, *Manager, *Served) {
+	e.t.Helper()
+	ref := e.push(repo+":v1", fixtureLayer(f))
+	m := e.manager(opts...)
+	l, err := m.Lookup(e.t.Context(), ref, toc)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return ref, m, l
+}
+
 type testClock struct {
 	mu sync.Mutex
 	t  time.Time

@@ -19,12 +19,7 @@ func TestReadAhead(t *testing.T) {
 		t.Run(f.Name, func(t *testing.T) {
 			for _, window := range []int64{defaultReadAhead, 0} {
 				e := newEnv(t) // an empty cache
-				ref := e.push("readahead/"+f.Name+":v1", fixtureLayer(f))
-				m := e.manager(withPrefetch(false), withReadAhead(window))
-				l, err := m.Lookup(t.Context(), ref, toc)
-				if err != nil {
-					t.Fatal(err)
-				}
+				_, _, l := e.lookupFixture("readahead/"+f.Name, f, toc, withPrefetch(false), withReadAhead(window))
 				a, b, ok := adjacentFiles(l.Index(), defaultReadAhead)
 				if !ok {
 					t.Skip("no two small files next to each other in the blob")
@@ -84,12 +79,7 @@ func TestReadBeforeReadAheadArrives(t *testing.T) {
 		}
 		t.Run(f.Name, func(t *testing.T) {
 			e := newEnv(t)
-			ref := e.push("readahead-stall/"+f.Name+":v1", fixtureLayer(f))
-			m := e.manager(withPrefetch(false))
-			l, err := m.Lookup(t.Context(), ref, toc)
-			if err != nil {
-				t.Fatal(err)
-			}
+			_, _, l := e.lookupFixture("readahead-stall/"+f.Name, f, toc, withPrefetch(false))
 			a, b, ok := adjacentFiles(l.Index(), defaultReadAhead)
 			if !ok {
 				t.Skip("no two small files next to each other in the blob")

@@ -19,12 +19,7 @@ func TestReadSetStatus(t *testing.T) {
 		}
 		t.Run(f.Name, func(t *testing.T) {
 			e := newEnv(t)
-			ref := e.push("reads/"+f.Name+":v1", fixtureLayer(f))
-			m := e.manager(withPrefetch(false))
-			l, err := m.Lookup(t.Context(), ref, toc)
-			if err != nil {
-				t.Fatal(err)
-			}
+			ref, m, l := e.lookupFixture("reads/"+f.Name, f, toc, withPrefetch(false))
 			x := l.Index()
 			single, multi := chunked.EntryID(0), chunked.EntryID(0)
 			haveSingle, haveMulti := false, false

@@ -338,12 +338,20 @@ type RangeSource interface {
 	Fetch(ctx context.Context, ranges []byterange.Range) ([][]byte, error)
 }
 
-// readRanges reads ranges from src, at once when src is a RangeSource, else one by one.
-func readRanges(ctx context.Context, src Source, ranges []byterange.Range) ([][]byte, error) {
+// checkRanges refuses a range at a negative offset or of a negative length.
+func checkRanges(ranges []byterange.Range) error {
 	for _, r := range ranges {
 		if r.Offset < 0 || r.Length < 0 {
-			return nil, fmt.Errorf("%w: range %d+%d", chunked.ErrInvalid, r.Offset, r.Length)
+			return fmt.Errorf("%w: range %d+%d", chunked.ErrInvalid, r.Offset, r.Length)
 		}
+	}
+	return nil
+}
+
+// readRanges reads ranges from src, at once when src is a RangeSource, else one by one.
+func readRanges(ctx context.Context, src Source, ranges []byterange.Range) ([][]byte, error) {
+	if err := checkRanges(ranges); err != nil {
+		return nil, err
 	}
 	rs, ok := src.(RangeSource)
 	if !ok {
@@ -610,10 +618,8 @@ func (v *Verifier) ReadChunks(ctx context.Context, src Source, ids []ChunkID) (*
 		}
 	}
 	if ss, ok := src.(StreamSource); ok && len(ranges) > 0 {
-		for _, r := range ranges {
-			if r.Offset < 0 {
-				return nil, fmt.Errorf("%w: range %d+%d", chunked.ErrInvalid, r.Offset, r.Length)
-			}
+		if err := checkRanges(ranges); err != nil {
+			return nil, err
 		}
 		parts, wait, err := ss.Stream(ctx, ranges)
 		if err != nil {
